@@ -1,0 +1,240 @@
+"""HTTP JSON backend adapter.
+
+Owns: POSTing canonical arguments to a tool's HTTP backend through the one
+shared ``aiohttp.ClientSession`` within the call's budget, forwarding trusted
+headers, and classifying every failure honestly (seed 000 sections 4 and 10):
+whether the request left the proxy and whether the effect is known to have
+happened. Must never: retry, claim "not applied" for a write without proof,
+or pass backend bodies, hostnames or exception text to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import re
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, Mapping
+
+import aiohttp
+
+from ..decode import strict_loads
+from ..errors import ProxyError
+from . import BackendCall, BackendResult
+
+_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+@dataclass
+class _Progress:
+    """Filled in by aiohttp trace hooks: how far this request got."""
+
+    connected: bool = False
+    headers_sent: bool = False
+
+
+def trace_config() -> aiohttp.TraceConfig:
+    """Attach to the shared session so each request can tell whether it left the proxy."""
+    config = aiohttp.TraceConfig()
+
+    async def on_connected(session: Any, ctx: SimpleNamespace, params: Any) -> None:
+        progress = ctx.trace_request_ctx
+        if isinstance(progress, _Progress):
+            progress.connected = True
+
+    async def on_headers_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
+        progress = ctx.trace_request_ctx
+        if isinstance(progress, _Progress):
+            progress.headers_sent = True
+
+    config.on_connection_create_end.append(on_connected)
+    config.on_connection_reuseconn.append(on_connected)
+    config.on_request_headers_sent.append(on_headers_sent)
+    return config
+
+
+class HttpAdapter:
+    def __init__(self, session: aiohttp.ClientSession, services: Mapping[str, str], *,
+                 max_response_bytes: int) -> None:
+        self._session = session
+        self._services = dict(services)
+        self._max_response_bytes = max_response_bytes
+
+    async def call(self, call: BackendCall) -> BackendResult:
+        tool = call.tool
+        url = tool.backend.resolve(self._services)
+        if url is None:
+            raise ProxyError("dependency_unavailable", "The tool's backend is not configured.",
+                             details={"tool": tool.name}, phase="execute")
+        if call.budget_s <= 0:
+            raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
+                             phase="execute", attempted=False, committed=False)
+        progress = _Progress()
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(call.budget_s):
+                async with self._session.post(url, data=call.canonical_arguments, headers=_headers(call),
+                                              trace_request_ctx=progress, allow_redirects=False) as response:
+                    body = await _read_limited(response, self._max_response_bytes, call.tool.is_write)
+                    return self._classify(call, response, body)
+        except TimeoutError:
+            raise self._timed_out(call, progress, time.monotonic() - started) from None
+        except aiohttp.ClientConnectorError:
+            raise ProxyError("dependency_unavailable", "The tool's backend could not be reached.",
+                             details={"tool": tool.name}, phase="execute",
+                             attempted=False, committed=False) from None
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                aiohttp.ClientResponseError, ConnectionError):
+            raise self._connection_lost(call, progress) from None
+
+    def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
+        details = {"tool": call.tool.name, "budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed * 1000)}
+        if not (progress.headers_sent or progress.connected):
+            return ProxyError("timeout_not_started", "The deadline passed before the call reached the backend.",
+                              details=details, phase="execute", attempted=False, committed=False)
+        if call.tool.is_write:
+            return ProxyError("timeout_unknown",
+                              "The call was sent but its result could not be confirmed before the deadline.",
+                              details={**details, "idempotency_key": call.idempotency_key},
+                              phase="execute", attempted=True, committed=None)
+        return ProxyError("timeout", "The read did not answer before the deadline.", details=details,
+                          phase="execute", attempted=True, committed=False)
+
+    def _connection_lost(self, call: BackendCall, progress: _Progress) -> ProxyError:
+        details = {"tool": call.tool.name, "reason": "connection_lost"}
+        if not progress.headers_sent:
+            return ProxyError("dependency_unavailable", "The connection to the backend failed before sending.",
+                              details=details, phase="execute", attempted=False, committed=False)
+        if call.tool.is_write:
+            return ProxyError("timeout_unknown",
+                              "The connection was lost after the call was sent; its result is unknown.",
+                              details={**details, "idempotency_key": call.idempotency_key},
+                              phase="execute", attempted=True, committed=None)
+        return ProxyError("dependency_unavailable", "The connection to the backend was lost.",
+                          details=details, phase="execute", attempted=True, committed=False)
+
+    def _classify(self, call: BackendCall, response: aiohttp.ClientResponse, body: bytes) -> BackendResult:
+        status = response.status
+        backend_request_id = _safe(response.headers.get("X-Request-Id") or response.headers.get("X-Backend-Request-Id"))
+        if 200 <= status < 300:
+            try:
+                data = strict_loads(body, what="backend output", phase="verify")
+            except ProxyError:
+                raise ProxyError("output_invalid", "The tool returned data that is not valid JSON.",
+                                 details={"tool": call.tool.name}, phase="verify",
+                                 attempted=True, committed=_committed_by_status(status, call.tool.is_write)) from None
+            return BackendResult(data=data, status=status, backend_request_id=backend_request_id)
+        error = _backend_error(body)
+        details: dict[str, Any] = {"tool": call.tool.name, "backend_status": status}
+        if error.get("code"):
+            details["backend_code"] = error["code"]
+        if error.get("field"):
+            details["field"] = error["field"]
+        if backend_request_id:
+            details["backend_request_id"] = backend_request_id
+        if status == 429:
+            retry_after = _retry_after(response.headers.get("Retry-After"))
+            if retry_after is not None:
+                details["retry_after_s"] = retry_after
+            return _raise(ProxyError("rate_limited", "The backend is rate limiting this tool.",
+                                     details=details, phase="execute", attempted=True, committed=False))
+        if status in (401, 403):
+            return _raise(ProxyError("forbidden", "The backend refused this call.", details=details,
+                                     phase="execute", attempted=True, committed=False))
+        if 400 <= status < 500:
+            reason = f": {error['code']}" if error.get("code") else ""
+            return _raise(ProxyError("business_rejected", f"The backend rejected the request{reason}.",
+                                     details=details, phase="execute", attempted=True, committed=False))
+        if error.get("applied") is False:
+            return _raise(ProxyError("dependency_unavailable",
+                                     "The backend failed and reported that nothing was applied.",
+                                     details=details, phase="execute", attempted=True, committed=False))
+        if call.tool.is_write:
+            return _raise(ProxyError("upstream_error_unknown",
+                                     "The backend failed; whether the write was applied is unknown.",
+                                     details={**details, "idempotency_key": call.idempotency_key},
+                                     phase="execute", attempted=True, committed=None))
+        return _raise(ProxyError("upstream_error", "The backend failed to answer the read.", details=details,
+                                 phase="execute", attempted=True, committed=False))
+
+
+def _raise(error: ProxyError) -> BackendResult:
+    raise error
+
+
+def _headers(call: BackendCall) -> dict[str, str]:
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json",
+        "X-Call-Id": call.call_id,
+        "X-Request-Id": call.request_id,
+        "X-Request-Timeout-Ms": str(max(1, int(call.budget_s * 1000))),
+        "traceparent": call.traceparent,
+        "X-Toolproxy-Subject": call.subject,
+        "X-Toolproxy-Tenant": call.tenant,
+        "X-Toolproxy-Agent": call.agent,
+        "X-Toolproxy-Tool-Version": call.tool.version,
+    }
+    if call.idempotency_key is not None:
+        headers["Idempotency-Key"] = call.idempotency_key
+    if call.fencing_token is not None:
+        headers["X-Fencing-Token"] = str(call.fencing_token)
+    return headers
+
+
+async def _read_limited(response: aiohttp.ClientResponse, limit: int, is_write: bool) -> bytes:
+    chunks = []
+    size = 0
+    async for chunk in response.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError("output_invalid", "The tool returned more data than allowed.",
+                             details={"limit_bytes": limit}, phase="verify", attempted=True,
+                             committed=_committed_by_status(response.status, is_write))
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _committed_by_status(status: int, is_write: bool) -> bool | None:
+    if not is_write:
+        return False
+    return True if 200 <= status < 300 else None
+
+
+def _backend_error(body: bytes) -> dict[str, Any]:
+    """The backend's structured error, reduced to safe machine-readable fields."""
+    try:
+        parsed = strict_loads(body, what="backend error")
+    except ProxyError:
+        return {}
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if not isinstance(error, dict):
+        return {}
+    safe: dict[str, Any] = {}
+    if isinstance(error.get("code"), str) and _CODE.match(error["code"]):
+        safe["code"] = error["code"]
+    if isinstance(error.get("field"), str) and _SAFE_VALUE.match(error["field"]):
+        safe["field"] = error["field"]
+    if isinstance(error.get("applied"), bool):
+        safe["applied"] = error["applied"]
+    return safe
+
+
+def _retry_after(value: str | None) -> float | None:
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _safe(value: str | None) -> str | None:
+    return value if value and _SAFE_VALUE.match(value) else None

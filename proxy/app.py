@@ -1,0 +1,170 @@
+"""The aiohttp applications: wiring only.
+
+Owns: building the process-wide runtime (one ``aiohttp.ClientSession``, the
+registry, the pipeline) and translating HTTP requests into pipeline calls and
+envelopes back. Must never: hold business rules — every decision lives in a
+stage module; handlers translate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+from aiohttp import web
+
+from . import envelope, ingress
+from .adapters.http import HttpAdapter, trace_config
+from .config import Config
+from .errors import ProxyError
+from .identity import Authenticator
+from .pipeline import Pipeline, ToolCallRequest
+from .registry import Registry, load_registry
+
+log = logging.getLogger("toolproxy.app")
+
+
+@dataclass
+class Runtime:
+    """Process-wide shared objects, created once at start-up and closed at shutdown."""
+
+    config: Config
+    registry: Registry
+    session: aiohttp.ClientSession
+    authenticator: Authenticator
+    pipeline: Pipeline
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+RUNTIME = web.AppKey("runtime", Runtime)
+
+
+async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
+    registry = registry or load_registry(config.registry.paths)
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
+        trace_configs=[trace_config()],
+        json_serialize=json.dumps,
+    )
+    adapters = {"http": HttpAdapter(session, config.backends.services,
+                                    max_response_bytes=config.backends.max_response_bytes)}
+    pipeline = Pipeline(config=config, registry=registry, adapters=adapters)
+    return Runtime(config=config, registry=registry, session=session,
+                   authenticator=Authenticator(config.identity), pipeline=pipeline)
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
+                        content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def envelope_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                          ) -> web.StreamResponse:
+    """Every failure leaves as an envelope; nothing internal leaks."""
+    request_id = ingress.request_id_of(request)
+    try:
+        response = await handler(request)
+    except ProxyError as error:
+        body = envelope.request_error(error, request_id)
+        response = json_response(body, envelope.http_status(body))
+    except web.HTTPException as exc:
+        code = {404: "route_not_found", 405: "method_not_allowed", 413: "payload_too_large",
+                415: "unsupported_media_type"}.get(exc.status, "invalid_request")
+        body = envelope.request_error(ProxyError(code, _HTTP_MESSAGES.get(code, "The request was refused."),
+                                                 phase="request"), request_id)
+        response = json_response(body, envelope.http_status(body))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("unhandled error", extra={"request_id": request_id})
+        body = envelope.request_error(ProxyError("internal_error", "The proxy failed unexpectedly.",
+                                                 phase="request"), request_id)
+        response = json_response(body, 500)
+    response.headers["X-Request-Id"] = request_id
+    return response
+
+
+_HTTP_MESSAGES = {
+    "route_not_found": "No such endpoint.",
+    "method_not_allowed": "This method is not allowed on this endpoint.",
+    "payload_too_large": "The request body is too large.",
+    "unsupported_media_type": "The request body must be application/json.",
+}
+
+
+async def post_tool_call(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    config = runtime.config
+    meta = ingress.request_meta(request, config)
+    caller = await runtime.authenticator.authenticate(request.headers)
+    body = await ingress.read_json(request, config)
+    ingress.validate_body(body, "tool-call-request.schema.json")
+    call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
+                           arguments=body["arguments"], meta=meta)
+    result = await runtime.pipeline.execute(call, caller)
+    return json_response(result.envelope, result.status, dict(result.headers))
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    await runtime.authenticator.authenticate(request.headers)
+    return json_response({"tools": [tool.listing() for tool in runtime.registry.active()]})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    checks = {"registry": len(runtime.registry) > 0}
+    ready = all(checks.values())
+    return json_response({"status": "ready" if ready else "not_ready", "checks": checks}, 200 if ready else 503)
+
+
+def agent_app(runtime: Runtime) -> web.Application:
+    # client_max_size is a backstop; ingress enforces the configured limit with an envelope.
+    app = web.Application(middlewares=[envelope_errors],
+                          client_max_size=runtime.config.listen.max_body_bytes + 1024)
+    app[RUNTIME] = runtime
+    app.router.add_post("/v1/tool-calls", post_tool_call)
+    app.router.add_get("/v1/tools", list_tools)
+    return app
+
+
+def ops_app(runtime: Runtime) -> web.Application:
+    app = web.Application(middlewares=[envelope_errors])
+    app[RUNTIME] = runtime
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    return app
+
+
+async def serve(config: Config, *, ready: asyncio.Event | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Run all listeners until ``stop`` is set (or forever)."""
+    runtime = await create_runtime(config)
+    runners: list[web.AppRunner] = []
+    try:
+        for app, listener in ((agent_app(runtime), config.listen), (ops_app(runtime), config.ops)):
+            runner = web.AppRunner(app, access_log=None)
+            await runner.setup()
+            await web.TCPSite(runner, listener.host, listener.port).start()
+            runners.append(runner)
+        log.info("toolproxy listening: agent %s:%d, ops %s:%d", config.listen.host, config.listen.port,
+                 config.ops.host, config.ops.port)
+        if ready is not None:
+            ready.set()
+        await (stop.wait() if stop is not None else asyncio.Event().wait())
+    finally:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        await runtime.close()

@@ -1,0 +1,98 @@
+"""Command line: ``toolproxy run | dev | check-registry | config-reference``.
+
+Owns: argument parsing and process-level concerns (logging set-up, exit
+codes, signals). Must never: contain pipeline logic.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Sequence
+
+from .config import ConfigError, describe, load_config
+from .registry import RegistryError, load_registry
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="toolproxy", description="Policy-driven sidecar proxy for AI-agent tool calls.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run the sidecar (agent API, ops listener)",
+                         description="Run the sidecar. Settings come from --config (YAML) and TOOLPROXY_* "
+                                     "environment variables; see `toolproxy config-reference`.")
+    run.add_argument("--config", "-c", help="YAML config file (optional)")
+
+    dev = sub.add_parser("dev", help="run a local stack: OPA, Redis, demo backend and the proxy",
+                         description="Start a real opa server (policies/), a real redis-server, the demo tool "
+                                     "backend and the proxy; print endpoints and sample curls; stop all on Ctrl-C.")
+    dev.add_argument("--config", "-c", help="extra YAML config for the proxy (optional)")
+    dev.add_argument("--proxy-port", type=int, default=8787, help="agent API port (default 8787)")
+    dev.add_argument("--admin-port", type=int, default=8788, help="admin API port (default 8788)")
+    dev.add_argument("--ops-port", type=int, default=9464, help="metrics/probes port (default 9464)")
+    dev.add_argument("--opa-port", type=int, default=8181, help="OPA port (default 8181)")
+    dev.add_argument("--redis-port", type=int, default=6390, help="Redis port (default 6390)")
+    dev.add_argument("--backend-port", type=int, default=8790, help="demo backend port (default 8790)")
+
+    check = sub.add_parser("check-registry", help="validate registry files without starting anything")
+    check.add_argument("paths", nargs="+", help="registry YAML files or directories")
+
+    sub.add_parser("config-reference", help="print every setting with its env variable, default and help")
+
+    args = parser.parse_args(argv)
+    if args.command == "check-registry":
+        return check_registry(args.paths)
+    if args.command == "config-reference":
+        for key, env, default, help_ in describe():
+            print(f"{key}\t{env}\t{default!r}\t{help_}")
+        return 0
+    if args.command == "run":
+        return run_sidecar(args.config)
+    if args.command == "dev":
+        from .devstack import run_dev
+        return run_dev(args)
+    return 2
+
+
+def check_registry(paths: Sequence[str]) -> int:
+    try:
+        registry = load_registry(paths)
+    except RegistryError as exc:
+        print(f"registry invalid: {exc}", file=sys.stderr)
+        return 1
+    for tool in registry.all():
+        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}) from {tool.source}")
+    return 0
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+
+
+def run_sidecar(config_path: str | None) -> int:
+    from .app import serve
+    try:
+        config = load_config(config_path)
+        load_registry(config.registry.paths)  # fail fast with a clear message
+    except (ConfigError, RegistryError) as exc:
+        print(f"toolproxy: {exc}", file=sys.stderr)
+        return 1
+    setup_logging(config.log.level)
+
+    async def main_async() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await serve(config, stop=stop)
+
+    asyncio.run(main_async())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,259 @@
+"""Configuration: one typed, frozen object built from a YAML file plus ``TOOLPROXY_*`` env.
+
+Owns: the shape of every setting, its default and its one-line help, and the
+rules for overriding a setting from the environment. Must never: read the
+environment or files anywhere else in the package, or hold mutable state.
+
+Every leaf setting ``section.key`` can be overridden by the environment
+variable ``TOOLPROXY_SECTION_KEY`` (upper case). Lists are comma separated;
+mappings are ``name=value`` pairs separated by commas.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import yaml
+
+ENV_PREFIX = "TOOLPROXY_"
+
+
+class ConfigError(Exception):
+    """A configuration file or variable is malformed; the message names it."""
+
+
+def setting(default: Any, help: str) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ListenerConfig:
+    host: str = setting("127.0.0.1", "address the listener binds to")
+    port: int = setting(8787, "TCP port of the listener")
+
+
+@dataclass(frozen=True)
+class AgentListenerConfig(ListenerConfig):
+    max_body_bytes: int = setting(1024 * 1024, "largest accepted request body (payload_too_large above)")
+
+
+def _admin_listener() -> ListenerConfig:
+    return ListenerConfig(port=8788)
+
+
+def _ops_listener() -> ListenerConfig:
+    return ListenerConfig(port=9464)
+
+
+@dataclass(frozen=True)
+class RegistryConfig:
+    paths: list[str] = setting(["examples/registry"], "registry YAML files or directories of *.yaml")
+
+
+@dataclass(frozen=True)
+class BackendsConfig:
+    services: dict[str, str] = setting({}, "service name -> base URL for registry backends that say `service:`")
+    max_response_bytes: int = setting(4 * 1024 * 1024, "largest backend response accepted (output_invalid above)")
+    connect_timeout_ms: int = setting(1000, "cap on TCP connect time to a backend")
+    pool_size: int = setting(100, "connections in the shared HTTP client pool")
+
+
+@dataclass(frozen=True)
+class DeadlineConfig:
+    margin_ms: int = setting(50, "budget kept back for serialization and replying (epsilon of seed 000 4.2)")
+    max_request_timeout_ms: int = setting(600000, "upper bound accepted for a caller's deadline")
+
+
+@dataclass(frozen=True)
+class IdentityConfig:
+    mode: str = setting("static", "where the caller's identity comes from: static (dev only), jwt or headers")
+    static_subject: str = setting("dev-user", "static mode: subject of every call")
+    static_tenant: str = setting("acme", "static mode: tenant of every call")
+    static_roles: list[str] = setting(["agent"], "static mode: roles of every call")
+    static_scopes: list[str] = setting(["tools:call"], "static mode: scopes of every call")
+    agent_id: str = setting("dev-agent", "identity of the agent this sidecar serves (pod service account)")
+
+
+@dataclass(frozen=True)
+class OpaConfig:
+    url: str = setting("http://127.0.0.1:8181", "base URL of the OPA server")
+    decision_path: str = setting("toolproxy/decision", "Data API path of the decision document")
+    timeout_ms: int = setting(500, "timeout of one OPA query (fail closed after it)")
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
+    key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
+    timeout_ms: int = setting(500, "socket timeout of one Redis command")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str = setting("info", "log level: debug, info, warning, error")
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: AgentListenerConfig = field(default_factory=AgentListenerConfig, metadata={"help": "agent-facing API"})
+    admin: ListenerConfig = field(default_factory=_admin_listener, metadata={"help": "approver/operator API"})
+    ops: ListenerConfig = field(default_factory=_ops_listener, metadata={"help": "metrics and probes"})
+    registry: RegistryConfig = field(default_factory=RegistryConfig, metadata={"help": "tool contracts"})
+    backends: BackendsConfig = field(default_factory=BackendsConfig, metadata={"help": "tool backends"})
+    deadline: DeadlineConfig = field(default_factory=DeadlineConfig, metadata={"help": "deadlines"})
+    identity: IdentityConfig = field(default_factory=IdentityConfig, metadata={"help": "trusted identity"})
+    opa: OpaConfig = field(default_factory=OpaConfig, metadata={"help": "policy decisions"})
+    redis: RedisConfig = field(default_factory=RedisConfig, metadata={"help": "state store"})
+    log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
+
+
+def load_config(path: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None,
+                overrides: Mapping[str, Any] | None = None) -> Config:
+    """Build the config: defaults < YAML file < environment < explicit overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        except (OSError, yaml.YAMLError) as exc:
+            raise ConfigError(f"{path}: cannot read config: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: top level must be a mapping")
+        data = loaded or {}
+    env = os.environ if env is None else env
+    for dotted, hint in _leaves(Config):
+        name = ENV_PREFIX + dotted.replace(".", "_").upper()
+        if name in env:
+            _set_dotted(data, dotted, _parse_env(name, env[name], hint))
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    return _build(Config, data, "config")
+
+
+def describe() -> Iterator[tuple[str, str, Any, str]]:
+    """(key, env var, default, help) for every setting: the README's reference table."""
+    yield from _describe(Config, Config(), "")
+
+
+def _describe(cls: type, instance: Any, prefix: str) -> Iterator[tuple[str, str, Any, str]]:
+    for f in dataclasses.fields(cls):
+        value = getattr(instance, f.name)
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _describe(type(value), value, key + ".")
+        else:
+            yield key, ENV_PREFIX + key.replace(".", "_").upper(), value, f.metadata.get("help", "")
+
+
+def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            yield from _leaves(hint, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}", hint
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = data
+    for part in parents:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{dotted}: {part} must be a mapping")
+    node[leaf] = value
+
+
+def _parse_env(name: str, raw: str, hint: Any) -> Any:
+    origin = typing.get_origin(hint)
+    try:
+        if hint is bool:
+            lowered = raw.strip().lower()
+            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise ValueError("expected true or false")
+            return lowered in {"1", "true", "yes", "on"}
+        if hint is int:
+            return int(raw)
+        if hint is float:
+            return float(raw)
+        if origin is list:
+            return [item.strip() for item in raw.split(",") if item.strip()]
+        if origin is dict:
+            pairs = [item for item in raw.split(",") if item.strip()]
+            result = {}
+            for pair in pairs:
+                key, sep, value = pair.partition("=")
+                if not sep:
+                    raise ValueError(f"expected name=value, got {pair!r}")
+                result[key.strip()] = value.strip()
+            return result
+        return raw
+    except ValueError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: must be a mapping")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting(s) {', '.join(unknown)}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        hint = hints[f.name]
+        value = data[f.name]
+        path = f"{where}.{f.name}"
+        if dataclasses.is_dataclass(hint):
+            # Start from the section's own default so per-field defaults of
+            # non-default section instances (admin/ops ports) survive.
+            default = getattr(cls(), f.name)
+            merged = {**dataclasses.asdict(default), **(value or {})}
+            kwargs[f.name] = _build(hint, merged, path)
+        else:
+            kwargs[f.name] = _check_type(value, hint, path)
+    return cls(**kwargs)
+
+
+def _check_type(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif hint is str:
+        ok = isinstance(value, str)
+    elif origin is list:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+    elif origin is dict:
+        ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    elif origin in (typing.Union, types.UnionType):
+        ok = value is None or any(_matches(value, arg) for arg in typing.get_args(hint))
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
+    return value
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    try:
+        _check_type(value, hint, "")
+        return True
+    except ConfigError:
+        return False

@@ -1,0 +1,157 @@
+"""Decode stage: untrusted bytes -> a validated JSON object of tool arguments.
+
+Owns: strict JSON parsing (no duplicate keys, no NaN/Infinity, no trailing
+data, no lenient literals) and validation against the tool's ``inputSchema``
+(JSON Schema 2020-12, no type coercion). Codes: ``invalid_json``,
+``invalid_arguments``, ``schema_violation``. Must never: coerce a value,
+drop an unknown field, or look at anything but the bytes and the schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from jsonschema import Draft202012Validator, ValidationError
+
+from .errors import ProxyError
+
+MAX_VIOLATIONS = 50
+MAX_MESSAGE = 200
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+
+
+def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str = "decode") -> Any:
+    """Parse JSON text strictly; raise ``invalid_json`` with the error position."""
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProxyError("invalid_json", f"{what} are not valid UTF-8",
+                             details={"position": exc.start}, phase=phase) from None
+    try:
+        value, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
+    except json.JSONDecodeError as exc:
+        raise ProxyError("invalid_json", f"{what} are not valid JSON: {exc.msg}",
+                         details={"position": exc.pos, "line": exc.lineno, "column": exc.colno},
+                         phase=phase) from None
+    except _DuplicateKey as exc:
+        raise ProxyError("invalid_json", f"{what} contain a duplicate key",
+                         details={"key": exc.key[:MAX_MESSAGE]}, phase=phase) from None
+    except ValueError as exc:  # NaN, Infinity, -Infinity
+        raise ProxyError("invalid_json", f"{what} are not valid JSON: {exc}", phase=phase) from None
+    end = _skip_ws(text, end)
+    if end != len(text):
+        raise ProxyError("invalid_json", f"{what} are not valid JSON: extra data after the value",
+                         details={"position": end}, phase=phase)
+    return value
+
+
+def _skip_ws(text: str, index: int) -> int:
+    while index < len(text) and text[index] in " \t\n\r":
+        index += 1
+    return index
+
+
+def decode_arguments(raw: Any, validator: Draft202012Validator) -> dict[str, Any]:
+    """``raw`` is a JSON object already parsed strictly, or a JSON-encoded string as models emit it."""
+    value = strict_loads(raw) if isinstance(raw, (str, bytes)) else raw
+    if not isinstance(value, dict):
+        raise ProxyError("invalid_arguments", "tool arguments must be a JSON object",
+                         details={"type": _json_type(value)}, phase="decode")
+    violations = schema_violations(value, validator)
+    if violations:
+        first = violations[0]
+        raise ProxyError("schema_violation",
+                         f"arguments do not match the tool's input schema: {first['path']}: {first['message']}",
+                         details={"violations": violations[:MAX_VIOLATIONS],
+                                  "count": len(violations)}, phase="decode")
+    return value
+
+
+def schema_violations(value: Any, validator: Draft202012Validator) -> list[dict[str, str]]:
+    """Every violation as {path, keyword, message}, sorted by path then keyword."""
+    found: list[dict[str, str]] = []
+    for error in validator.iter_errors(value):
+        found.extend(_explain(error))
+    unique = {(v["path"], v["keyword"], v["message"]): v for v in found}
+    return sorted(unique.values(), key=lambda v: (v["path"], v["keyword"], v["message"]))
+
+
+def _explain(error: ValidationError) -> list[dict[str, str]]:
+    base = list(error.absolute_path)
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        known = set(schema.get("properties", {}))
+        patterns = list(schema.get("patternProperties", {}))
+        extras = [k for k in error.instance if k not in known and not any(re.search(p, k) for p in patterns)]
+        return [{"path": json_path(base + [k]), "keyword": "additionalProperties",
+                 "message": "unknown field is not allowed"} for k in sorted(extras)] or [_plain(error, base)]
+    if error.validator == "required" and isinstance(error.instance, dict):
+        missing = [k for k in error.validator_value if k not in error.instance]
+        return [{"path": json_path(base + [k]), "keyword": "required",
+                 "message": "required field is missing"} for k in missing] or [_plain(error, base)]
+    if error.validator in {"anyOf", "oneOf"} and error.context:
+        # Report the branch errors that got furthest, so the model sees the real reason.
+        deepest = max(len(list(e.absolute_path)) for e in error.context)
+        if deepest > len(base):
+            out: list[dict[str, str]] = []
+            for sub in error.context:
+                if len(list(sub.absolute_path)) == deepest:
+                    out.extend(_explain(sub))
+            return out
+    return [_plain(error, base)]
+
+
+def _plain(error: ValidationError, base: list[Any]) -> dict[str, str]:
+    message = error.message
+    if len(message) > MAX_MESSAGE:
+        message = message[:MAX_MESSAGE] + "..."
+    return {"path": json_path(base), "keyword": str(error.validator), "message": message}
+
+
+def json_path(parts: list[Any]) -> str:
+    """``amount``, ``items[0].sku``; ``$`` for the whole object."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out or "$"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"

@@ -1,0 +1,175 @@
+"""``toolproxy dev``: a local stack of real parts on loopback.
+
+Owns: starting a real ``opa`` server (watching ``policies/``), a real
+``redis-server``, the demo tool backend and the proxy; printing endpoints and
+sample requests; stopping every child on Ctrl-C/SIGTERM. Must never: be used
+in production (the demo backend exposes a fault-control API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Sequence
+
+from .config import ConfigError, load_config
+from .registry import RegistryError
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def find_binary(name: str) -> str:
+    """A tool installed by scripts/setup.sh (venv bin) or on PATH."""
+    candidate = Path(sys.prefix) / "bin" / name
+    if candidate.exists():
+        return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise FileNotFoundError(f"{name} not found: run scripts/setup.sh (it installs opa, redis-server and helm)")
+
+
+def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Poll ``url`` until it answers 2xx, the process exits, or the bound passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if 200 <= response.status < 300:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"{url} did not become ready within {timeout_s}s")
+
+
+def opa_command(port: int, paths: Sequence[str], watch: bool = True) -> list[str]:
+    cmd = [find_binary("opa"), "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error"]
+    if watch:
+        cmd.append("--watch")
+    return cmd + list(paths)
+
+
+def redis_command(port: int, workdir: str) -> list[str]:
+    return [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes", "--dir", workdir]
+
+
+def run_dev(args: argparse.Namespace) -> int:
+    children: list[subprocess.Popen[bytes]] = []
+    workdir = tempfile.mkdtemp(prefix="toolproxy-dev-")
+
+    def start(cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(cmd, cwd=REPO, **kw)  # type: ignore[call-overload]
+        children.append(proc)
+        return proc
+
+    def stop_all() -> None:
+        for proc in reversed(children):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(children):
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    try:
+        opa = start(opa_command(args.opa_port, [str(REPO / "policies")]))
+        redis = start(redis_command(args.redis_port, workdir), stdout=subprocess.DEVNULL)
+        backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port)])
+        wait_http(f"http://127.0.0.1:{args.opa_port}/health", 20, opa)
+        wait_http(f"http://127.0.0.1:{args.backend_port}/healthz", 20, backend)
+        _wait_redis(args.redis_port, redis)
+        overrides = {
+            "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
+            "opa.url": f"http://127.0.0.1:{args.opa_port}",
+            "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
+            "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"},
+            "registry.paths": [str(REPO / "examples" / "registry")],
+        }
+        config = load_config(args.config, overrides=overrides)
+    except (ConfigError, RegistryError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
+        print(f"toolproxy dev: {exc}", file=sys.stderr)
+        stop_all()
+        return 1
+
+    from .app import serve
+    from .cli import setup_logging
+    setup_logging(config.log.level)
+    _print_banner(args)
+
+    async def main_async() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+
+        async def watch_children() -> None:
+            while not stop.is_set():
+                for proc in children:
+                    if proc.poll() is not None:
+                        print(f"toolproxy dev: child {proc.args[0]} exited ({proc.returncode}); stopping",
+                              file=sys.stderr)
+                        stop.set()
+                await asyncio.sleep(0.5)
+
+        watcher = asyncio.create_task(watch_children())
+        try:
+            await serve(config, stop=stop)
+        finally:
+            watcher.cancel()
+
+    try:
+        asyncio.run(main_async())
+    finally:
+        stop_all()
+    return 0
+
+
+def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
+    import socket
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"redis-server exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
+                sock.sendall(b"PING\r\n")
+                if sock.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError("redis-server did not become ready")
+
+
+def _print_banner(args: argparse.Namespace) -> None:
+    p = args.proxy_port
+    print(f"""
+toolproxy dev stack is up (Ctrl-C stops everything)
+  agent API     http://127.0.0.1:{p}/v1/tool-calls   (GET /v1/tools lists contracts)
+  admin API     http://127.0.0.1:{args.admin_port}
+  metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
+  OPA           http://127.0.0.1:{args.opa_port}   (watching policies/)
+  Redis         redis://127.0.0.1:{args.redis_port}/0
+  demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)
+
+try:
+  curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
+       -d '{{"call_id":"c1","tool":"get_order","arguments":{{"order_id":"ord_1001"}}}}'
+  curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
+       -d '{{"call_id":"c2","tool":"refund_order","arguments":"{{\\"order_id\\":\\"ord_1001\\",\\"amount\\":\\"100\\",\\"reason\\":\\"dup\\"}}"}}'
+""", flush=True)

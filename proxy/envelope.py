@@ -1,0 +1,89 @@
+"""Commit stage, output side: result envelopes and their HTTP status.
+
+Owns: the exact shape of the result envelope (``schemas/result-envelope.schema.json``),
+deriving ``outcome`` from the error and the side-effect facts, and the HTTP
+status of an envelope. Must never: put stack traces, tokens, hostnames or raw
+backend bodies into an envelope.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Mapping
+
+from .errors import CATALOGUE, NO_EFFECT, ProxyError, SideEffect
+
+
+@dataclass
+class Timing:
+    """Wall-clock start for the record, monotonic for durations."""
+
+    started_wall: float = field(default_factory=time.time)
+    started_mono: float = field(default_factory=time.monotonic)
+    stages: dict[str, float] = field(default_factory=dict)
+    deadline_ms: int | None = None
+
+    def stage(self, name: str, seconds: float) -> None:
+        self.stages[name] = self.stages.get(name, 0.0) + seconds
+
+    def to_json(self) -> dict[str, Any]:
+        elapsed = time.monotonic() - self.started_mono
+        return {
+            "started_at": iso(self.started_wall),
+            "finished_at": iso(self.started_wall + elapsed),
+            "duration_ms": round(elapsed * 1000, 3),
+            "stages_ms": {k: round(v * 1000, 3) for k, v in self.stages.items()},
+            "deadline_ms": self.deadline_ms,
+        }
+
+
+def iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def outcome_of(error: ProxyError | None, side_effect: SideEffect) -> str:
+    if error is None:
+        return "succeeded"
+    if error.code == "cancelled":
+        return "cancelled"
+    if side_effect.committed is None:
+        return "unknown"
+    return "failed"
+
+
+def build(*, call_id: str | None, request_id: str, tool: str | None, tool_version: str | None,
+          data: Any = None, error: ProxyError | None = None, side_effect: SideEffect = NO_EFFECT,
+          idempotency_key: str | None = None, timing: Timing | None = None,
+          extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    if error is not None:
+        side_effect = SideEffect(attempted=error.attempted, committed=error.committed)
+    envelope = {
+        "call_id": call_id,
+        "request_id": request_id,
+        "tool": tool,
+        "tool_version": tool_version,
+        "outcome": outcome_of(error, side_effect),
+        "data": data if error is None else None,
+        "error": error.to_error() if error is not None else None,
+        "side_effect": side_effect.to_json(),
+        "idempotency_key": idempotency_key,
+        "timing": (timing or Timing()).to_json(),
+    }
+    if extra:
+        envelope.update(extra)
+    return envelope
+
+
+def http_status(envelope: Mapping[str, Any]) -> int:
+    error = envelope.get("error")
+    if not error:
+        return 200
+    return CATALOGUE[error["code"]].http_status
+
+
+def request_error(error: ProxyError, request_id: str, call_id: str | None = None,
+                  tool: str | None = None) -> dict[str, Any]:
+    """An envelope for a failure before any tool call could be formed."""
+    return build(call_id=call_id, request_id=request_id, tool=tool, tool_version=None, error=error)

@@ -1,0 +1,153 @@
+"""The error catalogue: every stable error code the proxy can emit.
+
+Owns: the one typed exception (``ProxyError``) that stages raise, and the
+static facts about each code (category, retryable, resolution, HTTP status,
+exposure). Must never: format messages from exceptions of other libraries,
+include stack traces, hostnames, tokens or raw backend bodies in a message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class ErrorSpec:
+    category: str
+    retryable: bool
+    resolution: str
+    http_status: int
+    expose_to_model: bool = True
+    expose_to_user: bool = False
+
+
+# Categories: protocol (the request to the proxy itself is malformed),
+# contract (arguments or outputs break the tool contract), identity,
+# authorization, business, dependency, execution, concurrency, internal.
+CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
+    # protocol
+    "invalid_request": ErrorSpec("protocol", False, "repair_arguments", 400),
+    "payload_too_large": ErrorSpec("protocol", False, "stop", 413),
+    "unsupported_media_type": ErrorSpec("protocol", False, "stop", 415),
+    "route_not_found": ErrorSpec("protocol", False, "stop", 404),
+    "method_not_allowed": ErrorSpec("protocol", False, "stop", 405),
+    "tool_not_found": ErrorSpec("protocol", False, "refresh_tools", 404),
+    # contract
+    "invalid_json": ErrorSpec("contract", False, "repair_arguments", 400),
+    "invalid_arguments": ErrorSpec("contract", False, "repair_arguments", 422),
+    "schema_violation": ErrorSpec("contract", False, "repair_arguments", 422),
+    "output_invalid": ErrorSpec("contract", False, "inspect", 502),
+    # identity and authorization
+    "unauthorized": ErrorSpec("identity", False, "stop", 401),
+    "forbidden": ErrorSpec("authorization", False, "stop", 403),
+    "policy_unavailable": ErrorSpec("dependency", True, "retry", 503),
+    "approval_required": ErrorSpec("authorization", False, "await_approval", 403, expose_to_user=True),
+    "approval_mismatch": ErrorSpec("authorization", False, "ask_user", 403, expose_to_user=True),
+    # business (the backend refused with a definite answer)
+    "business_rejected": ErrorSpec("business", False, "ask_user", 422, expose_to_user=True),
+    "rate_limited": ErrorSpec("dependency", True, "retry", 429),
+    # dependency / execution outcomes
+    "dependency_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
+    "timeout_not_started": ErrorSpec("execution", True, "retry_same_key", 504),
+    "timeout": ErrorSpec("execution", True, "retry", 504),
+    "timeout_unknown": ErrorSpec("execution", False, "reconcile", 504, expose_to_user=True),
+    "upstream_error": ErrorSpec("dependency", True, "retry", 502),
+    "upstream_error_unknown": ErrorSpec("execution", False, "reconcile", 502, expose_to_user=True),
+    # concurrency and idempotency
+    "idempotency_key_required": ErrorSpec("contract", False, "stop", 428),
+    "idempotency_conflict": ErrorSpec("concurrency", False, "repair_arguments", 422),
+    "operation_in_progress": ErrorSpec("concurrency", True, "poll", 409),
+    "operation_unknown": ErrorSpec("execution", False, "reconcile", 409, expose_to_user=True),
+    "operation_failed": ErrorSpec("execution", False, "stop", 409),
+    "resource_busy": ErrorSpec("concurrency", True, "retry", 409),
+    "lock_lost": ErrorSpec("concurrency", False, "reconcile", 409),
+    "invalid_plan": ErrorSpec("protocol", False, "repair_arguments", 400),
+    "cancelled": ErrorSpec("execution", False, "stop", 409),
+    "audit_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
+    # internal
+    "internal_error": ErrorSpec("internal", False, "stop", 500, expose_to_model=False),
+})
+
+RESOLUTIONS = frozenset({
+    "retry", "retry_same_key", "repair_arguments", "ask_user", "await_approval",
+    "reconcile", "refresh_tools", "stop", "poll", "inspect",
+})
+
+
+class ProxyError(Exception):
+    """Raised by any stage; carries a catalogue code and safe, structured details.
+
+    ``committed`` records what is known about the side effect when the error
+    happened: False (nothing applied), None (unknown), True (applied).
+    ``attempted`` says whether the backend request may have left the proxy.
+    """
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        details: Mapping[str, Any] | None = None,
+        attempted: bool = False,
+        committed: bool | None = False,
+        phase: str | None = None,
+        retryable: bool | None = None,
+        resolution: str | None = None,
+    ) -> None:
+        if code not in CATALOGUE:
+            raise ValueError(f"unknown error code {code!r}")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.details = dict(details or {})
+        self.attempted = attempted
+        self.committed = committed
+        self.phase = phase
+        self._retryable = retryable
+        self._resolution = resolution
+
+    @property
+    def spec(self) -> ErrorSpec:
+        return CATALOGUE[self.code]
+
+    @property
+    def retryable(self) -> bool:
+        return self.spec.retryable if self._retryable is None else self._retryable
+
+    @property
+    def resolution(self) -> str:
+        return self.spec.resolution if self._resolution is None else self._resolution
+
+    def with_phase(self, phase: str) -> "ProxyError":
+        if self.phase is None:
+            self.phase = phase
+        return self
+
+    def to_error(self) -> dict[str, Any]:
+        """The ``error`` member of an envelope."""
+        spec = self.spec
+        return {
+            "code": self.code,
+            "category": spec.category,
+            "phase": self.phase or "request",
+            "message": self.message,
+            "retryable": self.retryable,
+            "resolution": self.resolution,
+            "expose_to_model": spec.expose_to_model,
+            "expose_to_user": spec.expose_to_user,
+            "details": self.details,
+        }
+
+
+@dataclass(frozen=True)
+class SideEffect:
+    attempted: bool
+    committed: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"attempted": self.attempted, "committed": self.committed}
+
+
+NO_EFFECT = SideEffect(attempted=False, committed=False)

@@ -1,0 +1,85 @@
+"""Ingress: one HTTP request -> validated transport facts (body, meta).
+
+Owns: body size and media type limits, strict parsing of the request body,
+validating it against a request schema, and reading the transport headers
+(request id, trace, deadline, run id, idempotency key, approval id) into a
+``RequestMeta``. Shared by every protocol front (JSON API, MCP, OpenAI) so
+none of them re-implements it. Must never: interpret tool arguments or
+identity claims.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aiohttp import web
+from jsonschema import Draft202012Validator
+
+from . import deadline as deadlines
+from .config import Config
+from .decode import schema_violations, strict_loads
+from .errors import ProxyError
+from .pipeline import RequestMeta
+from .registry import load_schema
+from .tracing import accept_traceparent, new_request_id, safe_id
+
+JSON_TYPES = ("application/json",)
+
+
+def request_id_of(request: web.Request) -> str:
+    """The request id of this HTTP request, chosen once and cached on it."""
+    existing = request.get("toolproxy_request_id")
+    if existing is None:
+        existing = safe_id(request.headers.get("X-Request-Id")) or new_request_id()
+        request["toolproxy_request_id"] = existing
+    return existing
+
+
+async def read_json(request: web.Request, config: Config, *, phase: str = "request") -> Any:
+    """Read and strictly parse a JSON body within the size limit."""
+    if request.content_type not in JSON_TYPES:
+        raise ProxyError("unsupported_media_type", "The request body must be application/json.",
+                         details={"content_type": request.content_type[:64]}, phase=phase)
+    limit = config.listen.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ProxyError("payload_too_large", "The request body is too large.",
+                         details={"limit_bytes": limit}, phase=phase)
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > limit:
+            raise ProxyError("payload_too_large", "The request body is too large.",
+                             details={"limit_bytes": limit}, phase=phase)
+        chunks.append(chunk)
+    return strict_loads(b"".join(chunks), what="request body", phase=phase)
+
+
+def validate_body(body: Any, schema_name: str) -> None:
+    validator = Draft202012Validator(load_schema(schema_name))
+    violations = schema_violations(body, validator)
+    if violations:
+        raise ProxyError("invalid_request", "The request body does not match the API schema.",
+                         details={"violations": violations[:50]}, phase="request")
+
+
+def request_meta(request: web.Request, config: Config) -> RequestMeta:
+    headers = request.headers
+    return RequestMeta(
+        request_id=request_id_of(request),
+        trace=accept_traceparent(headers.get("traceparent")),
+        deadline=deadlines.from_headers(headers, max_timeout_s=config.deadline.max_request_timeout_ms / 1000.0),
+        run_id=_header_id(headers, "X-Run-Id"),
+        idempotency_key=_header_id(headers, "Idempotency-Key"),
+        approval_id=_header_id(headers, "X-Approval-Id"),
+    )
+
+
+def _header_id(headers: Any, name: str) -> str | None:
+    raw = headers.get(name)
+    if raw is None:
+        return None
+    value = safe_id(raw.strip().strip('"'))  # the IETF draft sends a quoted string
+    if value is None:
+        raise ProxyError("invalid_request", f"{name} must be 1-128 characters of [A-Za-z0-9._:-].",
+                         details={"header": name}, phase="request")
+    return value

@@ -1,0 +1,120 @@
+"""Normalize stage: defaults, RFC 8785 canonical JSON, ``args_hash``, resource ids.
+
+Owns: the one canonical form of a decoded call (so that key order and
+whitespace never change identity) and the canonical resource identifiers
+built from the contract's templates. Must never: change a value the caller
+supplied, or trust a resource id that did not come from a template.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import quote
+
+import rfc8785
+
+from .errors import ProxyError
+from .registry import ToolContract, thaw
+
+
+@dataclass(frozen=True)
+class NormalizedCall:
+    arguments: Mapping[str, Any]
+    canonical: bytes
+    args_hash: str
+    resources: tuple["ResourceRef", ...]
+
+
+@dataclass(frozen=True, order=True)
+class ResourceRef:
+    id: str       # canonical resource id, e.g. "order:ord_1001"
+    access: str   # shared | exclusive | none
+
+
+def canonical_json(value: Any) -> bytes:
+    try:
+        return rfc8785.dumps(value)
+    except (rfc8785.CanonicalizationError, ValueError, TypeError, UnicodeError) as exc:
+        raise ProxyError("invalid_arguments",
+                         "tool arguments cannot be canonicalized (integer out of range or invalid string)",
+                         details={"reason": type(exc).__name__}, phase="normalize") from None
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def normalize(tool: ToolContract, arguments: Mapping[str, Any]) -> NormalizedCall:
+    with_defaults = apply_defaults(tool.input_schema, arguments)
+    canonical = canonical_json(with_defaults)
+    return NormalizedCall(
+        arguments=with_defaults,
+        canonical=canonical,
+        args_hash=sha256_hex(canonical),
+        resources=resource_refs(tool, with_defaults),
+    )
+
+
+def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+    """Fill absent properties that declare a ``default`` (recursively through ``properties``)."""
+    if not isinstance(value, Mapping) or not isinstance(schema, Mapping):
+        return value
+    result = dict(value)
+    for name, sub in (schema.get("properties") or {}).items():
+        if not isinstance(sub, Mapping):
+            continue
+        if name not in result and "default" in sub:
+            result[name] = copy.deepcopy(thaw(sub["default"]))
+        if name in result:
+            result[name] = apply_defaults(sub, result[name])
+    return result
+
+
+def resource_refs(tool: ToolContract, arguments: Mapping[str, Any]) -> tuple[ResourceRef, ...]:
+    refs: dict[str, str] = {}
+    for template in tool.resources:
+        rendered = render_template(template.template, arguments)
+        if rendered is None:
+            continue
+        # The stronger access wins when two templates render the same id.
+        previous = refs.get(rendered)
+        refs[rendered] = _stronger(previous, template.access)
+    return tuple(sorted(ResourceRef(rid, access) for rid, access in refs.items()))
+
+
+def render_template(template: str, arguments: Mapping[str, Any]) -> str | None:
+    out = []
+    i = 0
+    while i < len(template):
+        if template[i] == "{":
+            end = template.index("}", i)
+            name = template[i + 1:end]
+            value = arguments.get(name)
+            if value is None:
+                return None
+            out.append(_canonical_part(name, value))
+            i = end + 1
+        else:
+            out.append(template[i])
+            i += 1
+    return "".join(out)
+
+
+def _canonical_part(name: str, value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise ProxyError("invalid_arguments", f"argument {name!r} cannot identify a resource",
+                         details={"path": name}, phase="normalize")
+    # Percent-encode everything but a safe alphabet so ids never contain
+    # separators (':' or '{') that would let one id impersonate another.
+    return quote(str(value), safe="-_.@")
+
+
+_ORDER = {None: -1, "none": 0, "shared": 1, "exclusive": 2}
+
+
+def _stronger(a: str | None, b: str) -> str:
+    return b if _ORDER[b] >= _ORDER[a] else a  # type: ignore[return-value]
+

@@ -1,0 +1,150 @@
+"""The pipeline of one tool call: resolve, decode, normalize, authorize,
+idempotency, lock, execute, verify, commit — in that order, once.
+
+Owns: the order of the stages and the per-call state handed from one stage to
+the next; turning any failure into an envelope with honest side-effect facts.
+Must never: contain a stage's own rules (those live in the stage modules), or
+let an unexpected exception escape as a stack trace.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+from . import envelope
+from .adapters import Adapter, BackendCall
+from .config import Config
+from .deadline import Deadline
+from .decode import decode_arguments
+from .envelope import Timing
+from .errors import ProxyError, SideEffect
+from .identity import Caller
+from .normalize import NormalizedCall, normalize
+from .registry import Registry, ToolContract
+from .tracing import TraceContext
+from .verify import verify_output
+
+log = logging.getLogger("toolproxy.pipeline")
+
+
+@dataclass(frozen=True)
+class RequestMeta:
+    """Transport facts of one request, already validated by the ingress."""
+
+    request_id: str
+    trace: TraceContext
+    deadline: Deadline
+    run_id: str | None = None
+    idempotency_key: str | None = None
+    approval_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ToolCallRequest:
+    call_id: str
+    tool: str
+    version: str | None
+    arguments: Any  # untrusted: a JSON object or a JSON-encoded string
+    meta: RequestMeta
+
+
+@dataclass(frozen=True)
+class CallResult:
+    envelope: dict[str, Any]
+    status: int
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class CallState:
+    """What the stages have established so far about one call."""
+
+    request: ToolCallRequest
+    caller: Caller
+    timing: Timing
+    tool: ToolContract | None = None
+    normalized: NormalizedCall | None = None
+    idempotency_key: str | None = None
+    fencing_token: int | None = None
+    phase: str = "resolve"
+    sent: bool = False
+
+
+class Pipeline:
+    def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter]) -> None:
+        self._config = config
+        self.registry = registry
+        self._adapters = dict(adapters)
+        self._margin_s = config.deadline.margin_ms / 1000.0
+
+    async def execute(self, request: ToolCallRequest, caller: Caller) -> CallResult:
+        state = CallState(request=request, caller=caller, timing=Timing())
+        remaining = request.meta.deadline.remaining()
+        state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+        try:
+            data = await self._run(state)
+            env = self._envelope(state, data=data,
+                                 side_effect=SideEffect(attempted=True, committed=bool(state.tool and state.tool.is_write)))
+        except ProxyError as error:
+            env = self._envelope(state, error=error.with_phase(state.phase))
+        except Exception:
+            log.exception("internal error in phase %s", state.phase,
+                          extra={"request_id": request.meta.request_id, "call_id": request.call_id})
+            env = self._envelope(state, error=self._internal(state))
+        return CallResult(envelope=env, status=envelope.http_status(env))
+
+    async def _run(self, state: CallState) -> Any:
+        request = state.request
+        with self._stage(state, "resolve"):
+            tool = state.tool = self.registry.resolve(request.tool, request.version)
+        with self._stage(state, "decode"):
+            arguments = decode_arguments(request.arguments, tool.input_validator)
+        with self._stage(state, "normalize"):
+            normalized = state.normalized = normalize(tool, arguments)
+        with self._stage(state, "execute"):
+            result = await self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
+        with self._stage(state, "verify"):
+            return verify_output(tool, result.data)
+
+    def _backend_call(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> BackendCall:
+        meta = state.request.meta
+        budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
+        state.sent = True
+        return BackendCall(
+            tool=tool, canonical_arguments=normalized.canonical, arguments=normalized.arguments,
+            call_id=state.request.call_id, request_id=meta.request_id, budget_s=budget,
+            traceparent=meta.trace.child().traceparent, subject=state.caller.subject,
+            tenant=state.caller.tenant, agent=state.caller.agent,
+            idempotency_key=state.idempotency_key, fencing_token=state.fencing_token)
+
+    @contextlib.contextmanager
+    def _stage(self, state: CallState, name: str) -> Iterator[None]:
+        state.phase = name
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            state.timing.stage(name, time.monotonic() - started)
+
+    def _internal(self, state: CallState) -> ProxyError:
+        # An unexpected failure after a write was handed to the adapter may have
+        # happened after the backend applied it: say unknown, never "not applied".
+        unknown = state.sent and state.tool is not None and state.tool.is_write and state.phase == "execute"
+        return ProxyError("internal_error", "The proxy failed unexpectedly.", phase=state.phase,
+                          attempted=state.sent, committed=None if unknown else
+                          (True if state.sent and state.phase == "verify" and state.tool and state.tool.is_write
+                           else False))
+
+    def _envelope(self, state: CallState, *, data: Any = None, error: ProxyError | None = None,
+                  side_effect: SideEffect | None = None) -> dict[str, Any]:
+        tool = state.tool
+        return envelope.build(
+            call_id=state.request.call_id, request_id=state.request.meta.request_id,
+            tool=tool.name if tool else state.request.tool if isinstance(state.request.tool, str) else None,
+            tool_version=tool.version if tool else None, data=data, error=error,
+            side_effect=side_effect or SideEffect(False, False), idempotency_key=state.idempotency_key,
+            timing=state.timing)

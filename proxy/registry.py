@@ -1,0 +1,312 @@
+"""Resolve stage: the trusted tool registry.
+
+Owns: loading registry YAML files, validating them against
+``schemas/tool-registry.schema.json`` and the strictness rule, and resolving
+a (name, version) to a frozen ``ToolContract``. Must never: take execution
+metadata from anywhere but these files (not from tool descriptions, not from
+upstream MCP annotations), or reach a backend.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Iterable, Mapping
+
+import yaml
+from jsonschema import Draft202012Validator
+
+from .errors import ProxyError
+
+SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
+_PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
+
+
+class RegistryError(Exception):
+    """A registry file is invalid; the message names file, tool and JSON path."""
+
+
+@cache
+def load_schema(name: str) -> dict[str, Any]:
+    return json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
+
+
+@dataclass(frozen=True)
+class ResourceTemplate:
+    template: str
+    access: str  # shared | exclusive | none
+
+    @property
+    def placeholders(self) -> tuple[str, ...]:
+        return tuple(_PLACEHOLDER.findall(self.template))
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    url: str | None = None
+    service: str | None = None
+    path: str | None = None
+
+    def resolve(self, services: Mapping[str, str]) -> str | None:
+        if self.url:
+            return self.url
+        base = services.get(self.service or "")
+        if base is None:
+            return None
+        return base.rstrip("/") + (self.path or "")
+
+
+@dataclass(frozen=True)
+class Backend(Endpoint):
+    type: str = "http"
+    tool: str | None = None  # upstream tool name for type: mcp
+
+
+@dataclass(frozen=True)
+class ToolContract:
+    name: str
+    version: str
+    description: str
+    mode: str
+    risk: str
+    input_schema: Mapping[str, Any]
+    output_schema: Mapping[str, Any]
+    backend: Backend
+    resources: tuple[ResourceTemplate, ...] = ()
+    idempotency_required: bool = False
+    retention_seconds: int = 86400
+    timeout_ms: int = 10000
+    status_endpoint: Endpoint | None = None
+    sensitive_fields: tuple[str, ...] = ()
+    strict: bool = True
+    status: str = "active"
+    source: str = ""
+    input_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    output_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    @property
+    def is_write(self) -> bool:
+        return self.mode == "write"
+
+    def summary(self) -> dict[str, Any]:
+        """What policies and listings may know about the tool (trusted facts only)."""
+        return {
+            "name": self.name,
+            "version": self.version,
+            "mode": self.mode,
+            "risk": self.risk,
+            "resources": [r.template for r in self.resources],
+            "idempotency_required": self.idempotency_required,
+        }
+
+    def listing(self) -> dict[str, Any]:
+        return {
+            **self.summary(),
+            "description": self.description,
+            "inputSchema": thaw(self.input_schema),
+            "outputSchema": thaw(self.output_schema),
+            "timeout_ms": self.timeout_ms,
+        }
+
+
+class Registry:
+    """An immutable set of tool contracts, keyed by name then version."""
+
+    def __init__(self, tools: Iterable[ToolContract]) -> None:
+        by_name: dict[str, dict[str, ToolContract]] = {}
+        for tool in tools:
+            versions = by_name.setdefault(tool.name, {})
+            if tool.version in versions:
+                raise RegistryError(
+                    f"{tool.source}: tool {tool.name!r} version {tool.version} is also defined in "
+                    f"{versions[tool.version].source}")
+            versions[tool.version] = tool
+        self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._tools.values())
+
+    def active(self) -> list[ToolContract]:
+        """The newest active version of every tool, sorted by name (deterministic listings)."""
+        result = []
+        for name in sorted(self._tools):
+            live = [t for t in self._tools[name].values() if t.status == "active"]
+            if live:
+                result.append(max(live, key=lambda t: _version_key(t.version)))
+        return result
+
+    def all(self) -> list[ToolContract]:
+        return [t for name in sorted(self._tools) for t in
+                sorted(self._tools[name].values(), key=lambda t: _version_key(t.version))]
+
+    def resolve(self, name: Any, version: Any = None) -> ToolContract:
+        if not isinstance(name, str) or name not in self._tools:
+            raise ProxyError("tool_not_found", "The requested tool does not exist.",
+                             details={"tool": name if isinstance(name, str) else None}, phase="resolve")
+        versions = self._tools[name]
+        if version is None:
+            live = [t for t in versions.values() if t.status == "active"]
+            if not live:
+                raise ProxyError("tool_not_found", "The requested tool is retired.",
+                                 details={"tool": name}, phase="resolve")
+            return max(live, key=lambda t: _version_key(t.version))
+        tool = versions.get(version) if isinstance(version, str) else None
+        if tool is None or tool.status != "active":
+            raise ProxyError("tool_not_found", "The requested tool version does not exist or is retired.",
+                             details={"tool": name, "version": version if isinstance(version, str) else None},
+                             phase="resolve")
+        return tool
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, dict):
+        return MappingProxyType({k: _freeze(v) for k, v in value.items()})
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def thaw(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: thaw(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
+    return value
+
+
+def registry_files(paths: Iterable[str | Path]) -> list[Path]:
+    files: list[Path] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            files.extend(sorted(p for p in path.iterdir() if p.suffix in {".yaml", ".yml"}))
+        elif path.exists():
+            files.append(path)
+        else:
+            raise RegistryError(f"{path}: no such registry file or directory")
+    if not files:
+        raise RegistryError(f"no registry files found in {', '.join(map(str, paths))}")
+    return files
+
+
+def load_registry(paths: Iterable[str | Path]) -> Registry:
+    """Load and validate every registry file; raise RegistryError on the first bad one."""
+    tools: list[ToolContract] = []
+    for path in registry_files(paths):
+        tools.extend(load_file(path))
+    return Registry(tools)
+
+
+def load_file(path: Path) -> list[ToolContract]:
+    try:
+        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as exc:
+        raise RegistryError(f"{path}: cannot parse YAML: {exc}") from None
+    validator = Draft202012Validator(load_schema("tool-registry.schema.json"))
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    if errors:
+        first = errors[0]
+        raise RegistryError(f"{path}: {_tool_label(document, first.absolute_path)}at {_json_path(first.absolute_path)}: "
+                            f"{first.message}")
+    return [_contract(path, index, raw) for index, raw in enumerate(document["tools"])]
+
+
+def _tool_label(document: Any, path: Iterable[Any]) -> str:
+    parts = list(path)
+    if len(parts) >= 2 and parts[0] == "tools" and isinstance(parts[1], int):
+        try:
+            return f"tool {document['tools'][parts[1]].get('name', '#' + str(parts[1]))!r} "
+        except (AttributeError, IndexError, KeyError, TypeError):
+            pass
+    return ""
+
+
+def _json_path(parts: Iterable[Any]) -> str:
+    out = "$"
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
+    name = raw["name"]
+    where = f"{path}: tool {name!r}"
+    strict = raw.get("strict", True)
+    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", raw["outputSchema"])):
+        try:
+            Draft202012Validator.check_schema(schema)
+        except Exception as exc:  # jsonschema.SchemaError
+            raise RegistryError(f"{where} at $.tools[{index}].{label}: not a valid JSON Schema: "
+                                f"{getattr(exc, 'message', exc)}") from None
+    if strict:
+        loose = _loose_objects(raw["inputSchema"], f"$.tools[{index}].inputSchema")
+        if loose:
+            raise RegistryError(f"{where} at {loose[0]}: object schema without additionalProperties: false "
+                                f"(set strict: false on the tool to allow it)")
+    properties = set((raw["inputSchema"].get("properties") or {}).keys())
+    resources = []
+    for r_index, res in enumerate(raw.get("resources", [])):
+        template = ResourceTemplate(res["template"], res.get("access") or
+                                    ("exclusive" if raw["mode"] == "write" else "none"))
+        missing = [p for p in template.placeholders if p not in properties]
+        if missing:
+            raise RegistryError(f"{where} at $.tools[{index}].resources[{r_index}].template: placeholder "
+                                f"{missing[0]!r} is not a property of inputSchema")
+        resources.append(template)
+    idem = raw.get("idempotency", {})
+    backend = raw["backend"]
+    status = raw.get("status_endpoint")
+    return ToolContract(
+        name=name,
+        version=raw["version"],
+        description=raw["description"],
+        mode=raw["mode"],
+        risk=raw["risk"],
+        input_schema=_freeze(raw["inputSchema"]),
+        output_schema=_freeze(raw["outputSchema"]),
+        backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
+                        path=backend.get("path"), tool=backend.get("tool")),
+        resources=tuple(resources),
+        idempotency_required=idem.get("required", False),
+        retention_seconds=idem.get("retention_seconds", 86400),
+        timeout_ms=raw.get("timeout_ms", 10000),
+        status_endpoint=Endpoint(url=status.get("url"), service=status.get("service"),
+                                 path=status.get("path")) if status else None,
+        sensitive_fields=tuple(raw.get("sensitive_fields", [])),
+        strict=strict,
+        status=raw.get("status", "active"),
+        source=str(path),
+        input_validator=Draft202012Validator(raw["inputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
+        output_validator=Draft202012Validator(raw["outputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
+    )
+
+
+def _loose_objects(schema: Any, where: str) -> list[str]:
+    """JSON paths of object subschemas that allow unknown properties."""
+    found: list[str] = []
+    if isinstance(schema, dict):
+        types_ = schema.get("type")
+        is_object = types_ == "object" or (isinstance(types_, list) and "object" in types_) or "properties" in schema
+        if is_object and schema.get("additionalProperties") is not False \
+                and schema.get("unevaluatedProperties") is not False:
+            found.append(where)
+        for key, value in schema.items():
+            if key in {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"} \
+                    and isinstance(value, dict):
+                for sub_name, sub in value.items():
+                    found.extend(_loose_objects(sub, f"{where}.{key}.{sub_name}"))
+            elif key in {"items", "additionalProperties", "not", "if", "then", "else", "contains",
+                         "propertyNames", "unevaluatedItems"}:
+                found.extend(_loose_objects(value, f"{where}.{key}"))
+            elif key in {"allOf", "anyOf", "oneOf", "prefixItems"} and isinstance(value, list):
+                for i, sub in enumerate(value):
+                    found.extend(_loose_objects(sub, f"{where}.{key}[{i}]"))
+    return found

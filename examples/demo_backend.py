@@ -1,0 +1,748 @@
+"""Demo tool backend for toolproxy: a small aiohttp service behind the proxy.
+
+It implements the tools of ``examples/registry/demo-tools.yaml`` against an
+in-memory, deterministically seeded ``DemoState`` (orders of two tenants,
+inventory, users, customers, counters) and the HTTP backend contract the
+proxy's HTTP adapter speaks:
+
+* ``POST /tools/<name>`` with the decoded tool arguments as a JSON object.
+  Headers read: ``Idempotency-Key``, ``X-Fencing-Token``, ``X-Call-Id``,
+  ``X-Toolproxy-Tenant`` (``X-Request-Timeout-Ms``, ``traceparent`` and
+  ``X-Toolproxy-Subject`` are accepted and ignored).
+  200 + result object | 4xx ``{"error": {"code", "message", "field"?}}`` for a
+  business refusal | 429 + ``Retry-After`` | 5xx ``{"error": {...}}`` with
+  ``"applied": false`` only when nothing was applied.
+* Idempotency per tool and key: a repeat with the same body replays the stored
+  answer (header ``Idempotent-Replayed: true``) with no second effect; the
+  same key with another body is 422 ``idempotency_key_reused``; a repeat
+  while the first is still running is 409 ``idempotency_key_in_progress``.
+  Business refusals are stored too (a replay gets the same refusal).
+* ``GET /status/<tool>/<idempotency_key>`` (read-only) answers
+  ``committed`` + result | ``pending`` | ``not_found`` | ``rejected`` + error.
+* Fencing: write tools remember, per resource key (``order:ord_1001``), the
+  highest ``X-Fencing-Token`` seen; a lower token is 409
+  ``stale_fencing_token`` with nothing applied. The check happens right before
+  the write (as fenced storage would), so a holder whose lock expired while it
+  was working is refused at commit time. Read tools ignore the token.
+* ``adjust_counter`` is a deliberately non-atomic read-modify-write (read,
+  sleep ``DemoState.counter_delay_ms``, write): without the proxy's locks,
+  concurrent calls lose updates. That race is the point; do not "fix" it.
+
+Faults (``FAULT_MODES``) act on ``/tools/*`` only. A client that gives up
+does not cancel the backend's work (it runs shielded from handler
+cancellation): under ``slow`` the write still commits later and the status
+endpoint goes ``pending`` -> ``committed``, which is exactly the
+``timeout_unknown`` case reconciliation exists for. ``stall`` never applies.
+
+What it owns: the demo state, the record of effects and request intervals
+(``state.effects``, ``state.intervals``) tests assert on, and runtime fault
+switches (``POST /_control/faults``; modes in ``FAULT_MODES``).
+
+The ``/_control/*`` API (faults, state dump, reset) exists for tests and the
+local demo only. It has no authentication and can crash the process: NEVER
+expose this service, let alone its control API, outside a test or a local dev
+stack. It must never be used as a model of a production tool backend's
+security; it trusts ``X-Toolproxy-Tenant`` only because the proxy is its sole
+caller in the demo.
+
+Run: ``python -m examples.demo_backend --port 8081`` (binds 127.0.0.1).
+In tests: ``runner, base_url, state = await start_demo_backend()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, NamedTuple
+
+from aiohttp import web
+
+log = logging.getLogger("demo_backend")
+
+FAULT_MODES = (
+    "slow",                  # sleep delay_ms, then behave normally (commits even if the client left)
+    "stall",                 # read the request, never answer, apply nothing
+    "drop_before_commit",    # close the connection, apply nothing
+    "drop_after_commit",     # apply the effect, then close without answering
+    "bad_output",            # apply the effect, answer 200 with a schema-violating result
+    "http_429",              # 429 + Retry-After: 3, apply nothing
+    "http_500",              # 500 without "applied" (nothing applied, but not said)
+    "http_503_not_applied",  # 503 with "applied": false
+    "crash",                 # os._exit(1) on arrival (only with allow_crash=True)
+)
+RETRY_AFTER_SECONDS = 3
+STALL_POLL_SECONDS = 0.02
+
+
+# --------------------------------------------------------------------------- state
+
+
+class Interval(NamedTuple):
+    """One request to ``/tools/<tool>``: when the backend started and finished it."""
+
+    tool: str
+    call_id: str | None
+    start: float  # time.monotonic()
+    end: float
+
+
+@dataclass
+class Fault:
+    tool: str  # a tool name or "*"
+    mode: str
+    delay_ms: int = 0
+    count: int | None = None  # remaining requests it affects; None = until cleared
+
+    def to_json(self) -> dict[str, Any]:
+        return {"tool": self.tool, "mode": self.mode, "delay_ms": self.delay_ms, "count": self.count}
+
+
+def _seed_orders() -> dict[str, dict[str, Any]]:
+    return {
+        "ord_1001": {"tenant": "acme", "status": "partially_refunded", "total": 10000, "refundable": 8000, "currency": "USD"},
+        "ord_1002": {"tenant": "acme", "status": "paid", "total": 2500, "refundable": 2500, "currency": "EUR"},
+        "ord_1003": {"tenant": "acme", "status": "refunded", "total": 5000, "refundable": 0, "currency": "USD"},
+        "ord_2001": {"tenant": "globex", "status": "paid", "total": 42000, "refundable": 42000, "currency": "USD"},
+    }
+
+
+def _seed_inventory() -> dict[str, dict[str, int]]:
+    return {
+        "sku_widget": {"available": 100, "reserved": 0},
+        "sku_gadget": {"available": 5, "reserved": 0},
+        "sku_gizmo": {"available": 0, "reserved": 0},
+    }
+
+
+def _seed_users() -> dict[str, dict[str, str]]:
+    return {
+        "usr_alice": {"language": "en", "notify_by": "email"},
+        "usr_bob": {"language": "de", "notify_by": "sms"},
+        "usr_carol": {"language": "fr", "notify_by": "none"},
+    }
+
+
+def _seed_customers() -> dict[str, dict[str, str]]:
+    return {
+        "cus_1001": {"tenant": "acme", "name": "Ada Example"},
+        "cus_1002": {"tenant": "acme", "name": "Bo Example"},
+        "cus_2001": {"tenant": "globex", "name": "Cy Example"},
+    }
+
+
+@dataclass
+class DemoState:
+    """Everything the backend knows. Tests may read it directly (same process)."""
+
+    orders: dict[str, dict[str, Any]] = field(default_factory=_seed_orders)
+    inventory: dict[str, dict[str, int]] = field(default_factory=_seed_inventory)
+    users: dict[str, dict[str, str]] = field(default_factory=_seed_users)
+    customers: dict[str, dict[str, str]] = field(default_factory=_seed_customers)
+    counters: dict[str, int] = field(default_factory=lambda: {"ctr_demo": 0, "ctr_race": 0})
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    # Observations.
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    intervals: list[Interval] = field(default_factory=list)
+    # Protocol bookkeeping.
+    idempotency: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    fencing: dict[str, int] = field(default_factory=dict)
+    faults: list[Fault] = field(default_factory=list)
+    next_id: int = 1
+    # Knob: pause inside adjust_counter's read-modify-write (widens the race).
+    counter_delay_ms: int = 5
+
+    def reset(self) -> None:
+        """Back to the seed, in place (tests keep a reference to this object)."""
+        fresh = DemoState(counter_delay_ms=self.counter_delay_ms)
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(fresh, name))
+
+    def new_id(self, prefix: str) -> str:
+        value = f"{prefix}_{self.next_id:06d}"
+        self.next_id += 1
+        return value
+
+    def effect_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for effect in self.effects:
+            counts[effect["tool"]] = counts.get(effect["tool"], 0) + 1
+        return counts
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "effects_by_tool": self.effect_counts(),
+            "effects": self.effects,
+            "intervals": [iv._asdict() for iv in self.intervals],
+            "counters": self.counters,
+            "orders": {oid: {"tenant": o["tenant"], "status": o["status"], "total": o["total"],
+                             "refundable": o["refundable"]} for oid, o in self.orders.items()},
+            "inventory": self.inventory,
+            "customers": sorted(self.customers),
+            "outbox_size": len(self.outbox),
+            "fencing": self.fencing,
+            "faults": [f.to_json() for f in self.faults],
+        }
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class BackendError(Exception):
+    """An answer other than 200; ``store`` says whether idempotency keeps it."""
+
+    def __init__(self, status: int, code: str, message: str, *, field: str | None = None,
+                 store: bool = True) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field, self.store = status, code, message, field, store
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.field is not None:
+            error["field"] = self.field
+        return {"error": error}
+
+
+def _error(status: int, code: str, message: str, **extra: Any) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message, **extra}}, status=status)
+
+
+# --------------------------------------------------------------------------- argument checks
+# The proxy validates against the registry first; the backend still refuses
+# anything malformed rather than trusting its caller.
+
+Check = Callable[[Any], str | None]
+
+
+def _string(pattern: str | None = None, min_len: int = 1, max_len: int = 200) -> Check:
+    regex = re.compile(pattern) if pattern else None
+
+    def check(value: Any) -> str | None:
+        if not isinstance(value, str):
+            return "must be a string"
+        if not min_len <= len(value) <= max_len:
+            return f"length must be {min_len}..{max_len}"
+        if regex is not None and not regex.search(value):
+            return f"must match {pattern}"
+        return None
+
+    return check
+
+
+def _integer(minimum: int, maximum: int | None = None) -> Check:
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be an integer"
+        if value < minimum or (maximum is not None and value > maximum):
+            return f"must be in {minimum}..{maximum if maximum is not None else 'inf'}"
+        return None
+
+    return check
+
+
+def _enum(*values: str) -> Check:
+    def check(value: Any) -> str | None:
+        return None if value in values else f"must be one of {list(values)}"
+
+    return check
+
+
+ORDER_ID = _string(r"^ord_[A-Za-z0-9]+$", max_len=64)
+SKU = _string(r"^sku_[A-Za-z0-9]+$", max_len=64)
+
+
+def _check_args(args: Any, fields: dict[str, Check]) -> None:
+    if not isinstance(args, dict):
+        raise BackendError(422, "invalid_arguments", "arguments must be a JSON object", store=False)
+    for name in args:
+        if name not in fields:
+            raise BackendError(422, "invalid_arguments", f"unknown field {name!r}", field=name, store=False)
+    for name, check in fields.items():
+        if name not in args:
+            raise BackendError(422, "invalid_arguments", f"{name} is required", field=name, store=False)
+        problem = check(args[name])
+        if problem:
+            raise BackendError(422, "invalid_arguments", f"{name} {problem}", field=name, store=False)
+
+
+# --------------------------------------------------------------------------- tools
+
+
+@dataclass
+class Call:
+    """What a tool implementation may use besides its arguments."""
+
+    state: DemoState
+    tool: str
+    args: dict[str, Any]
+    tenant: str | None
+    fencing_token: int | None
+    idempotency_key: str | None
+    call_id: str | None
+    resources: list[str]
+
+    def fence(self) -> None:
+        """Call immediately before writing: refuse a stale token, else remember it."""
+        if self.fencing_token is None:
+            return
+        for key in self.resources:
+            if self.fencing_token < self.state.fencing.get(key, -1):
+                raise BackendError(409, "stale_fencing_token",
+                                   f"fencing token {self.fencing_token} is older than one already seen for {key}",
+                                   store=False)
+        for key in self.resources:
+            self.state.fencing[key] = max(self.fencing_token, self.state.fencing.get(key, -1))
+
+    def record_effect(self) -> None:
+        self.state.effects.append({
+            "tool": self.tool, "idempotency_key": self.idempotency_key, "call_id": self.call_id,
+            "fencing_token": self.fencing_token, "args": self.args, "time": time.time(),
+        })
+
+    def order(self, order_id: str) -> dict[str, Any]:
+        """The order, or 404 if unknown or owned by another tenant (no existence leak)."""
+        order = self.state.orders.get(order_id)
+        if order is None or (self.tenant is not None and order["tenant"] != self.tenant):
+            raise BackendError(404, "order_not_found", f"no order {order_id}", field="order_id")
+        return order
+
+
+def _order_view(order_id: str, order: dict[str, Any]) -> dict[str, Any]:
+    return {"order_id": order_id, "tenant": order["tenant"], "status": order["status"],
+            "total": order["total"], "refundable": order["refundable"], "currency": order["currency"]}
+
+
+async def get_order(call: Call) -> dict[str, Any]:
+    order_id = call.args["order_id"]
+    return _order_view(order_id, call.order(order_id))
+
+
+async def refund_order(call: Call) -> dict[str, Any]:
+    order_id, amount = call.args["order_id"], call.args["amount"]
+    order = call.order(order_id)
+    if amount > order["refundable"]:
+        raise BackendError(422, "amount_exceeds_refundable_balance",
+                           f"amount {amount} exceeds the refundable balance {order['refundable']}",
+                           field="amount")
+    call.fence()
+    order["refundable"] -= amount
+    order["status"] = "refunded" if order["refundable"] == 0 else "partially_refunded"
+    call.record_effect()
+    return {"refund_id": call.state.new_id("rf"), "order_id": order_id, "amount": amount,
+            "status": "completed", "refundable_remaining": order["refundable"]}
+
+
+async def reserve_inventory(call: Call) -> dict[str, Any]:
+    sku, quantity = call.args["sku"], call.args["quantity"]
+    call.order(call.args["order_id"])
+    item = call.state.inventory.get(sku)
+    if item is None:
+        raise BackendError(404, "sku_not_found", f"no sku {sku}", field="sku")
+    if quantity > item["available"]:
+        raise BackendError(409, "insufficient_inventory",
+                           f"only {item['available']} of {sku} available", field="quantity")
+    call.fence()
+    item["available"] -= quantity
+    item["reserved"] += quantity
+    call.record_effect()
+    return {"reservation_id": call.state.new_id("rsv"), "sku": sku, "quantity": quantity,
+            "available_after": item["available"]}
+
+
+async def get_inventory(call: Call) -> dict[str, Any]:
+    sku = call.args["sku"]
+    item = call.state.inventory.get(sku)
+    if item is None:
+        raise BackendError(404, "sku_not_found", f"no sku {sku}", field="sku")
+    return {"sku": sku, "available": item["available"], "reserved": item["reserved"]}
+
+
+async def send_email(call: Call) -> dict[str, Any]:
+    call.fence()
+    message_id = call.state.new_id("msg")
+    call.state.outbox.append({"message_id": message_id, "to": call.args["to"], "subject": call.args["subject"]})
+    call.record_effect()
+    return {"message_id": message_id, "status": "queued"}
+
+
+async def get_user_preferences(call: Call) -> dict[str, Any]:
+    user_ref = call.args["user_ref"]
+    user = call.state.users.get(user_ref)
+    if user is None:
+        raise BackendError(404, "user_not_found", f"no user {user_ref}", field="user_ref")
+    return {"user_ref": user_ref, "language": user["language"], "notify_by": user["notify_by"]}
+
+
+async def send_confirmation(call: Call) -> dict[str, Any]:
+    order_id, channel = call.args["order_id"], call.args["channel"]
+    call.order(order_id)
+    call.fence()
+    confirmation_id = call.state.new_id("cnf")
+    call.state.outbox.append({"confirmation_id": confirmation_id, "order_id": order_id, "channel": channel})
+    call.record_effect()
+    return {"confirmation_id": confirmation_id, "order_id": order_id, "channel": channel}
+
+
+async def adjust_counter(call: Call) -> dict[str, Any]:
+    # Deliberately NOT atomic: read, yield, write. Only the proxy's exclusive
+    # lock on counter:{counter} (or fencing) keeps concurrent deltas from
+    # overwriting each other.
+    name, delta = call.args["counter"], call.args["delta"]
+    current = call.state.counters.get(name, 0)
+    await asyncio.sleep(call.state.counter_delay_ms / 1000)
+    call.fence()
+    call.state.counters[name] = current + delta
+    call.record_effect()
+    return {"counter": name, "value": current + delta}
+
+
+async def delete_customer(call: Call) -> dict[str, Any]:
+    customer_id = call.args["customer_id"]
+    customer = call.state.customers.get(customer_id)
+    if customer is None or (call.tenant is not None and customer["tenant"] != call.tenant):
+        raise BackendError(404, "customer_not_found", f"no customer {customer_id}", field="customer_id")
+    call.fence()
+    del call.state.customers[customer_id]
+    call.record_effect()
+    return {"customer_id": customer_id, "status": "deleted"}
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    run: Callable[[Call], Awaitable[dict[str, Any]]]
+    writes: bool
+    fields: dict[str, Check]
+    resources: tuple[str, ...] = ()  # same templates as the registry
+
+
+TOOLS: dict[str, ToolSpec] = {
+    "get_order": ToolSpec(get_order, False, {"order_id": ORDER_ID}, ("order:{order_id}",)),
+    "refund_order": ToolSpec(refund_order, True, {
+        "order_id": ORDER_ID, "amount": _integer(1), "reason": _string(max_len=200)}, ("order:{order_id}",)),
+    "reserve_inventory": ToolSpec(reserve_inventory, True, {
+        "sku": SKU, "quantity": _integer(1, 1000), "order_id": ORDER_ID}, ("inventory:{sku}",)),
+    "get_inventory": ToolSpec(get_inventory, False, {"sku": SKU}, ("inventory:{sku}",)),
+    "send_email": ToolSpec(send_email, True, {
+        "to": _string(r"^[^@\s]+@[^@\s]+$", max_len=254), "subject": _string(max_len=200),
+        "body": _string(max_len=5000)}),
+    "get_user_preferences": ToolSpec(get_user_preferences, False, {
+        "user_ref": _string(r"^usr_[A-Za-z0-9]+$", max_len=64)}),
+    "send_confirmation": ToolSpec(send_confirmation, True, {
+        "order_id": ORDER_ID, "channel": _enum("email", "sms")}),
+    "adjust_counter": ToolSpec(adjust_counter, True, {
+        "counter": _string(r"^ctr_[A-Za-z0-9_]+$", max_len=64), "delta": _integer(-1000, 1000)},
+        ("counter:{counter}",)),
+    "delete_customer": ToolSpec(delete_customer, True, {
+        "customer_id": _string(r"^cus_[A-Za-z0-9]+$", max_len=64)}, ("customer:{customer_id}",)),
+}
+
+
+def _resource_keys(spec: ToolSpec, args: dict[str, Any]) -> list[str]:
+    return sorted(template.format_map(args) for template in spec.resources)
+
+
+def _violate_output(result: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``result`` that breaks its outputSchema (for the bad_output fault)."""
+    bad = dict(result)
+    for key, value in bad.items():
+        if isinstance(value, int) and not isinstance(value, bool):
+            bad[key] = str(value)  # e.g. "amount": "500"
+            return bad
+    bad["unexpected_field"] = "not in the outputSchema"
+    return bad
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+STATE_KEY = web.AppKey("demo_state", DemoState)
+ALLOW_CRASH_KEY = web.AppKey("allow_crash", bool)
+IN_FLIGHT_KEY = web.AppKey("in_flight", set)
+
+
+def _take_fault(state: DemoState, tool: str) -> Fault | None:
+    """The active fault for this tool (a tool-specific one beats "*"); uses one count."""
+    candidates = [f for f in state.faults if f.tool == tool] + [f for f in state.faults if f.tool == "*"]
+    for fault in candidates:
+        if fault.count is None or fault.count > 0:
+            if fault.count is not None:
+                fault.count -= 1
+                if fault.count == 0:
+                    state.faults.remove(fault)
+            return fault
+    return None
+
+
+def _drop_connection(request: web.Request) -> web.Response:
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    # Nothing reaches the client; aiohttp discards this once it sees the closed transport.
+    return web.Response(status=500)
+
+
+async def _wait_for_disconnect(request: web.Request) -> None:
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(STALL_POLL_SECONDS)
+
+
+def _body_hash(args: Any) -> str:
+    return hashlib.sha256(json.dumps(args, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+async def handle_tool(request: web.Request) -> web.StreamResponse:
+    # The work runs in its own task so that a client disconnect never cancels
+    # it halfway, whatever the server's handler_cancellation setting (aiohttp's
+    # TestServer turns it on, run_app/AppRunner leave it off): the backend
+    # behaves the same under both.
+    work = asyncio.ensure_future(_handle_tool_recorded(request))
+    in_flight = request.app[IN_FLIGHT_KEY]
+    in_flight.add(work)
+    work.add_done_callback(in_flight.discard)
+    return await asyncio.shield(work)
+
+
+async def _handle_tool_recorded(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    tool = request.match_info["tool"]
+    call_id = request.headers.get("X-Call-Id")
+    started = time.monotonic()
+    try:
+        return await _handle_tool(request, state, tool, call_id)
+    finally:
+        state.intervals.append(Interval(tool, call_id, started, time.monotonic()))
+
+
+async def _cancel_in_flight(app: web.Application) -> None:
+    tasks = list(app[IN_FLIGHT_KEY])
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _handle_tool(request: web.Request, state: DemoState, tool: str,
+                       call_id: str | None) -> web.StreamResponse:
+    spec = TOOLS.get(tool)
+    if spec is None:
+        return _error(404, "tool_not_found", f"no tool {tool}", applied=False)
+    raw = await request.read()
+    try:
+        args = json.loads(raw)
+    except ValueError:
+        return _error(400, "invalid_json", "request body is not JSON", applied=False)
+    key = request.headers.get("Idempotency-Key") or None
+    try:
+        token = _fencing_token(request.headers.get("X-Fencing-Token"))
+        _check_args(args, spec.fields)
+    except BackendError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+
+    fault = _take_fault(state, tool)
+    mode = fault.mode if fault else None
+    if mode == "crash" and request.app[ALLOW_CRASH_KEY]:
+        log.warning("fault crash: exiting the process")
+        os._exit(1)
+
+    body_hash = _body_hash(args)
+    record = state.idempotency.get((tool, key)) if key else None
+    if record is not None and record["body_hash"] != body_hash:
+        return _error(422, "idempotency_key_reused",
+                      "this Idempotency-Key was used with different arguments", applied=False)
+    if record is not None and record["state"] == "pending":
+        return _error(409, "idempotency_key_in_progress",
+                      "a request with this Idempotency-Key is still running", applied=False)
+    replay = record is not None
+    if key and not replay:
+        # From here until an outcome is stored, the status endpoint says "pending".
+        state.idempotency[(tool, key)] = {"state": "pending", "body_hash": body_hash}
+    try:
+        # Faults on arrival: nothing is applied by any of these except "slow",
+        # which then carries on normally (even if the client gave up meanwhile).
+        if mode == "slow":
+            await asyncio.sleep(fault.delay_ms / 1000)
+        elif mode == "stall":
+            await _wait_for_disconnect(request)
+            return web.Response(status=499)  # never seen: the client has gone
+        elif mode == "drop_before_commit":
+            return _drop_connection(request)
+        elif mode == "http_429":
+            return web.json_response(
+                {"error": {"code": "rate_limited", "message": "too many requests"}},
+                status=429, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        elif mode == "http_500":
+            return _error(500, "internal_error", "internal error")
+        elif mode == "http_503_not_applied":
+            return _error(503, "service_unavailable", "temporarily unavailable", applied=False)
+
+        if replay:
+            response = web.json_response(record["body"], status=record["status"],
+                                         headers={"Idempotent-Replayed": "true"})
+        else:
+            call = Call(state=state, tool=tool, args=args,
+                        tenant=request.headers.get("X-Toolproxy-Tenant"),
+                        fencing_token=token if spec.writes else None, idempotency_key=key,
+                        call_id=call_id, resources=_resource_keys(spec, args))
+            response = await _run(call, spec, body_hash)
+
+        # Faults after the outcome is decided (and, for writes, committed).
+        if mode == "drop_after_commit":
+            return _drop_connection(request)
+        if mode == "bad_output" and response.status == 200:
+            return web.json_response(_violate_output(json.loads(response.body)), status=200)
+        return response
+    finally:
+        if key and not replay and state.idempotency.get((tool, key), {}).get("state") == "pending":
+            # No outcome stored, so nothing was applied: forget the key.
+            state.idempotency.pop((tool, key), None)
+
+
+def _fencing_token(header: str | None) -> int | None:
+    if header is None:
+        return None
+    if not header.isascii() or not header.isdigit():
+        raise BackendError(400, "invalid_fencing_token",
+                           "X-Fencing-Token must be a non-negative decimal integer", store=False)
+    return int(header)
+
+
+async def _run(call: Call, spec: ToolSpec, body_hash: str) -> web.Response:
+    """Run the tool; store its outcome under the idempotency key if it is one to keep."""
+    slot = (call.tool, call.idempotency_key)
+    try:
+        result = await spec.run(call)
+    except BackendError as exc:
+        body = exc.body()
+        if not exc.store:
+            body["error"]["applied"] = False  # refused before anything was written
+        elif call.idempotency_key:
+            call.state.idempotency[slot] = {"state": "rejected", "body_hash": body_hash,
+                                            "status": exc.status, "body": body}
+        return web.json_response(body, status=exc.status)
+    if call.idempotency_key:
+        call.state.idempotency[slot] = {"state": "committed", "body_hash": body_hash,
+                                        "status": 200, "body": result}
+    return web.json_response(result)
+
+
+async def handle_status(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    tool, key = request.match_info["tool"], request.match_info["key"]
+    if tool not in TOOLS:
+        return _error(404, "tool_not_found", f"no tool {tool}")
+    record = state.idempotency.get((tool, key))
+    if record is None:
+        return web.json_response({"state": "not_found"})
+    if record["state"] == "pending":
+        return web.json_response({"state": "pending"})
+    if record["state"] == "committed":
+        return web.json_response({"state": "committed", "result": record["body"]})
+    return web.json_response({"state": "rejected", "error": record["body"]["error"]})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+# --------------------------------------------------------------------------- control API (tests only)
+
+
+async def handle_set_fault(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "invalid_json", "body must be JSON")
+    if not isinstance(body, dict):
+        return _error(400, "invalid_fault", "body must be an object")
+    tool, mode = body.get("tool"), body.get("mode")
+    delay_ms, count = body.get("delay_ms", 0), body.get("count")
+    if tool != "*" and tool not in TOOLS:
+        return _error(400, "invalid_fault", f"unknown tool {tool!r}", field="tool")
+    if mode not in FAULT_MODES:
+        return _error(400, "invalid_fault", f"mode must be one of {list(FAULT_MODES)}", field="mode")
+    if isinstance(delay_ms, bool) or not isinstance(delay_ms, int) or delay_ms < 0:
+        return _error(400, "invalid_fault", "delay_ms must be a non-negative integer", field="delay_ms")
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int) or count < 1):
+        return _error(400, "invalid_fault", "count must be a positive integer or null", field="count")
+    if mode == "crash" and not request.app[ALLOW_CRASH_KEY]:
+        return _error(400, "crash_not_allowed", "start the backend with allow_crash to use mode crash",
+                      field="mode")
+    # One fault per tool name: a new one replaces the old.
+    state.faults = [f for f in state.faults if f.tool != tool]
+    state.faults.append(Fault(tool=tool, mode=mode, delay_ms=delay_ms, count=count))
+    return web.json_response({"faults": [f.to_json() for f in state.faults]})
+
+
+async def handle_list_faults(request: web.Request) -> web.Response:
+    return web.json_response({"faults": [f.to_json() for f in request.app[STATE_KEY].faults]})
+
+
+async def handle_clear_faults(request: web.Request) -> web.Response:
+    request.app[STATE_KEY].faults = []
+    return web.json_response({"faults": []})
+
+
+async def handle_state(request: web.Request) -> web.Response:
+    return web.json_response(request.app[STATE_KEY].snapshot())
+
+
+async def handle_reset(request: web.Request) -> web.Response:
+    request.app[STATE_KEY].reset()
+    return web.json_response({"status": "reset"})
+
+
+def create_app(state: DemoState | None = None, *, allow_crash: bool = False) -> web.Application:
+    app = web.Application()
+    app[STATE_KEY] = state if state is not None else DemoState()
+    app[ALLOW_CRASH_KEY] = allow_crash
+    app[IN_FLIGHT_KEY] = set()
+    app.on_cleanup.append(_cancel_in_flight)
+    app.router.add_post("/tools/{tool}", handle_tool)
+    app.router.add_get("/status/{tool}/{key}", handle_status)
+    app.router.add_get("/healthz", handle_health)
+    app.router.add_post("/_control/faults", handle_set_fault)
+    app.router.add_get("/_control/faults", handle_list_faults)
+    app.router.add_delete("/_control/faults", handle_clear_faults)
+    app.router.add_get("/_control/state", handle_state)
+    app.router.add_post("/_control/reset", handle_reset)
+    return app
+
+
+async def start_demo_backend(host: str = "127.0.0.1", port: int = 0,
+                             **kw: Any) -> tuple[web.AppRunner, str, DemoState]:
+    """Start a backend in this event loop; ``await runner.cleanup()`` stops it.
+
+    ``kw`` goes to ``create_app`` (``state=``, ``allow_crash=``).
+    """
+    app = create_app(**kw)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound_host, bound_port = runner.addresses[0][:2]
+    return runner, f"http://{bound_host}:{bound_port}", app[STATE_KEY]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="toolproxy demo tool backend (tests / local demo only)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8081)
+    parser.add_argument("--allow-crash", action="store_true", help="honour the 'crash' fault mode")
+    parser.add_argument("--counter-delay-ms", type=int, default=5,
+                        help="pause inside adjust_counter's read-modify-write")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.host not in ("127.0.0.1", "::1", "localhost"):
+        log.warning("binding %s: the /_control API is unauthenticated; never expose it", args.host)
+    state = DemoState(counter_delay_ms=args.counter_delay_ms)
+    web.run_app(create_app(state, allow_crash=args.allow_crash), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

@@ -150,6 +150,8 @@ class DemoState:
     # Observations.
     effects: list[dict[str, Any]] = field(default_factory=list)
     intervals: list[Interval] = field(default_factory=list)
+    # Every tool request as received (tool and headers), for tests of what the proxy forwards.
+    requests: list[dict[str, Any]] = field(default_factory=list)
     # Protocol bookkeeping.
     idempotency: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     fencing: dict[str, int] = field(default_factory=dict)
@@ -513,6 +515,7 @@ async def _handle_tool_recorded(request: web.Request) -> web.StreamResponse:
     tool = request.match_info["tool"]
     call_id = request.headers.get("X-Call-Id")
     started = time.monotonic()
+    state.requests.append({"tool": tool, "headers": dict(request.headers)})
     try:
         return await _handle_tool(request, state, tool, call_id)
     finally:

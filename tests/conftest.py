@@ -1,0 +1,65 @@
+"""Shared pytest fixtures for toolproxy.
+
+Sections:
+  * Real servers (OPA, Redis) -- started as subprocesses via tests/support/servers.py.
+    Binaries come from .venv/bin (installed by scripts/setup.sh) or PATH.
+  * (Proxy / demo-backend fixtures are appended below by their authors.)
+
+pytest configuration (asyncio mode, markers, ...) lives in pyproject.toml
+under [tool.pytest.ini_options]; this file deliberately sets none.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.servers import OpaServer, RedisServer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+POLICIES_DIR = REPO_ROOT / "policies"
+
+
+# ---------------------------------------------------------------------------
+# Real servers: OPA and Redis
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def opa_server():
+    """A real OPA server for the whole session.
+
+    Loads the repo's ``policies/`` directory if it exists (nothing otherwise).
+    Tests may add policies/data with ``opa_server.put_policy`` /
+    ``opa_server.put_data``; use ids/paths unique to the test to avoid
+    interfering with others. A test that stops the server must start it again
+    (``opa_server.start()``) before finishing.
+    """
+    paths = [POLICIES_DIR] if POLICIES_DIR.is_dir() else []
+    server = OpaServer(paths)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server (or valkey-server) for the whole session, no persistence."""
+    server = RedisServer(data_dir=tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server):
+    """URL of the session Redis, with the database flushed before the test."""
+    if not redis_server.running:  # a previous test stopped it
+        redis_server.start()
+    redis_server.flushall()
+    return redis_server.url

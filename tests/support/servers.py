@@ -1,0 +1,351 @@
+"""Helpers that run real OPA and Redis servers as subprocesses for tests.
+
+Plain synchronous code (no pytest import) so fixtures, benchmarks and ad-hoc
+scripts can all use it. Binaries are looked up in the active virtualenv first
+(``scripts/setup.sh`` symlinks ``opa``, ``helm`` and ``redis-server`` into
+``.venv/bin``), then on ``PATH``.
+
+Every wait is bounded; ``stop()`` terminates, waits, then kills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+__all__ = [
+    "BinaryNotFound",
+    "ServerStartError",
+    "free_port",
+    "find_binary",
+    "OpaServer",
+    "RedisServer",
+]
+
+DEFAULT_START_TIMEOUT = 15.0
+STOP_TIMEOUT = 5.0
+
+
+class BinaryNotFound(RuntimeError):
+    """A required server binary is not installed."""
+
+
+class ServerStartError(RuntimeError):
+    """A server process exited or did not become ready in time."""
+
+
+def free_port() -> int:
+    """Return a TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def find_binary(name: str) -> str:
+    """Find ``name`` in ``<sys.prefix>/bin`` first, then on ``PATH``."""
+    candidate = Path(sys.prefix) / "bin" / name
+    if candidate.is_file() and os.access(candidate, os.X_OK):
+        return str(candidate)
+    found = shutil.which(name)
+    if found:
+        return found
+    raise BinaryNotFound(
+        f"'{name}' not found in {Path(sys.prefix) / 'bin'} or on PATH. "
+        f"Run scripts/setup.sh from the repository root to install the pinned "
+        f"opa, helm and redis-server binaries into .venv/bin."
+    )
+
+
+def _stop_process(proc: subprocess.Popen | None) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=STOP_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_TIMEOUT)
+
+
+def _read_log(path: Path, limit: int = 4000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+class _Server:
+    """Common process handling: start, bounded readiness poll, stop."""
+
+    name = "server"
+
+    def __init__(self, port: int | None, start_timeout: float) -> None:
+        self.port = port or free_port()
+        self.start_timeout = start_timeout
+        self._proc: subprocess.Popen | None = None
+        self._logdir = Path(tempfile.mkdtemp(prefix=f"toolproxy-{self.name}-log-"))
+        self._log_path = self._logdir / f"{self.name}.log"
+        self._log_file = None
+
+    # subclasses provide these
+    def _command(self) -> list[str]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _is_ready(self) -> bool:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def start(self) -> "_Server":
+        """Start the process (on the same port as before) and wait until ready."""
+        if self.running:
+            return self
+        self._log_file = open(self._log_path, "ab")
+        self._proc = subprocess.Popen(
+            self._command(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            if self._proc.poll() is not None:
+                code = self._proc.returncode
+                self._close_log()
+                raise ServerStartError(
+                    f"{self.name} exited with code {code} during startup "
+                    f"(cmd: {' '.join(self._command())}).\n{_read_log(self._log_path)}"
+                )
+            try:
+                if self._is_ready():
+                    return self
+            except BinaryNotFound:
+                self.stop()
+                raise
+            except Exception:
+                pass
+            if time.monotonic() >= deadline:
+                self.stop()
+                raise ServerStartError(
+                    f"{self.name} on port {self.port} not ready after "
+                    f"{self.start_timeout:.0f}s.\n{_read_log(self._log_path)}"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop the process (terminate, bounded wait, then kill). Idempotent."""
+        try:
+            _stop_process(self._proc)
+        finally:
+            self._close_log()
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def log(self) -> str:
+        """Tail of the server's combined stdout/stderr, for debugging failures."""
+        return _read_log(self._log_path)
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class OpaServer(_Server):
+    """A real ``opa run --server`` bound to 127.0.0.1.
+
+    ``paths`` are policy/data files or directories loaded at startup (they
+    must exist). ``watch=True`` adds ``--watch`` so edits on disk are reloaded.
+    """
+
+    name = "opa"
+
+    def __init__(
+        self,
+        paths: Iterable[str | os.PathLike] = (),
+        *,
+        watch: bool = False,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+    ) -> None:
+        super().__init__(port, start_timeout)
+        self.binary = binary or find_binary("opa")
+        self.paths = [str(p) for p in paths]
+        self.watch = watch
+        self.extra_args = list(extra_args)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _command(self) -> list[str]:
+        cmd = [
+            self.binary,
+            "run",
+            "--server",
+            "--addr",
+            f"127.0.0.1:{self.port}",
+            "--log-level",
+            "error",
+        ]
+        if self.watch:
+            cmd.append("--watch")
+        cmd += self.extra_args
+        cmd += self.paths
+        return cmd
+
+    def _is_ready(self) -> bool:
+        status, _ = self._request("GET", "/health", timeout=1.0)
+        return status == 200
+
+    # -- HTTP helpers -----------------------------------------------------
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        content_type: str = "application/json",
+        timeout: float = 5.0,
+    ) -> tuple[int, Any]:
+        req = urllib.request.Request(self.url + path, data=body, method=method)
+        if body is not None:
+            req.add_header("Content-Type", content_type)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                status, raw = resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            status, raw = e.code, e.read()
+        parsed: Any = None
+        if raw:
+            try:
+                parsed = json.loads(raw)
+            except ValueError:
+                parsed = raw.decode(errors="replace")
+        return status, parsed
+
+    def _check(self, what: str, status: int, body: Any) -> Any:
+        if status >= 300:
+            raise RuntimeError(f"OPA {what} failed: HTTP {status}: {body}")
+        return body
+
+    def put_policy(self, policy_id: str, rego: str) -> None:
+        """Create or replace a policy module (``PUT /v1/policies/<id>``)."""
+        status, body = self._request(
+            "PUT", f"/v1/policies/{policy_id}", rego.encode(), "text/plain"
+        )
+        self._check(f"put_policy({policy_id!r})", status, body)
+
+    def delete_policy(self, policy_id: str) -> None:
+        status, body = self._request("DELETE", f"/v1/policies/{policy_id}")
+        if status != 404:
+            self._check(f"delete_policy({policy_id!r})", status, body)
+
+    def put_data(self, path: str, value: Any) -> None:
+        """Create or replace a document (``PUT /v1/data/<path>``)."""
+        status, body = self._request(
+            "PUT", f"/v1/data/{path.strip('/')}", json.dumps(value).encode()
+        )
+        self._check(f"put_data({path!r})", status, body)
+
+    def query(self, path: str, input: Any = None) -> Any:
+        """``POST /v1/data/<path>`` with optional input; returns ``result`` (or None)."""
+        payload = {} if input is None else {"input": input}
+        status, body = self._request(
+            "POST", f"/v1/data/{path.strip('/')}", json.dumps(payload).encode()
+        )
+        body = self._check(f"query({path!r})", status, body)
+        return (body or {}).get("result")
+
+
+class RedisServer(_Server):
+    """A real ``redis-server`` (or ``valkey-server``) bound to 127.0.0.1.
+
+    Persistence is off by default; pass ``extra_args=["--appendonly", "yes"]``
+    for restart tests. ``start()`` after ``stop()`` reuses the same port and
+    data directory, so persisted data survives a restart.
+    """
+
+    name = "redis"
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        binary: str | None = None,
+        extra_args: Sequence[str] = (),
+        data_dir: str | os.PathLike | None = None,
+        start_timeout: float = DEFAULT_START_TIMEOUT,
+    ) -> None:
+        super().__init__(port, start_timeout)
+        self.binary = binary or find_binary("redis-server")
+        self.extra_args = list(extra_args)
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="toolproxy-redis-"))
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def _command(self) -> list[str]:
+        return [
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.data_dir),
+            *self.extra_args,  # later options override earlier ones
+        ]
+
+    def client(self, **kwargs):
+        """A sync ``redis.Redis`` client for this server (caller closes it)."""
+        try:
+            import redis  # imported lazily so this module imports without it
+        except ImportError as e:
+            raise BinaryNotFound(
+                "the 'redis' Python package is required to talk to RedisServer; "
+                "it should come with `pip install -e '.[test]'` (scripts/setup.sh)"
+            ) from e
+        return redis.Redis.from_url(self.url, **kwargs)
+
+    def _is_ready(self) -> bool:
+        c = self.client(socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            return bool(c.ping())
+        finally:
+            c.close()
+
+    def flushall(self) -> None:
+        c = self.client(socket_timeout=5)
+        try:
+            c.flushall()
+        finally:
+            c.close()

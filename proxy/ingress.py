@@ -24,14 +24,15 @@ from .registry import load_schema
 from .tracing import accept_traceparent, new_request_id, safe_id
 
 JSON_TYPES = ("application/json",)
+REQUEST_ID = web.RequestKey("toolproxy_request_id", str)
 
 
 def request_id_of(request: web.Request) -> str:
     """The request id of this HTTP request, chosen once and cached on it."""
-    existing = request.get("toolproxy_request_id")
+    existing = request.get(REQUEST_ID)
     if existing is None:
         existing = safe_id(request.headers.get("X-Request-Id")) or new_request_id()
-        request["toolproxy_request_id"] = existing
+        request[REQUEST_ID] = existing
     return existing
 
 

@@ -1,0 +1,91 @@
+"""In-process proxy + demo backend for tests: real HTTP on loopback, no mocks.
+
+``running_stack()`` starts the demo backend (examples/demo_backend.py) and a
+proxy wired to it, and yields a ``Stack`` whose ``call`` posts a tool call
+and checks that the envelope validates against schemas/result-envelope.schema.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, AsyncIterator, Mapping
+
+import aiohttp
+from aiohttp import web
+from jsonschema import Draft202012Validator
+
+from examples.demo_backend import DemoState, start_demo_backend
+from proxy.app import Runtime, agent_app, create_runtime
+from proxy.config import Config, load_config
+
+REPO = Path(__file__).resolve().parent.parent.parent
+DEMO_REGISTRY = REPO / "examples" / "registry"
+_ENVELOPE = Draft202012Validator(json.loads((REPO / "schemas" / "result-envelope.schema.json").read_text()),
+                                 format_checker=Draft202012Validator.FORMAT_CHECKER)
+
+
+def assert_envelope(body: Any) -> None:
+    errors = sorted(_ENVELOPE.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
+    assert not errors, f"envelope violates schema: {[ (list(e.absolute_path), e.message) for e in errors]}"
+
+
+@dataclass
+class Stack:
+    proxy_url: str
+    backend_url: str
+    backend: DemoState
+    runtime: Runtime
+    session: aiohttp.ClientSession
+    seq: int = field(default=0)
+
+    async def call(self, tool: str, arguments: Any, *, call_id: str | None = None,
+                   headers: Mapping[str, str] | None = None, version: str | None = None
+                   ) -> tuple[int, dict[str, Any]]:
+        self.seq += 1
+        body: dict[str, Any] = {"call_id": call_id or f"call_{self.seq}", "tool": tool, "arguments": arguments}
+        if version is not None:
+            body["version"] = version
+        return await self.post("/v1/tool-calls", body, headers=headers)
+
+    async def post(self, path: str, body: Any, *, headers: Mapping[str, str] | None = None,
+                   raw: bytes | None = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
+        data = raw if raw is not None else json.dumps(body).encode()
+        async with self.session.post(self.proxy_url + path, data=data,
+                                     headers={"Content-Type": content_type, **(headers or {})}) as response:
+            payload = await response.json(content_type=None)
+        if "outcome" in payload:
+            assert_envelope(payload)
+        return response.status, payload
+
+    async def fault(self, tool: str, mode: str, **extra: Any) -> None:
+        async with self.session.post(self.backend_url + "/_control/faults",
+                                     json={"tool": tool, "mode": mode, **extra}) as response:
+            assert response.status == 200, await response.text()
+
+
+@contextlib.asynccontextmanager
+async def running_stack(overrides: Mapping[str, Any] | None = None) -> AsyncIterator[Stack]:
+    backend_runner, backend_url, state = await start_demo_backend()
+    config: Config = load_config(env={}, overrides={
+        "backends.services": {"demo": backend_url},
+        "registry.paths": [str(DEMO_REGISTRY)],
+        **(overrides or {}),
+    })
+    runtime = await create_runtime(config)
+    runner = web.AppRunner(agent_app(runtime))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    session = aiohttp.ClientSession()
+    try:
+        yield Stack(proxy_url=f"http://127.0.0.1:{port}", backend_url=backend_url, backend=state,
+                    runtime=runtime, session=session)
+    finally:
+        await session.close()
+        await runner.cleanup()
+        await runtime.close()
+        await backend_runner.cleanup()

@@ -1,0 +1,126 @@
+"""Registry loading/validation, check-registry CLI, and configuration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from proxy.cli import main as cli_main
+from proxy.config import ConfigError, describe, load_config
+from proxy.registry import RegistryError, load_registry
+from tests.support.stack import DEMO_REGISTRY, REPO
+
+TOOL = """
+tools:
+  - name: t1
+    version: "1.0.0"
+    description: test tool
+    mode: read
+    risk: read
+    inputSchema: {type: object, additionalProperties: false, properties: {x: {type: string}}}
+    outputSchema: {type: object}
+    backend: {type: http, url: "http://127.0.0.1:1/t1"}
+"""
+
+
+def write(tmp_path, text, name="tools.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_demo_registry_is_valid_and_has_the_required_tools():
+    registry = load_registry([DEMO_REGISTRY])
+    names = {t.name for t in registry.active()}
+    assert {"get_order", "refund_order", "reserve_inventory", "send_email", "get_inventory"} <= names
+    refund = registry.resolve("refund_order")
+    assert (refund.mode, refund.risk) == ("write", "financial")
+    assert [r.template for r in refund.resources] == ["order:{order_id}"]
+
+
+def test_loose_input_schema_is_refused_with_file_tool_and_path(tmp_path):
+    path = write(tmp_path, TOOL.replace("additionalProperties: false, ", ""))
+    with pytest.raises(RegistryError) as info:
+        load_registry([path])
+    message = str(info.value)
+    assert str(path) in message and "'t1'" in message and "$.tools[0].inputSchema" in message
+
+
+def test_loose_schema_allowed_when_tool_says_strict_false(tmp_path):
+    text = TOOL.replace("additionalProperties: false, ", "").replace("risk: read", "risk: read\n    strict: false")
+    assert load_registry([write(tmp_path, text)]).resolve("t1").strict is False
+
+
+def test_nested_loose_object_is_refused(tmp_path):
+    text = TOOL.replace("properties: {x: {type: string}}", "properties: {x: {type: object}}")
+    with pytest.raises(RegistryError, match=r"\$\.tools\[0\]\.inputSchema\.properties\.x"):
+        load_registry([write(tmp_path, text)])
+
+
+def test_schema_violation_in_registry_names_the_json_path(tmp_path):
+    with pytest.raises(RegistryError, match=r"tool 't1' at \$\.tools\[0\]\.mode"):
+        load_registry([write(tmp_path, TOOL.replace("mode: read", "mode: sometimes"))])
+
+
+def test_resource_placeholder_must_be_an_argument(tmp_path):
+    text = TOOL.replace("risk: read", "risk: read\n    resources: [{template: 'order:{order_id}'}]")
+    with pytest.raises(RegistryError, match="placeholder 'order_id'"):
+        load_registry([write(tmp_path, text)])
+
+
+def test_duplicate_tool_version_across_files_is_refused(tmp_path):
+    a = write(tmp_path, TOOL, "a.yaml")
+    write(tmp_path, TOOL, "b.yaml")
+    with pytest.raises(RegistryError, match="also defined"):
+        load_registry([tmp_path])
+    assert a.exists()
+
+
+def test_retired_tool_is_not_found(tmp_path):
+    registry = load_registry([write(tmp_path, TOOL.replace("risk: read", "risk: read\n    status: retired"))])
+    from proxy.errors import ProxyError
+    with pytest.raises(ProxyError) as info:
+        registry.resolve("t1")
+    assert info.value.code == "tool_not_found"
+
+
+def test_check_registry_cli(tmp_path, capsys):
+    assert cli_main(["check-registry", str(DEMO_REGISTRY)]) == 0
+    assert "ok refund_order 1.0.0 (write, financial)" in capsys.readouterr().out
+    bad = write(tmp_path, TOOL.replace("mode: read", "mode: 7"))
+    assert cli_main(["check-registry", str(bad)]) == 1
+    assert "$.tools[0].mode" in capsys.readouterr().err
+
+
+def test_run_refuses_a_bad_registry_before_listening(tmp_path):
+    bad = write(tmp_path, TOOL.replace("additionalProperties: false, ", ""))
+    result = subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
+                            timeout=30, env={"TOOLPROXY_REGISTRY_PATHS": str(bad), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 1
+    assert str(bad) in result.stderr and "Traceback" not in result.stderr
+
+
+def test_env_overrides_file_and_types_are_checked(tmp_path):
+    path = write(tmp_path, "listen: {port: 9000}\nopa: {timeout_ms: 100}\n", "config.yaml")
+    config = load_config(path, env={"TOOLPROXY_LISTEN_PORT": "9100", "TOOLPROXY_BACKENDS_SERVICES": "demo=http://x:1",
+                                    "TOOLPROXY_REGISTRY_PATHS": "a.yaml, b.yaml"})
+    assert config.listen.port == 9100
+    assert config.opa.timeout_ms == 100
+    assert config.backends.services == {"demo": "http://x:1"}
+    assert config.registry.paths == ["a.yaml", "b.yaml"]
+    assert config.admin.port == 8788 and config.ops.port == 9464
+    with pytest.raises(ConfigError, match="TOOLPROXY_LISTEN_PORT"):
+        load_config(env={"TOOLPROXY_LISTEN_PORT": "eighty"})
+    with pytest.raises(ConfigError, match="config.listen.port"):
+        load_config(write(tmp_path, "listen: {port: '80'}\n", "c2.yaml"), env={})
+    with pytest.raises(ConfigError, match="unknown setting"):
+        load_config(write(tmp_path, "listen: {prot: 80}\n", "c3.yaml"), env={})
+
+
+def test_every_setting_is_documented_in_the_readme():
+    readme = (REPO / "README.md").read_text()
+    missing = [env for key, env, default, help_ in describe() if env not in readme or not help_]
+    assert not missing, f"README configuration reference lacks {missing}"

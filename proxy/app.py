@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import aiohttp
+import redis.asyncio as redis_async
 from aiohttp import web
 
 from . import envelope, ingress
@@ -22,8 +23,10 @@ from .adapters.http import HttpAdapter, trace_config
 from .config import Config
 from .errors import ProxyError
 from .identity import Authenticator
+from .metrics import Metrics
 from .pipeline import Pipeline, ToolCallRequest
 from .registry import Registry, load_registry
+from .store import create_pool
 
 log = logging.getLogger("toolproxy.app")
 
@@ -37,9 +40,12 @@ class Runtime:
     session: aiohttp.ClientSession
     authenticator: Authenticator
     pipeline: Pipeline
+    metrics: Metrics
+    redis: redis_async.Redis
 
     async def close(self) -> None:
         await self.session.close()
+        await self.redis.aclose()
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
@@ -55,9 +61,11 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     )
     adapters = {"http": HttpAdapter(session, config.backends.services,
                                     max_response_bytes=config.backends.max_response_bytes)}
-    pipeline = Pipeline(config=config, registry=registry, adapters=adapters)
+    metrics = Metrics()
+    redis = create_pool(config.redis)
+    pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics)
     return Runtime(config=config, registry=registry, session=session,
-                   authenticator=Authenticator(config.identity), pipeline=pipeline)
+                   authenticator=Authenticator(config.identity), pipeline=pipeline, metrics=metrics, redis=redis)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

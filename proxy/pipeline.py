@@ -23,6 +23,7 @@ from .decode import decode_arguments
 from .envelope import Timing
 from .errors import ProxyError, SideEffect
 from .identity import Caller
+from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .registry import Registry, ToolContract
 from .tracing import TraceContext
@@ -75,8 +76,10 @@ class CallState:
 
 
 class Pipeline:
-    def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter]) -> None:
+    def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
+                 metrics: Metrics) -> None:
         self._config = config
+        self._metrics = metrics
         self.registry = registry
         self._adapters = dict(adapters)
         self._margin_s = config.deadline.margin_ms / 1000.0
@@ -95,7 +98,20 @@ class Pipeline:
             log.exception("internal error in phase %s", state.phase,
                           extra={"request_id": request.meta.request_id, "call_id": request.call_id})
             env = self._envelope(state, error=self._internal(state))
+        self._observe(state, env)
         return CallResult(envelope=env, status=envelope.http_status(env))
+
+    def _observe(self, state: CallState, env: dict[str, Any]) -> None:
+        # Unknown tool names are not echoed into labels: cardinality stays bounded.
+        tool = state.tool.name if state.tool else "unknown"
+        outcome = env["outcome"]
+        code = env["error"]["code"] if env["error"] else "none"
+        self._metrics.calls.labels(tool, outcome, code).inc()
+        self._metrics.call_duration.labels(tool, outcome).observe(time.monotonic() - state.timing.started_mono)
+        for stage, seconds in state.timing.stages.items():
+            self._metrics.stage_duration.labels(stage).observe(seconds)
+        if outcome == "unknown":
+            self._metrics.unknown_outcomes.labels(tool).inc()
 
     async def _run(self, state: CallState) -> Any:
         request = state.request
@@ -105,6 +121,7 @@ class Pipeline:
             arguments = decode_arguments(request.arguments, tool.input_validator)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
+        # Stages still to come in this order: authorize (policy), idempotency, lock.
         with self._stage(state, "execute"):
             result = await self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
         with self._stage(state, "verify"):

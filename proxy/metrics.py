@@ -1,0 +1,70 @@
+"""Prometheus metrics: every ``toolproxy_*`` series, in one registry per runtime.
+
+Owns: the names, labels and buckets of every metric (the SRE contract; the
+README and the alert rules depend on these names). Stages receive the
+``Metrics`` object and record into it. Must never: use a label whose values
+are unbounded (tenant, subject, key, resource id, call id), or register into
+the global default registry.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Sub-millisecond resolution at the bottom: proxy overhead is measured in
+# tens of microseconds; backend calls in seconds.
+STAGE_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                10.0, 30.0, 60.0)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.calls = Counter("toolproxy_calls", "Tool calls by tool, outcome and error code (code is 'none' on success)",
+                             ["tool", "outcome", "code"], registry=r)
+        self.call_duration = Histogram("toolproxy_call_duration_seconds", "End-to-end duration of a tool call",
+                                       ["tool", "outcome"], buckets=CALL_BUCKETS, registry=r)
+        self.stage_duration = Histogram(
+            "toolproxy_stage_duration_seconds",
+            "Duration of one pipeline stage (resolve, decode, normalize, identity, policy, idempotency, "
+            "lock_wait, execute, verify, commit)", ["stage"], buckets=STAGE_BUCKETS, registry=r)
+        self.policy_decisions = Counter("toolproxy_policy_decisions",
+                                        "OPA decisions by result (allow, deny, require_approval, error)",
+                                        ["result"], registry=r)
+        self.opa_duration = Histogram("toolproxy_opa_request_duration_seconds", "Latency of OPA decision queries",
+                                      buckets=STAGE_BUCKETS, registry=r)
+        self.opa_errors = Counter("toolproxy_opa_errors", "OPA queries that failed (timeout, unreachable, "
+                                  "http_error, undefined, bad_decision)", ["reason"], registry=r)
+        self.idempotency_results = Counter(
+            "toolproxy_idempotency_results",
+            "Idempotency lookups by result (new, replayed, in_progress, conflict, retry, unknown, failed_final)",
+            ["result"], registry=r)
+        self.unknown_outcomes = Counter("toolproxy_unknown_outcomes", "Calls whose side effect became unknown",
+                                        ["tool"], registry=r)
+        self.open_unknowns = Gauge("toolproxy_open_unknowns",
+                                   "Operations currently in UNKNOWN or awaiting takeover (read from Redis)",
+                                   registry=r)
+        self.reconciliations = Counter("toolproxy_reconciliations",
+                                       "Reconciliation attempts by result (succeeded, not_applied, pending, "
+                                       "rejected, error, takeover)", ["result"], registry=r)
+        self.takeovers = Counter("toolproxy_takeovers", "Operations handed over to a human", ["tool"], registry=r)
+        self.lock_wait = Histogram("toolproxy_lock_wait_seconds", "Time spent waiting for resource locks",
+                                   ["mode"], buckets=STAGE_BUCKETS, registry=r)
+        self.lock_timeouts = Counter("toolproxy_lock_timeouts", "Lock waits that ran out of deadline",
+                                     ["tool"], registry=r)
+        self.lock_lost = Counter("toolproxy_lock_lost", "Calls whose lock lease could not be renewed",
+                                 ["tool"], registry=r)
+        self.approvals = Counter("toolproxy_approvals",
+                                 "Approval events by state (created, approved, denied, expired, consumed, mismatch)",
+                                 ["state"], registry=r)
+        self.pending_approvals = Gauge("toolproxy_pending_approvals", "Approvals waiting for a decision",
+                                       registry=r)
+        self.dependency_up = Gauge("toolproxy_dependency_up", "1 if the dependency answered its last check",
+                                   ["dependency"], registry=r)
+        self.audit_failures = Counter("toolproxy_audit_write_failures", "Audit records a sink failed to write",
+                                      ["sink"], registry=r)
+        self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
+                                   "failed, invalid_plan)", ["status"], registry=r)

@@ -1,0 +1,26 @@
+"""Redis: the one connection pool per process and the key naming scheme.
+
+Owns: creating the pool from configuration and building keys. Every key is
+``<prefix>:<kind>:{<tag>}:<rest>`` where ``{<tag>}`` is a Redis Cluster hash
+tag, so all keys one Lua script touches live in the same slot. Must never:
+hold state of its own, or let Redis exceptions escape as stack traces (stages
+translate them into their own error codes).
+"""
+
+from __future__ import annotations
+
+import redis.asyncio as redis_async
+
+from .config import RedisConfig
+
+
+def create_pool(config: RedisConfig) -> redis_async.Redis:
+    timeout = config.timeout_ms / 1000.0
+    return redis_async.Redis.from_url(config.url, socket_timeout=timeout, socket_connect_timeout=timeout,
+                                      health_check_interval=30, decode_responses=False)
+
+
+def key(prefix: str, kind: str, tag: str, *rest: str) -> str:
+    """``key("toolproxy", "idem", "acme", "abc")`` -> ``toolproxy:idem:{acme}:abc``."""
+    tail = ":".join(rest)
+    return f"{prefix}:{kind}:{{{tag}}}" + (f":{tail}" if tail else "")

@@ -148,6 +148,13 @@ def agent_app(runtime: Runtime) -> web.Application:
     return app
 
 
+def admin_app(runtime: Runtime) -> web.Application:
+    """Approver/operator API on its own listener; every handler authenticates an admin principal."""
+    app = web.Application(middlewares=[envelope_errors])
+    app[RUNTIME] = runtime
+    return app
+
+
 def ops_app(runtime: Runtime) -> web.Application:
     app = web.Application(middlewares=[envelope_errors])
     app[RUNTIME] = runtime
@@ -162,13 +169,14 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None,
     runtime = await create_runtime(config)
     runners: list[web.AppRunner] = []
     try:
-        for app, listener in ((agent_app(runtime), config.listen), (ops_app(runtime), config.ops)):
+        for app, listener in ((agent_app(runtime), config.listen), (admin_app(runtime), config.admin),
+                              (ops_app(runtime), config.ops)):
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             await web.TCPSite(runner, listener.host, listener.port).start()
             runners.append(runner)
-        log.info("toolproxy listening: agent %s:%d, ops %s:%d", config.listen.host, config.listen.port,
-                 config.ops.host, config.ops.port)
+        log.info("toolproxy listening: agent %s:%d, admin %s:%d, ops %s:%d", config.listen.host,
+                 config.listen.port, config.admin.host, config.admin.port, config.ops.host, config.ops.port)
         if ready is not None:
             ready.set()
         await (stop.wait() if stop is not None else asyncio.Event().wait())

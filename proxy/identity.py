@@ -29,6 +29,14 @@ class Caller:
                 "scopes": list(self.scopes), "agent": self.agent, "source": self.source}
 
 
+@dataclass(frozen=True)
+class AdminPrincipal:
+    """An approver/operator on the admin listener: never the agent's credential."""
+
+    subject: str
+    roles: tuple[str, ...]
+
+
 class Authenticator:
     def __init__(self, config: IdentityConfig) -> None:
         if config.mode != "static":
@@ -42,3 +50,8 @@ class Authenticator:
         return Caller(subject=config.static_subject, tenant=config.static_tenant,
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
                       agent=config.agent_id, source="static")
+
+    async def authenticate_admin(self, headers: Mapping[str, str], *, role: str) -> AdminPrincipal:
+        """The admin listener's principal. Static mode has none: admin calls need a real credential."""
+        raise ProxyError("unauthorized", "The admin API requires an approver or operator credential.",
+                         phase="identity")

@@ -82,3 +82,11 @@ async def test_tool_listing_shows_contracts(stack):
     assert refund["mode"] == "write" and refund["risk"] == "financial"
     assert refund["inputSchema"]["additionalProperties"] is False
     assert "backend" not in refund  # internal addresses stay inside
+
+
+def test_every_error_code_is_in_the_readme_table():
+    from proxy.errors import CATALOGUE
+    from tests.support.stack import REPO
+    readme = (REPO / "README.md").read_text()
+    missing = [code for code in CATALOGUE if f"| `{code}` |" not in readme]
+    assert not missing, f"README error table lacks {missing}"

@@ -17,16 +17,20 @@ from typing import Any, Awaitable, Callable
 import aiohttp
 import redis.asyncio as redis_async
 from aiohttp import web
+from prometheus_client.exposition import choose_encoder
 
-from . import envelope, ingress
+from . import envelope, ingress, logs
 from .adapters.http import HttpAdapter, trace_config
+from .audit import Auditor, build_sinks
 from .config import Config
 from .errors import ProxyError
+from .health import Health
 from .identity import Authenticator
 from .metrics import Metrics
 from .pipeline import Pipeline, ToolCallRequest
 from .registry import Registry, load_registry
-from .store import create_pool
+from .store import create_pool, key
+from .unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.app")
 
@@ -42,6 +46,9 @@ class Runtime:
     pipeline: Pipeline
     metrics: Metrics
     redis: redis_async.Redis
+    audit: Auditor
+    unknowns: UnknownIndex
+    health: Health
 
     async def close(self) -> None:
         await self.session.close()
@@ -63,9 +70,16 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                     max_response_bytes=config.backends.max_response_bytes)}
     metrics = Metrics()
     redis = create_pool(config.redis)
-    pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics)
+    audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
+                    metrics)
+    unknowns = UnknownIndex(redis, config.redis.key_prefix)
+    pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
+                        unknowns=unknowns)
+    health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
+                    unknowns=unknowns)
     return Runtime(config=config, registry=registry, session=session,
-                   authenticator=Authenticator(config.identity), pipeline=pipeline, metrics=metrics, redis=redis)
+                   authenticator=Authenticator(config.identity), pipeline=pipeline, metrics=metrics, redis=redis,
+                   audit=audit, unknowns=unknowns, health=health)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -79,7 +93,8 @@ async def envelope_errors(request: web.Request, handler: Callable[[web.Request],
     """Every failure leaves as an envelope; nothing internal leaks."""
     request_id = ingress.request_id_of(request)
     try:
-        response = await handler(request)
+        with logs.bound(request_id=request_id):
+            response = await handler(request)
     except ProxyError as error:
         body = envelope.request_error(error, request_id)
         response = json_response(body, envelope.http_status(body))
@@ -92,7 +107,8 @@ async def envelope_errors(request: web.Request, handler: Callable[[web.Request],
     except asyncio.CancelledError:
         raise
     except Exception:
-        log.exception("unhandled error", extra={"request_id": request_id})
+        with logs.bound(request_id=request_id):
+            log.exception("unhandled error")
         body = envelope.request_error(ProxyError("internal_error", "The proxy failed unexpectedly.",
                                                  phase="request"), request_id)
         response = json_response(body, 500)
@@ -132,10 +148,15 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
+    readiness = await request.app[RUNTIME].health.readiness()
+    return json_response(readiness.to_json(), 200 if readiness.ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    checks = {"registry": len(runtime.registry) > 0}
-    ready = all(checks.values())
-    return json_response({"status": "ready" if ready else "not_ready", "checks": checks}, 200 if ready else 503)
+    await runtime.health.before_scrape()
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return web.Response(body=encoder(runtime.metrics.registry), headers={"Content-Type": content_type})
 
 
 def agent_app(runtime: Runtime) -> web.Application:
@@ -160,6 +181,7 @@ def ops_app(runtime: Runtime) -> web.Application:
     app[RUNTIME] = runtime
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import signal
 import sys
 from typing import Sequence
@@ -68,9 +67,9 @@ def check_registry(paths: Sequence[str]) -> int:
     return 0
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+def setup_logging(level: str, fmt: str = "json") -> None:
+    from .logs import configure
+    configure(level, fmt)
 
 
 def run_sidecar(config_path: str | None) -> int:
@@ -78,10 +77,12 @@ def run_sidecar(config_path: str | None) -> int:
     try:
         config = load_config(config_path)
         load_registry(config.registry.paths)  # fail fast with a clear message
+        if config.log.format not in {"json", "kv"}:
+            raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
     except (ConfigError, RegistryError) as exc:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1
-    setup_logging(config.log.level)
+    setup_logging(config.log.level, config.log.format)
 
     async def main_async() -> None:
         stop = asyncio.Event()

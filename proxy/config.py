@@ -99,6 +99,18 @@ class RedisConfig:
 @dataclass(frozen=True)
 class LogConfig:
     level: str = setting("info", "log level: debug, info, warning, error")
+    format: str = setting("json", "log line format on stderr: json or kv (key=value)")
+
+
+@dataclass(frozen=True)
+class AuditConfig:
+    sinks: list[str] = setting(["stdout"], "where audit records go: stdout (JSON lines), redis (a Redis Stream), or both")
+    stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the audit stream (XADD MAXLEN ~)")
+    on_failure_write: str = setting("fail_closed", "write tools when a sink fails: fail_closed (no audit intent, "
+                                    "no call) or fail_open (count and log, go on)")
+    on_failure_read: str = setting("fail_open", "read tools when a sink fails: fail_open or fail_closed")
+    timeout_ms: int = setting(500, "bound on writing one record to one sink")
+    max_string_chars: int = setting(256, "argument strings longer than this are truncated in audit records")
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class Config:
     opa: OpaConfig = field(default_factory=OpaConfig, metadata={"help": "policy decisions"})
     redis: RedisConfig = field(default_factory=RedisConfig, metadata={"help": "state store"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
+    audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

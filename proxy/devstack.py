@@ -108,7 +108,7 @@ def run_dev(args: argparse.Namespace) -> int:
 
     from .app import serve
     from .cli import setup_logging
-    setup_logging(config.log.level)
+    setup_logging(config.log.level, config.log.format)
     _print_banner(args)
 
     async def main_async() -> None:

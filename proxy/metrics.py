@@ -30,7 +30,7 @@ class Metrics:
         self.stage_duration = Histogram(
             "toolproxy_stage_duration_seconds",
             "Duration of one pipeline stage (resolve, decode, normalize, identity, policy, idempotency, "
-            "lock_wait, execute, verify, commit)", ["stage"], buckets=STAGE_BUCKETS, registry=r)
+            "lock_wait, audit, execute, verify, commit)", ["stage"], buckets=STAGE_BUCKETS, registry=r)
         self.policy_decisions = Counter("toolproxy_policy_decisions",
                                         "OPA decisions by result (allow, deny, require_approval, error)",
                                         ["result"], registry=r)
@@ -45,8 +45,11 @@ class Metrics:
         self.unknown_outcomes = Counter("toolproxy_unknown_outcomes", "Calls whose side effect became unknown",
                                         ["tool"], registry=r)
         self.open_unknowns = Gauge("toolproxy_open_unknowns",
-                                   "Operations currently in UNKNOWN or awaiting takeover (read from Redis)",
-                                   registry=r)
+                                   "Operations currently in UNKNOWN or awaiting takeover (read from the Redis "
+                                   "index at scrape time, so right across restarts)", registry=r)
+        self.oldest_open_unknown_age = Gauge("toolproxy_oldest_open_unknown_age_seconds",
+                                             "Age of the oldest operation still in UNKNOWN (0 when none)",
+                                             registry=r)
         self.reconciliations = Counter("toolproxy_reconciliations",
                                        "Reconciliation attempts by result (succeeded, not_applied, pending, "
                                        "rejected, error, takeover)", ["result"], registry=r)
@@ -62,7 +65,8 @@ class Metrics:
                                  ["state"], registry=r)
         self.pending_approvals = Gauge("toolproxy_pending_approvals", "Approvals waiting for a decision",
                                        registry=r)
-        self.dependency_up = Gauge("toolproxy_dependency_up", "1 if the dependency answered its last check",
+        self.dependency_up = Gauge("toolproxy_dependency_up", "1 if the dependency (opa, redis) answered its last "
+                                   "readiness check, 0 if not",
                                    ["dependency"], registry=r)
         self.audit_failures = Counter("toolproxy_audit_write_failures", "Audit records a sink failed to write",
                                       ["sink"], registry=r)

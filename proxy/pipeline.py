@@ -15,8 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from . import envelope
+from . import envelope, logs
 from .adapters import Adapter, BackendCall
+from .audit import Auditor, digest
 from .config import Config
 from .deadline import Deadline
 from .decode import decode_arguments
@@ -27,6 +28,7 @@ from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .registry import Registry, ToolContract
 from .tracing import TraceContext
+from .unknowns import UnknownIndex
 from .verify import verify_output
 
 log = logging.getLogger("toolproxy.pipeline")
@@ -73,33 +75,59 @@ class CallState:
     fencing_token: int | None = None
     phase: str = "resolve"
     sent: bool = False
+    # Audit facts, filled by the stage that establishes them (commit copies them into the record).
+    policy_result: str | None = None          # allow | deny | require_approval (authorize stage)
+    policy_reasons: tuple[str, ...] = ()
+    decision_id: str | None = None
+    attempt: int = 1                          # nth execution of this idempotency key
+    backend_request_id: str | None = None
+    result_hash: str | None = None            # SHA-256 of the canonical verified output
 
 
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
-                 metrics: Metrics) -> None:
+                 metrics: Metrics, audit: Auditor, unknowns: UnknownIndex) -> None:
         self._config = config
         self._metrics = metrics
+        self._audit = audit
+        self._unknowns = unknowns
         self.registry = registry
         self._adapters = dict(adapters)
         self._margin_s = config.deadline.margin_ms / 1000.0
 
     async def execute(self, request: ToolCallRequest, caller: Caller) -> CallResult:
-        state = CallState(request=request, caller=caller, timing=Timing())
-        remaining = request.meta.deadline.remaining()
-        state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
-        try:
-            data = await self._run(state)
-            env = self._envelope(state, data=data,
-                                 side_effect=SideEffect(attempted=True, committed=bool(state.tool and state.tool.is_write)))
-        except ProxyError as error:
-            env = self._envelope(state, error=error.with_phase(state.phase))
-        except Exception:
-            log.exception("internal error in phase %s", state.phase,
-                          extra={"request_id": request.meta.request_id, "call_id": request.call_id})
-            env = self._envelope(state, error=self._internal(state))
+        meta = request.meta
+        with logs.bound(request_id=meta.request_id, trace_id=meta.trace.trace_id,
+                        call_id=request.call_id if isinstance(request.call_id, str) else None):
+            state = CallState(request=request, caller=caller, timing=Timing())
+            remaining = meta.deadline.remaining()
+            state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+            try:
+                data = await self._run(state)
+                env = self._envelope(state, data=data, side_effect=SideEffect(
+                    attempted=True, committed=bool(state.tool and state.tool.is_write)))
+            except ProxyError as error:
+                env = self._envelope(state, error=error.with_phase(state.phase))
+            except Exception:
+                log.exception("internal error in phase %s", state.phase)
+                env = self._envelope(state, error=self._internal(state))
+            await self._commit(state, env)
+            return CallResult(envelope=env, status=envelope.http_status(env))
+
+    async def _commit(self, state: CallState, env: dict[str, Any]) -> None:
+        """Commit stage: metrics, the unknown-outcome index, the final audit record."""
+        started = time.monotonic()
         self._observe(state, env)
-        return CallResult(envelope=env, status=envelope.http_status(env))
+        if env["outcome"] == "unknown":
+            meta = state.request.meta
+            ref = UnknownIndex.ref(tenant=state.caller.tenant, idempotency_key=state.idempotency_key,
+                                   request_id=meta.request_id, call_id=str(state.request.call_id))
+            try:
+                await self._unknowns.open(ref, state.timing.started_wall)
+            except Exception as exc:  # the envelope already tells the caller; the gauge lags
+                log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
+        await self._audit.call_final(state, env)
+        self._metrics.stage_duration.labels("commit").observe(time.monotonic() - started)
 
     def _observe(self, state: CallState, env: dict[str, Any]) -> None:
         # Unknown tool names are not echoed into labels: cardinality stays bounded.
@@ -122,10 +150,15 @@ class Pipeline:
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
         # Stages still to come in this order: authorize (policy), idempotency, lock.
+        with self._stage(state, "audit"):
+            await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
             result = await self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
+            state.backend_request_id = result.backend_request_id
         with self._stage(state, "verify"):
-            return verify_output(tool, result.data)
+            data = verify_output(tool, result.data)
+            state.result_hash = digest(data)
+            return data
 
     def _backend_call(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> BackendCall:
         meta = state.request.meta

@@ -1,0 +1,302 @@
+"""Audit records: evidence of who asked for what, what was decided and what happened.
+
+Owns: the shape of every audit record (``schemas/audit-record.schema.json``),
+redacting tool arguments for it (fields the contract marks sensitive are
+masked, credential-looking keys too, long strings truncated), the sinks
+(stdout JSON lines, a bounded Redis Stream), and the failure policy: when a
+sink fails, a call that must be audited fail-closed is stopped *before* its
+side effect (the intent record is written before execution), and a record that
+fails after the effect is counted and logged, never used to hide an outcome.
+
+Must never: write tokens, cookies, passwords, headers, full request or response
+bodies, backend output or stack traces into a record; raise anything but
+``ProxyError("audit_unavailable")`` to a caller.
+
+Other stages record their own events through ``Auditor.record(kind, ...)``:
+``approval`` (created/approved/denied/expired/consumed), ``reconciliation``
+(a state transition of an unknown operation), ``takeover`` (handed to a human).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, TextIO
+
+import redis.asyncio as redis_async
+import redis.exceptions
+
+from .config import AuditConfig, ConfigError
+from .envelope import iso
+from .errors import ProxyError
+from .metrics import Metrics
+from .normalize import canonical_json, sha256_hex
+from .registry import ToolContract, thaw
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipeline import CallState
+
+log = logging.getLogger("toolproxy.audit")
+
+RECORD_TYPE = "toolproxy.audit.v1"
+KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover"})
+POLICIES = frozenset({"fail_closed", "fail_open"})
+MASK = "[redacted]"
+
+# Top-level fields a caller of ``record`` may set (the schema's properties).
+FIELDS = frozenset({
+    "request_id", "trace_id", "call_id", "run_id", "tool", "tool_version", "schema_version", "tenant",
+    "subject", "agent", "idempotency_key", "args_hash", "arguments", "resources_hash", "policy",
+    "approval_id", "attempt", "started_at", "deadline_at", "finished_at", "duration_ms", "outcome",
+    "error_code", "side_effect_committed", "backend_request_id", "fencing_token", "result_hash", "details",
+})
+
+# Argument keys masked even when a contract forgot to list them.
+_SECRET_KEY_PARTS = ("password", "passwd", "secret", "token", "authorization", "cookie", "api_key", "apikey",
+                     "private_key", "credential")
+_MAX_DEPTH = 8
+_MAX_ITEMS = 50
+
+
+class Sink(Protocol):
+    name: str
+
+    async def write(self, line: str) -> None:
+        """Persist one serialized record; raise on failure."""
+
+
+class StdoutSink:
+    """JSON lines on the process's stdout (the cluster's log pipeline collects them)."""
+
+    name = "stdout"
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+
+    async def write(self, line: str) -> None:
+        stream = self._stream or sys.stdout  # looked up per write: follows redirection
+        stream.write(line + "\n")
+        stream.flush()
+
+
+class RedisStreamSink:
+    """XADD to one Redis Stream, trimmed to about ``maxlen`` entries."""
+
+    name = "redis"
+
+    def __init__(self, redis: redis_async.Redis, key: str, maxlen: int) -> None:
+        self._redis = redis
+        self.key = key
+        self._maxlen = maxlen
+
+    async def write(self, line: str) -> None:
+        await self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True)
+
+
+# --------------------------------------------------------------------------- redaction
+
+
+def redact(arguments: Any, sensitive_fields: Iterable[str], max_chars: int) -> Any:
+    """A copy of ``arguments`` safe for an audit record.
+
+    ``sensitive_fields`` are top-level names or dotted paths (``card.number``);
+    a path crosses arrays element-wise. Keys that look like credentials are
+    masked everywhere. Strings longer than ``max_chars`` are truncated.
+    """
+    paths = [tuple(p.split(".")) for p in sensitive_fields]
+    return _redact(thaw(arguments), paths, max_chars, 0)
+
+
+def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int) -> Any:
+    if depth > _MAX_DEPTH:
+        return "[truncated: too deep]"
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            if (key,) in paths or _looks_secret(key):
+                out[key] = MASK
+                continue
+            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
+            out[key] = _redact(sub, below, max_chars, depth + 1)
+        return out
+    if isinstance(value, list):
+        items = [_redact(v, paths, max_chars, depth + 1) for v in value[:_MAX_ITEMS]]
+        if len(value) > _MAX_ITEMS:
+            items.append(f"[truncated: {len(value) - _MAX_ITEMS} more items]")
+        return items
+    if isinstance(value, str) and len(value) > max_chars:
+        return value[:max_chars] + f"...[truncated: {len(value)} chars]"
+    return value
+
+
+def _looks_secret(key: str) -> bool:
+    lowered = key.lower().replace("-", "_")
+    return any(part in lowered for part in _SECRET_KEY_PARTS)
+
+
+def schema_version(tool: ToolContract) -> str:
+    """A digest of the contract's input and output schemas: changes whenever either does."""
+    canonical = canonical_json({"input": thaw(tool.input_schema), "output": thaw(tool.output_schema)})
+    return "sha256:" + sha256_hex(canonical)[:16]
+
+
+# --------------------------------------------------------------------------- the auditor
+
+
+@dataclass(frozen=True)
+class AuditPolicy:
+    write: str
+    read: str
+
+    def fail_closed(self, tool: ToolContract) -> bool:
+        return (self.write if tool.is_write else self.read) == "fail_closed"
+
+
+class Auditor:
+    def __init__(self, config: AuditConfig, sinks: Sequence[Sink], metrics: Metrics) -> None:
+        for name, value in (("audit.on_failure_write", config.on_failure_write),
+                            ("audit.on_failure_read", config.on_failure_read)):
+            if value not in POLICIES:
+                raise ConfigError(f"{name}: must be fail_closed or fail_open, not {value!r}")
+        if not sinks:
+            raise ConfigError("audit.sinks: at least one sink is required")
+        self._config = config
+        self._sinks = tuple(sinks)
+        self._metrics = metrics
+        self._timeout_s = config.timeout_ms / 1000.0
+        self.policy = AuditPolicy(write=config.on_failure_write, read=config.on_failure_read)
+        self._schema_versions: dict[tuple[str, str, str], str] = {}
+
+    @property
+    def sinks(self) -> tuple[Sink, ...]:
+        return self._sinks
+
+    async def record(self, kind: str, *, critical: bool = False, **fields: Any) -> bool:
+        """Write one record of ``kind`` to every sink; True if all of them took it.
+
+        With ``critical=True`` a failed sink raises ``ProxyError("audit_unavailable")``
+        (use it when the event must not take effect unaudited, e.g. an approval
+        decision). ``details`` is free-form and redacted like arguments.
+        """
+        if kind not in KINDS:
+            raise ValueError(f"unknown audit record kind {kind!r}")
+        unknown = set(fields) - FIELDS
+        if unknown:
+            raise ValueError(f"unknown audit record field(s) {sorted(unknown)}")
+        record: dict[str, Any] = {"record": RECORD_TYPE, "kind": kind, "time": iso_now()}
+        for name, value in fields.items():
+            if value is not None:
+                record[name] = value
+        if "details" in record:
+            record["details"] = redact(record["details"], (), self._config.max_string_chars)
+        ok = await self._write(record)
+        if not ok and critical:
+            raise ProxyError("audit_unavailable", "The audit trail could not be written; nothing was done.",
+                             attempted=False, committed=False)
+        return ok
+
+    async def call_intent(self, state: "CallState") -> None:
+        """Before execution: for fail-closed calls, no intent record means no call."""
+        tool = state.tool
+        assert tool is not None
+        if not self.policy.fail_closed(tool):
+            return
+        if not await self.record("tool_call_intent", **self._call_fields(state)):
+            raise ProxyError("audit_unavailable", "The audit trail could not be written; the call was not sent.",
+                             details={"tool": tool.name}, phase="audit", attempted=False, committed=False)
+
+    async def call_final(self, state: "CallState", envelope: Mapping[str, Any]) -> bool:
+        """After the call: the one record of what happened. A failure here never changes the outcome."""
+        error = envelope.get("error") or {}
+        fields = self._call_fields(state)
+        fields.update(
+            finished_at=envelope["timing"]["finished_at"],
+            duration_ms=envelope["timing"]["duration_ms"],
+            outcome=envelope["outcome"],
+            error_code=error.get("code"),
+            side_effect_committed=envelope["side_effect"]["committed"],
+            backend_request_id=state.backend_request_id or _safe_str((error.get("details") or {})
+                                                                     .get("backend_request_id")),
+            result_hash=state.result_hash,
+        )
+        return await self.record("tool_call", **fields)
+
+    def _call_fields(self, state: "CallState") -> dict[str, Any]:
+        request, meta, caller, tool = state.request, state.request.meta, state.caller, state.tool
+        normalized = state.normalized
+        deadline_at = None
+        if state.timing.deadline_ms is not None:
+            deadline_at = iso(state.timing.started_wall + state.timing.deadline_ms / 1000.0)
+        policy = None
+        if state.policy_result is not None:
+            policy = {"result": state.policy_result, "reasons": list(state.policy_reasons),
+                      "decision_id": state.decision_id}
+        return dict(
+            request_id=meta.request_id, trace_id=meta.trace.trace_id, call_id=_safe_str(request.call_id),
+            run_id=meta.run_id, tool=tool.name if tool else _safe_str(request.tool),
+            tool_version=tool.version if tool else None,
+            schema_version=self._schema_version(tool) if tool else None,
+            tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+            idempotency_key=state.idempotency_key,
+            args_hash=normalized.args_hash if normalized else None,
+            arguments=redact(normalized.arguments, tool.sensitive_fields, self._config.max_string_chars)
+            if normalized and tool else None,
+            resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
+            if normalized and normalized.resources else None,
+            policy=policy, approval_id=meta.approval_id, attempt=state.attempt,
+            started_at=iso(state.timing.started_wall), deadline_at=deadline_at,
+            fencing_token=state.fencing_token,
+        )
+
+    def _schema_version(self, tool: ToolContract) -> str:
+        cache_key = (tool.name, tool.version, tool.source)
+        version = self._schema_versions.get(cache_key)
+        if version is None:
+            version = self._schema_versions[cache_key] = schema_version(tool)
+        return version
+
+    async def _write(self, record: Mapping[str, Any]) -> bool:
+        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        ok = True
+        for sink in self._sinks:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    await sink.write(line)
+            except (OSError, ValueError, TimeoutError, redis.exceptions.RedisError) as exc:
+                ok = False
+                self._metrics.audit_failures.labels(sink.name).inc()
+                log.error("audit sink %s failed (%s); record kind %s", sink.name, type(exc).__name__,
+                          record["kind"])
+        return ok
+
+
+def iso_now() -> str:
+    return iso(time.time())
+
+
+def _safe_str(value: Any) -> str | None:
+    return value if isinstance(value, str) and len(value) <= 256 else None
+
+
+def build_sinks(config: AuditConfig, redis: redis_async.Redis, stream_key: str) -> list[Sink]:
+    sinks: list[Sink] = []
+    for name in config.sinks:
+        if name == "stdout":
+            sinks.append(StdoutSink())
+        elif name == "redis":
+            sinks.append(RedisStreamSink(redis, stream_key, config.stream_maxlen))
+        else:
+            raise ConfigError(f"audit.sinks: unknown sink {name!r} (stdout, redis)")
+    return sinks
+
+
+def digest(value: Any) -> str | None:
+    """SHA-256 of the canonical JSON of a value (a result summary that copies nothing)."""
+    try:
+        return sha256_hex(canonical_json(value))
+    except ProxyError:
+        return None

@@ -1,0 +1,98 @@
+"""Health: liveness, readiness and the gauges refreshed when Prometheus scrapes.
+
+Owns: the readiness checks (OPA answers ``/health``, Redis answers ``PING``,
+the registry holds at least one tool), each bounded by its dependency's own
+timeout and run concurrently; the ``toolproxy_dependency_up`` gauge they set;
+and refreshing the gauges that are read from Redis (open unknowns) right
+before an exposition. Results are cached for ``CACHE_S`` so frequent probes
+and scrapes cost at most one check per dependency per interval.
+Must never: block longer than the configured dependency timeouts, raise to a
+probe handler, or put hostnames or exception text into a probe answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import aiohttp
+import redis.asyncio as redis_async
+from redis.exceptions import RedisError
+
+from .config import Config
+from .metrics import Metrics
+from .registry import Registry
+from .unknowns import UnknownIndex
+
+log = logging.getLogger("toolproxy.health")
+
+CACHE_S = 1.0
+
+
+@dataclass(frozen=True)
+class Readiness:
+    ready: bool
+    checks: Mapping[str, bool] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"status": "ready" if self.ready else "not_ready", "checks": dict(self.checks)}
+
+
+class Health:
+    def __init__(self, *, config: Config, registry: Registry, session: aiohttp.ClientSession,
+                 redis: redis_async.Redis, metrics: Metrics, unknowns: UnknownIndex) -> None:
+        self._config = config
+        self._registry = registry
+        self._session = session
+        self._redis = redis
+        self._metrics = metrics
+        self._unknowns = unknowns
+        self._cached: tuple[float, Readiness] | None = None
+        self._lock = asyncio.Lock()
+
+    async def readiness(self) -> Readiness:
+        async with self._lock:  # concurrent probes share one check
+            now = time.monotonic()
+            if self._cached is not None and now - self._cached[0] < CACHE_S:
+                return self._cached[1]
+            opa_ok, redis_ok = await asyncio.gather(self._check_opa(), self._check_redis())
+            self._metrics.dependency_up.labels("opa").set(1 if opa_ok else 0)
+            self._metrics.dependency_up.labels("redis").set(1 if redis_ok else 0)
+            checks = {"opa": opa_ok, "redis": redis_ok, "registry": len(self._registry) > 0}
+            result = Readiness(ready=all(checks.values()), checks=checks)
+            self._cached = (time.monotonic(), result)
+            return result
+
+    async def before_scrape(self) -> None:
+        """Bring Redis-backed gauges and dependency health up to date (bounded, never raises)."""
+        readiness = await self.readiness()
+        if not readiness.checks.get("redis"):
+            return  # keep the last known values; dependency_up{redis} already says why
+        try:
+            async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
+                stats = await self._unknowns.stats()
+        except (TimeoutError, OSError, RedisError) as exc:
+            log.warning("could not read the unknown-outcome index (%s)", type(exc).__name__)
+            return
+        self._metrics.open_unknowns.set(stats.open)
+        self._metrics.oldest_open_unknown_age.set(stats.oldest_age_s)
+
+    async def _check_opa(self) -> bool:
+        url = self._config.opa.url.rstrip("/") + "/health"
+        try:
+            async with self._session.get(url, timeout=aiohttp.ClientTimeout(
+                    total=self._config.opa.timeout_ms / 1000.0), allow_redirects=False) as response:
+                await response.read()
+                return response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return False
+
+    async def _check_redis(self) -> bool:
+        try:
+            async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
+                return bool(await self._redis.ping())
+        except (TimeoutError, OSError, RedisError):
+            return False

@@ -1,0 +1,131 @@
+"""Log lines: structured (JSON or key=value), carrying the request id, never secrets.
+
+Owns: the format of every log line the process writes to stderr, the request
+context (request id, trace id, call id) that each line carries, and a last
+line of defence that scrubs credentials from messages. Must never: print a
+stack trace with exception messages (only exception type and code locations),
+log request headers, bodies or tool arguments, or hold state other than the
+per-task request context.
+
+The request context lives in a ``ContextVar``: each aiohttp request runs in its
+own task, so values bound in a handler reach every log call made on its behalf
+and never leak into another request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import re
+import sys
+import traceback
+from datetime import datetime, timezone
+from typing import Any, Iterator, TextIO
+
+_CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolproxy_log_context", default={})
+
+CONTEXT_FIELDS = ("request_id", "trace_id", "call_id")
+
+# Credentials that must never reach a log line, whatever put them in a message.
+_SCRUB = (
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)\b(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[-_]?key|"
+                r"access[-_]?token|refresh[-_]?token|token|password|passwd|secret|client[-_]?secret)"
+                r"(\"?\s*[:=]\s*\"?)[^\s\",;&]+"), r"\1\2[redacted]"),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), "[redacted-jwt]"),
+)
+
+
+def scrub(text: str) -> str:
+    for pattern, replacement in _SCRUB:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+@contextlib.contextmanager
+def bound(**fields: str | None) -> Iterator[None]:
+    """Add request-context fields to every log line written inside the block."""
+    merged = {**_CONTEXT.get(), **{k: v for k, v in fields.items() if v is not None}}
+    token = _CONTEXT.set(merged)
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def context() -> dict[str, str]:
+    return dict(_CONTEXT.get())
+
+
+class ContextFilter(logging.Filter):
+    """Copies the bound request context onto each record (explicit ``extra`` wins)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _CONTEXT.get().items():
+            if getattr(record, name, None) is None:
+                setattr(record, name, value)
+        return True
+
+
+def _where(exc_info: Any) -> dict[str, Any]:
+    """Exception type and code locations only: messages may carry data."""
+    etype, _, tb = exc_info
+    frames = [f"{frame.filename.rsplit('/', 2)[-1] if '/' in frame.filename else frame.filename}:"
+              f"{frame.lineno} in {frame.name}" for frame in traceback.extract_tb(tb)[-8:]]
+    return {"type": getattr(etype, "__name__", "Exception"), "at": frames}
+
+
+def _fields(record: logging.LogRecord) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "time": datetime.fromtimestamp(record.created, tz=timezone.utc).isoformat(timespec="milliseconds")
+        .replace("+00:00", "Z"),
+        "level": record.levelname.lower(),
+        "logger": record.name,
+        "msg": scrub(record.getMessage()),
+    }
+    for name in CONTEXT_FIELDS:
+        value = getattr(record, name, None)
+        if value is not None:
+            out[name] = scrub(str(value))
+    if record.exc_info and record.exc_info[0] is not None:
+        out["error"] = _where(record.exc_info)
+    return out
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        return json.dumps(_fields(record), ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+class KeyValueFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        parts = []
+        for key, value in _fields(record).items():
+            if isinstance(value, dict):
+                value = f"{value['type']}@{'|'.join(value['at'][-1:])}"
+            text = str(value)
+            if not text or any(c in text for c in ' "=\n\t'):
+                text = json.dumps(text, ensure_ascii=False)
+            parts.append(f"{key}={text}")
+        return " ".join(parts)
+
+
+def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler:
+    """Install the one stderr handler on the root logger (replacing earlier ones)."""
+    if fmt not in {"json", "kv"}:
+        raise ValueError(f"log.format must be json or kv, not {fmt!r}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
+    # aiohttp's access log would echo request lines; the proxy never enables it,
+    # and its client/server internals stay at warning even in debug mode.
+    for noisy in ("aiohttp.access", "aiohttp.client", "aiohttp.server", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(root.level, logging.WARNING))
+    return handler

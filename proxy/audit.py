@@ -58,6 +58,8 @@ FIELDS = frozenset({
 # Argument keys masked even when a contract forgot to list them.
 _SECRET_KEY_PARTS = ("password", "passwd", "secret", "token", "authorization", "cookie", "api_key", "apikey",
                      "private_key", "credential")
+# Fields where null is a fact ("we do not know"), kept rather than dropped.
+_NULL_MEANS_UNKNOWN = frozenset({"side_effect_committed"})
 _MAX_DEPTH = 8
 _MAX_ITEMS = 50
 
@@ -189,7 +191,7 @@ class Auditor:
             raise ValueError(f"unknown audit record field(s) {sorted(unknown)}")
         record: dict[str, Any] = {"record": RECORD_TYPE, "kind": kind, "time": iso_now()}
         for name, value in fields.items():
-            if value is not None:
+            if value is not None or name in _NULL_MEANS_UNKNOWN:
                 record[name] = value
         if "details" in record:
             record["details"] = redact(record["details"], (), self._config.max_string_chars)
@@ -236,8 +238,8 @@ class Auditor:
             policy = {"result": state.policy_result, "reasons": list(state.policy_reasons),
                       "decision_id": state.decision_id}
         return dict(
-            request_id=meta.request_id, trace_id=meta.trace.trace_id, call_id=_safe_str(request.call_id),
-            run_id=meta.run_id, tool=tool.name if tool else _safe_str(request.tool),
+            request_id=meta.request_id, trace_id=meta.trace.trace_id, call_id=_call_id(request.call_id),
+            run_id=meta.run_id, tool=tool.name if tool else _safe_str(request.tool, truncate=True),
             tool_version=tool.version if tool else None,
             schema_version=self._schema_version(tool) if tool else None,
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
@@ -278,8 +280,21 @@ def iso_now() -> str:
     return iso(time.time())
 
 
-def _safe_str(value: Any) -> str | None:
-    return value if isinstance(value, str) and len(value) <= 256 else None
+def _safe_str(value: Any, *, truncate: bool = False) -> str | None:
+    """A short printable string, or None (untrusted text never breaks a record's shape)."""
+    if not isinstance(value, str) or not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+        return None
+    if len(value) > 256:
+        return value[:256] if truncate else None
+    return value
+
+
+def _call_id(value: Any) -> str | None:
+    """The call id as given when it is a short printable string, else its digest."""
+    safe = _safe_str(value)
+    if safe is not None or value is None:
+        return safe
+    return "sha256:" + sha256_hex(str(value).encode())
 
 
 def build_sinks(config: AuditConfig, redis: redis_async.Redis, stream_key: str) -> list[Sink]:

@@ -63,3 +63,30 @@ def redis_url(redis_server):
         redis_server.start()
     redis_server.flushall()
     return redis_server.url
+
+
+# ---------------------------------------------------------------------------
+# Audit records: every record any test writes to stdout must match its schema
+# ---------------------------------------------------------------------------
+
+_AUDIT_SEEN = {"records": 0}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """At teardown, validate the audit lines in everything the test printed (setup, call, teardown)."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when != "teardown":
+        return
+    from tests.support.audit import violations
+    found, problems = violations(report.capstdout)
+    _AUDIT_SEEN["records"] += found
+    if problems and report.outcome == "passed":
+        report.outcome = "failed"
+        report.longrepr = "audit records violate schemas/audit-record.schema.json:\n" + "\n".join(problems[:20])
+
+
+def pytest_terminal_summary(terminalreporter):
+    terminalreporter.write_line(f"audit records validated against schemas/audit-record.schema.json: "
+                                f"{_AUDIT_SEEN['records']} (captured stdout of every test)")

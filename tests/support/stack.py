@@ -18,7 +18,7 @@ from aiohttp import web
 from jsonschema import Draft202012Validator
 
 from examples.demo_backend import DemoState, start_demo_backend
-from proxy.app import Runtime, agent_app, create_runtime
+from proxy.app import Runtime, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -39,6 +39,7 @@ class Stack:
     backend: DemoState
     runtime: Runtime
     session: aiohttp.ClientSession
+    ops_url: str = ""
     seq: int = field(default=0)
 
     async def call(self, tool: str, arguments: Any, *, call_id: str | None = None,
@@ -80,12 +81,16 @@ async def running_stack(overrides: Mapping[str, Any] | None = None) -> AsyncIter
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
+    ops_runner = web.AppRunner(ops_app(runtime))
+    await ops_runner.setup()
+    await web.TCPSite(ops_runner, "127.0.0.1", 0).start()
     session = aiohttp.ClientSession()
     try:
         yield Stack(proxy_url=f"http://127.0.0.1:{port}", backend_url=backend_url, backend=state,
-                    runtime=runtime, session=session)
+                    runtime=runtime, session=session, ops_url=f"http://127.0.0.1:{ops_runner.addresses[0][1]}")
     finally:
         await session.close()
+        await ops_runner.cleanup()
         await runner.cleanup()
         await runtime.close()
         await backend_runner.cleanup()

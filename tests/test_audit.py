@@ -1,0 +1,175 @@
+"""Audit records: redaction, one record per call, sinks, and the failure policy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis.asyncio as redis_async
+
+from proxy.audit import MASK, redact
+from proxy.errors import ProxyError
+from tests.support.audit import audit_records
+from tests.support.stack import running_stack
+
+REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "customer says card 4111 1111 1111 1111 was charged twice"}
+TRACE = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+
+
+def test_sensitive_fields_are_masked_at_any_depth_and_across_arrays():
+    args = {"name": "x", "card": {"number": "4111", "exp": "12/30"},
+            "items": [{"secret_note": "a", "sku": "s1"}, {"pin": "1234", "sku": "s2"}]}
+    out = redact(args, ["card.number", "items.pin", "name"], 100)
+    assert out == {"name": MASK, "card": {"number": MASK, "exp": "12/30"},
+                   "items": [{"secret_note": MASK, "sku": "s1"}, {"pin": MASK, "sku": "s2"}]}
+    assert args["card"]["number"] == "4111"  # a copy: the call's arguments are untouched
+
+
+def test_credential_looking_keys_are_masked_even_when_the_contract_forgot():
+    out = redact({"Password": "p", "api-key": "k", "accessToken": "t", "Cookie": "c", "note": "n"}, [], 100)
+    assert out == {"Password": MASK, "api-key": MASK, "accessToken": MASK, "Cookie": MASK, "note": "n"}
+
+
+def test_long_strings_and_long_arrays_are_truncated():
+    out = redact({"body": "x" * 1000, "list": list(range(60))}, [], 10)
+    assert out["body"] == "x" * 10 + "...[truncated: 1000 chars]"
+    assert len(out["list"]) == 51 and out["list"][-1] == "[truncated: 10 more items]"
+
+
+@pytest.fixture
+async def stack():
+    async with running_stack() as s:
+        yield s
+
+
+async def test_a_successful_write_has_an_intent_and_a_final_record(stack, capsys):
+    status, env = await stack.call("refund_order", REFUND, call_id="call_r1",
+                                   headers={"traceparent": TRACE, "X-Run-Id": "run-7", "X-Request-Id": "req-r1",
+                                            "Request-Timeout": "5"})
+    assert status == 200
+    records = audit_records(capsys.readouterr().out)
+    assert [r["kind"] for r in records] == ["tool_call_intent", "tool_call"]
+    intent, final = records
+    for record in records:
+        assert record["request_id"] == env["request_id"] == "req-r1"
+        assert record["trace_id"] == "ab" * 16
+        assert record["call_id"] == "call_r1" and record["run_id"] == "run-7"
+        assert (record["tool"], record["tool_version"]) == ("refund_order", "1.0.0")
+        assert (record["tenant"], record["subject"], record["agent"]) == ("acme", "dev-user", "dev-agent")
+        assert record["arguments"] == {"order_id": "ord_1001", "amount": 100, "reason": MASK}
+        assert record["schema_version"].startswith("sha256:")
+        assert record["attempt"] == 1 and "deadline_at" in record
+    assert intent["args_hash"] == final["args_hash"]
+    assert "outcome" not in intent
+    assert final["outcome"] == "succeeded" and final["side_effect_committed"] is True
+    assert "error_code" not in final
+    assert len(final["result_hash"]) == 64 and len(final["resources_hash"]) == 64
+    assert "card 4111" not in json.dumps(records)
+
+
+async def test_a_read_is_one_record_and_failures_carry_their_code(stack, capsys):
+    await stack.call("get_order", {"order_id": "ord_1001"})
+    await stack.call("refund_order", {**REFUND, "amount": "100"})
+    records = audit_records(capsys.readouterr().out)
+    assert [(r["kind"], r["tool"], r["outcome"], r.get("error_code")) for r in records] == [
+        ("tool_call", "get_order", "succeeded", None),
+        ("tool_call", "refund_order", "failed", "schema_violation")]
+    assert records[1]["side_effect_committed"] is False
+    assert "arguments" not in records[1]  # not decoded: nothing trustworthy to show
+
+
+async def test_unknown_outcome_is_recorded_as_null_committed(stack, capsys):
+    await stack.fault("refund_order", "drop_after_commit")
+    status, env = await stack.call("refund_order", REFUND)
+    final = audit_records(capsys.readouterr().out)[-1]
+    assert final["outcome"] == "unknown" and final["error_code"] == "timeout_unknown"
+    assert final["side_effect_committed"] is None
+
+
+async def test_an_unknown_tool_name_is_recorded_without_breaking_the_record(stack, capsys):
+    await stack.call("drop_database", {"x": 1})
+    [record] = audit_records(capsys.readouterr().out)
+    assert record["tool"] == "drop_database" and record["error_code"] == "tool_not_found"
+    assert "tool_version" not in record
+
+
+async def test_other_stages_record_their_events(stack, capsys):
+    audit = stack.runtime.audit
+    assert await audit.record("approval", approval_id="apr-1", tool="refund_order", tenant="acme",
+                              subject="approver-1", details={"state": "approved", "token": "sekrit"})
+    assert await audit.record("takeover", idempotency_key="k1", tool="refund_order",
+                              details={"last_evidence": "status endpoint said pending", "note": "y" * 1000})
+    approval, takeover = audit_records(capsys.readouterr().out)
+    assert approval["details"] == {"state": "approved", "token": MASK}
+    assert takeover["details"]["note"].endswith("[truncated: 1000 chars]")
+    with pytest.raises(ValueError):
+        await audit.record("approval", password="x", details={})
+    with pytest.raises(ValueError):
+        await audit.record("whatever", details={})
+
+
+async def test_redis_stream_sink_is_bounded(redis_url):
+    async with running_stack({"redis.url": redis_url, "audit.sinks": ["stdout", "redis"],
+                              "audit.stream_maxlen": 10}) as stack:
+        for i in range(3):
+            await stack.call("get_order", {"order_id": "ord_1001"}, call_id=f"c{i}")
+        client = redis_async.Redis.from_url(redis_url)
+        try:
+            key = stack.runtime.audit.sinks[1].key
+            entries = await client.xrange(key)
+            assert [json.loads(fields[b"record"])["call_id"] for _, fields in entries] == ["c0", "c1", "c2"]
+            audit_records([fields[b"record"].decode() for _, fields in entries])
+            for _ in range(300):
+                await stack.runtime.audit.record("reconciliation", idempotency_key="k", details={"to": "unknown"})
+            # MAXLEN ~ trims whole stream nodes (100 entries each): bounded, not exact.
+            assert await client.xlen(key) <= 10 + 100
+        finally:
+            await client.aclose()
+
+
+async def test_dead_sink_stops_a_write_before_its_side_effect():
+    dead = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
+    async with running_stack({"redis.url": dead, "audit.sinks": ["redis"]}) as stack:
+        status, env = await stack.call("refund_order", REFUND)
+        assert status == 503 and env["error"]["code"] == "audit_unavailable"
+        assert env["error"]["phase"] == "audit"
+        assert env["side_effect"] == {"attempted": False, "committed": False}
+        assert env["error"]["resolution"] == "retry_same_key"
+        assert stack.backend.effect_counts().get("refund_order", 0) == 0
+        assert stack.backend.requests == []
+        # Reads are fail-open by default: the call goes on, the failure is counted.
+        status, env = await stack.call("get_order", {"order_id": "ord_1001"})
+        assert status == 200
+        failures = stack.runtime.metrics.registry.get_sample_value("toolproxy_audit_write_failures_total",
+                                                                   {"sink": "redis"})
+        assert failures == 3  # the write's intent and final record, the read's record
+
+
+async def test_fail_open_writes_go_on_and_fail_closed_reads_stop():
+    dead = "redis://127.0.0.1:9/0"
+    async with running_stack({"redis.url": dead, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
+                              "audit.on_failure_read": "fail_closed"}) as stack:
+        status, env = await stack.call("refund_order", REFUND)
+        assert status == 200 and stack.backend.effect_counts()["refund_order"] == 1
+        status, env = await stack.call("get_order", {"order_id": "ord_1001"})
+        assert env["error"]["code"] == "audit_unavailable"
+        assert [r["tool"] for r in stack.backend.requests] == ["refund_order"]
+
+
+async def test_critical_records_raise_when_the_sink_is_down():
+    async with running_stack({"redis.url": "redis://127.0.0.1:9/0", "audit.sinks": ["redis"]}) as stack:
+        with pytest.raises(ProxyError) as caught:
+            await stack.runtime.audit.record("approval", critical=True, approval_id="a1", details={"state": "x"})
+        assert caught.value.code == "audit_unavailable" and caught.value.committed is False
+
+
+def test_an_invalid_failure_policy_or_sink_is_a_config_error():
+    from proxy.audit import Auditor, StdoutSink, build_sinks
+    from proxy.config import ConfigError, load_config
+    from proxy.metrics import Metrics
+    config = load_config(env={}, overrides={"audit.on_failure_write": "maybe"})
+    with pytest.raises(ConfigError, match="audit.on_failure_write"):
+        Auditor(config.audit, [StdoutSink()], Metrics())
+    config = load_config(env={}, overrides={"audit.sinks": ["kafka"]})
+    with pytest.raises(ConfigError, match="audit.sinks"):
+        build_sinks(config.audit, None, "k")  # type: ignore[arg-type]

@@ -53,10 +53,10 @@ class Health:
         self._cached: tuple[float, Readiness] | None = None
         self._lock = asyncio.Lock()
 
-    async def readiness(self) -> Readiness:
+    async def readiness(self, *, use_cache: bool = True) -> Readiness:
         async with self._lock:  # concurrent probes share one check
             now = time.monotonic()
-            if self._cached is not None and now - self._cached[0] < CACHE_S:
+            if use_cache and self._cached is not None and now - self._cached[0] < CACHE_S:
                 return self._cached[1]
             opa_ok, redis_ok = await asyncio.gather(self._check_opa(), self._check_redis())
             self._metrics.dependency_up.labels("opa").set(1 if opa_ok else 0)

@@ -1,0 +1,144 @@
+"""Ops listener: /metrics after a scripted scenario, /healthz, /readyz and dependency health."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.unknowns import UnknownIndex
+from tests.support.metrics import counter_deltas, sample, samples, scrape_text
+from tests.support.stack import running_stack
+
+REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
+
+
+async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_server):
+    async with running_stack({"redis.url": redis_url, "opa.url": opa_server.url}) as stack:
+        before = samples(await scrape_text(stack))
+        assert before[sample("toolproxy_open_unknowns")] == 0
+
+        assert (await stack.call("get_order", {"order_id": "ord_1001"}))[0] == 200
+        assert (await stack.call("refund_order", REFUND))[0] == 200
+        assert (await stack.call("refund_order", {**REFUND, "amount": "100"}))[1]["error"]["code"] == \
+            "schema_violation"
+        await stack.fault("refund_order", "drop_after_commit")
+        status, unknown = await stack.call("refund_order", REFUND, call_id="call_unknown")
+        assert unknown["error"]["code"] == "timeout_unknown"
+        # Scenario parts that arrive with other issues: a denial (issue 3: OPA authorize stage),
+        # a replay and a reconciliation (issue 4: idempotency and the reconciler).
+
+        after = samples(await scrape_text(stack))
+        calls = "toolproxy_calls_total"
+        stages = "toolproxy_stage_duration_seconds_count"
+        durations = "toolproxy_call_duration_seconds_count"
+        assert counter_deltas(before, after) == {
+            sample(calls, tool="get_order", outcome="succeeded", code="none"): 1,
+            sample(calls, tool="refund_order", outcome="succeeded", code="none"): 1,
+            sample(calls, tool="refund_order", outcome="failed", code="schema_violation"): 1,
+            sample(calls, tool="refund_order", outcome="unknown", code="timeout_unknown"): 1,
+            sample("toolproxy_unknown_outcomes_total", tool="refund_order"): 1,
+            sample(durations, tool="get_order", outcome="succeeded"): 1,
+            sample(durations, tool="refund_order", outcome="succeeded"): 1,
+            sample(durations, tool="refund_order", outcome="failed"): 1,
+            sample(durations, tool="refund_order", outcome="unknown"): 1,
+            sample(stages, stage="resolve"): 4,
+            sample(stages, stage="decode"): 4,
+            sample(stages, stage="normalize"): 3,
+            sample(stages, stage="audit"): 3,
+            sample(stages, stage="execute"): 3,
+            sample(stages, stage="verify"): 2,
+            sample(stages, stage="commit"): 4,
+        }
+        assert after[sample("toolproxy_open_unknowns")] == 1
+        assert after[sample("toolproxy_oldest_open_unknown_age_seconds")] >= 0
+        assert after[sample("toolproxy_dependency_up", dependency="redis")] == 1
+        assert after[sample("toolproxy_dependency_up", dependency="opa")] == 1
+
+        # Resolving the operation (what the reconciler does with the same ref) brings the gauge down.
+        ref = UnknownIndex.ref(tenant="acme", idempotency_key=unknown["idempotency_key"],
+                               request_id=unknown["request_id"], call_id="call_unknown")
+        assert await stack.runtime.unknowns.close(ref)
+        assert samples(await scrape_text(stack))[sample("toolproxy_open_unknowns")] == 0
+
+
+async def test_open_unknowns_survive_a_restart(redis_url):
+    async with running_stack({"redis.url": redis_url}) as stack:
+        await stack.fault("refund_order", "drop_after_commit")
+        await stack.call("refund_order", REFUND)
+        assert samples(await scrape_text(stack))[sample("toolproxy_open_unknowns")] == 1
+    async with running_stack({"redis.url": redis_url}) as fresh:  # a new process: new, empty Metrics
+        values = samples(await scrape_text(fresh))
+        assert values[sample("toolproxy_open_unknowns")] == 1
+        assert values[sample("toolproxy_oldest_open_unknown_age_seconds")] > 0
+
+
+async def test_labels_never_carry_tenant_subject_or_ids(redis_url):
+    async with running_stack({"redis.url": redis_url, "identity.static_tenant": "tenant-zeta",
+                              "identity.static_subject": "subject-omega"}) as stack:
+        await stack.call("get_order", {"order_id": "ord_1001"}, call_id="call-lbl")
+        await stack.call("no_such_tool_xyz", {})
+        text = await scrape_text(stack)
+    for forbidden in ("tenant-zeta", "subject-omega", "ord_1001", "call-lbl", "no_such_tool_xyz"):
+        assert forbidden not in text
+    assert 'tool="unknown"' in text
+
+
+async def test_stage_buckets_resolve_sub_millisecond_overhead(redis_url):
+    async with running_stack({"redis.url": redis_url}) as stack:
+        await stack.call("get_order", {"order_id": "ord_1001"})
+        values = samples(await scrape_text(stack))
+    decode_fast = values[sample("toolproxy_stage_duration_seconds_bucket", stage="decode", le="0.001")]
+    assert decode_fast == 1  # decoding one small call takes well under a millisecond
+    assert sample("toolproxy_stage_duration_seconds_bucket", stage="decode", le="5e-05") in values
+
+
+async def test_healthz_is_alive_even_when_dependencies_are_down():
+    async with running_stack({"redis.url": "redis://127.0.0.1:9/0", "opa.url": "http://127.0.0.1:9"}) as stack:
+        async with stack.session.get(stack.ops_url + "/healthz") as response:
+            assert response.status == 200 and (await response.json())["status"] == "ok"
+        async with stack.session.get(stack.ops_url + "/readyz") as response:
+            body = await response.json()
+        assert response.status == 503
+        assert body == {"status": "not_ready", "checks": {"opa": False, "redis": False, "registry": True}}
+        values = samples(await scrape_text(stack))
+        assert values[sample("toolproxy_dependency_up", dependency="opa")] == 0
+        assert values[sample("toolproxy_dependency_up", dependency="redis")] == 0
+
+
+async def test_readyz_with_real_opa_and_redis(redis_url, opa_server):
+    async with running_stack({"redis.url": redis_url, "opa.url": opa_server.url}) as stack:
+        async with stack.session.get(stack.ops_url + "/readyz") as response:
+            body = await response.json()
+        assert response.status == 200, body
+        assert body == {"status": "ready", "checks": {"opa": True, "redis": True, "registry": True}}
+
+
+async def test_readyz_notices_redis_going_away(redis_server, opa_server):
+    if not redis_server.running:
+        redis_server.start()
+    async with running_stack({"redis.url": redis_server.url, "opa.url": opa_server.url}) as stack:
+        health = stack.runtime.health
+        assert (await health.readiness()).ready
+        redis_server.stop()
+        try:
+            readiness = await health.readiness(use_cache=False)
+            assert not readiness.ready and readiness.checks["redis"] is False
+            assert stack.runtime.metrics.registry.get_sample_value(
+                "toolproxy_dependency_up", {"dependency": "redis"}) == 0
+        finally:
+            redis_server.start()
+
+
+async def test_openmetrics_is_served_when_asked(redis_url):
+    async with running_stack({"redis.url": redis_url}) as stack:
+        async with stack.session.get(stack.ops_url + "/metrics",
+                                     headers={"Accept": "application/openmetrics-text; version=1.0.0"}) as r:
+            text = await r.text()
+    assert r.headers["Content-Type"].startswith("application/openmetrics-text")
+    assert text.rstrip().endswith("# EOF")
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/healthz", "/readyz"])
+async def test_ops_endpoints_are_not_on_the_agent_listener(path):
+    async with running_stack() as stack:
+        async with stack.session.get(stack.proxy_url + path) as response:
+            assert response.status == 404

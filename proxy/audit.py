@@ -160,12 +160,7 @@ class AuditPolicy:
 
 class Auditor:
     def __init__(self, config: AuditConfig, sinks: Sequence[Sink], metrics: Metrics) -> None:
-        for name, value in (("audit.on_failure_write", config.on_failure_write),
-                            ("audit.on_failure_read", config.on_failure_read)):
-            if value not in POLICIES:
-                raise ConfigError(f"{name}: must be fail_closed or fail_open, not {value!r}")
-        if not sinks:
-            raise ConfigError("audit.sinks: at least one sink is required")
+        check_config(config)
         self._config = config
         self._sinks = tuple(sinks)
         self._metrics = metrics
@@ -287,6 +282,19 @@ def _safe_str(value: Any, *, truncate: bool = False) -> str | None:
     if len(value) > 256:
         return value[:256] if truncate else None
     return value
+
+
+def check_config(config: AuditConfig) -> None:
+    """Raise ConfigError for a bad audit section (at start-up, before anything listens)."""
+    for name, value in (("audit.on_failure_write", config.on_failure_write),
+                        ("audit.on_failure_read", config.on_failure_read)):
+        if value not in POLICIES:
+            raise ConfigError(f"{name}: must be fail_closed or fail_open, not {value!r}")
+    if not config.sinks:
+        raise ConfigError("audit.sinks: at least one sink is required")
+    unknown = sorted(set(config.sinks) - {"stdout", "redis"})
+    if unknown:
+        raise ConfigError(f"audit.sinks: unknown sink(s) {', '.join(unknown)} (stdout, redis)")
 
 
 def _call_id(value: Any) -> str | None:

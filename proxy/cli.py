@@ -12,6 +12,7 @@ import signal
 import sys
 from typing import Sequence
 
+from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
 from .registry import RegistryError, load_registry
 
@@ -79,6 +80,7 @@ def run_sidecar(config_path: str | None) -> int:
         load_registry(config.registry.paths)  # fail fast with a clear message
         if config.log.format not in {"json", "kv"}:
             raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
+        check_audit_config(config.audit)
     except (ConfigError, RegistryError) as exc:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1

@@ -128,6 +128,9 @@ class Pipeline:
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
         await self._audit.call_final(state, env)
         self._metrics.stage_duration.labels("commit").observe(time.monotonic() - started)
+        log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
+                  state.tool.name if state.tool else "unknown", env["outcome"],
+                  env["error"]["code"] if env["error"] else "none", env["timing"]["duration_ms"])
 
     def _observe(self, state: CallState, env: dict[str, Any]) -> None:
         # Unknown tool names are not echoed into labels: cardinality stays bounded.

@@ -170,6 +170,27 @@ install_tool opa "$OPA_VERSION" "$OPA_MODULE"
 install_tool helm "$HELM_VERSION" "$HELM_MODULE" \
     -ldflags "-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
 
+# promtool (checks and unit-tests deploy/helm/toolproxy/files/prometheus-rules.yaml).
+# Optional: built once with `go install` into the tools cache; without Go, or if
+# the build fails, the rule tests fall back to the Python PromQL checker.
+PROMTOOL_VERSION="v0.316.0"
+install_promtool() {
+    local dir="$TOOLS_CACHE/promtool-${PROMTOOL_VERSION}"
+    if [[ ! -x "$dir/promtool" || "$(cat "$dir/VERSION" 2>/dev/null)" != "$PROMTOOL_VERSION" ]]; then
+        command -v go >/dev/null 2>&1 || { log "promtool: no Go toolchain, skipped"; return 0; }
+        mkdir -p "$dir"
+        log "building promtool $PROMTOOL_VERSION with go install (once; cache: $dir)"
+        if GOBIN="$dir" go install "github.com/prometheus/prometheus/cmd/promtool@${PROMTOOL_VERSION}"; then
+            printf '%s\n' "$PROMTOOL_VERSION" > "$dir/VERSION"
+        else
+            log "WARNING: promtool build failed; alert-rule tests use the Python PromQL checker"
+            return 0
+        fi
+    fi
+    ln -sfn "$dir/promtool" "$VBIN/promtool"
+}
+install_promtool
+
 # ---------------------------------------------------------------------------
 # 3. redis-server
 # ---------------------------------------------------------------------------
@@ -248,5 +269,7 @@ printf 'opa          %s -> %s  (%s)\n' "$VBIN/opa" "$(readlink "$VBIN/opa")" \
     "$("$VBIN/opa" version | awk -F': *' '$1=="Version"{print "v"$2; exit}')"
 printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
     "$("$VBIN/helm" version --short 2>/dev/null)"
+[[ -x "$VBIN/promtool" ]] && printf 'promtool     %s -> %s  (%s)\n' "$VBIN/promtool" "$(readlink "$VBIN/promtool")" \
+    "$(cat "$(dirname "$(readlink "$VBIN/promtool")")/VERSION")"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from tests.support.promql import PromQLError, metric_names
 from tests.support.stack import running_stack
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "toolproxy" / "files" / "prometheus-rules.yaml"
+UNIT_TESTS = Path(__file__).resolve().parent / "prometheus" / "alert-rules.test.yaml"
 REQUIRED_ALERTS = {"ToolproxyUnknownOutcomeRateHigh", "ToolproxyUnknownsOpenTooLong", "ToolproxyTakeoverRaised",
                    "ToolproxyOpaUnavailable", "ToolproxyRedisUnavailable", "ToolproxyApprovalBacklog"}
 
@@ -56,13 +58,27 @@ def _promtool() -> str | None:
     return str(candidate) if candidate.exists() else shutil.which("promtool")
 
 
-@pytest.mark.skipif(_promtool() is None, reason="promtool not installed (scripts/setup.sh links it when built; "
-                                                 "TOOLPROXY_WITH_PROMTOOL=1 builds it)")
+needs_promtool = pytest.mark.skipif(_promtool() is None, reason="promtool not installed (scripts/setup.sh "
+                                    "builds it with go install when Go is present)")
+
+
+@needs_promtool
 def test_promtool_accepts_the_rule_file():
     result = subprocess.run([_promtool(), "check", "rules", str(RULES)], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     assert f"SUCCESS: {len(rules())} rules found" in result.stdout + result.stderr
+
+
+@needs_promtool
+def test_alerts_fire_when_they_should_and_not_before():
+    """promtool unit tests: each alert on synthetic series, before and after its ``for`` window."""
+    result = subprocess.run([_promtool(), "test", "rules", str(UNIT_TESTS)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout + result.stderr
+    covered = set(re.findall(r"alertname: (\w+)", UNIT_TESTS.read_text()))
+    assert covered == {r["alert"] for r in rules()}
 
 
 async def test_every_metric_in_the_rules_is_exported_by_a_live_proxy(redis_url):

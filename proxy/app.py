@@ -26,6 +26,7 @@ from .config import Config
 from .errors import ProxyError
 from .health import Health
 from .identity import Authenticator
+from .mcp_front import McpFront
 from .metrics import Metrics
 from .pipeline import Pipeline, ToolCallRequest
 from .registry import Registry, load_registry
@@ -166,6 +167,7 @@ def agent_app(runtime: Runtime) -> web.Application:
     app[RUNTIME] = runtime
     app.router.add_post("/v1/tool-calls", post_tool_call)
     app.router.add_get("/v1/tools", list_tools)
+    McpFront(runtime).install(app)
     return app
 
 

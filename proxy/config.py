@@ -97,6 +97,18 @@ class RedisConfig:
 
 
 @dataclass(frozen=True)
+class McpConfig:
+    page_size: int = setting(50, "MCP tools/list: tools per page (nextCursor beyond)")
+    max_sessions: int = setting(1000, "MCP legacy sessions (initialize + Mcp-Session-Id) held at once; 503 above")
+    session_idle_s: int = setting(1800, "MCP legacy session expiry after this long without a request (404 after)")
+    sse_after_ms: int = setting(10000, "MCP tools/call still running after this long answers as an SSE stream "
+                                       "with keepalive pings, when the client accepts text/event-stream")
+    sse_ping_ms: int = setting(15000, "MCP SSE keepalive comment interval")
+    upstream_handshake_timeout_ms: int = setting(5000, "MCP backends: cap on opening a session to an upstream "
+                                                       "(discover or initialize), also bounded by the call budget")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = setting("info", "log level: debug, info, warning, error")
     format: str = setting("json", "log line format on stderr: json or kv (key=value)")
@@ -124,6 +136,7 @@ class Config:
     identity: IdentityConfig = field(default_factory=IdentityConfig, metadata={"help": "trusted identity"})
     opa: OpaConfig = field(default_factory=OpaConfig, metadata={"help": "policy decisions"})
     redis: RedisConfig = field(default_factory=RedisConfig, metadata={"help": "state store"})
+    mcp: McpConfig = field(default_factory=McpConfig, metadata={"help": "MCP front and MCP backends"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
 

@@ -1,0 +1,427 @@
+"""MCP front: the Streamable HTTP endpoint ``/mcp`` on the agent listener.
+
+Owns: JSON-RPC framing over HTTP (POST for messages, DELETE to end a session,
+GET refused with 405 because the proxy never pushes server-initiated
+messages), choosing the protocol era per request and checking it, and
+translating ``tools/list`` / ``tools/call`` into the shared listing and the
+one ``Pipeline.execute``:
+
+* legacy era (2024-11-05 .. 2025-11-25): ``initialize`` negotiates a version
+  and opens a session (``Mcp-Session-Id``); later requests must carry it and
+  may carry a matching ``MCP-Protocol-Version``.
+* modern era (2026-07-28): every request is self-contained — ``_meta``
+  envelope plus ``MCP-Protocol-Version`` / ``Mcp-Method`` / ``Mcp-Name``
+  headers that must agree with the body (checked with the SDK's own
+  validation ladder, ``mcp.shared.inbound``); ``server/discover`` advertises
+  the versions.
+
+Protocol problems are JSON-RPC errors (unknown tool ``-32602``, malformed
+request ``-32600``/``-32700``, unsupported version ``-32022``, header mismatch
+``-32020``); everything the pipeline says about a call is a ``CallToolResult``
+(``isError`` with the envelope for failures). A call still running after
+``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings.
+
+Must never: use the session id or the JSON-RPC id as a call id or an
+idempotency key (a client re-issues a broken request with a new id), decide
+anything a pipeline stage decides, or run a call outside ``Pipeline.execute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Mapping
+
+from aiohttp import web
+from mcp.shared.inbound import (
+    ERROR_CODE_HTTP_STATUS,
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MCP_PROTOCOL_VERSION_HEADER,
+    NAME_BEARING_METHODS,
+    InboundLadderRejection,
+    classify_inbound_request,
+    decode_header_value,
+    find_duplicated_routing_header,
+)
+from mcp_types import SERVER_INFO_META_KEY
+from mcp_types import methods as mcp_methods
+from mcp_types.jsonrpc import (
+    HEADER_MISMATCH,
+    INTERNAL_ERROR,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    PARSE_ERROR,
+    UNSUPPORTED_PROTOCOL_VERSION,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from . import __version__, ingress, mcp_tools
+from .errors import ProxyError
+from .identity import Caller
+from .listing import visible_tools
+from .mcp_sessions import Session, SessionsFull, SessionTable
+from .pipeline import ToolCallRequest
+
+log = logging.getLogger("toolproxy.mcp")
+
+SESSION_HEADER = "Mcp-Session-Id"
+SUPPORTED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
+SERVER_INFO = {"name": "toolproxy", "version": __version__}
+CAPABILITIES = {"tools": {"listChanged": False}}
+INSTRUCTIONS = ("Tool calls pass through toolproxy: failures come back as isError results whose "
+                "structuredContent is the proxy's result envelope; follow error.resolution.")
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
+                "X-Accel-Buffering": "no"}
+# Ingress failures -> (HTTP status, JSON-RPC code).
+_INGRESS = {"invalid_json": (400, PARSE_ERROR), "payload_too_large": (413, INVALID_REQUEST),
+            "unsupported_media_type": (415, INVALID_REQUEST), "invalid_request": (400, INVALID_REQUEST),
+            "unauthorized": (401, INVALID_REQUEST)}
+
+
+class RpcError(Exception):
+    """A JSON-RPC error answer, with the HTTP status it travels with (None: the era's default)."""
+
+    def __init__(self, code: int, message: str, data: Any = None, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.code, self.message, self.data, self.status = code, message, data, status
+
+    def body(self, rpc_id: Any) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return {"jsonrpc": "2.0", "id": rpc_id, "error": error}
+
+
+@dataclass(frozen=True)
+class Message:
+    """One decoded JSON-RPC message (request if ``has_id``)."""
+
+    method: str | None
+    params: Mapping[str, Any] | None
+    rpc_id: Any
+    has_id: bool
+    raw: Mapping[str, Any] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """The negotiated facts one request is served under."""
+
+    modern: bool
+    version: str
+    caller: Caller
+    session: Session | None = None
+
+
+class McpFront:
+    """The /mcp endpoint of one agent listener; holds that listener's legacy sessions."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+        config = runtime.config.mcp
+        self._sessions = SessionTable(max_sessions=config.max_sessions, idle_s=config.session_idle_s)
+        self._sse_after_s = config.sse_after_ms / 1000.0
+        self._ping_s = max(0.05, config.sse_ping_ms / 1000.0)
+
+    def install(self, app: web.Application) -> None:
+        app.router.add_post("/mcp", self.post)
+        app.router.add_get("/mcp", self.get)
+        app.router.add_delete("/mcp", self.delete)
+
+    # -- HTTP verbs ---------------------------------------------------------
+
+    async def get(self, request: web.Request) -> web.Response:
+        # No server-initiated messages exist (the registry never changes under a
+        # running process), so no standalone SSE stream is offered.
+        return web.Response(status=405, headers={"Allow": "POST, DELETE"})
+
+    async def delete(self, request: web.Request) -> web.Response:
+        try:
+            caller = await self._authenticate(request)
+        except RpcError as error:
+            return _json(error.body(None), error.status or 400)
+        session_id = request.headers.get(SESSION_HEADER)
+        if not session_id:
+            return _json(RpcError(INVALID_REQUEST, "Missing Mcp-Session-Id").body(None), 400)
+        if not self._sessions.end(session_id, caller):
+            return _json(RpcError(INVALID_REQUEST, "Session not found").body(None), 404)
+        return web.Response(status=200)
+
+    async def post(self, request: web.Request) -> web.StreamResponse:
+        message: Message | None = None
+        modern = False
+        headers: dict[str, str] = {}
+        try:
+            has_json, has_sse = _accepts(request)
+            if not has_json:
+                return _json(RpcError(INVALID_REQUEST, "Not Acceptable: the client must accept application/json")
+                             .body(None), 406)
+            body = await self._read(request)
+            message = _message(body)
+            duplicated = find_duplicated_routing_header(request.headers.items())
+            if duplicated is not None:
+                raise RpcError(HEADER_MISMATCH, f"{duplicated} header appears more than once", status=400)
+            modern = _is_modern(request, message)
+            caller = await self._authenticate(request)
+            exchange = (self._modern(request, body, message, caller) if modern
+                        else self._legacy(request, message, caller, headers))
+            if not message.has_id:
+                return web.Response(status=202, headers=headers)
+            result = self._dispatch(request, message, exchange, headers)
+            if message.method == "tools/call":
+                return await self._answer_call(request, message, result, headers, has_sse, modern)
+            return _json(_ok(message.rpc_id, await result), 200, headers)
+        except RpcError as error:
+            status = error.status or (ERROR_CODE_HTTP_STATUS.get(error.code, 200) if modern else 200)
+            return _json(error.body(message.rpc_id if message and message.has_id else None), status, headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("MCP request failed", extra={"request_id": ingress.request_id_of(request)})
+            error = RpcError(INTERNAL_ERROR, "Internal error")
+            return _json(error.body(message.rpc_id if message and message.has_id else None), 500, headers)
+
+    # -- reading and era checks ---------------------------------------------
+
+    async def _read(self, request: web.Request) -> Any:
+        try:
+            return await ingress.read_json(request, self._runtime.config)
+        except ProxyError as error:
+            status, code = _INGRESS.get(error.code, (400, INVALID_REQUEST))
+            text = "Parse error" if code == PARSE_ERROR else error.message
+            raise RpcError(code, text, status=status) from None
+
+    async def _authenticate(self, request: web.Request) -> Caller:
+        try:
+            return await self._runtime.authenticator.authenticate(request.headers)
+        except ProxyError as error:
+            status, code = _INGRESS.get(error.code, (401, INVALID_REQUEST))
+            raise RpcError(code, error.message, {"code": error.code}, status=status) from None
+
+    def _modern(self, request: web.Request, body: Any, message: Message, caller: Caller) -> Exchange:
+        requested = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, "")
+        if not message.has_id:
+            if requested not in MODERN_PROTOCOL_VERSIONS:
+                raise _unsupported(requested)
+            return Exchange(modern=True, version=requested, caller=caller)
+        lowered = {k.lower(): v for k, v in request.headers.items()}
+        verdict = classify_inbound_request(body, headers=lowered, supported_modern_versions=MODERN_PROTOCOL_VERSIONS)
+        if isinstance(verdict, InboundLadderRejection):
+            if verdict.code == UNSUPPORTED_PROTOCOL_VERSION:
+                raise _unsupported(requested)
+            raise RpcError(verdict.code, verdict.message, verdict.data)
+        _check_params(message, verdict.protocol_version)
+        return Exchange(modern=True, version=verdict.protocol_version, caller=caller)
+
+    def _legacy(self, request: web.Request, message: Message, caller: Caller,
+                headers: dict[str, str]) -> Exchange:
+        if message.method == "initialize" and message.has_id:
+            requested = (message.params or {}).get("protocolVersion")
+            version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
+            _check_params(message, version)
+            try:
+                session = self._sessions.create(caller, version)
+            except SessionsFull:
+                raise RpcError(INVALID_REQUEST, "Too many open sessions; try again later", status=503) from None
+            headers[SESSION_HEADER] = session.id
+            return Exchange(modern=False, version=version, caller=caller, session=session)
+        session_id = request.headers.get(SESSION_HEADER)
+        if not session_id:
+            raise RpcError(INVALID_REQUEST, "Bad Request: missing Mcp-Session-Id (initialize first)", status=400)
+        session = self._sessions.get(session_id, caller)
+        if session is None:
+            raise RpcError(INVALID_REQUEST, "Not Found: session expired or unknown; initialize again", status=404)
+        headers[SESSION_HEADER] = session.id
+        requested = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        if requested is not None and requested != session.protocol_version:
+            raise RpcError(INVALID_REQUEST, "MCP-Protocol-Version does not match the session's version",
+                           {"supported": [session.protocol_version], "requested": requested[:64]}, status=400)
+        _check_routing_headers(request, message)
+        if message.has_id:
+            _check_params(message, session.protocol_version)
+        return Exchange(modern=False, version=session.protocol_version, caller=caller, session=session)
+
+    # -- methods --------------------------------------------------------------
+
+    def _dispatch(self, request: web.Request, message: Message, exchange: Exchange,
+                  headers: dict[str, str]) -> Awaitable[dict[str, Any]]:
+        method = message.method
+        params = message.params or {}
+        if method == "initialize":
+            return _done({"protocolVersion": exchange.version, "capabilities": CAPABILITIES,
+                          "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS})
+        if method == "ping":
+            return _done({})
+        if method == "server/discover":
+            return _done({"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": CAPABILITIES,
+                          "instructions": INSTRUCTIONS, "resultType": "complete", "ttlMs": 0,
+                          "cacheScope": "public", "_meta": {SERVER_INFO_META_KEY: SERVER_INFO}})
+        if method == "tools/list":
+            return self._list(params, exchange)
+        if method == "tools/call":
+            return self._call(request, params, exchange)
+        raise RpcError(METHOD_NOT_FOUND, f"Method not found: {str(method)[:64]}")
+
+    async def _list(self, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
+        tools = await visible_tools(self._runtime, exchange.caller)
+        try:
+            chunk, next_cursor = mcp_tools.page(tools, params.get("cursor"), self._runtime.config.mcp.page_size)
+        except mcp_tools.BadCursor as error:
+            raise RpcError(INVALID_PARAMS, str(error)) from None
+        result: dict[str, Any] = {"tools": [mcp_tools.tool_definition(t, modern=exchange.modern) for t in chunk]}
+        if next_cursor is not None:
+            result["nextCursor"] = next_cursor
+        if exchange.modern:
+            # The listing depends on who asks: never shared across callers, never cached stale.
+            result.update(resultType="complete", ttlMs=0, cacheScope="private")
+        return result
+
+    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
+        runtime = self._runtime
+        try:
+            meta = ingress.request_meta(request, runtime.config)
+        except ProxyError as error:
+            raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details}, status=400) from None
+        name = params["name"]
+        call = ToolCallRequest(call_id=f"mcp-{uuid.uuid4().hex}", tool=name, version=None,
+                               arguments=params.get("arguments") or {}, meta=meta)
+        result = await runtime.pipeline.execute(call, exchange.caller)
+        envelope = result.envelope
+        if envelope["error"] is not None and envelope["error"]["code"] == "tool_not_found":
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name[:64]}", envelope)
+        return mcp_tools.call_result(envelope, modern=exchange.modern)
+
+    async def _answer_call(self, request: web.Request, message: Message, result: Awaitable[dict[str, Any]],
+                           headers: dict[str, str], has_sse: bool, modern: bool) -> web.StreamResponse:
+        """JSON if the call finishes within ``sse_after``; otherwise an SSE stream with pings.
+
+        The call runs to completion either way: a client that goes away does
+        not cancel a call whose outcome must still be recorded.
+        """
+        task = asyncio.ensure_future(result)
+        if has_sse:
+            await asyncio.wait({task}, timeout=self._sse_after_s)
+        if task.done() or not has_sse:
+            body = await _settle(task, message.rpc_id)
+            code = body["error"]["code"] if "error" in body else None
+            status = ERROR_CODE_HTTP_STATUS.get(code, 200) if modern and code is not None else 200
+            return _json(body, status, headers)
+        response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **headers})
+        await response.prepare(request)
+        connected = True
+        while not task.done():
+            await asyncio.wait({task}, timeout=self._ping_s)
+            if not task.done() and connected:
+                connected = await _write(response, b": ping\n\n")
+        body = await _settle(task, message.rpc_id)
+        if connected:
+            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+            if await _write(response, f"event: message\ndata: {data}\n\n".encode()):
+                await response.write_eof()
+        return response
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _accepts(request: web.Request) -> tuple[bool, bool]:
+    raw = request.headers.get("Accept")
+    if raw is None:
+        return True, False
+    types = {part.split(";")[0].strip().lower() for part in raw.split(",")}
+    wildcard = "*/*" in types
+    return (wildcard or bool(types & {"application/json", "application/*"}),
+            wildcard or bool(types & {"text/event-stream", "text/*"}))
+
+
+def _message(body: Any) -> Message:
+    if not isinstance(body, dict):
+        raise RpcError(INVALID_REQUEST, "Body must be one JSON-RPC request or notification object", status=400)
+    has_id = "id" in body
+    rpc_id = body.get("id")
+    if body.get("jsonrpc") != "2.0":
+        raise RpcError(INVALID_REQUEST, "jsonrpc must be \"2.0\"", status=400)
+    if has_id and (isinstance(rpc_id, bool) or not isinstance(rpc_id, (str, int))):
+        raise RpcError(INVALID_REQUEST, "id must be a string or an integer", status=400)
+    method = body.get("method")
+    if method is None and ("result" in body or "error" in body):
+        # A response to a server request: the proxy never sends any.
+        raise RpcError(INVALID_REQUEST, "This server sends no requests; responses are not accepted", status=400)
+    if not isinstance(method, str) or not method:
+        raise RpcError(INVALID_REQUEST, "method must be a non-empty string", status=400)
+    params = body.get("params")
+    if params is not None and not isinstance(params, dict):
+        raise RpcError(INVALID_REQUEST, "params must be an object", status=400)
+    return Message(method=method, params=params, rpc_id=rpc_id, has_id=has_id, raw=body)
+
+
+def _is_modern(request: web.Request, message: Message) -> bool:
+    requested = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+    return (requested is not None and requested not in HANDSHAKE_PROTOCOL_VERSIONS) \
+        or message.method == "server/discover"
+
+
+def _unsupported(requested: str) -> RpcError:
+    return RpcError(UNSUPPORTED_PROTOCOL_VERSION, "Unsupported protocol version",
+                    {"supported": list(SUPPORTED_VERSIONS), "requested": requested[:64]})
+
+
+def _check_params(message: Message, version: str) -> None:
+    """The params of ``message`` against the SDK's wire types of ``version``."""
+    try:
+        mcp_methods.validate_client_request(message.method or "", version, message.params)
+    except KeyError:
+        raise RpcError(METHOD_NOT_FOUND, f"Method not found: {(message.method or '')[:64]}") from None
+    except ValidationError as exc:
+        problems = [{"path": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()[:10]]
+        raise RpcError(INVALID_PARAMS, "Invalid params", {"violations": problems}) from None
+
+
+def _check_routing_headers(request: web.Request, message: Message) -> None:
+    """Mcp-Method / Mcp-Name, when a client sends them in the legacy era too, must match the body."""
+    method_header = request.headers.get(MCP_METHOD_HEADER)
+    if method_header is not None and method_header != message.method:
+        raise RpcError(HEADER_MISMATCH, "Mcp-Method header does not match the request body's method", status=400)
+    name_key = NAME_BEARING_METHODS.get(message.method or "")
+    name_header = request.headers.get(MCP_NAME_HEADER)
+    if name_key and name_header is not None and \
+            decode_header_value(name_header) != (message.params or {}).get(name_key):
+        raise RpcError(HEADER_MISMATCH, f"Mcp-Name header does not match the request body's {name_key!r}",
+                       status=400)
+
+
+async def _done(value: dict[str, Any]) -> dict[str, Any]:
+    return value
+
+
+def _ok(rpc_id: Any, result: dict[str, Any]) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rpc_id, "result": result}
+
+
+async def _settle(task: "asyncio.Future[dict[str, Any]]", rpc_id: Any) -> dict[str, Any]:
+    try:
+        return _ok(rpc_id, await task)
+    except RpcError as error:
+        return error.body(rpc_id)
+    except Exception:
+        log.exception("MCP tools/call failed outside the pipeline")
+        return RpcError(INTERNAL_ERROR, "Internal error").body(rpc_id)
+
+
+async def _write(response: web.StreamResponse, chunk: bytes) -> bool:
+    try:
+        await response.write(chunk)
+        return True
+    except (ConnectionError, RuntimeError):
+        return False
+
+
+def _json(body: Any, status: int, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
+                        content_type="application/json", headers=dict(headers or {}))

@@ -1,0 +1,86 @@
+"""MCP legacy sessions: the ``Mcp-Session-Id`` handed out by ``initialize``.
+
+Owns: minting unguessable session ids, binding each session to the caller
+that created it and to its negotiated protocol version, idle expiry, the cap
+on open sessions, and ending sessions (``DELETE``). Sessions live in this
+process only: after a restart a client gets 404 and initializes again, which
+the MCP spec requires clients to handle. Must never: let a session stand for
+identity (every request is still authenticated), or be used as an
+idempotency key or call id.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from .identity import Caller
+
+
+@dataclass(frozen=True)
+class Session:
+    id: str
+    protocol_version: str
+    owner: tuple[str, str, str]  # subject, tenant, agent of the caller that initialized it
+
+
+class SessionsFull(Exception):
+    """No room for another session (mcp.max_sessions) even after expiring idle ones."""
+
+
+def owner_of(caller: Caller) -> tuple[str, str, str]:
+    return (caller.subject, caller.tenant, caller.agent)
+
+
+class SessionTable:
+    """Open sessions of one process, with idle expiry on a monotonic clock."""
+
+    def __init__(self, *, max_sessions: int, idle_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._max = max_sessions
+        self._idle_s = idle_s
+        self._clock = clock
+        self._sessions: dict[str, tuple[Session, float]] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def create(self, caller: Caller, protocol_version: str) -> Session:
+        if len(self._sessions) >= self._max:
+            self._expire()
+            if len(self._sessions) >= self._max:
+                raise SessionsFull()
+        session = Session(id=secrets.token_urlsafe(32), protocol_version=protocol_version, owner=owner_of(caller))
+        self._sessions[session.id] = (session, self._clock())
+        return session
+
+    def get(self, session_id: str, caller: Caller) -> Session | None:
+        """The live session with this id owned by this caller, touched; None otherwise.
+
+        A session created by another caller reads as absent (404), so ids
+        cannot be probed across identities.
+        """
+        entry = self._sessions.get(session_id)
+        if entry is None:
+            return None
+        session, last_seen = entry
+        now = self._clock()
+        if now - last_seen > self._idle_s:
+            del self._sessions[session_id]
+            return None
+        if session.owner != owner_of(caller):
+            return None
+        self._sessions[session_id] = (session, now)
+        return session
+
+    def end(self, session_id: str, caller: Caller) -> bool:
+        if self.get(session_id, caller) is None:
+            return False
+        del self._sessions[session_id]
+        return True
+
+    def _expire(self) -> None:
+        now = self._clock()
+        for session_id in [k for k, (_, seen) in self._sessions.items() if now - seen > self._idle_s]:
+            del self._sessions[session_id]

@@ -21,6 +21,7 @@ from prometheus_client.exposition import choose_encoder
 
 from . import envelope, ingress, logs
 from .adapters.http import HttpAdapter, trace_config
+from .adapters.mcp import McpAdapter
 from .audit import Auditor, build_sinks
 from .config import Config
 from .errors import ProxyError
@@ -52,6 +53,7 @@ class Runtime:
     health: Health
 
     async def close(self) -> None:
+        await self.pipeline.aclose()
         await self.session.close()
         await self.redis.aclose()
 
@@ -68,7 +70,11 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         json_serialize=json.dumps,
     )
     adapters = {"http": HttpAdapter(session, config.backends.services,
-                                    max_response_bytes=config.backends.max_response_bytes)}
+                                    max_response_bytes=config.backends.max_response_bytes),
+                "mcp": McpAdapter(config.backends.services, max_response_bytes=config.backends.max_response_bytes,
+                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
+                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
+                                  mode=config.mcp.upstream_mode)}
     metrics = Metrics()
     redis = create_pool(config.redis)
     audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),

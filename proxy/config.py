@@ -104,6 +104,8 @@ class McpConfig:
     sse_after_ms: int = setting(10000, "MCP tools/call still running after this long answers as an SSE stream "
                                        "with keepalive pings, when the client accepts text/event-stream")
     sse_ping_ms: int = setting(15000, "MCP SSE keepalive comment interval")
+    upstream_mode: str = setting("auto", "MCP backends: auto (2026-07-28 stateless if the upstream offers it, else "
+                                         "initialize + session) or legacy (always initialize + session)")
     upstream_handshake_timeout_ms: int = setting(5000, "MCP backends: cap on opening a session to an upstream "
                                                        "(discover or initialize), also bounded by the call budget")
 

@@ -95,6 +95,13 @@ class Pipeline:
         self._adapters = dict(adapters)
         self._margin_s = config.deadline.margin_ms / 1000.0
 
+    async def aclose(self) -> None:
+        """Close adapters that hold connections of their own (MCP upstream sessions)."""
+        for adapter in self._adapters.values():
+            close = getattr(adapter, "aclose", None)
+            if close is not None:
+                await close()
+
     async def execute(self, request: ToolCallRequest, caller: Caller) -> CallResult:
         meta = request.meta
         with logs.bound(request_id=meta.request_id, trace_id=meta.trace.trace_id,

@@ -76,7 +76,7 @@ class HttpAdapter:
         started = time.monotonic()
         try:
             async with asyncio.timeout(call.budget_s):
-                async with self._session.post(url, data=call.canonical_arguments, headers=_headers(call),
+                async with self._session.post(url, data=call.canonical_arguments, headers=forwarded_headers(call),
                                               trace_request_ctx=progress, allow_redirects=False) as response:
                     body = await _read_limited(response, self._max_response_bytes, call.tool.is_write)
                     return self._classify(call, response, body)
@@ -165,7 +165,8 @@ def _raise(error: ProxyError) -> BackendResult:
     raise error
 
 
-def _headers(call: BackendCall) -> dict[str, str]:
+def forwarded_headers(call: BackendCall) -> dict[str, str]:
+    """The trusted headers every backend request carries (the MCP adapter forwards them too)."""
     headers = {
         "Content-Type": "application/json",
         "Accept": "application/json",

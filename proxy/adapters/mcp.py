@@ -1,0 +1,343 @@
+"""MCP backend adapter: execute a registry tool on an upstream MCP server.
+
+Owns: one reusable session per upstream URL (opened with the ``mcp`` SDK
+client over Streamable HTTP — the 2026-07-28 stateless revision when the
+upstream offers it, else the initialize handshake — and reopened when it
+drops), sending ``tools/call`` for the contract's ``backend.tool`` within
+the call's budget with the trusted headers the HTTP adapter forwards, and
+classifying every outcome honestly: whether the request left the proxy and
+whether the effect is known to have happened (mirrors ``adapters/http.py``).
+
+Must never: retry a call that may have reached the upstream (the one resend
+it makes is after a definite "not processed" answer: HTTP 404 for an expired
+legacy session, or a header mismatch), read the upstream's tool list,
+descriptions or annotations to decide anything (the trusted registry is the
+only source of execution metadata; upstream output is checked by the verify
+stage against the registry's outputSchema), or pass upstream text, hostnames
+or exception messages to the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import httpx2
+import mcp_types as types
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from mcp_types.jsonrpc import (
+    CONNECTION_CLOSED,
+    HEADER_MISMATCH,
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    METHOD_NOT_FOUND,
+    MISSING_REQUIRED_CLIENT_CAPABILITY,
+    PARSE_ERROR,
+    REQUEST_TIMEOUT,
+    UNSUPPORTED_PROTOCOL_VERSION,
+)
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+
+from ..decode import strict_loads
+from ..errors import ProxyError
+from . import BackendCall, BackendResult
+from .http import forwarded_headers
+
+log = logging.getLogger("toolproxy.adapters.mcp")
+
+_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+# JSON-RPC errors that mean "refused before the tool ran".
+_REFUSED = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, HEADER_MISMATCH,
+                      MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION})
+# Transport-synthesized: the request went out and no answer came back.
+_NO_ANSWER = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
+_CONNECT_ERRORS = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+
+
+@dataclass
+class _Progress:
+    """How far the tools/call POST of one call got (filled in by ``_ObservedTransport``)."""
+
+    headers: Mapping[str, str]
+    observed: bool = False
+    headers_sent: bool = False
+    connect_failed: bool = False
+    status: int | None = None
+
+    @property
+    def sent(self) -> bool:
+        return self.headers_sent and not self.connect_failed
+
+
+class _ConnectFailed(Exception):
+    """The session to the upstream could not be opened; no call was sent."""
+
+
+class _ObservedTransport(httpx2.AsyncBaseTransport):
+    """Adds the call's forwarded headers to its tools/call POST and records how far it got.
+
+    The SDK runs each POST in the context of the task that sent the message,
+    so the per-call ``_Progress`` in a context variable reaches this layer.
+    Only the first POST of a call is observed (later ones, such as a
+    cancellation notice, must not overwrite what happened to the call).
+    """
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, progress: contextvars.ContextVar[_Progress | None]) -> None:
+        self._inner = inner
+        self._progress = progress
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        progress = self._progress.get()
+        if progress is None or progress.observed or request.method != "POST":
+            return await self._inner.handle_async_request(request)
+        progress.observed = True
+        request.headers.update(progress.headers)
+
+        async def trace(name: str, info: Mapping[str, Any]) -> None:
+            if name.endswith("send_request_headers.started"):
+                progress.headers_sent = True
+
+        request.extensions = {**request.extensions, "trace": trace}
+        try:
+            response = await self._inner.handle_async_request(request)
+        except _CONNECT_ERRORS:
+            progress.connect_failed = True
+            raise
+        progress.status = response.status_code
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Upstream:
+    """One upstream MCP server: a session owned by a background task, reopened on demand.
+
+    The SDK client holds task groups that must be entered and exited by the
+    same task, so a dedicated owner task keeps it open while calls from any
+    task use it; when the session breaks the owner ends and the next call
+    opens a new one.
+    """
+
+    def __init__(self, url: str, http: httpx2.AsyncClient, handshake_timeout_s: float, mode: str) -> None:
+        self.url = url
+        self._mode = mode
+        self._http = http
+        self._handshake_timeout_s = handshake_timeout_s
+        self._ready: asyncio.Future[Client] | None = None
+        self._stop: asyncio.Event | None = None
+        self._owner: asyncio.Task[None] | None = None
+
+    async def session(self) -> Client:
+        if self._owner is None or self._owner.done():
+            loop = asyncio.get_running_loop()
+            self._ready, self._stop = loop.create_future(), asyncio.Event()
+            self._owner = loop.create_task(self._own(self._ready, self._stop), name=f"mcp-upstream {self.url}")
+        assert self._ready is not None
+        # Shielded: one caller's deadline must not cancel the handshake others wait on.
+        return await asyncio.shield(self._ready)
+
+    def drop(self) -> None:
+        """Stop using the current session (the owner closes it in the background)."""
+        if self._stop is not None:
+            self._stop.set()
+        self._owner = None
+
+    async def aclose(self, timeout_s: float = 5.0) -> None:
+        owner = self._owner
+        self.drop()
+        if owner is not None:
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(owner, timeout_s)
+
+    async def _own(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
+        try:
+            client = Client(streamable_http_client(self.url, http_client=self._http), mode=self._mode, cache=None)
+            async with contextlib.AsyncExitStack() as stack:
+                async with asyncio.timeout(self._handshake_timeout_s):
+                    await stack.enter_async_context(client)
+                ready.set_result(client)
+                await stop.wait()
+        except BaseException as exc:  # the owner must end quietly; callers get a classified error
+            if not ready.done():
+                ready.set_exception(_ConnectFailed())
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            log.info("MCP upstream session ended", extra={"upstream_error": type(exc).__name__})
+        finally:
+            if not ready.done():
+                ready.set_exception(_ConnectFailed())
+
+
+class McpAdapter:
+    def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, connect_timeout_s: float,
+                 handshake_timeout_s: float, mode: str = "auto") -> None:
+        if mode not in ("auto", "legacy"):
+            raise ValueError(f"mcp.upstream_mode must be auto or legacy, not {mode!r}")
+        self._mode = mode
+        self._services = dict(services)
+        self._max_response_bytes = max_response_bytes
+        self._handshake_timeout_s = handshake_timeout_s
+        self._progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
+            f"toolproxy_mcp_progress_{id(self)}", default=None)
+        transport = _ObservedTransport(httpx2.AsyncHTTPTransport(retries=0), self._progress)
+        # No read timeout here: every call is bounded by its own budget.
+        self._http = httpx2.AsyncClient(transport=transport, follow_redirects=False,
+                                        timeout=httpx2.Timeout(None, connect=connect_timeout_s))
+        self._upstreams: dict[str, _Upstream] = {}
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(u.aclose() for u in self._upstreams.values()))
+        self._upstreams.clear()
+        await self._http.aclose()
+
+    async def call(self, call: BackendCall) -> BackendResult:
+        tool = call.tool
+        url = tool.backend.resolve(self._services)
+        if url is None or not tool.backend.tool:
+            raise ProxyError("dependency_unavailable", "The tool's backend is not configured.",
+                             details={"tool": tool.name}, phase="execute")
+        if call.budget_s <= 0:
+            raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
+                             phase="execute", attempted=False, committed=False)
+        upstream = self._upstreams.get(url)
+        if upstream is None:
+            upstream = self._upstreams[url] = _Upstream(url, self._http, self._handshake_timeout_s, self._mode)
+        progress = _Progress(headers={k: v for k, v in forwarded_headers(call).items()
+                                      if k not in ('Content-Type', 'Accept')})
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(call.budget_s):
+                return self._classify(call, await self._send(call, upstream, progress))
+        except TimeoutError:
+            raise self._timed_out(call, progress, time.monotonic() - started) from None
+        except _ConnectFailed:
+            raise ProxyError("dependency_unavailable", "The tool's MCP server could not be reached.",
+                             details={"tool": tool.name}, phase="execute", attempted=False, committed=False) from None
+        except MCPError as exc:
+            raise self._rpc_failure(call, progress, exc.error.code) from None
+        except (httpx2.HTTPError, ConnectionError, OSError):
+            raise self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
+
+    async def _send(self, call: BackendCall, upstream: _Upstream, progress: _Progress) -> types.CallToolResult:
+        request = types.CallToolRequest(params=types.CallToolRequestParams(
+            name=call.tool.backend.tool or "", arguments=dict(call.arguments)))
+        for attempt in (1, 2):
+            client = await upstream.session()
+            progress.observed = progress.headers_sent = progress.connect_failed = False
+            progress.status = None
+            token = self._progress.set(progress)
+            try:
+                return await client.session.send_request(request, types.CallToolResult)
+            except MCPError as exc:
+                if attempt == 2 or progress.connect_failed:
+                    raise
+                if progress.status == 404 and client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+                    upstream.drop()  # the upstream forgot our session: nothing ran; open a new one
+                elif exc.error.code == HEADER_MISMATCH:
+                    await client.session.list_tools()  # learn its Mcp-Param headers; nothing ran
+                else:
+                    raise
+            finally:
+                self._progress.reset(token)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _classify(self, call: BackendCall, result: types.CallToolResult) -> BackendResult:
+        tool = call.tool
+        if result.is_error:
+            # An isError result is the tool's own answer, but only an explicit
+            # ``"applied": false`` proves a write did not happen.
+            details: dict[str, Any] = {"tool": tool.name, **_safe_error(result.structured_content)}
+            applied = details.pop("applied", None)
+            if tool.is_write and applied is not False:
+                raise ProxyError("upstream_error_unknown", "The MCP tool reported an error; whether the write was "
+                                 "applied is unknown.", details={**details, "idempotency_key": call.idempotency_key},
+                                 phase="execute", attempted=True, committed=None)
+            reason = f": {details['backend_code']}" if "backend_code" in details else ""
+            raise ProxyError("business_rejected", f"The MCP tool reported an error{reason}.", details=details,
+                             phase="execute", attempted=True, committed=False)
+        committed = True if tool.is_write else False
+        if result.structured_content is not None:
+            data = result.structured_content
+        else:
+            texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+            if len(texts) != 1 or len(result.content) != 1:
+                raise ProxyError("output_invalid", "The MCP tool returned no structured JSON result.",
+                                 details={"tool": tool.name}, phase="verify", attempted=True, committed=committed)
+            try:
+                data = strict_loads(texts[0], what="backend output", phase="verify")
+            except ProxyError:
+                raise ProxyError("output_invalid", "The MCP tool returned data that is not valid JSON.",
+                                 details={"tool": tool.name}, phase="verify", attempted=True,
+                                 committed=committed) from None
+        size = len(json.dumps(data, separators=(",", ":")).encode())
+        if size > self._max_response_bytes:
+            raise ProxyError("output_invalid", "The tool returned more data than allowed.",
+                             details={"limit_bytes": self._max_response_bytes}, phase="verify",
+                             attempted=True, committed=committed)
+        return BackendResult(data=data, status=200)
+
+    def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
+        details = {"tool": call.tool.name, "budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed * 1000)}
+        if not progress.sent:
+            return ProxyError("timeout_not_started", "The deadline passed before the call reached the MCP server.",
+                              details=details, phase="execute", attempted=False, committed=False)
+        if call.tool.is_write:
+            return ProxyError("timeout_unknown",
+                              "The call was sent but its result could not be confirmed before the deadline.",
+                              details={**details, "idempotency_key": call.idempotency_key},
+                              phase="execute", attempted=True, committed=None)
+        return ProxyError("timeout", "The read did not answer before the deadline.", details=details,
+                          phase="execute", attempted=True, committed=False)
+
+    def _rpc_failure(self, call: BackendCall, progress: _Progress, code: int) -> ProxyError:
+        tool = call.tool
+        details: dict[str, Any] = {"tool": tool.name, "upstream_code": code}
+        if progress.status is not None:
+            details["backend_status"] = progress.status
+        if not progress.sent:
+            return ProxyError("dependency_unavailable", "The MCP server could not be reached before sending.",
+                              details=details, phase="execute", attempted=False, committed=False)
+        if code in _REFUSED or progress.status == 404:
+            return ProxyError("upstream_error", "The MCP server refused the call before running it.",
+                              details=details, phase="execute", attempted=True, committed=False,
+                              retryable=False, resolution="inspect")
+        no_answer = code in _NO_ANSWER
+        if tool.is_write:
+            if no_answer:
+                return ProxyError("timeout_unknown", "The connection was lost after the call was sent; "
+                                  "its result is unknown.", details={**details, "idempotency_key": call.idempotency_key},
+                                  phase="execute", attempted=True, committed=None)
+            return ProxyError("upstream_error_unknown", "The MCP server failed; whether the write was applied is "
+                              "unknown.", details={**details, "idempotency_key": call.idempotency_key},
+                              phase="execute", attempted=True, committed=None)
+        if no_answer:
+            return ProxyError("dependency_unavailable", "The connection to the MCP server was lost.",
+                              details=details, phase="execute", attempted=True, committed=False)
+        return ProxyError("upstream_error", "The MCP server failed to answer the read.", details=details,
+                          phase="execute", attempted=True, committed=False)
+
+
+def _safe_error(structured: Any) -> dict[str, Any]:
+    """An upstream tool error reduced to safe machine-readable fields (never its text)."""
+    error = structured.get("error") if isinstance(structured, dict) else None
+    if not isinstance(error, dict):
+        return {}
+    safe: dict[str, Any] = {}
+    if isinstance(error.get("code"), str) and _CODE.match(error["code"]):
+        safe["backend_code"] = error["code"]
+    if isinstance(error.get("field"), str) and _SAFE_VALUE.match(error["field"]):
+        safe["field"] = error["field"]
+    if isinstance(error.get("applied"), bool):
+        safe["applied"] = error["applied"]
+    return safe

@@ -1,4 +1,4 @@
-"""Command line: ``toolproxy run | dev | check-registry | config-reference``.
+"""Command line: ``toolproxy run | dev | check-registry | config-reference | import-mcp``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -42,6 +42,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sub.add_parser("config-reference", help="print every setting with its env variable, default and help")
 
+    imp = sub.add_parser("import-mcp", help="draft registry entries from an upstream MCP server (for review)",
+                         description="Connect to an MCP server (Streamable HTTP), read its tools/list and print "
+                                     "registry YAML for a human to review. Every tool defaults to mode: write, "
+                                     "risk: destructive, idempotency required; fields needing a decision are "
+                                     "marked REVIEW. Upstream annotations are shown, never applied.")
+    imp.add_argument("url", help="the upstream's MCP endpoint, e.g. http://crm.tools.svc:8080/mcp")
+    imp.add_argument("--prefix", default="", help="prepend to every tool name (e.g. crm.)")
+    imp.add_argument("--service", help="emit backend {service, path} instead of the URL "
+                                       "(map the service in backends.services)")
+    imp.add_argument("--path", help="with --service: the path (default: the URL's path)")
+    imp.add_argument("--mode", choices=["auto", "legacy"], default="auto",
+                     help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
+    imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
+
     args = parser.parse_args(argv)
     if args.command == "check-registry":
         return check_registry(args.paths)
@@ -49,6 +63,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, env, default, help_ in describe():
             print(f"{key}\t{env}\t{default!r}\t{help_}")
         return 0
+    if args.command == "import-mcp":
+        return import_mcp(args)
     if args.command == "run":
         return run_sidecar(args.config)
     if args.command == "dev":
@@ -65,6 +81,18 @@ def check_registry(paths: Sequence[str]) -> int:
         return 1
     for tool in registry.all():
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}) from {tool.source}")
+    return 0
+
+
+def import_mcp(args: argparse.Namespace) -> int:
+    from .mcp_import import draft, fetch_tools
+    try:
+        tools = asyncio.run(fetch_tools(args.url, mode=args.mode, timeout_s=args.timeout))
+    except Exception as exc:  # ExceptionGroup from the SDK's task groups included
+        print(f"import-mcp: cannot list tools at {args.url}: {type(exc).__name__}", file=sys.stderr)
+        return 1
+    sys.stdout.write(draft(tools, url=args.url, service=args.service, path=args.path, prefix=args.prefix))
+    print(f"import-mcp: drafted {len(tools)} tool(s); resolve every REVIEW line before use", file=sys.stderr)
     return 0
 
 

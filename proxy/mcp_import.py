@@ -1,0 +1,178 @@
+"""``toolproxy import-mcp URL``: draft registry entries from an upstream MCP server's tools/list.
+
+Owns: reading an upstream's tool list with the ``mcp`` SDK client and turning
+it into registry YAML for a human to review, with every field that needs a
+decision marked ``REVIEW``. The draft fails safe: each tool defaults to
+``mode: write``, ``risk: destructive`` and ``idempotency.required: true``, so an
+entry committed without thought is treated as the most dangerous kind of tool
+(exclusive locks, idempotency keys, unknown outcomes on timeouts, approval
+policies for destructive risk) rather than the least. Upstream annotations
+(readOnlyHint, ...) are shown as comments only: they are untrusted hints.
+
+Must never: write the registry itself, mark an entry as reviewed, or turn an
+upstream hint into execution metadata.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable
+from urllib.parse import urlsplit
+
+import yaml
+
+_NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.-]{0,63}$")
+_MAX_PAGES = 100
+_MAX_DESCRIPTION = 2000
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+_SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains",
+                         "propertyNames", "unevaluatedItems"})
+_SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+
+
+@dataclass(frozen=True)
+class UpstreamTool:
+    name: str
+    description: str | None
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+    annotations: dict[str, Any]
+
+
+async def fetch_tools(url: str, *, mode: str = "auto", timeout_s: float = 15.0) -> list[UpstreamTool]:
+    """Every tool the upstream lists (all pages)."""
+    from mcp import Client  # imported here: the CLI's other commands do not need the SDK loaded
+
+    tools: list[UpstreamTool] = []
+    async with asyncio.timeout(timeout_s):
+        async with Client(url, mode=mode, cache=None) as client:
+            cursor = None
+            for _ in range(_MAX_PAGES):
+                page = await client.list_tools(cursor=cursor)
+                for tool in page.tools:
+                    tools.append(UpstreamTool(
+                        name=tool.name, description=tool.description,
+                        input_schema=dict(tool.input_schema),
+                        output_schema=dict(tool.output_schema) if tool.output_schema is not None else None,
+                        annotations=tool.annotations.model_dump(by_alias=True, exclude_none=True)
+                        if tool.annotations is not None else {}))
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+    return tools
+
+
+def draft(tools: Iterable[UpstreamTool], *, url: str, service: str | None = None, path: str | None = None,
+          prefix: str = "") -> str:
+    """Registry YAML for ``tools``: valid as written, with REVIEW comments on every judgement call."""
+    lines = [
+        f"# Drafted by `toolproxy import-mcp` from {url}.",
+        "# NOT REVIEWED. Upstream descriptions and annotations are untrusted; every tool below defaults",
+        "# to mode: write, risk: destructive, idempotency.required: true until a human decides otherwise.",
+        "# Resolve every REVIEW line, then validate with `toolproxy check-registry FILE`.",
+        "tools:",
+    ]
+    used: set[str] = set()
+    for tool in tools:
+        entry, notes = _entry(tool, url=url, service=service, path=path, prefix=prefix, used=used)
+        lines.append(f"  # ---- upstream tool {tool.name!r} ----")
+        lines.extend(f"  # REVIEW {note}" for note in notes)
+        dumped = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=100)
+        lines.extend("  " + line for line in dumped.rstrip("\n").split("\n"))
+    if not used:
+        lines[-1] = "tools: []"
+    return "\n".join(lines) + "\n"
+
+
+def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | None, prefix: str,
+           used: set[str]) -> tuple[dict[str, Any], list[str]]:
+    notes: list[str] = []
+    name = _registry_name(prefix + tool.name, used)
+    if name != prefix + tool.name:
+        notes.append(f"name: {tool.name!r} is not a valid registry name; renamed to {name!r}.")
+    hints = ", ".join(f"{k}={v}" for k, v in sorted(tool.annotations.items()) if k.endswith("Hint")) or "none"
+    notes.append(f"mode/risk: defaulted to write/destructive. Upstream hints (untrusted): {hints}.")
+    notes.append("resources: none declared; add templates (e.g. \"order:{order_id}\") so writes lock what they touch.")
+    notes.append("idempotency/timeout_ms/status_endpoint: conservative defaults; a status endpoint enables reconcile.")
+    description = (tool.description or "").strip()
+    if description:
+        notes.append("description: copied from the upstream; it is exactly what the model will read.")
+    else:
+        description = f"Upstream MCP tool {tool.name}."
+        notes.append("description: the upstream gave none; write one for the model.")
+    input_schema, strict, tightened = _strict_schema(tool.input_schema)
+    if tightened:
+        notes.append(f"inputSchema: additionalProperties: false added to {tightened} object schema(s).")
+    if not strict:
+        notes.append("inputSchema: has open maps (additionalProperties is a schema); strict: false set.")
+    output_schema = tool.output_schema
+    if output_schema is None:
+        output_schema = {}
+        notes.append("outputSchema: the upstream declares none; {} accepts any output. Write the real one.")
+    backend: dict[str, Any] = {"type": "mcp"}
+    if service:
+        backend.update(service=service, path=path or (urlsplit(url).path or "/"))
+    else:
+        backend["url"] = url
+    backend["tool"] = tool.name
+    entry: dict[str, Any] = {
+        "name": name, "version": "1.0.0", "description": description[:_MAX_DESCRIPTION],
+        "mode": "write", "risk": "destructive",
+    }
+    if not strict:
+        entry["strict"] = False
+    entry.update({"inputSchema": input_schema, "outputSchema": output_schema,
+                  "idempotency": {"required": True}, "timeout_ms": 10000, "backend": backend})
+    return entry, notes
+
+
+def _registry_name(raw: str, used: set[str]) -> str:
+    name = re.sub(r"[^a-zA-Z0-9_.-]", "_", raw)
+    if not name or not name[0].isalpha():
+        name = "t_" + name
+    name = name[:64]
+    base, n = name, 2
+    while name in used or not _NAME.match(name):
+        suffix = f"_{n}"
+        name = base[:64 - len(suffix)] + suffix
+        n += 1
+    used.add(name)
+    return name
+
+
+def _strict_schema(schema: Any) -> tuple[Any, bool, int]:
+    """A copy of ``schema`` whose object schemas forbid unknown fields; (copy, strict_possible, changes)."""
+    strict = True
+    changes = 0
+
+    def walk(node: Any) -> Any:
+        # Only schema positions are entered (as in registry._loose_objects); data keywords
+        # such as default, enum and const are copied untouched.
+        nonlocal strict, changes
+        if not isinstance(node, dict):
+            return node
+        out = dict(node)
+        for key, value in node.items():
+            if key in _SCHEMA_MAPS and isinstance(value, dict):
+                out[key] = {name: walk(sub) for name, sub in value.items()}
+            elif key in _SCHEMA_ONE:
+                out[key] = walk(value)
+            elif key in _SCHEMA_LISTS and isinstance(value, list):
+                out[key] = [walk(sub) for sub in value]
+        kinds = out.get("type")
+        is_object = kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or "properties" in out
+        if is_object and out.get("unevaluatedProperties") is not False:
+            extra = out.get("additionalProperties", True)
+            if extra is True:
+                out["additionalProperties"] = False
+                changes += 1
+            elif extra is not False:
+                strict = False
+        return out
+
+    copy = walk(schema)
+    if isinstance(copy, dict):
+        copy.setdefault("type", "object")
+    return copy, strict, changes

@@ -1,0 +1,73 @@
+"""`toolproxy import-mcp`: registry drafts from a real upstream MCP server, reviewed-by-default safe."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from proxy.mcp_import import UpstreamTool, _strict_schema, draft
+from proxy.registry import load_file
+from tests.support.mcp_upstream import running_upstream
+from tests.support.stack import DEMO_REGISTRY, running_stack
+
+
+async def import_mcp(*args: str) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(sys.executable, "-m", "proxy.cli", "import-mcp", *args,
+                                                   stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    async with asyncio.timeout(60):
+        out, err = await process.communicate()
+    return process.returncode, out.decode(), err.decode()
+
+
+async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path):
+    async with running_upstream() as upstream:
+        code, out, err = await import_mcp(upstream.url, "--prefix", "up.")
+        assert code == 0, err
+        drafted = tmp_path / "drafted.yaml"
+        drafted.write_text(out)
+        tools = {t.name: t for t in load_file(drafted)}
+        assert set(tools) == {"up.adjust", "up.lookup", "up.slow_write", "up.refuse", "up.crash"}
+        for tool in tools.values():
+            assert (tool.mode, tool.risk, tool.idempotency_required) == ("write", "destructive", True)
+            assert tool.backend.type == "mcp" and tool.backend.url == upstream.url
+            assert tool.input_schema["additionalProperties"] is False
+        assert tools["up.adjust"].backend.tool == "adjust"
+        # The upstream's readOnlyHint is shown to the reviewer but not applied.
+        assert "readOnlyHint=True" in out and tools["up.adjust"].mode == "write"
+        assert out.count("# REVIEW mode/risk") == 5
+        assert "NOT REVIEWED" in out and "drafted 5 tool(s)" in err
+
+        # The draft is usable as is: the proxy executes the upstream tool through it.
+        async with running_stack({"registry.paths": [str(DEMO_REGISTRY), str(drafted)]}) as stack:
+            status, env = await stack.call("up.adjust", {"counter": "c1", "delta": 4})
+        assert (status, env["data"]) == (200, {"counter": "c1", "value": 4})
+        assert upstream.state.count("adjust") == 1
+
+
+async def test_service_form_and_unreachable_upstream(tmp_path: Path):
+    async with running_upstream() as upstream:
+        code, out, _ = await import_mcp(upstream.url, "--service", "tools")
+        assert code == 0
+        drafted = tmp_path / "svc.yaml"
+        drafted.write_text(out)
+        backend = load_file(drafted)[0].backend
+        assert (backend.url, backend.service, backend.path) == (None, "tools", "/mcp")
+        url = upstream.url
+    code, out, err = await import_mcp(url, "--timeout", "5")
+    assert code == 1 and out == ""
+    assert "cannot list tools" in err and "Traceback" not in err
+
+
+def test_strictifying_touches_schema_positions_only():
+    schema = {"type": "object",
+              "properties": {"properties": {"type": "object", "properties": {"x": {"type": "string"}}},
+                             "tags": {"type": "object", "additionalProperties": {"type": "string"}},
+                             "mode": {"enum": [{"properties": 1}], "default": {"properties": {}}}}}
+    strict, possible, changes = _strict_schema(schema)
+    assert changes == 2                                  # the root and the nested object
+    assert possible is False                             # "tags" is an open map: strict: false, flagged
+    assert strict["properties"]["mode"] == schema["properties"]["mode"]
+    assert "additionalProperties" not in strict["properties"]  # a property named "properties" is not a schema
+    text = draft([UpstreamTool("bad name!", None, schema, None, {})], url="http://u/mcp")
+    assert "strict: false" in text and "name: bad_name_" in text and "outputSchema: {}" in text

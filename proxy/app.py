@@ -19,7 +19,7 @@ import redis.asyncio as redis_async
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from . import envelope, ingress, logs
+from . import envelope, ingress, logs, openai_front
 from .adapters.http import HttpAdapter, trace_config
 from .adapters.mcp import McpAdapter
 from .audit import Auditor, build_sinks
@@ -174,6 +174,7 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/tool-calls", post_tool_call)
     app.router.add_get("/v1/tools", list_tools)
     McpFront(runtime).install(app)
+    openai_front.install(app, runtime)
     return app
 
 

@@ -1,0 +1,134 @@
+"""OpenAI function-calling front: ``POST /v1/openai/tool-calls``.
+
+Owns: translating the tool calls of one model turn — the ``tool_calls`` of a
+Chat Completions assistant message, or the ``function_call`` items of a
+Responses API output — into one batch of pipeline calls, and the batch's
+envelopes back into ready-to-append items in request order: Chat ``tool``
+messages (``tool_call_id``) or Responses ``function_call_output`` items
+(``call_id``), each carrying the JSON result envelope.
+
+Must never: reorder outputs (they follow the request, not completion),
+use the model's call id as an idempotency key, parse arguments itself (the
+decode stage does, strictly), or run a call outside ``Pipeline.execute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from aiohttp import web
+
+from . import ingress
+from .errors import ProxyError
+from .identity import Caller
+from .pipeline import RequestMeta, ToolCallRequest
+
+CHAT, RESPONSES = "chat", "responses"
+_INTERIM_READ_CONCURRENCY = 8  # goes away with the scheduler's per-tenant/per-tool limits
+
+
+@dataclass(frozen=True)
+class FunctionCall:
+    call_id: str
+    name: str
+    arguments: str  # JSON text as the model emitted it; decoded by the pipeline
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    shape: str  # chat | responses
+    calls: tuple[FunctionCall, ...]
+
+
+def parse(body: Any) -> ModelTurn:
+    """The function calls of one model turn; ``invalid_request`` if the body is neither shape."""
+    ingress.validate_body(body, "openai-tool-calls-request.schema.json")
+    if "tool_calls" in body:
+        turn = ModelTurn(CHAT, tuple(FunctionCall(c["id"], c["function"]["name"], c["function"]["arguments"])
+                                     for c in body["tool_calls"]))
+    else:
+        turn = ModelTurn(RESPONSES, tuple(FunctionCall(i["call_id"], i["name"], i["arguments"])
+                                          for i in body["output"] if i["type"] == "function_call"))
+        if not turn.calls:
+            raise ProxyError("invalid_request", "The output holds no function_call items.", phase="request")
+    seen: set[str] = set()
+    for call in turn.calls:
+        if call.call_id in seen:
+            raise ProxyError("invalid_request", "Two tool calls share one id; outputs could not be matched.",
+                             details={"call_id": call.call_id}, phase="request")
+        seen.add(call.call_id)
+    return turn
+
+
+def render(turn: ModelTurn, envelopes: Sequence[dict[str, Any]], request_id: str) -> dict[str, Any]:
+    """The response body: one item per call, in request order, each output the envelope as JSON text."""
+    def text(envelope: dict[str, Any]) -> str:
+        return json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+
+    if turn.shape == CHAT:
+        items_key, items = "messages", [{"role": "tool", "tool_call_id": call.call_id, "content": text(env)}
+                                        for call, env in zip(turn.calls, envelopes)]
+    else:
+        items_key, items = "items", [{"type": "function_call_output", "call_id": call.call_id, "output": text(env)}
+                                     for call, env in zip(turn.calls, envelopes)]
+    outcomes = [env["outcome"] for env in envelopes]
+    status = ("succeeded" if all(o == "succeeded" for o in outcomes)
+              else "failed" if not any(o == "succeeded" for o in outcomes) else "partially_succeeded")
+    return {items_key: items, "batch": {
+        "request_id": request_id, "status": status,
+        "uncertain": [env["call_id"] for env in envelopes if env["outcome"] == "unknown"]}}
+
+
+async def run_turn(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> list[dict[str, Any]]:
+    """Run the turn's calls as one batch; envelopes in request order.
+
+    INTERIM until the batch scheduler (issue 5, ``POST /v1/tool-calls:batch``)
+    is on main: consecutive reads run concurrently, every write (and every
+    call whose tool is unknown) runs alone, in request order, each through
+    ``Pipeline.execute``. No resource-level conflict analysis, dependency
+    edges or per-tenant limits yet: that is the scheduler's job, and this
+    function is swapped for it.
+    """
+    requests = [ToolCallRequest(call_id=c.call_id, tool=c.name, version=None, arguments=c.arguments, meta=meta)
+                for c in turn.calls]
+    envelopes: list[dict[str, Any]] = []
+    reads: list[ToolCallRequest] = []
+    slots = asyncio.Semaphore(_INTERIM_READ_CONCURRENCY)
+
+    async def read(request: ToolCallRequest) -> Any:
+        async with slots:
+            return await runtime.pipeline.execute(request, caller)
+
+    async def flush() -> None:
+        results = await asyncio.gather(*(read(r) for r in reads))
+        envelopes.extend(result.envelope for result in results)
+        reads.clear()
+
+    for request in requests:
+        try:
+            is_read = not runtime.registry.resolve(request.tool).is_write
+        except ProxyError:
+            is_read = False
+        if is_read:
+            reads.append(request)
+            continue
+        await flush()
+        envelopes.append((await runtime.pipeline.execute(request, caller)).envelope)
+    await flush()
+    return envelopes
+
+
+def install(app: web.Application, runtime: Any) -> None:
+    async def post_tool_calls(request: web.Request) -> web.Response:
+        meta = ingress.request_meta(request, runtime.config)
+        caller = await runtime.authenticator.authenticate(request.headers)
+        turn = parse(await ingress.read_json(request, runtime.config))
+        envelopes = await run_turn(runtime, turn, meta, caller)
+        body = render(turn, envelopes, meta.request_id)
+        return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")),
+                            content_type="application/json")
+
+    app.router.add_post("/v1/openai/tool-calls", post_tool_calls)

@@ -73,13 +73,60 @@ class DeadlineConfig:
 
 
 @dataclass(frozen=True)
+class JwtConfig:
+    issuer: str = setting("", "required `iss` of accepted tokens (empty: not checked; set it in production)")
+    audience: str = setting("toolproxy", "required `aud` of accepted tokens")
+    jwks_file: str = setting("", "JWKS file with the verification keys (re-read when it changes)")
+    jwks_url: str = setting("", "JWKS URL with the verification keys (cached, refreshed)")
+    public_key_file: str = setting("", "PEM public key, when there is no JWKS")
+    hmac_secret_file: str = setting("", "file with a shared HS* secret; HS* algorithms are refused without it")
+    algorithms: list[str] = setting(["RS256", "ES256", "EdDSA"], "accepted JWT algorithms (`none` never is)")
+    leeway_s: int = setting(30, "clock skew allowed on exp/nbf/iat")
+    jwks_refresh_s: int = setting(300, "how long fetched JWKS keys are cached")
+    claim_subject: str = setting("sub", "claim holding the subject")
+    claim_tenant: str = setting("tenant", "claim holding the tenant")
+    claim_roles: str = setting("roles", "claim holding the roles (list or space-separated string)")
+    claim_scopes: str = setting("scope", "claim holding the scopes (list or space-separated string)")
+
+
+def _admin_jwt() -> JwtConfig:
+    return JwtConfig(audience="toolproxy-admin")
+
+
+@dataclass(frozen=True)
+class HeaderIdentityConfig:
+    subject: str = setting("X-Auth-Subject", "headers mode: header with the subject")
+    tenant: str = setting("X-Auth-Tenant", "headers mode: header with the tenant")
+    roles: str = setting("X-Auth-Roles", "headers mode: header with comma-separated roles")
+    scopes: str = setting("X-Auth-Scopes", "headers mode: header with space- or comma-separated scopes")
+
+
+@dataclass(frozen=True)
 class IdentityConfig:
     mode: str = setting("static", "where the caller's identity comes from: static (dev only), jwt or headers")
     static_subject: str = setting("dev-user", "static mode: subject of every call")
     static_tenant: str = setting("acme", "static mode: tenant of every call")
     static_roles: list[str] = setting(["agent"], "static mode: roles of every call")
-    static_scopes: list[str] = setting(["tools:call"], "static mode: scopes of every call")
+    static_scopes: list[str] = setting(["tools:read", "tools:write"], "static mode: scopes of every call")
     agent_id: str = setting("dev-agent", "identity of the agent this sidecar serves (pod service account)")
+    jwt: JwtConfig = field(default_factory=JwtConfig, metadata={"help": "jwt mode: the agent's bearer token"})
+    headers: HeaderIdentityConfig = field(default_factory=HeaderIdentityConfig,
+                                          metadata={"help": "headers mode: identity set by a trusted mesh"})
+
+
+@dataclass(frozen=True)
+class AdminIdentityConfig:
+    mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled")
+    approver_role: str = setting("approver", "role an admin token needs to list, approve or deny approvals")
+    approver_scope: str = setting("", "scope an admin token needs as well (empty: none)")
+    jwt: JwtConfig = field(default_factory=_admin_jwt,
+                           metadata={"help": "the approver's token: its own audience/issuer/keys"})
+
+
+@dataclass(frozen=True)
+class ApprovalsConfig:
+    ttl_s: int = setting(900, "how long a pending or approved approval stays valid")
+    max_list: int = setting(200, "most approvals one admin listing returns")
 
 
 @dataclass(frozen=True)
@@ -87,6 +134,8 @@ class OpaConfig:
     url: str = setting("http://127.0.0.1:8181", "base URL of the OPA server")
     decision_path: str = setting("toolproxy/decision", "Data API path of the decision document")
     timeout_ms: int = setting(500, "timeout of one OPA query (fail closed after it)")
+    push_catalog: bool = setting(True, "PUT the registry's tool catalog into OPA at start-up and when OPA lost it "
+                                       "(false when a bundle ships it)")
 
 
 @dataclass(frozen=True)
@@ -136,7 +185,10 @@ class Config:
     backends: BackendsConfig = field(default_factory=BackendsConfig, metadata={"help": "tool backends"})
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig, metadata={"help": "deadlines"})
     identity: IdentityConfig = field(default_factory=IdentityConfig, metadata={"help": "trusted identity"})
+    admin_identity: AdminIdentityConfig = field(default_factory=AdminIdentityConfig,
+                                                metadata={"help": "approver credential"})
     opa: OpaConfig = field(default_factory=OpaConfig, metadata={"help": "policy decisions"})
+    approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig, metadata={"help": "human approvals"})
     redis: RedisConfig = field(default_factory=RedisConfig, metadata={"help": "state store"})
     mcp: McpConfig = field(default_factory=McpConfig, metadata={"help": "MCP front and MCP backends"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})

@@ -1,18 +1,38 @@
 """Identify stage: who is calling, from trusted context only.
 
 Owns: turning the transport's trusted context into a frozen ``Caller``
-(subject, tenant, roles, scopes, agent). Must never: read identity, tenant,
-roles or approval from tool arguments, or accept a header-borne identity
-unless the operator configured that mode.
+(subject, tenant, roles, scopes, agent) — a verified JWT (``jwt`` mode), the
+headers of a mesh that already authenticated the caller (``headers`` mode,
+only when configured), or fixed values (``static``, dev stack and tests) —
+and authenticating the admin listener's approver with its own credential.
+Must never: read identity, tenant, roles or approval from tool arguments,
+accept a header-borne identity unless the operator configured that mode,
+accept ``alg: none`` or an HS* token without a configured secret, or echo a
+token or a verification error's internals back to the caller.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import logging
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 
-from .config import IdentityConfig
+import aiohttp
+import jwt
+from jwt import PyJWK, PyJWKSet
+from jwt.exceptions import PyJWKError, PyJWKSetError, PyJWTError
+
+from .config import AdminIdentityConfig, IdentityConfig, JwtConfig
 from .errors import ProxyError
+
+log = logging.getLogger("toolproxy.identity")
+
+HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
+JWKS_MIN_REFETCH_S = 10.0  # an unknown kid triggers at most one JWKS fetch per this interval
 
 
 @dataclass(frozen=True)
@@ -31,27 +51,212 @@ class Caller:
 
 @dataclass(frozen=True)
 class AdminPrincipal:
-    """An approver/operator on the admin listener: never the agent's credential."""
+    """An approver on the admin listener: never the agent's credential.
+
+    ``tenant`` is None for a cross-tenant approver (no tenant claim)."""
 
     subject: str
+    tenant: str | None
     roles: tuple[str, ...]
+    scopes: tuple[str, ...]
+
+
+def _unauthorized(message: str = "A valid credential is required.") -> ProxyError:
+    return ProxyError("unauthorized", message, phase="identity")
+
+
+class KeySource:
+    """Verification keys for one JWT configuration: a JWKS (file or URL) or a PEM key.
+
+    JWKS URL keys are cached for ``jwks_refresh_s`` and refetched early (rate
+    limited) when a token names an unknown ``kid`` — the key-rotation case.
+    """
+
+    def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None) -> None:
+        self._config = config
+        self._session = session
+        self._keys: dict[str | None, PyJWK] = {}
+        self._fetched_at = 0.0
+        self._file_mtime: float | None = None
+        self._lock = asyncio.Lock()
+        self._static: Any = None
+        if config.public_key_file:
+            self._static = Path(config.public_key_file).read_bytes()
+        elif config.hmac_secret_file:
+            self._static = Path(config.hmac_secret_file).read_bytes().strip()
+        elif not (config.jwks_file or config.jwks_url):
+            raise ValueError("jwt mode needs jwks_file, jwks_url, public_key_file or hmac_secret_file")
+
+    async def key_for(self, header: Mapping[str, Any]) -> Any:
+        if self._static is not None:
+            return self._static
+        kid = header.get("kid")
+        await self._refresh(force=False)
+        key = self._pick(kid)
+        if key is None and self._config.jwks_url and time.monotonic() - self._fetched_at > JWKS_MIN_REFETCH_S:
+            await self._refresh(force=True)
+            key = self._pick(kid)
+        if key is None:
+            raise _unauthorized()
+        return key
+
+    def _pick(self, kid: Any) -> PyJWK | None:
+        if kid is None:
+            return next(iter(self._keys.values()), None) if len(self._keys) == 1 else None
+        return self._keys.get(kid)
+
+    async def _refresh(self, *, force: bool) -> None:
+        config = self._config
+        if config.jwks_file:
+            try:
+                mtime = Path(config.jwks_file).stat().st_mtime
+                if mtime != self._file_mtime:
+                    self._keys = _parse_jwks(Path(config.jwks_file).read_text(encoding="utf-8"))
+                    self._file_mtime = mtime
+            except (OSError, ValueError) as exc:
+                log.warning("cannot read JWKS file: %s", type(exc).__name__)
+            return
+        if not force and self._keys and time.monotonic() - self._fetched_at < config.jwks_refresh_s:
+            return
+        async with self._lock:
+            if not force and self._keys and time.monotonic() - self._fetched_at < config.jwks_refresh_s:
+                return
+            self._fetched_at = time.monotonic()
+            try:
+                assert self._session is not None
+                async with asyncio.timeout(5):
+                    async with self._session.get(config.jwks_url, allow_redirects=False) as response:
+                        if response.status != 200:
+                            raise ValueError(f"HTTP {response.status}")
+                        self._keys = _parse_jwks(await response.text())
+            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+                # Keep serving the keys we had: a JWKS outage must not log everyone out.
+                log.warning("cannot fetch JWKS: %s", type(exc).__name__)
+
+
+def _parse_jwks(text: str) -> dict[str | None, PyJWK]:
+    try:
+        jwks = PyJWKSet.from_json(text)
+    except (PyJWKSetError, PyJWKError, json.JSONDecodeError) as exc:
+        raise ValueError("invalid JWKS") from exc
+    return {key.key_id: key for key in jwks.keys}
+
+
+class JwtVerifier:
+    """Verifies one kind of bearer token: algorithm allow-list, signature, iss/aud/exp/nbf."""
+
+    def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None) -> None:
+        algorithms = [a for a in config.algorithms if a.lower() != "none"]
+        if not config.hmac_secret_file:
+            algorithms = [a for a in algorithms if a not in HMAC_ALGORITHMS]
+        else:
+            # A shared secret must never verify an asymmetric algorithm (key confusion).
+            algorithms = [a for a in algorithms if a in HMAC_ALGORITHMS]
+        if not algorithms:
+            raise ValueError("no usable JWT algorithm configured")
+        self._config = config
+        self._algorithms = algorithms
+        self._keys = KeySource(config, session)
+
+    async def verify(self, token: str) -> dict[str, Any]:
+        config = self._config
+        try:
+            header = jwt.get_unverified_header(token)
+        except PyJWTError:
+            raise _unauthorized() from None
+        if header.get("alg") not in self._algorithms:
+            raise _unauthorized()
+        key = await self._keys.key_for(header)
+        options: dict[str, Any] = {"require": ["exp"], "verify_aud": bool(config.audience),
+                                   "verify_iss": bool(config.issuer)}
+        try:
+            return jwt.decode(token, key=key, algorithms=self._algorithms, audience=config.audience or None,
+                              issuer=config.issuer or None, leeway=config.leeway_s, options=options)
+        except PyJWTError:
+            raise _unauthorized() from None
+
+    def claims_to_identity(self, claims: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...],
+                                                                       tuple[str, ...]]:
+        config = self._config
+        subject = claims.get(config.claim_subject)
+        tenant = claims.get(config.claim_tenant)
+        if not isinstance(subject, str) or not subject:
+            raise _unauthorized()
+        if tenant is not None and (not isinstance(tenant, str) or not tenant):
+            raise _unauthorized()
+        return subject, tenant, _string_list(claims.get(config.claim_roles)), \
+            _string_list(claims.get(config.claim_scopes))
+
+
+def _string_list(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return tuple(v for v in value.replace(",", " ").split() if v)
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    raise _unauthorized()
+
+
+def bearer_token(headers: Mapping[str, str]) -> str:
+    raw = headers.get("Authorization", "")
+    scheme, _, token = raw.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise _unauthorized()
+    return token.strip()
 
 
 class Authenticator:
-    def __init__(self, config: IdentityConfig) -> None:
-        if config.mode != "static":
-            raise ValueError(f"identity mode {config.mode!r} is not supported")
+    """The agent listener's identity source plus the admin listener's approver check."""
+
+    def __init__(self, config: IdentityConfig, admin: AdminIdentityConfig | None = None,
+                 session: aiohttp.ClientSession | None = None) -> None:
+        if config.mode not in {"static", "jwt", "headers"}:
+            raise ValueError(f"identity mode {config.mode!r} is not supported (static, jwt or headers)")
         self._config = config
+        self._jwt = JwtVerifier(config.jwt, session) if config.mode == "jwt" else None
+        self._admin_config = admin or AdminIdentityConfig(mode="disabled")
+        if self._admin_config.mode not in {"jwt", "disabled"}:
+            raise ValueError(f"admin identity mode {self._admin_config.mode!r} is not supported (jwt or disabled)")
+        self._admin_jwt = None
+        if self._admin_config.mode == "jwt" and _has_keys(self._admin_config.jwt):
+            self._admin_jwt = JwtVerifier(self._admin_config.jwt, session)
 
     async def authenticate(self, headers: Mapping[str, str]) -> Caller:
         config = self._config
+        if config.mode == "jwt":
+            assert self._jwt is not None
+            claims = await self._jwt.verify(bearer_token(headers))
+            subject, tenant, roles, scopes = self._jwt.claims_to_identity(claims)
+            if tenant is None:
+                raise _unauthorized()
+            return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=config.agent_id,
+                          source="jwt")
+        if config.mode == "headers":
+            names = config.headers
+            subject, tenant = headers.get(names.subject, "").strip(), headers.get(names.tenant, "").strip()
+            if not subject or not tenant:
+                raise _unauthorized()
+            return Caller(subject=subject, tenant=tenant, roles=_string_list(headers.get(names.roles, "")),
+                          scopes=_string_list(headers.get(names.scopes, "")), agent=config.agent_id,
+                          source="headers")
         if not config.static_subject or not config.static_tenant:
-            raise ProxyError("unauthorized", "No trusted identity is configured.", phase="identity")
+            raise _unauthorized("No trusted identity is configured.")
         return Caller(subject=config.static_subject, tenant=config.static_tenant,
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
                       agent=config.agent_id, source="static")
 
-    async def authenticate_admin(self, headers: Mapping[str, str], *, role: str) -> AdminPrincipal:
-        """The admin listener's principal. Static mode has none: admin calls need a real credential."""
-        raise ProxyError("unauthorized", "The admin API requires an approver or operator credential.",
-                         phase="identity")
+    async def authenticate_admin(self, headers: Mapping[str, str]) -> AdminPrincipal:
+        """The approver on the admin listener: its own token (audience/issuer/keys) and role."""
+        if self._admin_jwt is None:
+            raise _unauthorized("The admin API requires an approver credential; none is configured.")
+        claims = await self._admin_jwt.verify(bearer_token(headers))
+        subject, tenant, roles, scopes = self._admin_jwt.claims_to_identity(claims)
+        config = self._admin_config
+        if config.approver_role not in roles or (config.approver_scope and config.approver_scope not in scopes):
+            raise _unauthorized("This credential is not an approver's.")
+        return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes)
+
+
+def _has_keys(config: JwtConfig) -> bool:
+    return bool(config.jwks_file or config.jwks_url or config.public_key_file or config.hmac_secret_file)

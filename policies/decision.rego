@@ -1,0 +1,76 @@
+# The decision document the proxy asks for (POST /v1/data/toolproxy/decision):
+#   Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient AND ApprovalSatisfied
+# Input and output are described by schemas/opa-input.schema.json and
+# schemas/opa-decision.schema.json. Reasons are for the audit trail; the proxy
+# never shows them to the model.
+package toolproxy
+
+import data.toolproxy.approvals
+import data.toolproxy.limits
+import data.toolproxy.resource_access
+import data.toolproxy.tools
+
+default policy_revision := "unversioned"
+
+# Set by whoever ships the policy (bundle manifest step, ConfigMap, dev data).
+policy_revision := data.toolproxy.meta.revision
+
+# The proxy compares this with the digest of its registry and reloads the
+# catalog when OPA lost it (a restarted OPA) or holds another one.
+catalog_current if input.catalog_digest == data.toolproxy.catalog.digest
+
+present(value) if {
+	is_string(value)
+	value != ""
+}
+
+identity_valid if {
+	present(input.subject.id)
+	present(input.subject.tenant)
+}
+
+agent_valid if present(input.agent.id)
+
+identity_deny contains "identity_missing" if not identity_valid
+
+identity_deny contains "agent_missing" if not agent_valid
+
+reasons := ((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny)
+
+default risk := "unknown"
+
+risk := approvals.risk
+
+base := {"policy_revision": policy_revision, "catalog_current": catalog_current}
+
+default catalog_current := false
+
+decision := object.union(base, {
+	"allow": true,
+	"require_approval": false,
+	"reasons": [],
+	"visible_tools": sort([name | some name in tools.visible]),
+}) if {
+	input.action == "list"
+	count(identity_deny) == 0
+} else := object.union(base, {
+	"allow": false,
+	"require_approval": false,
+	"reasons": sort([r | some r in reasons]),
+	"risk": risk,
+}) if {
+	count(reasons) > 0
+} else := object.union(base, {
+	"allow": false,
+	"require_approval": true,
+	"reasons": sort([r | some r in approvals.needs]),
+	"risk": risk,
+}) if {
+	input.action == "call"
+	approvals.required
+} else := object.union(base, {
+	"allow": input.action == "call",
+	"require_approval": false,
+	"reasons": [],
+	"risk": risk,
+})

@@ -256,6 +256,18 @@ def _enum(*values: str) -> Check:
 
 
 ORDER_ID = _string(r"^ord_[A-Za-z0-9]+$", max_len=64)
+
+
+def _list_of(item: Check, max_items: int) -> Check:
+    def check(value: Any) -> str | None:
+        if not isinstance(value, list) or not 1 <= len(value) <= max_items:
+            return f"must be a list of 1..{max_items} items"
+        problems = [p for p in map(item, value) if p]
+        return f"items {problems[0]}" if problems else None
+
+    return check
+
+
 SKU = _string(r"^sku_[A-Za-z0-9]+$", max_len=64)
 
 
@@ -323,6 +335,10 @@ def _order_view(order_id: str, order: dict[str, Any]) -> dict[str, Any]:
 async def get_order(call: Call) -> dict[str, Any]:
     order_id = call.args["order_id"]
     return _order_view(order_id, call.order(order_id))
+
+
+async def get_orders(call: Call) -> dict[str, Any]:
+    return {"orders": [_order_view(order_id, call.order(order_id)) for order_id in call.args["order_ids"]]}
 
 
 async def refund_order(call: Call) -> dict[str, Any]:
@@ -425,6 +441,8 @@ class ToolSpec:
 
 TOOLS: dict[str, ToolSpec] = {
     "get_order": ToolSpec(get_order, False, {"order_id": ORDER_ID}, ("order:{order_id}",)),
+    "get_orders": ToolSpec(get_orders, False, {"order_ids": _list_of(ORDER_ID, max_items=20)},
+                           ("order:{order_ids}",)),
     "refund_order": ToolSpec(refund_order, True, {
         "order_id": ORDER_ID, "amount": _integer(1), "reason": _string(max_len=200)}, ("order:{order_id}",)),
     "reserve_inventory": ToolSpec(reserve_inventory, True, {

@@ -23,6 +23,8 @@ from . import envelope, ingress, logs, openai_front
 from .adapters.http import HttpAdapter, trace_config
 from .adapters.mcp import McpAdapter
 from .audit import Auditor, build_sinks
+from .approvals import ApprovalStore
+from .authorize import Authorizer
 from .config import Config
 from .errors import ProxyError
 from .health import Health
@@ -30,6 +32,7 @@ from .identity import Authenticator
 from .mcp_front import McpFront
 from .metrics import Metrics
 from .pipeline import Pipeline, ToolCallRequest
+from .policy import PolicyClient, RequestFacts, build_input
 from .registry import Registry, load_registry
 from .store import create_pool, key
 from .unknowns import UnknownIndex
@@ -51,6 +54,8 @@ class Runtime:
     audit: Auditor
     unknowns: UnknownIndex
     health: Health
+    policy: PolicyClient
+    approvals: ApprovalStore
 
     async def close(self) -> None:
         await self.pipeline.aclose()
@@ -80,13 +85,21 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
                     metrics)
     unknowns = UnknownIndex(redis, config.redis.key_prefix)
+    policy = PolicyClient(config.opa, session, metrics, registry)
+    approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                        unknowns=unknowns)
+                        unknowns=unknowns, authorizer=Authorizer(policy, approvals))
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
                     unknowns=unknowns)
-    return Runtime(config=config, registry=registry, session=session,
-                   authenticator=Authenticator(config.identity), pipeline=pipeline, metrics=metrics, redis=redis,
-                   audit=audit, unknowns=unknowns, health=health)
+    authenticator = Authenticator(config.identity, config.admin_identity, session)
+    if config.identity.mode == "static":
+        log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
+                    config.identity.static_tenant, config.identity.static_subject)
+    if config.opa.push_catalog:
+        await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
+    return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
+                   pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
+                   policy=policy, approvals=approvals)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -145,9 +158,43 @@ async def post_tool_call(request: web.Request) -> web.Response:
 
 
 async def list_tools(request: web.Request) -> web.Response:
+    """Discovery follows authorization: only the tools this caller may call (OPA, action "list")."""
     runtime = request.app[RUNTIME]
-    await runtime.authenticator.authenticate(request.headers)
-    return json_response({"tools": [tool.listing() for tool in runtime.registry.active()]})
+    caller = await runtime.authenticator.authenticate(request.headers)
+    meta = ingress.request_meta(request, runtime.config)
+    tools = runtime.registry.active()
+    document = build_input("list", caller, RequestFacts(request_id=meta.request_id, trace_id=meta.trace.trace_id),
+                           catalog_digest=runtime.policy.catalog_digest, tools=tools)
+    decision = await runtime.policy.decide(document, budget_s=meta.deadline.remaining())
+    visible = set(decision.visible_tools) if decision.allow else set()
+    return json_response({"tools": [tool.listing() for tool in tools if tool.name in visible]})
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response({"approvals": await runtime.approvals.list_pending(principal)})
+
+
+async def get_approval(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response(await runtime.approvals.get(request.match_info["approval_id"], principal))
+
+
+async def approve(request: web.Request) -> web.Response:
+    return await _decide_approval(request, approve=True)
+
+
+async def deny(request: web.Request) -> web.Response:
+    return await _decide_approval(request, approve=False)
+
+
+async def _decide_approval(request: web.Request, *, approve: bool) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response(await runtime.approvals.decide(request.match_info["approval_id"], principal,
+                                                        approve=approve))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -180,8 +227,12 @@ def agent_app(runtime: Runtime) -> web.Application:
 
 def admin_app(runtime: Runtime) -> web.Application:
     """Approver/operator API on its own listener; every handler authenticates an admin principal."""
-    app = web.Application(middlewares=[envelope_errors])
+    app = web.Application(middlewares=[envelope_errors], client_max_size=64 * 1024)
     app[RUNTIME] = runtime
+    app.router.add_get("/v1/approvals", list_approvals)
+    app.router.add_get(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}", get_approval)
+    app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/approve", approve)
+    app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/deny", deny)
     return app
 
 

@@ -45,6 +45,8 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "policy_unavailable": ErrorSpec("dependency", True, "retry", 503),
     "approval_required": ErrorSpec("authorization", False, "await_approval", 403, expose_to_user=True),
     "approval_mismatch": ErrorSpec("authorization", False, "ask_user", 403, expose_to_user=True),
+    "approval_not_found": ErrorSpec("protocol", False, "stop", 404),
+    "approval_not_pending": ErrorSpec("concurrency", False, "stop", 409),
     # business (the backend refused with a definite answer)
     "business_rejected": ErrorSpec("business", False, "ask_user", 422, expose_to_user=True),
     "rate_limited": ErrorSpec("dependency", True, "retry", 429),

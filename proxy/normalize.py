@@ -76,13 +76,39 @@ def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
 def resource_refs(tool: ToolContract, arguments: Mapping[str, Any]) -> tuple[ResourceRef, ...]:
     refs: dict[str, str] = {}
     for template in tool.resources:
-        rendered = render_template(template.template, arguments)
-        if rendered is None:
-            continue
-        # The stronger access wins when two templates render the same id.
-        previous = refs.get(rendered)
-        refs[rendered] = _stronger(previous, template.access)
+        for rendered in render_all(template.template, arguments):
+            # The stronger access wins when two templates render the same id.
+            previous = refs.get(rendered)
+            refs[rendered] = _stronger(previous, template.access)
     return tuple(sorted(ResourceRef(rid, access) for rid, access in refs.items()))
+
+
+def render_all(template: str, arguments: Mapping[str, Any]) -> list[str]:
+    """Every id a template names: one per element when its placeholder is an array
+    (a batch-like call touches, and is authorized and locked for, every item)."""
+    arrays = [p for p in template_placeholders(template) if isinstance(arguments.get(p), list)]
+    if not arrays:
+        rendered = render_template(template, arguments)
+        return [] if rendered is None else [rendered]
+    if len(arrays) > 1:
+        raise ProxyError("invalid_arguments", "a resource template may expand one array argument only",
+                         details={"path": arrays[1]}, phase="normalize")
+    name = arrays[0]
+    out = []
+    for item in arguments[name]:
+        rendered = render_template(template, {**arguments, name: item})
+        if rendered is not None:
+            out.append(rendered)
+    return out
+
+
+def template_placeholders(template: str) -> list[str]:
+    names, i = [], 0
+    while (start := template.find("{", i)) >= 0:
+        end = template.index("}", start)
+        names.append(template[start + 1:end])
+        i = end + 1
+    return names
 
 
 def render_template(template: str, arguments: Mapping[str, Any]) -> str | None:

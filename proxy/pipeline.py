@@ -18,6 +18,7 @@ from typing import Any, Iterator, Mapping
 from . import envelope, logs
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, digest
+from .authorize import Authorizer
 from .config import Config
 from .deadline import Deadline
 from .decode import decode_arguments
@@ -26,6 +27,7 @@ from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
+from .policy import RequestFacts
 from .registry import Registry, ToolContract
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
@@ -79,6 +81,7 @@ class CallState:
     policy_result: str | None = None          # allow | deny | require_approval (authorize stage)
     policy_reasons: tuple[str, ...] = ()
     decision_id: str | None = None
+    policy_revision: str | None = None
     attempt: int = 1                          # nth execution of this idempotency key
     backend_request_id: str | None = None
     result_hash: str | None = None            # SHA-256 of the canonical verified output
@@ -86,8 +89,9 @@ class CallState:
 
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
-                 metrics: Metrics, audit: Auditor, unknowns: UnknownIndex) -> None:
+                 metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer) -> None:
         self._config = config
+        self._authorizer = authorizer
         self._metrics = metrics
         self._audit = audit
         self._unknowns = unknowns
@@ -159,7 +163,17 @@ class Pipeline:
             arguments = decode_arguments(request.arguments, tool.input_validator)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
-        # Stages still to come in this order: authorize (policy), idempotency, lock.
+        with self._stage(state, "authorize"):
+            meta = request.meta
+            auth = await self._authorizer.authorize(
+                state.caller, tool, normalized,
+                RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
+                             trace_id=meta.trace.trace_id),
+                approval_id=meta.approval_id, budget_s=meta.deadline.remaining())
+            state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision = auth.audit_facts()
+            if auth.error is not None:
+                raise auth.error
+        # Stages still to come in this order: idempotency, lock.
         with self._stage(state, "audit"):
             await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):

@@ -19,6 +19,7 @@ from tests.support.servers import OpaServer, RedisServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POLICIES_DIR = REPO_ROOT / "policies"
+DEMO_OPA_DATA = REPO_ROOT / "examples" / "opa"
 
 
 # ---------------------------------------------------------------------------
@@ -30,13 +31,15 @@ POLICIES_DIR = REPO_ROOT / "policies"
 def opa_server():
     """A real OPA server for the whole session.
 
-    Loads the repo's ``policies/`` directory if it exists (nothing otherwise).
+    Loads the repo's ``policies/`` directory if it exists (nothing otherwise)
+    and the demo data the dev stack uses (``examples/opa/``: roles, resource
+    ownership, thresholds for the demo registry).
     Tests may add policies/data with ``opa_server.put_policy`` /
     ``opa_server.put_data``; use ids/paths unique to the test to avoid
     interfering with others. A test that stops the server must start it again
     (``opa_server.start()``) before finishing.
     """
-    paths = [POLICIES_DIR] if POLICIES_DIR.is_dir() else []
+    paths = [p for p in (POLICIES_DIR, DEMO_OPA_DATA) if p.is_dir()]
     server = OpaServer(paths)
     server.start()
     try:
@@ -90,3 +93,11 @@ def pytest_runtest_makereport(item, call):
 def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(f"audit records validated against schemas/audit-record.schema.json: "
                                 f"{_AUDIT_SEEN['records']} (captured stdout of every test)")
+
+
+@pytest.fixture
+def proxy_deps(opa_server, redis_url):
+    """Config overrides that point an in-process proxy at the session OPA and a flushed Redis."""
+    if not opa_server.running:  # a previous test stopped it
+        opa_server.start()
+    return {"opa.url": opa_server.url, "redis.url": redis_url}

@@ -8,8 +8,8 @@ from tests.support.stack import assert_envelope, running_stack
 
 
 @pytest.fixture
-async def stack():
-    async with running_stack({"listen.max_body_bytes": 4096}) as s:
+async def stack(proxy_deps):
+    async with running_stack({**proxy_deps, "listen.max_body_bytes": 4096}) as s:
         yield s
 
 

@@ -32,6 +32,7 @@ CONTRACTS = {tool["name"]: tool for tool in REGISTRY["tools"]}
 # One valid argument set per tool (acme tenant data).
 GOOD_ARGS: dict[str, dict[str, Any]] = {
     "get_order": {"order_id": "ord_1001"},
+    "get_orders": {"order_ids": ["ord_1001", "ord_1002"]},
     "refund_order": {"order_id": "ord_1001", "amount": 500, "reason": "damaged"},
     "reserve_inventory": {"sku": "sku_widget", "quantity": 2, "order_id": "ord_1001"},
     "get_inventory": {"sku": "sku_widget"},

@@ -18,7 +18,7 @@ from aiohttp import web
 from jsonschema import Draft202012Validator
 
 from examples.demo_backend import DemoState, start_demo_backend
-from proxy.app import Runtime, agent_app, create_runtime, ops_app
+from proxy.app import Runtime, admin_app, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -40,6 +40,8 @@ class Stack:
     runtime: Runtime
     session: aiohttp.ClientSession
     ops_url: str = ""
+    admin_url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every agent request (e.g. Authorization)
     seq: int = field(default=0)
 
     async def call(self, tool: str, arguments: Any, *, call_id: str | None = None,
@@ -55,11 +57,18 @@ class Stack:
                    raw: bytes | None = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]:
         data = raw if raw is not None else json.dumps(body).encode()
         async with self.session.post(self.proxy_url + path, data=data,
-                                     headers={"Content-Type": content_type, **(headers or {})}) as response:
+                                     headers={"Content-Type": content_type, **self.headers,
+                                              **(headers or {})}) as response:
             payload = await response.json(content_type=None)
         if "outcome" in payload:
             assert_envelope(payload)
         return response.status, payload
+
+    async def admin(self, method: str, path: str, token: str | None) -> tuple[int, dict[str, Any]]:
+        """A request to the admin listener (approvals) with an optional bearer token."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        async with self.session.request(method, self.admin_url + path, headers=headers) as response:
+            return response.status, await response.json(content_type=None)
 
     async def fault(self, tool: str, mode: str, **extra: Any) -> None:
         async with self.session.post(self.backend_url + "/_control/faults",
@@ -69,6 +78,8 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def running_stack(overrides: Mapping[str, Any] | None = None) -> AsyncIterator[Stack]:
+    """Overrides must point ``opa.url`` and ``redis.url`` at real servers (the
+    ``proxy_deps`` fixture has both) and may set identity settings."""
     backend_runner, backend_url, state = await start_demo_backend()
     config: Config = load_config(env={}, overrides={
         "backends.services": {"demo": backend_url},
@@ -84,12 +95,17 @@ async def running_stack(overrides: Mapping[str, Any] | None = None) -> AsyncIter
     ops_runner = web.AppRunner(ops_app(runtime))
     await ops_runner.setup()
     await web.TCPSite(ops_runner, "127.0.0.1", 0).start()
+    admin_runner = web.AppRunner(admin_app(runtime))
+    await admin_runner.setup()
+    await web.TCPSite(admin_runner, "127.0.0.1", 0).start()
     session = aiohttp.ClientSession()
     try:
         yield Stack(proxy_url=f"http://127.0.0.1:{port}", backend_url=backend_url, backend=state,
-                    runtime=runtime, session=session, ops_url=f"http://127.0.0.1:{ops_runner.addresses[0][1]}")
+                    runtime=runtime, session=session, ops_url=f"http://127.0.0.1:{ops_runner.addresses[0][1]}",
+                    admin_url=f"http://127.0.0.1:{admin_runner.addresses[0][1]}")
     finally:
         await session.close()
+        await admin_runner.cleanup()
         await ops_runner.cleanup()
         await runner.cleanup()
         await runtime.close()

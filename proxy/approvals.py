@@ -1,0 +1,302 @@
+"""Human approvals (seed 000 section 3.4) in Redis.
+
+Owns: the approval record — bound to subject, tenant, tool, tool version,
+``args_hash``, risk and expiry — its life cycle (pending -> approved | denied,
+approved -> used once), the checks on a re-submission with ``X-Approval-Id``,
+the atomic single-use consumption (Lua, one key, so it holds on Redis Cluster
+and under concurrent re-submits), the approver's list/approve/deny, and the
+approval metrics. Must never: let the requester approve their own call, let an
+approval of one call authorize another (other arguments, tool, version,
+subject or tenant), be used twice, or store sensitive argument values in the
+summary shown to approvers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import redis.asyncio as redis_async
+from redis.exceptions import RedisError
+
+from .audit import Auditor
+from .config import ApprovalsConfig
+from .errors import ProxyError
+from .identity import AdminPrincipal, Caller
+from .metrics import Metrics
+from .normalize import NormalizedCall
+from .registry import ToolContract
+from .store import key
+
+log = logging.getLogger("toolproxy.approvals")
+
+REDACTED = "[redacted]"
+RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
+
+# Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
+# consume ("1" marks it used), used_by. Returns {verdict} or {"ok"}.
+_CHECK = """
+local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'tool', 'tool_version', 'args_hash',
+                     'expires_at_ms', 'used_at_ms')
+if not f[1] or f[2] ~= ARGV[2] then return 'not_found' end
+if f[1] == 'pending' then return 'pending' end
+if f[1] == 'denied' then return 'denied' end
+if f[8] then return 'used' end
+if tonumber(f[7]) <= tonumber(ARGV[1]) then return 'expired' end
+if f[3] ~= ARGV[3] or f[4] ~= ARGV[4] or f[5] ~= ARGV[5] or f[6] ~= ARGV[6] then return 'mismatch' end
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[1], 'used_at_ms', ARGV[1], 'used_by', ARGV[8])
+end
+return 'ok'
+"""
+
+# KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any).
+_DECIDE = """
+local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms')
+if not f[1] or (ARGV[4] ~= '' and f[2] ~= ARGV[4]) then return 'not_found' end
+if f[3] == ARGV[3] then return 'self_approval' end
+if f[1] ~= 'pending' then return 'not_pending' end
+if tonumber(f[4]) <= tonumber(ARGV[1]) then return 'expired' end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1])
+return 'ok'
+"""
+
+_FIELDS = ("id", "status", "subject", "tenant", "tool", "tool_version", "args_hash", "risk", "reasons",
+           "summary", "created_at_ms", "expires_at_ms", "approver", "decided_at_ms", "used_at_ms")
+
+
+@dataclass(frozen=True)
+class Approval:
+    id: str
+    status: str
+    subject: str
+    tenant: str
+    tool: str
+    tool_version: str
+    args_hash: str
+    risk: str
+    expires_at_ms: int
+    approver: str | None
+
+    def policy_input(self) -> dict[str, Any]:
+        """``input.approval`` for OPA."""
+        return {"id": self.id, "status": self.status, "subject": self.subject, "tenant": self.tenant,
+                "tool": self.tool, "tool_version": self.tool_version, "args_hash": self.args_hash,
+                "risk": self.risk, "approver": self.approver or "", "expires_at_ms": self.expires_at_ms}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def redacted_arguments(tool: ToolContract, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Arguments as an approver sees them: the contract's sensitive fields masked."""
+    shown = json.loads(json.dumps(arguments))
+    for path in tool.sensitive_fields:
+        node: Any = shown
+        parts = path.split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and parts[-1] in node:
+            node[parts[-1]] = REDACTED
+    return shown
+
+
+def _unavailable() -> ProxyError:
+    return ProxyError("dependency_unavailable", "The approval store is unavailable; nothing was done.",
+                      details={"dependency": "redis"}, phase="authorize")
+
+
+def _mismatch(reason: str, approval_id: str) -> ProxyError:
+    messages = {
+        "not_found": "The approval does not exist for this caller.",
+        "denied": "The approval was denied.",
+        "expired": "The approval has expired; ask for a new one.",
+        "used": "The approval was already used; each approval authorizes one call.",
+        "mismatch": "The approval was given for a different call (tool, version or arguments changed).",
+    }
+    return ProxyError("approval_mismatch", messages[reason], details={"approval_id": approval_id,
+                                                                       "reason": reason}, phase="authorize")
+
+
+class ApprovalStore:
+    def __init__(self, redis: redis_async.Redis, config: ApprovalsConfig, metrics: Metrics,
+                 prefix: str, audit: Auditor) -> None:
+        self._redis = redis
+        self._audit = audit
+        self._config = config
+        self._metrics = metrics
+        self._prefix = prefix
+        self._check = redis.register_script(_CHECK)
+        self._decide = redis.register_script(_DECIDE)
+
+    def _key(self, approval_id: str) -> str:
+        # The id is the hash tag: every command on one approval touches one slot.
+        return key(self._prefix, "approval", approval_id)
+
+    @property
+    def _pending_index(self) -> str:
+        return key(self._prefix, "approvals", "pending")
+
+    # -- the agent side ---------------------------------------------------------------
+    async def create(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, *, risk: str,
+                     reasons: tuple[str, ...]) -> tuple[str, int]:
+        """A pending approval bound to exactly this call; returns (id, expires_at_ms)."""
+        approval_id = "apr_" + secrets.token_hex(12)
+        created = now_ms()
+        expires = created + self._config.ttl_s * 1000
+        summary = {"arguments": redacted_arguments(tool, normalized.arguments),
+                   "resources": [r.id for r in normalized.resources]}
+        record = {"id": approval_id, "status": "pending", "subject": caller.subject, "tenant": caller.tenant,
+                  "agent": caller.agent, "tool": tool.name, "tool_version": tool.version,
+                  "args_hash": normalized.args_hash, "risk": risk, "reasons": json.dumps(list(reasons)),
+                  "summary": json.dumps(summary), "created_at_ms": created, "expires_at_ms": expires}
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.hset(self._key(approval_id), mapping=record)
+                pipe.pexpireat(self._key(approval_id), expires + RETAIN_AFTER_EXPIRY_MS)
+                await pipe.execute()
+            await self._redis.zadd(self._pending_index, {approval_id: expires})
+        except RedisError:
+            raise _unavailable() from None
+        self._metrics.approvals.labels("created").inc()
+        await self._update_pending_gauge()
+        await self._audit.record("approval", approval_id=approval_id, tool=tool.name, tool_version=tool.version,
+                                 tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+                                 args_hash=normalized.args_hash,
+                                 details={"state": "created", "risk": risk, "reasons": list(reasons),
+                                          "expires_at_ms": expires})
+        return approval_id, expires
+
+    async def presented(self, approval_id: str, caller: Caller, tool: ToolContract,
+                        normalized: NormalizedCall) -> Approval:
+        """The approval sent with X-Approval-Id, checked (not consumed) against this call."""
+        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=False)
+        if verdict == "pending":
+            raise ProxyError("approval_required", "The approval is still waiting for a decision.",
+                             details={"approval_id": approval_id}, phase="authorize")
+        if verdict != "ok":
+            self._metrics.approvals.labels("expired" if verdict == "expired" else "mismatch").inc()
+            raise _mismatch(verdict, approval_id)
+        try:
+            raw = await self._redis.hgetall(self._key(approval_id))
+        except RedisError:
+            raise _unavailable() from None
+        record = {k.decode(): v.decode() for k, v in raw.items()}
+        return Approval(id=approval_id, status=record["status"], subject=record["subject"],
+                        tenant=record["tenant"], tool=record["tool"], tool_version=record["tool_version"],
+                        args_hash=record["args_hash"], risk=record["risk"],
+                        expires_at_ms=int(record["expires_at_ms"]), approver=record.get("approver"))
+
+    async def consume(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                      *, used_by: str) -> None:
+        """Mark the approval used, atomically with all its checks: one call per approval."""
+        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=True, used_by=used_by)
+        if verdict != "ok":
+            self._metrics.approvals.labels("mismatch").inc()
+            raise _mismatch(verdict if verdict != "pending" else "mismatch", approval_id)
+        self._metrics.approvals.labels("consumed").inc()
+        await self._audit.record("approval", approval_id=approval_id, tool=tool.name, tool_version=tool.version,
+                                 tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+                                 args_hash=normalized.args_hash, details={"state": "consumed"})
+
+    async def _run_check(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                         *, consume: bool, used_by: str = "") -> str:
+        try:
+            verdict = await self._check(keys=[self._key(approval_id)], args=[
+                now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
+                "1" if consume else "0", used_by])
+        except RedisError:
+            raise _unavailable() from None
+        return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+
+    # -- the approver side (admin listener) --------------------------------------------
+    async def list_pending(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
+        now = now_ms()
+        try:
+            await self._redis.zremrangebyscore(self._pending_index, "-inf", now)
+            ids = await self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
+                                                  num=self._config.max_list)
+            records = [await self._record(i.decode()) for i in ids]
+        except RedisError:
+            raise _unavailable() from None
+        await self._update_pending_gauge()
+        return [self._view(r) for r in records
+                if r and r["status"] == "pending" and self._visible_to(principal, r)]
+
+    async def get(self, approval_id: str, principal: AdminPrincipal) -> dict[str, Any]:
+        try:
+            record = await self._record(approval_id)
+        except RedisError:
+            raise _unavailable() from None
+        if not record or not self._visible_to(principal, record):
+            raise _not_found(approval_id)
+        return self._view(record)
+
+    async def decide(self, approval_id: str, principal: AdminPrincipal, *, approve: bool) -> dict[str, Any]:
+        status = "approved" if approve else "denied"
+        # No decision takes effect unaudited: the record comes first (audit_unavailable stops it).
+        await self._audit.record("approval", critical=True, approval_id=approval_id,
+                                 details={"state": status, "approver": principal.subject,
+                                          "approver_tenant": principal.tenant})
+        try:
+            verdict = await self._decide(keys=[self._key(approval_id)], args=[
+                now_ms(), status, principal.subject, principal.tenant or ""])
+            verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+            if verdict == "ok":
+                await self._redis.zrem(self._pending_index, approval_id)
+        except RedisError:
+            raise _unavailable() from None
+        if verdict != "ok":
+            await self._audit.record("approval", approval_id=approval_id,
+                                     details={"state": "refused", "reason": verdict, "approver": principal.subject})
+        if verdict == "not_found":
+            raise _not_found(approval_id)
+        if verdict == "self_approval":
+            raise ProxyError("forbidden", "An approver cannot decide on their own request.",
+                             details={"approval_id": approval_id, "reason": "self_approval"}, phase="approval")
+        if verdict != "ok":
+            raise ProxyError("approval_not_pending", "The approval is no longer waiting for a decision.",
+                             details={"approval_id": approval_id, "reason": verdict}, phase="approval")
+        self._metrics.approvals.labels(status).inc()
+        await self._update_pending_gauge()
+        log.info("approval %s %s by %s", approval_id, status, principal.subject)
+        return await self.get(approval_id, principal)
+
+    async def _record(self, approval_id: str) -> dict[str, str] | None:
+        raw = await self._redis.hgetall(self._key(approval_id))
+        return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
+
+    @staticmethod
+    def _visible_to(principal: AdminPrincipal, record: Mapping[str, str]) -> bool:
+        return principal.tenant is None or principal.tenant == record.get("tenant")
+
+    @staticmethod
+    def _view(record: Mapping[str, str]) -> dict[str, Any]:
+        expires = int(record["expires_at_ms"])
+        status = record["status"]
+        if status in {"pending", "approved"} and expires <= now_ms() and "used_at_ms" not in record:
+            status = "expired"
+        elif "used_at_ms" in record:
+            status = "used"
+        return {"id": record["id"], "status": status, "subject": record["subject"], "tenant": record["tenant"],
+                "tool": record["tool"], "tool_version": record["tool_version"], "risk": record["risk"],
+                "args_hash": record["args_hash"], "reasons": json.loads(record.get("reasons", "[]")),
+                **json.loads(record.get("summary", "{}")),
+                "created_at_ms": int(record["created_at_ms"]), "expires_at_ms": expires,
+                "approver": record.get("approver")}
+
+    async def _update_pending_gauge(self) -> None:
+        try:
+            self._metrics.pending_approvals.set(await self._redis.zcount(self._pending_index, now_ms(), "+inf"))
+        except RedisError:
+            pass  # the gauge is refreshed on the next approval event
+
+
+def _not_found(approval_id: str) -> ProxyError:
+    return ProxyError("approval_not_found", "No such approval.", details={"approval_id": approval_id},
+                      phase="approval")

@@ -1,0 +1,93 @@
+"""Authorize stage: may this normalized call run, now, for this caller?
+
+Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient
+AND ApprovalSatisfied, recomputed at execution time for every call (seed 004).
+
+Owns: the order of the authorization steps — check a presented approval
+(``approvals``), ask OPA once with it (``policy``), then either consume the
+approval atomically (allow), open a new pending approval (require_approval)
+or refuse (deny) — and what of the decision stays with the call for the audit
+trail. Must never: decide without OPA, show the policy's reasons to the model,
+or let anything from the tool arguments stand in for identity or approval.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from dataclasses import dataclass
+
+from .approvals import ApprovalStore
+from .envelope import iso
+from .errors import ProxyError
+from .identity import Caller
+from .normalize import NormalizedCall
+from .policy import Decision, PolicyClient, RequestFacts, build_input
+from .registry import ToolContract
+
+log = logging.getLogger("toolproxy.authorize")
+
+
+@dataclass(frozen=True)
+class Authorization:
+    """What the authorize stage established; kept on the call for the audit record."""
+
+    decision: Decision | None
+    approval_id: str | None = None   # consumed by this call, or created for it
+    error: ProxyError | None = None
+
+    def audit_facts(self) -> tuple[str | None, tuple[str, ...], str | None, str | None]:
+        """(policy result, reasons, OPA decision id, policy revision) for the call's audit record.
+        The result is "error" when OPA could not decide, None when no decision was asked for
+        (a presented approval was refused first)."""
+        d = self.decision
+        if d is not None:
+            return d.result, d.reasons, d.decision_id, d.policy_revision
+        failed = self.error is not None and self.error.phase == "authorize" and \
+            self.error.code in {"policy_unavailable", "forbidden", "timeout_not_started"}
+        return ("error" if failed else None), (), None, None
+
+
+class Authorizer:
+    def __init__(self, policy: PolicyClient, approvals: ApprovalStore) -> None:
+        self._policy = policy
+        self._approvals = approvals
+
+    async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                        request: RequestFacts, *, approval_id: str | None,
+                        budget_s: float | None) -> Authorization:
+        try:
+            return await self._authorize(caller, tool, normalized, request, approval_id, budget_s)
+        except ProxyError as error:
+            return Authorization(decision=None, approval_id=approval_id, error=error)
+
+    async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                         request: RequestFacts, approval_id: str | None, budget_s: float | None) -> Authorization:
+        approval = None
+        if approval_id is not None:
+            approval = await self._approvals.presented(approval_id, caller, tool, normalized)
+        document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
+                               normalized=normalized,
+                               approval=approval.policy_input() if approval is not None else None)
+        decision = await self._policy.decide(document, budget_s=budget_s)
+        details = {"decision_id": decision.decision_id} if decision.decision_id else {}
+        if decision.allow:
+            if approval_id is not None:
+                # Single use: a concurrent re-submission of the same approval loses here.
+                await self._approvals.consume(approval_id, caller, tool, normalized,
+                                              used_by=f"{request.request_id}:{secrets.token_hex(4)}")
+            return Authorization(decision=decision, approval_id=approval_id)
+        if decision.require_approval:
+            new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,
+                                                           reasons=decision.reasons)
+            error = ProxyError("approval_required", "This call needs a person's approval before it can run. "
+                               "Re-submit the same call with the X-Approval-Id header once it is approved.",
+                               details={**details, "approval_id": new_id, "expires_at": iso(expires / 1000),
+                                        "risk": decision.risk}, phase="authorize")
+            return Authorization(decision=decision, approval_id=new_id, error=error)
+        log.info("call denied by policy", extra={"request_id": request.request_id, "tool": tool.name,
+                                                 "reasons": list(decision.reasons)})
+        # Reasons stay in the audit trail (audit_facts); the model learns only "forbidden".
+        error = ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
+                           phase="authorize")
+        return Authorization(decision=decision, approval_id=approval_id, error=error)

@@ -1,0 +1,211 @@
+"""Policy decisions: the OPA input document, the query, and the decision.
+
+Owns: building the OPA input (``schemas/opa-input.schema.json``) in exactly
+one place (``build_input``), one POST per decision to OPA's Data API through
+the shared ``aiohttp`` session with its own short timeout, validating the
+decision document (``schemas/opa-decision.schema.json``), the tool catalog
+pushed into OPA (``data.toolproxy.catalog``) and its digest, and the policy
+metrics. Must never: allow when OPA is unreachable, slow, erroring, answers
+nothing or answers something malformed (fail closed), decide anything itself,
+or put identity taken from tool arguments into the input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import aiohttp
+from jsonschema import Draft202012Validator
+
+from .config import OpaConfig
+from .errors import ProxyError
+from .identity import Caller
+from .metrics import Metrics
+from .normalize import NormalizedCall, canonical_json, sha256_hex
+from .registry import Registry, ToolContract, load_schema
+
+log = logging.getLogger("toolproxy.policy")
+
+CATALOG_PATH = "toolproxy/catalog"
+
+
+@dataclass(frozen=True)
+class Decision:
+    allow: bool
+    require_approval: bool
+    reasons: tuple[str, ...]
+    risk: str
+    policy_revision: str | None = None
+    decision_id: str | None = None
+    visible_tools: tuple[str, ...] = ()
+
+    @property
+    def result(self) -> str:
+        return "allow" if self.allow else "require_approval" if self.require_approval else "deny"
+
+
+@dataclass(frozen=True)
+class RequestFacts:
+    """The transport facts a policy may see (no headers, no bodies)."""
+
+    request_id: str
+    call_id: str | None = None
+    run_id: str | None = None
+    trace_id: str | None = None
+
+
+def catalog_document(registry: Registry) -> dict[str, Any]:
+    """What ``toolproxy opa-data`` prints and the proxy PUTs at ``data.toolproxy.catalog``."""
+    tools: dict[str, dict[str, Any]] = {}
+    for tool in registry.all():
+        tools.setdefault(tool.name, {})[tool.version] = {**tool.summary(), "status": tool.status}
+    return {"digest": sha256_hex(canonical_json(tools)), "tools": tools}
+
+
+def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_digest: str,
+                tool: ToolContract | None = None, normalized: NormalizedCall | None = None,
+                approval: Mapping[str, Any] | None = None,
+                tools: Iterable[ToolContract] = ()) -> dict[str, Any]:
+    """The OPA input document; the only place it is built."""
+    document: dict[str, Any] = {
+        "action": action,
+        "subject": {"id": caller.subject, "tenant": caller.tenant, "roles": list(caller.roles),
+                    "scopes": list(caller.scopes), "source": caller.source},
+        "agent": {"id": caller.agent},
+        "catalog_digest": catalog_digest,
+        "request": {"request_id": request.request_id, "call_id": request.call_id, "run_id": request.run_id,
+                    "trace_id": request.trace_id},
+    }
+    if action == "call":
+        assert tool is not None and normalized is not None
+        summary = tool.summary()
+        document.update({
+            "tool": {k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
+                                             "idempotency_required")},
+            "arguments": dict(normalized.arguments),
+            "args_hash": normalized.args_hash,
+            "resources": [{"id": r.id, "kind": r.id.partition(":")[0], "access": r.access}
+                          for r in normalized.resources],
+            "approval": dict(approval) if approval is not None else None,
+        })
+    else:
+        document["tools"] = [{"name": t.name, "version": t.version, "mode": t.mode, "risk": t.risk}
+                             for t in tools]
+    return document
+
+
+class PolicyClient:
+    """Asks OPA; keeps OPA's copy of the tool catalog current."""
+
+    def __init__(self, config: OpaConfig, session: aiohttp.ClientSession, metrics: Metrics,
+                 registry: Registry) -> None:
+        self._config = config
+        self._session = session
+        self._metrics = metrics
+        self._catalog = catalog_document(registry)
+        self._url = config.url.rstrip("/") + "/v1/data/" + config.decision_path.strip("/")
+        self._timeout_s = config.timeout_ms / 1000.0
+        self._validator = Draft202012Validator(load_schema("opa-decision.schema.json"))
+        self._push_lock = asyncio.Lock()
+        self._pushed_mono = 0.0
+
+    @property
+    def catalog_digest(self) -> str:
+        return self._catalog["digest"]
+
+    async def push_catalog(self) -> bool:
+        """PUT the catalog at data.toolproxy.catalog; False (logged) if OPA refused or is away."""
+        url = self._config.url.rstrip("/") + "/v1/data/" + CATALOG_PATH
+        try:
+            async with asyncio.timeout(max(self._timeout_s, 2.0)):
+                async with self._session.put(url, data=json.dumps(self._catalog),
+                                             headers={"Content-Type": "application/json"},
+                                             allow_redirects=False) as response:
+                    ok = response.status == 204 or response.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            ok = False
+        if ok:
+            self._pushed_mono = time.monotonic()
+            log.info("tool catalog loaded into OPA (digest %s)", self.catalog_digest[:12])
+        else:
+            log.warning("could not load the tool catalog into OPA; decisions fail closed until it is")
+        return ok
+
+    async def decide(self, document: Mapping[str, Any], *, budget_s: float | None = None) -> Decision:
+        started = time.monotonic()
+        decision = await self._query(document, budget_s)
+        if not decision[1] and self._config.push_catalog:
+            # OPA lost the catalog (restarted) or holds another one: load ours, ask once more.
+            await self._reload_catalog(started)
+            decision = await self._query(document, _left(budget_s, started))
+            if not decision[1]:
+                self._fail("catalog_missing")
+        self._metrics.policy_decisions.labels(decision[0].result).inc()
+        return decision[0]
+
+    async def _reload_catalog(self, asked_at: float) -> None:
+        async with self._push_lock:
+            if self._pushed_mono > asked_at:
+                return  # another call reloaded it meanwhile
+            await self.push_catalog()
+
+    async def _query(self, document: Mapping[str, Any], budget_s: float | None) -> tuple[Decision, bool]:
+        timeout = self._timeout_s if budget_s is None else min(self._timeout_s, budget_s)
+        if timeout <= 0:
+            raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
+                             phase="authorize")
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                async with self._session.post(self._url, data=json.dumps({"input": document}),
+                                              headers={"Content-Type": "application/json"},
+                                              allow_redirects=False) as response:
+                    status = response.status
+                    body = await response.read()
+        except TimeoutError:
+            self._fail("timeout", started)
+        except (aiohttp.ClientError, OSError):
+            self._fail("unreachable", started)
+        self._metrics.opa_duration.observe(time.monotonic() - started)
+        if status != 200:
+            self._fail("http_error")
+        self._metrics.dependency_up.labels("opa").set(1)
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            self._fail("bad_decision")
+        result = payload.get("result") if isinstance(payload, dict) else None
+        if result is None:
+            self._fail("undefined")
+        if not self._validator.is_valid(result):
+            self._fail("bad_decision")
+        decision = Decision(
+            allow=result["allow"], require_approval=result["require_approval"],
+            reasons=tuple(result["reasons"]), risk=result.get("risk", "unknown"),
+            policy_revision=result.get("policy_revision"), decision_id=payload.get("decision_id"),
+            visible_tools=tuple(result.get("visible_tools", ())))
+        return decision, result.get("catalog_current", True)
+
+    def _fail(self, reason: str, started: float | None = None) -> Any:
+        """Fail closed. Unavailable, slow or undefined: retryable; a malformed decision: forbidden."""
+        if started is not None:
+            self._metrics.opa_duration.observe(time.monotonic() - started)
+        self._metrics.opa_errors.labels(reason).inc()
+        self._metrics.policy_decisions.labels("error").inc()
+        if reason in {"timeout", "unreachable", "http_error"}:
+            self._metrics.dependency_up.labels("opa").set(0)
+        log.warning("policy decision failed closed: %s", reason)
+        if reason == "bad_decision":
+            raise ProxyError("forbidden", "The call is not permitted.", details={"reason": "policy_error"},
+                             phase="authorize")
+        raise ProxyError("policy_unavailable", "The policy service could not decide; nothing was done.",
+                         details={"reason": reason}, phase="authorize")
+
+
+def _left(budget_s: float | None, started: float) -> float | None:
+    return None if budget_s is None else budget_s - (time.monotonic() - started)

@@ -70,7 +70,9 @@ class Authorizer:
                                normalized=normalized,
                                approval=approval.policy_input() if approval is not None else None)
         decision = await self._policy.decide(document, budget_s=budget_s)
-        details = {"decision_id": decision.decision_id} if decision.decision_id else {}
+        # Opaque references for support and audit; the reasons never leave the proxy.
+        details = {k: v for k, v in (("decision_id", decision.decision_id),
+                                     ("policy_revision", decision.policy_revision)) if v}
         if decision.allow:
             if approval_id is not None:
                 # Single use: a concurrent re-submission of the same approval loses here.

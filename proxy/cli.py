@@ -1,4 +1,4 @@
-"""Command line: ``toolproxy run | dev | check-registry | config-reference | import-mcp``.
+"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import signal
 import sys
 from typing import Sequence
@@ -36,9 +37,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--opa-port", type=int, default=8181, help="OPA port (default 8181)")
     dev.add_argument("--redis-port", type=int, default=6390, help="Redis port (default 6390)")
     dev.add_argument("--backend-port", type=int, default=8790, help="demo backend port (default 8790)")
+    dev.add_argument("--policies", default=None,
+                     help="Rego directory OPA serves and watches (default: the repo's policies/)")
+    dev.add_argument("--opa-data", default=None,
+                     help="OPA data directory for the demo (default: the repo's examples/opa/)")
 
     check = sub.add_parser("check-registry", help="validate registry files without starting anything")
     check.add_argument("paths", nargs="+", help="registry YAML files or directories")
+
+    opa_data = sub.add_parser(
+        "opa-data", help="print the registry's tool catalog as OPA data (data.toolproxy.catalog)",
+        description="Print the tool catalog the proxy loads into OPA at start-up, for shipping it in a "
+                    "bundle or ConfigMap instead (save it as toolproxy/catalog/data.json in the bundle and "
+                    "set opa.push_catalog=false).")
+    opa_data.add_argument("--registry", nargs="+", required=True, help="registry YAML files or directories")
 
     sub.add_parser("config-reference", help="print every setting with its env variable, default and help")
 
@@ -59,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-registry":
         return check_registry(args.paths)
+    if args.command == "opa-data":
+        return print_opa_data(args.registry)
     if args.command == "config-reference":
         for key, env, default, help_ in describe():
             print(f"{key}\t{env}\t{default!r}\t{help_}")
@@ -93,6 +107,17 @@ def import_mcp(args: argparse.Namespace) -> int:
         return 1
     sys.stdout.write(draft(tools, url=args.url, service=args.service, path=args.path, prefix=args.prefix))
     print(f"import-mcp: drafted {len(tools)} tool(s); resolve every REVIEW line before use", file=sys.stderr)
+    return 0
+
+
+def print_opa_data(paths: Sequence[str]) -> int:
+    from .policy import catalog_document
+    try:
+        registry = load_registry(paths)
+    except RegistryError as exc:
+        print(f"registry invalid: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(catalog_document(registry), indent=2, sort_keys=True))
     return 0
 
 

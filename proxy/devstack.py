@@ -1,6 +1,7 @@
 """``toolproxy dev``: a local stack of real parts on loopback.
 
-Owns: starting a real ``opa`` server (watching ``policies/``), a real
+Owns: starting a real ``opa`` server (watching ``policies/`` and the demo
+data in ``examples/opa/``: roles, resource ownership, thresholds), a real
 ``redis-server``, the demo tool backend and the proxy; printing endpoints and
 sample requests; stopping every child on Ctrl-C/SIGTERM. Must never: be used
 in production (the demo backend exposes a fault-control API).
@@ -87,7 +88,9 @@ def run_dev(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     try:
-        opa = start(opa_command(args.opa_port, [str(REPO / "policies")]))
+        policies = Path(args.policies) if args.policies else REPO / "policies"
+        opa_data = Path(args.opa_data) if args.opa_data else REPO / "examples" / "opa"
+        opa = start(opa_command(args.opa_port, [str(policies), str(opa_data)]))
         redis = start(redis_command(args.redis_port, workdir), stdout=subprocess.DEVNULL)
         backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port)])
         wait_http(f"http://127.0.0.1:{args.opa_port}/health", 20, opa)
@@ -101,6 +104,11 @@ def run_dev(args: argparse.Namespace) -> int:
             "registry.paths": [str(REPO / "examples" / "registry")],
         }
         config = load_config(args.config, overrides=overrides)
+        approver_token = None
+        jwt_admin = config.admin_identity.jwt
+        if not (jwt_admin.jwks_file or jwt_admin.jwks_url or jwt_admin.public_key_file or jwt_admin.hmac_secret_file):
+            overrides["admin_identity.jwt"], approver_token = _dev_approver(Path(workdir))
+            config = load_config(args.config, overrides=overrides)
     except (ConfigError, RegistryError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
         print(f"toolproxy dev: {exc}", file=sys.stderr)
         stop_all()
@@ -109,7 +117,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from .app import serve
     from .cli import setup_logging
     setup_logging(config.log.level, config.log.format)
-    _print_banner(args)
+    _print_banner(args, approver_token)
 
     async def main_async() -> None:
         stop = asyncio.Event()
@@ -156,14 +164,40 @@ def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
     raise TimeoutError("redis-server did not become ready")
 
 
-def _print_banner(args: argparse.Namespace) -> None:
+def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
+    """A throw-away HS256 secret for the dev stack's admin listener and an approver token for it."""
+    import secrets
+
+    import jwt
+
+    secret = secrets.token_hex(32)
+    path = workdir / "dev-approver-secret"
+    path.write_text(secret)
+    now = int(time.time())
+    token = jwt.encode({"iss": "toolproxy-dev", "aud": "toolproxy-admin", "sub": "dev-approver",
+                        "roles": ["approver"], "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
+    return {"hmac_secret_file": str(path), "algorithms": ["HS256"], "issuer": "toolproxy-dev",
+            "audience": "toolproxy-admin"}, token
+
+
+def _print_banner(args: argparse.Namespace, approver_token: str | None) -> None:
+    a = args.admin_port
+    approvals = f"""
+approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only):
+  curl -s -X POST http://127.0.0.1:{args.proxy_port}/v1/tool-calls -H 'Content-Type: application/json' \\
+       -d '{{"call_id":"c3","tool":"refund_order","arguments":{{"order_id":"ord_1001","amount":6000,"reason":"dup"}}}}'
+  export APPROVER='{approver_token}'
+  curl -s http://127.0.0.1:{a}/v1/approvals -H "Authorization: Bearer $APPROVER"
+  curl -s -X POST http://127.0.0.1:{a}/v1/approvals/<approval_id>/approve -H "Authorization: Bearer $APPROVER"
+  # then re-send the refund with -H 'X-Approval-Id: <approval_id>'
+""" if approver_token else ""
     p = args.proxy_port
     print(f"""
 toolproxy dev stack is up (Ctrl-C stops everything)
   agent API     http://127.0.0.1:{p}/v1/tool-calls   (GET /v1/tools lists contracts)
   admin API     http://127.0.0.1:{args.admin_port}
   metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
-  OPA           http://127.0.0.1:{args.opa_port}   (watching policies/)
+  OPA           http://127.0.0.1:{args.opa_port}   (watching policies/ and examples/opa/: edits apply live)
   Redis         redis://127.0.0.1:{args.redis_port}/0
   demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)
 
@@ -172,4 +206,4 @@ try:
        -d '{{"call_id":"c1","tool":"get_order","arguments":{{"order_id":"ord_1001"}}}}'
   curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
        -d '{{"call_id":"c2","tool":"refund_order","arguments":"{{\\"order_id\\":\\"ord_1001\\",\\"amount\\":\\"100\\",\\"reason\\":\\"dup\\"}}"}}'
-""", flush=True)
+{approvals}""", flush=True)

@@ -154,6 +154,8 @@ class JwtVerifier:
             algorithms = [a for a in algorithms if a in HMAC_ALGORITHMS]
         if not algorithms:
             raise ValueError("no usable JWT algorithm configured")
+        if not config.issuer:
+            log.warning("JWT issuer is not configured: tokens of any issuer signed by the configured keys pass")
         self._config = config
         self._algorithms = algorithms
         self._keys = KeySource(config, session)

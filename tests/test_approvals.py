@@ -9,6 +9,7 @@ import pytest
 
 from proxy.approvals import now_ms
 from proxy.store import key
+from tests.support.audit import audit_records
 from tests.support.stack import running_stack
 from tests.support.tokens import Issuer, jwt_overrides
 
@@ -49,7 +50,7 @@ async def request_approval(stack, arguments=BIG_REFUND, headers=None) -> str:
     return env["error"]["details"]["approval_id"]
 
 
-async def test_refund_above_threshold_needs_approval_then_runs_once(stack, approver):
+async def test_refund_above_threshold_needs_approval_then_runs_once(stack, approver, capsys):
     approval_id = await request_approval(stack)
     assert stack.backend.effect_counts().get("refund_order", 0) == 0
 
@@ -77,6 +78,17 @@ async def test_refund_above_threshold_needs_approval_then_runs_once(stack, appro
     assert sample(stack, "toolproxy_approvals_total", {"state": "created"}) == 1
     assert sample(stack, "toolproxy_approvals_total", {"state": "approved"}) == 1
     assert sample(stack, "toolproxy_approvals_total", {"state": "consumed"}) == 1
+
+    records = audit_records(capsys.readouterr().out)
+    events = [r["details"]["state"] for r in records if r["kind"] == "approval"]
+    assert events == ["created", "approved", "consumed"]
+    calls = [r for r in records if r["kind"] == "tool_call"]
+    # The spent approval is refused before OPA is asked: that call has no policy result.
+    assert [c.get("policy", {}).get("result") for c in calls] == ["require_approval", "allow", None]
+    assert calls[2]["error_code"] == "approval_mismatch"
+    assert calls[0]["policy"]["reasons"] == ["amount_over_threshold"]
+    assert calls[1]["policy"]["policy_revision"] == "demo-1"
+    assert calls[1]["approval_id"] == approval_id
 
 
 async def test_approval_for_100_does_not_cover_10000(stack, approver, issuers):

@@ -37,8 +37,8 @@ def test_long_strings_and_long_arrays_are_truncated():
 
 
 @pytest.fixture
-async def stack():
-    async with running_stack() as s:
+async def stack(proxy_deps):
+    async with running_stack(proxy_deps) as s:
         yield s
 
 
@@ -108,8 +108,8 @@ async def test_other_stages_record_their_events(stack, capsys):
         await audit.record("whatever", details={})
 
 
-async def test_redis_stream_sink_is_bounded(redis_url):
-    async with running_stack({"redis.url": redis_url, "audit.sinks": ["stdout", "redis"],
+async def test_redis_stream_sink_is_bounded(redis_url, proxy_deps):
+    async with running_stack({**proxy_deps, "audit.sinks": ["stdout", "redis"],
                               "audit.stream_maxlen": 10}) as stack:
         for i in range(3):
             await stack.call("get_order", {"order_id": "ord_1001"}, call_id=f"c{i}")
@@ -127,9 +127,9 @@ async def test_redis_stream_sink_is_bounded(redis_url):
             await client.aclose()
 
 
-async def test_dead_sink_stops_a_write_before_its_side_effect():
+async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server):
     dead = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
-    async with running_stack({"redis.url": dead, "audit.sinks": ["redis"]}) as stack:
+    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"]}) as stack:
         status, env = await stack.call("refund_order", REFUND)
         assert status == 503 and env["error"]["code"] == "audit_unavailable"
         assert env["error"]["phase"] == "audit"
@@ -145,9 +145,9 @@ async def test_dead_sink_stops_a_write_before_its_side_effect():
         assert failures == 3  # the write's intent and final record, the read's record
 
 
-async def test_fail_open_writes_go_on_and_fail_closed_reads_stop():
+async def test_fail_open_writes_go_on_and_fail_closed_reads_stop(opa_server):
     dead = "redis://127.0.0.1:9/0"
-    async with running_stack({"redis.url": dead, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
+    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
                               "audit.on_failure_read": "fail_closed"}) as stack:
         status, env = await stack.call("refund_order", REFUND)
         assert status == 200 and stack.backend.effect_counts()["refund_order"] == 1

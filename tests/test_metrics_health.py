@@ -23,8 +23,10 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
         await stack.fault("refund_order", "drop_after_commit")
         status, unknown = await stack.call("refund_order", REFUND, call_id="call_unknown")
         assert unknown["error"]["code"] == "timeout_unknown"
-        # Scenario parts that arrive with other issues: a denial (issue 3: OPA authorize stage),
-        # a replay and a reconciliation (issue 4: idempotency and the reconciler).
+        status, denied = await stack.call("get_order", {"order_id": "ord_2001"})  # another tenant's order
+        assert denied["error"]["code"] == "forbidden"
+        # Scenario parts that arrive with other issues: a replay and a reconciliation
+        # (issue 4: idempotency and the reconciler).
 
         after = samples(await scrape_text(stack))
         calls = "toolproxy_calls_total"
@@ -35,18 +37,24 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
             sample(calls, tool="refund_order", outcome="succeeded", code="none"): 1,
             sample(calls, tool="refund_order", outcome="failed", code="schema_violation"): 1,
             sample(calls, tool="refund_order", outcome="unknown", code="timeout_unknown"): 1,
+            sample(calls, tool="get_order", outcome="failed", code="forbidden"): 1,
             sample("toolproxy_unknown_outcomes_total", tool="refund_order"): 1,
+            sample("toolproxy_policy_decisions_total", result="allow"): 3,
+            sample("toolproxy_policy_decisions_total", result="deny"): 1,
+            sample("toolproxy_opa_request_duration_seconds_count"): 4,
             sample(durations, tool="get_order", outcome="succeeded"): 1,
+            sample(durations, tool="get_order", outcome="failed"): 1,
             sample(durations, tool="refund_order", outcome="succeeded"): 1,
             sample(durations, tool="refund_order", outcome="failed"): 1,
             sample(durations, tool="refund_order", outcome="unknown"): 1,
-            sample(stages, stage="resolve"): 4,
-            sample(stages, stage="decode"): 4,
-            sample(stages, stage="normalize"): 3,
+            sample(stages, stage="resolve"): 5,
+            sample(stages, stage="decode"): 5,
+            sample(stages, stage="normalize"): 4,
+            sample(stages, stage="authorize"): 4,
             sample(stages, stage="audit"): 3,
             sample(stages, stage="execute"): 3,
             sample(stages, stage="verify"): 2,
-            sample(stages, stage="commit"): 4,
+            sample(stages, stage="commit"): 5,
         }
         assert after[sample("toolproxy_open_unknowns")] == 1
         assert after[sample("toolproxy_oldest_open_unknown_age_seconds")] >= 0
@@ -60,12 +68,12 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
         assert samples(await scrape_text(stack))[sample("toolproxy_open_unknowns")] == 0
 
 
-async def test_open_unknowns_survive_a_restart(redis_url):
-    async with running_stack({"redis.url": redis_url}) as stack:
+async def test_open_unknowns_survive_a_restart(redis_url, proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         await stack.fault("refund_order", "drop_after_commit")
         await stack.call("refund_order", REFUND)
         assert samples(await scrape_text(stack))[sample("toolproxy_open_unknowns")] == 1
-    async with running_stack({"redis.url": redis_url}) as fresh:  # a new process: new, empty Metrics
+    async with running_stack(proxy_deps) as fresh:  # a new process: new, empty Metrics
         values = samples(await scrape_text(fresh))
         assert values[sample("toolproxy_open_unknowns")] == 1
         assert values[sample("toolproxy_oldest_open_unknown_age_seconds")] > 0
@@ -82,8 +90,8 @@ async def test_labels_never_carry_tenant_subject_or_ids(redis_url):
     assert 'tool="unknown"' in text
 
 
-async def test_stage_buckets_resolve_sub_millisecond_overhead(redis_url):
-    async with running_stack({"redis.url": redis_url}) as stack:
+async def test_stage_buckets_resolve_sub_millisecond_overhead(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         await stack.call("get_order", {"order_id": "ord_1001"})
         values = samples(await scrape_text(stack))
     decode_fast = values[sample("toolproxy_stage_duration_seconds_bucket", stage="decode", le="0.001")]

@@ -107,6 +107,8 @@ async def creds_backend():
 
 async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_server, creds_backend):
     (tmp_path / "tools.yaml").write_text(REGISTRY)
+    # OPA must know the new resource kind before it allows anything on it (unknown kinds are refused).
+    opa_server.put_data("toolproxy/resource_kinds/account", {"ownership": "shared"})
     port, ops = free_port(), free_port()
     env = {**os.environ, "TOOLPROXY_LISTEN_PORT": str(port), "TOOLPROXY_OPS_PORT": str(ops),
            "TOOLPROXY_ADMIN_PORT": str(free_port()), "TOOLPROXY_REGISTRY_PATHS": str(tmp_path / "tools.yaml"),

@@ -231,7 +231,8 @@ class Auditor:
         policy = None
         if state.policy_result is not None:
             policy = {"result": state.policy_result, "reasons": list(state.policy_reasons),
-                      "decision_id": state.decision_id, "policy_revision": state.policy_revision}
+                      "decision_id": state.decision_id, "policy_revision": state.policy_revision,
+                      "risk": state.policy_risk}
         return dict(
             request_id=meta.request_id, trace_id=meta.trace.trace_id, call_id=_call_id(request.call_id),
             run_id=meta.run_id, tool=tool.name if tool else _safe_str(request.tool, truncate=True),

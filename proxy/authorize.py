@@ -36,16 +36,16 @@ class Authorization:
     approval_id: str | None = None   # consumed by this call, or created for it
     error: ProxyError | None = None
 
-    def audit_facts(self) -> tuple[str | None, tuple[str, ...], str | None, str | None]:
-        """(policy result, reasons, OPA decision id, policy revision) for the call's audit record.
+    def audit_facts(self) -> tuple[str | None, tuple[str, ...], str | None, str | None, str | None]:
+        """(policy result, reasons, OPA decision id, policy revision, risk) for the call's audit record.
         The result is "error" when OPA could not decide, None when no decision was asked for
         (a presented approval was refused first)."""
         d = self.decision
         if d is not None:
-            return d.result, d.reasons, d.decision_id, d.policy_revision
+            return d.result, d.reasons, d.decision_id, d.policy_revision, d.risk
         failed = self.error is not None and self.error.phase == "authorize" and \
             self.error.code in {"policy_unavailable", "forbidden", "timeout_not_started"}
-        return ("error" if failed else None), (), None, None
+        return ("error" if failed else None), (), None, None, None
 
 
 class Authorizer:

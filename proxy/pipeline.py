@@ -82,6 +82,7 @@ class CallState:
     policy_reasons: tuple[str, ...] = ()
     decision_id: str | None = None
     policy_revision: str | None = None
+    policy_risk: str | None = None
     attempt: int = 1                          # nth execution of this idempotency key
     backend_request_id: str | None = None
     result_hash: str | None = None            # SHA-256 of the canonical verified output
@@ -170,7 +171,8 @@ class Pipeline:
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id),
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining())
-            state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision = auth.audit_facts()
+            (state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision,
+             state.policy_risk) = auth.audit_facts()
             if auth.error is not None:
                 raise auth.error
         # Stages still to come in this order: idempotency, lock.

@@ -88,6 +88,7 @@ async def test_refund_above_threshold_needs_approval_then_runs_once(stack, appro
     assert calls[2]["error_code"] == "approval_mismatch"
     assert calls[0]["policy"]["reasons"] == ["amount_over_threshold"]
     assert calls[1]["policy"]["policy_revision"] == "demo-1"
+    assert calls[1]["policy"]["risk"] == "financial"
     assert calls[1]["approval_id"] == approval_id
 
 

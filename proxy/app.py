@@ -32,7 +32,8 @@ from .identity import Authenticator
 from .mcp_front import McpFront
 from .metrics import Metrics
 from .pipeline import Pipeline, ToolCallRequest
-from .policy import PolicyClient, RequestFacts, build_input
+from .listing import visible_tools
+from .policy import PolicyClient
 from .registry import Registry, load_registry
 from .store import create_pool, key
 from .unknowns import UnknownIndex
@@ -162,12 +163,9 @@ async def list_tools(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers)
     meta = ingress.request_meta(request, runtime.config)
-    tools = runtime.registry.active()
-    document = build_input("list", caller, RequestFacts(request_id=meta.request_id, trace_id=meta.trace.trace_id),
-                           catalog_digest=runtime.policy.catalog_digest, tools=tools)
-    decision = await runtime.policy.decide(document, budget_s=meta.deadline.remaining())
-    visible = set(decision.visible_tools) if decision.allow else set()
-    return json_response({"tools": [tool.listing() for tool in tools if tool.name in visible]})
+    tools = await visible_tools(runtime, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
+                                budget_s=meta.deadline.remaining())
+    return json_response({"tools": [tool.listing() for tool in tools]})
 
 
 async def list_approvals(request: web.Request) -> web.Response:

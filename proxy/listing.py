@@ -12,20 +12,28 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import uuid
+
 from .identity import Caller
+from .policy import RequestFacts, build_input
 from .registry import ToolContract
 
 if TYPE_CHECKING:  # pragma: no cover
     from .app import Runtime
 
 
-async def visible_tools(runtime: "Runtime", caller: Caller) -> list[ToolContract]:
+async def visible_tools(runtime: "Runtime", caller: Caller, *, request_id: str | None = None,
+                        trace_id: str | None = None, budget_s: float | None = None) -> list[ToolContract]:
     """The newest active version of each tool this caller may call, sorted by name.
 
-    INTERIM until the authorization stage (issue 3) is on main: every active
-    tool is listed. That issue replaces this body with its OPA ``list``
-    query; a call to a tool that is listed here but not permitted is still
-    refused by the authorize stage, so the listing can only over-show, never
-    over-grant.
+    One OPA query (``input.action == "list"``) for the whole listing; OPA
+    unavailable raises ``ProxyError("policy_unavailable")`` — a listing fails
+    closed like a call. A listed tool is still authorized per call.
     """
-    return runtime.registry.active()
+    tools = runtime.registry.active()
+    document = build_input("list", caller, RequestFacts(request_id=request_id or uuid.uuid4().hex,
+                                                        trace_id=trace_id),
+                           catalog_digest=runtime.policy.catalog_digest, tools=tools)
+    decision = await runtime.policy.decide(document, budget_s=budget_s)
+    visible = set(decision.visible_tools) if decision.allow else set()
+    return [tool for tool in tools if tool.name in visible]

@@ -269,7 +269,11 @@ class McpFront:
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {str(method)[:64]}")
 
     async def _list(self, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        tools = await visible_tools(self._runtime, exchange.caller)
+        try:
+            tools = await visible_tools(self._runtime, exchange.caller)
+        except ProxyError as error:  # OPA could not decide: the listing fails closed
+            raise RpcError(INTERNAL_ERROR, error.message, {"code": error.code, "retryable": error.retryable},
+                           status=error.spec.http_status) from None
         try:
             chunk, next_cursor = mcp_tools.page(tools, params.get("cursor"), self._runtime.config.mcp.page_size)
         except mcp_tools.BadCursor as error:

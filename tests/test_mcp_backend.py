@@ -17,12 +17,12 @@ from tests.support.stack import DEMO_REGISTRY, Stack, assert_envelope, running_s
 
 
 @contextlib.asynccontextmanager
-async def mcp_stack(tmp_path: Path, *, upstream_mode: str = "auto", json_response: bool = True,
+async def mcp_stack(tmp_path: Path, deps: dict[str, Any], *, upstream_mode: str = "auto", json_response: bool = True,
                     overrides: dict[str, Any] | None = None) -> AsyncIterator[tuple[Stack, Upstream]]:
     async with running_upstream(json_response=json_response) as upstream:
         registry = tmp_path / "upstream-tools.yaml"
         registry.write_text(registry_yaml(upstream.url))
-        async with running_stack({"registry.paths": [str(DEMO_REGISTRY), str(registry)],
+        async with running_stack({**deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
                                   "mcp.upstream_mode": upstream_mode, **(overrides or {})}) as stack:
             yield stack, upstream
 
@@ -34,8 +34,8 @@ def agent(stack: Stack, mode: str = "auto", headers: dict[str, str] | None = Non
 
 @pytest.mark.parametrize("agent_mode,upstream_mode,json_response", [
     ("auto", "auto", True), ("legacy", "legacy", False), ("auto", "legacy", True), ("legacy", "auto", False)])
-async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode, json_response):
-    async with mcp_stack(tmp_path, upstream_mode=upstream_mode, json_response=json_response) as (stack, upstream):
+async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode, json_response, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps, upstream_mode=upstream_mode, json_response=json_response) as (stack, upstream):
         async with agent(stack, agent_mode, {"X-Request-Id": "req-e2e"}) as client:
             listed = {t.name: t for t in (await client.list_tools()).tools}
             # The registry, not the upstream, describes the tool.
@@ -62,8 +62,8 @@ async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode,
 
 
 @pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
-async def test_session_is_reopened_after_the_upstream_restarts(tmp_path, upstream_mode):
-    async with mcp_stack(tmp_path, upstream_mode=upstream_mode) as (stack, upstream):
+async def test_session_is_reopened_after_the_upstream_restarts(tmp_path, upstream_mode, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps, upstream_mode=upstream_mode) as (stack, upstream):
         status, env = await stack.call("up_adjust", {"counter": "c_r", "delta": 1})
         assert (status, env["outcome"]) == (200, "succeeded")
         await upstream.restart()  # legacy sessions are gone: the old session id now answers 404
@@ -74,8 +74,8 @@ async def test_session_is_reopened_after_the_upstream_restarts(tmp_path, upstrea
         assert upstream.state.handshakes() == (2 if upstream_mode == "legacy" else 1)
 
 
-async def test_unreachable_upstream_is_not_started_and_recovers(tmp_path):
-    async with mcp_stack(tmp_path) as (stack, upstream):
+async def test_unreachable_upstream_is_not_started_and_recovers(tmp_path, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps) as (stack, upstream):
         await upstream.stop()
         status, env = await stack.call("up_adjust", {"counter": "c_d", "delta": 1})
         assert status == 503
@@ -88,8 +88,8 @@ async def test_unreachable_upstream_is_not_started_and_recovers(tmp_path):
 
 
 @pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
-async def test_sent_write_without_answer_is_unknown(tmp_path, upstream_mode):
-    async with mcp_stack(tmp_path, upstream_mode=upstream_mode) as (stack, upstream):
+async def test_sent_write_without_answer_is_unknown(tmp_path, upstream_mode, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps, upstream_mode=upstream_mode) as (stack, upstream):
         status, env = await stack.call("up_slow_write", {"seconds": 3}, headers={"Request-Timeout": "0.5"})
         assert status == 504
         assert env["error"]["code"] == "timeout_unknown"
@@ -101,8 +101,8 @@ async def test_sent_write_without_answer_is_unknown(tmp_path, upstream_mode):
         assert (status, env["outcome"]) == (200, "succeeded")
 
 
-async def test_upstream_errors_are_classified_without_leaking_text(tmp_path):
-    async with mcp_stack(tmp_path) as (stack, upstream):
+async def test_upstream_errors_are_classified_without_leaking_text(tmp_path, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps) as (stack, upstream):
         status, refused = await stack.call("up_refuse", {"counter": "c_x"})
         assert refused["error"]["code"] == "business_rejected"
         assert refused["side_effect"] == {"attempted": True, "committed": False}
@@ -126,8 +126,8 @@ async def test_upstream_errors_are_classified_without_leaking_text(tmp_path):
             assert "db-7.corp" not in text and "secret" not in text
 
 
-async def test_mcp_front_shows_upstream_failures_as_iserror(tmp_path):
-    async with mcp_stack(tmp_path) as (stack, upstream):
+async def test_mcp_front_shows_upstream_failures_as_iserror(tmp_path, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps) as (stack, upstream):
         async with agent(stack) as client:
             result = await client.call_tool("up_refuse", {"counter": "c_y"})
         assert result.is_error is True

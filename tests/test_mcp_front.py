@@ -56,8 +56,8 @@ def client(stack, mode: str, headers: dict[str, str] | None = None) -> Client:
 
 
 @pytest.mark.parametrize("mode,sse_after_ms", [("auto", 10000), ("legacy", 10000), ("auto", 0), ("legacy", 0)])
-async def test_sdk_client_lists_calls_and_gets_envelopes(mode, sse_after_ms):
-    async with running_stack({"mcp.sse_after_ms": sse_after_ms}) as stack:
+async def test_sdk_client_lists_calls_and_gets_envelopes(mode, sse_after_ms, proxy_deps):
+    async with running_stack({**proxy_deps, "mcp.sse_after_ms": sse_after_ms}) as stack:
         async with client(stack, mode) as mcp:
             assert mcp.protocol_version == (MODERN if mode == "auto" else LATEST_HANDSHAKE_VERSION)
             listed = {tool.name: tool for tool in (await mcp.list_tools()).tools}
@@ -98,9 +98,9 @@ async def test_sdk_client_lists_calls_and_gets_envelopes(mode, sse_after_ms):
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
-async def test_headers_work_as_on_the_json_api(mode):
+async def test_headers_work_as_on_the_json_api(mode, proxy_deps):
     """Deadline and request id headers reach the pipeline; a sent write that times out is unknown."""
-    async with running_stack() as stack:
+    async with running_stack(proxy_deps) as stack:
         await stack.fault("adjust_counter", "slow", delay_ms=1500)
         headers = {"Request-Timeout": "0.3", "X-Request-Id": "req-mcp-deadline"}
         async with client(stack, mode, headers) as mcp:
@@ -116,8 +116,8 @@ async def test_headers_work_as_on_the_json_api(mode):
         assert "unknown" in result.content[0].text
 
 
-async def test_bad_idempotency_key_header_is_a_protocol_error():
-    async with running_stack() as stack:
+async def test_bad_idempotency_key_header_is_a_protocol_error(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         async with client(stack, "auto", {"Idempotency-Key": "not a valid key!"}) as mcp:
             with pytest.raises(MCPError) as refused:
                 await mcp.call_tool("get_order", {"order_id": "ord_1001"})
@@ -125,8 +125,8 @@ async def test_bad_idempotency_key_header_is_a_protocol_error():
         assert not [r for r in stack.backend.requests if r["tool"] == "get_order"]
 
 
-async def test_listing_is_paginated_with_opaque_cursors():
-    async with running_stack({"mcp.page_size": 3}) as stack:
+async def test_listing_is_paginated_with_opaque_cursors(proxy_deps):
+    async with running_stack({**proxy_deps, "mcp.page_size": 3}) as stack:
         async with client(stack, "auto") as mcp:
             names, cursor, pages = [], None, 0
             while True:
@@ -144,8 +144,8 @@ async def test_listing_is_paginated_with_opaque_cursors():
         assert (status, body["error"]["code"]) == (400, -32602)
 
 
-async def test_call_ids_are_fresh_per_call_never_the_jsonrpc_or_session_id():
-    async with running_stack() as stack:
+async def test_call_ids_are_fresh_per_call_never_the_jsonrpc_or_session_id(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         params = {"name": "get_order", "arguments": {"order_id": "ord_1001"}, "_meta": CLIENT_META}
         envelopes = []
         for _ in range(2):
@@ -168,8 +168,8 @@ async def test_call_ids_are_fresh_per_call_never_the_jsonrpc_or_session_id():
         assert all(c.startswith("mcp-") and c not in ("7", session_id) for c in seen)
 
 
-async def test_modern_header_and_version_checks():
-    async with running_stack() as stack:
+async def test_modern_header_and_version_checks(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         params = {"name": "get_order", "arguments": {"order_id": "ord_1001"}, "_meta": CLIENT_META}
         status, _, body = await post(stack, rpc("tools/call", params), modern_headers("tools/call", "refund_order"))
         assert (status, body["error"]["code"], body["id"]) == (400, -32020, 1)
@@ -196,8 +196,8 @@ async def test_modern_header_and_version_checks():
         assert (status, body["error"]["code"]) == (400, -32602)
 
 
-async def test_malformed_bodies_are_jsonrpc_errors():
-    async with running_stack() as stack:
+async def test_malformed_bodies_are_jsonrpc_errors(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         for raw, code in ((b'{"jsonrpc":"2.0","id":1,', -32700), (b'{"jsonrpc":"2.0","id":1,"id":2,"method":"ping"}', -32700),
                           (b'[{"jsonrpc":"2.0","id":1,"method":"ping"}]', -32600),
                           (b'{"jsonrpc":"1.0","id":1,"method":"ping"}', -32600)):
@@ -215,8 +215,8 @@ async def test_malformed_bodies_are_jsonrpc_errors():
             assert response.status == 405
 
 
-async def test_legacy_sessions_lifecycle():
-    async with running_stack() as stack:
+async def test_legacy_sessions_lifecycle(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         listing = rpc("tools/list", {})
         status, _, body = await post(stack, listing, ACCEPT)
         assert (status, body["error"]["code"]) == (400, -32600)            # no session
@@ -248,8 +248,8 @@ async def test_legacy_sessions_lifecycle():
         assert status == 404
 
 
-async def test_long_call_streams_sse_with_keepalive_pings():
-    async with running_stack({"mcp.sse_after_ms": 50, "mcp.sse_ping_ms": 50}) as stack:
+async def test_long_call_streams_sse_with_keepalive_pings(proxy_deps):
+    async with running_stack({**proxy_deps, "mcp.sse_after_ms": 50, "mcp.sse_ping_ms": 50}) as stack:
         await stack.fault("get_order", "slow", delay_ms=400)
         params = {"name": "get_order", "arguments": {"order_id": "ord_1001"}, "_meta": CLIENT_META}
         status, headers, text = await post(stack, rpc("tools/call", params, rpc_id="a"),

@@ -10,6 +10,7 @@ from proxy.mcp_import import UpstreamTool, _strict_schema, draft
 from proxy.registry import load_file
 from tests.support.mcp_upstream import running_upstream
 from tests.support.stack import DEMO_REGISTRY, running_stack
+from tests.support.tokens import Issuer
 
 
 async def import_mcp(*args: str) -> tuple[int, str, str]:
@@ -20,7 +21,7 @@ async def import_mcp(*args: str) -> tuple[int, str, str]:
     return process.returncode, out.decode(), err.decode()
 
 
-async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path):
+async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path, proxy_deps):
     async with running_upstream() as upstream:
         code, out, err = await import_mcp(upstream.url, "--prefix", "up.")
         assert code == 0, err
@@ -38,9 +39,19 @@ async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path)
         assert out.count("# REVIEW mode/risk") == 5
         assert "NOT REVIEWED" in out and "drafted 5 tool(s)" in err
 
-        # The draft is usable as is: the proxy executes the upstream tool through it.
-        async with running_stack({"registry.paths": [str(DEMO_REGISTRY), str(drafted)]}) as stack:
+        # The draft is usable as is: the proxy executes the upstream tool through it — and,
+        # being "destructive" until reviewed, only with a person's approval.
+        approvers = Issuer(tmp_path, issuer="https://approvers.test", kid="admin-key")
+        overrides = {**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(drafted)],
+                     "admin_identity.jwt": {"issuer": approvers.issuer, "jwks_file": str(approvers.jwks_file)}}
+        async with running_stack(overrides) as stack:
             status, env = await stack.call("up.adjust", {"counter": "c1", "delta": 4})
+            assert env["error"]["code"] == "approval_required"
+            approval_id = env["error"]["details"]["approval_id"]
+            token = approvers.token("reviewer", audience="toolproxy-admin", roles=["approver"])
+            assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", token))[0] == 200
+            status, env = await stack.call("up.adjust", {"counter": "c1", "delta": 4},
+                                           headers={"X-Approval-Id": approval_id})
         assert (status, env["data"]) == (200, {"counter": "c1", "value": 4})
         assert upstream.state.count("adjust") == 1
 

@@ -42,8 +42,8 @@ def tool_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-async def test_two_chat_tool_calls_come_back_as_two_tool_messages_in_request_order():
-    async with running_stack() as stack:
+async def test_two_chat_tool_calls_come_back_as_two_tool_messages_in_request_order(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         # The first call finishes last: the answer still follows the request order.
         await stack.fault("get_order", "slow", delay_ms=300)
         body = assistant(chat_call("call_order", "get_order", {"order_id": "ord_1001"}),
@@ -58,8 +58,8 @@ async def test_two_chat_tool_calls_come_back_as_two_tool_messages_in_request_ord
         assert response["batch"]["status"] == "succeeded"
 
 
-async def test_each_call_fails_on_its_own_and_writes_keep_request_order():
-    async with running_stack() as stack:
+async def test_each_call_fails_on_its_own_and_writes_keep_request_order(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         body = assistant(chat_call("call_1", "adjust_counter", {"counter": "ctr_oa", "delta": 1}),
                          chat_call("call_2", "adjust_counter", '{"counter": "ctr_oa", "delta": 2'),
                          chat_call("call_3", "adjust_counter", {"counter": "ctr_oa", "delta": 10}),
@@ -75,8 +75,8 @@ async def test_each_call_fails_on_its_own_and_writes_keep_request_order():
         assert response["batch"]["status"] == "partially_succeeded"
 
 
-async def test_responses_function_calls_come_back_as_function_call_outputs():
-    async with running_stack() as stack:
+async def test_responses_function_calls_come_back_as_function_call_outputs(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         items = [
             ResponseOutputMessage(id="msg_1", type="message", role="assistant", status="completed",
                                   content=[ResponseOutputText(type="output_text", text="Checking.", annotations=[])]),
@@ -99,8 +99,8 @@ async def test_responses_function_calls_come_back_as_function_call_outputs():
         assert stack.backend.effect_counts().get("refund_order", 0) == 0
 
 
-async def test_malformed_turns_are_refused_before_anything_runs():
-    async with running_stack() as stack:
+async def test_malformed_turns_are_refused_before_anything_runs(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         twice = assistant(chat_call("call_same", "get_order", {"order_id": "ord_1001"}),
                           chat_call("call_same", "get_order", {"order_id": "ord_1001"}))
         status, response = await stack.post("/v1/openai/tool-calls", twice)

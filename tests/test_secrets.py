@@ -26,13 +26,12 @@ from aiohttp import web
 
 from tests.support.audit import audit_records
 from tests.support.servers import free_port
+from tests.support.tokens import Issuer
 
 REPO = Path(__file__).resolve().parent.parent
-BEARER = "tok-4f9c2b7e1d8a6350-bearer"
 HEADER_SECRET = "hdr-91b2c3d4e5f60718-apikey"
 COOKIE_SECRET = "cookie-5a6b7c8d9e0f1a2b"
 PASSWORD = "pw-Zq8!mT3#vL6@rN1"
-SECRETS = (BEARER, HEADER_SECRET, COOKIE_SECRET, PASSWORD)
 
 REGISTRY = """
 tools:
@@ -107,6 +106,12 @@ async def creds_backend():
 
 async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_server, creds_backend):
     (tmp_path / "tools.yaml").write_text(REGISTRY)
+    # The bearer token is real: the proxy verifies it (jwt mode) and takes the caller from it.
+    issuer = Issuer(tmp_path, issuer="https://platform.test", kid="agent-key")
+    bearer = issuer.token("alice")
+    (tmp_path / "forged").mkdir()
+    forged = Issuer(tmp_path / "forged", issuer="https://platform.test", kid="agent-key").token("mallory")
+    secrets = (bearer, bearer.split(".")[2], forged.split(".")[2], HEADER_SECRET, COOKIE_SECRET, PASSWORD)
     # OPA must know the new resource kind before it allows anything on it (unknown kinds are refused).
     opa_server.put_data("toolproxy/resource_kinds/account", {"ownership": "shared"})
     port, ops = free_port(), free_port()
@@ -114,12 +119,13 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
            "TOOLPROXY_ADMIN_PORT": str(free_port()), "TOOLPROXY_REGISTRY_PATHS": str(tmp_path / "tools.yaml"),
            "TOOLPROXY_BACKENDS_SERVICES": f"creds={creds_backend}", "TOOLPROXY_LOG_LEVEL": "debug",
            "TOOLPROXY_AUDIT_SINKS": "stdout,redis", "TOOLPROXY_REDIS_URL": redis_url,
-           "TOOLPROXY_OPA_URL": opa_server.url}
+           "TOOLPROXY_OPA_URL": opa_server.url, "TOOLPROXY_IDENTITY_MODE": "jwt",
+           "TOOLPROXY_IDENTITY_JWT_ISSUER": issuer.issuer, "TOOLPROXY_IDENTITY_JWT_JWKS_FILE": str(issuer.jwks_file)}
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, env=env, stdout=out,
                                 stderr=err)
-    headers = {"Authorization": f"Bearer {BEARER}", "X-Api-Key": HEADER_SECRET,
+    headers = {"Authorization": f"Bearer {bearer}", "X-Api-Key": HEADER_SECRET,
                "Cookie": f"session={COOKIE_SECRET}", "Content-Type": "application/json"}
     request_ids = []
     try:
@@ -141,10 +147,15 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
             assert (await call({"account": "acct_boom", "password": PASSWORD}))["outcome"] == "unknown"
             assert (await call({"account": "acct_stall", "password": PASSWORD}, timeout="0.5"))["outcome"] == \
                 "unknown"
-            bad = await call({"account": "acct_a", "password": PASSWORD, "token": BEARER})
+            bad = await call({"account": "acct_a", "password": PASSWORD, "token": bearer})
             assert bad["error"]["code"] == "schema_violation"
             broken = await call('{"account": "acct_a", "password": "' + PASSWORD + '"')
             assert broken["error"]["code"] == "invalid_json"
+            async with session.post(f"http://127.0.0.1:{port}/v1/tool-calls",
+                                    json={"call_id": "c_forged", "tool": "set_password",
+                                          "arguments": {"account": "acct_a", "password": PASSWORD}},
+                                    headers={**headers, "Authorization": f"Bearer {forged}"}) as response:
+                assert response.status == 401  # a token signed by another key: refused, and not logged
             async with session.get(f"http://127.0.0.1:{ops}/metrics") as response:
                 metrics_text = await response.text()
     finally:
@@ -164,7 +175,7 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
                 "audit stream": b"\n".join(fields[b"record"] for _, fields in stream),
                 "metrics": metrics_text.encode()}
     for where, data in captured.items():
-        for secret in SECRETS:
+        for secret in secrets:
             assert secret.encode() not in data, f"{secret!r} leaked into {where}"
 
     # The scan is meaningful: the records and log lines are there, and name the requests.
@@ -173,6 +184,7 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
     assert {r["request_id"] for r in records if r["kind"] == "tool_call"} == set(request_ids)
     assert any(r.get("arguments", {}).get("password") == "[redacted]" for r in records)
     assert len(stream) == len(records)
+    assert {r["subject"] for r in records if r["kind"] == "tool_call"} == {"alice"}  # the token was used
     lines = [json.loads(line) for line in captured["stderr"].decode().splitlines() if line.strip()]
     finished = [line for line in lines if line["msg"].startswith("tool call finished")]
     assert [line["request_id"] for line in finished] == request_ids

@@ -143,6 +143,17 @@ class RedisConfig:
     url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
     key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
     timeout_ms: int = setting(500, "socket timeout of one Redis command")
+    password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
+    tls_ca_file: str = setting("", "rediss:// only: CA bundle that verifies the Redis server (default: system CAs)")
+    tls_cert_file: str = setting("", "rediss:// only: client certificate for mutual TLS")
+    tls_key_file: str = setting("", "rediss:// only: private key of tls_cert_file")
+
+    def __post_init__(self) -> None:
+        tls = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
+        if any(tls) and not self.url.startswith("rediss://"):
+            raise ConfigError("redis.tls_* files are set but redis.url is not rediss://")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("redis.tls_cert_file and redis.tls_key_file go together (mutual TLS needs both)")
 
 
 @dataclass(frozen=True)

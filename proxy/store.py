@@ -17,7 +17,17 @@ from .config import RedisConfig
 def create_pool(config: RedisConfig) -> redis_async.Redis:
     timeout = config.timeout_ms / 1000.0
     return redis_async.Redis.from_url(config.url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                      health_check_interval=30, decode_responses=False)
+                                      health_check_interval=30, decode_responses=False, **_auth_and_tls(config))
+
+
+def _auth_and_tls(config: RedisConfig) -> dict[str, str]:
+    """Password and TLS files from config (Secrets in Kubernetes); a URL's own password wins.
+
+    The TLS file settings are only allowed with rediss:// URLs (checked by RedisConfig)."""
+    options = {"password": config.password} if config.password else {}
+    tls = {"ssl_ca_certs": config.tls_ca_file, "ssl_certfile": config.tls_cert_file,
+           "ssl_keyfile": config.tls_key_file}
+    return {**options, **{name: value for name, value in tls.items() if value}}
 
 
 def key(prefix: str, kind: str, tag: str, *rest: str) -> str:

@@ -1,0 +1,184 @@
+{{/*
+Names, labels and derived values shared by every template. Each helper takes
+the chart's root context (or a subchart's, via .Subcharts.toolproxy).
+*/}}
+
+{{- define "toolproxy.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "toolproxy.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* "<fullname>-<suffix>", kept within the 63-character name limit. */}}
+{{- define "toolproxy.component" -}}
+{{- $full := include "toolproxy.fullname" .root }}
+{{- printf "%s-%s" ($full | trunc (int (sub 62 (len .suffix)))) .suffix | trimSuffix "-" }}
+{{- end }}
+
+{{- define "toolproxy.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "toolproxy.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "toolproxy.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "toolproxy.labels" -}}
+helm.sh/chart: {{ include "toolproxy.chart" . }}
+{{ include "toolproxy.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: toolproxy
+{{- end }}
+
+{{- define "toolproxy.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "toolproxy.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "toolproxy.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Path of the proxy's config file inside the toolproxy container. */}}
+{{- define "toolproxy.configPath" -}}/etc/toolproxy/config/config.yaml{{- end }}
+{{- define "toolproxy.redisTlsPath" -}}/etc/toolproxy/redis-tls{{- end }}
+{{- define "toolproxy.opaConfigPath" -}}/opa-config{{- end }}
+{{- define "toolproxy.bundleTokenPath" -}}/var/run/opa/bundle-token{{- end }}
+
+{{- define "toolproxy.registryConfigMap" -}}
+{{- if .Values.registry.existingConfigMap }}{{ .Values.registry.existingConfigMap }}
+{{- else }}{{ include "toolproxy.component" (dict "root" . "suffix" "registry") }}{{ end }}
+{{- end }}
+
+{{- define "toolproxy.policiesConfigMap" -}}
+{{- if .Values.opa.policies.existingConfigMap }}{{ .Values.opa.policies.existingConfigMap }}
+{{- else }}{{ include "toolproxy.component" (dict "root" . "suffix" "policies") }}{{ end }}
+{{- end }}
+
+{{- define "toolproxy.catalogConfigMap" -}}
+{{- if .Values.opa.catalog.existingConfigMap }}{{ .Values.opa.catalog.existingConfigMap }}
+{{- else }}{{ include "toolproxy.component" (dict "root" . "suffix" "opa-catalog") }}{{ end }}
+{{- end }}
+
+{{- define "toolproxy.dataConfigMap" -}}
+{{- if .Values.opa.data.existingConfigMap }}{{ .Values.opa.data.existingConfigMap }}
+{{- else }}{{ include "toolproxy.component" (dict "root" . "suffix" "opa-data") }}{{ end }}
+{{- end }}
+
+{{/* OPA's policy data document: the bundled example deep-merged with opa.data.document. */}}
+{{- define "toolproxy.policyData" -}}
+{{- $doc := dict }}
+{{- if .Values.opa.data.includeExamples }}
+{{- range $path, $_ := .Files.Glob "files/opa-data/*.json" }}
+{{- $doc = mustMergeOverwrite $doc ($.Files.Get $path | fromJson) }}
+{{- end }}
+{{- end }}
+{{- toJson (mustMergeOverwrite $doc (deepCopy .Values.opa.data.document)) }}
+{{- end }}
+
+{{/* "true" when OPA gets policy data (bundled/inline or from a ConfigMap). */}}
+{{- define "toolproxy.hasData" -}}
+{{- if or .Values.opa.data.existingConfigMap (ne (include "toolproxy.policyData" .) "{}") }}true{{ end }}
+{{- end }}
+
+{{/* "true" when OPA gets catalog data (inline or from a ConfigMap). */}}
+{{- define "toolproxy.hasCatalog" -}}
+{{- if or .Values.opa.catalog.existingConfigMap .Values.opa.catalog.data }}true{{ end }}
+{{- end }}
+
+{{/* Registry files rendered into the chart's registry ConfigMap: name -> text. */}}
+{{- define "toolproxy.registryFiles" -}}
+{{- $files := dict }}
+{{- if .Values.registry.includeExamples }}
+{{- range $path, $_ := .Files.Glob "files/registry/*.yaml" }}
+{{- $_ := set $files (base $path) ($.Files.Get $path) }}
+{{- end }}
+{{- end }}
+{{- range $name, $text := .Values.registry.files }}
+{{- $_ := set $files $name $text }}
+{{- end }}
+{{- toYaml $files }}
+{{- end }}
+
+{{/* Rego files rendered into the chart's policies ConfigMap (tests excluded). */}}
+{{- define "toolproxy.policyFiles" -}}
+{{- $files := dict }}
+{{- if .Values.opa.policies.includeDefault }}
+{{- range $path, $_ := .Files.Glob "files/policies/**.rego" }}
+{{- if not (hasSuffix "_test.rego" $path) }}
+{{- $_ := set $files (trimPrefix "files/policies/" $path | replace "/" ".") ($.Files.Get $path) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- range $name, $text := .Values.opa.policies.files }}
+{{- $_ := set $files $name $text }}
+{{- end }}
+{{- toYaml $files }}
+{{- end }}
+
+{{/*
+The proxy's YAML config: the user's proxy.config with the keys the chart owns
+merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
+*/}}
+{{- define "toolproxy.proxyConfig" -}}
+{{- $p := .Values.proxy }}
+{{- $owned := dict
+  "listen" (dict "host" $p.agentBindAddress "port" $p.ports.agent)
+  "admin" (dict "host" "0.0.0.0" "port" $p.ports.admin)
+  "ops" (dict "host" "0.0.0.0" "port" $p.ports.ops)
+  "registry" (dict "paths" (list .Values.registry.mountPath))
+  "opa" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.opa.port)) "decision_path" .Values.opa.decisionPath)
+  "log" (dict "level" $p.logLevel) }}
+{{- if $p.backends }}
+{{- $_ := set $owned "backends" (dict "services" $p.backends) }}
+{{- end }}
+{{- $redis := dict "url" $p.redis.url }}
+{{- with $p.redis.tls }}
+{{- if .secretName }}
+{{- $_ := set $redis "tls_ca_file" (printf "%s/%s" (include "toolproxy.redisTlsPath" $) .caKey) }}
+{{- if .certKey }}{{ $_ := set $redis "tls_cert_file" (printf "%s/%s" (include "toolproxy.redisTlsPath" $) .certKey) }}{{ end }}
+{{- if .keyKey }}{{ $_ := set $redis "tls_key_file" (printf "%s/%s" (include "toolproxy.redisTlsPath" $) .keyKey) }}{{ end }}
+{{- end }}
+{{- end }}
+{{- $_ := set $owned "redis" $redis }}
+{{- toYaml (mustMergeOverwrite (deepCopy $p.config) $owned) }}
+{{- end }}
+
+{{/* Validation that the schema cannot express; called from the Deployment/ConfigMaps. */}}
+{{- define "toolproxy.validate" -}}
+{{- if and (eq .Values.opa.policySource "bundle") (not .Values.opa.bundle.serviceUrl) }}
+{{- fail "opa.policySource=bundle needs opa.bundle.serviceUrl" }}
+{{- end }}
+{{- if and (eq .Values.opa.policySource "configmap") (not .Values.opa.policies.existingConfigMap) (not (fromYaml (include "toolproxy.policyFiles" .))) }}
+{{- fail "no Rego policies: set opa.policies.includeDefault, opa.policies.files or opa.policies.existingConfigMap (OPA would deny every call)" }}
+{{- end }}
+{{- if and (not .Values.registry.existingConfigMap) (not (fromYaml (include "toolproxy.registryFiles" .))) }}
+{{- fail "no tool registry: set registry.includeExamples, registry.files or registry.existingConfigMap" }}
+{{- end }}
+{{- if and .Values.proxy.redis.tls.secretName (not (hasPrefix "rediss://" .Values.proxy.redis.url)) (not .Values.proxy.redis.urlSecret.name) }}
+{{- fail "proxy.redis.tls.secretName is set but proxy.redis.url is not rediss://" }}
+{{- end }}
+{{- if ne (empty .Values.proxy.redis.tls.certKey) (empty .Values.proxy.redis.tls.keyKey) }}
+{{- fail "proxy.redis.tls.certKey and keyKey go together (mutual TLS needs both)" }}
+{{- end }}
+{{- $ports := list (int .Values.proxy.ports.agent) (int .Values.proxy.ports.admin) (int .Values.proxy.ports.ops) (int .Values.opa.port) (int .Values.opa.diagnosticPort) }}
+{{- if ne (len $ports) (len (uniq $ports)) }}
+{{- fail (printf "proxy.ports and opa ports must all differ (they share the pod's network namespace): %v" $ports) }}
+{{- end }}
+{{- end }}

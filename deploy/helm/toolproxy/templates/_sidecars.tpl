@@ -1,0 +1,215 @@
+{{/*
+The public named templates: what a team includes in its own agent workload.
+
+  containers:
+    - name: my-agent
+      ...
+    {{- include "toolproxy.sidecars" .Subcharts.toolproxy | nindent 4 }}
+  volumes:
+    {{- include "toolproxy.volumes" .Subcharts.toolproxy | nindent 4 }}
+  metadata.labels:       {{- include "toolproxy.podLabels" .Subcharts.toolproxy | nindent 8 }}
+  metadata.annotations:  {{- include "toolproxy.podAnnotations" .Subcharts.toolproxy | nindent 8 }}
+
+Inside this chart the same templates are called with the root context (".").
+The ConfigMaps, Services and NetworkPolicy they refer to are rendered by the
+chart itself; the pod labels are what the Services and NetworkPolicy select.
+*/}}
+
+{{/* Labels every pod carrying the sidecars must have (Service and NetworkPolicy selectors). */}}
+{{- define "toolproxy.podLabels" -}}
+{{ include "toolproxy.selectorLabels" . }}
+toolproxy.dev/sidecar: "true"
+{{- end }}
+
+{{/*
+Pod annotations: roll the pods when the proxy's config or registry changes (the
+proxy reads both at start-up). Policies and the OPA catalog are deliberately not
+here: OPA watches them, so editing those ConfigMaps changes decisions in place.
+*/}}
+{{- define "toolproxy.podAnnotations" -}}
+checksum/toolproxy-config: {{ include "toolproxy.proxyConfig" . | sha256sum }}
+checksum/toolproxy-registry: {{ printf "%s%s" .Values.registry.existingConfigMap (include "toolproxy.registryFiles" .) | sha256sum }}
+{{- end }}
+
+{{/* The agent container's view of the proxy: where to send tool calls. */}}
+{{- define "toolproxy.agentEnv" -}}
+- name: TOOLPROXY_URL
+  value: {{ printf "http://127.0.0.1:%d" (int .Values.proxy.ports.agent) | quote }}
+{{- end }}
+
+{{- define "toolproxy.sidecars" -}}
+{{- include "toolproxy.validate" . }}
+{{- $p := .Values.proxy -}}
+- name: toolproxy
+  image: {{ include "toolproxy.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: [run, --config, {{ include "toolproxy.configPath" . }}]
+  ports:
+    - {name: tp-admin, containerPort: {{ $p.ports.admin }}, protocol: TCP}
+    - {name: tp-ops, containerPort: {{ $p.ports.ops }}, protocol: TCP}
+  env:
+    - name: TOOLPROXY_IDENTITY_AGENT_ID
+      {{- if $p.agentId }}
+      value: {{ $p.agentId | quote }}
+      {{- else }}
+      valueFrom: {fieldRef: {fieldPath: spec.serviceAccountName}}
+      {{- end }}
+    {{- with $p.redis.urlSecret }}{{ if .name }}
+    - name: TOOLPROXY_REDIS_URL
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
+    {{- with $p.redis.passwordSecret }}{{ if .name }}
+    - name: TOOLPROXY_REDIS_PASSWORD
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
+    {{- with $p.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  livenessProbe:
+    httpGet: {path: /healthz, port: tp-ops}
+    {{- toYaml $p.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet: {path: /readyz, port: tp-ops}
+    {{- toYaml $p.probes.readiness | nindent 4 }}
+  startupProbe:
+    httpGet: {path: /healthz, port: tp-ops}
+    {{- toYaml $p.probes.startup | nindent 4 }}
+  resources:
+    {{- toYaml $p.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $p.securityContext | nindent 4 }}
+  volumeMounts:
+    - {name: toolproxy-config, mountPath: {{ include "toolproxy.configPath" . | dir }}, readOnly: true}
+    - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
+    - {name: toolproxy-tmp, mountPath: /tmp}
+    {{- if $p.redis.tls.secretName }}
+    - {name: toolproxy-redis-tls, mountPath: {{ include "toolproxy.redisTlsPath" . }}, readOnly: true}
+    {{- end }}
+    {{- if $p.jwks.secretName }}
+    - {name: toolproxy-jwks, mountPath: {{ $p.jwks.mountPath }}, readOnly: true}
+    {{- end }}
+{{- $o := .Values.opa }}
+- name: toolproxy-opa
+  image: {{ printf "%s:%s" $o.image.repository $o.image.tag | quote }}
+  imagePullPolicy: {{ $o.image.pullPolicy }}
+  args:
+    - run
+    - --server
+    - --addr=127.0.0.1:{{ $o.port }}
+    - --diagnostic-addr=0.0.0.0:{{ $o.diagnosticPort }}
+    - --log-level={{ $o.logLevel }}
+    - --log-format=json
+    - --skip-version-check
+    {{- /* kubelet mounts ConfigMaps as symlinks into hidden ..<timestamp> dirs; load only the visible names. */}}
+    - --ignore=.*
+    {{- if $o.authz.enabled }}
+    - --authorization=basic
+    {{- end }}
+    {{- if $o.decisionLogsToConsole }}
+    - --set=decision_logs.console=true
+    {{- end }}
+    {{- if eq $o.policySource "bundle" }}
+    - --config-file={{ include "toolproxy.opaConfigPath" . }}/config.yaml
+    {{- end }}
+    {{- if or (eq $o.policySource "configmap") (include "toolproxy.hasCatalog" .) (include "toolproxy.hasData" .) $o.authz.enabled }}
+    - --watch
+    {{- end }}
+    {{- if eq $o.policySource "configmap" }}
+    - {{ $o.policies.mountPath }}
+    {{- end }}
+    {{- if $o.authz.enabled }}
+    - {{ $o.authz.mountPath }}
+    {{- end }}
+    {{- if include "toolproxy.hasData" . }}
+    - {{ $o.data.mountPath }}
+    {{- end }}
+    {{- if include "toolproxy.hasCatalog" . }}
+    - {{ printf "%s:%s" $o.catalog.dataPath $o.catalog.mountPath }}
+    {{- end }}
+  ports:
+    - {name: opa-diag, containerPort: {{ $o.diagnosticPort }}, protocol: TCP}
+  livenessProbe:
+    httpGet: {path: /health, port: opa-diag}
+    {{- toYaml $o.probes.liveness | nindent 4 }}
+  readinessProbe:
+    {{- if eq $o.policySource "bundle" }}
+    httpGet: {path: "/health?bundles", port: opa-diag}
+    {{- else }}
+    httpGet: {path: /health, port: opa-diag}
+    {{- end }}
+    {{- toYaml $o.probes.readiness | nindent 4 }}
+  resources:
+    {{- toYaml $o.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $o.securityContext | nindent 4 }}
+  volumeMounts:
+    - {name: toolproxy-opa-tmp, mountPath: /tmp}
+    {{- if eq $o.policySource "configmap" }}
+    - {name: toolproxy-policies, mountPath: {{ $o.policies.mountPath }}, readOnly: true}
+    {{- else }}
+    - {name: toolproxy-opa-config, mountPath: {{ include "toolproxy.opaConfigPath" . }}, readOnly: true}
+    {{- if $o.bundle.tokenSecret.name }}
+    - {name: toolproxy-opa-bundle-token, mountPath: {{ include "toolproxy.bundleTokenPath" . }}, readOnly: true}
+    {{- end }}
+    {{- end }}
+    {{- if $o.authz.enabled }}
+    - {name: toolproxy-opa-authz, mountPath: {{ $o.authz.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if include "toolproxy.hasData" . }}
+    - {name: toolproxy-opa-data, mountPath: {{ $o.data.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if include "toolproxy.hasCatalog" . }}
+    - {name: toolproxy-opa-catalog, mountPath: {{ $o.catalog.mountPath }}, readOnly: true}
+    {{- end }}
+{{- end }}
+
+{{- define "toolproxy.volumes" -}}
+{{- $p := .Values.proxy }}
+{{- $o := .Values.opa -}}
+- name: toolproxy-config
+  configMap: {name: {{ include "toolproxy.component" (dict "root" . "suffix" "config") }}}
+- name: toolproxy-registry
+  configMap: {name: {{ include "toolproxy.registryConfigMap" . }}}
+- name: toolproxy-tmp
+  emptyDir: {sizeLimit: 64Mi}
+- name: toolproxy-opa-tmp
+  emptyDir: {sizeLimit: 64Mi}
+{{- if $p.redis.tls.secretName }}
+- name: toolproxy-redis-tls
+  # 0444: only the toolproxy container mounts it, and it runs as one non-root user.
+  secret: {secretName: {{ $p.redis.tls.secretName }}, defaultMode: 0444}
+{{- end }}
+{{- if $p.jwks.secretName }}
+- name: toolproxy-jwks
+  secret:
+    secretName: {{ $p.jwks.secretName }}
+    defaultMode: 0444
+    items: [{key: {{ $p.jwks.key | quote }}, path: {{ $p.jwks.key | quote }}}]
+{{- end }}
+{{- if eq $o.policySource "configmap" }}
+- name: toolproxy-policies
+  configMap: {name: {{ include "toolproxy.policiesConfigMap" . }}}
+{{- else }}
+- name: toolproxy-opa-config
+  configMap: {name: {{ include "toolproxy.component" (dict "root" . "suffix" "opa-config") }}}
+{{- if $o.bundle.tokenSecret.name }}
+- name: toolproxy-opa-bundle-token
+  secret:
+    secretName: {{ $o.bundle.tokenSecret.name }}
+    defaultMode: 0444
+    items: [{key: {{ $o.bundle.tokenSecret.key | quote }}, path: token}]
+{{- end }}
+{{- end }}
+{{- if $o.authz.enabled }}
+- name: toolproxy-opa-authz
+  configMap: {name: {{ include "toolproxy.component" (dict "root" . "suffix" "opa-authz") }}}
+{{- end }}
+{{- if include "toolproxy.hasData" . }}
+- name: toolproxy-opa-data
+  configMap: {name: {{ include "toolproxy.dataConfigMap" . }}}
+{{- end }}
+{{- if include "toolproxy.hasCatalog" . }}
+- name: toolproxy-opa-catalog
+  configMap: {name: {{ include "toolproxy.catalogConfigMap" . }}}
+{{- end }}
+{{- end }}

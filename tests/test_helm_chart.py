@@ -1,0 +1,442 @@
+"""The Helm chart, rendered by the real `helm template` and read as YAML.
+
+Static checks over the manifests (sidecars, probes, resources, securityContext,
+mounts against what the containers read, NetworkPolicy, Services, schema
+refusals, the named templates from a team's own chart, the Dockerfile). The
+containers themselves are run from the rendered pod in test_helm_pod.py.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from proxy.config import describe, load_config
+from proxy.registry import load_registry
+from tests.support.helm import (CHART, DEMO_VALUES, HelmError, LocalPod, containers, dockerfile_stages, entrypoint,
+                                find, helm, one, render)
+from tests.support.stack import REPO
+
+HARDENED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
+SIDECARS = ("toolproxy", "toolproxy-opa")
+DEMO_SECRETS = {"toolproxy-redis": {"url": "rediss://redis.data.svc:6380/0", "password": "pw"},
+                "toolproxy-redis-tls": {"ca.crt": "CA"}, "toolproxy-jwks": {"jwks.json": "{\"keys\": []}"}}
+
+
+@pytest.fixture(scope="module")
+def default():
+    return render()
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return render([DEMO_VALUES])
+
+
+@pytest.fixture(params=["default", "demo"])
+def rendered(request, default, demo):
+    return {"default": default, "demo": demo}[request.param]
+
+
+def agent_pod(manifests):
+    return one(manifests, "Deployment", "-agent")["spec"]["template"]
+
+
+def mounts(container):
+    return {m["mountPath"]: m["name"] for m in container.get("volumeMounts", [])}
+
+
+def configmap_of(manifests, pod_spec, volume_name):
+    volume = next(v for v in pod_spec["volumes"] if v["name"] == volume_name)
+    return one(manifests, "ConfigMap", volume["configMap"]["name"])
+
+
+# ---------------------------------------------------------------------------
+# helm lint / template
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("values", [[], [DEMO_VALUES]], ids=["default", "demo"])
+def test_helm_lint_passes(values):
+    args = ["lint", str(CHART)] + [a for v in values for a in ("-f", str(v))]
+    out = helm(*args).stdout
+    assert "0 chart(s) failed" in out
+
+
+def test_default_and_demo_render_the_complete_example(rendered):
+    kinds = sorted(m["kind"] for m in rendered)
+    for kind in ("Deployment", "ConfigMap", "Service", "NetworkPolicy", "ServiceAccount"):
+        assert kind in kinds
+    pod = agent_pod(rendered)
+    assert list(containers(pod["spec"])) == ["agent", *SIDECARS]
+    agent_env = {e["name"]: e.get("value") for e in containers(pod["spec"])["agent"]["env"]}
+    assert agent_env["TOOLPROXY_URL"] == "http://127.0.0.1:8787"
+
+
+# ---------------------------------------------------------------------------
+# Sidecars: probes, resources, securityContext
+# ---------------------------------------------------------------------------
+
+def test_both_sidecars_have_probes_on_their_health_endpoints(rendered):
+    pod = agent_pod(rendered)["spec"]
+    proxy, opa = (containers(pod)[n] for n in SIDECARS)
+    ports = {p["name"]: p["containerPort"] for c in (proxy, opa) for p in c["ports"]}
+    assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "tp-ops"}
+    assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "tp-ops"}
+    assert proxy["startupProbe"]["httpGet"]["path"] == "/healthz"
+    assert opa["livenessProbe"]["httpGet"]["port"] == opa["readinessProbe"]["httpGet"]["port"] == "opa-diag"
+    assert opa["readinessProbe"]["httpGet"]["path"].startswith("/health")
+    config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
+    # The probe port is the ops listener, bound where the kubelet can reach it.
+    assert ports["tp-ops"] == config["ops"]["port"] and config["ops"]["host"] == "0.0.0.0"
+    assert f"--diagnostic-addr=0.0.0.0:{ports['opa-diag']}" in opa["args"]
+    for container in (proxy, opa):
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert container[probe]["periodSeconds"] >= 1 and container[probe]["failureThreshold"] >= 1
+
+
+def test_both_sidecars_have_resources_and_a_restrictive_security_context(rendered):
+    pod = agent_pod(rendered)["spec"]
+    for name in SIDECARS:
+        container = containers(pod)[name]
+        resources = container["resources"]
+        assert set(resources["requests"]) >= {"cpu", "memory"} and "memory" in resources["limits"], name
+        sc = container["securityContext"]
+        assert {k: sc.get(k) for k in HARDENED} == HARDENED, name
+        assert sc["capabilities"]["drop"] == ["ALL"] and "add" not in sc["capabilities"], name
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert sc["runAsUser"] > 0, name
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    # The agent cannot see the sidecars' processes or environment, nor use a Kubernetes token.
+    assert pod["shareProcessNamespace"] is False and pod["automountServiceAccountToken"] is False
+
+
+def test_proxy_user_matches_the_dockerfile_user(default):
+    proxy = containers(agent_pod(default)["spec"])["toolproxy"]
+    user = [rest for ins, rest in dockerfile_stages()[-1] if ins == "USER"][-1]
+    assert f"{proxy['securityContext']['runAsUser']}:{proxy['securityContext']['runAsGroup']}" == user
+
+
+# ---------------------------------------------------------------------------
+# Mounts: what the containers read is where the ConfigMaps are mounted
+# ---------------------------------------------------------------------------
+
+def test_proxy_reads_its_config_and_registry_from_the_mounted_configmaps(rendered, tmp_path):
+    pod = agent_pod(rendered)["spec"]
+    proxy = containers(pod)["toolproxy"]
+    config_path = proxy["args"][proxy["args"].index("--config") + 1]
+    assert mounts(proxy)[str(Path(config_path).parent)] == "toolproxy-config"
+    config_map = configmap_of(rendered, pod, "toolproxy-config")
+    assert Path(config_path).name in config_map["data"]
+    config = yaml.safe_load(config_map["data"]["config.yaml"])
+    registry_mount = next(p for p, v in mounts(proxy).items() if v == "toolproxy-registry")
+    assert config["registry"]["paths"] == [registry_mount]
+    # The registry ConfigMap holds contracts the proxy accepts (kubelet layout, as mounted).
+    local = LocalPod(rendered, pod, tmp_path, secrets=DEMO_SECRETS)
+    registry = load_registry([local.volume_dir("toolproxy-registry")])
+    assert len(registry) > 0
+
+
+def test_rendered_config_and_env_are_accepted_by_the_proxy(rendered, tmp_path):
+    """Every key the chart writes is a real setting of the right type (config.py refuses unknown keys)."""
+    pod = agent_pod(rendered)["spec"]
+    local = LocalPod(rendered, pod, tmp_path, secrets=DEMO_SECRETS)
+    config_file = local.volume_dir("toolproxy-config") / "config.yaml"
+    env = local.env("toolproxy")
+    assert all(name.startswith("TOOLPROXY_") for name in env)
+    known = {row[1] for row in describe()}
+    assert set(env) <= known, set(env) - known
+    config = load_config(config_file, env=env)
+    assert config.identity.agent_id == pod["serviceAccountName"]
+    assert config.listen.host == "127.0.0.1"
+    assert config.opa.url == f"http://127.0.0.1:{opa_port(pod)}"
+
+
+def opa_port(pod):
+    args = containers(pod)["toolproxy-opa"]["args"]
+    return int(next(a for a in args if a.startswith("--addr=")).rsplit(":", 1)[1])
+
+
+def test_opa_loads_policies_and_data_from_the_mounted_configmaps(rendered):
+    pod = agent_pod(rendered)["spec"]
+    opa = containers(pod)["toolproxy-opa"]
+    mounted = mounts(opa)
+    loaded = [a for a in opa["args"] if not a.startswith("-") and a not in ("run",)]
+    policies = next(p for p, v in mounted.items() if v == "toolproxy-policies")
+    assert policies in loaded and "--watch" in opa["args"]
+    # Hidden ..data / ..<timestamp> directories of ConfigMap volumes must not be loaded twice.
+    assert "--ignore=.*" in opa["args"]
+    for path in loaded:
+        assert path.rsplit(":", 1)[-1] in mounted, f"OPA loads {path}, which is not mounted"
+    rego = configmap_of(rendered, pod, "toolproxy-policies")["data"]
+    assert rego and all(name.endswith(".rego") and not name.endswith("_test.rego") for name in rego)
+    assert f"--addr=127.0.0.1:{opa_port(pod)}" in opa["args"], "OPA's API must stay on loopback"
+
+
+def test_demo_redis_tls_password_and_jwks_come_from_secrets_into_the_proxy_only(demo):
+    pod = agent_pod(demo)["spec"]
+    proxy, opa, agent = containers(pod)["toolproxy"], containers(pod)["toolproxy-opa"], containers(pod)["agent"]
+    env = {e["name"]: e for e in proxy["env"]}
+    assert env["TOOLPROXY_REDIS_URL"]["valueFrom"]["secretKeyRef"] == {"name": "toolproxy-redis", "key": "url"}
+    assert env["TOOLPROXY_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "toolproxy-redis",
+                                                                             "key": "password"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["toolproxy-redis-tls"]["secret"]["secretName"] == "toolproxy-redis-tls"
+    assert volumes["toolproxy-jwks"]["secret"]["secretName"] == "toolproxy-jwks"
+    config = yaml.safe_load(configmap_of(demo, pod, "toolproxy-config")["data"]["config.yaml"])
+    tls_mount = next(p for p, v in mounts(proxy).items() if v == "toolproxy-redis-tls")
+    assert config["redis"]["tls_ca_file"] == f"{tls_mount}/ca.crt"
+    for other in (opa, agent):
+        names = {m["name"] for m in other.get("volumeMounts", [])}
+        assert not names & {"toolproxy-redis-tls", "toolproxy-jwks", "toolproxy-config"}, other["name"]
+        assert not [e for e in other.get("env", []) if "valueFrom" in e], other["name"]
+
+
+def test_registry_change_rolls_the_pods_but_a_policy_change_does_not():
+    base = agent_pod(render())["metadata"]["annotations"]
+    other_registry = agent_pod(render([DEMO_VALUES]))["metadata"]["annotations"]
+    other_policy = agent_pod(render(set_json={"opa.policies.files": {"x.rego": "package x\n"}}))
+    assert base["checksum/toolproxy-registry"] != other_registry["checksum/toolproxy-registry"]
+    assert other_policy["metadata"]["annotations"] == base
+
+
+# ---------------------------------------------------------------------------
+# Who can reach what: listeners, Services, NetworkPolicy
+# ---------------------------------------------------------------------------
+
+def test_agent_api_is_loopback_only_and_admin_is_a_separate_service(rendered):
+    pod = agent_pod(rendered)["spec"]
+    config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
+    assert config["listen"]["host"] == "127.0.0.1"
+    assert config["admin"]["port"] != config["listen"]["port"]
+    exposed = {p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])}
+    assert config["listen"]["port"] not in exposed
+    for service in find(rendered, "Service"):
+        for port in service["spec"]["ports"]:
+            assert port["port"] != config["listen"]["port"], service["metadata"]["name"]
+    admin = one(rendered, "Service", "-admin")
+    assert [p["targetPort"] for p in admin["spec"]["ports"]] == ["tp-admin"]
+    labels = agent_pod(rendered)["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in admin["spec"]["selector"].items())
+
+
+def egress_ports(policy):
+    return [(r.get("to"), {(p["port"], p.get("protocol", "TCP")) for p in r["ports"]}) for r in policy["spec"]["egress"]]
+
+
+def test_networkpolicy_limits_egress_to_dns_redis_and_declared_backends(rendered):
+    policy = one(rendered, "NetworkPolicy")
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    labels = agent_pod(rendered)["metadata"]["labels"]
+    assert all(labels.get(k) == v for k, v in policy["spec"]["podSelector"]["matchLabels"].items())
+    rules = egress_ports(policy)
+    for to, ports in rules:
+        assert to, "an egress rule without `to` would allow every destination"
+        assert ports, "an egress rule without ports would allow every port"
+    all_ports = set().union(*(ports for _, ports in rules))
+    assert {(53, "UDP"), (53, "TCP")} <= all_ports
+    for rule in policy["spec"]["ingress"]:
+        assert rule.get("from"), "an ingress rule without `from` would admit everyone"
+
+
+def test_demo_networkpolicy_has_the_tool_backend_and_redis_rules(demo):
+    rules = egress_ports(one(demo, "NetworkPolicy"))
+    by_ports = {frozenset(ports): to for to, ports in rules}
+    assert by_ports[frozenset({(8080, "TCP")})][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "shop"}
+    assert by_ports[frozenset({(6380, "TCP")})][0]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "redis"}
+    assert frozenset({(443, "TCP")}) in by_ports  # the agent's LLM gateway (extraEgress)
+    ingress = one(demo, "NetworkPolicy")["spec"]["ingress"]
+    admin = [r for r in ingress if {p["port"] for p in r["ports"]} == {8788}]
+    assert len(admin) == 1 and admin[0]["from"][0]["podSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "approver-ui"}
+
+
+def test_empty_admin_peers_leave_the_admin_port_closed():
+    policy = one(render(set_json={"networkPolicy.adminFrom": []}), "NetworkPolicy")
+    assert all(8788 not in {p["port"] for p in r["ports"]} for r in policy["spec"]["ingress"])
+
+
+def test_bundle_mode_pulls_policies_and_opens_egress_to_the_bundle_server():
+    manifests = render(set_values={"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://bundles.example.com",
+                                   "opa.bundle.tokenSecret.name": "bundle-token"},
+                       set_json={"networkPolicy.opaBundle.to": [{"ipBlock": {"cidr": "10.9.0.0/16"}}]})
+    pod = agent_pod(manifests)["spec"]
+    opa = containers(pod)["toolproxy-opa"]
+    assert not find(manifests, "ConfigMap", "-policies")
+    config_arg = next(a for a in opa["args"] if a.startswith("--config-file="))
+    config_dir = str(Path(config_arg.split("=", 1)[1]).parent)
+    assert mounts(opa)[config_dir] == "toolproxy-opa-config"
+    opa_config = yaml.safe_load(one(manifests, "ConfigMap", "-opa-config")["data"]["config.yaml"])
+    assert opa_config["services"]["bundle-server"]["url"] == "https://bundles.example.com"
+    token_path = opa_config["services"]["bundle-server"]["credentials"]["bearer"]["token_path"]
+    assert mounts(opa)[str(Path(token_path).parent)] == "toolproxy-opa-bundle-token"
+    assert opa["readinessProbe"]["httpGet"]["path"] == "/health?bundles"
+    ports = set().union(*(p for _, p in egress_ports(one(manifests, "NetworkPolicy"))))
+    assert (443, "TCP") in ports
+
+
+# ---------------------------------------------------------------------------
+# values.schema.json refuses bad values
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("args, message", [
+    (["--set", "proxy.ports.admin=abc"], "/proxy/ports/admin"),
+    (["--set", "proxy.ports.ops=70000"], "/proxy/ports/ops"),
+    (["--set-string", "opa.port=8181"], "/opa/port"),
+    (["--set", "proxy.securityContext.runAsNonRoot=false"], "/proxy/securityContext/runAsNonRoot"),
+    (["--set", "opa.securityContext.readOnlyRootFilesystem=false"], "/opa/securityContext/readOnlyRootFilesystem"),
+    (["--set", "proxy.tiemouts=1"], "tiemouts"),
+    (["--set", "opa.policySource=git"], "/opa/policySource"),
+    (["--set", "proxy.redis.url=http://redis:6379"], "/proxy/redis/url"),
+    (["--set-json", "networkPolicy.redis.to=[]"], "/networkPolicy/redis/to"),
+    (["--set-json", 'networkPolicy.toolBackends=[{"name":"x","to":[{"podSelector":{}}],"ports":[{"port":"http"}]}]'],
+     "/networkPolicy/toolBackends/0/ports/0/port"),
+], ids=["string-port", "port-range", "quoted-port", "root", "rw-rootfs", "typo", "enum", "redis-scheme",
+        "redis-everyone", "backend-port"])
+def test_schema_refuses_bad_values_in_template_and_lint(args, message):
+    for command in (["template", "t", str(CHART)], ["lint", str(CHART)]):
+        with pytest.raises(HelmError) as info:
+            helm(*command, *args)
+        assert message in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("set_values, message", [
+    ({"proxy.ports.admin": 8181}, "must all differ"),
+    ({"opa.policySource": "bundle", "networkPolicy.enabled": "false"}, "/opa/bundle/serviceUrl"),
+    ({"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://b"}, "/networkPolicy/opaBundle/to"),
+    ({"registry.includeExamples": "false"}, "no tool registry"),
+    ({"proxy.redis.tls.secretName": "tls"}, "not rediss://"),
+])
+def test_template_or_schema_refuses_inconsistent_values(set_values, message):
+    with pytest.raises(HelmError, match=re.escape(message)):
+        render(set_values=set_values)
+
+
+# ---------------------------------------------------------------------------
+# The named templates, included by a team's own chart
+# ---------------------------------------------------------------------------
+
+TEAM_DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .Release.Name }}-team-agent
+spec:
+  selector:
+    matchLabels: {app: team-agent}
+  template:
+    metadata:
+      labels:
+        app: team-agent
+        {{- include "toolproxy.podLabels" .Subcharts.toolproxy | nindent 8 }}
+      annotations:
+        {{- include "toolproxy.podAnnotations" .Subcharts.toolproxy | nindent 8 }}
+    spec:
+      serviceAccountName: team-agent
+      automountServiceAccountToken: false
+      shareProcessNamespace: false
+      containers:
+        - name: agent
+          image: team/agent:1
+          env:
+            {{- include "toolproxy.agentEnv" .Subcharts.toolproxy | nindent 12 }}
+        {{- include "toolproxy.sidecars" .Subcharts.toolproxy | nindent 8 }}
+      volumes:
+        - {name: scratch, emptyDir: {}}
+        {{- include "toolproxy.volumes" .Subcharts.toolproxy | nindent 8 }}
+"""
+
+
+def test_team_chart_includes_the_sidecars_through_the_named_templates(tmp_path):
+    team = tmp_path / "team-agent"
+    (team / "templates").mkdir(parents=True)
+    (team / "Chart.yaml").write_text("apiVersion: v2\nname: team-agent\nversion: 1.0.0\ndependencies:\n"
+                                     "  - name: toolproxy\n    version: 0.1.0\n")
+    (team / "values.yaml").write_text("toolproxy:\n  agent: {enabled: false}\n  proxy:\n    ports: {agent: 9000}\n")
+    (team / "templates" / "deployment.yaml").write_text(TEAM_DEPLOYMENT)
+    shutil.copytree(CHART, team / "charts" / "toolproxy", symlinks=False)  # as `helm dependency build` unpacks it
+    manifests = render(chart=team, release="shop")
+    assert not find(manifests, "Deployment", "-toolproxy-agent"), "the example agent is off"
+    deployment = one(manifests, "Deployment", "-team-agent")
+    pod = deployment["spec"]["template"]
+    assert list(containers(pod["spec"])) == ["agent", *SIDECARS]
+    assert containers(pod["spec"])["agent"]["env"] == [{"name": "TOOLPROXY_URL", "value": "http://127.0.0.1:9000"}]
+    config = yaml.safe_load(configmap_of(manifests, pod["spec"], "toolproxy-config")["data"]["config.yaml"])
+    assert config["listen"]["port"] == 9000
+    # Every ConfigMap the volumes name is rendered by the subchart.
+    rendered_maps = {m["metadata"]["name"] for m in find(manifests, "ConfigMap")}
+    for volume in pod["spec"]["volumes"]:
+        if "configMap" in volume:
+            assert volume["configMap"]["name"] in rendered_maps
+    # The subchart's Services and NetworkPolicy select the team's pods.
+    labels = pod["metadata"]["labels"]
+    for selector in ([one(manifests, "NetworkPolicy")["spec"]["podSelector"]["matchLabels"]]
+                     + [s["spec"]["selector"] for s in find(manifests, "Service")]):
+        assert all(labels.get(k) == v for k, v in selector.items()), selector
+    assert "checksum/toolproxy-registry" in pod["metadata"]["annotations"]
+
+
+# ---------------------------------------------------------------------------
+# Monitoring objects
+# ---------------------------------------------------------------------------
+
+def test_servicemonitor_scrapes_the_metrics_service_ports(demo):
+    monitor = one(demo, "ServiceMonitor")
+    service = one(demo, "Service", "-metrics")
+    assert all(service["metadata"]["labels"].get(k) == v
+               for k, v in monitor["spec"]["selector"]["matchLabels"].items())
+    service_ports = {p["name"] for p in service["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= service_ports
+    assert {e["path"] for e in monitor["spec"]["endpoints"]} == {"/metrics"}
+
+
+def test_monitoring_objects_are_off_by_default(default):
+    assert not find(default, "ServiceMonitor") and not find(default, "PrometheusRule")
+
+
+def test_prometheusrule_carries_the_rules_file(demo):
+    rule = one(demo, "PrometheusRule")
+    source = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"]["groups"] == source["groups"]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+
+
+# ---------------------------------------------------------------------------
+# Dockerfile (no Docker engine here: checked statically; its entrypoint is run
+# for real by test_helm_pod.py)
+# ---------------------------------------------------------------------------
+
+def test_dockerfile_is_multi_stage_with_a_slim_non_root_final_stage():
+    stages = dockerfile_stages()
+    assert len(stages) >= 2
+    args = {m.group(1): m.group(2) for m in re.finditer(r"^ARG (\w+)=(\S+)$", (REPO / "Dockerfile").read_text(), re.M)}
+    final = stages[-1]
+    base = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], final[0][1].split()[0])
+    assert re.search(r"-slim|distroless", base), base
+    users = [rest for ins, rest in final if ins == "USER"]
+    assert users and re.fullmatch(r"[1-9][0-9]*(:[1-9][0-9]*)?", users[-1]), users
+    for instruction, rest in final:
+        if instruction == "RUN":
+            # The only RUN removes pip; nothing installs or compiles in the final stage.
+            assert re.fullmatch(r"python -m pip uninstall [-\w ]+", rest), rest
+    copies = [rest for ins, rest in final if ins == "COPY"]
+    assert copies and all(rest.startswith("--from=") for rest in copies), "final stage copies only build output"
+    for ins, rest in stages[0]:
+        if ins == "COPY":
+            for source in rest.split()[:-1]:
+                assert (REPO / source).exists(), source
+    assert entrypoint()[:3] == ["python", "-m", "proxy.cli"]
+
+
+def test_dockerfile_installs_exactly_the_runtime_dependencies():
+    text = (REPO / "Dockerfile").read_text()
+    assert "['project']['dependencies']" in text and "--only-binary=:all:" in text
+    ignore = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert ignore[0] == "*" and {"!proxy/", "!schemas/", "!pyproject.toml"} <= set(ignore)
+

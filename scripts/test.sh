@@ -75,21 +75,43 @@ else
 fi
 
 if [[ -f "$CHART/Chart.yaml" ]]; then
-    step "helm lint $CHART"
-    run "helm lint" helm lint "$CHART"
-    step "helm template $CHART"
-    helm_template() {
+    # Helm notes each symlink it follows (files/policies -> policies/, files/registry
+    # -> examples/registry); that note is expected, not an error.
+    quiet_helm() { helm "$@" 2> >(grep -v 'found symbolic link in path' >&2); }
+    step "helm lint $CHART (default values, then each $CHART/ci/*-values.yaml)"
+    run "helm lint" quiet_helm lint "$CHART"
+    for values in "$CHART"/ci/*-values.yaml; do
+        [[ -e "$values" ]] || continue
+        run "helm lint $(basename "$values")" quiet_helm lint "$CHART" -f "$values"
+    done
+    helm_template() {  # helm_template [ARGS...]: render, report the manifest count
         local out
         out="$(mktemp)"
-        if helm template toolproxy "$CHART" > "$out"; then
-            echo "rendered $(grep -c '^kind:' "$out") manifests"
+        if quiet_helm template toolproxy "$CHART" "$@" > "$out"; then
+            echo "rendered $(grep -c '^kind:' "$out") manifests${1:+ with $*}"
             rm -f "$out"
         else
             rm -f "$out"
             return 1
         fi
     }
+    step "helm template $CHART (default values, then each ci/*-values.yaml)"
     run "helm template" helm_template
+    for values in "$CHART"/ci/*-values.yaml; do
+        [[ -e "$values" ]] || continue
+        run "helm template $(basename "$values")" helm_template -f "$values"
+    done
+    step "values.schema.json refuses a string where a port goes"
+    schema_refuses_bad_port() {
+        local err
+        if err="$(helm template toolproxy "$CHART" --set proxy.ports.admin=not-a-port 2>&1 >/dev/null)"; then
+            echo "helm template accepted proxy.ports.admin=not-a-port" >&2
+            return 1
+        fi
+        grep -q "/proxy/ports/admin" <<<"$err" || { echo "unexpected error: $err" >&2; return 1; }
+        echo "refused: $(grep -m1 "/proxy/ports/admin" <<<"$err" | sed 's/^ *//')"
+    }
+    run "helm schema" schema_refuses_bad_port
 else
     step "helm: skipped (no $CHART/Chart.yaml)"
 fi

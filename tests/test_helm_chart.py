@@ -309,6 +309,8 @@ def test_schema_refuses_bad_values_in_template_and_lint(args, message):
     ({"proxy.ports.admin": 8181}, "must all differ"),
     ({"opa.policySource": "bundle", "networkPolicy.enabled": "false"}, "/opa/bundle/serviceUrl"),
     ({"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://b"}, "/networkPolicy/opaBundle/to"),
+    ({"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://b", "networkPolicy.enabled": "false",
+      "opa.catalog.existingConfigMap": "my-catalog"}, "the bundle carries"),
     ({"registry.includeExamples": "false"}, "no tool registry"),
     ({"proxy.redis.tls.secretName": "tls"}, "not rediss://"),
 ])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -221,12 +222,13 @@ class LocalPod:
         return sorted(mounts, key=lambda m: -len(m[0]))
 
     def translate(self, container: str, text: str) -> str:
-        """Replace container paths under a mount with the host paths that hold them."""
-        for mount, host in self.path_map(container):
-            text = text.replace(mount + "/", f"{host}/")
-            if text == mount or text.endswith(":" + mount):
-                text = text[: len(text) - len(mount)] + str(host)
-        return text
+        """Replace container paths under a mount with the host paths that hold them (one pass)."""
+        table = dict(self.path_map(container))
+        if not table:
+            return text
+        pattern = re.compile(r"(?<![^\s:=,\[\]\"'])(" + "|".join(re.escape(m) for m in table)
+                             + r")(?=/|$|[\s,\"'\]])")
+        return pattern.sub(lambda match: str(table[match.group(1)]), text)
 
     def env(self, container: str) -> dict[str, str]:
         result: dict[str, str] = {}

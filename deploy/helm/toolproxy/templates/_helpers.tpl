@@ -92,14 +92,21 @@ app.kubernetes.io/part-of: toolproxy
 {{- toJson (mustMergeOverwrite $doc (deepCopy .Values.opa.data.document)) }}
 {{- end }}
 
-{{/* "true" when OPA gets policy data (bundled/inline or from a ConfigMap). */}}
+{{/*
+"true" when OPA gets policy data (bundled/inline or from a ConfigMap). Never in
+bundle mode: the bundle owns data.toolproxy and carries its data and catalog.
+*/}}
 {{- define "toolproxy.hasData" -}}
+{{- if eq .Values.opa.policySource "configmap" }}
 {{- if or .Values.opa.data.existingConfigMap (ne (include "toolproxy.policyData" .) "{}") }}true{{ end }}
 {{- end }}
+{{- end }}
 
-{{/* "true" when OPA gets catalog data (inline or from a ConfigMap). */}}
+{{/* "true" when OPA gets catalog data (inline or from a ConfigMap); never in bundle mode. */}}
 {{- define "toolproxy.hasCatalog" -}}
+{{- if eq .Values.opa.policySource "configmap" }}
 {{- if or .Values.opa.catalog.existingConfigMap .Values.opa.catalog.data }}true{{ end }}
+{{- end }}
 {{- end }}
 
 {{/* Registry files rendered into the chart's registry ConfigMap: name -> text. */}}
@@ -162,8 +169,15 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 
 {{/* Validation that the schema cannot express; called from the Deployment/ConfigMaps. */}}
 {{- define "toolproxy.validate" -}}
-{{- if and (eq .Values.opa.policySource "bundle") (not .Values.opa.bundle.serviceUrl) }}
+{{- if eq .Values.opa.policySource "bundle" }}
+{{- if not .Values.opa.bundle.serviceUrl }}
 {{- fail "opa.policySource=bundle needs opa.bundle.serviceUrl" }}
+{{- end }}
+{{- with .Values.opa }}
+{{- if or .data.document .data.existingConfigMap .catalog.data .catalog.existingConfigMap .policies.files .policies.existingConfigMap }}
+{{- fail "opa.policySource=bundle: the bundle carries the policies, their data and the catalog; unset opa.policies.files/existingConfigMap, opa.data.document/existingConfigMap and opa.catalog.*" }}
+{{- end }}
+{{- end }}
 {{- end }}
 {{- if and (eq .Values.opa.policySource "configmap") (not .Values.opa.policies.existingConfigMap) (not (fromYaml (include "toolproxy.policyFiles" .))) }}
 {{- fail "no Rego policies: set opa.policies.includeDefault, opa.policies.files or opa.policies.existingConfigMap (OPA would deny every call)" }}

@@ -11,20 +11,17 @@ without a restart.
 
 from __future__ import annotations
 
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import json
-import re
 import subprocess
 import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
-from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.metrics import Metrics
-from tests.support.helm import (LocalPod, containers, http, http_get, one, python_entrypoint, render,
-                                wait_until)
+from tests.support.helm import LocalPod, containers, http, http_get, one, python_entrypoint, render, wait_until
+from tests.support.metrics import exported_names
+from tests.support.promql import metric_names
 from tests.support.servers import find_binary, free_port
 
 START_TIMEOUT = 30.0
@@ -124,53 +121,17 @@ def test_editing_the_policies_configmap_changes_answers_without_a_restart(pod):
     assert pod.probe("toolproxy-opa", "readinessProbe")[0] == 200
 
 
-_SAMPLE_SUFFIXES = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_sum", "_count", "_created"),
-                    "summary": ("", "_sum", "_count", "_created"), "gauge": ("",)}
-
-# PromQL words that are not metric names.
-_PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "bool",
-                 "offset", "inf", "nan"}
-
-
-def metric_names(expr: str) -> set[str]:
-    """Metric names an expression selects: identifiers that are not functions, keywords or labels."""
-    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)                 # string literals
-    expr = re.sub(r"\{[^}]*\}", "", expr)                             # label matchers
-    expr = re.sub(r"\[[^\]]*\]", "", expr)                            # range selectors
-    expr = re.sub(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", expr)
-    names = set()
-    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
-        rest = expr[match.end():].lstrip()
-        word = match.group(0)
-        if rest.startswith("(") or word.lower() in _PROMQL_WORDS:
-            continue
-        names.add(word)
-    return names
-
-
-def test_metric_name_extraction():
-    assert metric_names('sum by (tool) (rate(toolproxy_calls_total{code="x"}[5m])) / on(pod) up > 0') == {
-        "toolproxy_calls_total", "up"}
-    assert metric_names("histogram_quantile(0.99, sum by (le) (rate(a_bucket[5m]))) > bool 1") == {"a_bucket"}
-
-
 def test_prometheus_rules_reference_only_metrics_the_running_proxy_exports(pod):
+    """The chart's PrometheusRule, checked against this pod's live /metrics (the ops port the ServiceMonitor scrapes)."""
     status, body = http_get(f"http://127.0.0.1:{pod.ports['tp-ops']}/metrics")
-    if status == 404:  # FALLBACK until the ops listener's /metrics (issue 7) is on main
-        body = generate_latest(Metrics().registry)
-    else:
-        assert status == 200, body
-    exported = set()
-    for family in text_string_to_metric_families(body.decode()):
-        # A labelled series shows its samples only once recorded; its TYPE line declares it already.
-        exported |= {family.name + suffix for suffix in _SAMPLE_SUFFIXES.get(family.type, ("",))}
-        exported |= {sample.name for sample in family.samples}
+    assert status == 200, body
+    exported = exported_names(body.decode())
     rule = one(render(set_values={"prometheusRule.enabled": "true"}), "PrometheusRule")
     exprs = [r["expr"] for group in rule["spec"]["groups"] for r in group["rules"]]
     assert exprs
     for expr in exprs:
-        unknown = metric_names(str(expr)) - exported
-        assert not unknown, f"{expr!r} uses {unknown}, not exported by the proxy's /metrics"
+        names = metric_names(str(expr))
+        assert names and not names - exported, f"{expr!r} uses {names - exported}, not in the proxy's /metrics"
 
 
 # ---------------------------------------------------------------------------

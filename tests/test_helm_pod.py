@@ -115,6 +115,11 @@ def test_editing_the_policies_configmap_changes_answers_without_a_restart(pod):
         pod.local.update_configmap(name, {**original, "chart_probe.rego":
                                           f'package toolproxy.chart_probe\n\nanswer := "{value}"\n'})
         wait_until(lambda: answer() == value, WATCH_TIMEOUT, f"OPA sees the edited ConfigMap ({value})")
+    # A file that does not compile is refused; the previous policies keep answering.
+    pod.local.update_configmap(name, {**original, "chart_probe.rego": 'package toolproxy.chart_probe\n\nanswer := \n'})
+    wait_until(lambda: "chart_probe.rego" in pod.local.log("toolproxy-opa"), WATCH_TIMEOUT,
+               "OPA reports the broken file")
+    assert answer() == "second"
     pod.local.update_configmap(name, original)  # a removed key disappears too
     wait_until(lambda: answer() is None, WATCH_TIMEOUT, "OPA drops the removed file")
     assert opa.poll() is None and pod.local.processes["toolproxy-opa"] is opa, "OPA was not restarted"

@@ -76,6 +76,22 @@ def test_default_and_demo_render_the_complete_example(rendered):
     assert agent_env["TOOLPROXY_URL"] == "http://127.0.0.1:8787"
 
 
+def test_names_fit_kubernetes_limits(rendered):
+    """No cluster here to refuse them: port names are IANA service names, object names DNS labels."""
+    for manifest in rendered:
+        assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", manifest["metadata"]["name"]), manifest
+    pod = agent_pod(rendered)["spec"]
+    names = [p["name"] for c in pod["containers"] for p in c.get("ports", [])]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert len(name) <= 15 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and re.search("[a-z]", name)
+    volumes = [v["name"] for v in pod["volumes"]]
+    assert len(volumes) == len(set(volumes))
+    for container in pod["containers"]:
+        for mount in container.get("volumeMounts", []):
+            assert mount["name"] in volumes, (container["name"], mount)
+
+
 # ---------------------------------------------------------------------------
 # Sidecars: probes, resources, securityContext
 # ---------------------------------------------------------------------------

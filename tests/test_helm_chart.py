@@ -8,6 +8,7 @@ containers themselves are run from the rendered pod in test_helm_pod.py.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -24,7 +25,8 @@ from tests.support.stack import REPO
 HARDENED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
 SIDECARS = ("toolproxy", "toolproxy-opa")
 DEMO_SECRETS = {"toolproxy-redis": {"url": "rediss://redis.data.svc:6380/0", "password": "pw"},
-                "toolproxy-redis-tls": {"ca.crt": "CA"}, "toolproxy-jwks": {"jwks.json": "{\"keys\": []}"}}
+                "toolproxy-redis-tls": {"ca.crt": "CA"}, "toolproxy-jwks": {"jwks.json": "{\"keys\": []}"},
+                "toolproxy-approver-jwks": {"jwks.json": "{\"keys\": []}"}}
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +195,33 @@ def test_opa_loads_policies_and_data_from_the_mounted_configmaps(rendered):
     assert f"--addr=127.0.0.1:{opa_port(pod)}" in opa["args"], "OPA's API must stay on loopback"
 
 
+def test_the_catalog_init_container_feeds_opa_from_the_mounted_registry(rendered):
+    pod = agent_pod(rendered)["spec"]
+    init = {c["name"]: c for c in pod["initContainers"]}["toolproxy-opa-catalog"]
+    proxy, opa = containers(pod)["toolproxy"], containers(pod)["toolproxy-opa"]
+    assert init["image"] == proxy["image"]
+    sc = init["securityContext"]
+    assert {k: sc.get(k) for k in HARDENED} == HARDENED and sc["capabilities"]["drop"] == ["ALL"]
+    assert set(init["resources"]["limits"]) >= {"memory"}
+    script, registry, out_dir = init["args"]
+    assert "opa-data --registry" in script and mounts(init)[registry] == "toolproxy-registry"
+    assert mounts(init)[out_dir] == "toolproxy-opa-catalog" and mounts(opa)[out_dir] == "toolproxy-opa-catalog"
+    assert f"toolproxy.catalog:{out_dir}" in opa["args"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "toolproxy-opa-catalog")
+    assert "emptyDir" in volume
+    config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
+    assert config["opa"]["push_catalog"] is False, "OPA refuses writes: the proxy must not try to push"
+
+
+def test_catalog_given_as_data_replaces_the_init_container():
+    catalog = {"digest": "d" * 64, "tools": {}}
+    manifests = render(set_json={"opa.catalog.data": catalog})
+    pod = agent_pod(manifests)["spec"]
+    assert "initContainers" not in pod
+    data = configmap_of(manifests, pod, "toolproxy-opa-catalog")["data"]
+    assert json.loads(data["catalog.json"]) == catalog
+
+
 def test_demo_redis_tls_password_and_jwks_come_from_secrets_into_the_proxy_only(demo):
     pod = agent_pod(demo)["spec"]
     proxy, opa, agent = containers(pod)["toolproxy"], containers(pod)["toolproxy-opa"], containers(pod)["agent"]
@@ -206,9 +235,18 @@ def test_demo_redis_tls_password_and_jwks_come_from_secrets_into_the_proxy_only(
     config = yaml.safe_load(configmap_of(demo, pod, "toolproxy-config")["data"]["config.yaml"])
     tls_mount = next(p for p, v in mounts(proxy).items() if v == "toolproxy-redis-tls")
     assert config["redis"]["tls_ca_file"] == f"{tls_mount}/ca.crt"
+    # Caller keys and approver keys: separate Secrets, each wired to its own jwt section.
+    for section, volume, secret in (("identity", "toolproxy-jwks", "toolproxy-jwks"),
+                                    ("admin_identity", "toolproxy-admin-jwks", "toolproxy-approver-jwks")):
+        jwks_file = Path(config[section]["jwt"]["jwks_file"])
+        assert mounts(proxy)[str(jwks_file.parent)] == volume
+        assert volumes[volume]["secret"]["secretName"] == secret
+        assert [i["path"] for i in volumes[volume]["secret"]["items"]] == [jwks_file.name]
+    assert config["identity"]["mode"] == config["admin_identity"]["mode"] == "jwt"
     for other in (opa, agent):
         names = {m["name"] for m in other.get("volumeMounts", [])}
-        assert not names & {"toolproxy-redis-tls", "toolproxy-jwks", "toolproxy-config"}, other["name"]
+        assert not names & {"toolproxy-redis-tls", "toolproxy-jwks", "toolproxy-admin-jwks", "toolproxy-config"}, \
+            other["name"]
         assert not [e for e in other.get("env", []) if "valueFrom" in e], other["name"]
 
 
@@ -292,6 +330,9 @@ def test_bundle_mode_pulls_policies_and_opens_egress_to_the_bundle_server():
     token_path = opa_config["services"]["bundle-server"]["credentials"]["bearer"]["token_path"]
     assert mounts(opa)[str(Path(token_path).parent)] == "toolproxy-opa-bundle-token"
     assert opa["readinessProbe"]["httpGet"]["path"] == "/health?bundles"
+    assert "initContainers" not in pod, "the bundle ships the catalog"
+    loaded = [a for a in opa["args"] if not a.startswith("-") and a != "run"]
+    assert loaded == [next(p for p, v in mounts(opa).items() if v == "toolproxy-opa-authz")], loaded
     ports = set().union(*(p for _, p in egress_ports(one(manifests, "NetworkPolicy"))))
     assert (443, "TCP") in ports
 
@@ -329,6 +370,7 @@ def test_schema_refuses_bad_values_in_template_and_lint(args, message):
       "opa.catalog.existingConfigMap": "my-catalog"}, "the bundle carries"),
     ({"registry.includeExamples": "false"}, "no tool registry"),
     ({"proxy.redis.tls.secretName": "tls"}, "not rediss://"),
+    ({"opa.catalog.generate": "false"}, "no tool catalog for OPA"),
 ])
 def test_template_or_schema_refuses_inconsistent_values(set_values, message):
     with pytest.raises(HelmError, match=re.escape(message)):
@@ -358,6 +400,8 @@ spec:
       serviceAccountName: team-agent
       automountServiceAccountToken: false
       shareProcessNamespace: false
+      initContainers:
+        {{- include "toolproxy.initContainers" .Subcharts.toolproxy | nindent 8 }}
       containers:
         - name: agent
           image: team/agent:1
@@ -383,6 +427,7 @@ def test_team_chart_includes_the_sidecars_through_the_named_templates(tmp_path):
     deployment = one(manifests, "Deployment", "-team-agent")
     pod = deployment["spec"]["template"]
     assert list(containers(pod["spec"])) == ["agent", *SIDECARS]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["toolproxy-opa-catalog"]
     assert containers(pod["spec"])["agent"]["env"] == [{"name": "TOOLPROXY_URL", "value": "http://127.0.0.1:9000"}]
     config = yaml.safe_load(configmap_of(manifests, pod["spec"], "toolproxy-config")["data"]["config.yaml"])
     assert config["listen"]["port"] == 9000

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
 
-from tests.support.helm import LocalPod, containers, http, http_get, one, python_entrypoint, render, wait_until
+from proxy.policy import catalog_document
+from proxy.registry import load_registry
+from tests.support.helm import REPO, LocalPod, containers, http, http_get, one, python_entrypoint, render, wait_until
 from tests.support.metrics import exported_names
 from tests.support.promql import metric_names
 from tests.support.servers import find_binary, free_port
@@ -47,15 +50,40 @@ class RunningPod:
         return next(v["configMap"]["name"] for v in self.local.pod_spec["volumes"] if v["name"] == "toolproxy-policies")
 
 
-@pytest.fixture
-def pod(tmp_path, redis_url):
+@pytest.fixture(scope="module")
+def demo_backend(tmp_path_factory):
+    """examples/demo_backend.py as its own process: the tool backend the demo registry calls."""
+    tmp_path = tmp_path_factory.mktemp("demo-backend")
+    port = free_port()
+    log = open(tmp_path / "demo-backend.log", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "examples.demo_backend", "--port", str(port)], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(lambda: http_get(url + "/status/get_order/x")[0] in (200, 404), START_TIMEOUT, "demo backend",
+                   proc, lambda: (tmp_path / "demo-backend.log").read_text())
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def pod(tmp_path_factory, redis_server, demo_backend):
+    """One running pod for the module (tests that edit a ConfigMap put it back)."""
+    tmp_path = tmp_path_factory.mktemp("pod")
+    if not redis_server.running:  # a test elsewhere stopped it
+        redis_server.start()
+    redis_url = redis_server.url
     ports = {key: free_port() for key in ("proxy.ports.agent", "proxy.ports.admin", "proxy.ports.ops", "opa.port",
                                           "opa.diagnosticPort")}
-    manifests = render(set_values={**ports, "proxy.redis.url": redis_url})
+    manifests = render(set_values={**ports, "proxy.redis.url": redis_url, "proxy.backends.demo": demo_backend})
     spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
-    local = LocalPod(manifests, spec, tmp_path)
+    local = LocalPod(manifests, spec, tmp_path / "pod")
     running = RunningPod(local, manifests)
     try:
+        local.run_init_containers({"toolproxy-opa-catalog": python_entrypoint()})
         opa = local.start("toolproxy-opa", [find_binary("opa")])
         wait_until(lambda: running.probe("toolproxy-opa", "readinessProbe")[0] == 200, START_TIMEOUT,
                    "OPA readiness probe", opa, lambda: local.log("toolproxy-opa"))
@@ -89,6 +117,37 @@ def test_agent_container_reaches_the_proxy_at_its_env_url(pod):
     declared = {t["name"] for text in pod.local.configmaps[registry_cm].values()
                 for t in yaml.safe_load(text)["tools"]}
     assert listed and listed <= declared
+
+
+def call_tool(pod, call_id: str) -> tuple[int, dict]:
+    body = {"call_id": call_id, "tool": "get_order", "arguments": {"order_id": "ord_1001"}}
+    status, raw = http("POST", pod.agent_env["TOOLPROXY_URL"] + "/v1/tool-calls", json.dumps(body).encode(),
+                       timeout=10)
+    return status, json.loads(raw)
+
+
+def test_opa_holds_the_catalog_of_the_registry_the_proxy_serves(pod):
+    """The init container's `toolproxy opa-data` output: same digest as the proxy's own registry."""
+    registry_dir = pod.local.volume_dir("toolproxy-registry")
+    expected = catalog_document(load_registry([registry_dir]))["digest"]
+    status, body = http_get(pod.opa_url + "/v1/data/toolproxy/catalog/digest")
+    assert status == 200 and json.loads(body)["result"] == expected
+
+
+def test_a_tool_call_is_decided_by_the_opa_sidecar_and_a_policies_configmap_edit_flips_it(pod):
+    status, envelope = call_tool(pod, "call_1")
+    assert status == 200 and envelope["outcome"] == "succeeded", envelope
+    name = pod.policies_configmap()
+    original = dict(pod.local.configmaps[name])
+    processes = {c: pod.local.processes[c] for c in ("toolproxy", "toolproxy-opa")}
+    pod.local.update_configmap(name, {**original, "chart_probe.rego":
+                                      'package toolproxy.tools\n\ndeny contains "chart_probe" if input.action == "call"\n'})
+    denied = wait_until(lambda: (lambda r: r if r[0] == 403 else None)(call_tool(pod, "call_2")), WATCH_TIMEOUT,
+                        "the edited policies deny the call")
+    assert denied[1]["error"]["code"] == "forbidden" and denied[1]["side_effect"]["attempted"] is False
+    pod.local.update_configmap(name, original)
+    wait_until(lambda: call_tool(pod, "call_3")[0] == 200, WATCH_TIMEOUT, "the restored policies allow it again")
+    assert all(proc.poll() is None for proc in processes.values()), "no sidecar was restarted"
 
 
 def test_opa_api_refuses_policy_and_data_writes_from_inside_the_pod(pod):

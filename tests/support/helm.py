@@ -213,7 +213,8 @@ class LocalPod:
 
     # -- containers -------------------------------------------------------
     def container(self, name: str) -> dict[str, Any]:
-        return containers(self.pod_spec)[name]
+        every = {c["name"]: c for c in [*self.pod_spec.get("initContainers", []), *self.pod_spec["containers"]]}
+        return every[name]
 
     def path_map(self, container: str) -> list[tuple[str, Path]]:
         """(mountPath, host dir) for each of the container's mounts, longest first."""
@@ -249,21 +250,24 @@ class LocalPod:
                 raise AssertionError(f"unsupported env source {source}")
         return result
 
-    def start(self, container: str, command: Sequence[str], *, extra_env: Mapping[str, str] | None = None,
+    def start(self, container: str, entrypoint: Sequence[str], *, extra_env: Mapping[str, str] | None = None,
               translate_files: Sequence[str] = ()) -> subprocess.Popen[bytes]:
-        """Run ``command`` (the image entrypoint) + the container's args with its env.
+        """Run the container: its ``command`` (else the image's ``entrypoint``) + ``args``, with its env.
 
         ``translate_files`` are container paths of mounted files whose contents
         mention other mount paths (e.g. the proxy config's registry.paths):
         they are rewritten in place with host paths, like the args.
         """
         spec = self.container(container)
-        args = [self.translate(container, a) for a in [*spec.get("command", []), *spec.get("args", [])]]
+        command = [self.translate(container, a) for a in spec["command"]] if spec.get("command") else list(entrypoint)
+        args = [self.translate(container, a) for a in spec.get("args", [])]
         for path in translate_files:
             host = Path(self.translate(container, path))
             text = host.read_text()
             host.resolve().write_text(self.translate(container, text))
-        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "HOME": str(self.root),
+        # `python` in a command means the image's interpreter: this test run's.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        env = {"PATH": path, "PYTHONPATH": str(REPO), "HOME": str(self.root),
                **{k: self.translate(container, v) for k, v in self.env(container).items()}, **(extra_env or {})}
         log = self.root / f"{container}.log"
         self.logs[container] = log
@@ -271,6 +275,14 @@ class LocalPod:
                                 stderr=subprocess.STDOUT, env=env, cwd=self.root)
         self.processes[container] = proc
         return proc
+
+    def run_init_containers(self, entrypoints: Mapping[str, Sequence[str]], timeout: float = 60.0) -> None:
+        """Run each init container to completion, in order, as the kubelet does; all must exit 0."""
+        for spec in self.pod_spec.get("initContainers", []):
+            name = spec["name"]
+            proc = self.start(name, entrypoints.get(name, ()))
+            code = proc.wait(timeout=timeout)
+            assert code == 0, f"init container {name} exited {code}:\n{self.log(name)}"
 
     def log(self, container: str) -> str:
         path = self.logs.get(container)

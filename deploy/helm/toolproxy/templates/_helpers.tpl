@@ -102,11 +102,21 @@ bundle mode: the bundle owns data.toolproxy and carries its data and catalog.
 {{- end }}
 {{- end }}
 
-{{/* "true" when OPA gets catalog data (inline or from a ConfigMap); never in bundle mode. */}}
-{{- define "toolproxy.hasCatalog" -}}
-{{- if eq .Values.opa.policySource "configmap" }}
-{{- if or .Values.opa.catalog.existingConfigMap .Values.opa.catalog.data }}true{{ end }}
+{{/*
+Where OPA's tool catalog comes from: "configmap" (opa.catalog.data or
+existingConfigMap), "generate" (an init container runs `toolproxy opa-data`
+on the registry) or "" (bundle mode: the bundle ships it).
+*/}}
+{{- define "toolproxy.catalogSource" -}}
+{{- with .Values.opa.catalog }}
+{{- if eq $.Values.opa.policySource "configmap" }}
+{{- if or .existingConfigMap .data }}configmap{{ else if .generate }}generate{{ end }}
 {{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "toolproxy.hasCatalog" -}}
+{{- if include "toolproxy.catalogSource" . }}true{{ end }}
 {{- end }}
 
 {{/* Registry files rendered into the chart's registry ConfigMap: name -> text. */}}
@@ -150,8 +160,16 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
   "admin" (dict "host" "0.0.0.0" "port" $p.ports.admin)
   "ops" (dict "host" "0.0.0.0" "port" $p.ports.ops)
   "registry" (dict "paths" (list .Values.registry.mountPath))
-  "opa" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.opa.port)) "decision_path" .Values.opa.decisionPath)
+  "opa" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.opa.port)) "decision_path" .Values.opa.decisionPath
+              "push_catalog" false)
   "log" (dict "level" $p.logLevel) }}
+{{- /* OPA refuses writes from the pod (see opa-system.yaml): the catalog is loaded from files, never pushed. */}}
+{{- if $p.jwks.secretName }}
+{{- $_ := set $owned "identity" (dict "jwt" (dict "jwks_file" (printf "%s/%s" $p.jwks.mountPath $p.jwks.key))) }}
+{{- end }}
+{{- if $p.adminJwks.secretName }}
+{{- $_ := set $owned "admin_identity" (dict "jwt" (dict "jwks_file" (printf "%s/%s" $p.adminJwks.mountPath $p.adminJwks.key))) }}
+{{- end }}
 {{- if $p.backends }}
 {{- $_ := set $owned "backends" (dict "services" $p.backends) }}
 {{- end }}
@@ -181,6 +199,12 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- end }}
 {{- if and (eq .Values.opa.policySource "configmap") (not .Values.opa.policies.existingConfigMap) (not (fromYaml (include "toolproxy.policyFiles" .))) }}
 {{- fail "no Rego policies: set opa.policies.includeDefault, opa.policies.files or opa.policies.existingConfigMap (OPA would deny every call)" }}
+{{- end }}
+{{- if and (eq .Values.opa.policySource "configmap") (not (include "toolproxy.catalogSource" .)) }}
+{{- fail "no tool catalog for OPA: set opa.catalog.generate, opa.catalog.data or opa.catalog.existingConfigMap (OPA refuses the proxy's catalog push, so decisions would fail closed)" }}
+{{- end }}
+{{- if and .Values.proxy.jwks.secretName .Values.proxy.adminJwks.secretName (eq .Values.proxy.jwks.mountPath .Values.proxy.adminJwks.mountPath) }}
+{{- fail "proxy.jwks.mountPath and proxy.adminJwks.mountPath must differ" }}
 {{- end }}
 {{- if and (not .Values.registry.existingConfigMap) (not (fromYaml (include "toolproxy.registryFiles" .))) }}
 {{- fail "no tool registry: set registry.includeExamples, registry.files or registry.existingConfigMap" }}

@@ -1,6 +1,8 @@
 {{/*
 The public named templates: what a team includes in its own agent workload.
 
+  initContainers:
+    {{- include "toolproxy.initContainers" .Subcharts.toolproxy | nindent 4 }}
   containers:
     - name: my-agent
       ...
@@ -35,6 +37,30 @@ checksum/toolproxy-registry: {{ printf "%s%s" .Values.registry.existingConfigMap
 {{- define "toolproxy.agentEnv" -}}
 - name: TOOLPROXY_URL
   value: {{ printf "http://127.0.0.1:%d" (int .Values.proxy.ports.agent) | quote }}
+{{- end }}
+
+{{/*
+Init containers (list items for initContainers:, possibly none): the tool
+catalog for OPA, produced from the mounted registry by the proxy image itself.
+*/}}
+{{- define "toolproxy.initContainers" -}}
+{{- if eq (include "toolproxy.catalogSource" .) "generate" -}}
+- name: toolproxy-opa-catalog
+  image: {{ include "toolproxy.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command: [/bin/sh, -c]
+  args:
+    - exec python -m proxy.cli opa-data --registry "$0" > "$1/catalog.json"
+    - {{ .Values.registry.mountPath }}
+    - {{ .Values.opa.catalog.mountPath }}
+  resources:
+    {{- toYaml .Values.opa.catalog.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.proxy.securityContext | nindent 4 }}
+  volumeMounts:
+    - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
+    - {name: toolproxy-opa-catalog, mountPath: {{ .Values.opa.catalog.mountPath }}}
+{{- end }}
 {{- end }}
 
 {{- define "toolproxy.sidecars" -}}
@@ -87,6 +113,9 @@ checksum/toolproxy-registry: {{ printf "%s%s" .Values.registry.existingConfigMap
     {{- end }}
     {{- if $p.jwks.secretName }}
     - {name: toolproxy-jwks, mountPath: {{ $p.jwks.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if $p.adminJwks.secretName }}
+    - {name: toolproxy-admin-jwks, mountPath: {{ $p.adminJwks.mountPath }}, readOnly: true}
     {{- end }}
 {{- $o := .Values.opa }}
 - name: toolproxy-opa
@@ -179,12 +208,14 @@ checksum/toolproxy-registry: {{ printf "%s%s" .Values.registry.existingConfigMap
   # 0444: only the toolproxy container mounts it, and it runs as one non-root user.
   secret: {secretName: {{ $p.redis.tls.secretName }}, defaultMode: 0444}
 {{- end }}
-{{- if $p.jwks.secretName }}
-- name: toolproxy-jwks
+{{- range $volume, $ref := dict "toolproxy-jwks" $p.jwks "toolproxy-admin-jwks" $p.adminJwks }}
+{{- if $ref.secretName }}
+- name: {{ $volume }}
   secret:
-    secretName: {{ $p.jwks.secretName }}
+    secretName: {{ $ref.secretName }}
     defaultMode: 0444
-    items: [{key: {{ $p.jwks.key | quote }}, path: {{ $p.jwks.key | quote }}}]
+    items: [{key: {{ $ref.key | quote }}, path: {{ $ref.key | quote }}}]
+{{- end }}
 {{- end }}
 {{- if eq $o.policySource "configmap" }}
 - name: toolproxy-policies
@@ -208,8 +239,11 @@ checksum/toolproxy-registry: {{ printf "%s%s" .Values.registry.existingConfigMap
 - name: toolproxy-opa-data
   configMap: {name: {{ include "toolproxy.dataConfigMap" . }}}
 {{- end }}
-{{- if include "toolproxy.hasCatalog" . }}
+{{- if eq (include "toolproxy.catalogSource" .) "configmap" }}
 - name: toolproxy-opa-catalog
   configMap: {name: {{ include "toolproxy.catalogConfigMap" . }}}
+{{- else if eq (include "toolproxy.catalogSource" .) "generate" }}
+- name: toolproxy-opa-catalog
+  emptyDir: {sizeLimit: 16Mi}
 {{- end }}
 {{- end }}

@@ -195,6 +195,8 @@ approvals (a refund above 50.00 needs one; the approver token below is for this 
     print(f"""
 toolproxy dev stack is up (Ctrl-C stops everything)
   agent API     http://127.0.0.1:{p}/v1/tool-calls   (GET /v1/tools lists contracts)
+  MCP           http://127.0.0.1:{p}/mcp   (Streamable HTTP; any MCP client)
+  OpenAI        http://127.0.0.1:{p}/v1/openai/tool-calls   (Chat tool_calls / Responses function_call items)
   admin API     http://127.0.0.1:{args.admin_port}
   metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
   OPA           http://127.0.0.1:{args.opa_port}   (watching policies/ and examples/opa/: edits apply live)

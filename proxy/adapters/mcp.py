@@ -137,12 +137,15 @@ class _Upstream:
         self._ready: asyncio.Future[Client] | None = None
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
+        self._owners: set[asyncio.Task[None]] = set()  # current and still-closing sessions
 
     async def session(self) -> Client:
         if self._owner is None or self._owner.done():
             loop = asyncio.get_running_loop()
             self._ready, self._stop = loop.create_future(), asyncio.Event()
             self._owner = loop.create_task(self._own(self._ready, self._stop), name=f"mcp-upstream {self.url}")
+            self._owners.add(self._owner)
+            self._owner.add_done_callback(self._owners.discard)
         assert self._ready is not None
         # Shielded: one caller's deadline must not cancel the handshake others wait on.
         return await asyncio.shield(self._ready)
@@ -154,11 +157,13 @@ class _Upstream:
         self._owner = None
 
     async def aclose(self, timeout_s: float = 5.0) -> None:
-        owner = self._owner
         self.drop()
-        if owner is not None:
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await asyncio.wait_for(owner, timeout_s)
+        owners = list(self._owners)
+        if owners:
+            _, pending = await asyncio.wait(owners, timeout=timeout_s)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def _own(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
         try:

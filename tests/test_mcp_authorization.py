@@ -97,7 +97,7 @@ async def test_unauthenticated_requests_and_foreign_sessions_are_refused(stack, 
         async with agent(stack, "not.a.jwt", "auto") as client:
             await client.list_tools()
     error = refused.value
-    if isinstance(error, BaseExceptionGroup):
+    while isinstance(error, BaseExceptionGroup):
         matched, _ = error.split(MCPError)
         assert matched is not None
         error = matched.exceptions[0]

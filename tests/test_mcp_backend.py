@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -36,7 +37,7 @@ def agent(stack: Stack, mode: str = "auto", headers: dict[str, str] | None = Non
     ("auto", "auto", True), ("legacy", "legacy", False), ("auto", "legacy", True), ("legacy", "auto", False)])
 async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode, json_response, proxy_deps):
     async with mcp_stack(tmp_path, proxy_deps, upstream_mode=upstream_mode, json_response=json_response) as (stack, upstream):
-        async with agent(stack, agent_mode, {"X-Request-Id": "req-e2e"}) as client:
+        async with agent(stack, agent_mode, {"X-Request-Id": "req-e2e", "X-Run-Id": "run-e2e"}) as client:
             listed = {t.name: t for t in (await client.list_tools()).tools}
             # The registry, not the upstream, describes the tool.
             assert listed["up_adjust"].description == "Add delta to a counter on the upstream MCP server."
@@ -64,10 +65,10 @@ async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode,
 @pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
 async def test_session_is_reopened_after_the_upstream_restarts(tmp_path, upstream_mode, proxy_deps):
     async with mcp_stack(tmp_path, proxy_deps, upstream_mode=upstream_mode) as (stack, upstream):
-        status, env = await stack.call("up_adjust", {"counter": "c_r", "delta": 1})
+        status, env = await stack.call("up_adjust", {"counter": "c_r", "delta": 1}, headers={"X-Run-Id": "run-r1"})
         assert (status, env["outcome"]) == (200, "succeeded")
         await upstream.restart()  # legacy sessions are gone: the old session id now answers 404
-        status, env = await stack.call("up_adjust", {"counter": "c_r", "delta": 1})
+        status, env = await stack.call("up_adjust", {"counter": "c_r", "delta": 1}, headers={"X-Run-Id": "run-r2"})
         assert (status, env["outcome"]) == (200, "succeeded"), env
         assert upstream.state.count("adjust") == 2          # each call ran exactly once
         # Legacy: a new session was opened; 2026-07-28 is stateless, nothing to reopen.
@@ -77,12 +78,13 @@ async def test_session_is_reopened_after_the_upstream_restarts(tmp_path, upstrea
 async def test_unreachable_upstream_is_not_started_and_recovers(tmp_path, proxy_deps):
     async with mcp_stack(tmp_path, proxy_deps) as (stack, upstream):
         await upstream.stop()
-        status, env = await stack.call("up_adjust", {"counter": "c_d", "delta": 1})
+        # Not started: the same business request (same run id) may be retried.
+        status, env = await stack.call("up_adjust", {"counter": "c_d", "delta": 1}, headers={"X-Run-Id": "run-d"})
         assert status == 503
         assert env["error"]["code"] == "dependency_unavailable"
         assert env["side_effect"] == {"attempted": False, "committed": False}
         await upstream.start()
-        status, env = await stack.call("up_adjust", {"counter": "c_d", "delta": 1})
+        status, env = await stack.call("up_adjust", {"counter": "c_d", "delta": 1}, headers={"X-Run-Id": "run-d"})
         assert (status, env["outcome"]) == (200, "succeeded")
         assert upstream.state.count("adjust") == 1
 
@@ -133,3 +135,22 @@ async def test_mcp_front_shows_upstream_failures_as_iserror(tmp_path, proxy_deps
         assert result.is_error is True
         assert result.structured_content["error"]["code"] == "business_rejected"
         assert "db-7.corp" not in result.content[0].text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("proxy.idempotency") is None,
+                    reason="the idempotency stage (issue 4) is not on main yet")
+async def test_duplicate_write_reaches_the_upstream_once(tmp_path, proxy_deps):
+    async with mcp_stack(tmp_path, proxy_deps, upstream_mode="legacy") as (stack, upstream):
+        # Two agent connections (new sessions, new JSON-RPC ids), one business request.
+        async with agent(stack, "auto", {"Idempotency-Key": "order-42-adjust"}) as client:
+            first = await client.call_tool("up_adjust", {"counter": "c_dup", "delta": 7})
+        async with agent(stack, "legacy", {"Idempotency-Key": "order-42-adjust"}) as client:
+            second = await client.call_tool("up_adjust", {"counter": "c_dup", "delta": 7})
+            conflict = await client.call_tool("up_adjust", {"counter": "c_dup", "delta": 8})
+        assert first.is_error is False, first.content
+        assert first.structured_content == second.structured_content == {"counter": "c_dup", "value": 7}
+        assert upstream.state.count("adjust") == 1
+        assert upstream.state.executions[0]["headers"].get("idempotency-key")
+        assert conflict.is_error is True
+        assert conflict.structured_content["error"]["code"] == "idempotency_conflict"
+        assert upstream.state.count("adjust") == 1

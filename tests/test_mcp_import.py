@@ -45,13 +45,14 @@ async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path,
         overrides = {**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(drafted)],
                      "admin_identity.jwt": {"issuer": approvers.issuer, "jwks_file": str(approvers.jwks_file)}}
         async with running_stack(overrides) as stack:
-            status, env = await stack.call("up.adjust", {"counter": "c1", "delta": 4})
+            status, env = await stack.call("up.adjust", {"counter": "c1", "delta": 4},
+                                           headers={"X-Run-Id": "run-import"})
             assert env["error"]["code"] == "approval_required"
             approval_id = env["error"]["details"]["approval_id"]
             token = approvers.token("reviewer", audience="toolproxy-admin", roles=["approver"])
             assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", token))[0] == 200
             status, env = await stack.call("up.adjust", {"counter": "c1", "delta": 4},
-                                           headers={"X-Approval-Id": approval_id})
+                                           headers={"X-Approval-Id": approval_id, "X-Run-Id": "run-import"})
         assert (status, env["data"]) == (200, {"counter": "c1", "value": 4})
         assert upstream.state.count("adjust") == 1
 

@@ -16,6 +16,7 @@ from typing import Any, Awaitable, Callable
 
 import aiohttp
 import redis.asyncio as redis_async
+import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
@@ -28,12 +29,15 @@ from .authorize import Authorizer
 from .config import Config
 from .errors import ProxyError
 from .health import Health
+from .idempotency import IdempotencyStage, find_operation
 from .identity import Authenticator
 from .mcp_front import McpFront
 from .metrics import Metrics
+from .operations import OperationStore
 from .pipeline import Pipeline, ToolCallRequest
 from .listing import visible_tools
 from .policy import PolicyClient
+from .reconcile import Reconciler, list_takeovers, resolve_by_operator
 from .registry import Registry, load_registry
 from .store import create_pool, key
 from .unknowns import UnknownIndex
@@ -57,8 +61,11 @@ class Runtime:
     health: Health
     policy: PolicyClient
     approvals: ApprovalStore
+    operations: OperationStore
+    reconciler: Reconciler
 
     async def close(self) -> None:
+        await self.reconciler.stop()
         await self.pipeline.aclose()
         await self.session.close()
         await self.redis.aclose()
@@ -85,11 +92,14 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     redis = create_pool(config.redis)
     audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
                     metrics)
-    unknowns = UnknownIndex(redis, config.redis.key_prefix)
+    operations = OperationStore(redis, config.redis.key_prefix)
+    unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
     policy = PolicyClient(config.opa, session, metrics, registry)
     approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
+    idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
+                                   metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                        unknowns=unknowns, authorizer=Authorizer(policy, approvals))
+                        unknowns=unknowns, authorizer=Authorizer(policy, approvals), idempotency=idempotency)
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
                     unknowns=unknowns)
     authenticator = Authenticator(config.identity, config.admin_identity, session)
@@ -98,9 +108,12 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                     config.identity.static_tenant, config.identity.static_subject)
     if config.opa.push_catalog:
         await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
+    reconciler = Reconciler(store=operations, registry=registry, session=session, services=config.backends.services,
+                            config=config.reconcile, metrics=metrics, audit=audit)
+    reconciler.start()
     return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                    pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
-                   policy=policy, approvals=approvals)
+                   policy=policy, approvals=approvals, operations=operations, reconciler=reconciler)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -118,6 +131,10 @@ async def envelope_errors(request: web.Request, handler: Callable[[web.Request],
             response = await handler(request)
     except ProxyError as error:
         body = envelope.request_error(error, request_id)
+        response = json_response(body, envelope.http_status(body))
+    except redis.exceptions.RedisError:
+        body = envelope.request_error(ProxyError("dependency_unavailable", "The state store is unreachable.",
+                                                 details={"dependency": "state_store"}, phase="request"), request_id)
         response = json_response(body, envelope.http_status(body))
     except web.HTTPException as exc:
         code = {404: "route_not_found", 405: "method_not_allowed", 413: "payload_too_large",
@@ -156,6 +173,33 @@ async def post_tool_call(request: web.Request) -> web.Response:
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
     return json_response(result.envelope, result.status, dict(result.headers))
+
+
+async def get_operation(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    caller = await runtime.authenticator.authenticate(request.headers)
+    return json_response(await find_operation(runtime.operations, request.match_info["key"], tenant=caller.tenant))
+
+
+async def admin_get_operation(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response(await find_operation(runtime.operations, request.match_info["key"],
+                                              tenant=operator.tenant))
+
+
+async def admin_list_takeovers(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"takeovers": await list_takeovers(runtime.operations, tenant=operator.tenant)})
+
+
+async def admin_resolve_operation(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    body = await ingress.read_json(request, runtime.config)
+    return json_response(await resolve_by_operator(runtime.operations, runtime.registry, runtime.metrics,
+                                                   runtime.audit, request.match_info["key"], principal, body))
 
 
 async def list_tools(request: web.Request) -> web.Response:
@@ -220,6 +264,7 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/tools", list_tools)
     McpFront(runtime).install(app)
     openai_front.install(app, runtime)
+    app.router.add_get("/v1/operations/{key}", get_operation)
     return app
 
 
@@ -231,6 +276,9 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}", get_approval)
     app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/approve", approve)
     app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/deny", deny)
+    app.router.add_get("/v1/takeovers", admin_list_takeovers)
+    app.router.add_get("/v1/operations/{key}", admin_get_operation)
+    app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
     return app
 
 

@@ -119,6 +119,8 @@ class AdminIdentityConfig:
     mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled")
     approver_role: str = setting("approver", "role an admin token needs to list, approve or deny approvals")
     approver_scope: str = setting("", "scope an admin token needs as well (empty: none)")
+    operator_role: str = setting("operator", "role an admin token needs to see and resolve unknown operations "
+                                             "and takeovers")
     jwt: JwtConfig = field(default_factory=_admin_jwt,
                            metadata={"help": "the approver's token: its own audience/issuer/keys"})
 
@@ -171,6 +173,35 @@ class McpConfig:
 
 
 @dataclass(frozen=True)
+class IdempotencyConfig:
+    lease_grace_ms: int = setting(2000, "added to a call's budget to form its IN_PROGRESS lease; a lease that runs "
+                                        "out means the proxy died mid-call (UNKNOWN for a write)")
+    max_attempts: int = setting(5, "executions allowed under one key; the next retry of a FAILED_RETRYABLE key "
+                                   "makes it FAILED_FINAL (operation_failed)")
+    max_wait_ms: int = setting(30000, "cap on `Prefer: wait=<s>` while another call holds the key")
+    wait_poll_ms: int = setting(50, "how often a waiting call re-reads the record")
+    read_policy: str = setting("proceed", "reads that use idempotency when Redis is unreachable: proceed (without "
+                                          "a record) or fail_closed (dependency_unavailable)")
+
+    def __post_init__(self) -> None:
+        if self.read_policy not in ("proceed", "fail_closed"):
+            raise ConfigError(f"idempotency.read_policy: expected proceed or fail_closed, got {self.read_policy!r}")
+
+
+@dataclass(frozen=True)
+class ReconcileConfig:
+    enabled: bool = setting(True, "run the background reconciler in this process (one per key across replicas)")
+    scan_interval_ms: int = setting(1000, "how often the reconciler looks for expired leases and due UNKNOWN records")
+    window_ms: int = setting(900000, "how long an UNKNOWN record is reconciled before it needs a human takeover")
+    backoff_initial_ms: int = setting(1000, "delay before the first status query; doubles after each inconclusive one")
+    backoff_max_ms: int = setting(60000, "upper bound of the delay between two status queries of one key")
+    claim_ms: int = setting(15000, "lease of one replica on one key while it queries the status endpoint")
+    status_timeout_ms: int = setting(2000, "timeout of one status endpoint query")
+    batch_size: int = setting(100, "records taken per bucket and scan")
+    concurrency: int = setting(8, "status queries in flight at once per process")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = setting("info", "log level: debug, info, warning, error")
     format: str = setting("json", "log line format on stderr: json or kv (key=value)")
@@ -202,6 +233,9 @@ class Config:
     approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig, metadata={"help": "human approvals"})
     redis: RedisConfig = field(default_factory=RedisConfig, metadata={"help": "state store"})
     mcp: McpConfig = field(default_factory=McpConfig, metadata={"help": "MCP front and MCP backends"})
+    idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig,
+                                           metadata={"help": "idempotency records"})
+    reconcile: ReconcileConfig = field(default_factory=ReconcileConfig, metadata={"help": "unknown outcomes"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
 

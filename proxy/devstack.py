@@ -185,11 +185,12 @@ def _print_banner(args: argparse.Namespace, approver_token: str | None) -> None:
     approvals = f"""
 approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only):
   curl -s -X POST http://127.0.0.1:{args.proxy_port}/v1/tool-calls -H 'Content-Type: application/json' \\
+       -H 'Idempotency-Key: refund-big-1' \\
        -d '{{"call_id":"c3","tool":"refund_order","arguments":{{"order_id":"ord_1001","amount":6000,"reason":"dup"}}}}'
   export APPROVER='{approver_token}'
   curl -s http://127.0.0.1:{a}/v1/approvals -H "Authorization: Bearer $APPROVER"
   curl -s -X POST http://127.0.0.1:{a}/v1/approvals/<approval_id>/approve -H "Authorization: Bearer $APPROVER"
-  # then re-send the refund with -H 'X-Approval-Id: <approval_id>'
+  # then re-send the refund (same Idempotency-Key) with -H 'X-Approval-Id: <approval_id>'
 """ if approver_token else ""
     p = args.proxy_port
     print(f"""
@@ -208,4 +209,11 @@ try:
        -d '{{"call_id":"c1","tool":"get_order","arguments":{{"order_id":"ord_1001"}}}}'
   curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
        -d '{{"call_id":"c2","tool":"refund_order","arguments":"{{\\"order_id\\":\\"ord_1001\\",\\"amount\\":\\"100\\",\\"reason\\":\\"dup\\"}}"}}'
+idempotency (send the same request twice: the second is replayed, "replayed": true, backend not called):
+  curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
+       -H 'Idempotency-Key: refund-1' \\
+       -d '{{"call_id":"c4","tool":"refund_order","arguments":{{"order_id":"ord_1002","amount":100,"reason":"dup"}}}}'
+  # an unknown outcome: the backend commits, then drops the connection; the reconciler settles it
+  curl -s -X POST http://127.0.0.1:{args.backend_port}/_control/faults -d '{{"tool":"refund_order","mode":"drop_after_commit","count":1}}'
+  # re-send the refund with -H 'Idempotency-Key: refund-2', then watch it: GET /v1/operations/<idempotency_key>
 {approvals}""", flush=True)

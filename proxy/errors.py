@@ -63,6 +63,8 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "operation_in_progress": ErrorSpec("concurrency", True, "poll", 409),
     "operation_unknown": ErrorSpec("execution", False, "reconcile", 409, expose_to_user=True),
     "operation_failed": ErrorSpec("execution", False, "stop", 409),
+    "operation_not_found": ErrorSpec("protocol", False, "stop", 404),
+    "operation_not_open": ErrorSpec("concurrency", False, "stop", 409),
     "resource_busy": ErrorSpec("concurrency", True, "retry", 409),
     "lock_lost": ErrorSpec("concurrency", False, "reconcile", 409),
     "invalid_plan": ErrorSpec("protocol", False, "repair_arguments", 400),

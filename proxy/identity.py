@@ -51,9 +51,9 @@ class Caller:
 
 @dataclass(frozen=True)
 class AdminPrincipal:
-    """An approver on the admin listener: never the agent's credential.
+    """An approver or operator on the admin listener: never the agent's credential.
 
-    ``tenant`` is None for a cross-tenant approver (no tenant claim)."""
+    ``tenant`` is None for a cross-tenant approver or operator (no tenant claim)."""
 
     subject: str
     tenant: str | None
@@ -248,14 +248,18 @@ class Authenticator:
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
                       agent=config.agent_id, source="static")
 
-    async def authenticate_admin(self, headers: Mapping[str, str]) -> AdminPrincipal:
-        """The approver on the admin listener: its own token (audience/issuer/keys) and role."""
+    async def authenticate_admin(self, headers: Mapping[str, str], *, role: str = "approver") -> AdminPrincipal:
+        """The approver (or, with ``role="operator"``, the operator who settles unknown operations) on the
+        admin listener: its own token (audience/issuer/keys) and role."""
         if self._admin_jwt is None:
             raise _unauthorized("The admin API requires an approver credential; none is configured.")
         claims = await self._admin_jwt.verify(bearer_token(headers))
         subject, tenant, roles, scopes = self._admin_jwt.claims_to_identity(claims)
         config = self._admin_config
-        if config.approver_role not in roles or (config.approver_scope and config.approver_scope not in scopes):
+        if role == "operator":
+            if config.operator_role not in roles:
+                raise _unauthorized("This credential is not an operator's.")
+        elif config.approver_role not in roles or (config.approver_scope and config.approver_scope not in scopes):
             raise _unauthorized("This credential is not an approver's.")
         return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes)
 

@@ -2,7 +2,8 @@
 
 Owns: body size and media type limits, strict parsing of the request body,
 validating it against a request schema, and reading the transport headers
-(request id, trace, deadline, run id, idempotency key, approval id) into a
+(request id, trace, deadline, run id, idempotency key, approval id,
+``Prefer: wait``) into a
 ``RequestMeta``. Shared by every protocol front (JSON API, MCP, OpenAI) so
 none of them re-implements it. Must never: interpret tool arguments or
 identity claims.
@@ -10,6 +11,7 @@ identity claims.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from aiohttp import web
@@ -72,7 +74,23 @@ def request_meta(request: web.Request, config: Config) -> RequestMeta:
         run_id=_header_id(headers, "X-Run-Id"),
         idempotency_key=_header_id(headers, "Idempotency-Key"),
         approval_id=_header_id(headers, "X-Approval-Id"),
+        wait_s=prefer_wait(headers),
     )
+
+
+_WAIT = re.compile(r"^\d{1,6}(\.\d{1,3})?$")
+
+
+def prefer_wait(headers: Any) -> float | None:
+    """``Prefer: wait=<seconds>`` (RFC 7240): how long the caller will wait for a running duplicate.
+    A preference the proxy does not understand is ignored, as RFC 7240 asks."""
+    for value in headers.getall("Prefer", []):
+        for preference in value.split(","):
+            name, _, raw = preference.split(";")[0].strip().partition("=")
+            raw = raw.strip().strip('"')
+            if name.strip().lower() == "wait" and _WAIT.match(raw):
+                return float(raw)
+    return None
 
 
 def _header_id(headers: Any, name: str) -> str | None:

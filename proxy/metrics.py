@@ -40,7 +40,8 @@ class Metrics:
                                   "http_error, undefined, bad_decision)", ["reason"], registry=r)
         self.idempotency_results = Counter(
             "toolproxy_idempotency_results",
-            "Idempotency lookups by result (new, replayed, in_progress, conflict, retry, unknown, failed_final)",
+            "Idempotency lookups by result (new, replayed, in_progress, conflict, retry, unknown, failed_final, "
+            "skipped: a read ran without a record because Redis was unreachable)",
             ["result"], registry=r)
         self.unknown_outcomes = Counter("toolproxy_unknown_outcomes", "Calls whose side effect became unknown",
                                         ["tool"], registry=r)
@@ -52,7 +53,7 @@ class Metrics:
                                              registry=r)
         self.reconciliations = Counter("toolproxy_reconciliations",
                                        "Reconciliation attempts by result (succeeded, not_applied, pending, "
-                                       "rejected, error, takeover)", ["result"], registry=r)
+                                       "rejected, error, takeover, operator)", ["result"], registry=r)
         self.takeovers = Counter("toolproxy_takeovers", "Operations handed over to a human", ["tool"], registry=r)
         self.lock_wait = Histogram("toolproxy_lock_wait_seconds", "Time spent waiting for resource locks",
                                    ["mode"], buckets=STAGE_BUCKETS, registry=r)

@@ -9,6 +9,7 @@ let an unexpected exception escape as a stack trace.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -25,6 +26,7 @@ from .decode import decode_arguments
 from .envelope import Timing
 from .errors import ProxyError, SideEffect
 from .identity import Caller
+from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
 from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .policy import RequestFacts
@@ -46,6 +48,7 @@ class RequestMeta:
     run_id: str | None = None
     idempotency_key: str | None = None
     approval_id: str | None = None
+    wait_s: float | None = None  # Prefer: wait=<s> — how long to wait for a running duplicate
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,8 @@ class CallState:
     tool: ToolContract | None = None
     normalized: NormalizedCall | None = None
     idempotency_key: str | None = None
+    admission: Admission = NO_RECORD          # the idempotency stage's reservation (or replay)
+    replayed: bool = False
     fencing_token: int | None = None
     phase: str = "resolve"
     sent: bool = False
@@ -90,8 +95,10 @@ class CallState:
 
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
-                 metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer) -> None:
+                 metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
+                 idempotency: IdempotencyStage) -> None:
         self._config = config
+        self._idempotency = idempotency
         self._authorizer = authorizer
         self._metrics = metrics
         self._audit = audit
@@ -114,23 +121,41 @@ class Pipeline:
             state = CallState(request=request, caller=caller, timing=Timing())
             remaining = meta.deadline.remaining()
             state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+            error: ProxyError | None = None
             try:
                 data = await self._run(state)
                 env = self._envelope(state, data=data, side_effect=SideEffect(
                     attempted=True, committed=bool(state.tool and state.tool.is_write)))
-            except ProxyError as error:
-                env = self._envelope(state, error=error.with_phase(state.phase))
+            except ProxyError as exc:
+                error = exc.with_phase(state.phase)
+                state.replayed = isinstance(exc, ReplayedError)
+                env = self._envelope(state, error=error)
+            except asyncio.CancelledError:
+                await asyncio.shield(self._interrupted(state))
+                raise
             except Exception:
                 log.exception("internal error in phase %s", state.phase)
-                env = self._envelope(state, error=self._internal(state))
-            await self._commit(state, env)
-            return CallResult(envelope=env, status=envelope.http_status(env))
+                error = self._internal(state)
+                env = self._envelope(state, error=error)
+            headers = {}
+            if state.replayed:
+                env["replayed"] = True
+                headers["Idempotent-Replayed"] = "true"
+            await self._commit(state, env, error)
+            return CallResult(envelope=env, status=envelope.http_status(env), headers=headers)
 
-    async def _commit(self, state: CallState, env: dict[str, Any]) -> None:
-        """Commit stage: metrics, the unknown-outcome index, the final audit record."""
+    async def _commit(self, state: CallState, env: dict[str, Any], error: ProxyError | None) -> None:
+        """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
+        if state.tool is not None:
+            await self._idempotency.finish(
+                state.admission, tool=state.tool, data=env["data"], error=error,
+                side_effect=SideEffect(env["side_effect"]["attempted"], env["side_effect"]["committed"]),
+                call_id=state.request.call_id, request_id=state.request.meta.request_id)
         self._observe(state, env)
-        if env["outcome"] == "unknown":
+        # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
+        # answers about an already-open operation are not new unknowns.
+        if env["outcome"] == "unknown" and not state.admission.holds and not _about_an_operation(env):
             meta = state.request.meta
             ref = UnknownIndex.ref(tenant=state.caller.tenant, idempotency_key=state.idempotency_key,
                                    request_id=meta.request_id, call_id=str(state.request.call_id))
@@ -153,8 +178,13 @@ class Pipeline:
         self._metrics.call_duration.labels(tool, outcome).observe(time.monotonic() - state.timing.started_mono)
         for stage, seconds in state.timing.stages.items():
             self._metrics.stage_duration.labels(stage).observe(seconds)
-        if outcome == "unknown":
+        if outcome == "unknown" and not _about_an_operation(env):
             self._metrics.unknown_outcomes.labels(tool).inc()
+
+    async def _interrupted(self, state: CallState) -> None:
+        """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown."""
+        if state.tool is not None:
+            await self._idempotency.interrupted(state.admission, tool=state.tool, sent=state.sent)
 
     async def _run(self, state: CallState) -> Any:
         request = state.request
@@ -164,8 +194,11 @@ class Pipeline:
             arguments = decode_arguments(request.arguments, tool.input_validator)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
+        meta = request.meta
+        with self._stage(state, "idempotency"):  # a missing required key is refused before an approval is used
+            op = self._idempotency.identify(caller=state.caller, tool=tool, normalized=normalized, meta=meta)
+            state.idempotency_key = op.key if op else None
         with self._stage(state, "authorize"):
-            meta = request.meta
             auth = await self._authorizer.authorize(
                 state.caller, tool, normalized,
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
@@ -175,10 +208,20 @@ class Pipeline:
              state.policy_risk) = auth.audit_facts()
             if auth.error is not None:
                 raise auth.error
-        # Stages still to come in this order: idempotency, lock.
+        with self._stage(state, "idempotency"):  # the record is created only once the call is authorized
+            admission = state.admission = await self._idempotency.admit(
+                op, caller=state.caller, tool=tool, normalized=normalized, meta=meta, call_id=request.call_id)
+            state.idempotency_key = admission.key
+            state.attempt = max(1, admission.attempt)
+        if admission.replay is not None:
+            state.replayed = True
+            return admission.replay.get("data")
+        # lock goes here: after the key is reserved, before anything is sent.
         with self._stage(state, "audit"):
             await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
+            await self._idempotency.before_send(
+                admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
             result = await self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
             state.backend_request_id = result.backend_request_id
         with self._stage(state, "verify"):
@@ -224,3 +267,8 @@ class Pipeline:
             tool_version=tool.version if tool else None, data=data, error=error,
             side_effect=side_effect or SideEffect(False, False), idempotency_key=state.idempotency_key,
             timing=state.timing)
+
+
+def _about_an_operation(env: Mapping[str, Any]) -> bool:
+    """An answer about an operation that is already running or unknown (not a new unknown of this call)."""
+    return bool(env["error"]) and env["error"]["code"] in ("operation_unknown", "operation_in_progress")

@@ -1,16 +1,18 @@
 """The index of operations whose outcome is unknown, kept in Redis.
 
-Owns: one sorted set (``<prefix>:unknowns:{index}``) whose members are the
-operations that ended ``unknown`` (score: when they became unknown) and that
-nobody has resolved yet, and the two numbers read from it at scrape time
-(how many are open, how old the oldest is). Because it lives in Redis, the
+Owns: the two numbers read at scrape time (how many unknown outcomes are
+open, how old the oldest is), from two sources: operations with an
+idempotency record (UNKNOWN or NEEDS_TAKEOVER; indexed atomically by the
+record's own Lua transitions in ``proxy/operations.py``) and calls without a
+record that ended ``unknown`` (one sorted set, ``<prefix>:unknowns:{index}``,
+score: when they became unknown). Because both live in Redis, the
 ``toolproxy_open_unknowns`` gauge stays right across restarts and is the same
 from every replica. Must never: decide an outcome or touch another stage's
-records; it is an index, written after the fact and read by metrics.
+records; it is an index, read by metrics.
 
-Who writes it: the commit stage ``open``s an entry for every call whose
-envelope says ``unknown``; whoever resolves the operation (the reconciler, an
-operator closing a takeover) ``close``s it with the same ``ref``.
+Who writes the sorted set: the commit stage ``open``s an entry for a call
+without an operation record whose envelope says ``unknown``; whoever settles
+it by hand ``close``s it with the same ``ref``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as redis_async
 
+from .operations import OperationStore
 from .store import key
 
 
@@ -30,8 +33,9 @@ class UnknownStats:
 
 
 class UnknownIndex:
-    def __init__(self, redis: redis_async.Redis, prefix: str) -> None:
+    def __init__(self, redis: redis_async.Redis, prefix: str, operations: OperationStore | None = None) -> None:
         self._redis = redis
+        self._operations = operations
         self.key = key(prefix, "unknowns", "index")
 
     @staticmethod
@@ -53,6 +57,11 @@ class UnknownIndex:
             pipe.zcard(self.key)
             pipe.zrange(self.key, 0, 0, withscores=True)
             count, oldest = await pipe.execute()
+        since = [float(oldest[0][1])] if oldest else []
+        if self._operations is not None:
+            records, oldest_ms = await self._operations.open_stats()
+            count += records
+            since += [oldest_ms / 1000.0] if oldest_ms is not None else []
         now = time.time() if now is None else now
-        age = max(0.0, now - float(oldest[0][1])) if oldest else 0.0
+        age = max(0.0, now - min(since)) if since else 0.0
         return UnknownStats(open=int(count), oldest_age_s=age)

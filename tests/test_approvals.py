@@ -28,6 +28,7 @@ async def stack(proxy_deps, issuers):
     agent, admin = issuers
     async with running_stack({**proxy_deps, **jwt_overrides(agent, admin)}) as s:
         s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+        s.auto_key = True  # writes need a stable operation identity (issue 4)
         yield s
 
 

@@ -14,6 +14,7 @@ from tests.support.stack import running_stack
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "customer says card 4111 1111 1111 1111 was charged twice"}
 TRACE = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
+COUNTER = {"counter": "ctr_demo", "delta": 1}  # a write whose contract does not require a key
 
 
 def test_sensitive_fields_are_masked_at_any_depth_and_across_arrays():
@@ -39,6 +40,7 @@ def test_long_strings_and_long_arrays_are_truncated():
 @pytest.fixture
 async def stack(proxy_deps):
     async with running_stack(proxy_deps) as s:
+        s.auto_key = True  # writes need a stable operation identity (issue 4)
         yield s
 
 
@@ -130,12 +132,13 @@ async def test_redis_stream_sink_is_bounded(redis_url, proxy_deps):
 async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server):
     dead = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
     async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"]}) as stack:
-        status, env = await stack.call("refund_order", REFUND)
+        # A write without an idempotency record (Redis is down, so one with a key fails closed earlier).
+        status, env = await stack.call("adjust_counter", COUNTER)
         assert status == 503 and env["error"]["code"] == "audit_unavailable"
         assert env["error"]["phase"] == "audit"
         assert env["side_effect"] == {"attempted": False, "committed": False}
         assert env["error"]["resolution"] == "retry_same_key"
-        assert stack.backend.effect_counts().get("refund_order", 0) == 0
+        assert stack.backend.effect_counts().get("adjust_counter", 0) == 0
         assert stack.backend.requests == []
         # Reads are fail-open by default: the call goes on, the failure is counted.
         status, env = await stack.call("get_order", {"order_id": "ord_1001"})
@@ -149,11 +152,11 @@ async def test_fail_open_writes_go_on_and_fail_closed_reads_stop(opa_server):
     dead = "redis://127.0.0.1:9/0"
     async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
                               "audit.on_failure_read": "fail_closed"}) as stack:
-        status, env = await stack.call("refund_order", REFUND)
-        assert status == 200 and stack.backend.effect_counts()["refund_order"] == 1
+        status, env = await stack.call("adjust_counter", COUNTER)
+        assert status == 200 and stack.backend.effect_counts()["adjust_counter"] == 1
         status, env = await stack.call("get_order", {"order_id": "ord_1001"})
         assert env["error"]["code"] == "audit_unavailable"
-        assert [r["tool"] for r in stack.backend.requests] == ["refund_order"]
+        assert [r["tool"] for r in stack.backend.requests] == ["adjust_counter"]
 
 
 async def test_critical_records_raise_when_the_sink_is_down():

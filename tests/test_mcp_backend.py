@@ -25,11 +25,13 @@ async def mcp_stack(tmp_path: Path, deps: dict[str, Any], *, upstream_mode: str 
         registry.write_text(registry_yaml(upstream.url))
         async with running_stack({**deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
                                   "mcp.upstream_mode": upstream_mode, **(overrides or {})}) as stack:
+            stack.auto_key = True  # writes need a stable operation identity (issue 4)
             yield stack, upstream
 
 
 def agent(stack: Stack, mode: str = "auto", headers: dict[str, str] | None = None) -> Client:
-    http = httpx2.AsyncClient(headers=headers or {}, timeout=httpx2.Timeout(30.0))
+    # The run/turn identity makes each distinct call its own operation (issue 4); never the JSON-RPC id.
+    http = httpx2.AsyncClient(headers={"X-Run-Id": "run-mcp-1", **(headers or {})}, timeout=httpx2.Timeout(30.0))
     return Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode=mode)
 
 

@@ -59,7 +59,8 @@ async def test_slow_opa_fails_closed_within_its_timeout(proxy_deps):
         async with running_stack({**proxy_deps, "opa.url": f"http://127.0.0.1:{port}",
                                   "opa.timeout_ms": 200}) as stack:
             started = time.monotonic()
-            status, env = await stack.call("refund_order", {**ORDER, "amount": 100, "reason": "dup"})
+            status, env = await stack.call("refund_order", {**ORDER, "amount": 100, "reason": "dup"},
+                                           headers={"Idempotency-Key": "slow-opa-1"})
             elapsed = time.monotonic() - started
             assert env["error"]["code"] == "policy_unavailable"
             assert elapsed < 0.2 + 0.2
@@ -89,13 +90,13 @@ async def test_undefined_or_malformed_decisions_never_allow(proxy_deps, path, co
 # ----------------------------------------------------------------------------- the dev stack
 
 
-async def _poll(url: str, body: dict, until, timeout_s: float) -> dict:
+async def _poll(url: str, body: dict, until, timeout_s: float, headers: dict | None = None) -> dict:
     deadline = time.monotonic() + timeout_s
     last = None
     async with aiohttp.ClientSession() as session:
         while time.monotonic() < deadline:
             try:
-                async with session.post(url, json=body) as response:
+                async with session.post(url, json=body, headers=headers) as response:
                     last = await response.json(content_type=None)
                     if until(last):
                         return last
@@ -123,7 +124,8 @@ async def test_rego_edit_flips_a_decision_in_the_running_dev_stack(tmp_path):
         # The demo approval flow works end to end with the approver token the banner prints.
         refund = {"call_id": "c2", "tool": "refund_order",
                   "arguments": {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}}
-        env = await _poll(url, refund, lambda e: e.get("error") is not None, 10)
+        key = {"Idempotency-Key": "dev-refund-1"}  # one operation, before and after the approval
+        env = await _poll(url, refund, lambda e: e.get("error") is not None, 10, headers=key)
         assert env["error"]["code"] == "approval_required"
         approval_id = env["error"]["details"]["approval_id"]
         log.seek(0)
@@ -132,7 +134,7 @@ async def test_rego_edit_flips_a_decision_in_the_running_dev_stack(tmp_path):
             async with session.post(f"http://127.0.0.1:{ports['admin']}/v1/approvals/{approval_id}/approve",
                                     headers={"Authorization": f"Bearer {token}"}) as response:
                 assert response.status == 200, await response.text()
-            async with session.post(url, json=refund, headers={"X-Approval-Id": approval_id}) as response:
+            async with session.post(url, json=refund, headers={**key, "X-Approval-Id": approval_id}) as response:
                 assert response.status == 200, await response.text()
 
         with open(policies / "limits.rego", "a") as rego:

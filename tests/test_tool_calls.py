@@ -15,6 +15,7 @@ REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 @pytest.fixture
 async def stack(proxy_deps):
     async with running_stack(proxy_deps) as s:
+        s.auto_key = True  # write tools require a stable operation identity (tests/test_idempotency.py)
         yield s
 
 
@@ -189,7 +190,7 @@ async def test_5xx_with_proof_of_nothing_applied_is_retryable(stack):
 
 async def test_backend_down_is_dependency_unavailable_not_attempted(proxy_deps):
     async with running_stack({**proxy_deps, "backends.services": {"demo": "http://127.0.0.1:9"}}) as stack:
-        status, env = await stack.call("refund_order", REFUND)
+        status, env = await stack.call("refund_order", REFUND, headers={"Idempotency-Key": "k1"})
     assert status == 503
     assert env["error"]["code"] == "dependency_unavailable"
     assert env["side_effect"] == {"attempted": False, "committed": False}

@@ -43,6 +43,11 @@ class Stack:
     admin_url: str = ""
     headers: dict[str, str] = field(default_factory=dict)  # sent with every agent request (e.g. Authorization)
     seq: int = field(default=0)
+    auto_key: bool = False  # give every call its own Idempotency-Key unless the test sets one
+
+    @property
+    def redis(self) -> Any:
+        return self.runtime.redis
 
     async def call(self, tool: str, arguments: Any, *, call_id: str | None = None,
                    headers: Mapping[str, str] | None = None, version: str | None = None
@@ -51,7 +56,16 @@ class Stack:
         body: dict[str, Any] = {"call_id": call_id or f"call_{self.seq}", "tool": tool, "arguments": arguments}
         if version is not None:
             body["version"] = version
+        if self.auto_key and "Idempotency-Key" not in (headers or {}):
+            headers = {"Idempotency-Key": f"test-key-{self.seq}", **(headers or {})}
         return await self.post("/v1/tool-calls", body, headers=headers)
+
+    async def get(self, path: str, *, admin: bool = False,
+                  headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+        base = self.admin_url if admin else self.proxy_url
+        async with self.session.get(base + path, headers={**({} if admin else self.headers),
+                                                         **(headers or {})}) as response:
+            return response.status, await response.json(content_type=None)
 
     async def post(self, path: str, body: Any, *, headers: Mapping[str, str] | None = None,
                    raw: bytes | None = None, content_type: str = "application/json") -> tuple[int, dict[str, Any]]:

@@ -1,0 +1,382 @@
+"""Idempotency stage: one business operation runs once, whatever the retries.
+
+Owns: deriving the operation key from trusted facts (seed 000 section 5.2,
+seed 004: the business intent, never the transport), deciding what an
+existing record means for this call (replay, in progress, conflict, retry,
+unknown), reserving the key before anything is sent, and recording the
+outcome at commit. The Redis state machine itself lives in
+``proxy/operations.py``.
+
+Key derivation (SHA-256 over an RFC 8785 array, so no field can bleed into
+another):
+
+* ``Idempotency-Key`` header given -> the key is scoped to (tenant, tool,
+  header); the record's fingerprint is (subject, contract version,
+  ``args_hash``): the same header with other arguments, another subject or
+  another contract version is ``idempotency_conflict``.
+* else ``X-Run-Id`` (the agent's run/turn identity) -> the key is (tenant,
+  subject, tool, contract version, ``args_hash``, run id): within one
+  run/turn the same call is the same operation.
+* never the model's ``call_id``, an MCP session or a JSON-RPC id.
+
+Which calls get a record: writes that have a stable identity, and any tool
+whose contract says ``idempotency.required`` (which also makes the identity
+mandatory: ``idempotency_key_required``, before anything is sent). Reads
+without ``required`` run without a record (they are safe to retry, and
+caching them would serve stale data).
+
+Must never: send anything to a backend, re-execute an UNKNOWN operation, let
+a write run when its record cannot be written (Redis down: fail closed), or
+use caller-supplied identity other than the two headers above.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import redis.exceptions
+import rfc8785
+
+from .audit import redact
+from .config import IdempotencyConfig, ReconcileConfig
+from .envelope import iso
+from .errors import ProxyError, SideEffect
+from .identity import Caller
+from .metrics import Metrics
+from .normalize import NormalizedCall
+from .operations import OperationStore, Record
+from .registry import ToolContract
+
+log = logging.getLogger("toolproxy.idempotency")
+
+KEY_PATTERN = r"^ik_[0-9a-f]{64}$"
+TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored target summary
+
+
+@dataclass(frozen=True)
+class OperationKey:
+    key: str            # ik_<sha256 hex>: what the backend receives as Idempotency-Key
+    fingerprint: str    # must match for a key to be reused
+    source: str         # idempotency_key | run_id
+
+
+def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str,
+               idempotency_key: str | None, run_id: str | None) -> OperationKey | None:
+    """The operation key of a call, or None when the caller gave no stable identity."""
+    fingerprint = _digest(["toolproxy.op/1", "fp", subject, tool_version, args_hash])
+    if idempotency_key is not None:
+        return OperationKey("ik_" + _digest(["toolproxy.op/1", "header", tenant, tool, idempotency_key]),
+                            fingerprint, "idempotency_key")
+    if run_id is not None:
+        return OperationKey("ik_" + _digest(["toolproxy.op/1", "run", tenant, subject, tool, tool_version,
+                                             args_hash, run_id]), fingerprint, "run_id")
+    return None
+
+
+def _digest(parts: list[str]) -> str:
+    return hashlib.sha256(rfc8785.dumps(parts)).hexdigest()
+
+
+@dataclass(frozen=True)
+class Admission:
+    """The idempotency stage's answer: run under ``key`` (holding ``token``), or replay."""
+
+    key: str | None = None
+    token: int | None = None
+    attempt: int = 0
+    replay: Mapping[str, Any] | None = None  # a stored SUCCEEDED outcome to return instead of running
+
+    @property
+    def holds(self) -> bool:
+        return self.token is not None
+
+
+NO_RECORD = Admission()
+
+
+class ReplayedError(ProxyError):
+    """A stored definite failure returned again to a duplicate (its envelope is marked replayed)."""
+
+
+def replayed_error(outcome: Mapping[str, Any]) -> ReplayedError:
+    """Rebuild the stored error of a FAILED_FINAL operation (its code is from the catalogue)."""
+    error = outcome["error"]
+    side = outcome.get("side_effect") or {}
+    return ReplayedError(error["code"], error["message"], details=error.get("details"),
+                         attempted=bool(side.get("attempted")), committed=side.get("committed", False),
+                         phase=error.get("phase"), retryable=error.get("retryable"),
+                         resolution=error.get("resolution"))
+
+
+def outcome_of(*, data: Any = None, error: ProxyError | None = None, side_effect: SideEffect,
+               tool: ToolContract, call_id: str | None, request_id: str | None) -> dict[str, Any]:
+    """The stored form of a call's result (what a duplicate gets back)."""
+    return {"data": data if error is None else None, "error": error.to_error() if error else None,
+            "side_effect": side_effect.to_json(), "tool_version": tool.version, "call_id": call_id,
+            "request_id": request_id}
+
+
+def target_summary(tool: ToolContract, normalized: NormalizedCall) -> dict[str, Any]:
+    """What an operator may see of the arguments: resources, and arguments redacted as for audit records."""
+    return {"resources": [r.id for r in normalized.resources], "args_hash": normalized.args_hash,
+            "arguments": redact(normalized.arguments, tool.sensitive_fields, TARGET_MAX_CHARS)}
+
+
+class IdempotencyStage:
+    def __init__(self, *, store: OperationStore, config: IdempotencyConfig, reconcile: ReconcileConfig,
+                 metrics: Metrics, margin_s: float) -> None:
+        self.store = store
+        self._config = config
+        self._reconcile = reconcile
+        self._metrics = metrics
+        self._margin_s = margin_s
+
+    def identify(self, *, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                 meta: Any) -> OperationKey | None:
+        """The call's operation key, None if it runs without a record; refuses a required key that is missing."""
+        wanted = tool.is_write or tool.idempotency_required
+        op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name, tool_version=tool.version,
+                        args_hash=normalized.args_hash, idempotency_key=meta.idempotency_key,
+                        run_id=meta.run_id) if wanted else None
+        if op is None and tool.idempotency_required:
+            raise ProxyError("idempotency_key_required",
+                             "This tool needs a stable operation identity: send an Idempotency-Key "
+                             "(or the run/turn id as X-Run-Id).",
+                             details={"tool": tool.name}, phase="idempotency")
+        return op
+
+    async def admit(self, op: OperationKey | None, *, caller: Caller, tool: ToolContract,
+                    normalized: NormalizedCall, meta: Any, call_id: str) -> Admission:
+        """Reserve the operation key for this call, or say why it must not run now."""
+        if op is None:
+            return NO_RECORD
+        budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
+        nonce = uuid.uuid4().hex
+        request_meta = {"tenant": caller.tenant, "subject": caller.subject, "agent": caller.agent,
+                        "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
+                        "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
+                        "request_id": meta.request_id}
+        wait_until = self._wait_until(meta)
+        while True:
+            try:
+                answer = await self.store.begin(
+                    op.key, fingerprint=op.fingerprint, nonce=nonce, lease_ms=self._lease_ms(budget),
+                    retention_s=tool.retention_seconds, is_write=tool.is_write,
+                    max_attempts=self._config.max_attempts, meta=request_meta,
+                    first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms)
+            except redis.exceptions.RedisError:
+                return self._store_down(tool)
+            status = answer.status
+            if status == "in_progress" and wait_until is not None:
+                left = wait_until - time.monotonic()
+                if left > 0:
+                    await asyncio.sleep(min(left, self._config.wait_poll_ms / 1000.0))
+                    continue
+            return self._decide(tool, op.key, answer)
+
+    def _decide(self, tool: ToolContract, key: str, answer: Any) -> Admission:
+        status = answer.status
+        result = {"new": "new", "retry": "retry", "replay": "replayed", "in_progress": "in_progress",
+                  "conflict": "conflict", "unknown": "unknown", "final": "failed_final",
+                  "exhausted": "failed_final"}[status]
+        self._metrics.idempotency_results.labels(result).inc()
+        details = {"idempotency_key": key}
+        if status in ("new", "retry"):
+            return Admission(key=key, token=answer.int(0), attempt=answer.int(1))
+        if status == "replay":
+            return Admission(key=key, replay=_loads(answer.text(0)))
+        if status == "in_progress":
+            raise ProxyError("operation_in_progress",
+                             "Another call with this operation key is running; poll, or send Prefer: wait=<s>.",
+                             details={**details, "retry_after_ms": min(answer.int(0), 1000)},
+                             phase="idempotency", attempted=True, committed=None)
+        if status == "conflict":
+            raise ProxyError("idempotency_conflict",
+                             "This Idempotency-Key was used for a different call (arguments, caller or "
+                             "contract version differ); nothing was executed.",
+                             details=details, phase="idempotency")
+        if status == "unknown":
+            if answer.int(1):  # the previous executor died holding the key: this is the moment it became unknown
+                self._metrics.unknown_outcomes.labels(tool.name).inc()
+            state = answer.text(0)
+            raise ProxyError("operation_unknown",
+                             "An earlier call with this operation key may or may not have taken effect; it is "
+                             "being reconciled and will not run again automatically.",
+                             details={**details, "state": state}, phase="idempotency",
+                             attempted=True, committed=None,
+                             resolution="ask_user" if state == "NEEDS_TAKEOVER" else None)
+        if status == "final" and answer.text(0) and answer.text(1) != "attempts_exhausted":
+            stored = _loads(answer.text(0))
+            if stored.get("error"):
+                raise replayed_error(stored)
+        raise ProxyError("operation_failed",
+                         "This operation failed for good (its retry budget is used up); use a new operation.",
+                         details=details, phase="idempotency")
+
+    def _store_down(self, tool: ToolContract) -> Admission:
+        if not tool.is_write and self._config.read_policy == "proceed":
+            log.warning("idempotency store unreachable: read %s proceeds without a record", tool.name)
+            self._metrics.idempotency_results.labels("skipped").inc()
+            return NO_RECORD
+        raise ProxyError("dependency_unavailable", "The idempotency store is unreachable; nothing was sent.",
+                         details={"dependency": "state_store"}, phase="idempotency",
+                         attempted=False, committed=False)
+
+    async def before_send(self, admission: Admission, budget_s: float) -> None:
+        """Re-check, right before sending, that this call still owns the key (its lease may have run out
+        while waiting for locks); extend the lease to cover the send."""
+        if not admission.holds:
+            return
+        try:
+            answer = await self.store.renew(admission.key, token=admission.token, lease_ms=self._lease_ms(budget_s))
+        except redis.exceptions.RedisError:
+            raise ProxyError("dependency_unavailable", "The idempotency store is unreachable; nothing was sent.",
+                             details={"dependency": "state_store"}, phase="execute",
+                             attempted=False, committed=False) from None
+        if answer.status != "ok":
+            raise ProxyError("timeout_not_started", "The call's reservation ran out before it could be sent.",
+                             details={"idempotency_key": admission.key, "state": answer.text(0)},
+                             phase="execute", attempted=False, committed=False)
+
+    async def finish(self, admission: Admission, *, tool: ToolContract, data: Any, error: ProxyError | None,
+                     side_effect: SideEffect, call_id: str, request_id: str) -> None:
+        """Commit: record the outcome. Never raises; an unrecorded outcome is found by lease expiry."""
+        if not admission.holds:
+            return
+        if error is not None and not error.attempted:
+            target = "ABANDON"
+        elif side_effect.committed is None:
+            target = "UNKNOWN"
+        elif error is None:
+            target = "SUCCEEDED"
+        elif side_effect.committed is False and error.retryable:
+            target = "FAILED_RETRYABLE"
+        else:
+            target = "FAILED_FINAL"
+        outcome = outcome_of(data=data, error=error, side_effect=side_effect, tool=tool, call_id=call_id,
+                             request_id=request_id)
+        evidence = {"source": "executor", "observed": error.code if error else "succeeded",
+                    "at_ms": int(time.time() * 1000)}
+        try:
+            answer = await self.store.commit(admission.key, token=admission.token, target=target, outcome=outcome,
+                                             evidence=evidence, first_check_ms=self._reconcile.backoff_initial_ms,
+                                             window_ms=self._reconcile.window_ms)
+        except redis.exceptions.RedisError:
+            log.warning("could not record the outcome of %s (%s); its lease will expire and reconciliation "
+                        "will find it", admission.key, target)
+            return
+        if answer.status in ("stale", "settled", "missing"):
+            log.warning("outcome %s of %s not recorded: the record is %s (%s)", target, admission.key,
+                        answer.text(0), answer.status)
+
+    async def interrupted(self, admission: Admission, *, tool: ToolContract, sent: bool) -> None:
+        """The call was cancelled: release the key if nothing was sent, else mark it unknown."""
+        error = ProxyError("cancelled", "The call was cancelled.", attempted=sent, committed=None if sent else False)
+        await self.finish(admission, tool=tool, data=None, error=error,
+                          side_effect=SideEffect(attempted=sent, committed=None if sent else False),
+                          call_id="", request_id="")
+
+    def _lease_ms(self, budget_s: float) -> int:
+        return max(1, int(max(budget_s, 0.0) * 1000)) + self._config.lease_grace_ms
+
+    def _wait_until(self, meta: Any) -> float | None:
+        if not meta.wait_s:
+            return None
+        wait = min(meta.wait_s, self._config.max_wait_ms / 1000.0)
+        remaining = meta.deadline.remaining()
+        if remaining is not None:
+            wait = min(wait, remaining - self._margin_s)
+        return time.monotonic() + wait if wait > 0 else None
+
+
+async def find_operation(store: OperationStore, key: str, *, tenant: str | None) -> dict[str, Any]:
+    """``GET /v1/operations/{key}``. An agent passes its tenant and sees only its own tenant's operations
+    (another tenant's key does not exist for it); an operator passes None."""
+    if not re.match(KEY_PATTERN, key):
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    try:
+        record = await store.get(key)
+    except redis.exceptions.RedisError:
+        raise ProxyError("dependency_unavailable", "The idempotency store is unreachable.",
+                         details={"dependency": "state_store"}, phase="request") from None
+    if record is None or (tenant is not None and record.tenant != tenant):
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    return operation_view(record)
+
+
+def operation_view(record: Record) -> dict[str, Any]:
+    """What ``GET /v1/operations/{key}`` shows: state, result or error, evidence, takeover."""
+    outcome = record.outcome or {}
+    view: dict[str, Any] = {
+        "idempotency_key": record.key,
+        "state": record.state,
+        "tool": record.tool,
+        "tool_version": record.tool_version,
+        "attempt": record.attempt,
+        "created_at": _iso(record.created_at),
+        "updated_at": _iso(record.updated_at),
+        "lease_expires_at": _iso(record.lease_until) if record.state == "IN_PROGRESS" else None,
+        "result": outcome.get("data") if record.state == "SUCCEEDED" else None,
+        "error": outcome.get("error") if record.state != "SUCCEEDED" else None,
+        "side_effect": outcome.get("side_effect"),
+        "evidence": _evidence(record.evidence),
+        "reconciliation": None,
+        "takeover": None,
+    }
+    if record.unknown_since is not None:
+        view["reconciliation"] = {
+            "unknown_since": _iso(record.unknown_since), "attempts": record.reconcile_attempts,
+            "window_ends_at": _iso(record.reconcile_until),
+            "next_check_at": _iso(record.reconcile_next) if record.state == "UNKNOWN" else None,
+        }
+    if record.state == "NEEDS_TAKEOVER":
+        view["takeover"] = takeover_record(record)
+    return view
+
+
+def takeover_record(record: Record) -> dict[str, Any]:
+    """Everything a human needs to settle an operation by hand (seed 004: key, target, last evidence)."""
+    meta = record.meta
+    outcome = record.outcome or {}
+    return {
+        "idempotency_key": record.key,
+        "tool": record.tool,
+        "tool_version": record.tool_version,
+        "tenant": record.tenant,
+        "subject": meta.get("subject"),
+        "agent": meta.get("agent"),
+        "target": meta.get("target"),
+        "last_evidence": _evidence(record.evidence),
+        "attempts": {"executions": record.attempt, "reconciliations": record.reconcile_attempts},
+        "original_error": (outcome.get("error") or {}).get("code"),
+        "call_id": meta.get("call_id"),
+        "request_id": meta.get("request_id"),
+        "created_at": _iso(record.created_at),
+        "unknown_since": _iso(record.unknown_since),
+        "takeover_at": _iso(record.takeover_at),
+    }
+
+
+def _evidence(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not evidence:
+        return None
+    shown = {k: v for k, v in evidence.items() if k != "at_ms"}
+    if "at_ms" in evidence:
+        shown["at"] = _iso(evidence["at_ms"])
+    return shown
+
+
+def _iso(ms: int | None) -> str | None:
+    return None if ms is None else iso(ms / 1000.0)
+
+
+def _loads(text: str) -> dict[str, Any]:
+    return json.loads(text) if text else {}

@@ -1,0 +1,424 @@
+"""Operation records in Redis: the idempotency state machine (seed 000 section 5.3).
+
+Owns: the record of one operation (one idempotency key) and every transition
+of it, each one atomic Lua script registered once per process:
+
+    ABSENT -> IN_PROGRESS -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | UNKNOWN
+    IN_PROGRESS (lease ran out, write) -> UNKNOWN
+    FAILED_RETRYABLE -> IN_PROGRESS (same key, attempt + 1) | FAILED_FINAL (attempts used up)
+    UNKNOWN -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (reconciled) | NEEDS_TAKEOVER
+    UNKNOWN, NEEDS_TAKEOVER -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (operator with evidence)
+
+and three per-bucket indexes kept in the same scripts: ``leases``
+(IN_PROGRESS keys by lease expiry, so a dead proxy's calls are found without
+a new request), ``open`` (UNKNOWN and NEEDS_TAKEOVER keys by the time they
+became unknown: ``toolproxy_open_unknowns`` and the oldest one's age) and
+``due`` (UNKNOWN keys by their next reconciliation attempt).
+
+Keys: ``<prefix>:op:{op<b>}:<key>`` and ``<prefix>:op-leases|op-open|op-due:{op<b>}``
+where ``b`` is the first hex digit of the
+operation key's hash: 16 hash-tagged buckets, so every script touches one
+Redis Cluster slot and the reconciler scans 16 small indexes. Times are Redis
+server time (``TIME``) in milliseconds, so replicas with skewed clocks agree.
+
+Must never: decide what a state means for a caller (the idempotency stage
+does), talk to a backend, or leave a record half-written (every transition is
+one script).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import redis.asyncio as redis_async
+
+from . import store
+
+BUCKETS = "0123456789abcdef"
+STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNOWN", "NEEDS_TAKEOVER")
+OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
+
+_PRELUDE = r"""
+local rec, leases, open, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local id = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local now = now_ms()
+local function field(name) return redis.call('HGET', rec, name) end
+local function to_unknown(first_ms, window_ms, evidence, outcome)
+  redis.call('HSET', rec, 'state', 'UNKNOWN', 'updated_at', now, 'unknown_since', now,
+             'rec_until', now + window_ms, 'rec_next', now + first_ms, 'rec_attempts', 0, 'evidence', evidence)
+  if outcome ~= '' then redis.call('HSET', rec, 'outcome', outcome) end
+  redis.call('HDEL', rec, 'lease_until', 'rec_owner', 'rec_owner_until', 'takeover_at')
+  redis.call('PERSIST', rec)  -- an unresolved unknown never expires
+  redis.call('ZREM', leases, id)
+  redis.call('ZADD', open, now, id)
+  redis.call('ZADD', due, now + first_ms, id)
+end
+local function settle(state, outcome, evidence)
+  redis.call('HSET', rec, 'state', state, 'updated_at', now)
+  if outcome ~= '' then redis.call('HSET', rec, 'outcome', outcome) end
+  if evidence ~= '' then redis.call('HSET', rec, 'evidence', evidence) end
+  redis.call('HDEL', rec, 'lease_until', 'rec_owner', 'rec_owner_until', 'owner')
+  redis.call('ZREM', leases, id)
+  redis.call('ZREM', open, id)
+  redis.call('ZREM', due, id)
+  redis.call('PEXPIRE', rec, tonumber(field('retention')) * 1000)
+end
+"""
+
+# ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms
+_BEGIN = _PRELUDE + r"""
+local fp, nonce = ARGV[2], ARGV[3]
+local lease_ms, retention_s, max_attempts = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
+local function start(attempt, token)
+  redis.call('HSET', rec, 'state', 'IN_PROGRESS', 'attempt', attempt, 'token', token, 'owner', nonce,
+             'lease_until', now + lease_ms, 'updated_at', now)
+  redis.call('ZADD', leases, now + lease_ms, id)
+  redis.call('PEXPIRE', rec, math.max(retention_s * 1000, 2 * lease_ms))
+  if attempt == 1 then return {'new', token, attempt} end
+  return {'retry', token, attempt}
+end
+local state = field('state')
+if not state then
+  redis.call('HSET', rec, 'fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'created_at', now,
+             'retention', retention_s)
+  return start(1, 1)
+end
+if field('fp') ~= fp then return {'conflict', state} end
+if state == 'IN_PROGRESS' then
+  if field('owner') == nonce then  -- this very request, its script call repeated after a lost reply
+    local attempt = tonumber(field('attempt'))
+    return {attempt == 1 and 'new' or 'retry', tonumber(field('token')), attempt}
+  end
+  local lease_until = tonumber(field('lease_until'))
+  if lease_until > now then return {'in_progress', lease_until - now} end
+  if field('is_write') == '1' then
+    to_unknown(tonumber(ARGV[9]), tonumber(ARGV[10]),
+               cjson.encode({source = 'proxy', observed = 'lease_expired', at_ms = now}), '')
+    return {'unknown', 'UNKNOWN', 1}
+  end
+  state = 'FAILED_RETRYABLE'  -- a read whose executor died: nothing to reconcile, run it again
+end
+if state == 'SUCCEEDED' then return {'replay', field('outcome') or ''} end
+if state == 'FAILED_FINAL' then return {'final', field('outcome') or '', field('final_reason') or ''} end
+if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then return {'unknown', state, 0} end
+local attempt = tonumber(field('attempt'))
+if attempt >= max_attempts then
+  redis.call('HSET', rec, 'final_reason', 'attempts_exhausted')
+  settle('FAILED_FINAL', '', '')
+  return {'exhausted', attempt}
+end
+return start(attempt + 1, tonumber(field('token')) + 1)
+"""
+
+# ARGV: id, token, target (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|UNKNOWN|ABANDON), outcome, evidence,
+#       first_ms, window_ms
+_COMMIT = _PRELUDE + r"""
+local target, outcome, evidence = ARGV[3], ARGV[4], ARGV[5]
+local state = field('state')
+if not state then return {'missing', 'ABSENT'} end
+if tonumber(field('token')) ~= tonumber(ARGV[2]) then return {'stale', state} end
+if state == 'IN_PROGRESS' then
+  if target == 'ABANDON' then  -- nothing was sent: undo the reservation
+    local attempt = tonumber(field('attempt'))
+    if attempt <= 1 then
+      redis.call('DEL', rec)
+      redis.call('ZREM', leases, id)
+      return {'ok', 'ABSENT'}
+    end
+    redis.call('HSET', rec, 'attempt', attempt - 1)
+    settle('FAILED_RETRYABLE', '', evidence)
+    return {'ok', 'FAILED_RETRYABLE'}
+  end
+  if target == 'UNKNOWN' then
+    to_unknown(tonumber(ARGV[6]), tonumber(ARGV[7]), evidence, outcome)
+    return {'ok', 'UNKNOWN'}
+  end
+  settle(target, outcome, evidence)
+  return {'ok', target}
+end
+if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then
+  -- Our lease ran out before we could record, but we hold a definite answer: it settles the record.
+  if target == 'ABANDON' then target = 'FAILED_RETRYABLE' end
+  if target == 'UNKNOWN' then return {'ok', state} end
+  settle(target, outcome, evidence)
+  return {'late', target}
+end
+return {'settled', state}
+"""
+
+# ARGV: id, token, lease_ms
+_RENEW = _PRELUDE + r"""
+local state = field('state')
+if state == 'IN_PROGRESS' and tonumber(field('token')) == tonumber(ARGV[2]) then
+  redis.call('HSET', rec, 'lease_until', now + tonumber(ARGV[3]))
+  redis.call('ZADD', leases, now + tonumber(ARGV[3]), id)
+  return {'ok', state}
+end
+return {'lost', state or 'ABSENT'}
+"""
+
+# ARGV: id, first_ms, window_ms
+_EXPIRE = _PRELUDE + r"""
+local state = field('state')
+if state ~= 'IN_PROGRESS' then
+  redis.call('ZREM', leases, id)
+  return {'stale', state or 'ABSENT'}
+end
+local lease_until = tonumber(field('lease_until'))
+if lease_until > now then
+  redis.call('ZADD', leases, lease_until, id)
+  return {'alive', state}
+end
+if field('is_write') == '1' then
+  to_unknown(tonumber(ARGV[2]), tonumber(ARGV[3]),
+             cjson.encode({source = 'proxy', observed = 'lease_expired', at_ms = now}), '')
+  return {'unknown', 'UNKNOWN'}
+end
+settle('FAILED_RETRYABLE', '', '')
+return {'released', 'FAILED_RETRYABLE'}
+"""
+
+# ARGV: id, owner, claim_ms
+_CLAIM = _PRELUDE + r"""
+local state = field('state')
+if state ~= 'UNKNOWN' then  -- settled, handed over or gone: nothing left to schedule
+  redis.call('ZREM', due, id)
+  if state ~= 'NEEDS_TAKEOVER' then redis.call('ZREM', open, id) end
+  return {'not_unknown', state or 'ABSENT'}
+end
+local owner_until = tonumber(field('rec_owner_until') or '0')
+if owner_until > now then
+  redis.call('ZADD', due, owner_until, id)
+  return {'busy'}
+end
+local next_at = tonumber(field('rec_next'))
+if next_at > now then
+  redis.call('ZADD', due, next_at, id)
+  return {'not_due'}
+end
+redis.call('HSET', rec, 'rec_owner', ARGV[2], 'rec_owner_until', now + tonumber(ARGV[3]))
+redis.call('ZADD', due, now + tonumber(ARGV[3]), id)
+return {'claimed', now}
+"""
+
+# ARGV: id, owner, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|WATCH|TAKEOVER), outcome, evidence, delay_ms
+_RESOLVE = _PRELUDE + r"""
+local state = field('state')
+if not state then
+  redis.call('ZREM', open, id)
+  redis.call('ZREM', due, id)
+  return {'gone', 'ABSENT'}
+end
+if field('rec_owner') ~= ARGV[2] then return {'lost', state} end
+redis.call('HDEL', rec, 'rec_owner', 'rec_owner_until')
+if state ~= 'UNKNOWN' then return {'settled', state} end
+local verdict, outcome, evidence = ARGV[3], ARGV[4], ARGV[5]
+redis.call('HINCRBY', rec, 'rec_attempts', 1)
+if verdict == 'WATCH' then
+  local next_at = now + tonumber(ARGV[6])
+  redis.call('HSET', rec, 'rec_next', next_at, 'evidence', evidence, 'updated_at', now)
+  redis.call('ZADD', due, next_at, id)
+  return {'ok', 'UNKNOWN'}
+end
+if verdict == 'TAKEOVER' then
+  redis.call('HSET', rec, 'state', 'NEEDS_TAKEOVER', 'takeover_at', now, 'evidence', evidence, 'updated_at', now)
+  redis.call('ZREM', due, id)
+  return {'ok', 'NEEDS_TAKEOVER'}
+end
+settle(verdict, outcome, evidence)
+return {'ok', verdict}
+"""
+
+# ARGV: id, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL), outcome, evidence
+_OPERATOR = _PRELUDE + r"""
+local state = field('state')
+if not state then return {'missing', 'ABSENT'} end
+if state ~= 'UNKNOWN' and state ~= 'NEEDS_TAKEOVER' then return {'not_open', state} end
+settle(ARGV[2], ARGV[3], ARGV[4])
+return {'ok', ARGV[2]}
+"""
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What a script answered: ``status`` plus its positional values."""
+
+    status: str
+    values: tuple[Any, ...] = ()
+
+    def int(self, index: int) -> int:
+        return int(self.values[index])
+
+    def text(self, index: int) -> str:
+        return self.values[index] if index < len(self.values) else ""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One operation record as read from Redis (times in Redis milliseconds)."""
+
+    key: str
+    state: str
+    attempt: int
+    token: int
+    is_write: bool
+    meta: Mapping[str, Any]
+    created_at: int
+    updated_at: int
+    retention_s: int
+    lease_until: int | None = None
+    outcome: Mapping[str, Any] | None = None
+    evidence: Mapping[str, Any] | None = None
+    final_reason: str | None = None
+    unknown_since: int | None = None
+    reconcile_until: int | None = None
+    reconcile_next: int | None = None
+    reconcile_attempts: int = 0
+    takeover_at: int | None = None
+
+    @property
+    def tenant(self) -> str:
+        return str(self.meta.get("tenant", ""))
+
+    @property
+    def tool(self) -> str:
+        return str(self.meta.get("tool", ""))
+
+    @property
+    def tool_version(self) -> str:
+        return str(self.meta.get("tool_version", ""))
+
+
+def bucket_of(key: str) -> str:
+    """The bucket of an operation key ``ik_<sha256 hex>``."""
+    return key[3]
+
+
+class OperationStore:
+    """The Redis side of idempotency: one instance per process, on the shared pool."""
+
+    def __init__(self, redis: redis_async.Redis, prefix: str) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._begin = redis.register_script(_BEGIN)
+        self._commit = redis.register_script(_COMMIT)
+        self._renew = redis.register_script(_RENEW)
+        self._expire = redis.register_script(_EXPIRE)
+        self._claim = redis.register_script(_CLAIM)
+        self._resolve = redis.register_script(_RESOLVE)
+        self._operator = redis.register_script(_OPERATOR)
+
+    # -- key names -------------------------------------------------------------
+    def _keys(self, key: str) -> list[str]:
+        tag = "op" + bucket_of(key)
+        return [store.key(self._prefix, "op", tag, key), store.key(self._prefix, "op-leases", tag),
+                store.key(self._prefix, "op-open", tag), store.key(self._prefix, "op-due", tag)]
+
+    def _index(self, kind: str, bucket: str) -> str:
+        return store.key(self._prefix, kind, "op" + bucket)
+
+    async def _run(self, script: Any, key: str, *args: Any) -> Transition:
+        reply = await script(keys=self._keys(key), args=[key, *args])
+        values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
+        return Transition(str(values[0]), values[1:])
+
+    # -- transitions -----------------------------------------------------------
+    async def begin(self, key: str, *, fingerprint: str, nonce: str, lease_ms: int, retention_s: int,
+                    is_write: bool, max_attempts: int, meta: Mapping[str, Any], first_check_ms: int,
+                    window_ms: int) -> Transition:
+        """new/retry (token, attempt) | in_progress (ms left) | replay (outcome) | final (outcome, reason)
+        | unknown (state, 1 if it just became unknown) | conflict (state) | exhausted (attempt)."""
+        return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
+                               max_attempts, _dumps(meta), first_check_ms, window_ms)
+
+    async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
+                     evidence: Mapping[str, Any], first_check_ms: int, window_ms: int) -> Transition:
+        """ok/late (new state) | stale (state: another execution owns the key) | settled | missing."""
+        return await self._run(self._commit, key, token, target, _dumps(outcome) if outcome else "",
+                               _dumps(evidence), first_check_ms, window_ms)
+
+    async def renew(self, key: str, *, token: int, lease_ms: int) -> Transition:
+        return await self._run(self._renew, key, token, lease_ms)
+
+    async def expire(self, key: str, *, first_check_ms: int, window_ms: int) -> Transition:
+        return await self._run(self._expire, key, first_check_ms, window_ms)
+
+    async def claim(self, key: str, *, owner: str, claim_ms: int) -> Transition:
+        return await self._run(self._claim, key, owner, claim_ms)
+
+    async def resolve(self, key: str, *, owner: str, verdict: str, outcome: Mapping[str, Any] | None,
+                      evidence: Mapping[str, Any], delay_ms: int = 0) -> Transition:
+        return await self._run(self._resolve, key, owner, verdict, _dumps(outcome) if outcome else "",
+                               _dumps(evidence), delay_ms)
+
+    async def resolve_by_operator(self, key: str, *, verdict: str, outcome: Mapping[str, Any] | None,
+                                  evidence: Mapping[str, Any]) -> Transition:
+        return await self._run(self._operator, key, verdict, _dumps(outcome) if outcome else "", _dumps(evidence))
+
+    # -- reads -----------------------------------------------------------------
+    async def get(self, key: str) -> Record | None:
+        raw = await self._redis.hgetall(self._keys(key)[0])
+        return _record(key, raw) if raw else None
+
+    async def expired_leases(self, bucket: str, limit: int) -> list[str]:
+        """IN_PROGRESS keys of a bucket whose lease ran out (by Redis time)."""
+        now = await self._now_ms()
+        raw = await self._redis.zrangebyscore(self._index("op-leases", bucket), "-inf", now, start=0, num=limit)
+        return [k.decode() for k in raw]
+
+    async def due(self, bucket: str, limit: int) -> list[str]:
+        """UNKNOWN keys of a bucket due for a reconciliation attempt."""
+        now = await self._now_ms()
+        raw = await self._redis.zrangebyscore(self._index("op-due", bucket), "-inf", now, start=0, num=limit)
+        return [k.decode() for k in raw]
+
+    async def open_keys(self, limit: int) -> list[str]:
+        """UNKNOWN and NEEDS_TAKEOVER keys, oldest first (at most ``limit``)."""
+        scored: list[tuple[float, str]] = []
+        for bucket in BUCKETS:
+            raw = await self._redis.zrange(self._index("op-open", bucket), 0, limit - 1, withscores=True)
+            scored.extend((score, k.decode()) for k, score in raw)
+        return [k for _, k in sorted(scored)[:limit]]
+
+    async def open_stats(self) -> tuple[int, int | None]:
+        """(records in UNKNOWN or NEEDS_TAKEOVER, when the oldest became unknown in ms) across all buckets."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for bucket in BUCKETS:
+                pipe.zcard(self._index("op-open", bucket))
+                pipe.zrange(self._index("op-open", bucket), 0, 0, withscores=True)
+            replies = await pipe.execute()
+        count = int(sum(replies[0::2]))
+        oldest = [int(first[0][1]) for first in replies[1::2] if first]
+        return count, min(oldest) if oldest else None
+
+    async def _now_ms(self) -> int:
+        seconds, micros = await self._redis.time()
+        return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+
+
+def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:
+    f = {k.decode(): v.decode() for k, v in raw.items()}
+
+    def num(name: str) -> int | None:
+        return int(f[name]) if f.get(name) not in (None, "") else None
+
+    def obj(name: str) -> Mapping[str, Any] | None:
+        return json.loads(f[name]) if f.get(name) else None
+
+    return Record(
+        key=key, state=f.get("state", "ABSENT"), attempt=num("attempt") or 0, token=num("token") or 0,
+        is_write=f.get("is_write") == "1", meta=obj("meta") or {}, created_at=num("created_at") or 0,
+        updated_at=num("updated_at") or 0, retention_s=num("retention") or 0, lease_until=num("lease_until"),
+        outcome=obj("outcome"), evidence=obj("evidence"), final_reason=f.get("final_reason") or None,
+        unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),
+        reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"))

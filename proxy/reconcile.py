@@ -1,0 +1,351 @@
+"""Reconciliation: turn UNKNOWN operations into facts, or hand them to a human.
+
+Owns: the background task (one per proxy process) that (1) finds IN_PROGRESS
+records whose lease ran out (the proxy that held them died) and makes writes
+UNKNOWN, (2) queries each due UNKNOWN operation's status endpoint
+(``GET <status_endpoint>/<idempotency key>``, read-only) with exponential
+backoff inside a window, holding a per-key claim in Redis so one replica
+works on one key at a time, (3) raises a takeover record when the window
+runs out or the tool has no status endpoint, and (4) writes a
+``reconciliation`` audit record for every transition it makes and a
+``takeover`` record for every handover. Also the operator's manual
+resolution of an open operation (admin listener).
+
+Status answers (seed 000 section 10, seed 004):
+  ``{"state": "committed", "result": {...}}`` -> SUCCEEDED with that result (checked against outputSchema);
+  ``{"state": "pending"}`` -> keep watching; ``{"state": "not_found"}`` -> FAILED_RETRYABLE (the same key may
+  run again; the backend also deduplicates on it); ``{"state": "rejected", "error": {...}}`` -> FAILED_FINAL.
+  Anything else (unreachable, 5xx, malformed) -> keep watching, as evidence ``unreachable``/``invalid_answer``.
+
+Must never: re-execute an operation, send anything but the read-only status
+query, trust a status answer's result without validating it, or pass backend
+bodies, hostnames or exception text into evidence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Mapping
+from urllib.parse import quote
+
+import aiohttp
+import redis.exceptions
+
+from .audit import Auditor
+from .config import ReconcileConfig
+from .decode import schema_violations, strict_loads
+from .errors import ProxyError, SideEffect
+from .identity import AdminPrincipal
+from .idempotency import KEY_PATTERN, outcome_of, takeover_record
+from .metrics import Metrics
+from .operations import BUCKETS, OperationStore, Record
+from .registry import Registry, ToolContract
+
+log = logging.getLogger("toolproxy.reconcile")
+
+MAX_STATUS_BYTES = 1024 * 1024
+MAX_NOTE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str                        # SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | WATCH
+    result: str                         # the toolproxy_reconciliations label
+    evidence: Mapping[str, Any]
+    outcome: Mapping[str, Any] | None = None
+
+
+class Reconciler:
+    def __init__(self, *, store: OperationStore, registry: Registry, session: aiohttp.ClientSession,
+                 services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor) -> None:
+        self._store = store
+        self._audit = audit
+        self._registry = registry
+        self._session = session
+        self._services = dict(services)
+        self._config = config
+        self._metrics = metrics
+        self._owner = uuid.uuid4().hex
+        self._task: asyncio.Task[None] | None = None
+        self._limit = asyncio.Semaphore(max(1, config.concurrency))
+        self._store_down = False
+        self._stopping = False
+
+    # -- lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        if self._config.enabled and self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="toolproxy-reconciler")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            # The flag as well as the cancel: a library that swallows CancelledError must not keep us alive.
+            self._stopping = True
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        interval = self._config.scan_interval_ms / 1000.0
+        while not self._stopping:
+            try:
+                await self.scan_once()
+                if self._store_down:
+                    log.info("reconciler: state store reachable again")
+                self._store_down = False
+            except redis.exceptions.RedisError:
+                if not self._store_down:
+                    log.warning("reconciler: state store unreachable; retrying every %.1fs", interval)
+                self._store_down = True
+            except Exception:
+                log.exception("reconciler: scan failed")
+            if not self._stopping:
+                await asyncio.sleep(interval)
+
+    # -- one pass ----------------------------------------------------------------
+    async def scan_once(self) -> dict[str, int]:
+        """Expire dead leases, reconcile every due key, refresh the gauge. Returns counts (for tests/logs)."""
+        counts: dict[str, int] = {}
+        limit = self._config.batch_size
+        for bucket in BUCKETS:
+            for key in await self._store.expired_leases(bucket, limit):
+                answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
+                                                  window_ms=self._config.window_ms)
+                if answer.status == "unknown":
+                    record = await self._store.get(key)
+                    self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
+                    log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
+                    if record is not None:
+                        await audit_transition(self._audit, record, "IN_PROGRESS")
+                counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
+        due = [key for bucket in BUCKETS for key in await self._store.due(bucket, limit)]
+        results = await asyncio.gather(*(self._guarded(key) for key in due))
+        for result in results:
+            counts[result] = counts.get(result, 0) + 1
+        return counts
+
+    async def _guarded(self, key: str) -> str:
+        async with self._limit:
+            try:
+                return await self.reconcile_key(key)
+            except redis.exceptions.RedisError:
+                raise
+            except Exception:
+                log.exception("reconciler: %s failed", key)
+                return "crashed"
+
+    async def reconcile_key(self, key: str) -> str:
+        """One attempt on one key if it is due and nobody else holds it; returns what happened."""
+        claim = await self._store.claim(key, owner=self._owner, claim_ms=self._config.claim_ms)
+        if claim.status != "claimed":
+            return claim.status
+        now_ms = claim.int(0)
+        record = await self._store.get(key)
+        if record is None or record.state != "UNKNOWN":
+            return "settled"
+        tool = self._contract(record)
+        if tool is None:
+            return await self._takeover(record, {"source": "proxy", "observed": "tool_not_in_registry"})
+        if tool.status_endpoint is None or tool.status_endpoint.resolve(self._services) is None:
+            return await self._takeover(record, {"source": "proxy", "observed": "no_status_endpoint"})
+        verdict = await self.query_status(tool, record)
+        self._metrics.reconciliations.labels(verdict.result).inc()
+        if verdict.verdict == "WATCH":
+            until = record.reconcile_until or now_ms
+            if now_ms >= until:
+                return await self._takeover(record, verdict.evidence)
+            delay = min(self._config.backoff_max_ms, self._config.backoff_initial_ms * 2 ** record.reconcile_attempts)
+            delay = max(1, min(delay, until - now_ms))
+            await self._store.resolve(key, owner=self._owner, verdict="WATCH", outcome=None,
+                                      evidence=verdict.evidence, delay_ms=delay)
+            return "watching"
+        answer = await self._store.resolve(key, owner=self._owner, verdict=verdict.verdict, outcome=verdict.outcome,
+                                           evidence=verdict.evidence)
+        if answer.status != "ok":
+            return answer.status
+        log.info("operation %s reconciled: %s (%s)", key, verdict.verdict, verdict.result)
+        settled = await self._store.get(key)
+        if settled is not None:
+            await audit_transition(self._audit, settled, "UNKNOWN")
+        return verdict.verdict.lower()
+
+    async def _takeover(self, record: Record, evidence: Mapping[str, Any]) -> str:
+        answer = await self._store.resolve(record.key, owner=self._owner, verdict="TAKEOVER", outcome=None,
+                                           evidence={**evidence, "at_ms": _now_ms()})
+        if answer.status != "ok":
+            return answer.status
+        self._metrics.reconciliations.labels("takeover").inc()
+        self._metrics.takeovers.labels(self._tool_label(record)).inc()
+        taken = await self._store.get(record.key)
+        if taken is not None:
+            takeover = takeover_record(taken)
+            log.warning("operation %s needs a human takeover: tool %s, last evidence %s", record.key,
+                        taken.tool, (takeover["last_evidence"] or {}).get("observed"))
+            await self._audit.record("takeover", **_audit_fields(taken), details=takeover)
+        return "takeover"
+
+    # -- the status endpoint -----------------------------------------------------
+    async def query_status(self, tool: ToolContract, record: Record) -> Verdict:
+        base = tool.status_endpoint.resolve(self._services) if tool.status_endpoint else None
+        assert base is not None
+        url = base.rstrip("/") + "/" + quote(record.key, safe="")
+        headers = {"Accept": "application/json", "X-Toolproxy-Tenant": record.tenant,
+                   "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex}
+        evidence: dict[str, Any] = {"source": "status_endpoint", "at_ms": _now_ms()}
+        try:
+            async with asyncio.timeout(self._config.status_timeout_ms / 1000.0):
+                async with self._session.get(url, headers=headers, allow_redirects=False) as response:
+                    evidence["http_status"] = response.status
+                    body = await response.content.read(MAX_STATUS_BYTES + 1)
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return Verdict("WATCH", "error", {**evidence, "observed": "unreachable"})
+        if response.status != 200 or len(body) > MAX_STATUS_BYTES:
+            return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
+        try:
+            answer = strict_loads(body, what="status answer")
+        except ProxyError:
+            answer = None
+        state = answer.get("state") if isinstance(answer, dict) else None
+        if state == "pending":
+            return Verdict("WATCH", "pending", {**evidence, "observed": "pending"})
+        if state == "not_found":
+            error = ProxyError("dependency_unavailable", "The backend never applied this operation; it may run "
+                               "again with the same key.", details={"tool": tool.name}, phase="reconcile")
+            return Verdict("FAILED_RETRYABLE", "not_applied", {**evidence, "observed": "not_found"},
+                           self._outcome(tool, record, error=error, side=SideEffect(True, False)))
+        if state == "rejected":
+            code = _safe_code(answer.get("error"))
+            error = ProxyError("business_rejected", "The backend rejected the request" +
+                               (f": {code}." if code else "."),
+                               details={"tool": tool.name, **({"backend_code": code} if code else {})},
+                               phase="reconcile")
+            return Verdict("FAILED_FINAL", "rejected", {**evidence, "observed": "rejected"},
+                           self._outcome(tool, record, error=error, side=SideEffect(True, False)))
+        if state == "committed" and "result" in answer:
+            result = answer["result"]
+            violations = schema_violations(result, tool.output_validator)
+            if violations:
+                error = ProxyError("output_invalid", "The backend committed this operation but its recorded "
+                                   "result does not match the tool's output schema.",
+                                   details={"tool": tool.name}, phase="reconcile")
+                return Verdict("FAILED_FINAL", "succeeded", {**evidence, "observed": "committed_invalid_result"},
+                               self._outcome(tool, record, error=error, side=SideEffect(True, True)))
+            return Verdict("SUCCEEDED", "succeeded", {**evidence, "observed": "committed"},
+                           self._outcome(tool, record, data=result, side=SideEffect(True, True)))
+        return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
+
+    def _outcome(self, tool: ToolContract, record: Record, *, data: Any = None, error: ProxyError | None = None,
+                 side: SideEffect) -> dict[str, Any]:
+        return outcome_of(data=data, error=error, side_effect=side, tool=tool, call_id=record.meta.get("call_id"),
+                          request_id=record.meta.get("request_id"))
+
+    def _contract(self, record: Record) -> ToolContract | None:
+        for tool in self._registry.all():  # retired versions too: the record names its exact contract
+            if tool.name == record.tool and tool.version == record.tool_version:
+                return tool
+        return None
+
+    def _tool_label(self, record: Record | None) -> str:
+        if record is not None and self._contract(record) is not None:
+            return record.tool
+        return "unknown"
+
+
+# -- operator views and resolution (admin listener) ----------------------------
+
+async def list_takeovers(store: OperationStore, *, tenant: str | None, limit: int = 500) -> list[dict[str, Any]]:
+    """Takeover records of the operations waiting for a human, oldest first (one tenant's, unless None)."""
+    records = [await store.get(key) for key in await store.open_keys(limit)]
+    return [takeover_record(r) for r in records if r is not None and r.state == "NEEDS_TAKEOVER"
+            and (tenant is None or r.tenant == tenant)]
+
+
+_RESOLUTIONS = {"committed": "SUCCEEDED", "not_applied": "FAILED_RETRYABLE", "rejected": "FAILED_FINAL"}
+
+
+async def resolve_by_operator(store: OperationStore, registry: Registry, metrics: Metrics, audit: Auditor,
+                              key: str, principal: AdminPrincipal, body: Any) -> dict[str, Any]:
+    """Settle an UNKNOWN / NEEDS_TAKEOVER operation from an operator's evidence.
+
+    Body: ``{"outcome": "committed" | "not_applied" | "rejected", "evidence": "<what was checked>",
+    "result": {...}}`` (``result`` only with ``committed``, checked against the tool's outputSchema).
+    """
+    if not re.match(KEY_PATTERN, key):
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    if not isinstance(body, dict) or set(body) - {"outcome", "evidence", "result"} \
+            or body.get("outcome") not in _RESOLUTIONS or not isinstance(body.get("evidence"), str) \
+            or not 0 < len(body["evidence"].strip()) <= MAX_NOTE_CHARS \
+            or ("result" in body and body["outcome"] != "committed"):
+        raise ProxyError("invalid_request", "Send {outcome: committed|not_applied|rejected, evidence: text, "
+                         "result?: object (committed only)}.", phase="request")
+    record = await store.get(key)
+    if record is None or (principal.tenant is not None and record.tenant != principal.tenant):
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    tool = next((t for t in registry.all() if t.name == record.tool and t.version == record.tool_version), None)
+    result = body.get("result")
+    if result is not None and tool is not None:
+        violations = schema_violations(result, tool.output_validator)
+        if violations:
+            raise ProxyError("invalid_request", "result does not match the tool's output schema.",
+                             details={"violations": violations[:50]}, phase="request")
+    verdict = _RESOLUTIONS[body["outcome"]]
+    error = None
+    if verdict == "FAILED_RETRYABLE":
+        error = ProxyError("dependency_unavailable", "An operator recorded that this operation was not applied; "
+                           "it may run again with the same key.", details={"tool": record.tool}, phase="reconcile")
+    elif verdict == "FAILED_FINAL":
+        error = ProxyError("business_rejected", "An operator recorded that the backend rejected this operation.",
+                           details={"tool": record.tool}, phase="reconcile")
+    side = SideEffect(True, verdict == "SUCCEEDED")
+    outcome = {"data": result if error is None else None, "error": error.to_error() if error else None,
+               "side_effect": side.to_json(), "tool_version": record.tool_version,
+               "call_id": record.meta.get("call_id"), "request_id": record.meta.get("request_id")}
+    evidence = {"source": "operator", "operator": principal.subject, "observed": body["outcome"],
+                "note": body["evidence"].strip(), "at_ms": _now_ms()}
+    # No resolution takes effect unaudited: the record comes first (audit_unavailable stops it).
+    await audit.record("reconciliation", critical=True, **_audit_fields(record),
+                       details={"from": record.state, "to": verdict, "requested_by": "operator",
+                                "evidence": evidence})
+    answer = await store.resolve_by_operator(key, verdict=verdict, outcome=outcome, evidence=evidence)
+    if answer.status == "missing":
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    if answer.status != "ok":
+        raise ProxyError("operation_not_open", "Only an UNKNOWN or NEEDS_TAKEOVER operation can be resolved.",
+                         details={"state": answer.text(0)}, phase="request")
+    metrics.reconciliations.labels("operator").inc()
+    log.warning("operation %s resolved by operator %s as %s", key, principal.subject, verdict)
+    settled = await store.get(key)
+    return {"idempotency_key": key, "state": settled.state if settled else verdict}
+
+
+async def audit_transition(audit: Auditor, record: Record, previous: str) -> None:
+    """One ``reconciliation`` audit record: an operation left ``previous`` for its current state."""
+    outcome = record.outcome or {}
+    side = outcome.get("side_effect") or {}
+    await audit.record("reconciliation", **_audit_fields(record),
+                       outcome={"SUCCEEDED": "succeeded", "UNKNOWN": "unknown"}.get(record.state, "failed"),
+                       error_code=(outcome.get("error") or {}).get("code") if record.state != "UNKNOWN" else None,
+                       side_effect_committed=side.get("committed") if record.state != "UNKNOWN" else None,
+                       details={"from": previous, "to": record.state, "evidence": record.evidence,
+                                "reconciliations": record.reconcile_attempts})
+
+
+def _audit_fields(record: Record) -> dict[str, Any]:
+    meta = record.meta
+    return {"idempotency_key": record.key, "tool": record.tool or None, "tool_version": record.tool_version or None,
+            "tenant": meta.get("tenant") or None, "subject": meta.get("subject") or None,
+            "agent": meta.get("agent") or None, "args_hash": meta.get("args_hash") or None,
+            "attempt": record.attempt or None}
+
+
+def _safe_code(error: Any) -> str | None:
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) and re.match(r"^[a-z][a-z0-9_]{0,63}$", code) else None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)

@@ -84,6 +84,17 @@ async def test_write_without_stable_identity_is_refused_before_anything_is_sent(
     assert stack.backend.requests == []
 
 
+async def test_missing_identity_is_refused_before_an_approval_is_created(stack):
+    status, env = await stack.call("refund_order", {**REFUND, "amount": 6000})  # needs an approval
+    assert status == 428 and env["error"]["code"] == "idempotency_key_required"
+    assert stack.runtime.metrics.registry.get_sample_value("toolproxy_approvals_total", {"state": "created"}) \
+        in (None, 0.0)
+    status, env = await stack.call("refund_order", {**REFUND, "amount": 6000}, headers=KEY)
+    assert env["error"]["code"] == "approval_required"
+    status, _ = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert status == 404  # no record is created for a call that is not authorized (yet)
+
+
 async def test_duplicate_of_a_success_is_replayed_without_calling_the_backend(stack):
     status, first = await stack.call("refund_order", REFUND, headers=KEY, call_id="call_a")
     assert status == 200 and first["outcome"] == "succeeded"

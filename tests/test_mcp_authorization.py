@@ -31,7 +31,9 @@ async def stack(proxy_deps, issuers):
 
 
 def agent(stack, token: str, mode: str) -> Client:
-    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=httpx2.Timeout(30.0))
+    # X-Run-Id: writes need a stable operation identity, checked before authorization (issue 4).
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}", "X-Run-Id": "run-mcp-authz"},
+                              timeout=httpx2.Timeout(30.0))
     return Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode=mode)
 
 

@@ -40,7 +40,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import redis.exceptions
 import rfc8785
@@ -54,6 +54,9 @@ from .metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Record
 from .registry import ToolContract
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .pipeline import RequestMeta
 
 log = logging.getLogger("toolproxy.idempotency")
 
@@ -140,7 +143,7 @@ class IdempotencyStage:
         self._margin_s = margin_s
 
     def identify(self, *, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                 meta: Any) -> OperationKey | None:
+                 meta: "RequestMeta") -> OperationKey | None:
         """The call's operation key, None if it runs without a record; refuses a required key that is missing."""
         wanted = tool.is_write or tool.idempotency_required
         op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name, tool_version=tool.version,
@@ -154,13 +157,13 @@ class IdempotencyStage:
         return op
 
     async def admit(self, op: OperationKey | None, *, caller: Caller, tool: ToolContract,
-                    normalized: NormalizedCall, meta: Any, call_id: str) -> Admission:
+                    normalized: NormalizedCall, meta: "RequestMeta", call_id: str) -> Admission:
         """Reserve the operation key for this call, or say why it must not run now."""
         if op is None:
             return NO_RECORD
         budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
         nonce = uuid.uuid4().hex
-        request_meta = {"tenant": caller.tenant, "subject": caller.subject, "agent": caller.agent,
+        record_meta = {"tenant": caller.tenant, "subject": caller.subject, "agent": caller.agent,
                         "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
                         "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
                         "request_id": meta.request_id}
@@ -170,7 +173,7 @@ class IdempotencyStage:
                 answer = await self.store.begin(
                     op.key, fingerprint=op.fingerprint, nonce=nonce, lease_ms=self._lease_ms(budget),
                     retention_s=tool.retention_seconds, is_write=tool.is_write,
-                    max_attempts=self._config.max_attempts, meta=request_meta,
+                    max_attempts=self._config.max_attempts, meta=record_meta,
                     first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms)
             except redis.exceptions.RedisError:
                 return self._store_down(tool)
@@ -287,7 +290,7 @@ class IdempotencyStage:
     def _lease_ms(self, budget_s: float) -> int:
         return max(1, int(max(budget_s, 0.0) * 1000)) + self._config.lease_grace_ms
 
-    def _wait_until(self, meta: Any) -> float | None:
+    def _wait_until(self, meta: "RequestMeta") -> float | None:
         if not meta.wait_s:
             return None
         wait = min(meta.wait_s, self._config.max_wait_ms / 1000.0)

@@ -108,7 +108,7 @@ class Reconciler:
 
     # -- one pass ----------------------------------------------------------------
     async def scan_once(self) -> dict[str, int]:
-        """Expire dead leases, reconcile every due key, refresh the gauge. Returns counts (for tests/logs)."""
+        """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs)."""
         counts: dict[str, int] = {}
         limit = self._config.batch_size
         for bucket in BUCKETS:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -139,8 +138,6 @@ async def test_mcp_front_shows_upstream_failures_as_iserror(tmp_path, proxy_deps
         assert "db-7.corp" not in result.content[0].text
 
 
-@pytest.mark.skipif(importlib.util.find_spec("proxy.idempotency") is None,
-                    reason="the idempotency stage (issue 4) is not on main yet")
 async def test_duplicate_write_reaches_the_upstream_once(tmp_path, proxy_deps):
     async with mcp_stack(tmp_path, proxy_deps, upstream_mode="legacy") as (stack, upstream):
         # Two agent connections (new sessions, new JSON-RPC ids), one business request.

@@ -63,34 +63,62 @@ def parse(body: Any) -> ModelTurn:
     return turn
 
 
-def render(turn: ModelTurn, envelopes: Sequence[dict[str, Any]], request_id: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class TurnResult:
+    envelopes: tuple[dict[str, Any], ...]  # request order
+    batch: dict[str, Any]                  # summary: status, uncertain call ids, effects, next action
+
+
+def render(turn: ModelTurn, result: TurnResult) -> dict[str, Any]:
     """The response body: one item per call, in request order, each output the envelope as JSON text."""
     def text(envelope: dict[str, Any]) -> str:
         return json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
 
+    pairs = list(zip(turn.calls, result.envelopes))
     if turn.shape == CHAT:
-        items_key, items = "messages", [{"role": "tool", "tool_call_id": call.call_id, "content": text(env)}
-                                        for call, env in zip(turn.calls, envelopes)]
-    else:
-        items_key, items = "items", [{"type": "function_call_output", "call_id": call.call_id, "output": text(env)}
-                                     for call, env in zip(turn.calls, envelopes)]
+        return {"messages": [{"role": "tool", "tool_call_id": call.call_id, "content": text(env)}
+                             for call, env in pairs], "batch": result.batch}
+    return {"items": [{"type": "function_call_output", "call_id": call.call_id, "output": text(env)}
+                      for call, env in pairs], "batch": result.batch}
+
+
+def _summary(envelopes: Sequence[dict[str, Any]], request_id: str) -> dict[str, Any]:
     outcomes = [env["outcome"] for env in envelopes]
     status = ("succeeded" if all(o == "succeeded" for o in outcomes)
               else "failed" if not any(o == "succeeded" for o in outcomes) else "partially_succeeded")
-    return {items_key: items, "batch": {
-        "request_id": request_id, "status": status,
-        "uncertain": [env["call_id"] for env in envelopes if env["outcome"] == "unknown"]}}
+    return {"request_id": request_id, "status": status,
+            "uncertain": [env["call_id"] for env in envelopes if env["outcome"] == "unknown"]}
 
 
-async def run_turn(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> list[dict[str, Any]]:
-    """Run the turn's calls as one batch; envelopes in request order.
+async def run_turn(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:
+    """Run the turn's calls as one batch.
 
-    INTERIM until the batch scheduler (issue 5, ``POST /v1/tool-calls:batch``)
-    is on main: consecutive reads run concurrently, every write (and every
-    call whose tool is unknown) runs alone, in request order, each through
-    ``Pipeline.execute``. No resource-level conflict analysis, dependency
-    edges or per-tenant limits yet: that is the scheduler's job, and this
-    function is swapped for it.
+    With the batch scheduler (issue 5: ``runtime.scheduler``, the engine of
+    ``POST /v1/tool-calls:batch``) the turn is one ``BatchPlan``: reads in
+    parallel, conflicting calls serialized in request order, limits applied,
+    results merged in plan order. Until that is on main, ``_interim`` runs it.
+    """
+    scheduler = getattr(runtime, "scheduler", None)
+    if scheduler is None:
+        envelopes = await _interim(runtime, turn, meta, caller)
+        return TurnResult(tuple(envelopes), _summary(envelopes, meta.request_id))
+    from .plan import BatchPlan, PlannedCall
+    plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments)
+                                 for c in turn.calls), meta=meta)
+    batch = await scheduler.run(plan, caller)
+    summary = {**_summary(batch.results, meta.request_id), "status": batch.status,
+               "committed_effects": list(batch.committed_effects),
+               "uncertain_effects": list(batch.uncertain_effects), "next_action": batch.next_action}
+    return TurnResult(tuple(batch.results), summary)
+
+
+async def _interim(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> list[dict[str, Any]]:
+    """INTERIM until the batch scheduler is on main; delete with it.
+
+    Consecutive reads run concurrently (at most ``_INTERIM_READ_CONCURRENCY``),
+    every write (and every call whose tool is unknown) runs alone, in request
+    order, each through ``Pipeline.execute``. No resource-level conflict
+    analysis, dependency edges or per-tenant limits: that is the scheduler's job.
     """
     requests = [ToolCallRequest(call_id=c.call_id, tool=c.name, version=None, arguments=c.arguments, meta=meta)
                 for c in turn.calls]
@@ -126,8 +154,7 @@ def install(app: web.Application, runtime: Any) -> None:
         meta = ingress.request_meta(request, runtime.config)
         caller = await runtime.authenticator.authenticate(request.headers)
         turn = parse(await ingress.read_json(request, runtime.config))
-        envelopes = await run_turn(runtime, turn, meta, caller)
-        body = render(turn, envelopes, meta.request_id)
+        body = render(turn, await run_turn(runtime, turn, meta, caller))
         return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")),
                             content_type="application/json")
 

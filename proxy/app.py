@@ -202,6 +202,19 @@ async def admin_resolve_operation(request: web.Request) -> web.Response:
                                                    runtime.audit, request.match_info["key"], principal, body))
 
 
+async def admin_list_unknown_calls(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"unknown_calls": await runtime.unknowns.open_calls(tenant=operator.tenant)})
+
+
+async def admin_settle_unknown_call(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    body = await ingress.read_json(request, runtime.config)
+    return json_response(await runtime.unknowns.settle(runtime.audit, runtime.metrics, operator, body))
+
+
 async def list_tools(request: web.Request) -> web.Response:
     """Discovery follows authorization: only the tools this caller may call (OPA, action "list")."""
     runtime = request.app[RUNTIME]
@@ -279,6 +292,8 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/takeovers", admin_list_takeovers)
     app.router.add_get("/v1/operations/{key}", admin_get_operation)
     app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
+    app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
+    app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 
 

@@ -157,7 +157,7 @@ class Pipeline:
         # answers about an already-open operation are not new unknowns.
         if env["outcome"] == "unknown" and not state.admission.holds and not _about_an_operation(env):
             meta = state.request.meta
-            ref = UnknownIndex.ref(tenant=state.caller.tenant, idempotency_key=state.idempotency_key,
+            ref = UnknownIndex.ref(tenant=state.caller.tenant, tool=env["tool"] or "unknown",
                                    request_id=meta.request_id, call_id=str(state.request.call_id))
             try:
                 await self._unknowns.open(ref, state.timing.started_wall)

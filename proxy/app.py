@@ -101,7 +101,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                         unknowns=unknowns, authorizer=Authorizer(policy, approvals), idempotency=idempotency)
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
-                    unknowns=unknowns)
+                    unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
     authenticator = Authenticator(config.identity, config.admin_identity, session)
     if config.identity.mode == "static":
         log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",

@@ -290,6 +290,10 @@ class ApprovalStore:
                 "created_at_ms": int(record["created_at_ms"]), "expires_at_ms": expires,
                 "approver": record.get("approver")}
 
+    async def refresh_gauges(self) -> None:
+        """Re-read the pending count (called before each /metrics scrape: expiry and restarts show)."""
+        await self._update_pending_gauge()
+
     async def _update_pending_gauge(self) -> None:
         try:
             self._metrics.pending_approvals.set(await self._redis.zcount(self._pending_index, now_ms(), "+inf"))

@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Awaitable, Callable, Mapping, Sequence
 
 import aiohttp
 import redis.asyncio as redis_async
@@ -43,13 +43,15 @@ class Readiness:
 
 class Health:
     def __init__(self, *, config: Config, registry: Registry, session: aiohttp.ClientSession,
-                 redis: redis_async.Redis, metrics: Metrics, unknowns: UnknownIndex) -> None:
+                 redis: redis_async.Redis, metrics: Metrics, unknowns: UnknownIndex,
+                 gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
         self._session = session
         self._redis = redis
         self._metrics = metrics
         self._unknowns = unknowns
+        self._refreshers = tuple(gauge_refreshers)  # other stages' Redis-backed gauges (pending approvals)
         self._cached: tuple[float, Readiness] | None = None
         self._lock = asyncio.Lock()
 
@@ -74,8 +76,10 @@ class Health:
         try:
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
                 stats = await self._unknowns.stats()
+                for refresh in self._refreshers:
+                    await refresh()
         except (TimeoutError, OSError, RedisError) as exc:
-            log.warning("could not read the unknown-outcome index (%s)", type(exc).__name__)
+            log.warning("could not refresh the Redis-backed gauges (%s)", type(exc).__name__)
             return
         self._metrics.open_unknowns.set(stats.open)
         self._metrics.oldest_open_unknown_age.set(stats.oldest_age_s)

@@ -156,3 +156,13 @@ async def test_ops_endpoints_are_not_on_the_agent_listener(path):
     async with running_stack() as stack:
         async with stack.session.get(stack.proxy_url + path) as response:
             assert response.status == 404
+
+
+async def test_pending_approvals_gauge_is_read_at_scrape_time(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
+        status, env = await stack.call("delete_customer", {"customer_id": "cus_1002"},
+                                       headers={"Idempotency-Key": "del-1"})
+        assert env["error"]["code"] == "approval_required"
+        assert samples(await scrape_text(stack))[sample("toolproxy_pending_approvals")] == 1
+    async with running_stack(proxy_deps) as fresh:  # a restarted proxy: no approval event since
+        assert samples(await scrape_text(fresh))[sample("toolproxy_pending_approvals")] == 1

@@ -245,7 +245,7 @@ class Auditor:
             if normalized and tool else None,
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,
-            policy=policy, approval_id=meta.approval_id, attempt=state.attempt,
+            policy=policy, approval_id=state.approval_id or meta.approval_id, attempt=state.attempt,
             started_at=iso(state.timing.started_wall), deadline_at=deadline_at,
             fencing_token=state.fencing_token,
         )

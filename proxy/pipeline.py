@@ -88,6 +88,7 @@ class CallState:
     decision_id: str | None = None
     policy_revision: str | None = None
     policy_risk: str | None = None
+    approval_id: str | None = None            # the approval this call consumed or created
     attempt: int = 1                          # nth execution of this idempotency key
     backend_request_id: str | None = None
     result_hash: str | None = None            # SHA-256 of the canonical verified output
@@ -206,6 +207,7 @@ class Pipeline:
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining())
             (state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision,
              state.policy_risk) = auth.audit_facts()
+            state.approval_id = auth.approval_id
             if auth.error is not None:
                 raise auth.error
         with self._stage(state, "idempotency"):  # the record is created only once the call is authorized

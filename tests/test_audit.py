@@ -176,3 +176,16 @@ def test_an_invalid_failure_policy_or_sink_is_a_config_error():
     config = load_config(env={}, overrides={"audit.sinks": ["kafka"]})
     with pytest.raises(ConfigError, match="audit.sinks"):
         build_sinks(config.audit, None, "k")  # type: ignore[arg-type]
+
+
+async def test_a_call_that_needs_approval_names_the_approval_it_created(proxy_deps, capsys):
+    async with running_stack(proxy_deps) as stack:
+        status, env = await stack.call("delete_customer", {"customer_id": "cus_1002"},
+                                       headers={"Idempotency-Key": "del-1"})
+    assert env["error"]["code"] == "approval_required"
+    records = audit_records(capsys.readouterr().out)
+    created = [r for r in records if r["kind"] == "approval"]
+    [call] = [r for r in records if r["kind"] == "tool_call"]
+    assert created and created[0]["approval_id"] == env["error"]["details"]["approval_id"]
+    assert call["approval_id"] == env["error"]["details"]["approval_id"]
+    assert call["policy"]["result"] == "require_approval" and call["error_code"] == "approval_required"

@@ -150,6 +150,12 @@ async def envelope_errors(request: web.Request, handler: Callable[[web.Request],
         body = envelope.request_error(ProxyError("internal_error", "The proxy failed unexpectedly.",
                                                  phase="request"), request_id)
         response = json_response(body, 500)
+    else:
+        body = None
+    if body is not None:  # refused before (or instead of) a tool call: count it by code
+        runtime = request.app.get(RUNTIME)
+        if runtime is not None:
+            runtime.metrics.request_errors.labels(body["error"]["code"]).inc()
     response.headers["X-Request-Id"] = request_id
     return response
 

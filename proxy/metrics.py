@@ -69,6 +69,9 @@ class Metrics:
         self.dependency_up = Gauge("toolproxy_dependency_up", "1 if the dependency (opa, redis) answered its last "
                                    "readiness check, 0 if not",
                                    ["dependency"], registry=r)
+        self.request_errors = Counter("toolproxy_request_errors",
+                                      "Requests refused before a tool call was formed (malformed body, unauthorized, "
+                                      "unknown route, admin API refusals), by error code", ["code"], registry=r)
         self.audit_failures = Counter("toolproxy_audit_write_failures", "Audit records a sink failed to write",
                                       ["sink"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "

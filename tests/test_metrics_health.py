@@ -166,3 +166,21 @@ async def test_pending_approvals_gauge_is_read_at_scrape_time(proxy_deps):
         assert samples(await scrape_text(stack))[sample("toolproxy_pending_approvals")] == 1
     async with running_stack(proxy_deps) as fresh:  # a restarted proxy: no approval event since
         assert samples(await scrape_text(fresh))[sample("toolproxy_pending_approvals")] == 1
+
+
+async def test_requests_refused_before_a_call_are_counted_by_code(proxy_deps):
+    async with running_stack({**proxy_deps, "listen.max_body_bytes": 4096}) as stack:
+        before = samples(await scrape_text(stack))
+        await stack.post("/v1/tool-calls", None, raw=b'{"call_id": ')
+        await stack.post("/v1/tool-calls", {"call_id": "c1", "tool": "get_order"})
+        await stack.call("get_order", {"order_id": "ord_" + "x" * 8000})
+        async with stack.session.get(stack.proxy_url + "/v9/nothing") as response:
+            assert response.status == 404
+        async with stack.session.get(stack.admin_url + "/v1/approvals") as response:
+            assert response.status == 401  # no approver token
+        after = samples(await scrape_text(stack))
+    errors = "toolproxy_request_errors_total"
+    assert counter_deltas(before, after) == {
+        sample(errors, code="invalid_json"): 1, sample(errors, code="invalid_request"): 1,
+        sample(errors, code="payload_too_large"): 1, sample(errors, code="route_not_found"): 1,
+        sample(errors, code="unauthorized"): 1}

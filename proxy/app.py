@@ -39,6 +39,8 @@ from .listing import visible_tools
 from .policy import PolicyClient
 from .reconcile import Reconciler, list_takeovers, resolve_by_operator
 from .registry import Registry, load_registry
+from .plan import plan_from_json
+from .scheduler import Scheduler
 from .store import create_pool, key
 from .unknowns import UnknownIndex
 
@@ -63,6 +65,7 @@ class Runtime:
     approvals: ApprovalStore
     operations: OperationStore
     reconciler: Reconciler
+    scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
 
     async def close(self) -> None:
         await self.reconciler.stop()
@@ -111,9 +114,12 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     reconciler = Reconciler(store=operations, registry=registry, session=session, services=config.backends.services,
                             config=config.reconcile, metrics=metrics, audit=audit)
     reconciler.start()
+    scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
+                          metrics=metrics)
     return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                    pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
-                   policy=policy, approvals=approvals, operations=operations, reconciler=reconciler)
+                   policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,
+                   scheduler=scheduler)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -179,6 +185,18 @@ async def post_tool_call(request: web.Request) -> web.Response:
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
     return json_response(result.envelope, result.status, dict(result.headers))
+
+
+async def post_tool_call_batch(request: web.Request) -> web.Response:
+    """A batch completed (whatever each call's outcome) is 200; a plan refused before anything ran is 400."""
+    runtime = request.app[RUNTIME]
+    config = runtime.config
+    meta = ingress.request_meta(request, config)
+    caller = await runtime.authenticator.authenticate(request.headers)
+    body = await ingress.read_json(request, config)
+    ingress.validate_body(body, "batch-request.schema.json")
+    result = await runtime.scheduler.run(plan_from_json(body, meta), caller)
+    return json_response(result.to_json())
 
 
 async def get_operation(request: web.Request) -> web.Response:
@@ -280,6 +298,7 @@ def agent_app(runtime: Runtime) -> web.Application:
                           client_max_size=runtime.config.listen.max_body_bytes + 1024)
     app[RUNTIME] = runtime
     app.router.add_post("/v1/tool-calls", post_tool_call)
+    app.router.add_post("/v1/tool-calls:batch", post_tool_call_batch)
     app.router.add_get("/v1/tools", list_tools)
     McpFront(runtime).install(app)
     openai_front.install(app, runtime)

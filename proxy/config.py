@@ -202,6 +202,25 @@ class ReconcileConfig:
 
 
 @dataclass(frozen=True)
+class SchedulerConfig:
+    max_calls: int = setting(64, "most calls accepted in one batch (invalid_request above)")
+    default_timeout_ms: int = setting(60000, "deadline of a batch whose caller sent none")
+    max_parallel: int = setting(8, "calls of one batch running at once")
+    tenant_max_parallel: int = setting(32, "batch calls of one tenant running at once in this process "
+                                           "(shared by all batches)")
+    tool_max_parallel: int = setting(16, "batch calls of one tool running at once in this process "
+                                         "(shared by all batches)")
+    tool_limits: dict[str, str] = setting({}, "per-tool override of tool_max_parallel: tool=N")
+
+    def __post_init__(self) -> None:
+        if min(self.max_calls, self.max_parallel, self.tenant_max_parallel, self.tool_max_parallel) < 1:
+            raise ConfigError("scheduler.max_calls and scheduler.*max_parallel must be at least 1")
+        for tool, raw in self.tool_limits.items():
+            if not str(raw).isdigit() or int(raw) < 1:
+                raise ConfigError(f"scheduler.tool_limits: {tool}={raw!r} is not a positive integer")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = setting("info", "log level: debug, info, warning, error")
     format: str = setting("json", "log line format on stderr: json or kv (key=value)")
@@ -238,6 +257,8 @@ class Config:
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig, metadata={"help": "unknown outcomes"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig,
+                                       metadata={"help": "batch scheduler (POST /v1/tool-calls:batch)"})
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

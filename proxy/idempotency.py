@@ -17,7 +17,12 @@ another):
 * else ``X-Run-Id`` (the agent's run/turn identity) -> the key is (tenant,
   subject, tool, contract version, ``args_hash``, run id): within one
   run/turn the same call is the same operation.
-* never the model's ``call_id``, an MCP session or a JSON-RPC id.
+* within a batch of ``POST /v1/tool-calls:batch`` (``RequestMeta.plan_call_id``):
+  either of the above plus the call's id within the plan, so the calls of one
+  batch are distinct operations (two calls to one tool under one header never
+  conflict) and the same batch sent again replays call by call; never the
+  plan id alone, always scoped by the request's own identity.
+* never the model's ``call_id`` (OpenAI or MCP), an MCP session or a JSON-RPC id.
 
 Which calls get a record: writes that have a stable identity, and any tool
 whose contract says ``idempotency.required`` (which also makes the identity
@@ -72,15 +77,17 @@ class OperationKey:
 
 
 def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str,
-               idempotency_key: str | None, run_id: str | None) -> OperationKey | None:
+               idempotency_key: str | None, run_id: str | None,
+               plan_call_id: str | None = None) -> OperationKey | None:
     """The operation key of a call, or None when the caller gave no stable identity."""
     fingerprint = _digest(["toolproxy.op/1", "fp", subject, tool_version, args_hash])
+    scope = [] if plan_call_id is None else ["plan-call", plan_call_id]
     if idempotency_key is not None:
-        return OperationKey("ik_" + _digest(["toolproxy.op/1", "header", tenant, tool, idempotency_key]),
+        return OperationKey("ik_" + _digest(["toolproxy.op/1", "header", tenant, tool, idempotency_key, *scope]),
                             fingerprint, "idempotency_key")
     if run_id is not None:
         return OperationKey("ik_" + _digest(["toolproxy.op/1", "run", tenant, subject, tool, tool_version,
-                                             args_hash, run_id]), fingerprint, "run_id")
+                                             args_hash, run_id, *scope]), fingerprint, "run_id")
     return None
 
 
@@ -148,7 +155,7 @@ class IdempotencyStage:
         wanted = tool.is_write or tool.idempotency_required
         op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name, tool_version=tool.version,
                         args_hash=normalized.args_hash, idempotency_key=meta.idempotency_key,
-                        run_id=meta.run_id) if wanted else None
+                        run_id=meta.run_id, plan_call_id=meta.plan_call_id) if wanted else None
         if op is None and tool.idempotency_required:
             raise ProxyError("idempotency_key_required",
                              "This tool needs a stable operation identity: send an Idempotency-Key "

@@ -9,12 +9,12 @@ messages (``tool_call_id``) or Responses ``function_call_output`` items
 
 Must never: reorder outputs (they follow the request, not completion),
 use the model's call id as an idempotency key, parse arguments itself (the
-decode stage does, strictly), or run a call outside ``Pipeline.execute``.
+decode stage does, strictly), or run a call outside the batch scheduler
+(which runs each through ``Pipeline.execute``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -24,10 +24,10 @@ from aiohttp import web
 from . import ingress
 from .errors import ProxyError
 from .identity import Caller
-from .pipeline import RequestMeta, ToolCallRequest
+from .pipeline import RequestMeta
+from .plan import BatchPlan, PlannedCall
 
 CHAT, RESPONSES = "chat", "responses"
-_INTERIM_READ_CONCURRENCY = 8  # goes away with the scheduler's per-tenant/per-tool limits
 
 
 @dataclass(frozen=True)
@@ -91,62 +91,18 @@ def _summary(envelopes: Sequence[dict[str, Any]], request_id: str) -> dict[str, 
 
 
 async def run_turn(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:
-    """Run the turn's calls as one batch.
-
-    With the batch scheduler (issue 5: ``runtime.scheduler``, the engine of
-    ``POST /v1/tool-calls:batch``) the turn is one ``BatchPlan``: reads in
-    parallel, conflicting calls serialized in request order, limits applied,
-    results merged in plan order. Until that is on main, ``_interim`` runs it.
+    """Run the turn's calls as one batch on the scheduler (``runtime.scheduler``, the engine of
+    ``POST /v1/tool-calls:batch``): reads in parallel, conflicting calls serialized in request
+    order, limits applied, results merged in request order. The model's call ids only correlate
+    outputs: the plan is not ``call_scoped_identity`` (operation keys come from the headers alone).
     """
-    scheduler = getattr(runtime, "scheduler", None)
-    if scheduler is None:
-        envelopes = await _interim(runtime, turn, meta, caller)
-        return TurnResult(tuple(envelopes), _summary(envelopes, meta.request_id))
-    from .plan import BatchPlan, PlannedCall
     plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments)
                                  for c in turn.calls), meta=meta)
-    batch = await scheduler.run(plan, caller)
+    batch = await runtime.scheduler.run(plan, caller)
     summary = {**_summary(batch.results, meta.request_id), "status": batch.status,
                "committed_effects": list(batch.committed_effects),
                "uncertain_effects": list(batch.uncertain_effects), "next_action": batch.next_action}
     return TurnResult(tuple(batch.results), summary)
-
-
-async def _interim(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> list[dict[str, Any]]:
-    """INTERIM until the batch scheduler is on main; delete with it.
-
-    Consecutive reads run concurrently (at most ``_INTERIM_READ_CONCURRENCY``),
-    every write (and every call whose tool is unknown) runs alone, in request
-    order, each through ``Pipeline.execute``. No resource-level conflict
-    analysis, dependency edges or per-tenant limits: that is the scheduler's job.
-    """
-    requests = [ToolCallRequest(call_id=c.call_id, tool=c.name, version=None, arguments=c.arguments, meta=meta)
-                for c in turn.calls]
-    envelopes: list[dict[str, Any]] = []
-    reads: list[ToolCallRequest] = []
-    slots = asyncio.Semaphore(_INTERIM_READ_CONCURRENCY)
-
-    async def read(request: ToolCallRequest) -> Any:
-        async with slots:
-            return await runtime.pipeline.execute(request, caller)
-
-    async def flush() -> None:
-        results = await asyncio.gather(*(read(r) for r in reads))
-        envelopes.extend(result.envelope for result in results)
-        reads.clear()
-
-    for request in requests:
-        try:
-            is_read = not runtime.registry.resolve(request.tool).is_write
-        except ProxyError:
-            is_read = False
-        if is_read:
-            reads.append(request)
-            continue
-        await flush()
-        envelopes.append((await runtime.pipeline.execute(request, caller)).envelope)
-    await flush()
-    return envelopes
 
 
 def install(app: web.Application, runtime: Any) -> None:

@@ -49,6 +49,7 @@ class RequestMeta:
     idempotency_key: str | None = None
     approval_id: str | None = None
     wait_s: float | None = None  # Prefer: wait=<s> — how long to wait for a running duplicate
+    plan_call_id: str | None = None  # the call's id within a batch plan, when it scopes the operation key
 
 
 @dataclass(frozen=True)

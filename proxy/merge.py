@@ -1,0 +1,166 @@
+"""Batch merge: per-call envelopes -> one batch result the next model turn can trust.
+
+Owns: the batch result's shape (``schemas/tool-call-batch-response.schema.json``):
+envelopes in plan order (never completion order), the batch ``status``, the
+``committed_effects`` and ``uncertain_effects``, ``next_action(s)`` and the
+``conflicts`` between repeated identical reads (seed 001 sections 6 and 7).
+Must never: merge tool outputs into one dictionary (a later value would
+silently overwrite an earlier one — each output stays in its own envelope with
+its source), reorder results, or call anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from .plan import BatchPlan, Footprint, Graph
+
+# The order in which resolutions become the batch's next action: uncertain
+# effects are resolved before anything else is retried (seed 001 section 11).
+NEXT_ACTION_PRIORITY = ("reconcile", "await_approval", "ask_user", "repair_arguments", "refresh_tools",
+                        "retry_same_key", "retry", "poll", "inspect", "stop")
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    request_id: str
+    status: str  # succeeded | partially_succeeded | failed
+    results: tuple[dict[str, Any], ...]  # one envelope per call, plan order
+    committed_effects: tuple[dict[str, Any], ...]
+    uncertain_effects: tuple[dict[str, Any], ...]
+    next_action: str
+    next_actions: tuple[dict[str, Any], ...]
+    conflicts: tuple[dict[str, Any], ...]
+    plan: Mapping[str, Any]
+    timing: Mapping[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "status": self.status,
+            "results": list(self.results),
+            "committed_effects": list(self.committed_effects),
+            "uncertain_effects": list(self.uncertain_effects),
+            "next_action": self.next_action,
+            "next_actions": list(self.next_actions),
+            "conflicts": list(self.conflicts),
+            "plan": dict(self.plan),
+            "timing": dict(self.timing),
+        }
+
+
+def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, dict[str, Any]],
+          footprints: Mapping[str, Footprint], timing: Mapping[str, Any]) -> BatchResult:
+    envelopes = tuple(results[call.call_id] for call in plan.calls)  # plan order, whatever finished first
+    return BatchResult(
+        request_id=plan.meta.request_id,
+        status=batch_status(envelopes),
+        results=envelopes,
+        committed_effects=tuple(_effect(env, footprints) for env in envelopes
+                                if env["side_effect"]["committed"] is True),
+        uncertain_effects=tuple(_uncertain(env, footprints) for env in envelopes
+                                if env["side_effect"]["committed"] is None),
+        next_action=next_action(envelopes),
+        next_actions=tuple(_action(env) for env in _root_failures(envelopes)),
+        conflicts=tuple(read_conflicts(plan, envelopes, footprints)),
+        plan=graph.to_json(),
+        timing=timing,
+    )
+
+
+def batch_status(envelopes: Sequence[Mapping[str, Any]]) -> str:
+    if all(env["outcome"] == "succeeded" for env in envelopes):
+        return "succeeded"
+    if any(env["outcome"] == "succeeded" or env["side_effect"]["committed"] is True for env in envelopes):
+        return "partially_succeeded"
+    return "failed"
+
+
+def next_action(envelopes: Sequence[Mapping[str, Any]]) -> str:
+    wanted = {env["error"]["resolution"] for env in _root_failures(envelopes)}
+    if any(env["side_effect"]["committed"] is None for env in envelopes):
+        wanted.add("reconcile")
+    for resolution in NEXT_ACTION_PRIORITY:
+        if resolution in wanted:
+            return resolution
+    return "stop" if wanted else "none"
+
+
+def _root_failures(envelopes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """Calls that did not succeed on their own account (not merely cancelled behind a failed dependency)."""
+    return [env for env in envelopes if env["error"] is not None and not env.get("blocked_by")]
+
+
+def _resources(env: Mapping[str, Any], footprints: Mapping[str, Footprint]) -> list[str]:
+    fp = footprints.get(env["call_id"])
+    return [r.id for r in fp.resources] if fp else []
+
+
+def _effect(env: Mapping[str, Any], footprints: Mapping[str, Footprint]) -> dict[str, Any]:
+    return {"call_id": env["call_id"], "tool": env["tool"], "idempotency_key": env["idempotency_key"],
+            "resources": _resources(env, footprints), "outcome": env["outcome"], "result": env["data"]}
+
+
+def _uncertain(env: Mapping[str, Any], footprints: Mapping[str, Footprint]) -> dict[str, Any]:
+    error = env["error"] or {}
+    return {"call_id": env["call_id"], "tool": env["tool"], "idempotency_key": env["idempotency_key"],
+            "resources": _resources(env, footprints), "code": error.get("code", "unknown"),
+            "resolution": error.get("resolution", "reconcile")}
+
+
+def _action(env: Mapping[str, Any]) -> dict[str, Any]:
+    error = env["error"]
+    return {"call_id": env["call_id"], "code": error["code"], "resolution": error["resolution"],
+            "retryable": error["retryable"]}
+
+
+def read_conflicts(plan: BatchPlan, envelopes: Sequence[Mapping[str, Any]],
+                   footprints: Mapping[str, Footprint]) -> list[dict[str, Any]]:
+    """Identical successful reads (tool, version, args) whose outputs differ, field by field.
+
+    Skipped when a write of this batch touched one of their resources: the DAG
+    ordered the reads around it, so a difference is that write's effect, not a
+    conflict.
+    """
+    written: set[str] = set()
+    for env in envelopes:
+        fp = footprints.get(env["call_id"])
+        if fp and fp.tool and fp.tool.is_write and env["side_effect"]["attempted"]:
+            written.update(r.id for r in fp.resources)
+    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    for env in envelopes:
+        fp = footprints.get(env["call_id"])
+        if (env["outcome"] != "succeeded" or fp is None or fp.tool is None or fp.tool.is_write
+                or fp.args_hash is None or written & {r.id for r in fp.resources}):
+            continue
+        groups.setdefault((fp.tool.name, fp.tool.version, fp.args_hash), []).append(env)
+    conflicts = []
+    for (tool, _version, _hash), members in groups.items():
+        if len(members) < 2:
+            continue
+        fields = _differing_fields([m["data"] for m in members])
+        if fields:
+            conflicts.append({
+                "tool": tool,
+                "calls": [m["call_id"] for m in members],
+                "fields": [{"field": f, "values": [{"call_id": m["call_id"], "value": _field(m["data"], f)}
+                                                   for m in members]} for f in fields],
+            })
+    return conflicts
+
+
+def _field(data: Any, name: str) -> Any:
+    if name == "$":
+        return data
+    return data.get(name) if isinstance(data, dict) else None
+
+
+def _differing_fields(outputs: list[Any]) -> list[str]:
+    if not all(isinstance(o, dict) for o in outputs):
+        return [] if all(o == outputs[0] for o in outputs) else ["$"]
+    names = sorted(set().union(*(o.keys() for o in outputs)))
+    return [n for n in names if any(o.get(n, _MISSING) != outputs[0].get(n, _MISSING) for o in outputs)]
+
+
+_MISSING = object()

@@ -1,0 +1,188 @@
+"""Batch scheduler: runs a checked plan's DAG through the single-call pipeline.
+
+Owns: when each call of a batch starts — after every predecessor in the DAG
+(``proxy/plan.py``) has finished, never when a ``block`` dependency did not
+succeed (``cancelled`` with ``blocked_by``), never after the batch deadline
+(``timeout_not_started``), and within the concurrency limits per batch, per
+tenant and per tool (``scheduler.*`` settings; the tenant and tool limits are
+held by the one ``Scheduler`` on the process's ``Runtime``, so they are shared
+by every batch of this process). Independent ready calls run
+concurrently; calls in one conflict domain run one at a time because the DAG
+orders them. Must never: execute a call any other way than
+``Pipeline.execute`` (authorization, idempotency and locks apply to every batch
+call exactly as to a single call), or let completion order leak into the
+result (``proxy/merge.py`` puts results in plan order).
+
+Programmatic use (the batch API and the OpenAI front)::
+
+    plan = BatchPlan(calls=(PlannedCall("a", "get_order", {...}), ...), meta=request_meta)
+    result = await runtime.scheduler.run(plan, caller)   # BatchResult; raises ProxyError(invalid_plan)
+    body = result.to_json()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import replace
+from typing import Any, AsyncIterator, Mapping
+
+from . import envelope
+from .config import DeadlineConfig, SchedulerConfig
+from .deadline import Deadline
+from .envelope import Timing
+from .errors import ProxyError
+from .identity import Caller
+from .merge import BatchResult, merge
+from .metrics import Metrics
+from .pipeline import Pipeline, RequestMeta
+from .plan import BLOCK, BatchPlan, Footprint, PlannedCall, build_graph, check, footprint
+from .registry import Registry
+
+
+class ConcurrencyLimits:
+    """Counting slots per tenant and per tool, shared by every batch of one process."""
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self._tenant_max = config.tenant_max_parallel
+        self._tool_max = config.tool_max_parallel
+        self._tool_limits = {tool: int(raw) for tool, raw in config.tool_limits.items()}  # checked by the config
+        self._slots: dict[tuple[str, str], tuple[asyncio.Semaphore, list[int]]] = {}
+
+    @contextlib.asynccontextmanager
+    async def slot(self, tenant: str, tool: str | None) -> AsyncIterator[None]:
+        """Hold one tenant slot and one tool slot (always in that order)."""
+        async with self._hold(("tenant", tenant), self._tenant_max):
+            if tool is None:
+                yield
+                return
+            async with self._hold(("tool", tool), self._tool_limits.get(tool, self._tool_max)):
+                yield
+
+    @contextlib.asynccontextmanager
+    async def _hold(self, name: tuple[str, str], limit: int) -> AsyncIterator[None]:
+        semaphore, users = self._slots.setdefault(name, (asyncio.Semaphore(limit), [0]))
+        users[0] += 1
+        try:
+            async with semaphore:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._slots[name]  # no entry outlives its last user: the map stays bounded
+
+
+class Scheduler:
+    def __init__(self, *, pipeline: Pipeline, registry: Registry, config: SchedulerConfig,
+                 deadline: DeadlineConfig, metrics: Metrics) -> None:
+        self._pipeline = pipeline
+        self._registry = registry
+        self._config = config
+        self._margin_s = deadline.margin_ms / 1000.0
+        self._metrics = metrics
+        self._limits = ConcurrencyLimits(config)
+
+    async def run(self, plan: BatchPlan, caller: Caller) -> BatchResult:
+        """Check the plan, run it, merge the results. ``invalid_plan`` is raised before anything runs."""
+        timing = Timing()
+        if len(plan.calls) > self._config.max_calls:
+            self._metrics.batch_calls.labels("invalid_plan").inc()
+            raise ProxyError("invalid_plan", "The batch has more calls than allowed; nothing was started.",
+                             details={"problems": [{"problem": "too_many_calls", "calls": len(plan.calls),
+                                                    "max_calls": self._config.max_calls}]}, phase="plan")
+        try:
+            check(plan)
+        except ProxyError:
+            self._metrics.batch_calls.labels("invalid_plan").inc()
+            raise
+        meta = self._with_deadline(plan.meta)
+        remaining = meta.deadline.remaining()
+        timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+        footprints = {call.call_id: footprint(self._registry, call) for call in plan.calls}
+        graph = build_graph(plan, footprints)
+        results = await self._execute(plan, meta, graph, footprints, caller)
+        elapsed = time.monotonic() - timing.started_mono
+        batch_timing = {"started_at": envelope.iso(timing.started_wall),
+                        "finished_at": envelope.iso(timing.started_wall + elapsed),
+                        "duration_ms": round(elapsed * 1000, 3), "deadline_ms": timing.deadline_ms}
+        result = merge(plan, graph, results, footprints, batch_timing)
+        self._metrics.batch_calls.labels(result.status).inc()
+        return result
+
+    def _with_deadline(self, meta: RequestMeta) -> RequestMeta:
+        if meta.deadline.at is not None:
+            return meta
+        clock = meta.deadline.clock
+        return replace(meta, deadline=Deadline(clock() + self._config.default_timeout_ms / 1000.0, clock))
+
+    async def _execute(self, plan: BatchPlan, meta: RequestMeta, graph: Any, footprints: Mapping[str, Footprint],
+                       caller: Caller) -> dict[str, dict[str, Any]]:
+        calls = {call.call_id: call for call in plan.calls}
+        incoming = graph.incoming()
+        pending = list(graph.order)  # scanned in topological order, so a cancellation cascades in one pass
+        results: dict[str, dict[str, Any]] = {}
+        running: dict[asyncio.Task[dict[str, Any]], str] = {}
+        try:
+            while pending or running:
+                for call_id in list(pending):
+                    edges = incoming[call_id]
+                    if any(edge.before not in results for edge in edges):
+                        continue
+                    blockers = [e.before for e in edges if e.kind == "depends_on" and e.failure_policy == BLOCK
+                                and results[e.before]["outcome"] != "succeeded"]
+                    if blockers:
+                        results[call_id] = self._not_started(plan, calls[call_id], footprints[call_id], meta,
+                                                             blocked_by=blockers)
+                    elif meta.deadline.budget(float("inf"), self._margin_s) <= 0:
+                        results[call_id] = self._not_started(plan, calls[call_id], footprints[call_id], meta)
+                    elif len(running) < self._config.max_parallel:
+                        task = asyncio.get_running_loop().create_task(
+                            self._run_call(plan, calls[call_id], footprints[call_id], meta, caller))
+                        running[task] = call_id
+                    else:
+                        continue
+                    pending.remove(call_id)
+                if not running:
+                    if pending:  # pragma: no cover - a checked plan always has a ready call
+                        raise RuntimeError("batch scheduler stalled on an acyclic plan")
+                    break
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    results[running.pop(task)] = task.result()
+        finally:
+            for task in running:
+                task.cancel()
+            if running:
+                await asyncio.gather(*running, return_exceptions=True)
+        return results
+
+    async def _run_call(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
+                        caller: Caller) -> dict[str, Any]:
+        async with contextlib.AsyncExitStack() as held:
+            try:
+                async with asyncio.timeout(meta.deadline.budget(float("inf"), self._margin_s)):
+                    await held.enter_async_context(self._limits.slot(caller.tenant, fp.tool.name if fp.tool else None))
+            except TimeoutError:
+                return self._not_started(plan, call, fp, meta)
+            result = await self._pipeline.execute(plan.request(call, meta), caller)
+            return result.envelope
+
+    def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
+                     blocked_by: list[str] | None = None) -> dict[str, Any]:
+        if blocked_by:
+            error = ProxyError("cancelled", "Not started: a call it depends on did not succeed.",
+                               details={"blocked_by": blocked_by}, phase="schedule")
+        else:
+            error = ProxyError("timeout_not_started", "Not started: the batch deadline passed first.",
+                               phase="schedule", attempted=False, committed=False)
+        timing = Timing()
+        remaining = meta.deadline.remaining()
+        timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+        tool = fp.tool.name if fp.tool else call.tool
+        env = envelope.build(call_id=call.call_id, request_id=meta.request_id, tool=tool,
+                             tool_version=fp.tool.version if fp.tool else None, error=error,
+                             idempotency_key=None, timing=timing,
+                             extra={"blocked_by": blocked_by} if blocked_by else None)
+        self._metrics.calls.labels(fp.tool.name if fp.tool else "unknown", env["outcome"], error.code).inc()
+        return env

@@ -203,7 +203,7 @@ class ReconcileConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_calls: int = setting(64, "most calls accepted in one batch (invalid_request above)")
+    max_calls: int = setting(64, "most calls accepted in one batch (invalid_plan above)")
     default_timeout_ms: int = setting(60000, "deadline of a batch whose caller sent none")
     max_parallel: int = setting(8, "calls of one batch running at once")
     tenant_max_parallel: int = setting(32, "batch calls of one tenant running at once in this process "

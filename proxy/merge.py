@@ -1,6 +1,6 @@
 """Batch merge: per-call envelopes -> one batch result the next model turn can trust.
 
-Owns: the batch result's shape (``schemas/tool-call-batch-response.schema.json``):
+Owns: the batch result's shape (``schemas/batch-response.schema.json``):
 envelopes in plan order (never completion order), the batch ``status``, the
 ``committed_effects`` and ``uncertain_effects``, ``next_action(s)`` and the
 ``conflicts`` between repeated identical reads (seed 001 sections 6 and 7).

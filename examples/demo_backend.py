@@ -28,6 +28,11 @@ proxy's HTTP adapter speaks:
   sleep ``DemoState.counter_delay_ms``, write): without the proxy's locks,
   concurrent calls lose updates. That race is the point; do not "fix" it.
 
+Latency knob: ``DemoState.latency_ms = (min, max)`` (or ``POST /_control/latency``
+``{"min_ms", "max_ms", "seed"}``) delays every ``/tools/*`` request by a
+uniformly random time from ``DemoState.rng`` (seeded, so a run can be
+replayed); ``None`` (the default) means no added latency.
+
 Faults (``FAULT_MODES``) act on ``/tools/*`` only. A client that gives up
 does not cancel the backend's work (it runs shielded from handler
 cancellation): under ``slow`` the write still commits later and the status
@@ -57,6 +62,7 @@ import hashlib
 import json
 import logging
 import os
+import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -159,6 +165,9 @@ class DemoState:
     next_id: int = 1
     # Knob: pause inside adjust_counter's read-modify-write (widens the race).
     counter_delay_ms: int = 5
+    # Knob: random extra latency (min_ms, max_ms) of every tool request; None = none.
+    latency_ms: tuple[int, int] | None = None
+    rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def reset(self) -> None:
         """Back to the seed, in place (tests keep a reference to this object)."""
@@ -564,6 +573,8 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
     except BackendError as exc:
         return web.json_response(exc.body(), status=exc.status)
 
+    if state.latency_ms is not None:
+        await asyncio.sleep(state.rng.uniform(*state.latency_ms) / 1000)
     fault = _take_fault(state, tool)
     mode = fault.mode if fault else None
     if mode == "crash" and request.app[ALLOW_CRASH_KEY]:
@@ -700,6 +711,21 @@ async def handle_set_fault(request: web.Request) -> web.Response:
     return web.json_response({"faults": [f.to_json() for f in state.faults]})
 
 
+async def handle_set_latency(request: web.Request) -> web.Response:
+    state = request.app[STATE_KEY]
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, "invalid_json", "body must be JSON")
+    values = [body.get(k) for k in ("min_ms", "max_ms")] if isinstance(body, dict) else [None, None]
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in values) or values[0] > values[1]:
+        return _error(400, "invalid_latency", "min_ms and max_ms must be integers with 0 <= min_ms <= max_ms")
+    state.latency_ms = (values[0], values[1])
+    if isinstance(body.get("seed"), int):
+        state.rng = random.Random(body["seed"])
+    return web.json_response({"latency_ms": list(state.latency_ms)})
+
+
 async def handle_list_faults(request: web.Request) -> web.Response:
     return web.json_response({"faults": [f.to_json() for f in request.app[STATE_KEY].faults]})
 
@@ -731,6 +757,7 @@ def create_app(state: DemoState | None = None, *, allow_crash: bool = False) -> 
     app.router.add_get("/_control/faults", handle_list_faults)
     app.router.add_delete("/_control/faults", handle_clear_faults)
     app.router.add_get("/_control/state", handle_state)
+    app.router.add_post("/_control/latency", handle_set_latency)
     app.router.add_post("/_control/reset", handle_reset)
     return app
 

@@ -31,6 +31,7 @@ from .errors import ProxyError
 from .health import Health
 from .idempotency import IdempotencyStage, find_operation
 from .identity import Authenticator
+from .locks import LockManager
 from .mcp_front import McpFront
 from .metrics import Metrics
 from .operations import OperationStore
@@ -102,7 +103,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
                                    metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                        unknowns=unknowns, authorizer=Authorizer(policy, approvals), idempotency=idempotency)
+                        unknowns=unknowns, authorizer=Authorizer(policy, approvals), idempotency=idempotency,
+                        locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
+                                          margin_s=config.deadline.margin_ms / 1000.0))
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
                     unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
     authenticator = Authenticator(config.identity, config.admin_identity, session)

@@ -202,6 +202,17 @@ class ReconcileConfig:
 
 
 @dataclass(frozen=True)
+class LocksConfig:
+    scope: str = setting("tenant", "lock namespace and Redis Cluster hash tag: tenant (a tenant's locks share one "
+                                   "slot; tenants never exclude each other) or global (one slot for all locks)")
+    lease_ms: int = setting(10000, "lease of a held lock set; renewed while the call runs")
+    renew_interval_ms: int = setting(3000, "how often a held lock set is renewed (well below lease_ms)")
+    poll_min_ms: int = setting(5, "first pause between attempts while waiting for a busy resource")
+    poll_max_ms: int = setting(100, "longest pause between attempts (exponential backoff with jitter)")
+    max_wait_ms: int = setting(30000, "longest lock wait for a caller that sent no deadline")
+
+
+@dataclass(frozen=True)
 class SchedulerConfig:
     max_calls: int = setting(64, "most calls accepted in one batch (invalid_plan above)")
     default_timeout_ms: int = setting(60000, "deadline of a batch whose caller sent none")
@@ -255,6 +266,7 @@ class Config:
     idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig,
                                            metadata={"help": "idempotency records"})
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig, metadata={"help": "unknown outcomes"})
+    locks: LocksConfig = field(default_factory=LocksConfig, metadata={"help": "resource locks"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig,

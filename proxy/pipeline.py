@@ -27,6 +27,7 @@ from .envelope import Timing
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
+from .locks import Lease, LockManager
 from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .policy import RequestFacts
@@ -98,8 +99,9 @@ class CallState:
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
-                 idempotency: IdempotencyStage) -> None:
+                 idempotency: IdempotencyStage, locks: LockManager) -> None:
         self._config = config
+        self._locks = locks
         self._idempotency = idempotency
         self._authorizer = authorizer
         self._metrics = metrics
@@ -219,13 +221,26 @@ class Pipeline:
         if admission.replay is not None:
             state.replayed = True
             return admission.replay.get("data")
-        # lock goes here: after the key is reserved, before anything is sent.
+        with self._stage(state, "lock_wait"):  # after the key is reserved, before anything is sent
+            lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
+                                              is_write=tool.is_write, deadline=meta.deadline)
+        try:
+            return await self._run_locked(state, tool, normalized, admission, lease)
+        finally:
+            if lease is not None:
+                await lease.release()  # every path, cancellation included (shielded inside)
+
+    async def _run_locked(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
+                          admission: Admission, lease: Lease | None) -> Any:
+        meta = state.request.meta
+        state.fencing_token = lease.fencing_token if lease is not None else None
         with self._stage(state, "audit"):
             await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
-            result = await self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
+            sending = self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
+            result = await (lease.guard(sending) if lease is not None else sending)  # lock_lost if the lease goes
             state.backend_request_id = result.backend_request_id
         with self._stage(state, "verify"):
             data = verify_output(tool, result.data)

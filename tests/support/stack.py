@@ -2,7 +2,10 @@
 
 ``running_stack()`` starts the demo backend (examples/demo_backend.py) and a
 proxy wired to it, and yields a ``Stack`` whose ``call`` posts a tool call
-and checks that the envelope validates against schemas/result-envelope.schema.json.
+and checks that the envelope validates against schemas/result-envelope.schema.json;
+``batch`` does the same for a batch and schemas/batch-response.schema.json.
+``running_stack(overrides, share=other)`` starts a second proxy in front of
+``other``'s backend (two replicas on one Redis).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Any, AsyncIterator, Mapping
 import aiohttp
 from aiohttp import web
 from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
 
 from examples.demo_backend import DemoState, start_demo_backend
 from proxy.app import Runtime, admin_app, agent_app, create_runtime, ops_app
@@ -23,13 +27,22 @@ from proxy.config import Config, load_config
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEMO_REGISTRY = REPO / "examples" / "registry"
-_ENVELOPE = Draft202012Validator(json.loads((REPO / "schemas" / "result-envelope.schema.json").read_text()),
-                                 format_checker=Draft202012Validator.FORMAT_CHECKER)
+_ENVELOPE_SCHEMA = json.loads((REPO / "schemas" / "result-envelope.schema.json").read_text())
+_ENVELOPE = Draft202012Validator(_ENVELOPE_SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER)
+_BATCH = Draft202012Validator(
+    json.loads((REPO / "schemas" / "batch-response.schema.json").read_text()),
+    registry=Registry().with_resource(_ENVELOPE_SCHEMA["$id"], Resource.from_contents(_ENVELOPE_SCHEMA)),
+    format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def assert_envelope(body: Any) -> None:
     errors = sorted(_ENVELOPE.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
     assert not errors, f"envelope violates schema: {[ (list(e.absolute_path), e.message) for e in errors]}"
+
+
+def assert_batch(body: Any) -> None:
+    errors = sorted(_BATCH.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
+    assert not errors, f"batch result violates schema: {[(list(e.absolute_path), e.message) for e in errors]}"
 
 
 @dataclass
@@ -59,6 +72,14 @@ class Stack:
         if self.auto_key and "Idempotency-Key" not in (headers or {}):
             headers = {"Idempotency-Key": f"test-key-{self.seq}", **(headers or {})}
         return await self.post("/v1/tool-calls", body, headers=headers)
+
+    async def batch(self, calls: list[dict[str, Any]], *, headers: Mapping[str, str] | None = None
+                    ) -> tuple[int, dict[str, Any]]:
+        """POST /v1/tool-calls:batch; a 200 answer is checked against the batch response schema."""
+        status, body = await self.post("/v1/tool-calls:batch", {"calls": calls}, headers=headers)
+        if status == 200:
+            assert_batch(body)
+        return status, body
 
     async def get(self, path: str, *, admin: bool = False,
                   headers: Mapping[str, str] | None = None) -> tuple[int, dict[str, Any]]:
@@ -91,10 +112,15 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running_stack(overrides: Mapping[str, Any] | None = None) -> AsyncIterator[Stack]:
+async def running_stack(overrides: Mapping[str, Any] | None = None, *,
+                        share: Stack | None = None) -> AsyncIterator[Stack]:
     """Overrides must point ``opa.url`` and ``redis.url`` at real servers (the
-    ``proxy_deps`` fixture has both) and may set identity settings."""
-    backend_runner, backend_url, state = await start_demo_backend()
+    ``proxy_deps`` fixture has both) and may set identity settings. With
+    ``share`` the proxy uses that stack's demo backend instead of starting one."""
+    if share is None:
+        backend_runner, backend_url, state = await start_demo_backend()
+    else:
+        backend_runner, backend_url, state = None, share.backend_url, share.backend
     config: Config = load_config(env={}, overrides={
         "backends.services": {"demo": backend_url},
         "registry.paths": [str(DEMO_REGISTRY)],
@@ -123,4 +149,5 @@ async def running_stack(overrides: Mapping[str, Any] | None = None) -> AsyncIter
         await ops_runner.cleanup()
         await runner.cleanup()
         await runtime.close()
-        await backend_runner.cleanup()
+        if backend_runner is not None:
+            await backend_runner.cleanup()

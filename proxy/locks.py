@@ -1,0 +1,359 @@
+"""Lock stage: per-resource shared/exclusive leases in Redis, with fencing tokens.
+
+Owns: acquiring ALL of a call's lockable resources (``NormalizedCall.resources``
+whose access is ``shared`` or ``exclusive``; ``none`` is never locked) in one
+atomic Lua step, all-or-nothing, in sorted order; waiting for busy resources
+within the caller's deadline (``resource_busy``); renewing the lease while the
+call runs; noticing a lost lease (``lock_lost``); issuing fencing tokens; and
+releasing on every path, cancellation included. Must never: hold a lock while
+waiting for another (a call's set is taken in one step, so calls cannot
+deadlock each other), decide authorization or idempotency, or let a Redis
+exception escape as a stack trace.
+
+Redis layout (all keys of one lock domain share a Cluster hash tag, so the
+multi-key scripts run in one slot):
+
+* ``<prefix>:lock:{<domain>}:<resource id>`` — a hash per resource. Field
+  ``h:<owner>`` = ``<s|x>:<expires ms>:<token>`` for each holder; field
+  ``w:<owner>`` = ``w:<expires ms>`` for an exclusive waiter. A waiting writer
+  keeps new shared holders out (writer preference: a stream of readers cannot
+  starve a write); writers still compete with each other. Expiry is judged on
+  Redis's clock (``TIME``), never a replica's.
+* ``<prefix>:fence:{<domain>}`` — the domain's fencing counter. It never
+  expires. Each exclusive acquisition sets it to ``max(counter + 1, now ms)``
+  and that value is the call's fencing token. One counter per domain (rather
+  than one per resource) makes a single ``X-Fencing-Token`` valid for every
+  resource of the call: the token is strictly greater than every token issued
+  earlier for any resource of the domain, so per resource the tokens a backend
+  sees increase monotonically. (With per-resource counters and "forward the
+  max", a later writer of only one resource could get a smaller number than one
+  already recorded there and be refused as stale.) The ``now ms`` floor keeps
+  tokens increasing even if Redis loses the counter (failover without
+  persistence): new tokens restart from the clock, not from 1.
+
+Domains (``locks.scope``): ``tenant`` (default) — the hash tag is the tenant,
+so one tenant's locks live in one Cluster slot and different tenants never
+exclude each other (resource ids are tenant-relative; the trade-off is that a
+busy tenant is one hot slot, and a backend resource shared by several tenants
+is not protected across them). ``global`` — every lock in one slot: tenants
+exclude each other, all lock traffic goes to one shard.
+
+Shared holders get no fencing token (reads have nothing to fence); a call
+that holds any exclusive resource gets one token for its whole set.
+
+Losing the lock: the lease is renewed every ``renew_interval_ms``. If a
+renewal finds the lease gone (expired or taken) or Redis cannot confirm it
+before the last confirmed lease runs out, the call has lost its lock: the
+execution still in flight is abandoned and the call ends with ``lock_lost``.
+For a write that is an unknown outcome (``committed: null``, resolution
+``reconcile``): the request may already be at the backend, where the fencing
+token decides — a newer holder's token makes the backend refuse the stale
+write. For a read it is a retryable failure with nothing applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, Awaitable, Iterable, Sequence, TypeVar
+from urllib.parse import quote
+
+import redis.asyncio as redis_async
+from redis.exceptions import RedisError
+
+from . import store
+from .config import LocksConfig
+from .deadline import Deadline
+from .errors import ProxyError
+from .metrics import Metrics
+from .normalize import ResourceRef
+
+log = logging.getLogger("toolproxy.locks")
+
+T = TypeVar("T")
+LOCKABLE = ("shared", "exclusive")
+GLOBAL_TAG = "*"  # never a percent-encoded tenant, so it cannot collide with one
+
+# KEYS[1] fencing counter, KEYS[2..] resource hashes (sorted).
+# ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waiter-intent ms, ARGV[2+i] mode ('s'|'x') of KEYS[i].
+# Reply: {1, token|-1, lease ms} when every resource was taken; {0, i, ...} (1-based
+# indexes into the resource list of the busy ones) when nothing was taken.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local owner, lease, intent = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local me_h, me_w = 'h:' .. owner, 'w:' .. owner
+local function extend(key, ms)
+  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+end
+local blocked, exclusive = {}, false
+for i = 2, #KEYS do
+  local key, mode = KEYS[i], ARGV[i + 2]
+  if mode == 'x' then exclusive = true end
+  local fields = redis.call('HGETALL', key)
+  local busy = false
+  for j = 1, #fields, 2 do
+    local f, v = fields[j], fields[j + 1]
+    local kind, expiry = string.match(v, '^(%a):(%d+)')
+    if expiry == nil or tonumber(expiry) <= now then
+      redis.call('HDEL', key, f)
+    elseif f ~= me_h and f ~= me_w then
+      if kind == 'x' or (mode == 'x' and kind == 's') or (mode == 's' and kind == 'w') then
+        busy = true
+      end
+    end
+  end
+  if busy then blocked[#blocked + 1] = i - 1 end
+end
+if #blocked > 0 then
+  for i = 2, #KEYS do
+    if ARGV[i + 2] == 'x' then
+      redis.call('HSET', KEYS[i], me_w, 'w:' .. string.format('%d', now + intent))
+      extend(KEYS[i], intent)
+    end
+  end
+  table.insert(blocked, 1, 0)
+  return blocked
+end
+local token = -1
+if exclusive then
+  local last = tonumber(redis.call('GET', KEYS[1]) or '0')
+  token = math.max(last + 1, now)
+  redis.call('SET', KEYS[1], string.format('%d', token))
+end
+local value_tail = ':' .. string.format('%d', now + lease) .. ':' .. string.format('%d', math.max(token, 0))
+for i = 2, #KEYS do
+  redis.call('HDEL', KEYS[i], me_w)
+  redis.call('HSET', KEYS[i], me_h, ARGV[i + 2] .. value_tail)
+  extend(KEYS[i], lease)
+end
+return {1, token, lease}
+"""
+
+# KEYS resource hashes; ARGV[1] owner, ARGV[2] lease ms. 1 = extended, 0 = lost (nothing changed).
+_RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local me_h, lease = 'h:' .. ARGV[1], tonumber(ARGV[2])
+local values = {}
+for i = 1, #KEYS do
+  local v = redis.call('HGET', KEYS[i], me_h)
+  if not v then return 0 end
+  local mode, expiry, token = string.match(v, '^(%a):(%d+):(%d+)$')
+  if expiry == nil or tonumber(expiry) <= now then return 0 end
+  values[i] = mode .. ':' .. string.format('%d', now + lease) .. ':' .. token
+end
+for i = 1, #KEYS do
+  redis.call('HSET', KEYS[i], me_h, values[i])
+  if redis.call('PTTL', KEYS[i]) < lease then redis.call('PEXPIRE', KEYS[i], lease) end
+end
+return 1
+"""
+
+# KEYS resource hashes; ARGV[1] owner. Drops the owner's holder and waiter fields.
+_RELEASE = """
+local removed = 0
+for i = 1, #KEYS do
+  removed = removed + redis.call('HDEL', KEYS[i], 'h:' .. ARGV[1], 'w:' .. ARGV[1])
+  if redis.call('HLEN', KEYS[i]) == 0 then redis.call('DEL', KEYS[i]) end
+end
+return removed
+"""
+
+
+def lockable(resources: Iterable[ResourceRef]) -> tuple[ResourceRef, ...]:
+    """The resources a call locks, in the fixed (sorted by id) order."""
+    return tuple(sorted((r for r in resources if r.access in LOCKABLE), key=lambda r: r.id))
+
+
+class LockManager:
+    """One per process; hands out ``Lease`` objects for lock sets."""
+
+    def __init__(self, redis: redis_async.Redis, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
+                 margin_s: float = 0.0) -> None:
+        if config.scope not in ("tenant", "global"):
+            raise ValueError(f"locks.scope must be tenant or global, not {config.scope!r}")
+        if not 0 < config.renew_interval_ms < config.lease_ms:
+            raise ValueError("locks.renew_interval_ms must be positive and below locks.lease_ms")
+        if not 0 < config.poll_min_ms <= config.poll_max_ms:
+            raise ValueError("locks.poll_min_ms must be positive and at most locks.poll_max_ms")
+        self._redis = redis
+        self._config = config
+        self._prefix = key_prefix
+        self._metrics = metrics
+        self._margin_s = margin_s
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+
+    def domain(self, tenant: str) -> str:
+        return GLOBAL_TAG if self._config.scope == "global" else quote(tenant, safe="-_.@:")
+
+    def resource_key(self, tenant: str, resource_id: str) -> str:
+        return store.key(self._prefix, "lock", self.domain(tenant), resource_id)
+
+    def fence_key(self, tenant: str) -> str:
+        return store.key(self._prefix, "fence", self.domain(tenant))
+
+    async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
+                      deadline: Deadline) -> "Lease | None":
+        """Take every lockable resource at once, waiting within the deadline; None if nothing to lock."""
+        wanted = lockable(resources)
+        if not wanted:
+            return None
+        config = self._config
+        owner = uuid.uuid4().hex
+        keys = [self.fence_key(tenant)] + [self.resource_key(tenant, r.id) for r in wanted]
+        args: list[Any] = [owner, config.lease_ms, 3 * config.poll_max_ms] + \
+            ["x" if r.access == "exclusive" else "s" for r in wanted]
+        mode = "exclusive" if any(r.access == "exclusive" for r in wanted) else "shared"
+        started = time.monotonic()
+        remaining = deadline.remaining()
+        until = started + (config.max_wait_ms / 1000.0 if remaining is None else remaining - self._margin_s)
+        pause = config.poll_min_ms / 1000.0
+        try:
+            while True:
+                sent = time.monotonic()
+                reply = await self._acquire(keys=keys, args=args)
+                if int(reply[0]) == 1:
+                    token = int(reply[1])
+                    waited = time.monotonic() - started
+                    self._metrics.lock_wait.labels(mode).observe(waited)
+                    lease = Lease(self, owner=owner, keys=keys[1:], resources=wanted, tool=tool, is_write=is_write,
+                                  fencing_token=token if token >= 0 else None,
+                                  valid_until=sent + self._safe_lease_s())
+                    lease.start()
+                    return lease
+                now = time.monotonic()
+                if now >= until:
+                    busy = [wanted[int(i) - 1].id for i in reply[1:]]
+                    self._metrics.lock_wait.labels(mode).observe(now - started)
+                    self._metrics.lock_timeouts.labels(tool).inc()
+                    raise ProxyError("resource_busy", "A resource this call needs is in use; the deadline ran out "
+                                     "while waiting for it.",
+                                     details={"resources": busy, "waited_ms": int((now - started) * 1000)},
+                                     phase="lock", attempted=False, committed=False)
+                await asyncio.sleep(min(until - now, pause * random.uniform(0.5, 1.0)))
+                pause = min(pause * 2, config.poll_max_ms / 1000.0)
+        except ProxyError:
+            await self._forget(keys[1:], owner)
+            raise
+        except RedisError:
+            # The script may have run before the reply was lost: drop whatever this owner may hold.
+            await self._forget(keys[1:], owner)
+            raise ProxyError("dependency_unavailable", "The lock store is unavailable.",
+                             details={"dependency": "redis"}, phase="lock", attempted=False,
+                             committed=False) from None
+        except BaseException:  # cancelled mid-wait: the script may have taken the set already
+            await self._forget(keys[1:], owner)
+            raise
+
+    def _safe_lease_s(self) -> float:
+        """How long a lease confirmed now is trusted locally: the lease minus a clock-rate margin."""
+        lease = self._config.lease_ms / 1000.0
+        return lease - max(0.005, lease * 0.02)
+
+    async def _forget(self, keys: list[str], owner: str) -> None:
+        """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
+        try:
+            await asyncio.shield(self._release(keys=keys, args=[owner]))
+        except (RedisError, OSError):
+            log.warning("could not release locks of owner %s; they expire with their lease", owner)
+        except asyncio.CancelledError:
+            raise
+
+
+class Lease:
+    """A held lock set: renewed in the background until released or lost."""
+
+    def __init__(self, manager: LockManager, *, owner: str, keys: list[str], resources: tuple[ResourceRef, ...],
+                 tool: str, is_write: bool, fencing_token: int | None, valid_until: float) -> None:
+        self._manager = manager
+        self.owner = owner
+        self.keys = keys
+        self.resources = resources
+        self.tool = tool
+        self.is_write = is_write
+        self.fencing_token = fencing_token
+        self._valid_until = valid_until
+        self._lost = asyncio.Event()
+        self._renewer: asyncio.Task[None] | None = None
+        self._released = False
+
+    @property
+    def lost(self) -> bool:
+        return self._lost.is_set()
+
+    def start(self) -> None:
+        self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name=f"lock-renew-{self.owner}")
+
+    async def _renew_loop(self) -> None:
+        manager = self._manager
+        config = manager._config
+        interval = config.renew_interval_ms / 1000.0
+        delay = interval
+        while True:
+            await asyncio.sleep(max(0.0, min(delay, self._valid_until - time.monotonic())))
+            left = self._valid_until - time.monotonic()
+            if left <= 0:
+                return self._mark_lost("lease could not be renewed before it ran out")
+            sent = time.monotonic()
+            try:
+                async with asyncio.timeout(left):
+                    renewed = await manager._renew(keys=self.keys, args=[self.owner, config.lease_ms])
+            except (RedisError, OSError, TimeoutError):
+                delay = interval / 4  # try again sooner; the lease may still be valid
+                continue
+            if int(renewed) != 1:
+                return self._mark_lost("lease expired or was taken")
+            self._valid_until = sent + manager._safe_lease_s()
+            delay = interval
+
+    def _mark_lost(self, why: str) -> None:
+        if not self._lost.is_set():
+            self._lost.set()
+            self._manager._metrics.lock_lost.labels(self.tool).inc()
+            log.warning("lock lost for tool %s (%s): %s", self.tool, why,
+                        ", ".join(r.id for r in self.resources))
+
+    async def guard(self, awaitable: Awaitable[T]) -> T:
+        """Await the execution; if the lock is lost first, abandon it and raise ``lock_lost``."""
+        task = asyncio.ensure_future(awaitable)
+        lost = asyncio.ensure_future(self._lost.wait())
+        try:
+            await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            lost.cancel()
+        if task.done():  # an answer that arrived under a valid lease wins a tie
+            return task.result()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise self.lost_error()
+
+    def lost_error(self) -> ProxyError:
+        details = {"resources": [r.id for r in self.resources], "fencing_token": self.fencing_token}
+        if self.is_write:
+            return ProxyError("lock_lost", "The call lost its resource lock while the write was in flight; "
+                              "whether it was applied is unknown.", details=details, phase="lock",
+                              attempted=True, committed=None)
+        return ProxyError("lock_lost", "The call lost its resource lock while the read ran; the read was abandoned.",
+                          details=details, phase="lock", attempted=True, committed=False,
+                          retryable=True, resolution="retry")
+
+    async def release(self) -> None:
+        """Stop renewing and drop the locks; safe to call twice and under cancellation."""
+        if self._released:
+            return
+        self._released = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+        await self._manager._forget(self.keys, self.owner)
+        if self._renewer is not None:
+            await asyncio.gather(self._renewer, return_exceptions=True)

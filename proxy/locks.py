@@ -165,6 +165,20 @@ return removed
 """
 
 
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation a Redis call swallowed.
+
+    redis-py sends every command through ``asyncio.wait_for``, which on Python
+    3.11 returns the inner result instead of raising when the caller is
+    cancelled just as the send completes (CPython gh-86296). Without this check
+    a cancelled waiter would keep waiting (and could take a lock for a caller
+    that is gone), and a cancelled renewer would renew forever.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+
+
 def lockable(resources: Iterable[ResourceRef]) -> tuple[ResourceRef, ...]:
     """The resources a call locks, in the fixed (sorted by id) order."""
     return tuple(sorted((r for r in resources if r.access in LOCKABLE), key=lambda r: r.id))
@@ -219,6 +233,7 @@ class LockManager:
             while True:
                 sent = time.monotonic()
                 reply = await self._acquire(keys=keys, args=args)
+                _raise_if_cancelled()
                 if int(reply[0]) == 1:
                     token = int(reply[1])
                     waited = time.monotonic() - started
@@ -282,7 +297,7 @@ class Lease:
         self._valid_until = valid_until
         self._lost = asyncio.Event()
         self._renewer: asyncio.Task[None] | None = None
-        self._released = False
+        self._released = False  # also tells the renewer to stop if a Redis call swallowed its cancellation
 
     @property
     def lost(self) -> bool:
@@ -308,6 +323,9 @@ class Lease:
             except (RedisError, OSError, TimeoutError):
                 delay = interval / 4  # try again sooner; the lease may still be valid
                 continue
+            _raise_if_cancelled()
+            if self._released:
+                return
             if int(renewed) != 1:
                 return self._mark_lost("lease expired or was taken")
             self._valid_until = sent + manager._safe_lease_s()

@@ -48,7 +48,9 @@ execution still in flight is abandoned and the call ends with ``lock_lost``.
 For a write that is an unknown outcome (``committed: null``, resolution
 ``reconcile``): the request may already be at the backend, where the fencing
 token decides — a newer holder's token makes the backend refuse the stale
-write. For a read it is a retryable failure with nothing applied.
+write. For a read it is a retryable failure with nothing applied. A backend that
+refuses the token (error code ``stale_fencing_token``) proves nothing was
+applied: ``lock_lost`` with ``committed: false``, retry with the same key.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ log = logging.getLogger("toolproxy.locks")
 
 T = TypeVar("T")
 LOCKABLE = ("shared", "exclusive")
+STALE_FENCING_CODE = "stale_fencing_token"  # a backend's 409 error code for a token older than one it saw
 GLOBAL_TAG = "*"  # never a percent-encoded tenant, so it cannot collide with one
 
 # KEYS[1] fencing counter, KEYS[2..] resource hashes (sorted).
@@ -350,7 +353,13 @@ class Lease:
         finally:
             lost.cancel()
         if task.done():  # an answer that arrived under a valid lease wins a tie
-            return task.result()
+            try:
+                return task.result()
+            except ProxyError as error:
+                if error.details.get("backend_code") == STALE_FENCING_CODE:
+                    self._mark_lost("the backend refused the fencing token as stale")
+                    raise self.stale_error() from None
+                raise
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         raise self.lost_error()
@@ -364,6 +373,13 @@ class Lease:
         return ProxyError("lock_lost", "The call lost its resource lock while the read ran; the read was abandoned.",
                           details=details, phase="lock", attempted=True, committed=False,
                           retryable=True, resolution="retry")
+
+    def stale_error(self) -> ProxyError:
+        return ProxyError("lock_lost", "The backend refused the call's fencing token: a newer lock holder came "
+                          "first. Nothing was applied.",
+                          details={"resources": [r.id for r in self.resources], "fencing_token": self.fencing_token,
+                                   "backend_code": STALE_FENCING_CODE},
+                          phase="lock", attempted=True, committed=False, retryable=True, resolution="retry_same_key")
 
     async def release(self) -> None:
         """Stop renewing and drop the locks; safe to call twice and under cancellation."""

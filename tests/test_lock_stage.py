@@ -1,0 +1,175 @@
+"""The lock stage inside the pipeline: real proxies, real Redis, real demo backend over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+import redis.asyncio as redis_async
+
+from proxy.deadline import Deadline
+from proxy.normalize import normalize
+from proxy.pipeline import RequestMeta, ToolCallRequest
+from proxy.tracing import accept_traceparent
+from tests.support.stack import running_stack
+
+FAST_LEASE = {"locks.lease_ms": 400, "locks.renew_interval_ms": 100}
+
+
+async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def refs(stack, tool: str, arguments: dict):
+    return normalize(stack.runtime.registry.resolve(tool), arguments).resources
+
+
+def requests_for(stack, call_id: str) -> list[dict]:
+    return [r for r in stack.backend.requests if r["headers"].get("X-Call-Id") == call_id]
+
+
+@pytest.fixture
+async def stack(redis_url):
+    async with running_stack(redis_url=redis_url) as s:
+        yield s
+
+
+@pytest.fixture
+async def redis(redis_url):
+    conn = redis_async.Redis.from_url(redis_url)
+    yield conn
+    await conn.aclose()
+
+
+async def test_write_forwards_increasing_fencing_tokens_and_leaves_no_lock(stack, redis):
+    for n in (1, 2):
+        status, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id=f"w{n}")
+        assert env["outcome"] == "succeeded", env
+        assert "lock_wait" in env["timing"]["stages_ms"]
+    tokens = [int(requests_for(stack, f"w{n}")[0]["headers"]["X-Fencing-Token"]) for n in (1, 2)]
+    assert tokens[0] < tokens[1]
+    assert stack.backend.fencing["counter:ctr_demo"] == tokens[1]
+    assert await redis.keys("toolproxy:lock:*") == []  # released after the call
+
+
+async def test_reads_forward_no_token(stack):
+    await stack.call("get_inventory", {"sku": "sku_widget"}, call_id="shared_read")  # access: shared
+    await stack.call("get_order", {"order_id": "ord_1001"}, call_id="unlocked_read")  # access: none
+    for call_id in ("shared_read", "unlocked_read"):
+        assert "X-Fencing-Token" not in requests_for(stack, call_id)[0]["headers"]
+
+
+async def test_busy_resource_is_resource_busy_within_the_deadline_and_nothing_is_sent(stack):
+    locks = stack.runtime.pipeline._locks  # another holder (as another replica would be)
+    held = await locks.acquire(refs(stack, "adjust_counter", {"counter": "ctr_demo", "delta": 1}),
+                               tenant="acme", tool="adjust_counter", is_write=True,
+                               deadline=Deadline(time.monotonic() + 1))
+    try:
+        started = time.monotonic()
+        status, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id="busy",
+                                       headers={"Request-Timeout": "0.3"})
+        waited = time.monotonic() - started
+    finally:
+        await held.release()
+    assert status == 409
+    assert env["outcome"] == "failed" and env["error"]["code"] == "resource_busy"
+    assert env["error"]["retryable"] is True and env["error"]["phase"] == "lock"
+    assert env["error"]["details"]["resources"] == ["counter:ctr_demo"]
+    assert env["side_effect"] == {"attempted": False, "committed": False}
+    assert 0.2 <= waited < 2.0
+    assert requests_for(stack, "busy") == []
+    sample = stack.runtime.metrics.registry.get_sample_value("toolproxy_lock_timeouts_total",
+                                                             {"tool": "adjust_counter"})
+    assert sample == 1
+
+
+async def test_lock_lost_mid_write_is_unknown_with_reconcile(redis_url, redis):
+    async with running_stack(FAST_LEASE, redis_url=redis_url) as stack:
+        await stack.fault("adjust_counter", "slow", delay_ms=1500, count=1)
+        call = asyncio.create_task(stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 5},
+                                              call_id="loser", headers={"Request-Timeout": "5"}))
+        await wait_until(lambda: requests_for(stack, "loser"), what="the write to reach the backend")
+        # The lease disappears under the holder (as when it expired during a stall and was taken over).
+        await redis.delete("toolproxy:lock:{acme}:counter:ctr_demo")
+        status, env = await asyncio.wait_for(call, 5)
+    assert env["outcome"] == "unknown", env
+    assert env["error"]["code"] == "lock_lost"
+    assert env["error"]["resolution"] == "reconcile" and env["error"]["retryable"] is False
+    assert env["side_effect"] == {"attempted": True, "committed": None}
+    assert env["error"]["details"]["resources"] == ["counter:ctr_demo"]
+    lost = stack.runtime.metrics.registry.get_sample_value("toolproxy_lock_lost_total", {"tool": "adjust_counter"})
+    assert lost == 1
+
+
+async def test_cancelled_call_releases_its_lock(stack, redis):
+    await stack.fault("adjust_counter", "slow", delay_ms=3000, count=1)
+    meta = RequestMeta(request_id="r1", trace=accept_traceparent(None), deadline=Deadline(time.monotonic() + 10))
+    caller = await stack.runtime.authenticator.authenticate({})
+    task = asyncio.create_task(stack.runtime.pipeline.execute(
+        ToolCallRequest(call_id="cancelme", tool="adjust_counter", version=None,
+                        arguments={"counter": "ctr_demo", "delta": 1}, meta=meta), caller))
+    await wait_until(lambda: requests_for(stack, "cancelme"), what="the call to reach the backend")
+    assert await redis.exists("toolproxy:lock:{acme}:counter:ctr_demo") == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await redis.exists("toolproxy:lock:{acme}:counter:ctr_demo") == 0
+
+
+async def test_redis_down_fails_a_locked_write_before_sending(redis_server, redis_url):
+    async with running_stack(redis_url=redis_url) as stack:
+        redis_server.stop()
+        try:
+            status, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id="nored")
+        finally:
+            redis_server.start()
+    assert status == 503
+    assert env["error"]["code"] == "dependency_unavailable" and env["error"]["details"] == {"dependency": "redis"}
+    assert env["side_effect"] == {"attempted": False, "committed": False}
+    assert requests_for(stack, "nored") == []
+
+
+async def test_unprotected_read_modify_write_loses_updates(stack):
+    """Control for the next test: the demo backend really races when nothing serializes it."""
+    async with aiohttp.ClientSession() as session:
+        async def bump(delta):
+            async with session.post(stack.backend_url + "/tools/adjust_counter",
+                                    json={"counter": "ctr_race", "delta": delta}) as response:
+                assert response.status == 200
+        await asyncio.gather(*(bump(d) for d in [10] * 20 + [20] * 20))
+    assert stack.backend.counters["ctr_race"] != 600
+
+
+async def test_two_proxies_apply_every_update_exactly(redis_url):
+    """Lost update (seed 001 section 5.1): x += 10 and x += 20, 100 times each, through two proxies
+    (two runtimes with their own Redis pools and HTTP sessions) sharing one Redis and one backend."""
+    async with running_stack(redis_url=redis_url) as a, running_stack(redis_url=redis_url, share=a) as b:
+        calls = [a.call("adjust_counter", {"counter": "ctr_race", "delta": 10}, call_id=f"a{i}",
+                        headers={"Request-Timeout": "60"}) for i in range(100)]
+        calls += [b.call("adjust_counter", {"counter": "ctr_race", "delta": 20}, call_id=f"b{i}",
+                         headers={"Request-Timeout": "60"}) for i in range(100)]
+        results = await asyncio.gather(*calls)
+        assert [env["outcome"] for _, env in results] == ["succeeded"] * 200
+        assert a.backend.counters["ctr_race"] == 100 * 10 + 100 * 20
+        intervals = sorted((iv.start, iv.end) for iv in a.backend.intervals if iv.tool == "adjust_counter")
+        assert len(intervals) == 200
+        assert all(prev[1] <= nxt[0] for prev, nxt in zip(intervals, intervals[1:]))  # never overlapped
+        tokens = [e["fencing_token"] for e in a.backend.effects]
+        assert tokens == sorted(tokens) and len(set(tokens)) == 200  # applied in token order
+
+
+async def test_backend_refusing_a_stale_token_is_lock_lost_not_applied(stack):
+    stack.backend.fencing["counter:ctr_demo"] = 10**15  # a newer holder already wrote (token from the future)
+    status, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id="stale")
+    assert env["outcome"] == "failed" and env["error"]["code"] == "lock_lost"
+    assert env["side_effect"] == {"attempted": True, "committed": False}
+    assert env["error"]["retryable"] is True and env["error"]["resolution"] == "retry_same_key"
+    assert env["error"]["details"]["backend_code"] == "stale_fencing_token"
+    assert stack.backend.counters["ctr_demo"] == 0

@@ -145,6 +145,8 @@ class RedisConfig:
     url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
     key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
     timeout_ms: int = setting(500, "socket timeout of one Redis command")
+    max_connections: int = setting(100, "connections in the process's Redis pool; past it a command waits up to "
+                                        "timeout_ms for a free one")
     password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
     tls_ca_file: str = setting("", "rediss:// only: CA bundle that verifies the Redis server (default: system CAs)")
     tls_cert_file: str = setting("", "rediss:// only: client certificate for mutual TLS")
@@ -205,11 +207,22 @@ class ReconcileConfig:
 class LocksConfig:
     scope: str = setting("tenant", "lock namespace and Redis Cluster hash tag: tenant (a tenant's locks share one "
                                    "slot; tenants never exclude each other) or global (one slot for all locks)")
-    lease_ms: int = setting(10000, "lease of a held lock set; renewed while the call runs")
-    renew_interval_ms: int = setting(3000, "how often a held lock set is renewed (well below lease_ms)")
+    lease_ms: int = setting(5000, "lease of a held lock set, renewed while the call runs; a crashed proxy's "
+                                  "locks free up after it")
+    renew_interval_ms: int = setting(1500, "how often a held lock set is renewed (well below lease_ms)")
     poll_min_ms: int = setting(5, "first pause between attempts while waiting for a busy resource")
     poll_max_ms: int = setting(100, "longest pause between attempts (exponential backoff with jitter)")
     max_wait_ms: int = setting(30000, "longest lock wait for a caller that sent no deadline")
+
+    def __post_init__(self) -> None:
+        if self.scope not in ("tenant", "global"):
+            raise ConfigError(f"locks.scope: expected tenant or global, got {self.scope!r}")
+        if not 0 < self.renew_interval_ms < self.lease_ms:
+            raise ConfigError("locks.renew_interval_ms must be positive and below locks.lease_ms")
+        if not 0 < self.poll_min_ms <= self.poll_max_ms:
+            raise ConfigError("locks.poll_min_ms must be positive and at most locks.poll_max_ms")
+        if self.max_wait_ms < 0:
+            raise ConfigError("locks.max_wait_ms must not be negative")
 
 
 @dataclass(frozen=True)

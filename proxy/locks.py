@@ -61,7 +61,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Awaitable, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import quote
 
 import redis.asyncio as redis_async
@@ -79,7 +79,8 @@ log = logging.getLogger("toolproxy.locks")
 T = TypeVar("T")
 LOCKABLE = ("shared", "exclusive")
 STALE_FENCING_CODE = "stale_fencing_token"  # a backend's 409 error code for a token older than one it saw
-GLOBAL_TAG = "*"  # never a percent-encoded tenant, so it cannot collide with one
+GLOBAL_TAG = "*"
+KEEPALIVE_S = 1.0  # how often a long lock wait calls its while_waiting hook  # never a percent-encoded tenant, so it cannot collide with one
 
 # KEYS[1] fencing counter, KEYS[2..] resource hashes (sorted).
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waiter-intent ms, ARGV[2+i] mode ('s'|'x') of KEYS[i].
@@ -192,12 +193,6 @@ class LockManager:
 
     def __init__(self, redis: redis_async.Redis, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
                  margin_s: float = 0.0) -> None:
-        if config.scope not in ("tenant", "global"):
-            raise ValueError(f"locks.scope must be tenant or global, not {config.scope!r}")
-        if not 0 < config.renew_interval_ms < config.lease_ms:
-            raise ValueError("locks.renew_interval_ms must be positive and below locks.lease_ms")
-        if not 0 < config.poll_min_ms <= config.poll_max_ms:
-            raise ValueError("locks.poll_min_ms must be positive and at most locks.poll_max_ms")
         self._redis = redis
         self._config = config
         self._prefix = key_prefix
@@ -217,8 +212,13 @@ class LockManager:
         return store.key(self._prefix, "fence", self.domain(tenant))
 
     async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
-                      deadline: Deadline) -> "Lease | None":
-        """Take every lockable resource at once, waiting within the deadline; None if nothing to lock."""
+                      deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None
+                      ) -> "Lease | None":
+        """Take every lockable resource at once, waiting within the deadline; None if nothing to lock.
+
+        ``while_waiting`` is awaited about every ``KEEPALIVE_S`` of waiting (the pipeline keeps the
+        call's idempotency reservation alive with it); an error it raises ends the wait.
+        """
         wanted = lockable(resources)
         if not wanted:
             return None
@@ -232,6 +232,7 @@ class LockManager:
         remaining = deadline.remaining()
         until = started + (config.max_wait_ms / 1000.0 if remaining is None else remaining - self._margin_s)
         pause = config.poll_min_ms / 1000.0
+        kept_alive = started
         try:
             while True:
                 sent = time.monotonic()
@@ -257,10 +258,14 @@ class LockManager:
                                      phase="lock", attempted=False, committed=False)
                 await asyncio.sleep(min(until - now, pause * random.uniform(0.5, 1.0)))
                 pause = min(pause * 2, config.poll_max_ms / 1000.0)
+                if while_waiting is not None and time.monotonic() - kept_alive >= KEEPALIVE_S:
+                    await while_waiting()
+                    kept_alive = time.monotonic()
         except ProxyError:
             await self._forget(keys[1:], owner)
             raise
-        except RedisError:
+        except RedisError as exc:
+            log.warning("lock store unavailable while acquiring for tool %s (%s)", tool, type(exc).__name__)
             # The script may have run before the reply was lost: drop whatever this owner may hold.
             await self._forget(keys[1:], owner)
             raise ProxyError("dependency_unavailable", "The lock store is unavailable.",
@@ -279,8 +284,9 @@ class LockManager:
         """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
         try:
             await asyncio.shield(self._release(keys=keys, args=[owner]))
-        except (RedisError, OSError):
-            log.warning("could not release locks of owner %s; they expire with their lease", owner)
+        except (RedisError, OSError) as exc:
+            log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
+                        type(exc).__name__)
         except asyncio.CancelledError:
             raise
 

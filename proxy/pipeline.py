@@ -221,9 +221,14 @@ class Pipeline:
         if admission.replay is not None:
             state.replayed = True
             return admission.replay.get("data")
+        async def keep_reservation() -> None:  # a long lock wait must not let the key's lease run out
+            await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0,
+                                                                                self._margin_s))
+
         with self._stage(state, "lock_wait"):  # after the key is reserved, before anything is sent
             lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
-                                              is_write=tool.is_write, deadline=meta.deadline)
+                                              is_write=tool.is_write, deadline=meta.deadline,
+                                              while_waiting=keep_reservation)
         try:
             return await self._run_locked(state, tool, normalized, admission, lease)
         finally:

@@ -15,9 +15,13 @@ from .config import RedisConfig
 
 
 def create_pool(config: RedisConfig) -> redis_async.Redis:
+    """A blocking pool: under a burst, a command waits (up to ``timeout_ms``) for a free connection
+    instead of failing at once with "Too many connections"."""
     timeout = config.timeout_ms / 1000.0
-    return redis_async.Redis.from_url(config.url, socket_timeout=timeout, socket_connect_timeout=timeout,
-                                      health_check_interval=30, decode_responses=False, **_auth_and_tls(config))
+    pool = redis_async.BlockingConnectionPool.from_url(
+        config.url, max_connections=config.max_connections, timeout=timeout, socket_timeout=timeout,
+        socket_connect_timeout=timeout, health_check_interval=30, decode_responses=False, **_auth_and_tls(config))
+    return redis_async.Redis.from_pool(pool)
 
 
 def _auth_and_tls(config: RedisConfig) -> dict[str, str]:

@@ -10,7 +10,7 @@ import redis.asyncio as redis_async
 from proxy.audit import MASK, redact
 from proxy.errors import ProxyError
 from tests.support.audit import audit_records
-from tests.support.stack import running_stack
+from tests.support.stack import UNLOCKED_COUNTER, extra_tools, running_stack
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "customer says card 4111 1111 1111 1111 was charged twice"}
 TRACE = "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"
@@ -129,11 +129,13 @@ async def test_redis_stream_sink_is_bounded(redis_url, proxy_deps):
             await client.aclose()
 
 
-async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server):
+async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server, tmp_path):
     dead = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
-    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"]}) as stack:
-        # A write without an idempotency record (Redis is down, so one with a key fails closed earlier).
-        status, env = await stack.call("adjust_counter", COUNTER)
+    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"],
+                              **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
+        # A write without an idempotency record or a lock (Redis is down, so one with a key or a
+        # resource lock fails closed earlier).
+        status, env = await stack.call("bump_counter", COUNTER)
         assert status == 503 and env["error"]["code"] == "audit_unavailable"
         assert env["error"]["phase"] == "audit"
         assert env["side_effect"] == {"attempted": False, "committed": False}
@@ -148,11 +150,11 @@ async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server):
         assert failures == 3  # the write's intent and final record, the read's record
 
 
-async def test_fail_open_writes_go_on_and_fail_closed_reads_stop(opa_server):
+async def test_fail_open_writes_go_on_and_fail_closed_reads_stop(opa_server, tmp_path):
     dead = "redis://127.0.0.1:9/0"
     async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
-                              "audit.on_failure_read": "fail_closed"}) as stack:
-        status, env = await stack.call("adjust_counter", COUNTER)
+                              "audit.on_failure_read": "fail_closed", **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
+        status, env = await stack.call("bump_counter", COUNTER)
         assert status == 200 and stack.backend.effect_counts()["adjust_counter"] == 1
         status, env = await stack.call("get_order", {"order_id": "ord_1001"})
         assert env["error"]["code"] == "audit_unavailable"

@@ -9,21 +9,15 @@ token is refused (409 ``stale_fencing_token``, nothing applied).
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import aiohttp
 import pytest
 
-from tests.support.servers import free_port
+from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope, running_stack
 
 LEASE = {"locks.lease_ms": 500, "locks.renew_interval_ms": 100}
-TOOLPROXY = Path(sys.prefix) / "bin" / "toolproxy"
 
 
 async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
@@ -36,46 +30,23 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") 
 
 
 @pytest.fixture
-async def stack(redis_url):
-    async with running_stack(LEASE, redis_url=redis_url) as s:
+async def stack(proxy_deps):
+    async with running_stack({**proxy_deps, **LEASE}) as s:
         yield s
 
 
 @pytest.fixture
-async def proxy_process(stack, redis_url, tmp_path):
+async def proxy_process(stack, proxy_deps):
     """A second proxy as a separate OS process (`toolproxy run`), same Redis, same backend."""
-    port, admin, ops = free_port(), free_port(), free_port()
-    env = {**os.environ,
-           "TOOLPROXY_LISTEN_PORT": str(port), "TOOLPROXY_ADMIN_PORT": str(admin), "TOOLPROXY_OPS_PORT": str(ops),
-           "TOOLPROXY_REDIS_URL": redis_url, "TOOLPROXY_BACKENDS_SERVICES": f"demo={stack.backend_url}",
-           "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY), "TOOLPROXY_LOG_LEVEL": "warning",
-           "TOOLPROXY_LOCKS_LEASE_MS": str(LEASE["locks.lease_ms"]),
-           "TOOLPROXY_LOCKS_RENEW_INTERVAL_MS": str(LEASE["locks.renew_interval_ms"])}
-    log = open(tmp_path / "proxy.log", "wb")
-    process = subprocess.Popen([str(TOOLPROXY), "run"], env=env, stdout=log, stderr=subprocess.STDOUT)
-
-    async def healthy():
-        if process.poll() is not None:
-            raise AssertionError(f"toolproxy exited: {(tmp_path / 'proxy.log').read_text()}")
-        try:
-            async with stack.session.get(f"http://127.0.0.1:{ops}/healthz") as response:
-                return response.status == 200
-        except aiohttp.ClientError:
-            return False
-
+    process = ProxyProcess({**proxy_deps, **LEASE, "backends.services": {"demo": stack.backend_url},
+                            "registry.paths": [str(DEMO_REGISTRY)], "reconcile.enabled": False}).start()
     try:
-        await wait_until(healthy, 20, "toolproxy run to listen")
-        yield process, f"http://127.0.0.1:{port}"
+        await process.ready()
+        yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGCONT)
-            process.terminate()
-            try:
-                process.wait(5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-        log.close()
+        if process.proc is not None and process.proc.poll() is None:
+            process.proc.send_signal(signal.SIGCONT)
+        process.stop()
 
 
 def backend_requests(stack, call_id: str) -> list[dict]:
@@ -83,11 +54,11 @@ def backend_requests(stack, call_id: str) -> list[dict]:
 
 
 async def test_stalled_holder_is_overtaken_and_its_late_write_is_refused(stack, proxy_process):
-    process, stalled_url = proxy_process
+    process = proxy_process
     # The stalled writer's request sits in the backend before its commit point for 2 s.
     await stack.fault("adjust_counter", "slow", delay_ms=2000, count=1)
     body = {"call_id": "stale", "tool": "adjust_counter", "arguments": {"counter": "ctr_race", "delta": 10}}
-    stale_call = asyncio.create_task(stack.session.post(stalled_url + "/v1/tool-calls", json=body,
+    stale_call = asyncio.create_task(stack.session.post(process.url + "/v1/tool-calls", json=body,
                                                         headers={"Request-Timeout": "15"}))
 
     async def arrived():
@@ -95,7 +66,7 @@ async def test_stalled_holder_is_overtaken_and_its_late_write_is_refused(stack, 
 
     await wait_until(arrived, what="the stalled writer's request to reach the backend")
     stale_token = int(backend_requests(stack, "stale")[0]["headers"]["X-Fencing-Token"])
-    process.send_signal(signal.SIGSTOP)  # the holder freezes: no more lease renewals
+    process.proc.send_signal(signal.SIGSTOP)  # the holder freezes: no more lease renewals
     try:
         started = time.monotonic()
         status, env = await stack.call("adjust_counter", {"counter": "ctr_race", "delta": 20}, call_id="fresh",
@@ -118,7 +89,7 @@ async def test_stalled_holder_is_overtaken_and_its_late_write_is_refused(stack, 
         assert [e["call_id"] for e in stack.backend.effects] == ["fresh"]
         assert stack.backend.fencing["counter:ctr_race"] == fresh_token
     finally:
-        process.send_signal(signal.SIGCONT)
+        process.proc.send_signal(signal.SIGCONT)
     response = await asyncio.wait_for(stale_call, 10)
     stale_env = await response.json()
     assert_envelope(stale_env)

@@ -35,6 +35,40 @@ _BATCH = Draft202012Validator(
     format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
+def extra_tools(directory: Path, yaml_text: str) -> dict[str, Any]:
+    """Config overrides that load the demo registry plus the tools in ``yaml_text`` (a ``tools:`` document)."""
+    path = directory / "extra-tools.yaml"
+    path.write_text(yaml_text)
+    return {"registry.paths": [str(DEMO_REGISTRY), str(path)]}
+
+
+# adjust_counter's backend behind a write contract with no resources (nothing to lock) and no required key.
+UNLOCKED_COUNTER = """
+tools:
+  - name: bump_counter
+    version: "1.0.0"
+    description: adjust_counter without resource locks (tests of stages that run before the lock).
+    mode: write
+    risk: write
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [counter, delta]
+      properties:
+        counter: {type: string, pattern: "^ctr_[A-Za-z0-9_]+$"}
+        delta: {type: integer, minimum: -1000, maximum: 1000}
+    outputSchema:
+      type: object
+      additionalProperties: false
+      required: [counter, value]
+      properties:
+        counter: {type: string}
+        value: {type: integer}
+    timeout_ms: 3000
+    backend: {type: http, service: demo, path: /tools/adjust_counter}
+"""
+
+
 def assert_envelope(body: Any) -> None:
     errors = sorted(_ENVELOPE.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
     assert not errors, f"envelope violates schema: {[ (list(e.absolute_path), e.message) for e in errors]}"

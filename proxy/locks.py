@@ -60,7 +60,6 @@ import logging
 import random
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import quote
 
@@ -79,8 +78,7 @@ log = logging.getLogger("toolproxy.locks")
 T = TypeVar("T")
 LOCKABLE = ("shared", "exclusive")
 STALE_FENCING_CODE = "stale_fencing_token"  # a backend's 409 error code for a token older than one it saw
-GLOBAL_TAG = "*"
-KEEPALIVE_S = 1.0  # how often a long lock wait calls its while_waiting hook  # never a percent-encoded tenant, so it cannot collide with one
+GLOBAL_TAG = "*"  # never a percent-encoded tenant, so it cannot collide with one
 
 # KEYS[1] fencing counter, KEYS[2..] resource hashes (sorted).
 # ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waiter-intent ms, ARGV[2+i] mode ('s'|'x') of KEYS[i].
@@ -212,11 +210,11 @@ class LockManager:
         return store.key(self._prefix, "fence", self.domain(tenant))
 
     async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
-                      deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None
-                      ) -> "Lease | None":
+                      deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None,
+                      keepalive_s: float = 1.0) -> "Lease | None":
         """Take every lockable resource at once, waiting within the deadline; None if nothing to lock.
 
-        ``while_waiting`` is awaited about every ``KEEPALIVE_S`` of waiting (the pipeline keeps the
+        ``while_waiting`` is awaited about every ``keepalive_s`` of waiting (the pipeline keeps the
         call's idempotency reservation alive with it); an error it raises ends the wait.
         """
         wanted = lockable(resources)
@@ -258,7 +256,7 @@ class LockManager:
                                      phase="lock", attempted=False, committed=False)
                 await asyncio.sleep(min(until - now, pause * random.uniform(0.5, 1.0)))
                 pause = min(pause * 2, config.poll_max_ms / 1000.0)
-                if while_waiting is not None and time.monotonic() - kept_alive >= KEEPALIVE_S:
+                if while_waiting is not None and time.monotonic() - kept_alive >= keepalive_s:
                     await while_waiting()
                     kept_alive = time.monotonic()
         except ProxyError:

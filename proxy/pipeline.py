@@ -221,14 +221,17 @@ class Pipeline:
         if admission.replay is not None:
             state.replayed = True
             return admission.replay.get("data")
-        async def keep_reservation() -> None:  # a long lock wait must not let the key's lease run out
+        # A long lock wait must not let the key's lease (budget + grace) run out: the reconciler would take
+        # the call for a dead one. Renewed every half grace while waiting.
+        async def keep_reservation() -> None:
             await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0,
                                                                                 self._margin_s))
 
         with self._stage(state, "lock_wait"):  # after the key is reserved, before anything is sent
             lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
-                                              while_waiting=keep_reservation)
+                                              while_waiting=keep_reservation,
+                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
         try:
             return await self._run_locked(state, tool, normalized, admission, lease)
         finally:

@@ -37,7 +37,7 @@ from .identity import Caller
 from .merge import BatchResult, merge
 from .metrics import Metrics
 from .pipeline import Pipeline, RequestMeta
-from .plan import BLOCK, BatchPlan, Footprint, PlannedCall, build_graph, check, footprint
+from .plan import BLOCK, BatchPlan, Footprint, Graph, PlannedCall, build_graph, check, footprint
 from .registry import Registry
 
 
@@ -116,7 +116,7 @@ class Scheduler:
         clock = meta.deadline.clock
         return replace(meta, deadline=Deadline(clock() + self._config.default_timeout_ms / 1000.0, clock))
 
-    async def _execute(self, plan: BatchPlan, meta: RequestMeta, graph: Any, footprints: Mapping[str, Footprint],
+    async def _execute(self, plan: BatchPlan, meta: RequestMeta, graph: Graph, footprints: Mapping[str, Footprint],
                        caller: Caller) -> dict[str, dict[str, Any]]:
         calls = {call.call_id: call for call in plan.calls}
         incoming = graph.incoming()
@@ -132,10 +132,10 @@ class Scheduler:
                     blockers = [e.before for e in edges if e.kind == "depends_on" and e.failure_policy == BLOCK
                                 and results[e.before]["outcome"] != "succeeded"]
                     if blockers:
-                        results[call_id] = self._not_started(plan, calls[call_id], footprints[call_id], meta,
+                        results[call_id] = self._not_started(calls[call_id], footprints[call_id], meta,
                                                              blocked_by=blockers)
                     elif meta.deadline.budget(float("inf"), self._margin_s) <= 0:
-                        results[call_id] = self._not_started(plan, calls[call_id], footprints[call_id], meta)
+                        results[call_id] = self._not_started(calls[call_id], footprints[call_id], meta)
                     elif len(running) < self._config.max_parallel:
                         task = asyncio.get_running_loop().create_task(
                             self._run_call(plan, calls[call_id], footprints[call_id], meta, caller))
@@ -164,11 +164,11 @@ class Scheduler:
                 async with asyncio.timeout(meta.deadline.budget(float("inf"), self._margin_s)):
                     await held.enter_async_context(self._limits.slot(caller.tenant, fp.tool.name if fp.tool else None))
             except TimeoutError:
-                return self._not_started(plan, call, fp, meta)
+                return self._not_started(call, fp, meta)
             result = await self._pipeline.execute(plan.request(call, meta), caller)
             return result.envelope
 
-    def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
+    def _not_started(self, call: PlannedCall, fp: Footprint, meta: RequestMeta,
                      blocked_by: list[str] | None = None) -> dict[str, Any]:
         if blocked_by:
             error = ProxyError("cancelled", "Not started: a call it depends on did not succeed.",

@@ -150,7 +150,8 @@ async def test_unprotected_read_modify_write_loses_updates(stack):
 async def test_two_proxies_apply_every_update_exactly(proxy_deps):
     """Lost update (seed 001 section 5.1): x += 10 and x += 20, 100 times each, through two proxies
     (two runtimes with their own Redis pools and HTTP sessions) sharing one Redis and one backend."""
-    async with running_stack(proxy_deps) as a, running_stack(proxy_deps, share=a) as b:
+    settings = {**proxy_deps, "opa.timeout_ms": 10000}  # 200 calls at once on a shared 2-core machine
+    async with running_stack(settings) as a, running_stack(settings, share=a) as b:
         calls = [a.call("adjust_counter", {"counter": "ctr_race", "delta": 10}, call_id=f"a{i}",
                         headers={"Request-Timeout": "60"}) for i in range(100)]
         calls += [b.call("adjust_counter", {"counter": "ctr_race", "delta": 20}, call_id=f"b{i}",
@@ -202,7 +203,8 @@ tools:
 
 
 async def test_a_long_lock_wait_keeps_the_idempotency_reservation_alive(proxy_deps, tmp_path):
-    settings = {**proxy_deps, **extra_tools(tmp_path, FAST_RESERVE), "idempotency.lease_grace_ms": 200}
+    settings = {**proxy_deps, **extra_tools(tmp_path, FAST_RESERVE), "idempotency.lease_grace_ms": 200,
+                "reconcile.scan_interval_ms": 100}  # an expired reservation is found at once
     async with running_stack(settings) as stack:
         arguments = {"sku": "sku_widget", "quantity": 1, "order_id": "ord_1001"}
         held = await stack.runtime.pipeline._locks.acquire(

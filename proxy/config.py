@@ -103,7 +103,8 @@ class HeaderIdentityConfig:
 
 @dataclass(frozen=True)
 class IdentityConfig:
-    mode: str = setting("static", "where the caller's identity comes from: static (dev only), jwt or headers")
+    mode: str = setting("jwt", "where the caller's identity comes from: jwt, headers (trusted mesh) or static "
+                              "(dev stack and tests only; never the default)")
     static_subject: str = setting("dev-user", "static mode: subject of every call")
     static_tenant: str = setting("acme", "static mode: tenant of every call")
     static_roles: list[str] = setting(["agent"], "static mode: roles of every call")
@@ -288,9 +289,13 @@ class Config:
 
 def load_config(path: str | os.PathLike[str] | None = None,
                 env: Mapping[str, str] | None = None,
-                overrides: Mapping[str, Any] | None = None) -> Config:
-    """Build the config: defaults < YAML file < environment < explicit overrides."""
+                overrides: Mapping[str, Any] | None = None,
+                base: Mapping[str, Any] | None = None) -> Config:
+    """Build the config: defaults < ``base`` (a caller's own defaults, e.g. the dev
+    stack's) < YAML file < environment < explicit overrides."""
     data: dict[str, Any] = {}
+    for dotted, value in (base or {}).items():
+        _set_dotted(data, dotted, value)
     if path is not None:
         try:
             loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
@@ -298,7 +303,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"{path}: cannot read config: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
-        data = loaded or {}
+        _deep_merge(data, loaded or {})
     env = os.environ if env is None else env
     for dotted, hint in _leaves(Config):
         name = ENV_PREFIX + dotted.replace(".", "_").upper()
@@ -307,6 +312,14 @@ def load_config(path: str | os.PathLike[str] | None = None,
     for dotted, value in (overrides or {}).items():
         _set_dotted(data, dotted, value)
     return _build(Config, data, "config")
+
+
+def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    for name, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(name), dict):
+            _deep_merge(into[name], value)
+        else:
+            into[name] = value
 
 
 def describe() -> Iterator[tuple[str, str, Any, str]]:

@@ -103,12 +103,14 @@ def run_dev(args: argparse.Namespace) -> int:
             "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"},
             "registry.paths": [str(REPO / "examples" / "registry")],
         }
-        config = load_config(args.config, overrides=overrides)
+        # The dev stack defaults to a fixed demo caller; a --config may still choose jwt or headers.
+        dev_defaults = {"identity.mode": "static"}
+        config = load_config(args.config, overrides=overrides, base=dev_defaults)
         approver_token = None
         jwt_admin = config.admin_identity.jwt
         if not (jwt_admin.jwks_file or jwt_admin.jwks_url or jwt_admin.public_key_file or jwt_admin.hmac_secret_file):
             overrides["admin_identity.jwt"], approver_token = _dev_approver(Path(workdir))
-            config = load_config(args.config, overrides=overrides)
+            config = load_config(args.config, overrides=overrides, base=dev_defaults)
     except (ConfigError, RegistryError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
         print(f"toolproxy dev: {exc}", file=sys.stderr)
         stop_all()

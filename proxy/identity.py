@@ -215,6 +215,9 @@ class Authenticator:
                  session: aiohttp.ClientSession | None = None) -> None:
         if config.mode not in {"static", "jwt", "headers"}:
             raise ValueError(f"identity mode {config.mode!r} is not supported (static, jwt or headers)")
+        problem = configuration_problem(config)
+        if problem:
+            raise ValueError(problem)
         self._config = config
         self._jwt = JwtVerifier(config.jwt, session) if config.mode == "jwt" else None
         self._admin_config = admin or AdminIdentityConfig(mode="disabled")
@@ -262,6 +265,17 @@ class Authenticator:
         elif config.approver_role not in roles or (config.approver_scope and config.approver_scope not in scopes):
             raise _unauthorized("This credential is not an approver's.")
         return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes)
+
+
+def configuration_problem(config: IdentityConfig) -> str | None:
+    """Why this identity configuration cannot authenticate anyone (checked before listening)."""
+    if config.mode not in {"static", "jwt", "headers"}:
+        return f"identity.mode {config.mode!r} is not supported (jwt, headers or static)"
+    if config.mode == "jwt" and not _has_keys(config.jwt):
+        # Fail at start-up, not on the first call: a sidecar without keys would refuse everyone.
+        return ("identity.mode is jwt (the default) but no key is configured: set identity.jwt.jwks_file, "
+                "jwks_url, public_key_file or hmac_secret_file, or choose identity.mode headers/static")
+    return None
 
 
 def _has_keys(config: JwtConfig) -> bool:

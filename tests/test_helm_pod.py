@@ -78,7 +78,9 @@ def pod(tmp_path_factory, redis_server, demo_backend):
     redis_url = redis_server.url
     ports = {key: free_port() for key in ("proxy.ports.agent", "proxy.ports.admin", "proxy.ports.ops", "opa.port",
                                           "opa.diagnosticPort")}
-    manifests = render(set_values={**ports, "proxy.redis.url": redis_url, "proxy.backends.demo": demo_backend})
+    # The pod simulation has no token issuer: opt into the fixed demo caller (the chart default is jwt).
+    manifests = render(set_values={**ports, "proxy.redis.url": redis_url, "proxy.backends.demo": demo_backend,
+                                   "proxy.config.identity.mode": "static"})
     spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
     local = LocalPod(manifests, spec, tmp_path / "pod")
     running = RunningPod(local, manifests)

@@ -124,3 +124,19 @@ def test_every_setting_is_documented_in_the_readme():
     readme = (REPO / "README.md").read_text()
     missing = [env for key, env, default, help_ in describe() if env not in readme or not help_]
     assert not missing, f"README configuration reference lacks {missing}"
+
+
+def test_run_without_identity_keys_refuses_to_start():
+    # The default identity mode is jwt: a sidecar nobody configured must not trust every caller.
+    result = subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
+                            timeout=30, env={"PATH": "/usr/bin:/bin",
+                                             "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY)})
+    assert result.returncode == 1
+    assert "identity.mode is jwt" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dev_defaults_yield_to_the_config_file(tmp_path):
+    path = write(tmp_path, "identity: {mode: headers}\n", "dev.yaml")
+    assert load_config(path, env={}, base={"identity.mode": "static"}).identity.mode == "headers"
+    assert load_config(None, env={}, base={"identity.mode": "static"}).identity.mode == "static"
+    assert load_config(None, env={}).identity.mode == "jwt"

@@ -41,7 +41,7 @@ class ProxyProcess:
     def __init__(self, settings: Mapping[str, Any]) -> None:
         self.port, self.admin_port, self.ops_port = free_port(), free_port(), free_port()
         merged = {"listen.port": self.port, "admin.port": self.admin_port, "ops.port": self.ops_port,
-                  "log.level": "info", **settings}
+                  "log.level": "info", "identity.mode": "static", **settings}
         self.env = {**os.environ, **{"TOOLPROXY_" + k.replace(".", "_").upper(): _env_value(v)
                                      for k, v in merged.items()}}
         self._log_path = Path(tempfile.mkdtemp(prefix="toolproxy-proc-")) / "proxy.log"

@@ -156,6 +156,7 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
     else:
         backend_runner, backend_url, state = None, share.backend_url, share.backend
     config: Config = load_config(env={}, overrides={
+        "identity.mode": "static",  # tests opt into static identity; the product default is jwt
         "backends.services": {"demo": backend_url},
         "registry.paths": [str(DEMO_REGISTRY)],
         **(overrides or {}),

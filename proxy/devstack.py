@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parent.parent
 def find_binary(name: str) -> str:
     """A tool installed by scripts/setup.sh (venv bin) or on PATH."""
     candidate = Path(sys.prefix) / "bin" / name
-    if candidate.exists():
+    if candidate.is_file() and os.access(candidate, os.X_OK):
         return str(candidate)
     found = shutil.which(name)
     if found:

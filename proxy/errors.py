@@ -8,7 +8,7 @@ include stack traces, hostnames, tokens or raw backend bodies in a message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Mapping
 

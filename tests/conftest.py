@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import OpaServer, RedisServer
+from tests.support.tokens import Issuer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 POLICIES_DIR = REPO_ROOT / "policies"
@@ -101,3 +102,11 @@ def proxy_deps(opa_server, redis_url):
     if not opa_server.running:  # a previous test stopped it
         opa_server.start()
     return {"opa.url": opa_server.url, "redis.url": redis_url}
+
+
+@pytest.fixture(scope="session")
+def issuers(tmp_path_factory):
+    """Two real JWT issuers with their own keys: the agent's platform, and the admins' (approvers/operators)."""
+    directory = tmp_path_factory.mktemp("keys")
+    return (Issuer(directory, issuer="https://platform.test", kid="agent-key"),
+            Issuer(directory, issuer="https://admins.test", kid="admin-key"))

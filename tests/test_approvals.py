@@ -11,16 +11,9 @@ from proxy.approvals import now_ms
 from proxy.store import key
 from tests.support.audit import audit_records
 from tests.support.stack import running_stack
-from tests.support.tokens import Issuer, jwt_overrides
+from tests.support.tokens import jwt_overrides
 
 BIG_REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "customer complaint #4711"}
-
-
-@pytest.fixture(scope="module")
-def issuers(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("keys")
-    return Issuer(directory, issuer="https://platform.test", kid="agent-key"), \
-        Issuer(directory, issuer="https://approvers.test", kid="admin-key")
 
 
 @pytest.fixture

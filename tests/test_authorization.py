@@ -24,13 +24,6 @@ POLICIES = REPO / "policies"
 DEMO_OPA_DATA = REPO / "examples" / "opa"
 
 
-@pytest.fixture(scope="module")
-def issuers(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("keys")
-    return Issuer(directory, issuer="https://platform.test", kid="agent-key"), \
-        Issuer(directory, issuer="https://approvers.test", kid="admin-key")
-
-
 @pytest.fixture
 async def stack(proxy_deps, issuers):
     agent, admin = issuers

@@ -11,17 +11,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.support.stack import assert_envelope, running_stack
-from tests.support.tokens import Issuer, jwt_overrides
+from tests.support.tokens import jwt_overrides
 
 VIEWER_TOOLS = ["get_inventory", "get_order", "get_orders", "get_user_preferences"]
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
-
-
-@pytest.fixture(scope="module")
-def issuers(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("mcp-keys")
-    return Issuer(directory, issuer="https://platform.test", kid="agent-key"), \
-        Issuer(directory, issuer="https://approvers.test", kid="admin-key")
 
 
 @pytest.fixture

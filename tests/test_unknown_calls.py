@@ -12,16 +12,9 @@ import pytest
 from tests.support.audit import audit_records
 from tests.support.metrics import sample, samples, scrape_text
 from tests.support.stack import running_stack
-from tests.support.tokens import Issuer, jwt_overrides
+from tests.support.tokens import jwt_overrides
 
 COUNTER = {"counter": "ctr_demo", "delta": 5}
-
-
-@pytest.fixture(scope="module")
-def issuers(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("keys")
-    return Issuer(directory, issuer="https://platform.test", kid="agent-key"), \
-        Issuer(directory, issuer="https://operators.test", kid="admin-key")
 
 
 @pytest.fixture

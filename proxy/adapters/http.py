@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import re
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
@@ -22,10 +21,8 @@ import aiohttp
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult
+from . import BackendCall, BackendResult, safe_error_fields, safe_value
 
-_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
 
 @dataclass
@@ -206,22 +203,10 @@ def _committed_by_status(status: int, is_write: bool) -> bool | None:
 
 
 def _backend_error(body: bytes) -> dict[str, Any]:
-    """The backend's structured error, reduced to safe machine-readable fields."""
     try:
-        parsed = strict_loads(body, what="backend error")
+        return safe_error_fields(strict_loads(body, what="backend error"))
     except ProxyError:
         return {}
-    error = parsed.get("error") if isinstance(parsed, dict) else None
-    if not isinstance(error, dict):
-        return {}
-    safe: dict[str, Any] = {}
-    if isinstance(error.get("code"), str) and _CODE.match(error["code"]):
-        safe["code"] = error["code"]
-    if isinstance(error.get("field"), str) and _SAFE_VALUE.match(error["field"]):
-        safe["field"] = error["field"]
-    if isinstance(error.get("applied"), bool):
-        safe["applied"] = error["applied"]
-    return safe
 
 
 def _retry_after(value: str | None) -> float | None:
@@ -238,4 +223,4 @@ def _retry_after(value: str | None) -> float | None:
 
 
 def _safe(value: str | None) -> str | None:
-    return value if value and _SAFE_VALUE.match(value) else None
+    return safe_value(value)

@@ -24,9 +24,8 @@ import contextlib
 import contextvars
 import json
 import logging
-import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import httpx2
@@ -49,13 +48,11 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult
+from . import BackendCall, BackendResult, safe_error_fields
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")
 
-_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # JSON-RPC errors that mean "refused before the tool ran".
 _REFUSED = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PARAMS, HEADER_MISMATCH,
                       MISSING_REQUIRED_CLIENT_CAPABILITY, UNSUPPORTED_PROTOCOL_VERSION})
@@ -335,14 +332,7 @@ class McpAdapter:
 
 def _safe_error(structured: Any) -> dict[str, Any]:
     """An upstream tool error reduced to safe machine-readable fields (never its text)."""
-    error = structured.get("error") if isinstance(structured, dict) else None
-    if not isinstance(error, dict):
-        return {}
-    safe: dict[str, Any] = {}
-    if isinstance(error.get("code"), str) and _CODE.match(error["code"]):
-        safe["backend_code"] = error["code"]
-    if isinstance(error.get("field"), str) and _SAFE_VALUE.match(error["field"]):
-        safe["field"] = error["field"]
-    if isinstance(error.get("applied"), bool):
-        safe["applied"] = error["applied"]
+    safe = safe_error_fields(structured)
+    if "code" in safe:
+        safe["backend_code"] = safe.pop("code")
     return safe

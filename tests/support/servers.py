@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from proxy import devstack
 from typing import Any, Iterable, Sequence
 
 __all__ = [
@@ -52,18 +52,11 @@ def free_port() -> int:
 
 
 def find_binary(name: str) -> str:
-    """Find ``name`` in ``<sys.prefix>/bin`` first, then on ``PATH``."""
-    candidate = Path(sys.prefix) / "bin" / name
-    if candidate.is_file() and os.access(candidate, os.X_OK):
-        return str(candidate)
-    found = shutil.which(name)
-    if found:
-        return found
-    raise BinaryNotFound(
-        f"'{name}' not found in {Path(sys.prefix) / 'bin'} or on PATH. "
-        f"Run scripts/setup.sh from the repository root to install the pinned "
-        f"opa, helm and redis-server binaries into .venv/bin."
-    )
+    """Find ``name`` in ``<sys.prefix>/bin`` first, then on ``PATH`` (the same lookup as ``toolproxy dev``)."""
+    try:
+        return devstack.find_binary(name)
+    except FileNotFoundError as exc:
+        raise BinaryNotFound(str(exc)) from None
 
 
 def _stop_process(proc: subprocess.Popen | None) -> None:

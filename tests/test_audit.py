@@ -62,6 +62,9 @@ async def test_a_successful_write_has_an_intent_and_a_final_record(stack, capsys
         assert record["schema_version"].startswith("sha256:")
         assert record["attempt"] == 1 and "deadline_at" in record
     assert intent["args_hash"] == final["args_hash"]
+    # The lock's fencing token: the same one the backend was given.
+    fencing = int(stack.backend.requests[-1]["headers"]["X-Fencing-Token"])
+    assert intent["fencing_token"] == final["fencing_token"] == fencing
     assert "outcome" not in intent
     assert final["outcome"] == "succeeded" and final["side_effect_committed"] is True
     assert "error_code" not in final

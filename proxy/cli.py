@@ -23,7 +23,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="toolproxy", description="Policy-driven sidecar proxy for AI-agent tool calls.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="run the sidecar (agent API, ops listener)",
+    run = sub.add_parser("run", help="run the sidecar (agent, admin and ops listeners)",
                          description="Run the sidecar. Settings come from --config (YAML) and TOOLPROXY_* "
                                      "environment variables; see `toolproxy config-reference`.")
     run.add_argument("--config", "-c", help="YAML config file (optional)")

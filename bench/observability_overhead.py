@@ -18,6 +18,7 @@ import sys
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.servers import real_dependencies
 from tests.support.stack import running_stack
 
 
@@ -29,8 +30,8 @@ def _quantile(buckets: list[tuple[float, float]], q: float) -> float:
     return float("inf")
 
 
-async def main(n: int) -> None:
-    async with running_stack() as stack:
+async def main(n: int, deps: dict[str, str]) -> None:
+    async with running_stack(deps) as stack:
         for i in range(n):
             await stack.call("get_order", {"order_id": "ord_1001"})
             await stack.call("adjust_counter", {"counter": "ctr_bench", "delta": 1})
@@ -58,5 +59,5 @@ async def main(n: int) -> None:
 
 if __name__ == "__main__":
     count = int(sys.argv[1]) if len(sys.argv) > 1 else 500
-    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
-        asyncio.run(main(count))
+    with real_dependencies() as deps, open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        asyncio.run(main(count, deps))

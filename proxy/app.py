@@ -118,7 +118,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             config=config.reconcile, metrics=metrics, audit=audit)
     reconciler.start()
     scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
-                          metrics=metrics)
+                          metrics=metrics, audit=audit)
     return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                    pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
                    policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,

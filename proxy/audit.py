@@ -38,7 +38,10 @@ from .normalize import canonical_json, sha256_hex
 from .registry import ToolContract, thaw
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .pipeline import CallState
+    from .envelope import Timing
+    from .identity import Caller
+    from .pipeline import CallState, ToolCallRequest
+    from .plan import Footprint
 
 log = logging.getLogger("toolproxy.audit")
 
@@ -52,7 +55,7 @@ FIELDS = frozenset({
     "request_id", "trace_id", "call_id", "run_id", "tool", "tool_version", "schema_version", "tenant",
     "subject", "agent", "idempotency_key", "args_hash", "arguments", "resources_hash", "policy",
     "approval_id", "attempt", "started_at", "deadline_at", "finished_at", "duration_ms", "outcome",
-    "error_code", "side_effect_committed", "backend_request_id", "fencing_token", "result_hash", "details",
+    "error_code", "side_effect_attempted", "side_effect_committed", "blocked_by", "backend_request_id", "fencing_token", "result_hash", "details",
 })
 
 # Argument keys masked even when a contract forgot to list them.
@@ -215,12 +218,44 @@ class Auditor:
             duration_ms=envelope["timing"]["duration_ms"],
             outcome=envelope["outcome"],
             error_code=error.get("code"),
+            side_effect_attempted=envelope["side_effect"]["attempted"],
             side_effect_committed=envelope["side_effect"]["committed"],
             backend_request_id=state.backend_request_id or _safe_str((error.get("details") or {})
                                                                      .get("backend_request_id")),
             result_hash=state.result_hash,
         )
         return await self.record("tool_call", **fields)
+
+    async def call_not_started(self, request: "ToolCallRequest", caller: "Caller", fp: "Footprint",
+                               timing: "Timing", envelope: Mapping[str, Any]) -> bool:
+        """The one record of a batch call the scheduler never started (``cancelled`` behind a failed
+        ``block`` dependency, or ``timeout_not_started``), from what the plan knew about it.
+
+        Nothing was attempted, so a failed sink is counted and logged like any
+        final record, never turned into an error, whatever the failure policy.
+        """
+        meta, tool, error = request.meta, fp.tool, envelope.get("error") or {}
+        deadline_at = None
+        if timing.deadline_ms is not None:
+            deadline_at = iso(timing.started_wall + timing.deadline_ms / 1000.0)
+        return await self.record(
+            "tool_call", request_id=meta.request_id, trace_id=meta.trace.trace_id,
+            call_id=_call_id(request.call_id), run_id=meta.run_id,
+            tool=tool.name if tool else _safe_str(request.tool, truncate=True),
+            tool_version=tool.version if tool else None,
+            schema_version=self._schema_version(tool) if tool else None,
+            tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+            args_hash=fp.args_hash,
+            arguments=redact(fp.arguments, tool.sensitive_fields, self._config.max_string_chars)
+            if tool and fp.args_hash is not None else None,
+            resources_hash=sha256_hex("\n".join(r.id for r in fp.resources).encode()) if fp.resources else None,
+            approval_id=meta.approval_id, attempt=0,
+            started_at=envelope["timing"]["started_at"], deadline_at=deadline_at,
+            finished_at=envelope["timing"]["finished_at"], duration_ms=envelope["timing"]["duration_ms"],
+            outcome=envelope["outcome"], error_code=error.get("code"),
+            side_effect_attempted=False, side_effect_committed=False,
+            blocked_by=[_call_id(c) for c in envelope.get("blocked_by") or ()] or None,
+        )
 
     def _call_fields(self, state: "CallState") -> dict[str, Any]:
         request, meta, caller, tool = state.request, state.request.meta, state.caller, state.tool

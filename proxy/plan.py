@@ -20,7 +20,7 @@ path are not given a redundant edge.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
 from .decode import decode_arguments
@@ -168,6 +168,7 @@ class Footprint:
     tool: ToolContract | None
     resources: tuple[ResourceRef, ...] = ()
     args_hash: str | None = None
+    arguments: Any = field(default=None, compare=False)  # normalized (for the audit record of a call never started)
 
 
 def footprint(registry: Registry, call: PlannedCall) -> Footprint:
@@ -179,7 +180,7 @@ def footprint(registry: Registry, call: PlannedCall) -> Footprint:
         normalized = normalize(tool, decode_arguments(call.arguments, tool.input_validator))
     except ProxyError:
         return Footprint(tool)  # the pipeline refuses it before any effect; nothing to order
-    return Footprint(tool, normalized.resources, normalized.args_hash)
+    return Footprint(tool, normalized.resources, normalized.args_hash, normalized.arguments)
 
 
 def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:

@@ -3,7 +3,8 @@
 Owns: when each call of a batch starts — after every predecessor in the DAG
 (``proxy/plan.py``) has finished, never when a ``block`` dependency did not
 succeed (``cancelled`` with ``blocked_by``), never after the batch deadline
-(``timeout_not_started``), and within the concurrency limits per batch, per
+(``timeout_not_started``) — such a call still gets its one audit record
+(``Auditor.call_not_started``) — and within the concurrency limits per batch, per
 tenant and per tool (``scheduler.*`` settings; the tenant and tool limits are
 held by the one ``Scheduler`` on the process's ``Runtime``, so they are shared
 by every batch of this process). Independent ready calls run
@@ -29,6 +30,7 @@ from dataclasses import replace
 from typing import Any, AsyncIterator, Mapping
 
 from . import envelope
+from .audit import Auditor
 from .config import DeadlineConfig, SchedulerConfig
 from .deadline import Deadline
 from .envelope import Timing
@@ -75,8 +77,9 @@ class ConcurrencyLimits:
 
 class Scheduler:
     def __init__(self, *, pipeline: Pipeline, registry: Registry, config: SchedulerConfig,
-                 deadline: DeadlineConfig, metrics: Metrics) -> None:
+                 deadline: DeadlineConfig, metrics: Metrics, audit: Auditor) -> None:
         self._pipeline = pipeline
+        self._audit = audit
         self._registry = registry
         self._config = config
         self._margin_s = deadline.margin_ms / 1000.0
@@ -132,10 +135,11 @@ class Scheduler:
                     blockers = [e.before for e in edges if e.kind == "depends_on" and e.failure_policy == BLOCK
                                 and results[e.before]["outcome"] != "succeeded"]
                     if blockers:
-                        results[call_id] = self._not_started(calls[call_id], footprints[call_id], meta,
-                                                             blocked_by=blockers)
+                        results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
+                                                                   caller, blocked_by=blockers)
                     elif meta.deadline.budget(float("inf"), self._margin_s) <= 0:
-                        results[call_id] = self._not_started(calls[call_id], footprints[call_id], meta)
+                        results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
+                                                                   caller)
                     elif len(running) < self._config.max_parallel:
                         task = asyncio.get_running_loop().create_task(
                             self._run_call(plan, calls[call_id], footprints[call_id], meta, caller))
@@ -164,12 +168,12 @@ class Scheduler:
                 async with asyncio.timeout(meta.deadline.budget(float("inf"), self._margin_s)):
                     await held.enter_async_context(self._limits.slot(caller.tenant, fp.tool.name if fp.tool else None))
             except TimeoutError:
-                return self._not_started(call, fp, meta)
+                return await self._not_started(plan, call, fp, meta, caller)
             result = await self._pipeline.execute(plan.request(call, meta), caller)
             return result.envelope
 
-    def _not_started(self, call: PlannedCall, fp: Footprint, meta: RequestMeta,
-                     blocked_by: list[str] | None = None) -> dict[str, Any]:
+    async def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
+                           caller: Caller, blocked_by: list[str] | None = None) -> dict[str, Any]:
         if blocked_by:
             error = ProxyError("cancelled", "Not started: a call it depends on did not succeed.",
                                details={"blocked_by": blocked_by}, phase="schedule")
@@ -185,4 +189,5 @@ class Scheduler:
                              idempotency_key=None, timing=timing,
                              extra={"blocked_by": blocked_by} if blocked_by else None)
         self._metrics.calls.labels(fp.tool.name if fp.tool else "unknown", env["outcome"], error.code).inc()
+        await self._audit.call_not_started(plan.request(call, meta), caller, fp, timing, env)  # fail-open: no effect
         return env

@@ -194,3 +194,62 @@ async def test_a_call_that_needs_approval_names_the_approval_it_created(proxy_de
     assert created and created[0]["approval_id"] == env["error"]["details"]["approval_id"]
     assert call["approval_id"] == env["error"]["details"]["approval_id"]
     assert call["policy"]["result"] == "require_approval" and call["error_code"] == "approval_required"
+
+
+def _sent(stack, call_id: str) -> list[dict]:
+    return [r for r in stack.backend.requests if r["headers"].get("X-Call-Id") == call_id]
+
+
+async def test_a_batch_call_cancelled_behind_a_failed_dependency_has_its_own_record(stack, capsys):
+    await stack.fault("refund_order", "http_503_not_applied", count=1)
+    calls = [{"call_id": "A", "tool": "refund_order", "arguments": REFUND},
+             {"call_id": "B", "tool": "send_confirmation", "arguments": {"order_id": "ord_1001", "channel": "sms"},
+              "depends_on": [{"call_id": "A", "failure_policy": "block"}]}]
+    status, body = await stack.batch(calls, headers={"traceparent": TRACE, "X-Run-Id": "run-9",
+                                                     "X-Request-Id": "req-b1", "Idempotency-Key": "audit-b1"})
+    assert status == 200 and [env["outcome"] for env in body["results"]] == ["failed", "cancelled"]
+    records = audit_records(capsys.readouterr().out)
+    finals = {r["call_id"]: r for r in records if r["kind"] == "tool_call"}
+    assert set(finals) == {"A", "B"}  # one final record per requested call
+    b = finals["B"]
+    assert (b["outcome"], b["error_code"], b["blocked_by"]) == ("cancelled", "cancelled", ["A"])
+    assert (b["side_effect_attempted"], b["side_effect_committed"], b["attempt"]) == (False, False, 0)
+    assert (b["request_id"], b["trace_id"], b["run_id"]) == ("req-b1", "ab" * 16, "run-9")
+    assert (b["tool"], b["tool_version"]) == ("send_confirmation", "1.0.0")
+    assert (b["tenant"], b["subject"], b["agent"]) == ("acme", "dev-user", "dev-agent")
+    assert len(b["args_hash"]) == 64 and b["arguments"] == {"order_id": "ord_1001", "channel": "sms"}
+    assert finals["A"]["side_effect_attempted"] is True and "blocked_by" not in finals["A"]
+    assert not any(r["kind"] == "tool_call_intent" and r["call_id"] == "B" for r in records)
+    assert _sent(stack, "B") == [] and _sent(stack, "A")
+
+
+async def test_a_batch_call_the_deadline_never_reached_has_its_own_record(stack, capsys):
+    await stack.fault("get_order", "slow", delay_ms=1000, count=1)
+    calls = [{"call_id": "slow", "tool": "get_order", "arguments": {"order_id": "ord_1001"}},
+             {"call_id": "late", "tool": "refund_order", "arguments": REFUND,
+              "depends_on": [{"call_id": "slow", "failure_policy": "continue"}]}]
+    status, body = await stack.batch(calls, headers={"Request-Timeout": "0.4", "Idempotency-Key": "audit-b2"})
+    assert status == 200 and body["results"][1]["error"]["code"] == "timeout_not_started"
+    records = audit_records(capsys.readouterr().out)
+    [late] = [r for r in records if r["kind"] == "tool_call" and r["call_id"] == "late"]
+    assert (late["outcome"], late["error_code"]) == ("failed", "timeout_not_started")
+    assert (late["side_effect_attempted"], late["side_effect_committed"]) == (False, False)
+    assert "blocked_by" not in late and "deadline_at" in late
+    assert late["arguments"]["reason"] == MASK  # the contract's sensitive field, redacted as for any call
+    assert _sent(stack, "late") == []
+
+
+async def test_a_dead_sink_does_not_fail_a_batch_for_a_call_that_never_started(opa_server, tmp_path):
+    dead = "redis://127.0.0.1:9/0"
+    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"],
+                              "audit.on_failure_read": "fail_open", "audit.on_failure_write": "fail_closed",
+                              **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
+        calls = [{"call_id": "x", "tool": "no_such_tool", "arguments": {}},
+                 {"call_id": "y", "tool": "bump_counter", "arguments": COUNTER, "depends_on": ["x"]}]
+        status, body = await stack.batch(calls)
+        assert status == 200
+        assert [env["error"]["code"] for env in body["results"]] == ["tool_not_found", "cancelled"]
+        failures = stack.runtime.metrics.registry.get_sample_value("toolproxy_audit_write_failures_total",
+                                                                   {"sink": "redis"})
+        assert failures == 2  # x's final record and y's never-started record, both counted
+        assert stack.backend.requests == []

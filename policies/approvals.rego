@@ -38,16 +38,30 @@ needs contains "financial_without_threshold" if {
 # The proxy already checked the approval in Redis (state, binding, expiry,
 # single use); the policy checks the binding again so that a proxy bug can
 # never turn an approval for one call into an approval for another.
-satisfied if {
-	approval := input.approval
-	approval.status == "approved"
+bound(approval) if {
 	approval.subject == input.subject.id
 	approval.tenant == input.subject.tenant
 	approval.tool == input.tool.name
 	approval.tool_version == input.tool.version
 	approval.args_hash == input.args_hash
 	approval.approver != input.subject.id
+}
+
+satisfied if {
+	approval := input.approval
+	approval.status == "approved"
+	bound(approval)
 	approval.expires_at_ms * 1000000 > time.now_ns()
+}
+
+# "used": spent by this very operation (the proxy matched the operation key).
+# Such a call only ever sees that operation's recorded outcome (the proxy's
+# idempotency stage never reserves the key for it), so expiry does not matter;
+# the rest of the policy (tool, resource, scope, tenant) still applies.
+satisfied if {
+	approval := input.approval
+	approval.status == "used"
+	bound(approval)
 }
 
 deny contains "approval_invalid" if {

@@ -72,3 +72,11 @@ test_approval_cannot_lift_a_denial if {
 	inp := with_approval(fixtures.call("refund_order", {"order_id": "ord_9", "amount": 6000}, ["order:ord_9"]), {})
 	fixtures.decide(inp).reasons == ["resource_not_owned:order:ord_9"]
 }
+
+test_approval_spent_by_this_operation_allows_even_after_expiry if {
+	fixtures.decide(with_approval(refund(6000), {"status": "used", "expires_at_ms": 1})).allow
+}
+
+test_spent_approval_keeps_its_binding if {
+	fixtures.decide(with_approval(refund(6000), {"status": "used", "args_hash": "hash-2"})).reasons == ["approval_invalid"]
+}

@@ -2,12 +2,14 @@
 
 Owns: the approval record — bound to subject, tenant, tool, tool version,
 ``args_hash``, risk and expiry — its life cycle (pending -> approved | denied,
-approved -> used once), the checks on a re-submission with ``X-Approval-Id``,
+approved -> used once, by one operation key), the checks on a re-submission with ``X-Approval-Id``,
 the atomic single-use consumption (Lua, one key, so it holds on Redis Cluster
 and under concurrent re-submits), the approver's list/approve/deny, and the
 approval metrics. Must never: let the requester approve their own call, let an
 approval of one call authorize another (other arguments, tool, version,
-subject or tenant), be used twice, or store sensitive argument values in the
+subject or tenant), be used twice (a spent approval re-presented by the very
+operation it was spent on is only ``replay_only``: it lets the duplicate see
+that operation's recorded outcome, never run it again), or store sensitive argument values in the
 summary shown to approvers.
 """
 
@@ -38,18 +40,24 @@ REDACTED = "[redacted]"
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
 
 # Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
-# consume ("1" marks it used), used_by. Returns {verdict} or {"ok"}.
+# consume ("1" marks it used), used_by, operation key ("" = none; recorded as used_for when consuming).
+# Returns a verdict or "ok". "replay_only": the approval was spent by exactly this operation (same binding,
+# same operation key) — it may let the duplicate see that operation's outcome, never run anything.
 _CHECK = """
 local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'tool', 'tool_version', 'args_hash',
-                     'expires_at_ms', 'used_at_ms')
+                     'expires_at_ms', 'used_at_ms', 'used_for')
 if not f[1] or f[2] ~= ARGV[2] then return 'not_found' end
 if f[1] == 'pending' then return 'pending' end
 if f[1] == 'denied' then return 'denied' end
-if f[8] then return 'used' end
+local bound = f[3] == ARGV[3] and f[4] == ARGV[4] and f[5] == ARGV[5] and f[6] == ARGV[6]
+if f[8] then
+  if ARGV[7] ~= '1' and ARGV[9] ~= '' and f[9] == ARGV[9] and bound then return 'replay_only' end
+  return 'used'
+end
 if tonumber(f[7]) <= tonumber(ARGV[1]) then return 'expired' end
-if f[3] ~= ARGV[3] or f[4] ~= ARGV[4] or f[5] ~= ARGV[5] or f[6] ~= ARGV[6] then return 'mismatch' end
+if not bound then return 'mismatch' end
 if ARGV[7] == '1' then
-  redis.call('HSET', KEYS[1], 'used_at_ms', ARGV[1], 'used_by', ARGV[8])
+  redis.call('HSET', KEYS[1], 'used_at_ms', ARGV[1], 'used_by', ARGV[8], 'used_for', ARGV[9])
 end
 return 'ok'
 """
@@ -81,10 +89,11 @@ class Approval:
     risk: str
     expires_at_ms: int
     approver: str | None
+    replay_only: bool = False  # spent by this very operation: the call may only see its recorded outcome
 
     def policy_input(self) -> dict[str, Any]:
-        """``input.approval`` for OPA."""
-        return {"id": self.id, "status": self.status, "subject": self.subject, "tenant": self.tenant,
+        """``input.approval`` for OPA (status "used" for a replay-only approval)."""
+        return {"id": self.id, "status": "used" if self.replay_only else self.status, "subject": self.subject, "tenant": self.tenant,
                 "tool": self.tool, "tool_version": self.tool_version, "args_hash": self.args_hash,
                 "risk": self.risk, "approver": self.approver or "", "expires_at_ms": self.expires_at_ms}
 
@@ -173,13 +182,15 @@ class ApprovalStore:
         return approval_id, expires
 
     async def presented(self, approval_id: str, caller: Caller, tool: ToolContract,
-                        normalized: NormalizedCall) -> Approval:
-        """The approval sent with X-Approval-Id, checked (not consumed) against this call."""
-        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=False)
+                        normalized: NormalizedCall, *, operation_key: str | None = None) -> Approval:
+        """The approval sent with X-Approval-Id, checked (not consumed) against this call. An approval
+        already spent by this call's own operation comes back with ``replay_only`` set."""
+        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=False,
+                                        operation_key=operation_key)
         if verdict == "pending":
             raise ProxyError("approval_required", "The approval is still waiting for a decision.",
                              details={"approval_id": approval_id}, phase="authorize")
-        if verdict != "ok":
+        if verdict not in ("ok", "replay_only"):
             self._metrics.approvals.labels("expired" if verdict == "expired" else "mismatch").inc()
             raise _mismatch(verdict, approval_id)
         try:
@@ -190,12 +201,15 @@ class ApprovalStore:
         return Approval(id=approval_id, status=record["status"], subject=record["subject"],
                         tenant=record["tenant"], tool=record["tool"], tool_version=record["tool_version"],
                         args_hash=record["args_hash"], risk=record["risk"],
-                        expires_at_ms=int(record["expires_at_ms"]), approver=record.get("approver"))
+                        expires_at_ms=int(record["expires_at_ms"]), approver=record.get("approver"),
+                        replay_only=verdict == "replay_only")
 
     async def consume(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                      *, used_by: str) -> None:
-        """Mark the approval used, atomically with all its checks: one call per approval."""
-        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=True, used_by=used_by)
+                      *, used_by: str, operation_key: str | None = None) -> None:
+        """Mark the approval used, atomically with all its checks: one call per approval. The operation
+        key it was spent on is recorded (a duplicate of that operation may later see its outcome)."""
+        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=True, used_by=used_by,
+                                        operation_key=operation_key)
         if verdict != "ok":
             self._metrics.approvals.labels("mismatch").inc()
             raise _mismatch(verdict if verdict != "pending" else "mismatch", approval_id)
@@ -205,11 +219,11 @@ class ApprovalStore:
                                  args_hash=normalized.args_hash, details={"state": "consumed"})
 
     async def _run_check(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                         *, consume: bool, used_by: str = "") -> str:
+                         *, consume: bool, used_by: str = "", operation_key: str | None = None) -> str:
         try:
             verdict = await self._check(keys=[self._key(approval_id)], args=[
                 now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
-                "1" if consume else "0", used_by])
+                "1" if consume else "0", used_by, operation_key or ""])
         except RedisError:
             raise _unavailable() from None
         return verdict.decode() if isinstance(verdict, bytes) else str(verdict)

@@ -7,8 +7,14 @@ Owns: the order of the authorization steps — check a presented approval
 (``approvals``), ask OPA once with it (``policy``), then either consume the
 approval atomically (allow), open a new pending approval (require_approval)
 or refuse (deny) — and what of the decision stays with the call for the audit
-trail. Must never: decide without OPA, show the policy's reasons to the model,
-or let anything from the tool arguments stand in for identity or approval.
+trail. An approval already spent by this call's own operation (same binding,
+same operation key) is still shown to OPA (as status "used"), so revoked
+roles, tools or tenants still deny; when OPA allows, nothing is consumed and
+the call is marked ``replay_only``: the idempotency stage may then only answer
+from that operation's record, never reserve it for a new execution.
+Must never: decide without OPA, show the policy's reasons to the model, let a
+spent approval authorize a new execution, or let anything from the tool
+arguments stand in for identity or approval.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ class Authorization:
     decision: Decision | None
     approval_id: str | None = None   # consumed by this call, or created for it
     error: ProxyError | None = None
+    replay_only: bool = False        # allowed only on an approval spent by this operation: never execute
 
     def audit_facts(self) -> tuple[str | None, tuple[str, ...], str | None, str | None, str | None]:
         """(policy result, reasons, OPA decision id, policy revision, risk) for the call's audit record.
@@ -55,17 +62,19 @@ class Authorizer:
 
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
-                        budget_s: float | None) -> Authorization:
+                        budget_s: float | None, operation_key: str | None = None) -> Authorization:
         try:
-            return await self._authorize(caller, tool, normalized, request, approval_id, budget_s)
+            return await self._authorize(caller, tool, normalized, request, approval_id, budget_s, operation_key)
         except ProxyError as error:
             return Authorization(decision=None, approval_id=approval_id, error=error)
 
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                         request: RequestFacts, approval_id: str | None, budget_s: float | None) -> Authorization:
+                         request: RequestFacts, approval_id: str | None, budget_s: float | None,
+                         operation_key: str | None) -> Authorization:
         approval = None
         if approval_id is not None:
-            approval = await self._approvals.presented(approval_id, caller, tool, normalized)
+            approval = await self._approvals.presented(approval_id, caller, tool, normalized,
+                                                       operation_key=operation_key)
         document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                normalized=normalized,
                                approval=approval.policy_input() if approval is not None else None)
@@ -74,10 +83,13 @@ class Authorizer:
         details = {k: v for k, v in (("decision_id", decision.decision_id),
                                      ("policy_revision", decision.policy_revision)) if v}
         if decision.allow:
+            if approval is not None and approval.replay_only:
+                return Authorization(decision=decision, approval_id=approval_id, replay_only=True)
             if approval_id is not None:
                 # Single use: a concurrent re-submission of the same approval loses here.
                 await self._approvals.consume(approval_id, caller, tool, normalized,
-                                              used_by=f"{request.request_id}:{secrets.token_hex(4)}")
+                                              used_by=f"{request.request_id}:{secrets.token_hex(4)}",
+                                              operation_key=operation_key)
             return Authorization(decision=decision, approval_id=approval_id)
         if decision.require_approval:
             new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,

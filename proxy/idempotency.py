@@ -30,7 +30,15 @@ mandatory: ``idempotency_key_required``, before anything is sent). Reads
 without ``required`` run without a record (they are safe to retry, and
 caching them would serve stale data).
 
+A call authorized only by an approval already spent on this very operation
+(``replay_only_for``, see proxy/authorize.py) is answered from the record
+alone: SUCCEEDED replays, IN_PROGRESS / UNKNOWN / FAILED_FINAL answer as for
+any duplicate, but an absent or FAILED_RETRYABLE record — which would need a
+new execution — is ``approval_mismatch`` (reason ``used``): a re-run needs a
+fresh approval.
+
 Must never: send anything to a backend, re-execute an UNKNOWN operation, let
+a spent approval reserve a key for a new execution, let
 a write run when its record cannot be written (Redis down: fail closed), or
 use caller-supplied identity other than the two headers above.
 """
@@ -164,8 +172,10 @@ class IdempotencyStage:
         return op
 
     async def admit(self, op: OperationKey | None, *, caller: Caller, tool: ToolContract,
-                    normalized: NormalizedCall, meta: "RequestMeta", call_id: str) -> Admission:
-        """Reserve the operation key for this call, or say why it must not run now."""
+                    normalized: NormalizedCall, meta: "RequestMeta", call_id: str,
+                    replay_only_for: str | None = None) -> Admission:
+        """Reserve the operation key for this call, or say why it must not run now. With
+        ``replay_only_for`` (the spent approval's id) nothing is reserved: the record's outcome or nothing."""
         if op is None:
             return NO_RECORD
         budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
@@ -181,7 +191,8 @@ class IdempotencyStage:
                     op.key, fingerprint=op.fingerprint, nonce=nonce, lease_ms=self._lease_ms(budget),
                     retention_s=tool.retention_seconds, is_write=tool.is_write,
                     max_attempts=self._config.max_attempts, meta=record_meta,
-                    first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms)
+                    first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
+                    observe=replay_only_for is not None)
             except redis.exceptions.RedisError:
                 return self._store_down(tool)
             status = answer.status
@@ -190,6 +201,13 @@ class IdempotencyStage:
                 if left > 0:
                     await asyncio.sleep(min(left, self._config.wait_poll_ms / 1000.0))
                     continue
+            if status == "not_admitted":
+                raise ProxyError("approval_mismatch",
+                                 "The approval was already used by this operation, which has no result to return "
+                                 "and would have to run again; a new run needs a new approval.",
+                                 details={"approval_id": replay_only_for, "reason": "used",
+                                          "idempotency_key": op.key, "state": answer.text(0)},
+                                 phase="idempotency")
             return self._decide(tool, op.key, answer)
 
     def _decide(self, tool: ToolContract, key: str, answer: Any) -> Admission:

@@ -71,9 +71,11 @@ local function settle(state, outcome, evidence)
 end
 """
 
-# ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms
+# ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms,
+#       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state))
 _BEGIN = _PRELUDE + r"""
 local fp, nonce = ARGV[2], ARGV[3]
+local observe = ARGV[11] == "1"
 local lease_ms, retention_s, max_attempts = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
 local function start(attempt, token)
   redis.call('HSET', rec, 'state', 'IN_PROGRESS', 'attempt', attempt, 'token', token, 'owner', nonce,
@@ -85,6 +87,7 @@ local function start(attempt, token)
 end
 local state = field('state')
 if not state then
+  if observe then return {'not_admitted', 'ABSENT'} end
   redis.call('HSET', rec, 'fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'created_at', now,
              'retention', retention_s)
   return start(1, 1)
@@ -107,6 +110,7 @@ end
 if state == 'SUCCEEDED' then return {'replay', field('outcome') or ''} end
 if state == 'FAILED_FINAL' then return {'final', field('outcome') or '', field('final_reason') or ''} end
 if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then return {'unknown', state, 0} end
+if observe then return {'not_admitted', state} end
 local attempt = tonumber(field('attempt'))
 if attempt >= max_attempts then
   redis.call('HSET', rec, 'final_reason', 'attempts_exhausted')
@@ -331,11 +335,12 @@ class OperationStore:
     # -- transitions -----------------------------------------------------------
     async def begin(self, key: str, *, fingerprint: str, nonce: str, lease_ms: int, retention_s: int,
                     is_write: bool, max_attempts: int, meta: Mapping[str, Any], first_check_ms: int,
-                    window_ms: int) -> Transition:
+                    window_ms: int, observe: bool = False) -> Transition:
         """new/retry (token, attempt) | in_progress (ms left) | replay (outcome) | final (outcome, reason)
-        | unknown (state, 1 if it just became unknown) | conflict (state) | exhausted (attempt)."""
+        | unknown (state, 1 if it just became unknown) | conflict (state) | exhausted (attempt)
+        | not_admitted (state; ``observe`` only: a new execution would be needed, nothing was reserved)."""
         return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
-                               max_attempts, _dumps(meta), first_check_ms, window_ms)
+                               max_attempts, _dumps(meta), first_check_ms, window_ms, int(observe))
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
                      evidence: Mapping[str, Any], first_check_ms: int, window_ms: int) -> Transition:

@@ -207,7 +207,8 @@ class Pipeline:
                 state.caller, tool, normalized,
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id),
-                approval_id=meta.approval_id, budget_s=meta.deadline.remaining())
+                approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
+                operation_key=op.key if op else None)
             (state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision,
              state.policy_risk) = auth.audit_facts()
             state.approval_id = auth.approval_id
@@ -215,7 +216,8 @@ class Pipeline:
                 raise auth.error
         with self._stage(state, "idempotency"):  # the record is created only once the call is authorized
             admission = state.admission = await self._idempotency.admit(
-                op, caller=state.caller, tool=tool, normalized=normalized, meta=meta, call_id=request.call_id)
+                op, caller=state.caller, tool=tool, normalized=normalized, meta=meta, call_id=request.call_id,
+                replay_only_for=auth.approval_id if auth.replay_only else None)
             state.idempotency_key = admission.key
             state.attempt = max(1, admission.attempt)
         if admission.replay is not None:

@@ -200,3 +200,80 @@ async def test_destructive_tool_always_needs_approval(stack, approver):
     status, env = await stack.call("delete_customer", {"customer_id": "cus_1002"},
                                    headers={"X-Approval-Id": approval_id})
     assert status == 200, env
+
+
+async def approved(stack, approver, key: str, arguments=BIG_REFUND) -> str:
+    approval_id = await request_approval(stack, arguments, headers={"Idempotency-Key": key})
+    assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200
+    return approval_id
+
+
+async def test_lost_response_is_replayed_with_the_spent_approval(stack, approver, capsys):
+    """The answer to an approved write was lost: the same call, approval and key get the stored result."""
+    same = {"Idempotency-Key": "refund-4711"}
+    approval_id = await approved(stack, approver, "refund-4711")
+    status, first = await stack.call("refund_order", BIG_REFUND, headers={**same, "X-Approval-Id": approval_id})
+    assert status == 200 and "replayed" not in first, first
+    assert stack.backend.effect_counts()["refund_order"] == 1
+
+    status, again = await stack.call("refund_order", BIG_REFUND, headers={**same, "X-Approval-Id": approval_id})
+    assert status == 200, again
+    assert again["replayed"] is True
+    assert again["data"] == first["data"] and again["idempotency_key"] == first["idempotency_key"]
+    assert stack.backend.effect_counts()["refund_order"] == 1
+    assert sample(stack, "toolproxy_approvals_total", {"state": "consumed"}) == 1
+
+    records = audit_records(capsys.readouterr().out)
+    assert [r["details"]["state"] for r in records if r["kind"] == "approval"] == ["created", "approved", "consumed"]
+    calls = [r for r in records if r["kind"] == "tool_call"]
+    # Authorization was recomputed for the duplicate too: OPA was asked and allowed it.
+    assert [c.get("policy", {}).get("result") for c in calls] == ["require_approval", "allow", "allow"]
+
+
+async def test_spent_approval_cannot_cover_another_operation(stack, approver, issuers):
+    agent, _ = issuers
+    same = {"Idempotency-Key": "refund-4712"}
+    approval_id = await approved(stack, approver, "refund-4712")
+    status, env = await stack.call("refund_order", BIG_REFUND, headers={**same, "X-Approval-Id": approval_id})
+    assert status == 200, env
+    # another Idempotency-Key: a new operation, which the spent approval cannot authorize
+    status, env = await stack.call("refund_order", BIG_REFUND,
+                                   headers={"Idempotency-Key": "refund-4713", "X-Approval-Id": approval_id})
+    assert status == 403 and env["error"]["code"] == "approval_mismatch", env
+    assert env["error"]["details"]["reason"] == "used"
+    # other arguments under the same key
+    status, env = await stack.call("refund_order", {**BIG_REFUND, "amount": 7000},
+                                   headers={**same, "X-Approval-Id": approval_id})
+    assert env["error"]["code"] == "approval_mismatch" and env["error"]["details"]["reason"] == "used"
+    # the same call by another caller of the tenant
+    status, env = await stack.call("refund_order", BIG_REFUND, headers={
+        **same, "X-Approval-Id": approval_id, "Authorization": f"Bearer {agent.token('mallory')}"})
+    assert env["error"]["code"] == "approval_mismatch" and env["error"]["details"]["reason"] == "used"
+    assert stack.backend.effect_counts()["refund_order"] == 1
+
+
+async def test_spent_approval_does_not_rerun_a_retryable_failure(stack, approver):
+    """The approved run failed without effect (FAILED_RETRYABLE): running it again needs a fresh approval."""
+    same = {"Idempotency-Key": "refund-4714"}
+    approval_id = await approved(stack, approver, "refund-4714")
+    await stack.fault("refund_order", "http_503_not_applied", count=1)
+    status, env = await stack.call("refund_order", BIG_REFUND, headers={**same, "X-Approval-Id": approval_id})
+    assert env["error"]["code"] == "dependency_unavailable" and env["side_effect"]["committed"] is False, env
+    _, record = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert record["state"] == "FAILED_RETRYABLE"
+
+    status, env = await stack.call("refund_order", BIG_REFUND, headers={**same, "X-Approval-Id": approval_id})
+    assert status == 403 and env["error"]["code"] == "approval_mismatch", env
+    assert env["error"]["details"]["reason"] == "used"
+    assert env["error"]["details"]["state"] == "FAILED_RETRYABLE"
+    assert env["side_effect"] == {"attempted": False, "committed": False}
+    _, record = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert record["state"] == "FAILED_RETRYABLE" and record["attempt"] == 1  # nothing was reserved
+    assert stack.backend.effect_counts().get("refund_order", 0) == 0
+
+    fresh = await approved(stack, approver, "refund-4714")
+    status, env = await stack.call("refund_order", BIG_REFUND, headers={**same, "X-Approval-Id": fresh})
+    assert status == 200, env
+    _, record = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert record["state"] == "SUCCEEDED" and record["attempt"] == 2
+    assert stack.backend.effect_counts()["refund_order"] == 1

@@ -150,7 +150,10 @@ async def test_unprotected_read_modify_write_loses_updates(stack):
 async def test_two_proxies_apply_every_update_exactly(proxy_deps):
     """Lost update (seed 001 section 5.1): x += 10 and x += 20, 100 times each, through two proxies
     (two runtimes with their own Redis pools and HTTP sessions) sharing one Redis and one backend."""
-    settings = {**proxy_deps, "opa.timeout_ms": 10000}  # 200 calls at once on a shared 2-core machine
+    # 200 calls at once on a shared 2-core machine: generous dependency timeouts and lease, so the
+    # test measures exactness, not how fast a loaded machine answers.
+    settings = {**proxy_deps, "opa.timeout_ms": 10000, "redis.timeout_ms": 5000, "locks.lease_ms": 20000,
+                "locks.renew_interval_ms": 2000}
     async with running_stack(settings) as a, running_stack(settings, share=a) as b:
         calls = [a.call("adjust_counter", {"counter": "ctr_race", "delta": 10}, call_id=f"a{i}",
                         headers={"Request-Timeout": "60"}) for i in range(100)]

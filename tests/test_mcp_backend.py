@@ -93,7 +93,11 @@ async def test_unreachable_upstream_is_not_started_and_recovers(tmp_path, proxy_
 @pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
 async def test_sent_write_without_answer_is_unknown(tmp_path, upstream_mode, proxy_deps):
     async with mcp_stack(tmp_path, proxy_deps, upstream_mode=upstream_mode) as (stack, upstream):
-        status, env = await stack.call("up_slow_write", {"seconds": 3}, headers={"Request-Timeout": "0.5"})
+        # Open the upstream session first, so the budget below is spent waiting for the answer,
+        # not on the handshake (on a loaded machine that could leave nothing sent: not started).
+        status, env = await stack.call("up_lookup", {"key": "before"})
+        assert (status, env["outcome"]) == (200, "succeeded")
+        status, env = await stack.call("up_slow_write", {"seconds": 5}, headers={"Request-Timeout": "1.5"})
         assert status == 504
         assert env["error"]["code"] == "timeout_unknown"
         assert env["error"]["resolution"] == "reconcile"

@@ -32,7 +32,7 @@ from .identity import AdminPrincipal, Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall
 from .registry import ToolContract
-from .store import key
+from .store import key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
@@ -168,8 +168,8 @@ class ApprovalStore:
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self._key(approval_id), mapping=record)
                 pipe.pexpireat(self._key(approval_id), expires + RETAIN_AFTER_EXPIRY_MS)
-                await pipe.execute()
-            await self._redis.zadd(self._pending_index, {approval_id: expires})
+                await redis_call(pipe.execute())
+            await redis_call(self._redis.zadd(self._pending_index, {approval_id: expires}))
         except RedisError:
             raise _unavailable() from None
         self._metrics.approvals.labels("created").inc()
@@ -194,7 +194,7 @@ class ApprovalStore:
             self._metrics.approvals.labels("expired" if verdict == "expired" else "mismatch").inc()
             raise _mismatch(verdict, approval_id)
         try:
-            raw = await self._redis.hgetall(self._key(approval_id))
+            raw = await redis_call(self._redis.hgetall(self._key(approval_id)))
         except RedisError:
             raise _unavailable() from None
         record = {k.decode(): v.decode() for k, v in raw.items()}
@@ -221,9 +221,9 @@ class ApprovalStore:
     async def _run_check(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          *, consume: bool, used_by: str = "", operation_key: str | None = None) -> str:
         try:
-            verdict = await self._check(keys=[self._key(approval_id)], args=[
+            verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=[
                 now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
-                "1" if consume else "0", used_by, operation_key or ""])
+                "1" if consume else "0", used_by, operation_key or ""]))
         except RedisError:
             raise _unavailable() from None
         return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
@@ -232,9 +232,9 @@ class ApprovalStore:
     async def list_pending(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
         now = now_ms()
         try:
-            await self._redis.zremrangebyscore(self._pending_index, "-inf", now)
-            ids = await self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
-                                                  num=self._config.max_list)
+            await redis_call(self._redis.zremrangebyscore(self._pending_index, "-inf", now))
+            ids = await redis_call(self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
+                                                             num=self._config.max_list))
             records = [await self._record(i.decode()) for i in ids]
         except RedisError:
             raise _unavailable() from None
@@ -258,11 +258,11 @@ class ApprovalStore:
                                  details={"state": status, "approver": principal.subject,
                                           "approver_tenant": principal.tenant})
         try:
-            verdict = await self._decide(keys=[self._key(approval_id)], args=[
-                now_ms(), status, principal.subject, principal.tenant or ""])
+            verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
+                now_ms(), status, principal.subject, principal.tenant or ""]))
             verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
             if verdict == "ok":
-                await self._redis.zrem(self._pending_index, approval_id)
+                await redis_call(self._redis.zrem(self._pending_index, approval_id))
         except RedisError:
             raise _unavailable() from None
         if verdict != "ok":
@@ -282,7 +282,7 @@ class ApprovalStore:
         return await self.get(approval_id, principal)
 
     async def _record(self, approval_id: str) -> dict[str, str] | None:
-        raw = await self._redis.hgetall(self._key(approval_id))
+        raw = await redis_call(self._redis.hgetall(self._key(approval_id)))
         return {k.decode(): v.decode() for k, v in raw.items()} if raw else None
 
     @staticmethod
@@ -310,7 +310,8 @@ class ApprovalStore:
 
     async def _update_pending_gauge(self) -> None:
         try:
-            self._metrics.pending_approvals.set(await self._redis.zcount(self._pending_index, now_ms(), "+inf"))
+            count = await redis_call(self._redis.zcount(self._pending_index, now_ms(), "+inf"))
+            self._metrics.pending_approvals.set(count)
         except RedisError:
             pass  # the gauge is refreshed on the next approval event
 

@@ -36,6 +36,7 @@ from .errors import ProxyError
 from .metrics import Metrics
 from .normalize import canonical_json, sha256_hex
 from .registry import ToolContract, thaw
+from .store import redis_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from .envelope import Timing
@@ -99,7 +100,7 @@ class RedisStreamSink:
         self._maxlen = maxlen
 
     async def write(self, line: str) -> None:
-        await self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True)
+        await redis_call(self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True))
 
 
 # --------------------------------------------------------------------------- redaction

@@ -195,6 +195,9 @@ class IdempotencyStage:
                     observe=replay_only_for is not None)
             except redis.exceptions.RedisError:
                 return self._store_down(tool)
+            except asyncio.CancelledError:  # the script may have run: nobody would ever release what it took
+                await asyncio.shield(self._withdraw(op.key, nonce))
+                raise
             status = answer.status
             if status == "in_progress" and wait_until is not None:
                 left = wait_until - time.monotonic()
@@ -209,6 +212,18 @@ class IdempotencyStage:
                                           "idempotency_key": op.key, "state": answer.text(0)},
                                  phase="idempotency")
             return self._decide(tool, op.key, answer)
+
+    async def _withdraw(self, key: str, nonce: str) -> None:
+        """A cancelled ``admit``: undo the reservation its ``begin`` made, if it made one (matched by nonce)."""
+        try:
+            record = await self.store.get(key)
+            if record is not None and record.state == "IN_PROGRESS" and record.owner == nonce:
+                await self.store.commit(key, token=record.token, target="ABANDON", outcome=None,
+                                        evidence={"source": "proxy", "observed": "cancelled before sending"},
+                                        first_check_ms=self._reconcile.backoff_initial_ms,
+                                        window_ms=self._reconcile.window_ms)
+        except redis.exceptions.RedisError:
+            log.warning("could not undo the reservation of cancelled call %s; its lease will expire", key)
 
     def _decide(self, tool: ToolContract, key: str, answer: Any) -> Admission:
         status = answer.status

@@ -167,20 +167,6 @@ return removed
 """
 
 
-def _raise_if_cancelled() -> None:
-    """Re-raise a cancellation a Redis call swallowed.
-
-    redis-py sends every command through ``asyncio.wait_for``, which on Python
-    3.11 returns the inner result instead of raising when the caller is
-    cancelled just as the send completes (CPython gh-86296). Without this check
-    a cancelled waiter would keep waiting (and could take a lock for a caller
-    that is gone), and a cancelled renewer would renew forever.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError()
-
-
 def lockable(resources: Iterable[ResourceRef]) -> tuple[ResourceRef, ...]:
     """The resources a call locks, in the fixed (sorted by id) order."""
     return tuple(sorted((r for r in resources if r.access in LOCKABLE), key=lambda r: r.id))
@@ -234,8 +220,7 @@ class LockManager:
         try:
             while True:
                 sent = time.monotonic()
-                reply = await self._acquire(keys=keys, args=args)
-                _raise_if_cancelled()
+                reply = await store.redis_call(self._acquire(keys=keys, args=args))
                 if int(reply[0]) == 1:
                     token = int(reply[1])
                     waited = time.monotonic() - started
@@ -326,11 +311,11 @@ class Lease:
             sent = time.monotonic()
             try:
                 async with asyncio.timeout(left):
-                    renewed = await manager._renew(keys=self.keys, args=[self.owner, config.lease_ms])
+                    renewed = await store.redis_call(
+                        manager._renew(keys=self.keys, args=[self.owner, config.lease_ms]))
             except (RedisError, OSError, TimeoutError):
                 delay = interval / 4  # try again sooner; the lease may still be valid
                 continue
-            _raise_if_cancelled()
             if self._released:
                 return
             if int(renewed) != 1:

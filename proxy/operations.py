@@ -285,6 +285,7 @@ class Record:
     reconcile_next: int | None = None
     reconcile_attempts: int = 0
     takeover_at: int | None = None
+    owner: str | None = None  # the nonce of the request holding an IN_PROGRESS record
 
     @property
     def tenant(self) -> str:
@@ -328,7 +329,7 @@ class OperationStore:
         return store.key(self._prefix, kind, "op" + bucket)
 
     async def _run(self, script: Any, key: str, *args: Any) -> Transition:
-        reply = await script(keys=self._keys(key), args=[key, *args])
+        reply = await store.redis_call(script(keys=self._keys(key), args=[key, *args]))
         values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
         return Transition(str(values[0]), values[1:])
 
@@ -368,26 +369,29 @@ class OperationStore:
 
     # -- reads -----------------------------------------------------------------
     async def get(self, key: str) -> Record | None:
-        raw = await self._redis.hgetall(self._keys(key)[0])
+        raw = await store.redis_call(self._redis.hgetall(self._keys(key)[0]))
         return _record(key, raw) if raw else None
 
     async def expired_leases(self, bucket: str, limit: int) -> list[str]:
         """IN_PROGRESS keys of a bucket whose lease ran out (by Redis time)."""
         now = await self._now_ms()
-        raw = await self._redis.zrangebyscore(self._index("op-leases", bucket), "-inf", now, start=0, num=limit)
+        raw = await store.redis_call(
+            self._redis.zrangebyscore(self._index("op-leases", bucket), "-inf", now, start=0, num=limit))
         return [k.decode() for k in raw]
 
     async def due(self, bucket: str, limit: int) -> list[str]:
         """UNKNOWN keys of a bucket due for a reconciliation attempt."""
         now = await self._now_ms()
-        raw = await self._redis.zrangebyscore(self._index("op-due", bucket), "-inf", now, start=0, num=limit)
+        raw = await store.redis_call(
+            self._redis.zrangebyscore(self._index("op-due", bucket), "-inf", now, start=0, num=limit))
         return [k.decode() for k in raw]
 
     async def open_keys(self, limit: int) -> list[str]:
         """UNKNOWN and NEEDS_TAKEOVER keys, oldest first (at most ``limit``)."""
         scored: list[tuple[float, str]] = []
         for bucket in BUCKETS:
-            raw = await self._redis.zrange(self._index("op-open", bucket), 0, limit - 1, withscores=True)
+            raw = await store.redis_call(
+                self._redis.zrange(self._index("op-open", bucket), 0, limit - 1, withscores=True))
             scored.extend((score, k.decode()) for k, score in raw)
         return [k for _, k in sorted(scored)[:limit]]
 
@@ -397,13 +401,13 @@ class OperationStore:
             for bucket in BUCKETS:
                 pipe.zcard(self._index("op-open", bucket))
                 pipe.zrange(self._index("op-open", bucket), 0, 0, withscores=True)
-            replies = await pipe.execute()
+            replies = await store.redis_call(pipe.execute())
         count = int(sum(replies[0::2]))
         oldest = [int(first[0][1]) for first in replies[1::2] if first]
         return count, min(oldest) if oldest else None
 
     async def _now_ms(self) -> int:
-        seconds, micros = await self._redis.time()
+        seconds, micros = await store.redis_call(self._redis.time())
         return int(seconds) * 1000 + int(micros) // 1000
 
 
@@ -426,4 +430,5 @@ def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:
         updated_at=num("updated_at") or 0, retention_s=num("retention") or 0, lease_until=num("lease_until"),
         outcome=obj("outcome"), evidence=obj("evidence"), final_reason=f.get("final_reason") or None,
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),
-        reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"))
+        reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"),
+        owner=f.get("owner") or None)

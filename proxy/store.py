@@ -9,9 +9,33 @@ translate them into their own error codes).
 
 from __future__ import annotations
 
+import asyncio
+from typing import Awaitable, TypeVar
+
 import redis.asyncio as redis_async
 
 from .config import RedisConfig
+
+
+T = TypeVar("T")
+
+
+async def redis_call(command: Awaitable[T]) -> T:
+    """Await one Redis command; raise ``CancelledError`` if the task was cancelled meanwhile.
+
+    redis-py sends every command through ``asyncio.wait_for``, which on Python
+    3.11 returns the inner result instead of raising when the caller is
+    cancelled just as the reply arrives (CPython gh-86296): the cancel is lost
+    and the task would go on (wait for a record, take a lock, send to a
+    backend) for a caller that is gone. Every stage's Redis call goes through
+    this. Not for cleanup (releasing a lock, undoing a reservation): that runs
+    after a cancel on purpose, shielded in a task of its own, and must finish.
+    """
+    result = await command
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
+    return result
 
 
 def create_pool(config: RedisConfig) -> redis_async.Redis:

@@ -14,15 +14,7 @@ from proxy.pipeline import RequestMeta
 from proxy.plan import BatchPlan, Dependency, PlannedCall
 from proxy.tracing import accept_traceparent
 from tests.support.stack import running_stack
-
-
-async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.support.waits import wait_until
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from proxy.deadline import Deadline
 from proxy.pipeline import RequestMeta, ToolCallRequest
 from proxy.tracing import accept_traceparent
 from tests.support.stack import running_stack
+from tests.support.waits import wait_until
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 ROUNDS = 40
@@ -28,15 +29,6 @@ async def stack(proxy_deps):
     # Waiting duplicates re-read the record every millisecond: most of their time is spent in a Redis call.
     async with running_stack({**proxy_deps, "reconcile.enabled": False, "idempotency.wait_poll_ms": 1}) as s:
         yield s
-
-
-async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 async def start_refund(stack, key: str, *, wait_s: float | None = None) -> asyncio.Task:

@@ -14,6 +14,7 @@ import pytest
 from proxy.idempotency import derive_key
 from tests.support.metrics import sample, samples, scrape_text
 from tests.support.stack import running_stack
+from tests.support.waits import wait_until as wait_for
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 KEY = {"Idempotency-Key": "refund-ord_1001-1"}
@@ -28,14 +29,6 @@ def settings(deps, **extra):
 async def stack(proxy_deps):
     async with running_stack(settings(proxy_deps)) as s:
         yield s
-
-
-async def wait_for(predicate, timeout=5.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 async def open_unknowns(stack) -> float:

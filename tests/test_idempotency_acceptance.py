@@ -19,6 +19,7 @@ from proxy.idempotency import derive_key
 from proxy.normalize import canonical_json, sha256_hex
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope
+from tests.support.waits import wait_until as wait_for
 
 REFUND = {"order_id": "ord_1002", "amount": 700, "reason": "charged twice"}
 
@@ -57,13 +58,6 @@ async def call(session: aiohttp.ClientSession, proxy: ProxyProcess, headers: dic
 def operation_key(header_key: str, arguments: dict[str, Any] = REFUND) -> str:
     return derive_key(tenant="acme", subject="dev-user", tool="refund_order", tool_version="1.0.0",
                       args_hash=sha256_hex(canonical_json(arguments)), idempotency_key=header_key, run_id=None).key
-
-
-async def wait_for(predicate, bound_s: float, what: str) -> None:
-    deadline = time.monotonic() + bound_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)
 
 
 async def operation(session, proxy: ProxyProcess, key: str) -> tuple[int, dict[str, Any]]:

@@ -14,17 +14,9 @@ from proxy.normalize import normalize
 from proxy.pipeline import RequestMeta, ToolCallRequest
 from proxy.tracing import accept_traceparent
 from tests.support.stack import extra_tools, running_stack
+from tests.support.waits import wait_until
 
 FAST_LEASE = {"locks.lease_ms": 400, "locks.renew_interval_ms": 100}
-
-
-async def wait_until(predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def refs(stack, tool: str, arguments: dict):

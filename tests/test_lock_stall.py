@@ -16,17 +16,9 @@ import pytest
 
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope, running_stack
+from tests.support.waits import wait_until
 
 LEASE = {"locks.lease_ms": 500, "locks.renew_interval_ms": 100}
-
-
-async def wait_until(predicate, timeout: float = 10.0, what: str = "condition") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if await predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

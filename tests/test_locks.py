@@ -15,6 +15,7 @@ from proxy.locks import LockManager
 from proxy.metrics import Metrics
 from proxy.normalize import ResourceRef
 from tests.support.servers import free_port
+from tests.support.waits import wait_until as wait_for
 
 X = "exclusive"
 S = "shared"
@@ -26,16 +27,6 @@ def refs(*pairs: tuple[str, str]) -> tuple[ResourceRef, ...]:
 
 def within(seconds: float) -> Deadline:
     return Deadline(time.monotonic() + seconds)
-
-
-async def wait_for(predicate, timeout: float = 5.0, what: str = "condition"):
-    """Poll an async predicate until true, bounded."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if await predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
+from ..errors import ProxyError
 from ..registry import ToolContract
 
 
@@ -66,3 +67,19 @@ def safe_error_fields(document: Any) -> dict[str, Any]:
     if isinstance(error.get("applied"), bool):
         safe["applied"] = error["applied"]
     return safe
+
+
+def deadline_passed(call: BackendCall, *, sent: bool, elapsed_s: float, backend: str = "backend") -> ProxyError:
+    """The one rule for a call whose budget ran out (seed 000 section 4): before anything was sent
+    it provably did not happen; after, a write's effect is unknown and a read may be retried."""
+    details = {"tool": call.tool.name, "budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed_s * 1000)}
+    if not sent:
+        return ProxyError("timeout_not_started", f"The deadline passed before the call reached the {backend}.",
+                          details=details, phase="execute", attempted=False, committed=False)
+    if call.tool.is_write:
+        return ProxyError("timeout_unknown",
+                          "The call was sent but its result could not be confirmed before the deadline.",
+                          details={**details, "idempotency_key": call.idempotency_key},
+                          phase="execute", attempted=True, committed=None)
+    return ProxyError("timeout", "The read did not answer before the deadline.", details=details,
+                      phase="execute", attempted=True, committed=False)

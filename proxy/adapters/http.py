@@ -21,7 +21,7 @@ import aiohttp
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult, safe_error_fields, safe_value
+from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, safe_value
 
 
 
@@ -88,17 +88,7 @@ class HttpAdapter:
             raise self._connection_lost(call, progress) from None
 
     def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
-        details = {"tool": call.tool.name, "budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed * 1000)}
-        if not (progress.headers_sent or progress.connected):
-            return ProxyError("timeout_not_started", "The deadline passed before the call reached the backend.",
-                              details=details, phase="execute", attempted=False, committed=False)
-        if call.tool.is_write:
-            return ProxyError("timeout_unknown",
-                              "The call was sent but its result could not be confirmed before the deadline.",
-                              details={**details, "idempotency_key": call.idempotency_key},
-                              phase="execute", attempted=True, committed=None)
-        return ProxyError("timeout", "The read did not answer before the deadline.", details=details,
-                          phase="execute", attempted=True, committed=False)
+        return deadline_passed(call, sent=progress.headers_sent or progress.connected, elapsed_s=elapsed, backend="backend")
 
     def _connection_lost(self, call: BackendCall, progress: _Progress) -> ProxyError:
         details = {"tool": call.tool.name, "reason": "connection_lost"}

@@ -48,7 +48,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult, safe_error_fields
+from . import BackendCall, BackendResult, deadline_passed, safe_error_fields
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")
@@ -290,17 +290,7 @@ class McpAdapter:
         return BackendResult(data=data, status=200)
 
     def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
-        details = {"tool": call.tool.name, "budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed * 1000)}
-        if not progress.sent:
-            return ProxyError("timeout_not_started", "The deadline passed before the call reached the MCP server.",
-                              details=details, phase="execute", attempted=False, committed=False)
-        if call.tool.is_write:
-            return ProxyError("timeout_unknown",
-                              "The call was sent but its result could not be confirmed before the deadline.",
-                              details={**details, "idempotency_key": call.idempotency_key},
-                              phase="execute", attempted=True, committed=None)
-        return ProxyError("timeout", "The read did not answer before the deadline.", details=details,
-                          phase="execute", attempted=True, committed=False)
+        return deadline_passed(call, sent=progress.sent, elapsed_s=elapsed, backend="MCP server")
 
     def _rpc_failure(self, call: BackendCall, progress: _Progress, code: int) -> ProxyError:
         tool = call.tool

@@ -30,12 +30,12 @@ from .config import Config
 from .errors import ProxyError
 from .health import Health
 from .idempotency import IdempotencyStage, find_operation
-from .identity import Authenticator
+from .identity import Authenticator, Caller
 from .locks import LockManager
 from .mcp_front import McpFront
 from .metrics import Metrics
 from .operations import OperationStore
-from .pipeline import Pipeline, ToolCallRequest
+from .pipeline import Pipeline, RequestMeta, ToolCallRequest
 from .listing import visible_tools
 from .policy import PolicyClient
 from .reconcile import Reconciler, list_takeovers, resolve_by_operator
@@ -177,13 +177,19 @@ _HTTP_MESSAGES = {
 }
 
 
-async def post_tool_call(request: web.Request) -> web.Response:
+async def _accept(request: web.Request, schema: str) -> tuple[Runtime, RequestMeta, Caller, Any]:
+    """Transport facts, then the trusted caller (before the body is read), then the body checked
+    against its API schema: the same order for every agent-facing JSON endpoint."""
     runtime = request.app[RUNTIME]
-    config = runtime.config
-    meta = ingress.request_meta(request, config)
+    meta = ingress.request_meta(request, runtime.config)
     caller = await runtime.authenticator.authenticate(request.headers)
-    body = await ingress.read_json(request, config)
-    ingress.validate_body(body, "tool-call-request.schema.json")
+    body = await ingress.read_json(request, runtime.config)
+    ingress.validate_body(body, schema)
+    return runtime, meta, caller, body
+
+
+async def post_tool_call(request: web.Request) -> web.Response:
+    runtime, meta, caller, body = await _accept(request, "tool-call-request.schema.json")
     call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
@@ -192,12 +198,7 @@ async def post_tool_call(request: web.Request) -> web.Response:
 
 async def post_tool_call_batch(request: web.Request) -> web.Response:
     """A batch completed (whatever each call's outcome) is 200; a plan refused before anything ran is 400."""
-    runtime = request.app[RUNTIME]
-    config = runtime.config
-    meta = ingress.request_meta(request, config)
-    caller = await runtime.authenticator.authenticate(request.headers)
-    body = await ingress.read_json(request, config)
-    ingress.validate_body(body, "batch-request.schema.json")
+    runtime, meta, caller, body = await _accept(request, "batch-request.schema.json")
     result = await runtime.scheduler.run(plan_from_json(body, meta), caller)
     return json_response(result.to_json())
 

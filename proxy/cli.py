@@ -16,7 +16,7 @@ from typing import Sequence
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
 from .identity import configuration_problem
-from .registry import RegistryError, load_registry
+from .registry import Registry, RegistryError, load_registry
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -88,11 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 2
 
 
-def check_registry(paths: Sequence[str]) -> int:
+def _registry_or_report(paths: Sequence[str]) -> Registry | None:
     try:
-        registry = load_registry(paths)
+        return load_registry(paths)
     except RegistryError as exc:
         print(f"registry invalid: {exc}", file=sys.stderr)
+        return None
+
+
+def check_registry(paths: Sequence[str]) -> int:
+    registry = _registry_or_report(paths)
+    if registry is None:
         return 1
     for tool in registry.all():
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}) from {tool.source}")
@@ -113,10 +119,8 @@ def import_mcp(args: argparse.Namespace) -> int:
 
 def print_opa_data(paths: Sequence[str]) -> int:
     from .policy import catalog_document
-    try:
-        registry = load_registry(paths)
-    except RegistryError as exc:
-        print(f"registry invalid: {exc}", file=sys.stderr)
+    registry = _registry_or_report(paths)
+    if registry is None:
         return 1
     print(json.dumps(catalog_document(registry), indent=2, sort_keys=True))
     return 0

@@ -20,13 +20,14 @@ import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from . import envelope, ingress, logs, openai_front
+from . import console, envelope, ingress, logs, openai_front
 from .adapters.http import HttpAdapter, trace_config
 from .adapters.mcp import McpAdapter
 from .audit import Auditor, build_sinks
 from .approvals import ApprovalStore
 from .authorize import Authorizer
 from .config import Config
+from .denials import DenialLog
 from .errors import ProxyError
 from .health import Health
 from .idempotency import IdempotencyStage, find_operation
@@ -67,6 +68,7 @@ class Runtime:
     operations: OperationStore
     reconciler: Reconciler
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
+    denials: DenialLog
 
     async def close(self) -> None:
         await self.reconciler.stop()
@@ -100,10 +102,11 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
     policy = PolicyClient(config.opa, session, metrics, registry)
     approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
+    denials = DenialLog(redis, config.redis.key_prefix, metrics)
     idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
                                    metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                        unknowns=unknowns, authorizer=Authorizer(policy, approvals), idempotency=idempotency,
+                        unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
                         locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
                                           margin_s=config.deadline.margin_ms / 1000.0))
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
@@ -122,7 +125,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                    pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
                    policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,
-                   scheduler=scheduler)
+                   scheduler=scheduler, denials=denials)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -230,6 +233,27 @@ async def admin_resolve_operation(request: web.Request) -> web.Response:
                                                    runtime.audit, request.match_info["key"], principal, body))
 
 
+async def admin_list_unknown_operations(request: web.Request) -> web.Response:
+    """Operations in UNKNOWN that the reconciler is still querying (not yet handed to a person)."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"unknown_operations": await list_takeovers(runtime.operations, tenant=operator.tenant,
+                                                                     state="UNKNOWN")})
+
+
+async def admin_whoami(request: web.Request) -> web.Response:
+    """Who this admin token is and which of the admin API's roles it holds (the console's sign-in)."""
+    principal, roles = await request.app[RUNTIME].authenticator.admin_console_roles(request.headers)
+    return json_response({"subject": principal.subject, "tenant": principal.tenant, "roles": list(roles)})
+
+
+async def admin_list_denials(request: web.Request) -> web.Response:
+    """Recent policy denials by tool and reason; approvers and operators both see them."""
+    runtime = request.app[RUNTIME]
+    principal, _ = await runtime.authenticator.admin_console_roles(request.headers)
+    return json_response(await runtime.denials.recent(tenant=principal.tenant))
+
+
 async def admin_list_unknown_calls(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
@@ -259,6 +283,12 @@ async def list_approvals(request: web.Request) -> web.Response:
     return json_response({"approvals": await runtime.approvals.list_pending(principal)})
 
 
+async def list_decided_approvals(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response({"approvals": await runtime.approvals.list_decided(principal)})
+
+
 async def get_approval(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     principal = await runtime.authenticator.authenticate_admin(request.headers)
@@ -276,8 +306,9 @@ async def deny(request: web.Request) -> web.Response:
 async def _decide_approval(request: web.Request, *, approve: bool) -> web.Response:
     runtime = request.app[RUNTIME]
     principal = await runtime.authenticator.authenticate_admin(request.headers)
+    body = await ingress.read_json(request, runtime.config) if request.body_exists else None
     return json_response(await runtime.approvals.decide(request.match_info["approval_id"], principal,
-                                                        approve=approve))
+                                                        approve=approve, body=body))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -311,10 +342,15 @@ def agent_app(runtime: Runtime) -> web.Application:
 
 
 def admin_app(runtime: Runtime) -> web.Application:
-    """Approver/operator API on its own listener; every handler authenticates an admin principal."""
-    app = web.Application(middlewares=[envelope_errors], client_max_size=64 * 1024)
+    """Approver/operator API on its own listener; every handler authenticates an admin principal.
+    The operator console (``/ui``) is served here too, and nowhere else."""
+    app = web.Application(middlewares=[console.security_headers, envelope_errors], client_max_size=64 * 1024)
     app[RUNTIME] = runtime
+    console.install(app)
+    app.router.add_get("/v1/whoami", admin_whoami)
+    app.router.add_get("/v1/denials", admin_list_denials)
     app.router.add_get("/v1/approvals", list_approvals)
+    app.router.add_get("/v1/approvals/decided", list_decided_approvals)
     app.router.add_get(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}", get_approval)
     app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/approve", approve)
     app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/deny", deny)
@@ -322,6 +358,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/operations/{key}", admin_get_operation)
     app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
+    app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 

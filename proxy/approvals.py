@@ -62,19 +62,18 @@ end
 return 'ok'
 """
 
-# KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any).
+# KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any), reason.
 _DECIDE = """
 local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms')
 if not f[1] or (ARGV[4] ~= '' and f[2] ~= ARGV[4]) then return 'not_found' end
 if f[3] == ARGV[3] then return 'self_approval' end
 if f[1] ~= 'pending' then return 'not_pending' end
 if tonumber(f[4]) <= tonumber(ARGV[1]) then return 'expired' end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1])
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1], 'decision_reason', ARGV[5])
 return 'ok'
 """
 
-_FIELDS = ("id", "status", "subject", "tenant", "tool", "tool_version", "args_hash", "risk", "reasons",
-           "summary", "created_at_ms", "expires_at_ms", "approver", "decided_at_ms", "used_at_ms")
+MAX_REASON_CHARS = 500  # an approver's note on a decision
 
 
 @dataclass(frozen=True)
@@ -150,6 +149,12 @@ class ApprovalStore:
     @property
     def _pending_index(self) -> str:
         return key(self._prefix, "approvals", "pending")
+
+    @property
+    def _decided_index(self) -> str:
+        """The most recent decisions (id -> decided_at_ms), capped at ``approvals.max_list``: the console's
+        "decided" panel. The records themselves expire with their approval."""
+        return key(self._prefix, "approvals", "decided")
 
     # -- the agent side ---------------------------------------------------------------
     async def create(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, *, risk: str,
@@ -251,18 +256,39 @@ class ApprovalStore:
             raise _not_found(approval_id)
         return self._view(record)
 
-    async def decide(self, approval_id: str, principal: AdminPrincipal, *, approve: bool) -> dict[str, Any]:
+    async def list_decided(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
+        """The most recent decisions (approved, denied, then used or expired), newest first."""
+        try:
+            ids = await redis_call(self._redis.zrevrange(self._decided_index, 0, self._config.max_list - 1))
+            records = [(i.decode(), await self._record(i.decode())) for i in ids]
+            gone = [i for i, r in records if r is None]
+            if gone:
+                await redis_call(self._redis.zrem(self._decided_index, *gone))
+        except RedisError:
+            raise _unavailable() from None
+        return [self._view(r) for _, r in records if r and self._visible_to(principal, r)]
+
+    async def decide(self, approval_id: str, principal: AdminPrincipal, *, approve: bool,
+                     body: Any = None) -> dict[str, Any]:
+        """Approve or deny; ``body`` is the optional ``{"reason": "<text>"}`` the approver gave."""
+        reason = decision_reason(body)
         status = "approved" if approve else "denied"
         # No decision takes effect unaudited: the record comes first (audit_unavailable stops it).
         await self._audit.record("approval", critical=True, approval_id=approval_id,
                                  details={"state": status, "approver": principal.subject,
-                                          "approver_tenant": principal.tenant})
+                                          "approver_tenant": principal.tenant,
+                                          **({"reason": reason} if reason else {})})
         try:
+            decided_at = now_ms()
             verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
-                now_ms(), status, principal.subject, principal.tenant or ""]))
+                decided_at, status, principal.subject, principal.tenant or "", reason]))
             verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
             if verdict == "ok":
-                await redis_call(self._redis.zrem(self._pending_index, approval_id))
+                async with self._redis.pipeline(transaction=False) as pipe:
+                    pipe.zrem(self._pending_index, approval_id)
+                    pipe.zadd(self._decided_index, {approval_id: decided_at})
+                    pipe.zremrangebyrank(self._decided_index, 0, -self._config.max_list - 1)
+                    await redis_call(pipe.execute())
         except RedisError:
             raise _unavailable() from None
         if verdict != "ok":
@@ -302,7 +328,8 @@ class ApprovalStore:
                 "args_hash": record["args_hash"], "reasons": json.loads(record.get("reasons", "[]")),
                 **json.loads(record.get("summary", "{}")),
                 "created_at_ms": int(record["created_at_ms"]), "expires_at_ms": expires,
-                "approver": record.get("approver")}
+                "approver": record.get("approver"), "decision_reason": record.get("decision_reason") or None,
+                "decided_at_ms": int(record["decided_at_ms"]) if "decided_at_ms" in record else None}
 
     async def refresh_gauges(self) -> None:
         """Re-read the pending count (called before each /metrics scrape: expiry and restarts show)."""
@@ -314,6 +341,17 @@ class ApprovalStore:
             self._metrics.pending_approvals.set(count)
         except RedisError:
             pass  # the gauge is refreshed on the next approval event
+
+
+def decision_reason(body: Any) -> str:
+    """The approver's reason from an optional ``{"reason": "<text>"}`` body ("" when none was given)."""
+    if body is None:
+        return ""
+    if not isinstance(body, dict) or set(body) - {"reason"} or not isinstance(body.get("reason", ""), str) \
+            or len(body.get("reason", "")) > MAX_REASON_CHARS:
+        raise ProxyError("invalid_request", f"Send no body or {{reason: text of at most {MAX_REASON_CHARS} "
+                         "characters}.", phase="request")
+    return body.get("reason", "").strip()
 
 
 def _not_found(approval_id: str) -> ProxyError:

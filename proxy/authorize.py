@@ -6,8 +6,8 @@ AND ApprovalSatisfied, recomputed at execution time for every call (seed 004).
 Owns: the order of the authorization steps — check a presented approval
 (``approvals``), ask OPA once with it (``policy``), then either consume the
 approval atomically (allow), open a new pending approval (require_approval)
-or refuse (deny) — and what of the decision stays with the call for the audit
-trail. An approval already spent by this call's own operation (same binding,
+or refuse (deny, noted in the recent-denials list the console shows) — and
+what of the decision stays with the call for the audit trail. An approval already spent by this call's own operation (same binding,
 same operation key) is still shown to OPA (as status "used"), so revoked
 roles, tools or tenants still deny; when OPA allows, nothing is consumed and
 the call is marked ``replay_only``: the idempotency stage may then only answer
@@ -24,6 +24,7 @@ import secrets
 from dataclasses import dataclass
 
 from .approvals import ApprovalStore
+from .denials import DenialLog
 from .envelope import iso
 from .errors import ProxyError
 from .identity import Caller
@@ -56,9 +57,10 @@ class Authorization:
 
 
 class Authorizer:
-    def __init__(self, policy: PolicyClient, approvals: ApprovalStore) -> None:
+    def __init__(self, policy: PolicyClient, approvals: ApprovalStore, denials: DenialLog | None = None) -> None:
         self._policy = policy
         self._approvals = approvals
+        self._denials = denials
 
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
@@ -101,6 +103,11 @@ class Authorizer:
             return Authorization(decision=decision, approval_id=new_id, error=error)
         log.info("call denied by policy", extra={"request_id": request.request_id, "tool": tool.name,
                                                  "reasons": list(decision.reasons)})
+        if self._denials is not None:
+            await self._denials.record(tenant=caller.tenant, subject=caller.subject, tool=tool.name,
+                                       tool_version=tool.version, reasons=decision.reasons,
+                                       decision_id=decision.decision_id, policy_revision=decision.policy_revision,
+                                       request_id=request.request_id, call_id=request.call_id)
         # Reasons stay in the audit trail (audit_facts); the model learns only "forbidden".
         error = ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
                            phase="authorize")

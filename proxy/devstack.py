@@ -167,7 +167,8 @@ def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
 
 
 def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
-    """A throw-away HS256 secret for the dev stack's admin listener and an approver token for it."""
+    """A throw-away HS256 secret for the dev stack's admin listener and a token for it that is both
+    approver and operator (the console shows every panel with it)."""
     import secrets
 
     import jwt
@@ -177,7 +178,7 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
     path.write_text(secret)
     now = int(time.time())
     token = jwt.encode({"iss": "toolproxy-dev", "aud": "toolproxy-admin", "sub": "dev-approver",
-                        "roles": ["approver"], "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
+                        "roles": ["approver", "operator"], "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
     return {"hmac_secret_file": str(path), "algorithms": ["HS256"], "issuer": "toolproxy-dev",
             "audience": "toolproxy-admin"}, token
 
@@ -185,7 +186,8 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
 def _print_banner(args: argparse.Namespace, approver_token: str | None) -> None:
     a = args.admin_port
     approvals = f"""
-approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only):
+approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only;
+or decide in the console: http://127.0.0.1:{a}/ui and paste the token there):
   curl -s -X POST http://127.0.0.1:{args.proxy_port}/v1/tool-calls -H 'Content-Type: application/json' \\
        -H 'Idempotency-Key: refund-big-1' \\
        -d '{{"call_id":"c3","tool":"refund_order","arguments":{{"order_id":"ord_1001","amount":6000,"reason":"dup"}}}}'
@@ -194,6 +196,10 @@ approvals (a refund above 50.00 needs one; the approver token below is for this 
   curl -s -X POST http://127.0.0.1:{a}/v1/approvals/<approval_id>/approve -H "Authorization: Bearer $APPROVER"
   # then re-send the refund (same Idempotency-Key) with -H 'X-Approval-Id: <approval_id>'
 """ if approver_token else ""
+    console = (f"""  console       http://127.0.0.1:{a}/ui   (paste the dev approver/operator token there:
+                {approver_token} )
+""" if approver_token else f"""  console       http://127.0.0.1:{a}/ui   (sign in with an admin token of your admin_identity.jwt)
+""")
     p = args.proxy_port
     print(f"""
 toolproxy dev stack is up (Ctrl-C stops everything)
@@ -201,7 +207,7 @@ toolproxy dev stack is up (Ctrl-C stops everything)
   MCP           http://127.0.0.1:{p}/mcp   (Streamable HTTP; any MCP client)
   OpenAI        http://127.0.0.1:{p}/v1/openai/tool-calls   (Chat tool_calls / Responses function_call items)
   admin API     http://127.0.0.1:{args.admin_port}
-  metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
+{console}  metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
   OPA           http://127.0.0.1:{args.opa_port}   (watching policies/ and examples/opa/: edits apply live)
   Redis         redis://127.0.0.1:{args.redis_port}/0
   demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)

@@ -251,6 +251,22 @@ class Authenticator:
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
                       agent=config.agent_id, source="static")
 
+    async def admin_console_roles(self, headers: Mapping[str, str]) -> tuple[AdminPrincipal, tuple[str, ...]]:
+        """The console's sign-in check: the admin token and which of the admin API's roles
+        ("approver", "operator") it holds; a token with neither is refused like on the API."""
+        held = []
+        principal = None
+        for role in ("approver", "operator"):
+            try:
+                principal = await self.authenticate_admin(headers, role=role)
+                held.append(role)
+            except ProxyError as error:
+                if error.message != _NOT_ROLE[role]:
+                    raise
+        if principal is None:
+            raise _unauthorized("This credential is neither an approver's nor an operator's.")
+        return principal, tuple(held)
+
     async def authenticate_admin(self, headers: Mapping[str, str], *, role: str = "approver") -> AdminPrincipal:
         """The approver (or, with ``role="operator"``, the operator who settles unknown operations) on the
         admin listener: its own token (audience/issuer/keys) and role."""
@@ -261,10 +277,13 @@ class Authenticator:
         config = self._admin_config
         if role == "operator":
             if config.operator_role not in roles:
-                raise _unauthorized("This credential is not an operator's.")
+                raise _unauthorized(_NOT_ROLE["operator"])
         elif config.approver_role not in roles or (config.approver_scope and config.approver_scope not in scopes):
-            raise _unauthorized("This credential is not an approver's.")
+            raise _unauthorized(_NOT_ROLE["approver"])
         return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes)
+
+
+_NOT_ROLE = {"approver": "This credential is not an approver's.", "operator": "This credential is not an operator's."}
 
 
 def configuration_problem(config: IdentityConfig) -> str | None:

@@ -34,6 +34,10 @@ class Metrics:
         self.policy_decisions = Counter("toolproxy_policy_decisions",
                                         "OPA decisions by result (allow, deny, require_approval, error)",
                                         ["result"], registry=r)
+        self.policy_denials = Counter("toolproxy_policy_denials",
+                                      "Tool calls OPA denied, by tool and reason code (a policy reason up to its "
+                                      "first ':', so resource ids never become labels; 'other' if not a code)",
+                                      ["tool", "reason"], registry=r)
         self.opa_duration = Histogram("toolproxy_opa_request_duration_seconds", "Latency of OPA decision queries",
                                       buckets=STAGE_BUCKETS, registry=r)
         self.opa_errors = Counter("toolproxy_opa_errors", "OPA queries that failed (timeout, unreachable, "

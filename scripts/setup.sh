@@ -263,6 +263,22 @@ if ! redis_ok "$VBIN/redis-server"; then
 fi
 
 # ---------------------------------------------------------------------------
+# 4. chromium (the console's browser tests drive it with Playwright for Python;
+#    Debian's package, never `playwright install`)
+# ---------------------------------------------------------------------------
+if [[ ! -x /usr/bin/chromium ]]; then
+    if can_apt; then
+        sudo=()
+        [[ "$(id -u)" == 0 ]] || sudo=(sudo -n)
+        log "installing chromium with apt-get (browser tests of the operator console)"
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
+            >/dev/null || log "WARNING: apt-get install chromium failed; the console's browser tests will skip"
+    else
+        log "chromium: no apt-get; the console's browser tests will skip"
+    fi
+fi
+
+# ---------------------------------------------------------------------------
 # Summary: one line per tool
 # ---------------------------------------------------------------------------
 printf 'opa          %s -> %s  (%s)\n' "$VBIN/opa" "$(readlink "$VBIN/opa")" \
@@ -271,5 +287,6 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
     "$("$VBIN/helm" version --short 2>/dev/null)"
 [[ -x "$VBIN/promtool" ]] && printf 'promtool     %s -> %s  (%s)\n' "$VBIN/promtool" "$(readlink "$VBIN/promtool")" \
     "$(cat "$(dirname "$(readlink "$VBIN/promtool")")/VERSION")"
+[[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"

@@ -1,0 +1,144 @@
+"""The operator console: one page on the admin listener for the people in the loop.
+
+Owns: the console's server-rendered page (``GET /ui``: the panels' structure,
+forms and empty tables), its own script and stylesheet (``/ui/console.js``,
+``/ui/console.css``, shipped in ``proxy/console_static/``), and the security
+headers of every admin listener response (a strict Content-Security-Policy
+with no inline script, no framing, no sniffing, no referrer, no caching).
+The page holds no data and no credential: the script asks for the admin
+token, keeps it in the tab's ``sessionStorage`` only, and calls the admin
+JSON API with it in the ``Authorization`` header, so the console has exactly
+the API's roles and tenant scoping. Must never: be mounted on the agent
+listener, load anything from another origin, put a credential in a URL or a
+cookie, or render an agent- or tool-supplied value as markup (the script
+writes every value with ``textContent``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from aiohttp import web
+
+STATIC = Path(__file__).resolve().parent / "console_static"
+ASSETS = {"console.js": "application/javascript", "console.css": "text/css"}
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "form-action 'none'; frame-ancestors 'none'; base-uri 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+}
+
+
+@web.middleware
+async def security_headers(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                           ) -> web.StreamResponse:
+    """On every admin listener response, the console's pages and the JSON API alike."""
+    response = await handler(request)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def install(app: web.Application) -> None:
+    app.router.add_get("/ui", page)
+    app.router.add_get("/ui/", page)
+    app.router.add_get("/ui/{asset:console\\.(?:js|css)}", asset)
+
+
+async def page(request: web.Request) -> web.Response:
+    return web.Response(text=PAGE, content_type="text/html", charset="utf-8")
+
+
+async def asset(request: web.Request) -> web.Response:
+    name = request.match_info["asset"]
+    return web.Response(body=(STATIC / name).read_bytes(), content_type=ASSETS[name], charset="utf-8")
+
+
+# The page is static on purpose: every value it shows arrives through the admin API and is written as text.
+PAGE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<meta name="referrer" content="no-referrer">
+<title>toolproxy console</title>
+<link rel="stylesheet" href="/ui/console.css">
+<script src="/ui/console.js" defer></script>
+</head>
+<body>
+<header>
+  <h1>toolproxy console</h1>
+  <div id="who" hidden><span id="who-text"></span>
+    <button type="button" id="refresh">Refresh</button>
+    <button type="button" id="sign-out">Sign out</button></div>
+</header>
+<p id="status" role="status"></p>
+
+<section id="sign-in">
+  <h2>Sign in</h2>
+  <p>Paste your admin token (an approver's or operator's JWT for this admin listener). It stays in this
+  tab only (sessionStorage) and is sent as a bearer token to the admin API; it never goes into a URL.</p>
+  <form id="sign-in-form" method="post" autocomplete="off">
+    <label for="token">Admin token</label>
+    <input id="token" name="token" type="password" autocomplete="off" spellcheck="false" required>
+    <button type="submit" id="sign-in-button">Sign in</button>
+  </form>
+</section>
+
+<main id="panels" hidden>
+<section id="panel-approvals" data-role="approver" hidden>
+  <h2>Pending approvals</h2>
+  <p class="hint">Approving authorizes exactly one execution of exactly these arguments. You cannot decide
+  on your own request.</p>
+  <table id="approvals"><thead><tr><th>requested</th><th>who asked</th><th>tool</th><th>arguments (masked)</th>
+  <th>risk</th><th>policy reasons</th><th>expires</th><th>decision</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="approvals-empty" hidden>Nothing is waiting for a decision.</p>
+</section>
+
+<section id="panel-decided" data-role="approver" hidden>
+  <h2>Decided approvals</h2>
+  <table id="decided"><thead><tr><th>decided</th><th>status</th><th>decided by</th><th>reason</th>
+  <th>who asked</th><th>tool</th><th>arguments (masked)</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="decided-empty" hidden>No decisions yet.</p>
+</section>
+
+<section id="panel-takeovers" data-role="operator" hidden>
+  <h2>Takeovers: operations a person must settle</h2>
+  <p class="hint">The reconciler could not find out whether these happened. Check the target system, then
+  record what you found; repeats of the operation get your outcome.</p>
+  <table id="takeovers"><thead><tr><th>since</th><th>operation</th><th>tool</th><th>who</th><th>target</th>
+  <th>evidence</th><th>resolve</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="takeovers-empty" hidden>No takeovers.</p>
+</section>
+
+<section id="panel-unknowns" data-role="operator" hidden>
+  <h2>Open unknown outcomes</h2>
+  <h3>Operations being reconciled</h3>
+  <table id="unknown-operations"><thead><tr><th>open for</th><th>operation</th><th>tool</th><th>who</th>
+  <th>attempts</th><th>last evidence</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="unknown-operations-empty" hidden>None.</p>
+  <h3>Calls without an operation record (only a person can settle them)</h3>
+  <table id="unknown-calls"><thead><tr><th>open for</th><th>call</th><th>tool</th><th>tenant</th>
+  <th>settle</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="unknown-calls-empty" hidden>None.</p>
+</section>
+
+<section id="panel-denials" data-role="any" hidden>
+  <h2>Recent policy denials</h2>
+  <table id="denials"><thead><tr><th>tool</th><th>reason</th><th>count</th><th>last</th></tr></thead>
+  <tbody></tbody></table>
+  <p class="empty" id="denials-empty" hidden>No denials recorded.</p>
+  <p class="hint" id="denials-kept"></p>
+</section>
+</main>
+<footer><p>Served by the admin listener. Data refreshes every 10 s while you are not typing.</p></footer>
+</body>
+</html>
+"""

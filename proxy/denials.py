@@ -1,0 +1,76 @@
+"""Recent policy denials, for the people who watch them (the operator console).
+
+Owns: a capped Redis list of the latest calls OPA denied (when, tenant,
+subject, tool and version, the policy's reasons, decision id and policy
+revision, request and call ids) and its summary by tool and reason, and the
+``toolproxy_policy_denials_total{tool, reason}`` counter. One list
+per proxy prefix, shared by every replica, so the console sees the fleet's
+denials, not one process's. Must never: change or delay a decision (recording
+is best effort: a Redis failure is logged and the denial stands), hold
+argument values (the reasons and ids are enough to find the audit record), or
+show one tenant's denials to another tenant's admin.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from collections import Counter
+from typing import Any
+
+import redis.asyncio as redis_async
+from redis.exceptions import RedisError
+
+from .metrics import Metrics
+from .store import key, redis_call
+
+log = logging.getLogger("toolproxy.denials")
+
+KEEP = 500  # denials kept; the console summarizes these
+_REASON_CODE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
+
+
+def reason_code(reason: str) -> str:
+    """A bounded label from a policy reason: ``resource_not_owned:order:ord_9`` -> ``resource_not_owned``."""
+    code = reason.split(":", 1)[0]
+    return code if _REASON_CODE.fullmatch(code) else "other"
+
+
+class DenialLog:
+    def __init__(self, redis: redis_async.Redis, prefix: str, metrics: Metrics) -> None:
+        self._redis = redis
+        self._metrics = metrics
+        self._key = key(prefix, "denials", "recent")
+
+    async def record(self, *, tenant: str, subject: str, tool: str, tool_version: str, reasons: tuple[str, ...],
+                     decision_id: str | None, policy_revision: str | None, request_id: str,
+                     call_id: str | None) -> None:
+        for code in sorted({reason_code(r) for r in reasons} or {"none"}):
+            self._metrics.policy_denials.labels(tool, code).inc()
+        entry = json.dumps({"at_ms": int(time.time() * 1000), "tenant": tenant, "subject": subject, "tool": tool,
+                            "tool_version": tool_version, "reasons": list(reasons), "decision_id": decision_id,
+                            "policy_revision": policy_revision, "request_id": request_id, "call_id": call_id},
+                           separators=(",", ":"))
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.lpush(self._key, entry)
+                pipe.ltrim(self._key, 0, KEEP - 1)
+                await redis_call(pipe.execute())
+        except RedisError:
+            log.warning("could not record a denial for the console (the call is denied all the same)")
+
+    async def recent(self, *, tenant: str | None, limit: int = 100) -> dict[str, Any]:
+        """The latest denials (newest first, at most ``limit``) and counts by (tool, reason) over all kept."""
+        entries = [json.loads(raw) for raw in await redis_call(self._redis.lrange(self._key, 0, KEEP - 1))]
+        visible = [e for e in entries if tenant is None or e["tenant"] == tenant]
+        counts: Counter[tuple[str, str]] = Counter()
+        last: dict[tuple[str, str], int] = {}
+        for entry in visible:
+            for reason in entry["reasons"] or ["(no reason given)"]:
+                counts[(entry["tool"], reason)] += 1
+                last.setdefault((entry["tool"], reason), entry["at_ms"])
+        return {"by_tool_and_reason": [{"tool": tool, "reason": reason, "count": n, "last_at_ms": last[(tool, reason)]}
+                                       for (tool, reason), n in counts.most_common()],
+                "recent": visible[:limit], "kept": KEEP}

@@ -1,0 +1,288 @@
+"""The operator console in a real headless Chromium, against real processes.
+
+The dev-stack tests run ``toolproxy dev`` (real OPA, Redis, demo backend and
+proxy processes) and sign in with the token its banner prints; the JWT tests
+run ``toolproxy run`` with real signed tokens for agents and admins. Every
+click goes through the page's own script and the admin JSON API.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+import aiohttp
+import pytest
+
+from examples.demo_backend import start_demo_backend
+from tests.support.audit import audit_records
+from tests.support.browser import chromium_page, needs_chromium, screenshot
+from tests.support.devproc import DevStack
+from tests.support.proxyproc import ProxyProcess
+from tests.support.tokens import jwt_overrides
+from tests.support.waits import wait_until
+
+pytestmark = needs_chromium
+
+REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "duplicate charge"}  # over acme's 50.00 threshold
+
+
+@pytest.fixture(scope="module")
+def dev():
+    stack = DevStack().start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+@pytest.fixture
+async def http():
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def agent_call(http: aiohttp.ClientSession, base: str, tool: str, arguments: Any,
+                     headers: Mapping[str, str] | None = None, call_id: str = "c1") -> tuple[int, dict[str, Any]]:
+    async with http.post(base + "/v1/tool-calls", json={"call_id": call_id, "tool": tool, "arguments": arguments},
+                         headers=dict(headers or {})) as response:
+        return response.status, await response.json()
+
+
+async def admin_get(http: aiohttp.ClientSession, base: str, path: str, token: str) -> tuple[int, dict[str, Any]]:
+    async with http.get(base + path, headers={"Authorization": f"Bearer {token}"}) as response:
+        return response.status, await response.json()
+
+
+async def effects(http: aiohttp.ClientSession, dev: DevStack) -> dict[str, int]:
+    async with http.get(dev.backend_url + "/_control/state") as response:
+        return (await response.json())["effects_by_tool"]
+
+
+async def sign_in(page: Any, url: str, token: str) -> None:
+    await page.goto(url)
+    await page.fill("#token", token)
+    await page.click("#sign-in-button")
+
+
+async def signed_in(page: Any, url: str, token: str) -> None:
+    await sign_in(page, url, token)
+    await page.locator("#who").wait_for(state="visible", timeout=10000)
+    await page.locator("body[data-loaded]").wait_for(state="attached", timeout=10000)
+
+
+async def refreshed(page: Any) -> None:
+    """Click Refresh and wait until the panels were re-read from the admin API."""
+    # (wait_for_function would evaluate a string in the page, which the console's CSP rightly forbids)
+    before = await page.get_attribute("body", "data-loaded")
+    await page.click("#refresh")
+
+    async def reloaded() -> bool:
+        return await page.get_attribute("body", "data-loaded") != before
+    await wait_until(reloaded, timeout=10, what="the console to re-read its panels")
+
+
+async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resent_call_runs_once(dev, http):
+    key = {"Idempotency-Key": "console-refund-1"}
+    status, envelope = await agent_call(http, dev.agent_url, "refund_order", REFUND, key)
+    assert (status, envelope["error"]["code"]) == (403, "approval_required")
+    approval_id = envelope["error"]["details"]["approval_id"]
+    before = await effects(http, dev)
+
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        assert "dev-approver" in await page.inner_text("#who-text")
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        await row.wait_for()
+        text = await row.inner_text()
+        for shown in ("dev-user", "tenant acme", "refund_order 1.0.0", "financial", "amount_over_threshold",
+                      '"amount": 6000', '"reason": "[redacted]"', "order:ord_1001"):
+            assert shown in text, shown
+        assert "duplicate charge" not in text  # a sensitive field stays masked
+        await screenshot(page, "console-pending-approval", doc=True)
+
+        await row.locator("input.reason").fill("customer called, duplicate charge confirmed")
+        await row.locator("button.approve").click()
+        await page.locator("#status.ok").wait_for()
+        assert approval_id in await page.inner_text("#status")
+        decided = page.locator(f'#decided tr[data-approval-id="{approval_id}"]')
+        await decided.wait_for()
+        decided_text = await decided.inner_text()
+        assert "approved" in decided_text and "dev-approver" in decided_text
+        assert "customer called, duplicate charge confirmed" in decided_text
+        assert await row.count() == 0
+        await screenshot(page, "console-decided-approval")
+
+    status, envelope = await agent_call(http, dev.agent_url, "refund_order", REFUND,
+                                        {**key, "X-Approval-Id": approval_id}, call_id="c2")
+    assert (status, envelope["outcome"]) == (200, "succeeded"), envelope
+    status, again = await agent_call(http, dev.agent_url, "refund_order", REFUND,
+                                     {**key, "X-Approval-Id": approval_id}, call_id="c3")
+    assert (status, again["replayed"]) == (200, True)
+    after = await effects(http, dev)
+    assert after.get("refund_order", 0) - before.get("refund_order", 0) == 1
+
+
+async def test_a_deny_with_a_reason_is_recorded_and_the_agent_cannot_use_it(dev, http):
+    arguments = {**REFUND, "order_id": "ord_1002", "amount": 7000}
+    _, envelope = await agent_call(http, dev.agent_url, "refund_order", arguments, {"Idempotency-Key": "console-deny"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        await row.locator("input.reason").fill("amount does not match the ticket")
+        await row.locator("button.deny").click()
+        decided = page.locator(f'#decided tr[data-approval-id="{approval_id}"]')
+        await decided.wait_for()
+        assert "denied" in await decided.inner_text()
+
+    status, view = await admin_get(http, dev.admin_url, f"/v1/approvals/{approval_id}", dev.token)
+    assert (status, view["status"], view["approver"]) == (200, "denied", "dev-approver")
+    assert view["decision_reason"] == "amount does not match the ticket"
+    denied = [r for r in audit_records(dev.log(limit=1_000_000))
+              if r["kind"] == "approval" and r.get("approval_id") == approval_id and r["details"]["state"] == "denied"]
+    assert denied and denied[0]["details"]["reason"] == "amount does not match the ticket"
+    _, refused = await agent_call(http, dev.agent_url, "refund_order", arguments,
+                                  {"Idempotency-Key": "console-deny", "X-Approval-Id": approval_id})
+    assert (refused["error"]["code"], refused["error"]["details"]["reason"]) == ("approval_mismatch", "denied")
+
+
+XSS_SUBJECT = "<script>alert('subject')</script>"
+XSS_TO = '"><img/src=x/onerror=alert(1)>@evil.test'
+
+
+async def test_attacker_controlled_arguments_are_shown_as_text_and_run_nothing(dev, http):
+    # This dev stack's OPA: external tools need an approval too, so send_email's arguments reach the console.
+    settings = "/v1/data/toolproxy/settings/approval/always_for_risks"
+    async with http.put(dev.opa_url + settings, json=["destructive", "external"]) as response:
+        assert response.status == 204
+    try:
+        _, envelope = await agent_call(http, dev.agent_url, "send_email",
+                                       {"to": XSS_TO, "subject": XSS_SUBJECT, "body": "hello"},
+                                       {"Idempotency-Key": "console-xss"})
+    finally:
+        async with http.put(dev.opa_url + settings, json=["destructive"]) as response:
+            assert response.status == 204
+    assert envelope["error"]["code"] == "approval_required", envelope
+    approval_id = envelope["error"]["details"]["approval_id"]
+
+    async with chromium_page() as page:
+        dialogs: list[str] = []
+        page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+        response = await page.goto(dev.console_url)
+        headers = response.headers
+        assert "script-src 'self'" in headers["content-security-policy"]
+        assert "frame-ancestors 'none'" in headers["content-security-policy"]
+        assert "unsafe-inline" not in headers["content-security-policy"]
+        assert headers["x-frame-options"] == "DENY"
+        await signed_in(page, dev.console_url, dev.token)
+        cell = page.locator(f'#approvals tr[data-approval-id="{approval_id}"] pre')
+        shown = json.loads(await cell.inner_text())
+        assert shown == {"to": XSS_TO, "subject": XSS_SUBJECT, "body": "[redacted]"}
+        assert await page.locator("#approvals img").count() == 0
+        assert await page.locator("#approvals script").count() == 0
+        assert await page.evaluate("document.querySelectorAll('img').length") == 0
+        await screenshot(page, "console-xss-as-text")
+        await refreshed(page)  # a second render, still inert
+        assert dialogs == []
+
+
+async def test_a_takeover_from_the_fault_switches_is_resolved_from_the_page(dev, http):
+    async with http.post(dev.backend_url + "/_control/faults",
+                         json={"tool": "adjust_counter", "mode": "drop_after_commit", "count": 1}) as response:
+        assert response.status == 200
+    arguments = {"counter": "ctr_console", "delta": 3}  # adjust_counter has no status endpoint
+    _, envelope = await agent_call(http, dev.agent_url, "adjust_counter", arguments, {"Idempotency-Key": "console-tk"})
+    assert envelope["error"]["code"] == "timeout_unknown", envelope
+    key = envelope["idempotency_key"]
+
+    async def handed_over() -> bool:
+        _, listing = await admin_get(http, dev.admin_url, "/v1/takeovers", dev.token)
+        return any(t["idempotency_key"] == key for t in listing["takeovers"])
+    await wait_until(handed_over, timeout=20, what="the dev stack's reconciler to raise the takeover")
+
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#takeovers tr[data-key="{key}"]')
+        text = await row.inner_text()
+        for shown in ("adjust_counter 1.0.0", "no_status_endpoint", "timeout_unknown", '"counter": "ctr_console"'):
+            assert shown in text, shown
+        await screenshot(page, "console-takeover", doc=True)
+        await row.locator("select.outcome").select_option("committed")
+        await row.locator("textarea.evidence").fill("counter ledger shows +3 at 20:15")
+        await row.locator("textarea.result").fill('{"counter": "ctr_console", "value": 3}')
+        await row.locator("button.resolve").click()
+        await page.locator("#status.ok").wait_for()
+        await row.wait_for(state="detached")
+
+    status, view = await admin_get(http, dev.admin_url, f"/v1/operations/{key}", dev.token)
+    assert (status, view["state"]) == (200, "SUCCEEDED"), view
+    _, replay = await agent_call(http, dev.agent_url, "adjust_counter", arguments, {"Idempotency-Key": "console-tk"})
+    assert (replay["outcome"], replay["replayed"], replay["data"]) == ("succeeded", True,
+                                                                      {"counter": "ctr_console", "value": 3})
+
+
+async def test_the_dev_banner_prints_the_console_url_and_a_token_that_signs_in(dev, http):
+    assert dev.console_url == f"{dev.admin_url}/ui"
+    status, me = await admin_get(http, dev.admin_url, "/v1/whoami", dev.token)
+    assert (status, me["roles"]) == (200, ["approver", "operator"])
+    async with http.get(dev.agent_url + "/ui") as response:
+        assert response.status == 404  # nothing of the console on the agent listener
+
+
+# -- real JWTs: agents, approvers, operators ----------------------------------------------------------
+
+@pytest.fixture
+async def jwt_proxy(proxy_deps, issuers):
+    runner, backend_url, _ = await start_demo_backend()
+    agent, admin = issuers
+    flat = {f"{section}.{name}": value for section, value in jwt_overrides(agent, admin).items()
+            for name, value in (value.items() if isinstance(value, dict) else [("", value)])}
+    settings = {**proxy_deps, **{k.rstrip("."): v for k, v in flat.items()},
+                "backends.services": {"demo": backend_url}, "registry.paths": ["examples/registry"]}
+    proc = ProxyProcess(settings).start()
+    try:
+        await proc.ready()
+        yield proc
+    finally:
+        proc.stop()
+        await runner.cleanup()
+
+
+async def test_an_agent_token_cannot_open_the_console(jwt_proxy, issuers, http):
+    agent, admin = issuers
+    console = f"http://127.0.0.1:{jwt_proxy.admin_port}/ui"
+    refused = {"agent": agent.token("alice"),
+               "admin audience, no console role": admin.token("mallory", audience="toolproxy-admin",
+                                                               roles=["viewer"], scope="")}
+    async with chromium_page() as page:
+        for what, token in refused.items():
+            await sign_in(page, console, token)
+            await page.locator("#status.error").wait_for()
+            assert "cannot open the console" in await page.inner_text("#status"), what
+            assert await page.locator("#panels").is_hidden(), what
+            assert await page.locator("#approvals tbody tr").count() == 0, what
+            assert await page.evaluate("sessionStorage.length") == 0, what  # the refused token is not kept
+            assert token not in page.url
+        await screenshot(page, "console-agent-token-refused")
+    async with http.get(f"http://127.0.0.1:{jwt_proxy.port}/ui") as response:
+        assert response.status == 404
+
+
+async def test_an_approver_cannot_approve_their_own_request_from_the_page(jwt_proxy, issuers, http):
+    agent, admin = issuers
+    _, envelope = await agent_call(http, jwt_proxy.url, "refund_order", REFUND,
+                                   {"Idempotency-Key": "self", "Authorization": f"Bearer {agent.token('alice')}"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    alice_approver = admin.token("alice", audience="toolproxy-admin", roles=["approver"], scope="")
+    async with chromium_page() as page:
+        await signed_in(page, f"http://127.0.0.1:{jwt_proxy.admin_port}/ui", alice_approver)
+        assert await page.locator("#panel-takeovers").is_hidden()  # an approver only: no operator panels
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        await row.locator("button.approve").click()
+        await page.locator("#status.error").wait_for()
+        assert "cannot decide on their own request" in await page.inner_text("#status")
+        await row.wait_for()  # still pending
+    status, view = await admin_get(http, f"http://127.0.0.1:{jwt_proxy.admin_port}", f"/v1/approvals/{approval_id}",
+                                   alice_approver)
+    assert (status, view["status"], view["approver"]) == (200, "pending", None)

@@ -132,7 +132,8 @@ PAGE = """<!doctype html>
 
 <section id="panel-denials" data-role="any" hidden>
   <h2>Recent policy denials</h2>
-  <table id="denials"><thead><tr><th>tool</th><th>reason</th><th>count</th><th>last</th></tr></thead>
+  <table id="denials"><thead><tr><th>tool</th><th>reason</th><th>as the policy said it</th><th>count</th>
+  <th>last</th></tr></thead>
   <tbody></tbody></table>
   <p class="empty" id="denials-empty" hidden>No denials recorded.</p>
   <p class="hint" id="denials-kept"></p>

@@ -67,10 +67,16 @@ class DenialLog:
         visible = [e for e in entries if tenant is None or e["tenant"] == tenant]
         counts: Counter[tuple[str, str]] = Counter()
         last: dict[tuple[str, str], int] = {}
+        examples: dict[tuple[str, str], list[str]] = {}
         for entry in visible:
-            for reason in entry["reasons"] or ["(no reason given)"]:
-                counts[(entry["tool"], reason)] += 1
-                last.setdefault((entry["tool"], reason), entry["at_ms"])
-        return {"by_tool_and_reason": [{"tool": tool, "reason": reason, "count": n, "last_at_ms": last[(tool, reason)]}
-                                       for (tool, reason), n in counts.most_common()],
+            for reason in entry["reasons"] or ["none"]:
+                group = (entry["tool"], reason_code(reason))
+                counts[group] += 1
+                last.setdefault(group, entry["at_ms"])
+                seen = examples.setdefault(group, [])
+                if reason not in seen and len(seen) < 5:
+                    seen.append(reason)
+        return {"by_tool_and_reason": [{"tool": tool, "reason": code, "count": n, "last_at_ms": last[(tool, code)],
+                                        "examples": examples[(tool, code)]}
+                                       for (tool, code), n in counts.most_common()],
                 "recent": visible[:limit], "kept": KEEP}

@@ -222,6 +222,23 @@ async def test_a_takeover_from_the_fault_switches_is_resolved_from_the_page(dev,
                                                                       {"counter": "ctr_console", "value": 3})
 
 
+async def test_recent_denials_are_shown_by_tool_and_reason(dev, http):
+    for order in ("ord_2001", "ord_2001", "ord_9999"):  # globex's order, twice; an order nobody owns
+        _, envelope = await agent_call(http, dev.agent_url, "get_order", {"order_id": order})
+        assert envelope["error"]["code"] == "forbidden"
+        assert "resource_not_owned" not in json.dumps(envelope)  # the model never sees the reasons
+    _, denials = await admin_get(http, dev.admin_url, "/v1/denials", dev.token)
+    [group] = [g for g in denials["by_tool_and_reason"] if g["tool"] == "get_order"]
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator("#denials tbody tr", has_text="get_order")
+        text = await row.inner_text()
+        assert group["reason"] in text and str(group["count"]) in text
+        assert all(example in text for example in group["examples"])
+        await screenshot(page, "console-overview", doc=True)
+    assert group["count"] >= 3
+
+
 async def test_the_dev_banner_prints_the_console_url_and_a_token_that_signs_in(dev, http):
     assert dev.console_url == f"{dev.admin_url}/ui"
     status, me = await admin_get(http, dev.admin_url, "/v1/whoami", dev.token)

@@ -218,8 +218,9 @@
   }
 
   function denialRow(d) {
-    return el("tr", null, el("td", null, d.tool), el("td", null, d.reason), el("td", {className: "count"}, d.count),
-              el("td", null, stamp(d.last_at_ms)));
+    return el("tr", null, el("td", null, d.tool), el("td", null, d.reason),
+              el("td", null, el("ul", null, ...d.examples.map((r) => el("li", null, r)))),
+              el("td", {className: "count"}, d.count), el("td", null, stamp(d.last_at_ms)));
   }
 
   // -- loading -----------------------------------------------------------------------------------------

@@ -96,3 +96,24 @@ def _inside_grouping(toks: list[tuple[str, str]], i: int) -> bool:
                 return j > 0 and toks[j - 1][1] in {"by", "without", "on", "ignoring", "group_left", "group_right"}
             depth -= 1
     return False
+
+
+def label_names(expr: str) -> set[str]:
+    """The label names ``expr`` relies on: in ``{name op value}`` matchers and in by/without/on/ignoring/
+    group_* clauses (checked with ``metric_names`` first)."""
+    metric_names(expr)
+    toks = tokens(expr)
+    names: set[str] = set()
+    in_braces = False
+    for i, (kind, text) in enumerate(toks):
+        if text in ("{", "}"):
+            in_braces = text == "{"
+            continue
+        if kind != "ident":
+            continue
+        nxt = toks[i + 1][1] if i + 1 < len(toks) else ""
+        if in_braces and nxt in ("=", "!=", "=~", "!~"):
+            names.add(text)
+        elif not in_braces and toks[i - 1][1] in ("(", ",") and _inside_grouping(toks, i):
+            names.add(text)
+    return names

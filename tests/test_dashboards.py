@@ -1,0 +1,145 @@
+"""The Grafana dashboards in the chart: rendered for the sidecar, every query parses, and every series and
+label it names is in a live proxy's /metrics after a scenario that exercises them (real OPA, Redis, backend)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.helm import CHART, helm
+from tests.support.metrics import exported_names, scrape_text
+from tests.support.promql import label_names, metric_names
+from tests.support.stack import running_stack
+from tests.support.tokens import jwt_overrides
+from tests.test_alert_rules import _promtool, needs_promtool
+
+DASHBOARDS = sorted((CHART / "files" / "dashboards").glob("*.json"))
+GRAFANA_MACROS = {"$__rate_interval": "5m", "$__interval": "1m", "$__range": "1h"}
+
+
+def dashboard(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def queries(board: dict[str, Any]) -> list[tuple[str, str]]:
+    """(panel title / refId, PromQL with Grafana's macros replaced by durations) of every panel target."""
+    out = []
+    for panel in board["panels"]:
+        for target in panel["targets"]:
+            expr = target["expr"]
+            for macro, value in GRAFANA_MACROS.items():
+                expr = expr.replace(macro, value)
+            assert "$" not in expr, (panel["title"], expr)  # no dashboard variable stands in for a label
+            out.append((f'{panel["title"]} / {target["refId"]}', expr))
+    return out
+
+
+def test_there_is_an_sre_and_a_security_dashboard_covering_what_they_watch():
+    boards = {p.stem: dashboard(p) for p in DASHBOARDS}
+    assert set(boards) == {"toolproxy-sre", "toolproxy-security"}
+    used = {name: set().union(*(metric_names(e) for _, e in queries(b))) for name, b in boards.items()}
+    assert {"toolproxy_stage_duration_seconds_bucket", "toolproxy_calls_total", "toolproxy_unknown_outcomes_total",
+            "toolproxy_open_unknowns", "toolproxy_takeovers_total", "toolproxy_dependency_up",
+            "toolproxy_opa_request_duration_seconds_bucket"} <= used["toolproxy-sre"]
+    assert {"toolproxy_policy_decisions_total", "toolproxy_policy_denials_total", "toolproxy_pending_approvals",
+            "toolproxy_approvals_total"} <= used["toolproxy-security"]
+    for board in boards.values():
+        assert len({p["id"] for p in board["panels"]}) == len(board["panels"])
+        assert all(t["datasource"]["uid"] == "${datasource}" for p in board["panels"] for t in p["targets"])
+
+
+def _render(*args: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(helm("template", "t", str(CHART), *args).stdout) if d]
+
+
+def test_the_chart_ships_them_as_configmaps_for_the_grafana_sidecar_only_when_asked():
+    assert not [m for m in _render() if "grafana_dashboard" in m["metadata"].get("labels", {})]
+    maps = [m for m in _render("-n", "shop", "--set", "grafanaDashboards.enabled=true")
+            if m["kind"] == "ConfigMap" and "grafana_dashboard" in m["metadata"]["labels"]]
+    assert sorted(m["metadata"]["name"] for m in maps) == ["t-toolproxy-security", "t-toolproxy-sre"]
+    for m in maps:
+        assert m["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert m["metadata"]["namespace"] == "shop"
+        [(filename, text)] = m["data"].items()
+        assert json.loads(text) == dashboard(CHART / "files" / "dashboards" / filename)
+    moved = [m for m in _render("--set", "grafanaDashboards.enabled=true", "--set", "grafanaDashboards.namespace=mon",
+                                "--set", "grafanaDashboards.label=dash", "--set", "grafanaDashboards.folder=Proxy")
+             if m["kind"] == "ConfigMap" and "dash" in m["metadata"]["labels"]]
+    assert len(moved) == 2 and all(m["metadata"]["namespace"] == "mon" and
+                                   m["metadata"]["annotations"] == {"grafana_folder": "Proxy"} for m in moved)
+
+
+@needs_promtool
+def test_promtool_parses_every_panel_query(tmp_path):
+    """Each query becomes a recording rule: promtool parses it with Prometheus's own PromQL parser."""
+    rules = [{"record": f"dashboard:{p.stem.replace('-', '_')}:q{i}", "expr": expr}
+             for p in DASHBOARDS for i, (_, expr) in enumerate(queries(dashboard(p)))]
+    path = tmp_path / "dashboard-queries.rules.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    result = subprocess.run([_promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in result.stdout + result.stderr
+
+
+async def live_scenario(proxy_deps, issuers, opa_server, redis_server) -> str:
+    """Drive a proxy through what the dashboards watch and return its /metrics text."""
+    agent, admin = issuers
+    approver = admin.token("amy", audience="toolproxy-admin", roles=["approver"], scope="")
+    async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False,
+                              "reconcile.backoff_initial_ms": 0, "audit.sinks": ["stdout", "redis"]}) as stack:
+        stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+        assert (await stack.call("get_order", {"order_id": "ord_1001"}))[0] == 200
+        refund, key = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}, {"Idempotency-Key": "dash-1"}
+        _, pending = await stack.call("refund_order", refund, headers=key)
+        approval_id = pending["error"]["details"]["approval_id"]
+        assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200
+        assert (await stack.call("refund_order", refund, headers={**key, "X-Approval-Id": approval_id}))[0] == 200
+        assert (await stack.call("get_order", {"order_id": "ord_2001"}))[1]["error"]["code"] == "forbidden"
+        await stack.fault("adjust_counter", "drop_after_commit", count=1)
+        _, unknown = await stack.call("adjust_counter", {"counter": "ctr_dash", "delta": 1},
+                                      headers={"Idempotency-Key": "dash-2"})
+        assert unknown["outcome"] == "unknown"
+        assert (await stack.runtime.reconciler.scan_once()).get("takeover") == 1
+        assert (await stack.admin("GET", "/v1/approvals", None))[0] == 401  # request_errors{code}
+        opa_server.stop()  # OPA down: the call fails closed (opa_errors, dependency_up{opa} 0)
+        try:
+            assert (await stack.call("get_order", {"order_id": "ord_1001"}))[1]["error"]["code"] == \
+                "policy_unavailable"
+            await stack.runtime.health.readiness(use_cache=False)
+        finally:
+            opa_server.start()
+        redis_server.stop()  # Redis down: a read still runs; its audit record cannot reach the redis sink
+        try:
+            assert (await stack.call("get_order", {"order_id": "ord_1001"}))[0] == 200
+        finally:
+            redis_server.start()
+        await stack.runtime.health.readiness(use_cache=False)
+        return await scrape_text(stack)
+
+
+@pytest.fixture
+async def live_metrics(proxy_deps, issuers, opa_server, redis_server):
+    return await live_scenario(proxy_deps, issuers, opa_server, redis_server)
+
+
+async def test_every_series_and_label_in_the_dashboards_is_in_a_live_metrics_scrape(live_metrics):
+    exported = exported_names(live_metrics)
+    labels: dict[str, set[str]] = {}
+    for family in text_string_to_metric_families(live_metrics):
+        for s in family.samples:
+            labels.setdefault(s.name, set()).update(s.labels)
+    problems = []
+    for path in DASHBOARDS:
+        for where, expr in queries(dashboard(path)):
+            names = metric_names(expr)
+            problems += [f"{path.stem} {where}: series {n} is not exported" for n in sorted(names - exported)]
+            seen = set().union(*(labels.get(n, set()) for n in names))
+            for label in sorted(label_names(expr) - seen):
+                problems.append(f"{path.stem} {where}: label {label} is on none of {sorted(names)} in the scrape")
+    assert not problems, "\n".join(problems)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,8 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.browser import chromium_page, needs_chromium, screenshot
+from tests.support.dashboard_render import evaluate, legend, page, series
 from tests.support.helm import CHART, helm
 from tests.support.metrics import exported_names, scrape_text
 from tests.support.promql import label_names, metric_names
@@ -87,26 +90,15 @@ def test_promtool_parses_every_panel_query(tmp_path):
     assert f"SUCCESS: {len(rules)} rules found" in result.stdout + result.stderr
 
 
-async def live_scenario(proxy_deps, issuers, opa_server, redis_server) -> str:
-    """Drive a proxy through what the dashboards watch and return its /metrics text."""
+async def live_scenario(proxy_deps, issuers, opa_server, redis_server) -> tuple[str, str, float]:
+    """Drive a proxy through what the dashboards watch; its /metrics text before and after, and the seconds
+    between the two scrapes."""
     agent, admin = issuers
     approver = admin.token("amy", audience="toolproxy-admin", roles=["approver"], scope="")
     async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False,
                               "reconcile.backoff_initial_ms": 0, "audit.sinks": ["stdout", "redis"]}) as stack:
         stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
-        assert (await stack.call("get_order", {"order_id": "ord_1001"}))[0] == 200
-        refund, key = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}, {"Idempotency-Key": "dash-1"}
-        _, pending = await stack.call("refund_order", refund, headers=key)
-        approval_id = pending["error"]["details"]["approval_id"]
-        assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200
-        assert (await stack.call("refund_order", refund, headers={**key, "X-Approval-Id": approval_id}))[0] == 200
-        assert (await stack.call("get_order", {"order_id": "ord_2001"}))[1]["error"]["code"] == "forbidden"
-        await stack.fault("adjust_counter", "drop_after_commit", count=1)
-        _, unknown = await stack.call("adjust_counter", {"counter": "ctr_dash", "delta": 1},
-                                      headers={"Idempotency-Key": "dash-2"})
-        assert unknown["outcome"] == "unknown"
-        assert (await stack.runtime.reconciler.scan_once()).get("takeover") == 1
-        assert (await stack.admin("GET", "/v1/approvals", None))[0] == 401  # request_errors{code}
+        before, started = await scrape_text(stack), time.monotonic()
         opa_server.stop()  # OPA down: the call fails closed (opa_errors, dependency_up{opa} 0)
         try:
             assert (await stack.call("get_order", {"order_id": "ord_1001"}))[1]["error"]["code"] == \
@@ -114,13 +106,32 @@ async def live_scenario(proxy_deps, issuers, opa_server, redis_server) -> str:
             await stack.runtime.health.readiness(use_cache=False)
         finally:
             opa_server.start()
-        redis_server.stop()  # Redis down: a read still runs; its audit record cannot reach the redis sink
+        # Redis down (first, as it forgets everything): a read still runs; its audit record misses the redis sink.
+        redis_server.stop()
         try:
             assert (await stack.call("get_order", {"order_id": "ord_1001"}))[0] == 200
         finally:
             redis_server.start()
+        assert (await stack.call("get_order", {"order_id": "ord_1001"}))[0] == 200
+        refund, key = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}, {"Idempotency-Key": "dash-1"}
+        _, pending = await stack.call("refund_order", refund, headers=key)
+        approval_id = pending["error"]["details"]["approval_id"]
+        assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200
+        assert (await stack.call("refund_order", refund, headers={**key, "X-Approval-Id": approval_id}))[0] == 200
+        for order, decision in (("ord_1002", "deny"), ("ord_1003", None)):  # one denied, one left pending
+            _, pending = await stack.call("refund_order", {**refund, "order_id": order}, headers={"Idempotency-Key": order})
+            if decision:
+                assert (await stack.admin("POST", f"/v1/approvals/{pending['error']['details']['approval_id']}/deny",
+                                          approver))[0] == 200
+        assert (await stack.call("get_order", {"order_id": "ord_2001"}))[1]["error"]["code"] == "forbidden"
+        await stack.fault("adjust_counter", "drop_after_commit", count=1)
+        _, unknown = await stack.call("adjust_counter", {"counter": "ctr_dash", "delta": 1},
+                                      headers={"Idempotency-Key": "dash-2"})
+        assert unknown["outcome"] == "unknown"
+        assert (await stack.runtime.reconciler.scan_once()).get("takeover") == 1
+        assert (await stack.admin("GET", "/v1/approvals", None))[0] == 401  # request_errors{code}
         await stack.runtime.health.readiness(use_cache=False)
-        return await scrape_text(stack)
+        return before, await scrape_text(stack), time.monotonic() - started
 
 
 @pytest.fixture
@@ -129,6 +140,7 @@ async def live_metrics(proxy_deps, issuers, opa_server, redis_server):
 
 
 async def test_every_series_and_label_in_the_dashboards_is_in_a_live_metrics_scrape(live_metrics):
+    live_metrics = live_metrics[1]
     exported = exported_names(live_metrics)
     labels: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(live_metrics):
@@ -143,3 +155,38 @@ async def test_every_series_and_label_in_the_dashboards_is_in_a_live_metrics_scr
             for label in sorted(label_names(expr) - seen):
                 problems.append(f"{path.stem} {where}: label {label} is on none of {sorted(names)} in the scrape")
     assert not problems, "\n".join(problems)
+
+
+@needs_chromium
+async def test_each_panel_set_renders_from_live_data(live_metrics):
+    """Every query evaluates on the two scrapes (rates over the scenario); the panel sets are drawn in Chromium
+    for docs/console.md (not Grafana: the same queries, one bar per series, values at the end of the scenario)."""
+    before, after, seconds = series(live_metrics[0]), series(live_metrics[1]), live_metrics[2]
+    shown: dict[str, dict[str, float]] = {}
+    for path in DASHBOARDS:
+        board = dashboard(path)
+        values = {}
+        for panel in board["panels"]:
+            for target in panel["targets"]:
+                expr = target["expr"]
+                for macro, value in GRAFANA_MACROS.items():
+                    expr = expr.replace(macro, value)
+                values[(panel["id"], target["refId"])] = evaluate(expr, before, after, seconds)
+        shown[path.stem] = {panel["title"]: {legend(t["legendFormat"], labels): value for t in panel["targets"]
+                                             for labels, value in values[(panel["id"], t["refId"])].items()}
+                            for panel in board["panels"]}
+        note = (f"Drawn by tests/support/dashboard_render.py from {path.name} and two live /metrics scrapes "
+                f"{seconds:.1f} s apart around tests/test_dashboards.py's scenario (rates over that window); "
+                "Grafana draws the same queries as time series.")
+        async with chromium_page(viewport=(1600, 1000)) as browser_page:
+            await browser_page.set_content(page(board, values, note))
+            await screenshot(browser_page, f"dashboard-{path.stem.removeprefix('toolproxy-')}", doc=True)
+    sre, security = shown["toolproxy-sre"], shown["toolproxy-security"]
+    assert {"succeeded", "failed", "unknown"} <= set(sre["Calls per second by outcome"])
+    assert {"resolve", "decode", "authorize", "execute", "commit"} <= set(sre["Stage latency p95 by stage"])
+    assert sre["Takeovers raised (1 h) by tool"] == {"adjust_counter": 1.0}
+    assert sre["Open unknowns"] == {"open": 1.0} and sre["Dependencies up (OPA, Redis)"] == {"opa": 1.0, "redis": 1.0}
+    assert security["Denials (1 h) by reason"] == {"resource_not_owned": 1.0}
+    assert {"created": 3.0, "approved": 1.0, "denied": 1.0, "consumed": 1.0}.items() <= \
+        security["Approvals (1 h) by state"].items()
+    assert security["Approvals pending"] == {"pending": 1.0}

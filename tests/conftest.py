@@ -110,3 +110,15 @@ def issuers(tmp_path_factory):
     directory = tmp_path_factory.mktemp("keys")
     return (Issuer(directory, issuer="https://platform.test", kid="agent-key"),
             Issuer(directory, issuer="https://admins.test", kid="admin-key"))
+
+
+@pytest.fixture
+async def jwt_stack(proxy_deps, issuers):
+    """An in-process proxy with real JWTs (agent ``alice`` of acme signs every agent request), no reconciler."""
+    from tests.support.stack import running_stack
+    from tests.support.tokens import jwt_overrides
+
+    agent, admin = issuers
+    async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}) as stack:
+        stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+        yield stack

@@ -6,18 +6,13 @@ from __future__ import annotations
 import pytest
 
 from proxy.console import CSP
-from tests.support.stack import running_stack
-from tests.support.tokens import jwt_overrides
 
 REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}
 
 
 @pytest.fixture
-async def stack(proxy_deps, issuers):
-    agent, admin = issuers
-    async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}) as s:
-        s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
-        yield s
+def stack(jwt_stack):
+    return jwt_stack
 
 
 def admin_token(issuers, subject="amy", roles=("approver",), tenant=None) -> str:

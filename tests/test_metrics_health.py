@@ -41,6 +41,7 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
             sample("toolproxy_unknown_outcomes_total", tool="refund_order"): 1,
             sample("toolproxy_policy_decisions_total", result="allow"): 4,
             sample("toolproxy_policy_decisions_total", result="deny"): 1,
+            sample("toolproxy_policy_denials_total", tool="get_order", reason="resource_not_owned"): 1,
             sample("toolproxy_opa_request_duration_seconds_count"): 5,
             sample("toolproxy_idempotency_results_total", result="new"): 2,
             sample("toolproxy_idempotency_results_total", result="replayed"): 1,

@@ -11,18 +11,13 @@ import pytest
 
 from tests.support.audit import audit_records
 from tests.support.metrics import sample, samples, scrape_text
-from tests.support.stack import running_stack
-from tests.support.tokens import jwt_overrides
 
 COUNTER = {"counter": "ctr_demo", "delta": 5}
 
 
 @pytest.fixture
-async def stack(proxy_deps, issuers):
-    agent, admin = issuers
-    async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}) as s:
-        s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
-        yield s
+def stack(jwt_stack):
+    return jwt_stack
 
 
 def operator(issuers, tenant=None) -> str:

@@ -10,45 +10,29 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
+from tests.support.proxyproc import LoggedProcess
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
 
-class DevStack:
+class DevStack(LoggedProcess):
+    stop_grace_s = 20.0  # it stops four children first
+
     def __init__(self) -> None:
+        super().__init__("dev.log")
         self.ports = {name: free_port() for name in ("proxy", "admin", "ops", "opa", "redis", "backend")}
-        self._log_path = Path(tempfile.mkdtemp(prefix="toolproxy-devstack-")) / "dev.log"
-        self.proc: subprocess.Popen[bytes] | None = None
+        base = {name: f"http://127.0.0.1:{port}" for name, port in self.ports.items()}
+        self.agent_url, self.admin_url, self.ops_url = base["proxy"], base["admin"], base["ops"]
+        self.opa_url, self.backend_url = base["opa"], base["backend"]
         self.console_url = ""
         self.token = ""
-
-    @property
-    def agent_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['proxy']}"
-
-    @property
-    def admin_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['admin']}"
-
-    @property
-    def backend_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['backend']}"
-
-    @property
-    def opa_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['opa']}"
-
-    @property
-    def ops_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['ops']}"
 
     def start(self, bound_s: float = 60.0) -> "DevStack":
         command = [sys.executable, "-m", "proxy.cli", "dev"]
@@ -70,25 +54,8 @@ class DevStack:
         raise TimeoutError(f"toolproxy dev not up within {bound_s}s:\n{self.log()}")
 
     def _ready(self) -> bool:
-        import urllib.request
         try:
             with urllib.request.urlopen(f"{self.ops_url}/readyz", timeout=1) as response:
                 return response.status == 200
         except OSError:
             return False
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    def log(self, limit: int = 4000) -> str:
-        try:
-            return self._log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""

@@ -37,15 +37,40 @@ def _env_value(value: Any) -> str:
     return str(value)
 
 
-class ProxyProcess:
+class LoggedProcess:
+    """A child process whose output goes to a log file; stopped with SIGTERM and a bounded wait."""
+
+    stop_grace_s = 10.0
+
+    def __init__(self, log_name: str) -> None:
+        self._log_path = Path(tempfile.mkdtemp(prefix="toolproxy-proc-")) / log_name
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=self.stop_grace_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+    def log(self, limit: int = 4000) -> str:
+        try:
+            return self._log_path.read_text(errors="replace")[-limit:]
+        except OSError:
+            return ""
+
+
+class ProxyProcess(LoggedProcess):
     def __init__(self, settings: Mapping[str, Any]) -> None:
+        super().__init__("proxy.log")
         self.port, self.admin_port, self.ops_port = free_port(), free_port(), free_port()
         merged = {"listen.port": self.port, "admin.port": self.admin_port, "ops.port": self.ops_port,
                   "log.level": "info", "identity.mode": "static", **settings}
         self.env = {**os.environ, **{"TOOLPROXY_" + k.replace(".", "_").upper(): _env_value(v)
                                      for k, v in merged.items()}}
-        self._log_path = Path(tempfile.mkdtemp(prefix="toolproxy-proc-")) / "proxy.log"
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
@@ -76,19 +101,3 @@ class ProxyProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
-
-    def log(self, limit: int = 4000) -> str:
-        try:
-            return self._log_path.read_text(errors="replace")[-limit:]
-        except OSError:
-            return ""

@@ -254,36 +254,33 @@ class Authenticator:
     async def admin_console_roles(self, headers: Mapping[str, str]) -> tuple[AdminPrincipal, tuple[str, ...]]:
         """The console's sign-in check: the admin token and which of the admin API's roles
         ("approver", "operator") it holds; a token with neither is refused like on the API."""
-        held = []
-        principal = None
-        for role in ("approver", "operator"):
-            try:
-                principal = await self.authenticate_admin(headers, role=role)
-                held.append(role)
-            except ProxyError as error:
-                if error.message != _NOT_ROLE[role]:
-                    raise
-        if principal is None:
+        principal = await self._admin_principal(headers)
+        held = tuple(role for role in ("approver", "operator") if self._holds(principal, role))
+        if not held:
             raise _unauthorized("This credential is neither an approver's nor an operator's.")
-        return principal, tuple(held)
+        return principal, held
 
     async def authenticate_admin(self, headers: Mapping[str, str], *, role: str = "approver") -> AdminPrincipal:
         """The approver (or, with ``role="operator"``, the operator who settles unknown operations) on the
         admin listener: its own token (audience/issuer/keys) and role."""
+        principal = await self._admin_principal(headers)
+        if not self._holds(principal, role):
+            raise _unauthorized(f"This credential is not an {role}'s.")
+        return principal
+
+    async def _admin_principal(self, headers: Mapping[str, str]) -> AdminPrincipal:
         if self._admin_jwt is None:
             raise _unauthorized("The admin API requires an approver credential; none is configured.")
         claims = await self._admin_jwt.verify(bearer_token(headers))
         subject, tenant, roles, scopes = self._admin_jwt.claims_to_identity(claims)
-        config = self._admin_config
-        if role == "operator":
-            if config.operator_role not in roles:
-                raise _unauthorized(_NOT_ROLE["operator"])
-        elif config.approver_role not in roles or (config.approver_scope and config.approver_scope not in scopes):
-            raise _unauthorized(_NOT_ROLE["approver"])
         return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes)
 
-
-_NOT_ROLE = {"approver": "This credential is not an approver's.", "operator": "This credential is not an operator's."}
+    def _holds(self, principal: AdminPrincipal, role: str) -> bool:
+        config = self._admin_config
+        if role == "operator":
+            return config.operator_role in principal.roles
+        return config.approver_role in principal.roles and \
+            (not config.approver_scope or config.approver_scope in principal.scopes)
 
 
 def configuration_problem(config: IdentityConfig) -> str | None:

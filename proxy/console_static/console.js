@@ -29,7 +29,7 @@
 
   function when(value) {
     if (value === null || value === undefined) return null;
-    const date = typeof value === "number" ? new Date(value) : new Date(value);
+    const date = new Date(value);  // epoch milliseconds or an ISO 8601 string
     return isNaN(date) ? null : date;
   }
 

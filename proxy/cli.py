@@ -1,4 +1,4 @@
-"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp``.
+"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp | policy``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -70,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
     imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
 
+    from .policy_commands import add_parsers as add_policy_parsers
+    add_policy_parsers(sub)
+
     args = parser.parse_args(argv)
     if args.command == "check-registry":
         return check_registry(args.paths)
@@ -81,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "import-mcp":
         return import_mcp(args)
+    if args.command == "policy":
+        from .policy_commands import run as run_policy
+        return run_policy(args)
     if args.command == "run":
         return run_sidecar(args.config)
     if args.command == "dev":

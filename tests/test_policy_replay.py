@@ -125,9 +125,9 @@ async def test_a_candidate_reading_a_masked_argument_cannot_replay_those_records
     shutil.copytree(REPO / "policies", candidate)
     (candidate / "fraud.rego").write_text(CARD_RULE)
     decision = (candidate / "decision.rego").read_text()
-    (candidate / "decision.rego").write_text(
-        decision.replace("import data.toolproxy.approvals\n", "import data.toolproxy.approvals\nimport data.toolproxy.fraud\n")
-        .replace("| approvals.deny)", "| approvals.deny) | fraud.deny"))
+    wired = re.sub(r"^(reasons := .*)$", r"\1 | data.toolproxy.fraud.deny", decision, count=1, flags=re.M)
+    assert wired != decision
+    (candidate / "decision.rego").write_text(wired)
     done = _replay(path, "--format", "json", policy=candidate)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

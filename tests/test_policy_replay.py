@@ -10,15 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from proxy.audit import MASK
-from proxy.decisions import mask_input
+from proxy.decisions import build_record, mask_input
+from proxy.policy import Decision
 from proxy.policy_replay import read_stream
 from tests.support.stack import running_stack
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLPROXY = [sys.executable, "-m", "proxy.cli"]
 STREAM = "toolproxy:decisions:{stream}"
+SCHEMA = Draft202012Validator(json.loads((REPO / "schemas" / "decision-record.schema.json").read_text()),
+                              format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 # The mix the acceptance asks for: allowed reads, a denied foreign-tenant read, refunds under and over
 # acme's approval threshold (5000 cents in examples/opa/data.json).
@@ -38,6 +42,18 @@ CARD_RULE = """package toolproxy.fraud
 # Candidate: refuse refunds whose free-text reason mentions a card (reads a masked argument).
 deny contains "reason_mentions_card" if contains(input.arguments.reason, "card")
 """
+
+
+def test_an_oversized_record_keeps_its_decision_and_says_its_input_was_dropped():
+    decision = Decision(allow=True, require_approval=False, reasons=(), risk="read", policy_revision="r1")
+    document = {"action": "call", "subject": {"id": "u", "tenant": "t"}, "arguments": {"blob": "x" * 5000}}
+    small = build_record(document, decision, decision_path="toolproxy/decision", sensitive_fields=(),
+                         max_bytes=1024)
+    assert "input" not in small and small["input_omitted"] == "too_large"
+    assert small["decision"]["result"] == "allow" and not list(SCHEMA.iter_errors(small))
+    kept = build_record(document, decision, decision_path="toolproxy/decision", sensitive_fields=(),
+                        max_bytes=65536)
+    assert kept["input"] == document and not list(SCHEMA.iter_errors(kept))
 
 
 def test_masking_lists_every_masked_path_and_leaves_the_rest():
@@ -76,6 +92,7 @@ async def test_records_hold_the_exact_input_masked_with_the_decision(recorded):
     records, _ = recorded
     by_result = {}
     for record in records:
+        assert not list(SCHEMA.iter_errors(record)), record
         by_result.setdefault(record["decision"]["result"], []).append(record)
         # The test OPA runs without decision logs, so it hands out no decision ids; the request id links
         # a record to its audit record either way.
@@ -146,3 +163,40 @@ async def test_fail_on_deny_to_allow_gates_a_candidate_that_opens_a_hole(recorde
     assert "deny->allow" in done.stdout and "FAIL: deny->allow (2)" in done.stdout
     safe = _replay(path, "--fail-on", "deny->allow")
     assert safe.returncode == 0, safe.stdout + safe.stderr
+
+
+FUNCTION_RULES = """package toolproxy.fraud
+
+# Reads the masked argument inside functions: partial evaluation of deny cannot answer, the trace does.
+mentions_card(args) if contains(args.reason, "card")
+
+email_mentions_card(tool) if {
+	tool == "send_email"
+	contains(input.arguments.reason, "card")
+}
+
+deny contains "reason_mentions_card" if mentions_card(input.arguments)
+"""
+
+
+def _candidate_with(tmp_path: Path, rules: str) -> Path:
+    candidate = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", candidate)
+    (candidate / "fraud.rego").write_text(rules)
+    decision = (candidate / "decision.rego").read_text()
+    wired = re.sub(r"^(reasons := .*)$", r"\1 | data.toolproxy.fraud.deny", decision, count=1, flags=re.M)
+    (candidate / "decision.rego").write_text(wired)
+    return candidate
+
+
+async def test_reads_through_functions_are_settled_by_the_trace(recorded, tmp_path):
+    _, path = recorded
+    reads = _replay(path, "--format", "json", policy=_candidate_with(tmp_path / "a", FUNCTION_RULES))
+    assert reads.returncode == 0, reads.stderr
+    assert json.loads(reads.stdout)["not_replayable"] == {"reads_masked:arguments.reason": {"refund_order": 3}}
+    # Only send_email calls would read it: the trace shows the refunds never do, so they replay.
+    guarded = FUNCTION_RULES.replace("if mentions_card(input.arguments)", "if email_mentions_card(input.tool.name)")
+    skips = _replay(path, "--format", "json", policy=_candidate_with(tmp_path / "b", guarded))
+    assert skips.returncode == 0, skips.stderr
+    report = json.loads(skips.stdout)
+    assert (report["not_replayable"], report["replayed"], report["changed"]) == ({}, 8, 0)

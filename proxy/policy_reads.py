@@ -5,9 +5,11 @@ the candidate policy's decision cannot depend on the masked values. Three
 steps, each sound, cheapest first:
 
 1. **Static refs** (once per policy): ``opa parse`` every non-test module and
-   collect each rule's refs into ``input``; a segment that is not a literal
-   (``input.arguments[k]``) matches anything. A record whose masked paths no
-   ref can reach is replayable.
+   collect each rule's refs into ``input`` (and ``import input...``); a
+   segment that is not a literal (``input.arguments[k]``) matches anything.
+   A record whose masked paths no ref can reach is replayable. The same refs
+   give the *projection* of an input (the parts the policy may read): equal
+   projections get equal decisions, so replay evaluates each one once.
 2. **Partial evaluation of the rules that may reach them** (per record):
    each such rule's document is partially evaluated with the record's input
    known except the masked paths. OPA folds everything that does not need
@@ -57,8 +59,10 @@ def policy_reads(policy_dir: str, opa_binary: str) -> list[RuleReads]:
             raise ControlError(f"{file}: opa parse failed: {done.stderr.strip().splitlines()[-1:]}")
         module = json.loads(done.stdout)
         package = [t["value"] for t in module["package"]["path"]]
+        # ``import input.subject as s`` makes ``s.id`` a read of input.subject: every rule may use it.
+        imported = tuple(_input_patterns([i.get("path") for i in module.get("imports") or ()]))
         for rule in module.get("rules", []):
-            patterns = tuple(_input_patterns(rule))
+            patterns = tuple(_input_patterns(rule)) + imported
             if not patterns:
                 continue
             head = rule["head"]
@@ -107,6 +111,27 @@ def _segment(term: dict[str, Any], bindings: dict[str, Any] | None = None) -> An
 def reaches(pattern: Sequence[Any], path: Sequence[Any]) -> bool:
     """Whether a ref pattern may read ``path`` (itself, a parent holding it, or a part of it)."""
     return all(p is WILD or p == q for p, q in zip(pattern, path))
+
+
+def project(value: Any, patterns: Sequence[Sequence[Any]]) -> Any:
+    """The part of ``value`` that some pattern may read; two inputs with equal projections get equal decisions."""
+    if any(len(p) == 0 for p in patterns):
+        return value
+    if isinstance(value, dict):
+        out = {}
+        for key, sub in value.items():
+            below = [p[1:] for p in patterns if p[0] is WILD or p[0] == key]
+            if below:
+                out[key] = project(sub, below)
+        return out
+    if isinstance(value, list):
+        return [project(item, below) if (below := [p[1:] for p in patterns if p[0] is WILD or p[0] == i])
+                else None for i, item in enumerate(value)]
+    return value
+
+
+def all_patterns(rules: Sequence[RuleReads]) -> list[tuple[Any, ...]]:
+    return [p for rule in rules for p in rule.patterns]
 
 
 def rules_reaching(rules: Sequence[RuleReads], paths: Sequence[Sequence[Any]]) -> list[RuleReads]:

@@ -21,7 +21,8 @@ from typing import Any, Iterable, Sequence
 import redis.asyncio as redis_async
 
 from .decisions import RECORD_TYPE
-from .policy_reads import RuleReads, policy_reads, residual_needs_input, rules_reaching, trace_reads
+from .policy_reads import (RuleReads, all_patterns, policy_reads, project, residual_needs_input, rules_reaching,
+                           trace_reads)
 from .policy_scratch import ScratchOpa, rego_ref
 
 RESULTS = ("allow", "require_approval", "deny")
@@ -81,10 +82,12 @@ class Report:
     reasons_removed: Counter = field(default_factory=Counter)
     examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
     queries: int = 0
+    distinct_inputs: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "records": self.total, "skipped_lines": self.skipped_lines, "replayed": self.replayed,
+            "distinct_inputs": self.distinct_inputs, "opa_queries": self.queries,
             "changed": self.changed,
             "not_replayable": {why: dict(tools) for why, tools in sorted(self.not_replayable.items())},
             "transitions": {t: dict(sorted(tools.items())) for t, tools in sorted(self.transitions.items())},
@@ -100,48 +103,70 @@ class Report:
 
 async def replay(records: Sequence[dict[str, Any]], opa: ScratchOpa, reads: Sequence[RuleReads], *,
                  examples: int = 3) -> Report:
+    """Replay every record; inputs with equal projections (``policy_reads.project``) are evaluated once."""
     report = Report(total=len(records))
-    replayable: list[dict[str, Any]] = []
+    patterns = all_patterns(reads)
     gate = asyncio.Semaphore(ANALYSIS_CONCURRENCY)
+    verdict_of: dict[str, asyncio.Task[str | None]] = {}
 
-    async def classify(record: dict[str, Any]) -> str | None:
-        if "input" not in record:
-            return "input_not_recorded"
-        paths = [tuple(p) for p in record.get("masked_paths") or ()]
-        if not paths:
-            return None
+    def projection_key(record: dict[str, Any]) -> str:
+        return json.dumps(project(record["input"], patterns), sort_keys=True, separators=(",", ":"))
+
+    async def analyse(record: dict[str, Any], paths: list[tuple[Any, ...]]) -> str | None:
         async with gate:
             read = await _may_read(opa, reads, record["input"], paths)
         return "reads_masked:" + ",".join(".".join(map(str, p)) for p in read) if read else None
 
-    verdicts = await asyncio.gather(*(classify(r) for r in records))
-    for record, why in zip(records, verdicts):
+    keys: list[str | None] = []
+    for record in records:
+        paths = [tuple(p) for p in record.get("masked_paths") or ()]
+        key = projection_key(record) if "input" in record else None
+        keys.append(key)
+        if key is not None and paths:
+            cache_key = key + json.dumps(paths)
+            if cache_key not in verdict_of:
+                verdict_of[cache_key] = asyncio.ensure_future(analyse(record, paths))
+    replayable: list[tuple[dict[str, Any], str]] = []
+    for record, key in zip(records, keys):
+        if key is None:
+            report.not_replayable["input_not_recorded"][_tool(record)] += 1
+            continue
+        paths = [tuple(p) for p in record.get("masked_paths") or ()]
+        why = await verdict_of[key + json.dumps(paths)] if paths else None
         if why is None:
-            replayable.append(record)
+            replayable.append((record, key))
         else:
             report.not_replayable[why][_tool(record)] += 1
-    decisions = await opa.evaluate([r["input"] for r in replayable])
-    for record, decision in zip(replayable, decisions):
-        report.replayed += 1
-        before, after = record["decision"], decision
-        old, new = before["result"], result_of(after)
-        old_reasons = set(before.get("reasons") or ())
-        new_reasons = set(after.get("reasons") or ()) if isinstance(after, dict) else set()
-        if old == new and old_reasons == new_reasons:
-            continue
-        report.changed += 1
-        transition = f"{old}->{new}"
-        report.transitions[transition][_tool(record)] += 1
-        report.reasons_added.update(new_reasons - old_reasons)
-        report.reasons_removed.update(old_reasons - new_reasons)
-        if len(report.examples[transition]) < examples:
-            report.examples[transition].append({
-                "decision_id": record.get("decision_id"), "tool": _tool(record),
-                "tenant": record.get("tenant"), "subject": record.get("subject"),
-                "arguments": record["input"].get("arguments"),
-                "reasons_before": sorted(old_reasons), "reasons_after": sorted(new_reasons)})
+    unique: dict[str, dict[str, Any]] = {}
+    for record, key in replayable:
+        unique.setdefault(key, record["input"])
+    decided = dict(zip(unique, await opa.evaluate(list(unique.values()))))
+    for record, key in replayable:
+        _compare(report, record, decided[key], examples)
     report.queries = opa.queries
+    report.distinct_inputs = len(unique)
     return report
+
+
+def _compare(report: Report, record: dict[str, Any], after: Any, examples: int) -> None:
+    report.replayed += 1
+    before = record["decision"]
+    old, new = before["result"], result_of(after)
+    old_reasons = set(before.get("reasons") or ())
+    new_reasons = set(after.get("reasons") or ()) if isinstance(after, dict) else set()
+    if old == new and old_reasons == new_reasons:
+        return
+    report.changed += 1
+    transition = f"{old}->{new}"
+    report.transitions[transition][_tool(record)] += 1
+    report.reasons_added.update(new_reasons - old_reasons)
+    report.reasons_removed.update(old_reasons - new_reasons)
+    if len(report.examples[transition]) < examples:
+        report.examples[transition].append({
+            "decision_id": record.get("decision_id"), "request_id": record.get("request_id"),
+            "tool": _tool(record), "tenant": record.get("tenant"), "subject": record.get("subject"),
+            "arguments": record["input"].get("arguments"),
+            "reasons_before": sorted(old_reasons), "reasons_after": sorted(new_reasons)})
 
 
 async def _may_read(opa: ScratchOpa, reads: Sequence[RuleReads], document: dict[str, Any],
@@ -169,7 +194,8 @@ def render_text(report: Report, fail: Sequence[str]) -> str:
     out = [f"records: {report.total}   replayed: {report.replayed}   changed: {report.changed}   "
            f"not replayable: {sum(sum(c.values()) for c in report.not_replayable.values())}"
            + (f"   (skipped {report.skipped_lines} lines that are not decision records)"
-              if report.skipped_lines else "")]
+              if report.skipped_lines else ""),
+           f"({report.distinct_inputs} distinct inputs as far as the policy reads them; {report.queries} OPA queries)"]
     if report.transitions:
         out.append("")
         out.append(f"{'transition':<30} {'tool':<24} {'count':>6}")
@@ -190,7 +216,7 @@ def render_text(report: Report, fail: Sequence[str]) -> str:
         out.append("")
         out.append(f"examples of {transition}:")
         for item in items:
-            out.append(f"  {item['decision_id'] or '-'} {item['tool']} tenant={item['tenant']} "
+            out.append(f"  {item['decision_id'] or item['request_id'] or '-'} {item['tool']} tenant={item['tenant']} "
                        f"subject={item['subject']} arguments={json.dumps(item['arguments'], sort_keys=True)}")
             out.append(f"    reasons {item['reasons_before']} -> {item['reasons_after']}")
     if fail:

@@ -200,3 +200,19 @@ async def test_reads_through_functions_are_settled_by_the_trace(recorded, tmp_pa
     assert skips.returncode == 0, skips.stderr
     report = json.loads(skips.stdout)
     assert (report["not_replayable"], report["replayed"], report["changed"]) == ({}, 8, 0)
+
+
+def test_the_projection_keeps_every_path_the_policy_may_read(tmp_path):
+    from proxy.policy_reads import all_patterns, policy_reads, project
+    from proxy.policy_scratch import find_opa
+    (tmp_path / "p.rego").write_text(
+        "package p\n\nimport input.subject as who\n\n"
+        "allow if who.tenant == \"acme\"\n\n"
+        "limit_hit if input.arguments[data.p.argument] > 5\n\n"
+        "first_kind := input.resources[0].kind\n")
+    patterns = all_patterns(policy_reads(str(tmp_path), find_opa()))
+    document = {"subject": {"id": "u", "tenant": "acme"}, "request": {"request_id": "r1"},
+                "arguments": {"amount": 3, "note": "n"}, "resources": [{"kind": "order", "id": "order:1"}, {"kind": "x"}]}
+    assert project(document, patterns) == {"subject": {"id": "u", "tenant": "acme"},
+                                            "arguments": {"amount": 3, "note": "n"},
+                                            "resources": [{"kind": "order"}, None]}

@@ -317,7 +317,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"{path}: cannot read config: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
-        _deep_merge(data, loaded or {})
+        deep_merge(data, loaded or {})
     env = os.environ if env is None else env
     for dotted, hint in _leaves(Config):
         name = ENV_PREFIX + dotted.replace(".", "_").upper()
@@ -328,10 +328,10 @@ def load_config(path: str | os.PathLike[str] | None = None,
     return _build(Config, data, "config")
 
 
-def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for name, value in other.items():
         if isinstance(value, dict) and isinstance(into.get(name), dict):
-            _deep_merge(into[name], value)
+            deep_merge(into[name], value)
         else:
             into[name] = value
 

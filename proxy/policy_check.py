@@ -35,6 +35,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from .config import deep_merge
 from .policy_scratch import find_opa
 from .registry import Registry, ToolContract, load_registry
 
@@ -70,7 +71,7 @@ class DataFiles:
                 target = self.data
                 for part in prefix:
                     target = target.setdefault(part, {})
-                _merge(target, document or {})
+                deep_merge(target, document or {})
 
     def where(self, *path: str) -> str:
         """The file that holds ``path`` (the deepest one that has it), else the first data file."""
@@ -93,14 +94,6 @@ class DataFiles:
                 return default
             node = node[part]
         return node
-
-
-def _merge(into: dict[str, Any], document: dict[str, Any]) -> None:
-    for key, value in document.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
 
 
 def opa_problems(policy_dir: str, binary: str) -> list[Problem]:

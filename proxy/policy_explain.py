@@ -17,6 +17,7 @@ import argparse
 import json
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,7 +58,7 @@ async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -
             raise ValueError("that record holds no input (it was larger than decisions.max_record_bytes)")
         document, masked = found[-1]["input"], found[-1].get("masked_paths") or []
     else:
-        text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else __import__("sys").stdin.read()
+        text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else sys.stdin.read()
         caller = Caller(subject=args.subject, tenant=args.tenant, roles=tuple(_list(args.roles)),
                         scopes=tuple(_list(args.scopes)), agent=args.agent, source="jwt")
         document = call_input(json.loads(text), caller, args.registry or ["examples/registry"],

@@ -78,22 +78,7 @@ def policy_reads(policy_dir: str, opa_binary: str) -> list[RuleReads]:
 
 
 def _input_patterns(node: Any) -> list[tuple[Any, ...]]:
-    found: list[tuple[Any, ...]] = []
-    if isinstance(node, dict):
-        if node.get("type") == "ref" and isinstance(node.get("value"), list) and node["value"] \
-                and _is_input(node["value"][0]):
-            found.append(tuple(_segment(t) for t in node["value"][1:]))
-            for term in node["value"][1:]:
-                found.extend(_input_patterns(term))
-            return found
-        if _is_input(node):
-            return [()]
-        for value in node.values():
-            found.extend(_input_patterns(value))
-    elif isinstance(node, list):
-        for value in node:
-            found.extend(_input_patterns(value))
-    return found
+    return [tuple(_segment(t) for t in ref[1:]) for ref in _refs(node)]
 
 
 def _is_input(term: Any) -> bool:

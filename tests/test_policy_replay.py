@@ -216,3 +216,24 @@ def test_the_projection_keeps_every_path_the_policy_may_read(tmp_path):
     assert project(document, patterns) == {"subject": {"id": "u", "tenant": "acme"},
                                             "arguments": {"amount": 3, "note": "n"},
                                             "resources": [{"kind": "order"}, None]}
+
+
+async def test_a_failing_decision_sink_is_counted_and_never_raises():
+    import socket
+
+    import redis.asyncio as redis_async
+
+    from proxy.config import DecisionsConfig
+    from proxy.decisions import DecisionRecorder, DecisionStreamSink
+    from proxy.metrics import Metrics
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    client = redis_async.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.2)
+    metrics = Metrics()
+    recorder = DecisionRecorder(DecisionsConfig(enabled=True, timeout_ms=300),
+                                [DecisionStreamSink(client, "k", 10, 60)], metrics, "toolproxy/decision")
+    decision = Decision(allow=True, require_approval=False, reasons=(), risk="read")
+    await recorder.record({"action": "call", "arguments": {}}, decision)
+    assert metrics.decision_record_failures.labels("redis")._value.get() == 1
+    await client.aclose()

@@ -69,7 +69,8 @@ def test_masking_lists_every_masked_path_and_leaves_the_rest():
 @pytest.fixture
 async def recorded(proxy_deps, tmp_path):
     """Decision records of CALLS made through the proxy, exported as JSON lines (what a log pipeline holds)."""
-    async with running_stack({**proxy_deps, "decisions.enabled": True}) as stack:
+    # A generous sink timeout: on a loaded machine a 200 ms XADD bound drops records (counted, never fatal).
+    async with running_stack({**proxy_deps, "decisions.enabled": True, "decisions.timeout_ms": 5000}) as stack:
         stack.auto_key = True
         for tool, arguments, status in CALLS:
             got, body = await stack.call(tool, arguments)

@@ -35,7 +35,7 @@ identity_deny contains "identity_missing" if not identity_valid
 
 identity_deny contains "agent_missing" if not agent_valid
 
-reasons := ((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny)
+reasons := (((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny
 
 default risk := "unknown"
 

@@ -24,6 +24,7 @@ from . import console, envelope, ingress, logs, openai_front
 from .adapters.http import HttpAdapter, trace_config
 from .adapters.mcp import McpAdapter
 from .audit import Auditor, build_sinks
+from .decisions import build_recorder
 from .approvals import ApprovalStore
 from .authorize import Authorizer
 from .config import Config
@@ -74,6 +75,8 @@ class Runtime:
         await self.reconciler.stop()
         await self.pipeline.aclose()
         await self.session.close()
+        await self.policy.close()
+        await self.health.close()
         await self.redis.aclose()
 
 
@@ -100,7 +103,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                     metrics)
     operations = OperationStore(redis, config.redis.key_prefix)
     unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
-    policy = PolicyClient(config.opa, session, metrics, registry)
+    recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"), metrics,
+                              config.opa.decision_path)
+    policy = PolicyClient(config.opa, session, metrics, registry, recorder)
+    await policy.open()
     approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
     denials = DenialLog(redis, config.redis.key_prefix, metrics)
     idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
@@ -109,8 +115,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                         unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
                         locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
                                           margin_s=config.deadline.margin_ms / 1000.0))
-    health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
+    health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
                     unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
+    await health.open()
     authenticator = Authenticator(config.identity, config.admin_identity, session)
     if config.identity.mode == "static":
         log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",

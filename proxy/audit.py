@@ -123,7 +123,7 @@ def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         for key, sub in value.items():
-            if (key,) in paths or _looks_secret(key):
+            if (key,) in paths or looks_secret(key):
                 out[key] = MASK
                 continue
             below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
@@ -139,7 +139,7 @@ def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int
     return value
 
 
-def _looks_secret(key: str) -> bool:
+def looks_secret(key: str) -> bool:
     lowered = key.lower().replace("-", "_")
     return any(part in lowered for part in _SECRET_KEY_PARTS)
 

@@ -80,7 +80,7 @@ class Authorizer:
         document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                normalized=normalized,
                                approval=approval.policy_input() if approval is not None else None)
-        decision = await self._policy.decide(document, budget_s=budget_s)
+        decision = await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.sensitive_fields)
         # Opaque references for support and audit; the reasons never leave the proxy.
         details = {k: v for k, v in (("decision_id", decision.decision_id),
                                      ("policy_revision", decision.policy_revision)) if v}

@@ -1,4 +1,4 @@
-"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp``.
+"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp | policy``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -15,6 +15,7 @@ from typing import Sequence
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
+from .decisions import check_config as check_decisions_config
 from .identity import configuration_problem
 from .registry import Registry, RegistryError, load_registry
 
@@ -69,6 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
     imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
 
+    from .policy_commands import add_parsers as add_policy_parsers
+    add_policy_parsers(sub)
+
     args = parser.parse_args(argv)
     if args.command == "check-registry":
         return check_registry(args.paths)
@@ -80,6 +84,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "import-mcp":
         return import_mcp(args)
+    if args.command == "policy":
+        from .policy_commands import run as run_policy
+        return run_policy(args)
     if args.command == "run":
         return run_sidecar(args.config)
     if args.command == "dev":
@@ -139,6 +146,7 @@ def run_sidecar(config_path: str | None) -> int:
         if config.log.format not in {"json", "kv"}:
             raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
         check_audit_config(config.audit)
+        check_decisions_config(config.decisions)
         identity_problem = configuration_problem(config.identity)
         if identity_problem:
             raise ConfigError(identity_problem)

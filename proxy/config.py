@@ -263,6 +263,19 @@ class AuditConfig:
 
 
 @dataclass(frozen=True)
+class DecisionsConfig:
+    enabled: bool = setting(False, "record every policy decision (exact OPA input with sensitive arguments masked, "
+                                   "decision, revision, decision id) for `toolproxy policy replay`")
+    sinks: list[str] = setting(["redis"], "where decision records go: redis (a Redis Stream), stdout (JSON lines), "
+                                          "or both")
+    stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the decision stream")
+    retention_s: int = setting(7 * 86400, "redis sink: records older than this are trimmed (XTRIM MINID ~)")
+    max_record_bytes: int = setting(65536, "a record larger than this keeps its decision but not its input "
+                                           "(replay reports it not replayable)")
+    timeout_ms: int = setting(200, "bound on writing one record to one sink (a failure never affects the call)")
+
+
+@dataclass(frozen=True)
 class Config:
     listen: AgentListenerConfig = field(default_factory=AgentListenerConfig, metadata={"help": "agent-facing API"})
     admin: ListenerConfig = field(default_factory=_admin_listener, metadata={"help": "approver/operator API"})
@@ -283,6 +296,7 @@ class Config:
     locks: LocksConfig = field(default_factory=LocksConfig, metadata={"help": "resource locks"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
+    decisions: DecisionsConfig = field(default_factory=DecisionsConfig, metadata={"help": "policy decision records"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig,
                                        metadata={"help": "batch scheduler (POST /v1/tool-calls:batch)"})
 
@@ -303,7 +317,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"{path}: cannot read config: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
-        _deep_merge(data, loaded or {})
+        deep_merge(data, loaded or {})
     env = os.environ if env is None else env
     for dotted, hint in _leaves(Config):
         name = ENV_PREFIX + dotted.replace(".", "_").upper()
@@ -314,10 +328,10 @@ def load_config(path: str | os.PathLike[str] | None = None,
     return _build(Config, data, "config")
 
 
-def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for name, value in other.items():
         if isinstance(value, dict) and isinstance(into.get(name), dict):
-            _deep_merge(into[name], value)
+            deep_merge(into[name], value)
         else:
             into[name] = value
 

@@ -78,5 +78,7 @@ class Metrics:
                                       "unknown route, admin API refusals), by error code", ["code"], registry=r)
         self.audit_failures = Counter("toolproxy_audit_write_failures", "Audit records a sink failed to write",
                                       ["sink"], registry=r)
+        self.decision_record_failures = Counter("toolproxy_decision_record_failures",
+                                                "Decision records a sink failed to write", ["sink"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run every check: setup, Rego (check, tests + coverage), Helm chart (lint,
+# Run every check: setup, Rego (check, tests + coverage, policy check), Helm chart (lint,
 # template, scripts/check-chart.sh: kubernetes-validate, CRD schemas, checkov), pytest.
 # Extra arguments are passed to pytest. Exits non-zero if any step fails;
 # all steps run even after an earlier one failed, pytest always runs last.
@@ -71,6 +71,9 @@ if [[ -d policies ]]; then
     else
         step "opa test: skipped (no *_test.rego files in policies/)"
     fi
+    step "toolproxy policy check (opa check --strict, opa fmt, policy data vs registry; demo data)"
+    run "policy check" "$ROOT/.venv/bin/toolproxy" policy check --policy policies/ --data examples/opa \
+        --registry examples/registry
 else
     step "opa: skipped (no policies/ directory)"
 fi

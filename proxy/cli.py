@@ -136,8 +136,6 @@ def run_sidecar(config_path: str | None) -> int:
     try:
         config = load_config(config_path)
         load_registry(config.registry.paths)  # fail fast with a clear message
-        if config.log.format not in {"json", "kv"}:
-            raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
         check_audit_config(config.audit)
         identity_problem = configuration_problem(config.identity)
         if identity_problem:
@@ -154,7 +152,11 @@ def run_sidecar(config_path: str | None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(config, stop=stop)
 
-    asyncio.run(main_async())
+    try:
+        asyncio.run(main_async())
+    except ConfigError as exc:  # found while opening the runtime (a key file, an algorithm list)
+        print(f"toolproxy: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -195,7 +195,8 @@ class Pipeline:
         with self._stage(state, "resolve"):
             tool = state.tool = self.registry.resolve(request.tool, request.version)
         with self._stage(state, "decode"):
-            arguments = decode_arguments(request.arguments, tool.input_validator)
+            arguments = decode_arguments(request.arguments, tool.input_validator,
+                                         max_depth=self._config.decode.max_depth)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
         meta = request.meta

@@ -289,14 +289,14 @@ class Authenticator:
 
 def configuration_problem(config: IdentityConfig) -> str | None:
     """Why this identity configuration cannot authenticate anyone (checked before listening)."""
-    if config.mode != "static" and not config.agent_id:
-        # Every audit record names the agent: a made-up default would put a false name there.
-        return (f"identity.agent_id (TOOLPROXY_IDENTITY_AGENT_ID) is empty; with identity.mode {config.mode} it "
-                "is required: set it to the agent's identity (in Kubernetes, the pod's service account)")
     if config.mode == "jwt" and not _has_keys(config.jwt):
         # Fail at start-up, not on the first call: a sidecar without keys would refuse everyone.
         return ("identity.mode is jwt (the default) but no key is configured: set identity.jwt.jwks_file, "
                 "jwks_url, public_key_file or hmac_secret_file, or choose identity.mode headers/static")
+    if config.mode != "static" and not config.agent_id:
+        # Every audit record names the agent: a made-up default would put a false name there.
+        return (f"identity.agent_id (TOOLPROXY_IDENTITY_AGENT_ID) is empty; with identity.mode {config.mode} it "
+                "is required: set it to the agent's identity (in Kubernetes, the pod's service account)")
     return None
 
 

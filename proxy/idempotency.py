@@ -64,7 +64,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 import redis.exceptions
 import rfc8785
 
-from .audit import redact
 from .config import IdempotencyConfig, ReconcileConfig
 from .envelope import iso
 from .errors import ProxyError, SideEffect
@@ -72,6 +71,7 @@ from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Record
+from .redaction import redact
 from .registry import ToolContract
 
 if TYPE_CHECKING:  # pragma: no cover

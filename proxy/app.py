@@ -31,6 +31,7 @@ from .config import Config
 from .denials import DenialLog
 from .errors import ProxyError
 from .health import Health
+from .http_server import EnvelopeRunner
 from .idempotency import IdempotencyStage, find_operation
 from .identity import Authenticator, Caller
 from .locks import LockManager
@@ -71,6 +72,10 @@ class Runtime:
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
     denials: DenialLog
     locks: LockManager
+
+    def count_refusal(self, code: str) -> None:
+        """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
+        self.metrics.request_errors.labels(code).inc()
 
     async def close(self) -> None:
         await self.reconciler.stop()
@@ -394,7 +399,7 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None,
     try:
         for app, listener in ((agent_app(runtime), config.listen), (admin_app(runtime), config.admin),
                               (ops_app(runtime), config.ops)):
-            runner = web.AppRunner(app, access_log=None)
+            runner = EnvelopeRunner(app, access_log=None, count_refusal=runtime.count_refusal)
             await runner.setup()
             await web.TCPSite(runner, listener.host, listener.port).start()
             runners.append(runner)

@@ -273,6 +273,13 @@ async def admin_list_denials(request: web.Request) -> web.Response:
     return json_response(await runtime.denials.recent(tenant=principal.tenant))
 
 
+async def admin_list_locks(request: web.Request) -> web.Response:
+    """Locks held now (an operator's tenant only, unless the operator is cross-tenant): see docs/operations.md."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response(await runtime.locks.held(tenant=operator.tenant))
+
+
 async def admin_list_unknown_calls(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
@@ -378,6 +385,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
     app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
+    app.router.add_get("/v1/locks", admin_list_locks)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 

@@ -234,7 +234,8 @@ class Pipeline:
             lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
                                               while_waiting=keep_reservation,
-                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0,
+                                              operation=admission.key, request_id=meta.request_id)
         try:
             return await self._run_locked(state, tool, normalized, admission, lease)
         finally:

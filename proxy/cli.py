@@ -1,4 +1,5 @@
-"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp``.
+"""Command line: ``toolproxy run | dev | check-registry | check-policy-data | opa-data | config-reference |
+import-mcp``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -46,6 +47,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = sub.add_parser("check-registry", help="validate registry files without starting anything")
     check.add_argument("paths", nargs="+", help="registry YAML files or directories")
 
+    policy_data = sub.add_parser(
+        "check-policy-data", help="validate an OPA data document (roles, subjects, resources, thresholds, limits)",
+        description="Check the data document the policies read (data.toolproxy) against "
+                    "schemas/opa-data.schema.json and its cross references, before shipping it to OPA.")
+    policy_data.add_argument("file", help="the JSON data document (e.g. examples/opa/data.json)")
+
     opa_data = sub.add_parser(
         "opa-data", help="print the registry's tool catalog as OPA data (data.toolproxy.catalog)",
         description="Print the tool catalog the proxy loads into OPA at start-up, for shipping it in a "
@@ -72,6 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-registry":
         return check_registry(args.paths)
+    if args.command == "check-policy-data":
+        return check_policy_data(args.file)
     if args.command == "opa-data":
         return print_opa_data(args.registry)
     if args.command == "config-reference":
@@ -102,6 +111,25 @@ def check_registry(paths: Sequence[str]) -> int:
         return 1
     for tool in registry.all():
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}) from {tool.source}")
+    return 0
+
+
+def check_policy_data(path: str) -> int:
+    from .decode import strict_loads
+    from .errors import ProxyError
+    from .policy_data import problems, summary
+    try:
+        with open(path, "rb") as handle:
+            document = strict_loads(handle.read(), what="policy data", phase="request")
+    except (OSError, ProxyError) as exc:
+        print(f"policy data invalid: {path}: {exc.strerror if isinstance(exc, OSError) else exc}", file=sys.stderr)
+        return 1
+    found = problems(document)
+    for problem in found:
+        print(f"policy data invalid: {path}: {problem}", file=sys.stderr)
+    if found:
+        return 1
+    print(f"ok {path}: {summary(document)}")
     return 0
 
 

@@ -66,6 +66,11 @@ def _unauthorized(message: str = "A valid credential is required.") -> ProxyErro
     return ProxyError("unauthorized", message, phase="identity")
 
 
+def _lacks_role(what: str, role: str) -> ProxyError:
+    return ProxyError("forbidden", f"This credential is valid but is not an {what}'s (role {role} needed).",
+                      details={"required_role": role}, phase="identity")
+
+
 class KeySource:
     """Verification keys for one JWT configuration: a JWKS (file or URL) or a PEM key.
 
@@ -269,7 +274,9 @@ class Authenticator:
         admin listener: its own token (audience/issuer/keys) and role."""
         principal = await self._admin_principal(headers)
         if not self._holds(principal, role):
-            raise _unauthorized(f"This credential is not an {role}'s.")
+            # A valid admin token without the needed role is known but not allowed: 403, not 401.
+            raise _lacks_role(role, self._admin_config.operator_role if role == "operator"
+                              else self._admin_config.approver_role)
         return principal
 
     async def _admin_principal(self, headers: Mapping[str, str]) -> AdminPrincipal:

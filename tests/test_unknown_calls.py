@@ -78,7 +78,7 @@ async def test_operator_settles_a_call_level_unknown_and_the_gauge_comes_down(st
         assert status == 400 and answer["error"]["code"] == "invalid_request"
     approver = issuers[1].token("bob", audience="toolproxy-admin", roles=["approver"], tenant=None, scope="")
     status, answer = await settle(stack, approver, body)
-    assert status == 401
+    assert status == 403 and answer["error"]["code"] == "forbidden"  # a valid admin token without the role
 
     status, answer = await settle(stack, token, body)
     assert (status, answer) == (200, {"request_id": env["request_id"], "call_id": "call_ctr",

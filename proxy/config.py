@@ -83,7 +83,8 @@ class DecodeConfig:
 @dataclass(frozen=True)
 class DeadlineConfig:
     margin_ms: int = setting(50, "budget kept back for serialization and replying (epsilon of seed 000 4.2)")
-    max_request_timeout_ms: int = setting(600000, "upper bound accepted for a caller's deadline")
+    max_request_timeout_ms: int = setting(600000, "upper bound of a caller's deadline: a later one is clamped to "
+                                                  "it, not refused (timing.deadline_ms shows the budget used)")
 
 
 @dataclass(frozen=True)

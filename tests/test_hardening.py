@@ -21,7 +21,6 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from examples.demo_backend import start_demo_backend
 from proxy.config import Config, ConfigError, describe, load_config
 from tests.support.metrics import sample, samples
 from tests.support.proxyproc import ProxyProcess
@@ -78,26 +77,7 @@ tools:
     outputSchema: {type: object}
     timeout_ms: 5000
     backend: {type: http, url: "BASE/deep"}
-  - name: status_by_path
-    version: "1.0.0"
-    description: A write that fails after being sent; its status endpoint takes the key as a path segment.
-    mode: write
-    risk: write
-    inputSchema: {type: object, additionalProperties: false, required: [n], properties: {n: {type: integer}}}
-    outputSchema: {type: object, additionalProperties: false, required: [done], properties: {done: {type: boolean}}}
-    timeout_ms: 5000
-    backend: {type: http, url: "BASE/write"}
-    status_endpoint: {url: "BASE/status/{key}"}
-  - name: status_by_query
-    version: "1.0.0"
-    description: The same, its status endpoint takes the key as a query parameter.
-    mode: write
-    risk: write
-    inputSchema: {type: object, additionalProperties: false, required: [n], properties: {n: {type: integer}}}
-    outputSchema: {type: object, additionalProperties: false, required: [done], properties: {done: {type: boolean}}}
-    timeout_ms: 5000
-    backend: {type: http, url: "BASE/write"}
-    status_endpoint: {url: "BASE/status?idempotency_key={key}"}
+STATUS_TOOLS
   - name: provision_accounts
     version: "1.0.0"
     description: Destructive (always approved); credentials nested in an array of objects.
@@ -121,6 +101,24 @@ tools:
 """
 
 
+# A write that fails after being sent; STATUS says where its status endpoint wants the key.
+STATUS_TOOL = """
+  - name: NAME
+    version: "1.0.0"
+    description: A write whose status endpoint is declared as STATUS.
+    mode: write
+    risk: write
+    inputSchema: {type: object, additionalProperties: false, required: [n], properties: {n: {type: integer}}}
+    outputSchema: {type: object, additionalProperties: false, required: [done], properties: {done: {type: boolean}}}
+    timeout_ms: 5000
+    backend: {type: http, url: "BASE/write"}
+    status_endpoint: {url: "BASESTATUS"}
+"""
+STATUS_TOOLS = "".join(STATUS_TOOL.replace("NAME", name).replace("STATUS", where)
+                       for name, where in (("status_by_path", "/status/{key}"),
+                                           ("status_by_query", "/status?idempotency_key={key}")))
+
+
 @pytest.fixture
 async def hostile(tmp_path):
     backend = Hostile()
@@ -130,27 +128,12 @@ async def hostile(tmp_path):
     await site.start()
     base = f"http://127.0.0.1:{runner.addresses[0][1]}"
     registry = tmp_path / "hostile.yaml"
-    registry.write_text(HOSTILE_TOOLS.replace("BASE", base))
+    registry.write_text(HOSTILE_TOOLS.replace("STATUS_TOOLS", STATUS_TOOLS.strip("\n")).replace("BASE", base))
     backend.registry = registry  # type: ignore[attr-defined]
     try:
         yield backend
     finally:
         await runner.cleanup()
-
-
-@pytest.fixture
-async def demo():
-    runner, url, state = await start_demo_backend()
-    try:
-        yield url, state
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def session():
-    async with aiohttp.ClientSession() as s:
-        yield s
 
 
 def process_settings(proxy_deps: dict[str, Any], demo_url: str, registry: Path, issuers: Any, **extra: Any
@@ -178,55 +161,55 @@ async def post_raw(session: aiohttp.ClientSession, url: str, body: bytes | str,
 # --------------------------------------------------------------------------- 1. nesting
 
 async def test_deeply_nested_json_is_invalid_json_everywhere_and_never_a_traceback(
-        proxy_deps, demo, hostile, issuers, session):
-    proxy = ProxyProcess(process_settings(proxy_deps, demo[0], hostile.registry, issuers)).start()
+        proxy_deps, demo_backend, hostile, issuers, http_session):
+    proxy = ProxyProcess(process_settings(proxy_deps, demo_backend[0], hostile.registry, issuers)).start()
     try:
         await proxy.ready()
         url = proxy.url
         # The JSON API: arguments as nested arrays, in a batch, and as a JSON string holding them.
-        status, env = await post_raw(session, url + "/v1/tool-calls",
+        status, env = await post_raw(http_session, url + "/v1/tool-calls",
                                      '{"call_id":"c1","tool":"get_order","arguments":' + DEEP + "}")
         assert (status, env["error"]["code"]) == (400, "invalid_json"), env
         assert env["error"]["details"]["max_depth"] == 64
-        status, env = await post_raw(session, url + "/v1/tool-calls:batch",
+        status, env = await post_raw(http_session, url + "/v1/tool-calls:batch",
                                      '{"calls":[{"call_id":"c1","tool":"get_order","arguments":' + DEEP + "}]}")
         assert (status, env["error"]["code"]) == (400, "invalid_json"), env
-        status, env = await post_raw(session, url + "/v1/tool-calls",
+        status, env = await post_raw(http_session, url + "/v1/tool-calls",
                                      json.dumps({"call_id": "c2", "tool": "get_order", "arguments": DEEP}))
         assert (status, env["error"]["code"], env["error"]["phase"]) == (400, "invalid_json", "decode"), env
         assert_envelope(env)
         # MCP: a parse error.
         status, body = await post_raw(
-            session, url + "/mcp", '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order",'
+            http_session, url + "/mcp", '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"get_order",'
             '"arguments":' + DEEP + "}}", headers={"Accept": "application/json, text/event-stream"})
         assert status == 400 and body["error"]["code"] == -32700, body
         # OpenAI shapes: the call's own envelope says invalid_json.
-        status, body = await post_raw(session, url + "/v1/openai/tool-calls", json.dumps(
+        status, body = await post_raw(http_session, url + "/v1/openai/tool-calls", json.dumps(
             {"tool_calls": [{"id": "t1", "type": "function", "function": {"name": "get_order", "arguments": DEEP}}]}))
         assert status == 200, body
         assert json.loads(body["messages"][0]["content"])["error"]["code"] == "invalid_json"
         # The admin listener.
         status, env = await post_raw(
-            session, f"http://127.0.0.1:{proxy.admin_port}/v1/operations/ik_{'0' * 64}/resolve",
+            http_session, f"http://127.0.0.1:{proxy.admin_port}/v1/operations/ik_{'0' * 64}/resolve",
             '{"outcome":"committed","evidence":' + DEEP[:20000] + "}",
             headers={"Authorization": f"Bearer {operator_token(issuers)}"})
         assert (status, env["error"]["code"]) == (400, "invalid_json"), env
         # A backend's answer: the tool's output is invalid, nothing else.
-        status, env = await post_raw(session, url + "/v1/tool-calls",
+        status, env = await post_raw(http_session, url + "/v1/tool-calls",
                                      json.dumps({"call_id": "c3", "tool": "deep_read", "arguments": {}}))
         assert (status, env["error"]["code"]) == (502, "output_invalid"), env
         # A status endpoint's answer: evidence invalid_answer, the operation stays open.
-        status, env = await post_raw(session, url + "/v1/tool-calls",
+        status, env = await post_raw(http_session, url + "/v1/tool-calls",
                                      json.dumps({"call_id": "c4", "tool": "status_by_path", "arguments": {"n": 1}}))
         assert env["outcome"] == "unknown", env
         key = env["idempotency_key"]
 
         async def checked_once() -> bool:
-            async with session.get(f"{url}/v1/operations/{key}") as response:
+            async with http_session.get(f"{url}/v1/operations/{key}") as response:
                 view = await response.json()
             return (view.get("evidence") or {}).get("observed") == "invalid_answer"
         await wait_until(checked_once, timeout=20, what="a status query answered with deep JSON")
-        async with session.get(f"http://127.0.0.1:{proxy.ops_port}/readyz") as response:
+        async with http_session.get(f"http://127.0.0.1:{proxy.ops_port}/readyz") as response:
             assert response.status == 200  # still serving
     finally:
         proxy.stop()
@@ -297,7 +280,7 @@ async def raw_exchange(port: int, data: bytes) -> tuple[int, dict[str, str], byt
     return int(status_line.split()[1]), headers, body
 
 
-async def test_requests_the_http_parser_refuses_get_the_envelope_and_are_counted(proxy_deps, session):
+async def test_requests_the_http_parser_refuses_get_the_envelope_and_are_counted(proxy_deps, http_session):
     proxy = ProxyProcess({"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
                           "registry.paths": [str(DEMO_REGISTRY)]}).start()
     try:
@@ -308,7 +291,7 @@ async def test_requests_the_http_parser_refuses_get_the_envelope_and_are_counted
             env = json.loads(body)
             assert_envelope(env)
             assert env["error"]["code"] == "invalid_request" and env["request_id"] == headers["x-request-id"], name
-        async with session.get(f"http://127.0.0.1:{proxy.ops_port}/metrics") as response:
+        async with http_session.get(f"http://127.0.0.1:{proxy.ops_port}/metrics") as response:
             counted = samples(await response.text())
         assert counted[sample("toolproxy_request_errors_total", code="invalid_request")] == len(MALFORMED)
     finally:

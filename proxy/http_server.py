@@ -48,8 +48,9 @@ class _EnvelopeProtocol(RequestHandler):
             raise ConnectionError("response already started")
         code, text = _MESSAGES.get(status, ("internal_error", "The proxy failed unexpectedly."))
         request_id = new_request_id()
-        log.info("HTTP request refused before routing: %s (%s)", code, type(exc).__name__ if exc else "none",
-                 extra={"request_id": request_id})
+        # A client's malformed request is routine (info); anything else reaching here is the proxy's (error).
+        log.log(logging.INFO if status < 500 else logging.ERROR, "HTTP request refused before routing: %s (%s)",
+                code, type(exc).__name__ if exc else "none", extra={"request_id": request_id})
         self.count_refusal(code)
         body = envelope.request_error(ProxyError(code, text, phase="request"), request_id)
         response = web.Response(status=envelope.http_status(body), content_type="application/json",

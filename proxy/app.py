@@ -9,6 +9,7 @@ stage module; handlers translate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from .config import Config
 from .denials import DenialLog
 from .errors import ProxyError
 from .health import Health
+from .http_server import EnvelopeRunner
 from .idempotency import IdempotencyStage, find_operation
 from .identity import Authenticator, Caller
 from .locks import LockManager
@@ -70,6 +72,11 @@ class Runtime:
     reconciler: Reconciler
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
     denials: DenialLog
+    locks: LockManager
+
+    def count_refusal(self, code: str) -> None:
+        """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
+        self.metrics.request_errors.labels(code).inc()
 
     async def close(self) -> None:
         await self.reconciler.stop()
@@ -84,55 +91,69 @@ RUNTIME = web.AppKey("runtime", Runtime)
 
 
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
+    """Open everything the process shares. If any step fails, what was already opened is closed
+    again (no unclosed session or pool, no reconciler left running) and the error goes on."""
     registry = registry or load_registry(config.registry.paths)
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
-        trace_configs=[trace_config()],
-        json_serialize=json.dumps,
-    )
-    adapters = {"http": HttpAdapter(session, config.backends.services,
-                                    max_response_bytes=config.backends.max_response_bytes),
-                "mcp": McpAdapter(config.backends.services, max_response_bytes=config.backends.max_response_bytes,
-                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
-                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
-                                  mode=config.mcp.upstream_mode)}
-    metrics = Metrics()
-    redis = create_pool(config.redis)
-    audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
-                    metrics)
-    operations = OperationStore(redis, config.redis.key_prefix)
-    unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
-    recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"), metrics,
-                              config.opa.decision_path)
-    policy = PolicyClient(config.opa, session, metrics, registry, recorder)
-    await policy.open()
-    approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
-    denials = DenialLog(redis, config.redis.key_prefix, metrics)
-    idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
-                                   metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
-    pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                        unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
-                        locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
-                                          margin_s=config.deadline.margin_ms / 1000.0))
-    health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
-                    unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
-    await health.open()
-    authenticator = Authenticator(config.identity, config.admin_identity, session)
-    if config.identity.mode == "static":
-        log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
-                    config.identity.static_tenant, config.identity.static_subject)
-    if config.opa.push_catalog:
-        await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
-    reconciler = Reconciler(store=operations, registry=registry, session=session, services=config.backends.services,
-                            config=config.reconcile, metrics=metrics, audit=audit)
-    reconciler.start()
-    scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
-                          metrics=metrics, audit=audit)
-    return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
-                   pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
-                   policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,
-                   scheduler=scheduler, denials=denials)
+    async with contextlib.AsyncExitStack() as opened:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
+            trace_configs=[trace_config()],
+            json_serialize=json.dumps,
+        )
+        opened.push_async_callback(session.close)
+        redis = create_pool(config.redis)
+        opened.push_async_callback(redis.aclose)
+        limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
+        mcp_adapter = McpAdapter(config.backends.services, **limits,
+                                 connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
+                                 handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
+                                 mode=config.mcp.upstream_mode)
+        opened.push_async_callback(mcp_adapter.aclose)
+        adapters = {"http": HttpAdapter(session, config.backends.services, **limits), "mcp": mcp_adapter}
+        metrics = Metrics()
+        audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
+                        metrics)
+        operations = OperationStore(redis, config.redis.key_prefix)
+        unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
+        recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
+                                  metrics, config.opa.decision_path)
+        policy = PolicyClient(config.opa, session, metrics, registry, recorder)
+        await policy.open()
+        opened.push_async_callback(policy.close)
+        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
+        denials = DenialLog(redis, config.redis.key_prefix, metrics)
+        idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
+                                       metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
+        locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
+                            margin_s=config.deadline.margin_ms / 1000.0)
+        pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
+                            unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
+                            idempotency=idempotency,
+                            locks=locks)
+        health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
+                        unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
+        await health.open()
+        opened.push_async_callback(health.close)
+        authenticator = Authenticator(config.identity, config.admin_identity, session)
+        if config.identity.mode == "static":
+            log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
+                        config.identity.static_tenant, config.identity.static_subject)
+        if config.opa.push_catalog:
+            await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
+        reconciler = Reconciler(store=operations, registry=registry, session=session,
+                                services=config.backends.services, config=config.reconcile, metrics=metrics,
+                                audit=audit, max_json_depth=config.decode.max_depth)
+        reconciler.start()
+        opened.push_async_callback(reconciler.stop)
+        scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
+                              metrics=metrics, audit=audit)
+        runtime = Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
+                          pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
+                          health=health, policy=policy, approvals=approvals, operations=operations,
+                          reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks)
+        opened.pop_all()  # from here on Runtime.close() closes them
+    return runtime
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -261,6 +282,13 @@ async def admin_list_denials(request: web.Request) -> web.Response:
     return json_response(await runtime.denials.recent(tenant=principal.tenant))
 
 
+async def admin_list_locks(request: web.Request) -> web.Response:
+    """Locks held now (an operator's tenant only, unless the operator is cross-tenant): see docs/operations.md."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response(await runtime.locks.held(tenant=operator.tenant))
+
+
 async def admin_list_unknown_calls(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
@@ -366,6 +394,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
     app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
+    app.router.add_get("/v1/locks", admin_list_locks)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 
@@ -387,7 +416,7 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None,
     try:
         for app, listener in ((agent_app(runtime), config.listen), (admin_app(runtime), config.admin),
                               (ops_app(runtime), config.ops)):
-            runner = web.AppRunner(app, access_log=None)
+            runner = EnvelopeRunner(app, access_log=None, count_refusal=runtime.count_refusal)
             await runner.setup()
             await web.TCPSite(runner, listener.host, listener.port).start()
             runners.append(runner)

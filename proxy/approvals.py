@@ -26,6 +26,7 @@ import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
 from .audit import Auditor
+from .redaction import redact
 from .config import ApprovalsConfig
 from .errors import ProxyError
 from .identity import AdminPrincipal, Caller
@@ -36,7 +37,7 @@ from .store import key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
-REDACTED = "[redacted]"
+SUMMARY_MAX_CHARS = 1000  # an approver reads more of a long argument than an audit record keeps
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
 
 # Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
@@ -102,16 +103,8 @@ def now_ms() -> int:
 
 
 def redacted_arguments(tool: ToolContract, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments as an approver sees them: the contract's sensitive fields masked."""
-    shown = json.loads(json.dumps(arguments))
-    for path in tool.sensitive_fields:
-        node: Any = shown
-        parts = path.split(".")
-        for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and parts[-1] in node:
-            node[parts[-1]] = REDACTED
-    return shown
+    """Arguments as an approver sees them: redacted by the one rule audit records use."""
+    return redact(arguments, tool.sensitive_fields, SUMMARY_MAX_CHARS)
 
 
 def _unavailable() -> ProxyError:

@@ -1,4 +1,5 @@
-"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp | policy``.
+"""Command line: ``toolproxy run | dev | check-registry | check-policy-data | opa-data | config-reference |
+import-mcp | policy``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -47,6 +48,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     check = sub.add_parser("check-registry", help="validate registry files without starting anything")
     check.add_argument("paths", nargs="+", help="registry YAML files or directories")
 
+    policy_data = sub.add_parser(
+        "check-policy-data", help="validate an OPA data document (roles, subjects, resources, thresholds, limits)",
+        description="Check the data document the policies read (data.toolproxy) against "
+                    "schemas/opa-data.schema.json and its cross references, before shipping it to OPA.")
+    policy_data.add_argument("file", help="the JSON data document (e.g. examples/opa/data.json)")
+
     opa_data = sub.add_parser(
         "opa-data", help="print the registry's tool catalog as OPA data (data.toolproxy.catalog)",
         description="Print the tool catalog the proxy loads into OPA at start-up, for shipping it in a "
@@ -76,6 +83,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-registry":
         return check_registry(args.paths)
+    if args.command == "check-policy-data":
+        return check_policy_data(args.file)
     if args.command == "opa-data":
         return print_opa_data(args.registry)
     if args.command == "config-reference":
@@ -112,6 +121,25 @@ def check_registry(paths: Sequence[str]) -> int:
     return 0
 
 
+def check_policy_data(path: str) -> int:
+    from .decode import strict_loads
+    from .errors import ProxyError
+    from .policy_data import problems, summary
+    try:
+        with open(path, "rb") as handle:
+            document = strict_loads(handle.read(), what="policy data", phase="request")
+    except (OSError, ProxyError) as exc:
+        print(f"policy data invalid: {path}: {exc.strerror if isinstance(exc, OSError) else exc}", file=sys.stderr)
+        return 1
+    found = problems(document)
+    for problem in found:
+        print(f"policy data invalid: {path}: {problem}", file=sys.stderr)
+    if found:
+        return 1
+    print(f"ok {path}: {summary(document)}")
+    return 0
+
+
 def import_mcp(args: argparse.Namespace) -> int:
     from .mcp_import import draft, fetch_tools
     try:
@@ -143,8 +171,6 @@ def run_sidecar(config_path: str | None) -> int:
     try:
         config = load_config(config_path)
         load_registry(config.registry.paths)  # fail fast with a clear message
-        if config.log.format not in {"json", "kv"}:
-            raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
         check_audit_config(config.audit)
         check_decisions_config(config.decisions)
         identity_problem = configuration_problem(config.identity)
@@ -162,7 +188,11 @@ def run_sidecar(config_path: str | None) -> int:
             loop.add_signal_handler(sig, stop.set)
         await serve(config, stop=stop)
 
-    asyncio.run(main_async())
+    try:
+        asyncio.run(main_async())
+    except ConfigError as exc:  # found while opening the runtime (a key file, an algorithm list)
+        print(f"toolproxy: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -28,10 +28,17 @@ class ConfigError(Exception):
     """A configuration file or variable is malformed; the message names it."""
 
 
-def setting(default: Any, help: str) -> Any:
+def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), bounds: tuple[int, int] | None = None) -> Any:
+    """One setting. ``choices``: the only values allowed (each item, for a list); ``bounds``: the
+    inclusive range of a number. Both are checked by the loader, in one place (``_check_allowed``)."""
+    metadata = {"help": help, "choices": choices, "bounds": bounds}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+                  "HS256", "HS384", "HS512")
 
 
 @dataclass(frozen=True)
@@ -67,9 +74,17 @@ class BackendsConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    max_depth: int = setting(64, "deepest nesting of arrays/objects accepted in any untrusted JSON: request bodies, "
+                                 "tool arguments (also inside an `arguments` string), MCP messages, admin bodies, "
+                                 "backend and status endpoint answers (invalid_json above)", bounds=(2, 256))
+
+
+@dataclass(frozen=True)
 class DeadlineConfig:
     margin_ms: int = setting(50, "budget kept back for serialization and replying (epsilon of seed 000 4.2)")
-    max_request_timeout_ms: int = setting(600000, "upper bound accepted for a caller's deadline")
+    max_request_timeout_ms: int = setting(600000, "upper bound of a caller's deadline: a later one is clamped to "
+                                                  "it, not refused (timing.deadline_ms shows the budget used)")
 
 
 @dataclass(frozen=True)
@@ -80,7 +95,8 @@ class JwtConfig:
     jwks_url: str = setting("", "JWKS URL with the verification keys (cached, refreshed)")
     public_key_file: str = setting("", "PEM public key, when there is no JWKS")
     hmac_secret_file: str = setting("", "file with a shared HS* secret; HS* algorithms are refused without it")
-    algorithms: list[str] = setting(["RS256", "ES256", "EdDSA"], "accepted JWT algorithms (`none` never is)")
+    algorithms: list[str] = setting(["RS256", "ES256", "EdDSA"], "accepted JWT algorithms (`none` never is)",
+                                    choices=JWT_ALGORITHMS)
     leeway_s: int = setting(30, "clock skew allowed on exp/nbf/iat")
     jwks_refresh_s: int = setting(300, "how long fetched JWKS keys are cached")
     claim_subject: str = setting("sub", "claim holding the subject")
@@ -104,12 +120,14 @@ class HeaderIdentityConfig:
 @dataclass(frozen=True)
 class IdentityConfig:
     mode: str = setting("jwt", "where the caller's identity comes from: jwt, headers (trusted mesh) or static "
-                              "(dev stack and tests only; never the default)")
+                              "(dev stack and tests only; never the default)", choices=("jwt", "headers", "static"))
     static_subject: str = setting("dev-user", "static mode: subject of every call")
     static_tenant: str = setting("acme", "static mode: tenant of every call")
     static_roles: list[str] = setting(["agent"], "static mode: roles of every call")
     static_scopes: list[str] = setting(["tools:read", "tools:write"], "static mode: scopes of every call")
-    agent_id: str = setting("dev-agent", "identity of the agent this sidecar serves (pod service account)")
+    agent_id: str = setting("", "identity of the agent this sidecar serves (pod service account), written into "
+                                "every audit record; required unless identity.mode is static (which uses "
+                                "`dev-agent` when it is empty)")
     jwt: JwtConfig = field(default_factory=JwtConfig, metadata={"help": "jwt mode: the agent's bearer token"})
     headers: HeaderIdentityConfig = field(default_factory=HeaderIdentityConfig,
                                           metadata={"help": "headers mode: identity set by a trusted mesh"})
@@ -117,7 +135,8 @@ class IdentityConfig:
 
 @dataclass(frozen=True)
 class AdminIdentityConfig:
-    mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled")
+    mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled",
+                        choices=("jwt", "disabled"))
     approver_role: str = setting("approver", "role an admin token needs to list, approve or deny approvals")
     approver_scope: str = setting("", "scope an admin token needs as well (empty: none)")
     operator_role: str = setting("operator", "role an admin token needs to see and resolve unknown operations "
@@ -170,7 +189,8 @@ class McpConfig:
                                        "with keepalive pings, when the client accepts text/event-stream")
     sse_ping_ms: int = setting(15000, "MCP SSE keepalive comment interval")
     upstream_mode: str = setting("auto", "MCP backends: auto (2026-07-28 stateless if the upstream offers it, else "
-                                         "initialize + session) or legacy (always initialize + session)")
+                                         "initialize + session) or legacy (always initialize + session)",
+                           choices=("auto", "legacy"))
     upstream_handshake_timeout_ms: int = setting(5000, "MCP backends: cap on opening a session to an upstream "
                                                        "(discover or initialize), also bounded by the call budget")
 
@@ -184,11 +204,8 @@ class IdempotencyConfig:
     max_wait_ms: int = setting(30000, "cap on `Prefer: wait=<s>` while another call holds the key")
     wait_poll_ms: int = setting(50, "how often a waiting call re-reads the record")
     read_policy: str = setting("proceed", "reads that use idempotency when Redis is unreachable: proceed (without "
-                                          "a record) or fail_closed (dependency_unavailable)")
-
-    def __post_init__(self) -> None:
-        if self.read_policy not in ("proceed", "fail_closed"):
-            raise ConfigError(f"idempotency.read_policy: expected proceed or fail_closed, got {self.read_policy!r}")
+                                          "a record) or fail_closed (dependency_unavailable)",
+                               choices=("proceed", "fail_closed"))
 
 
 @dataclass(frozen=True)
@@ -207,7 +224,8 @@ class ReconcileConfig:
 @dataclass(frozen=True)
 class LocksConfig:
     scope: str = setting("tenant", "lock namespace and Redis Cluster hash tag: tenant (a tenant's locks share one "
-                                   "slot; tenants never exclude each other) or global (one slot for all locks)")
+                                   "slot; tenants never exclude each other) or global (one slot for all locks)",
+                         choices=("tenant", "global"))
     lease_ms: int = setting(5000, "lease of a held lock set, renewed while the call runs; a crashed proxy's "
                                   "locks free up after it")
     renew_interval_ms: int = setting(1500, "how often a held lock set is renewed (well below lease_ms)")
@@ -216,8 +234,6 @@ class LocksConfig:
     max_wait_ms: int = setting(30000, "longest lock wait for a caller that sent no deadline")
 
     def __post_init__(self) -> None:
-        if self.scope not in ("tenant", "global"):
-            raise ConfigError(f"locks.scope: expected tenant or global, got {self.scope!r}")
         if not 0 < self.renew_interval_ms < self.lease_ms:
             raise ConfigError("locks.renew_interval_ms must be positive and below locks.lease_ms")
         if not 0 < self.poll_min_ms <= self.poll_max_ms:
@@ -247,17 +263,20 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
-    level: str = setting("info", "log level: debug, info, warning, error")
-    format: str = setting("json", "log line format on stderr: json or kv (key=value)")
+    level: str = setting("info", "log level: debug, info, warning, error",
+                         choices=("debug", "info", "warning", "error"))
+    format: str = setting("json", "log line format on stderr: json or kv (key=value)", choices=("json", "kv"))
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    sinks: list[str] = setting(["stdout"], "where audit records go: stdout (JSON lines), redis (a Redis Stream), or both")
+    sinks: list[str] = setting(["stdout"], "where audit records go: stdout (JSON lines), redis (a Redis Stream), "
+                                           "or both", choices=("stdout", "redis"))
     stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the audit stream (XADD MAXLEN ~)")
     on_failure_write: str = setting("fail_closed", "write tools when a sink fails: fail_closed (no audit intent, "
-                                    "no call) or fail_open (count and log, go on)")
-    on_failure_read: str = setting("fail_open", "read tools when a sink fails: fail_open or fail_closed")
+                                    "no call) or fail_open (count and log, go on)", choices=("fail_closed", "fail_open"))
+    on_failure_read: str = setting("fail_open", "read tools when a sink fails: fail_open or fail_closed",
+                                   choices=("fail_closed", "fail_open"))
     timeout_ms: int = setting(500, "bound on writing one record to one sink")
     max_string_chars: int = setting(256, "argument strings longer than this are truncated in audit records")
 
@@ -283,6 +302,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig, metadata={"help": "tool contracts"})
     backends: BackendsConfig = field(default_factory=BackendsConfig, metadata={"help": "tool backends"})
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig, metadata={"help": "deadlines"})
+    decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "untrusted JSON"})
     identity: IdentityConfig = field(default_factory=IdentityConfig, metadata={"help": "trusted identity"})
     admin_identity: AdminIdentityConfig = field(default_factory=AdminIdentityConfig,
                                                 metadata={"help": "approver credential"})
@@ -421,8 +441,22 @@ def _build(cls: type, data: Any, where: str) -> Any:
             merged = {**dataclasses.asdict(default), **(value or {})}
             kwargs[f.name] = _build(hint, merged, path)
         else:
-            kwargs[f.name] = _check_type(value, hint, path)
+            kwargs[f.name] = _check_allowed(_check_type(value, hint, path), f, path)
     return cls(**kwargs)
+
+
+def _check_allowed(value: Any, f: dataclasses.Field[Any], where: str) -> Any:
+    """The one place enumerated and bounded settings are checked; the error names key, value and rule."""
+    key = where.removeprefix("config.")
+    env = ENV_PREFIX + key.replace(".", "_").upper()
+    choices = f.metadata.get("choices") or ()
+    for item in (value if isinstance(value, list) else [value]):
+        if choices and item not in choices:
+            raise ConfigError(f"{key} ({env}): {item!r} is not allowed; expected one of: {', '.join(choices)}")
+    bounds = f.metadata.get("bounds")
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{key} ({env}): {value!r} is not allowed; expected {bounds[0]} to {bounds[1]}")
+    return value
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:

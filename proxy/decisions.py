@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 import redis.asyncio as redis_async
 import redis.exceptions
 
-from .audit import MASK, StdoutSink, iso_now, looks_secret
+from .audit import StdoutSink, iso_now
+from .redaction import MASK, looks_secret
 from .config import ConfigError, DecisionsConfig
 from .metrics import Metrics
 from .store import redis_call

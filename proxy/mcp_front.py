@@ -162,13 +162,14 @@ class McpFront:
             if not has_json:
                 return _json(RpcError(INVALID_REQUEST, "Not Acceptable: the client must accept application/json")
                              .body(None), 406)
+            # Identity first: an unauthenticated body is never read (the README's promise, as on every endpoint).
+            caller = await self._authenticate(request)
             body = await self._read(request)
             message = _message(body)
             duplicated = find_duplicated_routing_header(request.headers.items())
             if duplicated is not None:
                 raise RpcError(HEADER_MISMATCH, f"{duplicated} header appears more than once", status=400)
             modern = _is_modern(request, message)
-            caller = await self._authenticate(request)
             exchange = (self._modern(request, body, message, caller) if modern
                         else self._legacy(request, message, caller, headers))
             if not message.has_id:

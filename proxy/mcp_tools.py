@@ -17,6 +17,8 @@ import binascii
 import json
 from typing import Any, Mapping, Sequence
 
+from .decode import strict_loads
+from .errors import ProxyError
 from .registry import ToolContract, thaw
 
 # Each text message to the model stays short; the envelope carries the rest.
@@ -79,9 +81,9 @@ def encode_cursor(after: str) -> str:
 def decode_cursor(cursor: Any) -> str:
     if not isinstance(cursor, str) or not 0 < len(cursor) <= 512:
         raise BadCursor("cursor must be a string this server issued")
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError):
+    try:  # the cursor this server issues is one flat object
+        decoded = strict_loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)), what="cursor", max_depth=1)
+    except (binascii.Error, ValueError, ProxyError):
         raise BadCursor("cursor is not one this server issued") from None
     if not isinstance(decoded, dict) or not isinstance(decoded.get("after"), str):
         raise BadCursor("cursor is not one this server issued")

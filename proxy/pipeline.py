@@ -195,7 +195,8 @@ class Pipeline:
         with self._stage(state, "resolve"):
             tool = state.tool = self.registry.resolve(request.tool, request.version)
         with self._stage(state, "decode"):
-            arguments = decode_arguments(request.arguments, tool.input_validator)
+            arguments = decode_arguments(request.arguments, tool.input_validator,
+                                         max_depth=self._config.decode.max_depth)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
         meta = request.meta
@@ -233,7 +234,8 @@ class Pipeline:
             lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
                                               while_waiting=keep_reservation,
-                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0,
+                                              operation=admission.key, request_id=meta.request_id)
         try:
             return await self._run_locked(state, tool, normalized, admission, lease)
         finally:

@@ -3,7 +3,8 @@
 Owns: the background task (one per proxy process) that (1) finds IN_PROGRESS
 records whose lease ran out (the proxy that held them died) and makes writes
 UNKNOWN, (2) queries each due UNKNOWN operation's status endpoint
-(``GET <status_endpoint>/<idempotency key>``, read-only) with exponential
+(``GET`` with the idempotency key where the endpoint says ``{key}``, or as
+its last path segment; read-only) with exponential
 backoff inside a window, holding a per-key claim in Redis so one replica
 works on one key at a time, (3) raises a takeover record when the window
 runs out or the tool has no status endpoint, and (4) writes a
@@ -31,7 +32,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import quote
 
 import aiohttp
 import redis.exceptions
@@ -62,8 +62,10 @@ class Verdict:
 
 class Reconciler:
     def __init__(self, *, store: OperationStore, registry: Registry, session: aiohttp.ClientSession,
-                 services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor) -> None:
+                 services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor,
+                 max_json_depth: int) -> None:
         self._store = store
+        self._max_json_depth = max_json_depth
         self._audit = audit
         self._registry = registry
         self._session = session
@@ -150,7 +152,7 @@ class Reconciler:
         tool = self._contract(record)
         if tool is None:
             return await self._takeover(record, {"source": "proxy", "observed": "tool_not_in_registry"})
-        if tool.status_endpoint is None or tool.status_endpoint.resolve(self._services) is None:
+        if tool.status_endpoint is None or tool.status_endpoint.for_key(self._services, record.key) is None:
             return await self._takeover(record, {"source": "proxy", "observed": "no_status_endpoint"})
         verdict = await self.query_status(tool, record)
         self._metrics.reconciliations.labels(verdict.result).inc()
@@ -190,10 +192,10 @@ class Reconciler:
 
     # -- the status endpoint -----------------------------------------------------
     async def query_status(self, tool: ToolContract, record: Record) -> Verdict:
-        base = tool.status_endpoint.resolve(self._services) if tool.status_endpoint else None
-        assert base is not None
-        url = base.rstrip("/") + "/" + quote(record.key, safe="")
-        headers = {"Accept": "application/json", "X-Toolproxy-Tenant": record.tenant,
+        url = tool.status_endpoint.for_key(self._services, record.key) if tool.status_endpoint else None
+        assert url is not None
+        # The key also travels in the header the call itself carried it in, for backends that look there.
+        headers = {"Accept": "application/json", "Idempotency-Key": record.key, "X-Toolproxy-Tenant": record.tenant,
                    "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex}
         evidence: dict[str, Any] = {"source": "status_endpoint", "at_ms": _now_ms()}
         try:
@@ -206,7 +208,7 @@ class Reconciler:
         if response.status != 200 or len(body) > MAX_STATUS_BYTES:
             return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
         try:
-            answer = strict_loads(body, what="status answer")
+            answer = strict_loads(body, what="status answer", max_depth=self._max_json_depth)
         except ProxyError:
             answer = None
         state = answer.get("state") if isinstance(answer, dict) else None

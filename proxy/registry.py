@@ -16,6 +16,7 @@ from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
+from urllib.parse import quote
 
 import yaml
 from jsonschema import Draft202012Validator
@@ -24,6 +25,7 @@ from .errors import ProxyError
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
+KEY_PLACEHOLDER = "{key}"  # where a status endpoint wants the operation key
 
 
 class RegistryError(Exception):
@@ -58,6 +60,16 @@ class Endpoint:
         if base is None:
             return None
         return base.rstrip("/") + (self.path or "")
+
+    def for_key(self, services: Mapping[str, str], key: str) -> str | None:
+        """A status endpoint's URL for one operation key: the key where ``{key}`` stands (a path
+        segment or a query parameter), else appended as the last path segment."""
+        base = self.resolve(services)
+        if base is None:
+            return None
+        safe_key = quote(key, safe="")
+        return base.replace(KEY_PLACEHOLDER, safe_key) if KEY_PLACEHOLDER in base \
+            else base.rstrip("/") + "/" + safe_key
 
 
 @dataclass(frozen=True)

@@ -122,3 +122,27 @@ async def jwt_stack(proxy_deps, issuers):
     async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}) as stack:
         stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
         yield stack
+
+
+# ---------------------------------------------------------------------------
+# Tool backends and HTTP clients for tests that drive real proxy processes
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def demo_backend():
+    """The demo tool backend in this event loop: ``(url, state)``."""
+    from examples.demo_backend import start_demo_backend
+    runner, url, state = await start_demo_backend()
+    try:
+        yield url, state
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http_session():
+    """A client session for talking to proxy processes (tests/support/proxyproc.py)."""
+    import aiohttp
+    async with aiohttp.ClientSession() as session:
+        yield session

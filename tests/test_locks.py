@@ -8,7 +8,7 @@ import time
 import pytest
 import redis.asyncio as redis_async
 
-from proxy.config import ConfigError, LocksConfig
+from proxy.config import ConfigError, LocksConfig, load_config
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.locks import LockManager
@@ -75,7 +75,8 @@ async def test_readers_share_writer_waits_then_times_out_as_resource_busy(client
     locks = manager(client)
     r1 = await take(locks, refs(("inv:a", S)), write=False)
     r2 = await take(locks, refs(("inv:a", S)), write=False)  # shared with r1: no wait
-    assert r1.fencing_token is None and r2.fencing_token is None
+    # Readers get the newest token issued so far (here: none yet, so the clock's), the same for both.
+    assert r1.fencing_token is not None and r1.fencing_token == r2.fencing_token
     with pytest.raises(ProxyError) as busy:
         await take(locks, refs(("inv:a", X)), seconds=0.15)
     assert busy.value.code == "resource_busy"
@@ -86,7 +87,7 @@ async def test_readers_share_writer_waits_then_times_out_as_resource_busy(client
     await r1.release()
     await r2.release()
     writer = await take(locks, refs(("inv:a", X)))
-    assert writer.fencing_token is not None
+    assert writer.fencing_token is not None and writer.fencing_token > r1.fencing_token
     await writer.release()
     assert await client.exists("toolproxy:lock:{acme}:inv:a") == 0  # released sets leave no hash behind
 
@@ -267,7 +268,9 @@ async def test_redis_unreachable_is_dependency_unavailable():
 
 
 def test_bad_settings_are_refused_at_start():
-    for bad in ({"scope": "cluster"}, {"renew_interval_ms": 5000, "lease_ms": 5000}, {"poll_min_ms": 0}):
+    with pytest.raises(ConfigError, match="locks.scope .*'cluster'.*tenant, global"):
+        load_config(env={}, overrides={"locks.scope": "cluster"})
+    for bad in ({"renew_interval_ms": 5000, "lease_ms": 5000}, {"poll_min_ms": 0}):
         with pytest.raises(ConfigError):
             LocksConfig(**bad)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from proxy.audit import MASK
+from proxy.redaction import MASK
 from proxy.decisions import build_record, mask_input
 from proxy.policy import Decision
 from proxy.policy_replay import read_stream

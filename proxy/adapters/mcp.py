@@ -13,8 +13,15 @@ it makes is after a definite "not processed" answer: HTTP 404 for an expired
 legacy session, or a header mismatch), read the upstream's tool list,
 descriptions or annotations to decide anything (the trusted registry is the
 only source of execution metadata; upstream output is checked by the verify
-stage against the registry's outputSchema), or pass upstream text, hostnames
-or exception messages to the caller.
+stage against the registry's outputSchema), or pass upstream error text,
+hostnames or exception messages to the caller.
+
+Results: with a declared outputSchema the data is the upstream's
+``structuredContent`` (or its one JSON text block), verified later; without
+one, every content block passes through as the upstream gave it (text, image,
+audio, resource_link, embedded resource): the data is
+``{"content": [...], "structuredContent"?: ...}`` (see
+``mcp_tools.passes_content``), bounded by ``max_response_bytes``.
 """
 
 from __future__ import annotations
@@ -269,7 +276,12 @@ class McpAdapter:
             raise ProxyError("business_rejected", f"The MCP tool reported an error{reason}.", details=details,
                              phase="execute", attempted=True, committed=False)
         committed = True if tool.is_write else False
-        if result.structured_content is not None:
+        if not tool.declares_output:
+            data = {"content": [block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                                for block in result.content]}
+            if result.structured_content is not None:
+                data["structuredContent"] = result.structured_content
+        elif result.structured_content is not None:
             data = result.structured_content
         else:
             texts = [block.text for block in result.content if isinstance(block, types.TextContent)]

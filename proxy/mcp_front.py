@@ -67,6 +67,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from pydantic import ValidationError
 
 from . import __version__, ingress, mcp_tools
+from .adapters import progress_relay
 from .errors import ProxyError
 from .identity import Caller
 from .listing import visible_tools
@@ -375,13 +376,33 @@ class McpFront:
                            headers: dict[str, str], has_sse: bool, modern: bool) -> web.StreamResponse:
         """JSON if the call finishes within ``sse_after``; otherwise an SSE stream with pings.
 
-        The call runs to completion either way: a client that goes away does
-        not cancel a call whose outcome must still be recorded.
+        A call whose ``_meta.progressToken`` asks for progress (and whose client
+        accepts SSE) streams at once: the backend's progress numbers arrive as
+        ``notifications/progress`` before the result. The call runs to
+        completion either way: a client that goes away does not cancel a call
+        whose outcome must still be recorded.
         """
-        task = asyncio.ensure_future(result)
-        if has_sse:
+        progress_token = ((message.params or {}).get("_meta") or {}).get("progressToken")
+        updates: asyncio.Queue[dict[str, Any]] | None = None
+        if has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool):
+            queue = updates = asyncio.Queue()
+
+            async def relay(progress: float, total: float | None) -> None:
+                params: dict[str, Any] = {"progressToken": progress_token, "progress": progress}
+                if total is not None:
+                    params["total"] = total
+                queue.put_nowait({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+            context_token = progress_relay.set(relay)
+            try:
+                task = asyncio.ensure_future(result)  # the call's task inherits the relay
+            finally:
+                progress_relay.reset(context_token)
+        else:
+            task = asyncio.ensure_future(result)
+        if has_sse and updates is None:
             await asyncio.wait({task}, timeout=self._sse_after_s)
-        if task.done() or not has_sse:
+        if not has_sse or (task.done() and updates is None):
             body = await _settle(task, message.rpc_id)
             code = body["error"]["code"] if "error" in body else None
             status = ERROR_CODE_HTTP_STATUS.get(code, 200) if modern and code is not None else 200
@@ -390,14 +411,22 @@ class McpFront:
         await response.prepare(request)
         connected = True
         while not task.done():
-            await asyncio.wait({task}, timeout=self._ping_s)
-            if not task.done() and connected:
+            waiting: set[asyncio.Future[Any]] = {task}
+            getter = asyncio.ensure_future(updates.get()) if updates is not None else None
+            if getter is not None:
+                waiting.add(getter)
+            done, _ = await asyncio.wait(waiting, timeout=self._ping_s, return_when=asyncio.FIRST_COMPLETED)
+            if getter is not None and getter not in done:
+                getter.cancel()
+            if getter is not None and getter in done and connected:
+                connected = await _write(response, _event(getter.result()))
+            elif not done and connected:
                 connected = await _write(response, b": ping\n\n")
+        while updates is not None and not updates.empty() and connected:
+            connected = await _write(response, _event(updates.get_nowait()))
         body = await _settle(task, message.rpc_id)
-        if connected:
-            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-            if await _write(response, f"event: message\ndata: {data}\n\n".encode()):
-                await response.write_eof()
+        if connected and await _write(response, _event(body)):
+            await response.write_eof()
         return response
 
 
@@ -509,6 +538,11 @@ async def _settle(task: "asyncio.Future[dict[str, Any]]", rpc_id: Any) -> dict[s
     except Exception:
         log.exception("MCP tools/call failed outside the pipeline")
         return RpcError(INTERNAL_ERROR, "Internal error").body(rpc_id)
+
+
+def _event(message: Mapping[str, Any]) -> bytes:
+    data = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
+    return f"event: message\ndata: {data}\n\n".encode()
 
 
 async def _write(response: web.StreamResponse, chunk: bytes) -> bool:

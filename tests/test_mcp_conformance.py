@@ -20,6 +20,7 @@ from tests.support.stack import DEMO_REGISTRY, running_stack
 
 PASSING = ("server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image",
            "tools-call-audio", "tools-call-embedded-resource", "tools-call-mixed-content", "tools-call-error",
+           "tools-call-with-progress",
            "json-schema-2020-12", "server-sse-polling", "server-sse-multiple-streams", "dns-rebinding-protection")
 
 
@@ -34,7 +35,7 @@ async def scenario(url: str, name: str, out: Path) -> list[dict[str, Any]]:
 
 
 async def test_conformance_server_scenarios(tmp_path, proxy_deps):
-    async with running_upstream() as upstream:
+    async with running_upstream(json_response=False) as upstream:  # SSE: it can send progress
         registry = tmp_path / "conformance.yaml"
         registry.write_text(conformance_registry_yaml(upstream.url))
         async with running_stack({**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)]}) as stack:

@@ -47,10 +47,10 @@ tools:
 
 
 @contextlib.asynccontextmanager
-async def upstream_stack(tmp_path: Path, deps: dict[str, Any],
-                         overrides: dict[str, Any] | None = None) -> AsyncIterator[tuple[Stack, Upstream]]:
+async def upstream_stack(tmp_path: Path, deps: dict[str, Any], overrides: dict[str, Any] | None = None,
+                         json_response: bool = True) -> AsyncIterator[tuple[Stack, Upstream]]:
     """The demo stack plus a real upstream MCP server whose conformance tools are registered."""
-    async with running_upstream() as upstream:
+    async with running_upstream(json_response=json_response) as upstream:
         registry = tmp_path / "upstream.yaml"
         registry.write_text(conformance_registry_yaml(upstream.url) +
                             LEAKY.replace("URL", upstream.url).split("tools:\n", 1)[1])
@@ -329,3 +329,26 @@ async def test_dev_stack_serves_an_imported_registry(tmp_path, how):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
+
+
+# -- progress: an upstream's progress numbers reach the client on the call's SSE stream ----------
+
+
+@pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
+async def test_upstream_progress_reaches_the_client_without_its_text(tmp_path, proxy_deps, upstream_mode):
+    async with upstream_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": upstream_mode},
+                              json_response=False) as (stack, _):
+        session = await initialize(stack, "2025-11-25")
+        call = {"jsonrpc": "2.0", "id": "c1", "method": "tools/call", "params": {
+            "name": "test_tool_with_progress", "arguments": {}, "_meta": {"progressToken": "tok-1"}}}
+        status, headers, text = await raw(stack, call, session)
+        assert status == 200 and headers["Content-Type"].startswith("text/event-stream")
+        events = [json.loads(line[len("data: "):]) for line in text.splitlines() if line.startswith("data: ")]
+        progress = [e["params"] for e in events if e.get("method") == "notifications/progress"]
+        assert progress == [{"progressToken": "tok-1", "progress": p, "total": 100} for p in (0, 50, 100)]
+        assert events[-1]["id"] == "c1" and events[-1]["result"]["content"][0]["text"] == "Progress test completed"
+        assert "Ignore previous" not in text
+        # Without a progress token the same call is one JSON answer.
+        del call["params"]["_meta"]
+        status, headers, body = await raw(stack, call, session)
+        assert status == 200 and body["result"]["isError"] is False

@@ -4,7 +4,8 @@ Owns: one reusable session per upstream URL (opened with the ``mcp`` SDK
 client over Streamable HTTP — the 2026-07-28 stateless revision when the
 upstream offers it, else the initialize handshake — and reopened when it
 drops), sending ``tools/call`` for the contract's ``backend.tool`` within
-the call's budget with the trusted headers the HTTP adapter forwards, and
+the call's budget (with a progress token when the caller's front relays
+progress: ``adapters.progress_relay``) with the trusted headers the HTTP adapter forwards, and
 classifying every outcome honestly: whether the request left the proxy and
 whether the effect is known to have happened (mirrors ``adapters/http.py``).
 
@@ -55,7 +56,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult, deadline_passed, safe_error_fields
+from . import BackendCall, BackendResult, deadline_passed, progress_relay, safe_error_fields
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")
@@ -246,8 +247,14 @@ class McpAdapter:
             progress.observed = progress.headers_sent = progress.connect_failed = False
             progress.status = None
             token = self._progress.set(progress)
+            relay = progress_relay.get()
             try:
-                return await client.session.send_request(request, types.CallToolResult)
+                if relay is None:
+                    return await client.session.send_request(request, types.CallToolResult)
+
+                async def relayed(value: float, total: float | None, message: str | None) -> None:
+                    await relay(value, total)  # the upstream's progress text is not passed on
+                return await client.session.send_request(request, types.CallToolResult, progress_callback=relayed)
             except MCPError as exc:
                 if attempt == 2 or progress.connect_failed:
                     raise

@@ -33,6 +33,7 @@ anything a pipeline stage decides, or run a call outside ``Pipeline.execute``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 import uuid
@@ -72,7 +73,7 @@ from .errors import ProxyError
 from .identity import Caller
 from .listing import visible_tools
 from .mcp_sessions import Session, SessionsFull, SessionTable
-from .pipeline import ToolCallRequest
+from .pipeline import ToolCallRequest, withdrawn
 
 log = logging.getLogger("toolproxy.mcp")
 
@@ -138,6 +139,8 @@ class McpFront:
         self._ping_s = max(0.05, config.sse_ping_ms / 1000.0)
         self._allowed_hosts = frozenset(h.lower() for h in config.allowed_hosts)
         self._allowed_origins = frozenset(o.lower().rstrip("/") for o in config.allowed_origins)
+        # In-flight tools/call per (session id, JSON-RPC id): the signal notifications/cancelled sets.
+        self._inflight: dict[tuple[str, Any], asyncio.Event] = {}
 
     def install(self, app: web.Application) -> None:
         app.router.add_post("/mcp", self._guarded(self.post))
@@ -201,10 +204,12 @@ class McpFront:
             exchange = (self._modern(request, body, message, caller) if modern
                         else self._legacy(request, message, caller, headers))
             if not message.has_id:
+                if message.method == "notifications/cancelled" and exchange.session is not None:
+                    self._withdraw(exchange.session, (message.params or {}).get("requestId"))
                 return web.Response(status=202, headers=headers)
             result = self._dispatch(request, message, exchange, headers)
             if message.method == "tools/call":
-                return await self._answer_call(request, message, result, headers, has_sse, modern)
+                return await self._answer_call(request, message, result, headers, has_sse, exchange)
             return _json(_ok(message.rpc_id, await result), 200, headers)
         except RpcError as error:
             status = error.status or (ERROR_CODE_HTTP_STATUS.get(error.code, 200) if modern else 200)
@@ -372,16 +377,29 @@ class McpFront:
             tool = None
         return mcp_tools.call_result(envelope, tool, modern=exchange.modern)
 
+    def _withdraw(self, session: Session, request_id: Any) -> None:
+        signal = self._inflight.get((session.id, request_id)) if isinstance(request_id, (str, int)) else None
+        if signal is not None:
+            signal.set()
+
     async def _answer_call(self, request: web.Request, message: Message, result: Awaitable[dict[str, Any]],
-                           headers: dict[str, str], has_sse: bool, modern: bool) -> web.StreamResponse:
+                           headers: dict[str, str], has_sse: bool, exchange: Exchange) -> web.StreamResponse:
         """JSON if the call finishes within ``sse_after``; otherwise an SSE stream with pings.
 
         A call whose ``_meta.progressToken`` asks for progress (and whose client
         accepts SSE) streams at once: the backend's progress numbers arrive as
-        ``notifications/progress`` before the result. The call runs to
-        completion either way: a client that goes away does not cancel a call
-        whose outcome must still be recorded.
+        ``notifications/progress`` before the result. A session's
+        ``notifications/cancelled`` for the call withdraws it if nothing was
+        sent yet (outcome ``cancelled``); once sent, it runs on. The call runs
+        to completion either way: a client that goes away does not cancel a
+        call whose outcome must still be recorded.
         """
+        context = contextvars.copy_context()  # what the call's task (and its adapter) sees
+        key = (exchange.session.id, message.rpc_id) if exchange.session is not None else None
+        if key is not None:
+            signal = asyncio.Event()
+            self._inflight[key] = signal
+            context.run(withdrawn.set, signal)
         progress_token = ((message.params or {}).get("_meta") or {}).get("progressToken")
         updates: asyncio.Queue[dict[str, Any]] | None = None
         if has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool):
@@ -393,13 +411,12 @@ class McpFront:
                     params["total"] = total
                 queue.put_nowait({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
-            context_token = progress_relay.set(relay)
-            try:
-                task = asyncio.ensure_future(result)  # the call's task inherits the relay
-            finally:
-                progress_relay.reset(context_token)
-        else:
-            task = asyncio.ensure_future(result)
+            context.run(progress_relay.set, relay)
+        task = asyncio.get_running_loop().create_task(result, context=context)  # type: ignore[arg-type]
+        if key is not None:
+            task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
+                                   else None)
+        modern = exchange.modern
         if has_sse and updates is None:
             await asyncio.wait({task}, timeout=self._sse_after_s)
         if not has_sse or (task.done() and updates is None):

@@ -352,3 +352,40 @@ async def test_upstream_progress_reaches_the_client_without_its_text(tmp_path, p
         del call["params"]["_meta"]
         status, headers, body = await raw(stack, call, session)
         assert status == 200 and body["result"]["isError"] is False
+
+
+# -- cancellation: withdrawn before sending -> cancelled; already sent -> its real outcome -------
+
+
+async def test_cancelled_calls_have_honest_outcomes(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
+        await stack.fault("adjust_counter", "slow", delay_ms=1500)
+        session = await initialize(stack, "2025-11-25")
+        headers = {**session, "Accept": "application/json"}
+
+        def call(rpc_id: str, delta: int) -> dict[str, Any]:
+            return {"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call",
+                    "params": {"name": "adjust_counter", "arguments": {"counter": "ctr_cancel", "delta": delta}}}
+
+        def allowed() -> float:
+            return stack.runtime.metrics.registry.get_sample_value(
+                "toolproxy_policy_decisions_total", {"result": "allow"}) or 0.0
+
+        before = allowed()
+        sent = asyncio.create_task(raw(stack, call("a", 1), headers))
+        await wait_until(lambda: any(r["tool"] == "adjust_counter" for r in stack.backend.requests),
+                         timeout=10, what="the first call at the backend")
+        waiting = asyncio.create_task(raw(stack, call("b", 2), headers))  # waits for ctr_cancel's lock
+        await wait_until(lambda: allowed() >= before + 2, timeout=10, what="the second call authorized")
+        for rpc_id in ("a", "b"):
+            status, _, _ = await raw(stack, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                             "params": {"requestId": rpc_id, "reason": "user stopped"}}, headers)
+            assert status == 202
+        (_, _, first), (_, _, second) = await asyncio.gather(sent, waiting)
+    # Already sent: never assumed cancelled; it ran and says so.
+    assert first["result"]["isError"] is False and first["result"]["structuredContent"]["value"] == 1
+    # Not yet sent: withdrawn, provably without effect.
+    envelope = mcp_envelope(second["result"])
+    assert envelope["error"]["code"] == "cancelled" and envelope["outcome"] == "cancelled"
+    assert envelope["side_effect"] == {"attempted": False, "committed": False}
+    assert len([r for r in stack.backend.requests if r["tool"] == "adjust_counter"]) == 1

@@ -48,12 +48,13 @@ tools:
 
 @contextlib.asynccontextmanager
 async def upstream_stack(tmp_path: Path, deps: dict[str, Any], overrides: dict[str, Any] | None = None,
-                         json_response: bool = True) -> AsyncIterator[tuple[Stack, Upstream]]:
-    """The demo stack plus a real upstream MCP server whose conformance tools are registered."""
+                         json_response: bool = True, conformance: bool = True) -> AsyncIterator[tuple[Stack, Upstream]]:
+    """The demo stack plus a real upstream MCP server whose conformance tools (and up_leaky) are registered."""
     async with running_upstream(json_response=json_response) as upstream:
         registry = tmp_path / "upstream.yaml"
-        registry.write_text(conformance_registry_yaml(upstream.url) +
-                            LEAKY.replace("URL", upstream.url).split("tools:\n", 1)[1])
+        leaky = LEAKY.replace("URL", upstream.url)
+        registry.write_text(conformance_registry_yaml(upstream.url) + leaky.split("tools:\n", 1)[1]
+                            if conformance else leaky)
         async with running_stack({**deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
                                   **(overrides or {})}) as stack:
             yield stack, upstream
@@ -269,7 +270,7 @@ tools:
 
 
 async def test_output_key_names_do_not_reach_the_model(tmp_path, proxy_deps):
-    async with upstream_stack(tmp_path, proxy_deps) as (stack, _):
+    async with upstream_stack(tmp_path, proxy_deps, conformance=False) as (stack, _):
         status, env = await stack.call("up_leaky", {})
         async with Client(stack.proxy_url + "/mcp", mode="auto") as client:
             result = await client.call_tool("up_leaky", {})

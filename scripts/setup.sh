@@ -284,7 +284,7 @@ fi
 # 5. Node tools for the MCP interop tests, pinned by tests/node/package-lock.json:
 #    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
 #    system Node may be older), @modelcontextprotocol/conformance, sdk,
-#    inspector and server-everything, installed with `npm ci` into
+#    inspector and server-everything, installed with `npm install` into
 #    .tools/node/ and linked as tests/node/node_modules for the test scripts.
 # ---------------------------------------------------------------------------
 NODE_DIR="$ROOT/.tools/node"
@@ -297,7 +297,12 @@ install_node_tools() {
         log "installing pinned Node tools into .tools/node (npm ci)"
         mkdir -p "$NODE_DIR"
         cp "$ROOT/tests/node/package.json" "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
-        (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error)
+        # `npm install` with the committed lock installs exactly its versions. (`npm ci` refuses this
+        # lock: vite names an optional dependency, napi-windows-process-start-time, that the registry
+        # does not have, so the lock can never list it.)
+        (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
+        cmp -s "$NODE_DIR/package-lock.json" "$ROOT/tests/node/package-lock.json" \
+            || die "npm changed the lock in .tools/node: tests/node/package-lock.json is out of date"
         printf '%s\n' "$want" > "$NODE_DIR/.lock.sha256"
     fi
     ln -sfn "$NODE_DIR/node_modules" "$ROOT/tests/node/node_modules"

@@ -40,6 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--opa-port", type=int, default=8181, help="OPA port (default 8181)")
     dev.add_argument("--redis-port", type=int, default=6390, help="Redis port (default 6390)")
     dev.add_argument("--backend-port", type=int, default=8790, help="demo backend port (default 8790)")
+    dev.add_argument("--registry", nargs="+", default=None,
+                     help="registry YAML files or directories to serve (default: the config's registry.paths, "
+                          "else the repo's examples/registry)")
     dev.add_argument("--policies", default=None,
                      help="Rego directory OPA serves and watches (default: the repo's policies/)")
     dev.add_argument("--opa-data", default=None,

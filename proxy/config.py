@@ -191,6 +191,13 @@ class McpConfig:
     upstream_mode: str = setting("auto", "MCP backends: auto (2026-07-28 stateless if the upstream offers it, else "
                                          "initialize + session) or legacy (always initialize + session)",
                            choices=("auto", "legacy"))
+    allowed_hosts: list[str] = setting(["localhost", "127.0.0.1", "[::1]"],
+                                       "MCP: Host header values accepted on /mcp (name = any port, or name:port; "
+                                       "* = any); others get 403 (DNS rebinding protection)")
+    allowed_origins: list[str] = setting(["http://localhost", "http://127.0.0.1", "http://[::1]",
+                                          "https://localhost", "https://127.0.0.1", "https://[::1]"],
+                                         "MCP: Origin header values accepted on /mcp (scheme://name = any port; "
+                                         "* = any); requests without Origin are accepted; others get 403")
     upstream_handshake_timeout_ms: int = setting(5000, "MCP backends: cap on opening a session to an upstream "
                                                        "(discover or initialize), also bounded by the call budget")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,12 @@ from .registry import Registry, ToolContract
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
 from .verify import verify_output
+
+# Set by a client-facing front when its client withdraws the call running in this context
+# (MCP notifications/cancelled). Honoured only before anything is sent (outcome cancelled, no
+# side effect); a call already sent runs on to the outcome that can be established.
+withdrawn: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("toolproxy_call_withdrawn",
+                                                                                 default=None)
 
 log = logging.getLogger("toolproxy.pipeline")
 
@@ -249,6 +256,10 @@ class Pipeline:
         with self._stage(state, "audit"):
             await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
+            signal = withdrawn.get()
+            if signal is not None and signal.is_set():
+                raise ProxyError("cancelled", "The caller cancelled the call before it was sent.",
+                                 attempted=False, committed=False)
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
             sending = self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))

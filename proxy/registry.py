@@ -104,6 +104,11 @@ class ToolContract:
     def is_write(self) -> bool:
         return self.mode == "write"
 
+    @property
+    def declares_output(self) -> bool:
+        """Whether the contract declares an outputSchema (verified on every result when it does)."""
+        return bool(self.output_schema)
+
     def summary(self) -> dict[str, Any]:
         """What policies and listings may know about the tool (trusted facts only)."""
         return {
@@ -120,7 +125,7 @@ class ToolContract:
             **self.summary(),
             "description": self.description,
             "inputSchema": thaw(self.input_schema),
-            "outputSchema": thaw(self.output_schema),
+            **({"outputSchema": thaw(self.output_schema)} if self.declares_output else {}),
             "timeout_ms": self.timeout_ms,
         }
 
@@ -252,12 +257,18 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     name = raw["name"]
     where = f"{path}: tool {name!r}"
     strict = raw.get("strict", True)
-    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", raw["outputSchema"])):
+    output_schema = raw.get("outputSchema")
+    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", output_schema or {})):
         try:
             Draft202012Validator.check_schema(schema)
         except Exception as exc:  # jsonschema.SchemaError
             raise RegistryError(f"{where} at $.tools[{index}].{label}: not a valid JSON Schema: "
                                 f"{getattr(exc, 'message', exc)}") from None
+    if output_schema is not None and output_schema.get("type") != "object":
+        # MCP revisions up to 2025-11-25 can only carry an object outputSchema (and its
+        # structuredContent); a schema without constraints promises nothing in any revision.
+        raise RegistryError(f"{where} at $.tools[{index}].outputSchema: must declare type: object "
+                            f"(omit outputSchema when the tool's output has no declared shape)")
     if strict:
         loose = _loose_objects(raw["inputSchema"], f"$.tools[{index}].inputSchema")
         if loose:
@@ -283,7 +294,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         mode=raw["mode"],
         risk=raw["risk"],
         input_schema=_freeze(raw["inputSchema"]),
-        output_schema=_freeze(raw["outputSchema"]),
+        output_schema=_freeze(output_schema or {}),
         backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
                         path=backend.get("path"), tool=backend.get("tool")),
         resources=tuple(resources),
@@ -297,7 +308,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         status=raw.get("status", "active"),
         source=str(path),
         input_validator=Draft202012Validator(raw["inputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
-        output_validator=Draft202012Validator(raw["outputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
+        output_validator=Draft202012Validator(output_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER),
     )
 
 

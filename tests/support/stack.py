@@ -75,6 +75,21 @@ def assert_envelope(body: Any) -> None:
     assert not errors, f"envelope violates schema: {[ (list(e.absolute_path), e.message) for e in errors]}"
 
 
+def mcp_envelope(result: Any) -> dict[str, Any]:
+    """The proxy's envelope of an isError MCP CallToolResult (SDK object or raw JSON dict).
+
+    It travels in ``_meta`` and never in ``structuredContent``, which must conform to
+    the tool's outputSchema (the TypeScript SDK validates it even on errors)."""
+    if isinstance(result, dict):
+        assert result["isError"] is True and "structuredContent" not in result, result
+        envelope = result["_meta"]["io.toolproxy/envelope"]
+    else:
+        assert result.is_error is True and result.structured_content is None, result
+        envelope = result.meta["io.toolproxy/envelope"]
+    assert_envelope(envelope)
+    return envelope
+
+
 def assert_batch(body: Any) -> None:
     errors = sorted(_BATCH.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
     assert not errors, f"batch result violates schema: {[(list(e.absolute_path), e.message) for e in errors]}"

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import aiohttp
-import redis.asyncio as redis_async
 import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
@@ -43,7 +42,8 @@ from .reconcile import Reconciler, list_takeovers, resolve_by_operator
 from .registry import Registry, load_registry
 from .plan import plan_from_json
 from .scheduler import Scheduler
-from .store import create_pool, key
+from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
+from .store import key
 from .unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.app")
@@ -59,7 +59,7 @@ class Runtime:
     authenticator: Authenticator
     pipeline: Pipeline
     metrics: Metrics
-    redis: redis_async.Redis
+    redis: store.Client
     audit: Auditor
     unknowns: UnknownIndex
     health: Health
@@ -74,13 +74,22 @@ class Runtime:
         await self.reconciler.stop()
         await self.pipeline.aclose()
         await self.session.close()
-        await self.redis.aclose()
+        await store.close_client(self.redis)
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
+def check_key_layout(config: Config) -> None:
+    """Every Lua script's keys, as the stores build them, hash to one Cluster slot (ConfigError if not)."""
+    prefix = config.redis.key_prefix
+    store.check_one_slot({**operations_module.script_key_sets(prefix),
+                          **locks_module.script_key_sets(prefix, config.locks.scope),
+                          **approvals_module.script_key_sets(prefix)})
+
+
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
+    check_key_layout(config)
     registry = registry or load_registry(config.registry.paths)
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
@@ -95,10 +104,12 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                   handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
                                   mode=config.mcp.upstream_mode)}
     metrics = Metrics()
-    redis = create_pool(config.redis)
+    redis = store.create_client(config.redis)
     audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
                     metrics)
-    operations = OperationStore(redis, config.redis.key_prefix)
+    operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
+                                ack_timeout_ms=config.redis.replica_ack_timeout_ms,
+                                on_shortfall=metrics.replica_ack_shortfall)
     unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
     policy = PolicyClient(config.opa, session, metrics, registry)
     approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)

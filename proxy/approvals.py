@@ -76,6 +76,16 @@ return 'ok'
 MAX_REASON_CHARS = 500  # an approver's note on a decision
 
 
+def approval_key(prefix: str, approval_id: str) -> str:
+    """The id is the hash tag: every command on one approval touches one slot."""
+    return key(prefix, "approval", approval_id)
+
+
+def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
+    """Key sets of the approval scripts (start-up check: each in one Cluster slot)."""
+    return {"approvals.check/decide": [[approval_key(prefix, "apr_" + "0" * 24)]]}
+
+
 @dataclass(frozen=True)
 class Approval:
     id: str
@@ -143,8 +153,7 @@ class ApprovalStore:
         self._decide = redis.register_script(_DECIDE)
 
     def _key(self, approval_id: str) -> str:
-        # The id is the hash tag: every command on one approval touches one slot.
-        return key(self._prefix, "approval", approval_id)
+        return approval_key(self._prefix, approval_id)
 
     @property
     def _pending_index(self) -> str:

@@ -132,9 +132,10 @@ def setup_logging(level: str, fmt: str = "json") -> None:
 
 
 def run_sidecar(config_path: str | None) -> int:
-    from .app import serve
+    from .app import check_key_layout, serve
     try:
         config = load_config(config_path)
+        check_key_layout(config)
         load_registry(config.registry.paths)  # fail fast with a clear message
         if config.log.format not in {"json", "kv"}:
             raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")

@@ -158,7 +158,7 @@ class RedisConfig:
     key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
     timeout_ms: int = setting(500, "socket timeout of one Redis command")
     max_connections: int = setting(100, "connections in the process's Redis pool (cluster: per node); past it a "
-                                        "command waits up to timeout_ms for a free one (cluster: fails at once)")
+                                        "command waits up to timeout_ms for a free one")
     password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
     tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")
     tls_cert_file: str = setting("", "TLS only: client certificate for mutual TLS")
@@ -191,7 +191,7 @@ class RedisConfig:
                     raise ConfigError(f"redis.{name}: expected host:port, got {address!r}")
         if self.min_replica_acks < -1:
             raise ConfigError("redis.min_replica_acks must be -1 (by mode) or a replica count (0 = no WAIT)")
-        if not 0 < self.replica_ack_timeout_ms < self.timeout_ms:
+        if self.replica_acks > 0 and not 0 < self.replica_ack_timeout_ms < self.timeout_ms:
             raise ConfigError("redis.replica_ack_timeout_ms must be positive and below redis.timeout_ms")
 
     @property

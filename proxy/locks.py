@@ -284,7 +284,7 @@ class LockManager:
     async def _forget(self, keys: list[str], owner: str) -> None:
         """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
         try:
-            await asyncio.shield(self._release(keys=keys, args=[owner]))
+            await asyncio.shield(store.translated(self._release(keys=keys, args=[owner])))
         except (RedisError, OSError) as exc:
             log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
                         type(exc).__name__)

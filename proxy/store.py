@@ -16,19 +16,25 @@ stack traces (stages translate them into their own error codes).
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Awaitable, Mapping, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
 
 import redis.asyncio as redis_async
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
-from redis.exceptions import NoScriptError
+from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnectionsError, NoScriptError,
+                              RedisClusterException)
 
 from .config import ConfigError, RedisConfig
 
 Client = Union[redis_async.Redis, RedisCluster]
 T = TypeVar("T")
+
+
+class StoreUnavailable(RedisConnectionError):
+    """RedisCluster's own "cannot reach the cluster / no node for this slot" (not a RedisError in redis-py),
+    as the RedisError every stage already handles."""
 
 
 async def redis_call(command: Awaitable[T]) -> T:
@@ -39,29 +45,65 @@ async def redis_call(command: Awaitable[T]) -> T:
     cancelled just as the reply arrives (CPython gh-86296): the cancel is lost
     and the task would go on (wait for a record, take a lock, send to a
     backend) for a caller that is gone. Every stage's Redis call goes through
-    this. Not for cleanup (releasing a lock, undoing a reservation): that runs
+    this (and ``translated``). Not for cleanup (releasing a lock, undoing a reservation): that runs
     after a cancel on purpose, shielded in a task of its own, and must finish.
     """
-    result = await command
+    result = await translated(command)
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
     return result
 
 
+class _BlockingCluster(RedisCluster):
+    """RedisCluster whose per-node pools wait (up to ``pool_wait_s``) for a free connection, as the other modes'
+    blocking pools do, instead of failing at once. Safe to repeat: the pool refuses before anything is sent."""
+
+    pool_wait_s = 0.5
+
+    async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        return await _pool_waiting(lambda: super(_BlockingCluster, self)._execute_command(target_node, *args,
+                                                                                          **kwargs),
+                                   self.pool_wait_s)
+
+
+async def _pool_waiting(command: Callable[[], Awaitable[T]], wait_s: float) -> T:
+    loop = asyncio.get_running_loop()
+    until, pause = loop.time() + wait_s, 0.001
+    while True:
+        try:
+            return await command()
+        except MaxConnectionsError:
+            if loop.time() >= until:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+
 class _BlockingSentinelPool(SentinelConnectionPool, redis_async.BlockingConnectionPool):
     """Sentinel's master discovery with the blocking pool's wait for a free connection (as standalone)."""
 
 
+async def translated(command: Awaitable[T]) -> T:
+    """Await one Redis command, RedisCluster's ``RedisClusterException`` (no reachable node, slot not
+    covered; not a ``RedisError`` in redis-py) raised as ``StoreUnavailable``, a ``RedisError``."""
+    try:
+        return await command
+    except RedisClusterException as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
+
+
 def create_client(config: RedisConfig) -> Client:
     """The process's one Redis client. Under a burst a command waits (up to ``timeout_ms``) for a free
-    connection instead of failing at once with "Too many connections" (cluster: per node, fails at once)."""
+    connection instead of failing at once with "Too many connections" (cluster: per node)."""
     timeout = config.timeout_ms / 1000.0
     common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
                               "decode_responses": False, **_auth_and_tls(config)}
     if config.mode == "cluster":
         nodes = [ClusterNode(host, port) for host, port in addresses(config.cluster_nodes)]
-        return RedisCluster(startup_nodes=nodes, max_connections=config.max_connections, **common)
+        cluster = _BlockingCluster(startup_nodes=nodes, max_connections=config.max_connections, **common)
+        cluster.pool_wait_s = timeout
+        return cluster
     if config.mode == "sentinel":
         sentinel_auth = {"password": config.sentinel_password} if config.sentinel_password else {}
         tls = {name: value for name, value in _auth_and_tls(config).items() if name.startswith("ssl")}
@@ -107,8 +149,8 @@ async def masters_reachable(client: Client) -> bool:
     """One PING per master: the standalone server, Sentinel's current master, or every Cluster master
     (a slot range whose master is down and not yet replaced makes the proxy not ready)."""
     if isinstance(client, RedisCluster):
-        return bool(await client.ping(target_nodes=RedisCluster.PRIMARIES))
-    return bool(await client.ping())
+        return bool(await redis_call(client.ping(target_nodes=RedisCluster.PRIMARIES)))
+    return bool(await redis_call(client.ping()))
 
 
 async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], *,
@@ -119,8 +161,10 @@ async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str
     pipeline to the master of the keys' slot. With ``acks`` 0 the script runs alone (reply, 0)."""
     if acks <= 0:
         return await redis_call(script(keys=keys, args=args)), 0
+    wait_s = getattr(client, "pool_wait_s", 0.0)
     for attempt in (1, 2):
-        reply, acked = await redis_call(_script_and_wait(client, script, keys, args, acks, timeout_ms))
+        reply, acked = await redis_call(_pool_waiting(
+            lambda: _script_and_wait(client, script, keys, args, acks, timeout_ms), wait_s))
         if isinstance(reply, NoScriptError) and attempt == 1:  # a new master (failover) without the script
             script.sha = await redis_call(client.script_load(script.script))
             continue
@@ -133,13 +177,13 @@ async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str
 
 async def _script_and_wait(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
                            acks: int, timeout_ms: int) -> list[Any]:
-    wait_target: dict[str, Any] = {}
-    if isinstance(client, RedisCluster):
+    target: dict[str, Any] = {}
+    if isinstance(client, RedisCluster):  # both to the master of the keys' slot (redis-py blocks pipe.evalsha)
         await client.initialize()
-        wait_target["target_nodes"] = client.get_node_from_key(keys[0])
+        target["target_nodes"] = client.get_node_from_key(keys[0])
     async with client.pipeline(transaction=False) as pipe:
-        pipe.evalsha(script.sha, len(keys), *keys, *args)
-        pipe.execute_command("WAIT", acks, timeout_ms, **wait_target)
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **target)
+        pipe.execute_command("WAIT", acks, timeout_ms, **target)
         return await pipe.execute(raise_on_error=False)
 
 

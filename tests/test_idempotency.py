@@ -6,6 +6,8 @@ that need reconciliation call ``scan_once()`` so every step is deterministic.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import time
 
@@ -366,10 +368,24 @@ def _args_hash(arguments):
 
 # -- Redis unavailable -----------------------------------------------------------------
 
-async def test_redis_down_fails_writes_closed_and_lets_plain_reads_through(proxy_deps):
+def unreachable(mode: str) -> dict[str, Any]:
+    """Settings of a Redis of the mode that nobody answers (free ports)."""
     from tests.support.servers import free_port
-    async with running_stack({**proxy_deps, "redis.url": f"redis://127.0.0.1:{free_port()}/0", "redis.timeout_ms": 200,
+    if mode == "sentinel":
+        return {"redis.mode": "sentinel", "redis.sentinels": [f"127.0.0.1:{free_port()}" for _ in range(3)],
+                "redis.replica_ack_timeout_ms": 100}
+    if mode == "cluster":
+        return {"redis.mode": "cluster", "redis.cluster_nodes": [f"127.0.0.1:{free_port()}" for _ in range(2)],
+                "redis.replica_ack_timeout_ms": 100}
+    return {"redis.url": f"redis://127.0.0.1:{free_port()}/0"}
+
+
+@pytest.mark.parametrize("mode", ["standalone", "sentinel", "cluster"])
+async def test_redis_down_fails_writes_closed_and_lets_plain_reads_through(opa_server, mode):
+    async with running_stack({"opa.url": opa_server.url, **unreachable(mode), "redis.timeout_ms": 200,
                               "reconcile.enabled": False}) as stack:
+        async with stack.session.get(stack.ops_url + "/readyz") as response:
+            assert response.status == 503 and (await response.json())["checks"]["redis"] is False
         status, env = await stack.call("refund_order", REFUND, headers=KEY)
         assert status == 503 and env["error"]["code"] == "dependency_unavailable"
         assert env["error"]["details"] == {"dependency": "state_store"}

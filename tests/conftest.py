@@ -97,24 +97,23 @@ def pytest_terminal_summary(terminalreporter):
                                 f"{_AUDIT_SEEN['records']} (captured stdout of every test)")
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory):
-    """A 6-node Redis Cluster (3 masters, 3 replicas) for the whole session, started on first use."""
-    group = RedisClusterGroup(tmp_path_factory.mktemp("cluster"))
+def _running(group):
     try:
         yield group.start()
     finally:
         group.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A 6-node Redis Cluster (3 masters, 3 replicas) for the whole session, started on first use."""
+    yield from _running(RedisClusterGroup(tmp_path_factory.mktemp("cluster")))
 
 
 @pytest.fixture(scope="session")
 def redis_sentinel(tmp_path_factory):
     """A Sentinel group (1 master, 1 replica, 3 Sentinels) for the whole session, started on first use."""
-    group = SentinelGroup(tmp_path_factory.mktemp("sentinel"))
-    try:
-        yield group.start()
-    finally:
-        group.stop()
+    yield from _running(SentinelGroup(tmp_path_factory.mktemp("sentinel")))
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ from proxy.idempotency import derive_key
 from proxy.normalize import canonical_json, sha256_hex
 from proxy.operations import record_keys
 from tests.support.proxyproc import ProxyProcess
-from tests.support.stack import assert_envelope, extra_tools
+from tests.support.stack import UNLOCKED_COUNTER, assert_envelope, extra_tools
 from tests.support.waits import wait_until
 
 OPERATIONS = 200
@@ -46,24 +46,9 @@ SETTLED = {"SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "NEEDS_TAKEOVER"}
 TOOL = "fleet_counter"
 # adjust_counter's backend (locked per counter, fenced) with a status endpoint, so an unknown outcome is
 # reconciled from the backend's own record rather than handed to a human.
-FLEET_COUNTER = """
-tools:
-  - name: fleet_counter
-    version: "1.0.0"
-    description: adjust_counter with a status endpoint (failover tests).
-    mode: write
-    risk: write
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [counter, delta]
-      properties:
-        counter: {type: string, pattern: "^ctr_[A-Za-z0-9_]+$"}
-        delta: {type: integer, minimum: -1000, maximum: 1000}
-    outputSchema: {type: object}
-    resources: [{template: "counter:{counter}", access: exclusive}]
-    timeout_ms: 3000
-    backend: {type: http, service: demo, path: /tools/adjust_counter}
+FLEET_COUNTER = UNLOCKED_COUNTER.replace("name: bump_counter", "name: fleet_counter").replace(
+    "without resource locks (tests of stages that run before the lock)", "locked, fenced, with a status endpoint"
+) + """    resources: [{template: "counter:{counter}", access: exclusive}]
     status_endpoint: {service: demo, path: /status/adjust_counter}
 """
 

@@ -22,6 +22,7 @@ import itertools
 import json
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ def redis_cpu_s(nodes: list[Any]) -> float:
 
 async def drive(proxies: list[ProxyProcess], seconds: float, kind: str) -> tuple[int, dict[str, int]]:
     counter = itertools.count()
+    run = uuid.uuid4().hex[:8]  # fresh operation keys for every run (same Redis throughout)
     done = 0
     refused: collections.Counter[str] = collections.Counter()
     until = time.monotonic() + seconds
@@ -63,7 +65,7 @@ async def drive(proxies: list[ProxyProcess], seconds: float, kind: str) -> tuple
             if kind == "write":
                 body = {"call_id": f"w{n}", "tool": "adjust_counter",
                         "arguments": {"counter": f"ctr_{c}", "delta": 1}}  # one counter per client
-                headers = {"Idempotency-Key": f"bench-{n}"}
+                headers = {"Idempotency-Key": f"bench-{run}-{n}"}
             else:
                 body = {"call_id": f"r{n}", "tool": "get_order", "arguments": {"order_id": "ord_1001"}}
                 headers = {}

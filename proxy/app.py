@@ -112,7 +112,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                 on_shortfall=metrics.replica_ack_shortfall)
     unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
     policy = PolicyClient(config.opa, session, metrics, registry)
-    approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
+    approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
+                              replica_acks=config.redis.replica_acks,
+                              ack_timeout_ms=config.redis.replica_ack_timeout_ms)
     denials = DenialLog(redis, config.redis.key_prefix, metrics)
     idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
                                    metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)

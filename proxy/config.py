@@ -163,9 +163,9 @@ class RedisConfig:
     tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")
     tls_cert_file: str = setting("", "TLS only: client certificate for mutual TLS")
     tls_key_file: str = setting("", "TLS only: private key of tls_cert_file")
-    min_replica_acks: int = setting(-1, "replicas that must acknowledge a write's reservation and its committed "
-                                        "outcome (WAIT) before the call goes on; -1: 0 in standalone, 1 in "
-                                        "sentinel and cluster modes")
+    min_replica_acks: int = setting(-1, "replicas that must acknowledge a write's reservation, its committed "
+                                        "outcome and a spent approval (WAIT) before the call goes on; -1: 0 in "
+                                        "standalone, 1 in sentinel and cluster modes")
     replica_ack_timeout_ms: int = setting(200, "longest WAIT for min_replica_acks; a shortfall is logged and "
                                                "counted (toolproxy_redis_replica_ack_shortfalls_total), not fatal")
 

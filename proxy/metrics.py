@@ -81,7 +81,7 @@ class Metrics:
         self.replica_ack_shortfalls = Counter(
             "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "
             "that fewer replicas than redis.min_replica_acks acknowledged within redis.replica_ack_timeout_ms, by "
-            "transition (begin, commit, expire, resolve, operator)", ["transition"], registry=r)
+            "transition (begin, commit, expire, resolve, operator, approval)", ["transition"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
 

@@ -19,6 +19,8 @@ import asyncio
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
 
 import redis.asyncio as redis_async
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
@@ -107,8 +109,10 @@ def create_client(config: RedisConfig) -> Client:
     if config.mode == "sentinel":
         sentinel_auth = {"password": config.sentinel_password} if config.sentinel_password else {}
         tls = {name: value for name, value in _auth_and_tls(config).items() if name.startswith("ssl")}
+        # No retries per Sentinel (redis-py's default backs off for seconds): the next Sentinel is the retry.
         sentinel = Sentinel(addresses(config.sentinels), sentinel_kwargs={
-            "socket_timeout": timeout, "socket_connect_timeout": timeout, **sentinel_auth, **tls}, **common)
+            "socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0),
+            **sentinel_auth, **tls}, **common)
         return sentinel.master_for(config.sentinel_service, connection_pool_class=_BlockingSentinelPool,
                                    max_connections=config.max_connections, timeout=timeout,
                                    health_check_interval=30)

@@ -139,7 +139,6 @@ async def test_unprotected_read_modify_write_loses_updates(stack):
     assert stack.backend.counters["ctr_race"] != 600
 
 
-@all_redis_modes
 async def test_two_proxies_apply_every_update_exactly(proxy_deps):
     """Lost update (seed 001 section 5.1): x += 10 and x += 20, 100 times each, through two proxies
     (two runtimes with their own Redis pools and HTTP sessions) sharing one Redis and one backend."""

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import aiohttp
-import redis.asyncio as redis_async
 import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
@@ -46,7 +45,8 @@ from .reconcile import Reconciler, list_takeovers, resolve_by_operator
 from .registry import Registry, load_registry
 from .plan import plan_from_json
 from .scheduler import Scheduler
-from .store import create_pool, key
+from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
+from .store import key
 from .unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.app")
@@ -62,7 +62,7 @@ class Runtime:
     authenticator: Authenticator
     pipeline: Pipeline
     metrics: Metrics
-    redis: redis_async.Redis
+    redis: store.Client
     audit: Auditor
     unknowns: UnknownIndex
     health: Health
@@ -84,15 +84,24 @@ class Runtime:
         await self.session.close()
         await self.policy.close()
         await self.health.close()
-        await self.redis.aclose()
+        await store.close_client(self.redis)
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
+def check_key_layout(config: Config) -> None:
+    """Every Lua script's keys, as the stores build them, hash to one Cluster slot (ConfigError if not)."""
+    prefix = config.redis.key_prefix
+    store.check_one_slot({**operations_module.script_key_sets(prefix),
+                          **locks_module.script_key_sets(prefix, config.locks.scope),
+                          **approvals_module.script_key_sets(prefix)})
+
+
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
     """Open everything the process shares. If any step fails, what was already opened is closed
     again (no unclosed session or pool, no reconciler left running) and the error goes on."""
+    check_key_layout(config)
     registry = registry or load_registry(config.registry.paths)
     async with contextlib.AsyncExitStack() as opened:
         session = aiohttp.ClientSession(
@@ -102,8 +111,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
             json_serialize=json.dumps,
         )
         opened.push_async_callback(session.close)
-        redis = create_pool(config.redis)
-        opened.push_async_callback(redis.aclose)
+        redis = store.create_client(config.redis)
+        opened.push_async_callback(store.close_client, redis)
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
         mcp_adapter = McpAdapter(config.backends.services, **limits,
                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
@@ -114,14 +123,18 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         metrics = Metrics()
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
                         metrics)
-        operations = OperationStore(redis, config.redis.key_prefix)
+        operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
+                                    ack_timeout_ms=config.redis.replica_ack_timeout_ms,
+                                    on_shortfall=metrics.replica_ack_shortfall)
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
         recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
                                   metrics, config.opa.decision_path)
         policy = PolicyClient(config.opa, session, metrics, registry, recorder)
         await policy.open()
         opened.push_async_callback(policy.close)
-        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
+        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
+                                  replica_acks=config.redis.replica_acks,
+                                  ack_timeout_ms=config.redis.replica_ack_timeout_ms)
         denials = DenialLog(redis, config.redis.key_prefix, metrics)
         idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
                                        metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)

@@ -170,9 +170,10 @@ def setup_logging(level: str, fmt: str = "json") -> None:
 
 
 def run_sidecar(config_path: str | None) -> int:
-    from .app import serve
+    from .app import check_key_layout, serve
     try:
         config = load_config(config_path)
+        check_key_layout(config)
         load_registry(config.registry.paths)  # fail fast with a clear message
         check_audit_config(config.audit)
         check_decisions_config(config.decisions)

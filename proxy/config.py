@@ -160,24 +160,69 @@ class OpaConfig:
                                        "(false when a bundle ships it)")
 
 
+REDIS_MODES = ("standalone", "sentinel", "cluster")
+
+
 @dataclass(frozen=True)
 class RedisConfig:
-    url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
+    mode: str = setting("standalone", "standalone (redis.url), sentinel (redis.sentinels + redis.sentinel_service) "
+                                      "or cluster (redis.cluster_nodes)")
+    url: str = setting("redis://127.0.0.1:6379/0", "standalone: Redis URL (redis:// or rediss://)")
+    sentinels: list[str] = setting([], "sentinel mode: host:port of the Sentinels asked for the current master")
+    sentinel_service: str = setting("mymaster", "sentinel mode: the master's service name in the Sentinels")
+    sentinel_password: str = setting("", "sentinel mode: AUTH password of the Sentinels themselves (empty: none)")
+    cluster_nodes: list[str] = setting([], "cluster mode: host:port of startup nodes (any few; the rest is "
+                                           "discovered)")
+    tls: bool = setting(False, "sentinel and cluster modes: connect over TLS (standalone: use a rediss:// URL)")
     key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
     timeout_ms: int = setting(500, "socket timeout of one Redis command")
-    max_connections: int = setting(100, "connections in the process's Redis pool; past it a command waits up to "
-                                        "timeout_ms for a free one")
+    max_connections: int = setting(100, "connections in the process's Redis pool (cluster: per node); past it a "
+                                        "command waits up to timeout_ms for a free one")
     password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
-    tls_ca_file: str = setting("", "rediss:// only: CA bundle that verifies the Redis server (default: system CAs)")
-    tls_cert_file: str = setting("", "rediss:// only: client certificate for mutual TLS")
-    tls_key_file: str = setting("", "rediss:// only: private key of tls_cert_file")
+    tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")
+    tls_cert_file: str = setting("", "TLS only: client certificate for mutual TLS")
+    tls_key_file: str = setting("", "TLS only: private key of tls_cert_file")
+    min_replica_acks: int = setting(-1, "replicas that must acknowledge a write's reservation, its committed "
+                                        "outcome and a spent approval (WAIT) before the call goes on; -1: 0 in "
+                                        "standalone, 1 in sentinel and cluster modes")
+    replica_ack_timeout_ms: int = setting(200, "longest WAIT for min_replica_acks; a shortfall is logged and "
+                                               "counted (toolproxy_redis_replica_ack_shortfalls_total), not fatal")
 
     def __post_init__(self) -> None:
+        if self.mode not in REDIS_MODES:
+            raise ConfigError(f"redis.mode: expected standalone, sentinel or cluster, got {self.mode!r}")
         tls = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
-        if any(tls) and not self.url.startswith("rediss://"):
-            raise ConfigError("redis.tls_* files are set but redis.url is not rediss://")
+        if any(tls) and not self.uses_tls:
+            raise ConfigError("redis.tls_* files are set but TLS is off (standalone: rediss:// URL; "
+                              "sentinel/cluster: redis.tls: true)")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("redis.tls_cert_file and redis.tls_key_file go together (mutual TLS needs both)")
+        if self.mode == "sentinel" and not self.sentinels:
+            raise ConfigError("redis.sentinels: sentinel mode needs at least one host:port")
+        if self.mode == "sentinel" and not self.sentinel_service:
+            raise ConfigError("redis.sentinel_service: sentinel mode needs the master's service name")
+        if self.mode == "cluster" and not self.cluster_nodes:
+            raise ConfigError("redis.cluster_nodes: cluster mode needs at least one host:port")
+        for name in ("sentinels", "cluster_nodes"):
+            for address in getattr(self, name):
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ConfigError(f"redis.{name}: expected host:port, got {address!r}")
+        if self.min_replica_acks < -1:
+            raise ConfigError("redis.min_replica_acks must be -1 (by mode) or a replica count (0 = no WAIT)")
+        if self.replica_acks > 0 and not 0 < self.replica_ack_timeout_ms < self.timeout_ms:
+            raise ConfigError("redis.replica_ack_timeout_ms must be positive and below redis.timeout_ms")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.url.startswith("rediss://") if self.mode == "standalone" else self.tls
+
+    @property
+    def replica_acks(self) -> int:
+        """How many replicas a durable write waits for (WAIT), the mode's default resolved."""
+        if self.min_replica_acks >= 0:
+            return self.min_replica_acks
+        return 0 if self.mode == "standalone" else 1
 
 
 @dataclass(frozen=True)

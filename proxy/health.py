@@ -1,7 +1,7 @@
 """Health: liveness, readiness and the gauges refreshed when Prometheus scrapes.
 
-Owns: the readiness checks (OPA answers ``/health``, asked through
-``opa_control``; Redis answers ``PING``,
+Owns: the readiness checks (OPA answers ``/health``, asked through ``opa_control``; every Redis
+master answers ``PING``: the standalone server, Sentinel's current master, each Cluster master,
 the registry holds at least one tool), each bounded by its dependency's own
 timeout and run concurrently; the ``toolproxy_dependency_up`` gauge they set;
 and refreshing the gauges that are read from Redis (open unknowns) right
@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
-import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
+from . import store
 from .config import Config
 from .metrics import Metrics
 from .opa_control import control_client, healthy
@@ -44,7 +44,7 @@ class Readiness:
 
 class Health:
     def __init__(self, *, config: Config, registry: Registry,
-                 redis: redis_async.Redis, metrics: Metrics, unknowns: UnknownIndex,
+                 redis: store.Client, metrics: Metrics, unknowns: UnknownIndex,
                  gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
@@ -98,6 +98,6 @@ class Health:
     async def _check_redis(self) -> bool:
         try:
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
-                return bool(await self._redis.ping())
+                return await store.masters_reachable(self._redis)
         except (TimeoutError, OSError, RedisError):
             return False

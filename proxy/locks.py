@@ -78,7 +78,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import quote, unquote
 
-import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
 from . import store
@@ -222,10 +221,29 @@ def lockable(resources: Iterable[ResourceRef]) -> tuple[ResourceRef, ...]:
     return tuple(sorted((r for r in resources if r.access in LOCKABLE), key=lambda r: r.id))
 
 
+def domain(scope: str, tenant: str) -> str:
+    """The lock domain (hash tag) of a tenant's locks."""
+    return GLOBAL_TAG if scope == "global" else quote(tenant, safe="-_.@:")
+
+
+def lock_keys(prefix: str, scope: str, tenant: str, resource_ids: Sequence[str]) -> list[str]:
+    """KEYS of the acquire script: the domain's fencing counter, then the resource hashes (renew and
+    release take the resource hashes alone)."""
+    tag = domain(scope, tenant)
+    return [store.key(prefix, "fence", tag)] + [store.key(prefix, "lock", tag, rid) for rid in resource_ids]
+
+
+def script_key_sets(prefix: str, scope: str) -> dict[str, list[list[str]]]:
+    """Sample key sets of the lock scripts (start-up check: each in one Cluster slot)."""
+    samples = [lock_keys(prefix, scope, tenant, ["orders/42", "customer:{7}", "x"])
+               for tenant in ("acme", "tenant{b}", "a:b c")]
+    return {"locks.acquire": samples, "locks.renew/release": [keys[1:] for keys in samples]}
+
+
 class LockManager:
     """One per process; hands out ``Lease`` objects for lock sets."""
 
-    def __init__(self, redis: redis_async.Redis, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
+    def __init__(self, redis: store.Client, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
                  margin_s: float = 0.0) -> None:
         self._redis = redis
         self._config = config
@@ -237,13 +255,13 @@ class LockManager:
         self._release = redis.register_script(_RELEASE)
 
     def domain(self, tenant: str) -> str:
-        return GLOBAL_TAG if self._config.scope == "global" else quote(tenant, safe="-_.@:")
+        return domain(self._config.scope, tenant)
 
     def resource_key(self, tenant: str, resource_id: str) -> str:
-        return store.key(self._prefix, "lock", self.domain(tenant), resource_id)
+        return lock_keys(self._prefix, self._config.scope, tenant, [resource_id])[1]
 
     def fence_key(self, tenant: str) -> str:
-        return store.key(self._prefix, "fence", self.domain(tenant))
+        return lock_keys(self._prefix, self._config.scope, tenant, [])[0]
 
     async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
                       deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None,
@@ -259,7 +277,7 @@ class LockManager:
             return None
         config = self._config
         owner = Holder(tenant=tenant, tool=tool, operation=operation, request_id=request_id).owner()
-        keys = [self.fence_key(tenant)] + [self.resource_key(tenant, r.id) for r in wanted]
+        keys = lock_keys(self._prefix, config.scope, tenant, [r.id for r in wanted])
         args: list[Any] = [owner, config.lease_ms, 3 * config.poll_max_ms] + \
             ["x" if r.access == "exclusive" else "s" for r in wanted]
         mode = "exclusive" if any(r.access == "exclusive" for r in wanted) else "shared"
@@ -354,7 +372,7 @@ class LockManager:
     async def _forget(self, keys: list[str], owner: str) -> None:
         """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
         try:
-            await asyncio.shield(self._release(keys=keys, args=[owner]))
+            await asyncio.shield(store.translated(self._release(keys=keys, args=[owner])))
         except (RedisError, OSError) as exc:
             log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
                         type(exc).__name__)

@@ -80,5 +80,12 @@ class Metrics:
                                       ["sink"], registry=r)
         self.decision_record_failures = Counter("toolproxy_decision_record_failures",
                                                 "Decision records a sink failed to write", ["sink"], registry=r)
+        self.replica_ack_shortfalls = Counter(
+            "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "
+            "that fewer replicas than redis.min_replica_acks acknowledged within redis.replica_ack_timeout_ms, by "
+            "transition (begin, commit, expire, resolve, operator, approval)", ["transition"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
+
+    def replica_ack_shortfall(self, transition: str) -> None:
+        self.replica_ack_shortfalls.labels(transition).inc()

@@ -110,25 +110,44 @@ class Reconciler:
 
     # -- one pass ----------------------------------------------------------------
     async def scan_once(self) -> dict[str, int]:
-        """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs)."""
+        """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs).
+
+        The sweep goes bucket by bucket; each bucket's keys live in one Cluster slot, so a bucket whose master
+        is unreachable (mid-failover) is skipped this pass while the others are swept; the pass then raises
+        the first Redis error so the loop reports the store as down."""
         counts: dict[str, int] = {}
-        limit = self._config.batch_size
+        failed: list[redis.exceptions.RedisError] = []
+        due: list[str] = []
         for bucket in BUCKETS:
-            for key in await self._store.expired_leases(bucket, limit):
-                answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
-                                                  window_ms=self._config.window_ms)
-                if answer.status == "unknown":
-                    record = await self._store.get(key)
-                    self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
-                    log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
-                    if record is not None:
-                        await audit_transition(self._audit, record, "IN_PROGRESS")
-                counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
-        due = [key for bucket in BUCKETS for key in await self._store.due(bucket, limit)]
-        results = await asyncio.gather(*(self._guarded(key) for key in due))
+            try:
+                await self._expire_bucket(bucket, counts)
+                due.extend(await self._store.due(bucket, self._config.batch_size))
+            except redis.exceptions.RedisError as exc:
+                failed.append(exc)
+        results = await asyncio.gather(*(self._guarded(key) for key in due), return_exceptions=True)
         for result in results:
+            if isinstance(result, redis.exceptions.RedisError):
+                failed.append(result)
+                result = "store_unavailable"
+            elif isinstance(result, BaseException):
+                raise result
             counts[result] = counts.get(result, 0) + 1
+        if failed:
+            counts["buckets_failed"] = len(failed)
+            raise failed[0]
         return counts
+
+    async def _expire_bucket(self, bucket: str, counts: dict[str, int]) -> None:
+        for key in await self._store.expired_leases(bucket, self._config.batch_size):
+            answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
+                                              window_ms=self._config.window_ms)
+            if answer.status == "unknown":
+                record = await self._store.get(key)
+                self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
+                log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
+                if record is not None:
+                    await audit_transition(self._audit, record, "IN_PROGRESS")
+            counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
 
     async def _guarded(self, key: str) -> str:
         async with self._limit:

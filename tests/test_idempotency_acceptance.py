@@ -19,12 +19,13 @@ from proxy.normalize import canonical_json, sha256_hex
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope
 from tests.support.waits import wait_until as wait_for
+from tests.support.modes import all_redis_modes
 
 REFUND = {"order_id": "ord_1002", "amount": 700, "reason": "charged twice"}
 
 
 def proxy_settings(backend_url: str, proxy_deps: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
+    return {**proxy_deps,
             "backends.services": {"demo": backend_url}, "registry.paths": [str(DEMO_REGISTRY)],
             "reconcile.scan_interval_ms": 100, "reconcile.backoff_initial_ms": 50,
             "reconcile.backoff_max_ms": 200, "idempotency.lease_grace_ms": 300, **extra}
@@ -49,6 +50,7 @@ async def operation(session, proxy: ProxyProcess, key: str) -> tuple[int, dict[s
         return response.status, await response.json()
 
 
+@all_redis_modes
 async def test_fifty_concurrent_duplicates_through_two_proxies_make_one_effect(demo_backend, http_session, proxy_deps):
     backend_url, state = demo_backend
     session = http_session

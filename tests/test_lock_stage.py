@@ -7,7 +7,6 @@ import time
 
 import aiohttp
 import pytest
-import redis.asyncio as redis_async
 
 from proxy.deadline import Deadline
 from proxy.normalize import normalize
@@ -15,6 +14,7 @@ from proxy.pipeline import RequestMeta, ToolCallRequest
 from proxy.tracing import accept_traceparent
 from tests.support.stack import extra_tools, running_stack
 from tests.support.waits import wait_until
+from tests.support.modes import all_redis_modes
 
 FAST_LEASE = {"locks.lease_ms": 400, "locks.renew_interval_ms": 100}
 
@@ -34,12 +34,11 @@ async def stack(proxy_deps):
 
 
 @pytest.fixture
-async def redis(redis_url):
-    conn = redis_async.Redis.from_url(redis_url)
-    yield conn
-    await conn.aclose()
+def redis(state_client):
+    return state_client
 
 
+@all_redis_modes
 async def test_write_forwards_increasing_fencing_tokens_and_leaves_no_lock(stack, redis):
     for n in (1, 2):
         status, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id=f"w{n}")
@@ -64,6 +63,7 @@ async def test_a_read_that_declares_a_resource_forwards_the_newest_token(stack):
     assert "X-Fencing-Token" not in requests_for(stack, "unlocked_read")[0]["headers"]
 
 
+@all_redis_modes
 async def test_busy_resource_is_resource_busy_within_the_deadline_and_nothing_is_sent(stack):
     locks = stack.runtime.pipeline._locks  # another holder (as another replica would be)
     held = await locks.acquire(refs(stack, "adjust_counter", {"counter": "ctr_demo", "delta": 1}),

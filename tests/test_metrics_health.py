@@ -6,6 +6,7 @@ import pytest
 
 from tests.support.metrics import counter_deltas, sample, samples, scrape_text
 from tests.support.stack import running_stack
+from tests.support.modes import all_redis_modes
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 
@@ -121,8 +122,9 @@ async def test_healthz_is_alive_even_when_dependencies_are_down():
         assert values[sample("toolproxy_dependency_up", dependency="redis")] == 0
 
 
-async def test_readyz_with_real_opa_and_redis(redis_url, opa_server):
-    async with running_stack({"redis.url": redis_url, "opa.url": opa_server.url}) as stack:
+@all_redis_modes
+async def test_readyz_with_real_opa_and_redis(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         async with stack.session.get(stack.ops_url + "/readyz") as response:
             body = await response.json()
         assert response.status == 200, body

@@ -88,6 +88,10 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     - name: TOOLPROXY_REDIS_PASSWORD
       valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
     {{- end }}{{ end }}
+    {{- with $p.redis.sentinel.passwordSecret }}{{ if and .name (eq $p.redis.mode "sentinel") }}
+    - name: TOOLPROXY_REDIS_SENTINEL_PASSWORD
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
     {{- with $p.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}

@@ -40,11 +40,13 @@ from .pipeline import Pipeline, RequestMeta, ToolCallRequest
 from .listing import visible_tools
 from .policy import PolicyClient
 from .reconcile import Reconciler, list_takeovers, resolve_by_operator
-from .registry import Registry, load_registry
+from .registry import LiveRegistry, Registry, load_registry
+from .registry_reload import RegistryReloader
 from .plan import plan_from_json
 from .scheduler import Scheduler
 from .store import create_pool, key
 from .unknowns import UnknownIndex
+from .versions import VersionResolver
 
 log = logging.getLogger("toolproxy.app")
 
@@ -69,8 +71,10 @@ class Runtime:
     reconciler: Reconciler
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
     denials: DenialLog
+    reloader: RegistryReloader
 
     async def close(self) -> None:
+        await self.reloader.stop()
         await self.reconciler.stop()
         await self.pipeline.aclose()
         await self.session.close()
@@ -81,7 +85,7 @@ RUNTIME = web.AppKey("runtime", Runtime)
 
 
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
-    registry = registry or load_registry(config.registry.paths)
+    registry = LiveRegistry(registry or load_registry(config.registry.paths))
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
@@ -108,7 +112,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                         unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
                         locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
-                                          margin_s=config.deadline.margin_ms / 1000.0))
+                                          margin_s=config.deadline.margin_ms / 1000.0),
+                        versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
+                                                 pin_ttl_s=config.registry.run_pin_ttl_s,
+                                                 read_policy=config.idempotency.read_policy))
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
                     unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
     authenticator = Authenticator(config.identity, config.admin_identity, session)
@@ -120,12 +127,15 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     reconciler = Reconciler(store=operations, registry=registry, session=session, services=config.backends.services,
                             config=config.reconcile, metrics=metrics, audit=audit)
     reconciler.start()
+    reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
+                                interval_ms=config.registry.reload_interval_ms, push_catalog=config.opa.push_catalog)
+    reloader.start()
     scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
                           metrics=metrics, audit=audit)
     return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                    pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
                    policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,
-                   scheduler=scheduler, denials=denials)
+                   scheduler=scheduler, denials=denials, reloader=reloader)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -373,9 +383,12 @@ def ops_app(runtime: Runtime) -> web.Application:
 
 
 async def serve(config: Config, *, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Run all listeners until ``stop`` is set (or forever)."""
+                stop: asyncio.Event | None = None, on_runtime: Callable[[Runtime], None] | None = None) -> None:
+    """Run all listeners until ``stop`` is set (or forever); ``on_runtime`` gets the runtime once it exists
+    (the CLI hooks SIGHUP to its registry reload there)."""
     runtime = await create_runtime(config)
+    if on_runtime is not None:
+        on_runtime(runtime)
     runners: list[web.AppRunner] = []
     try:
         for app, listener in ((agent_app(runtime), config.listen), (admin_app(runtime), config.admin),

@@ -88,6 +88,9 @@ def decode_cursor(cursor: Any) -> str:
     return decoded["after"]
 
 
+DEPRECATION_META_KEY = "io.toolproxy/deprecation"
+
+
 def call_result(envelope: Mapping[str, Any], *, modern: bool) -> dict[str, Any]:
     """The MCP CallToolResult for one envelope (the envelope's error decides isError)."""
     if envelope["error"] is None:
@@ -106,6 +109,8 @@ def call_result(envelope: Mapping[str, Any], *, modern: bool) -> dict[str, Any]:
         }
     if modern:
         result["resultType"] = "complete"
+    if envelope.get("deprecation"):  # a namespaced key of its own: _meta holds other io.toolproxy/ entries too
+        result.setdefault("_meta", {})[DEPRECATION_META_KEY] = dict(envelope["deprecation"])
     return result
 
 

@@ -90,7 +90,8 @@ def compare(old: ToolContract, new: ToolContract) -> list[Change]:
     for label, before, after in (("description", old.description, new.description),
                                  ("timeout_ms", old.timeout_ms, new.timeout_ms),
                                  ("backend", old.backend, new.backend),
-                                 ("sunset", old.sunset, new.sunset), ("replaced_by", old.replaced_by, new.replaced_by)):
+                                 ("deprecated_at", old.deprecated_at, new.deprecated_at), ("sunset", old.sunset, new.sunset),
+                                 ("replaced_by", old.replaced_by, new.replaced_by)):
         if before != after:
             found.append((False, f"{label} changed"))
     found.extend(_schema(thaw(old.input_schema), thaw(new.input_schema), "input", "$"))

@@ -325,6 +325,17 @@ async def _version_of_default(session: aiohttp.ClientSession, proc: ProxyProcess
         return (await response.json())["tool_version"]
 
 
+async def _reload_seen(session: aiohttp.ClientSession, proc: ProxyProcess, trigger: str, result: str) -> None:
+    """Send SIGHUP (or let the poll notice the edit) and wait until the metric counts one ``result``."""
+    if trigger == "sighup":
+        proc.proc.send_signal(signal.SIGHUP)
+
+    async def counted() -> bool:
+        return await _metric(session, proc, result) == 1
+
+    await wait_until(counted, timeout=10, what=f"a registry reload {result}")
+
+
 @pytest.mark.parametrize("trigger", ["polling", "sighup"])
 async def test_a_running_process_reloads_its_registry(proxy_deps, registry_dir, trigger):
     runner, backend_url, _ = await start_demo_backend()
@@ -336,22 +347,10 @@ async def test_a_running_process_reloads_its_registry(proxy_deps, registry_dir, 
         async with aiohttp.ClientSession() as session:
             assert await _version_of_default(session, proc) == "1.0.0"
             write_tools(registry_dir / "v2.yaml", [contract("get_order", "2.0.0", risk="sideways")])
-            if trigger == "sighup":
-                proc.proc.send_signal(signal.SIGHUP)
-
-            async def refused() -> bool:
-                return await _metric(session, proc, "refused") == 1
-
-            await wait_until(refused, timeout=10, what="the bad registry refused")
+            await _reload_seen(session, proc, trigger, "refused")
             assert await _version_of_default(session, proc) == "1.0.0"
             write_tools(registry_dir / "v2.yaml", [contract("get_order", "2.0.0")])
-            if trigger == "sighup":
-                proc.proc.send_signal(signal.SIGHUP)
-
-            async def applied() -> bool:
-                return await _metric(session, proc, "applied") == 1
-
-            await wait_until(applied, timeout=10, what="the new registry applied")
+            await _reload_seen(session, proc, trigger, "applied")
             assert await _version_of_default(session, proc) == "2.0.0"
             assert proc.proc.poll() is None
         log = proc.log(20000)

@@ -42,12 +42,14 @@ from .pipeline import Pipeline, RequestMeta, ToolCallRequest
 from .listing import visible_tools
 from .policy import PolicyClient
 from .reconcile import Reconciler, list_takeovers, resolve_by_operator
-from .registry import Registry, load_registry
+from .registry import LiveRegistry, Registry, load_registry
+from .registry_reload import RegistryReloader
 from .plan import plan_from_json
 from .scheduler import Scheduler
 from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
 from .store import key
 from .unknowns import UnknownIndex
+from .versions import VersionResolver
 
 log = logging.getLogger("toolproxy.app")
 
@@ -73,12 +75,14 @@ class Runtime:
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
     denials: DenialLog
     locks: LockManager
+    reloader: RegistryReloader
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
         self.metrics.request_errors.labels(code).inc()
 
     async def close(self) -> None:
+        await self.reloader.stop()
         await self.reconciler.stop()
         await self.pipeline.aclose()
         await self.session.close()
@@ -102,7 +106,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     """Open everything the process shares. If any step fails, what was already opened is closed
     again (no unclosed session or pool, no reconciler left running) and the error goes on."""
     check_key_layout(config)
-    registry = registry or load_registry(config.registry.paths)
+    registry = LiveRegistry(registry or load_registry(config.registry.paths))
     async with contextlib.AsyncExitStack() as opened:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
@@ -143,7 +147,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                             unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
                             idempotency=idempotency,
-                            locks=locks)
+                            locks=locks,
+                            versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
+                                                     pin_ttl_s=config.registry.run_pin_ttl_s,
+                                                     read_policy=config.idempotency.read_policy))
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
                         unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
         await health.open()
@@ -159,12 +166,18 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                 audit=audit, max_json_depth=config.decode.max_depth)
         reconciler.start()
         opened.push_async_callback(reconciler.stop)
+        reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
+                                    interval_ms=config.registry.reload_interval_ms,
+                                    push_catalog=config.opa.push_catalog)
+        reloader.start()
+        opened.push_async_callback(reloader.stop)
         scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
                               metrics=metrics, audit=audit)
         runtime = Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
-                          reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks)
+                          reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
+                          reloader=reloader)
         opened.pop_all()  # from here on Runtime.close() closes them
     return runtime
 
@@ -422,9 +435,12 @@ def ops_app(runtime: Runtime) -> web.Application:
 
 
 async def serve(config: Config, *, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Run all listeners until ``stop`` is set (or forever)."""
+                stop: asyncio.Event | None = None, on_runtime: Callable[[Runtime], None] | None = None) -> None:
+    """Run all listeners until ``stop`` is set (or forever); ``on_runtime`` gets the runtime once it exists
+    (the CLI hooks SIGHUP to its registry reload there)."""
     runtime = await create_runtime(config)
+    if on_runtime is not None:
+        on_runtime(runtime)
     runners: list[web.AppRunner] = []
     try:
         for app, listener in ((agent_app(runtime), config.listen), (admin_app(runtime), config.admin),

@@ -1,5 +1,5 @@
-"""Command line: ``toolproxy run | dev | check-registry | check-policy-data | opa-data | config-reference |
-import-mcp | policy``.
+"""Command line: ``toolproxy run | dev | check-registry | check-policy-data | registry diff | opa-data |
+config-reference | import-mcp | policy``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -12,7 +12,7 @@ import asyncio
 import json
 import signal
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
@@ -50,6 +50,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     check = sub.add_parser("check-registry", help="validate registry files without starting anything")
     check.add_argument("paths", nargs="+", help="registry YAML files or directories")
+    check.add_argument("--previous", metavar="DIR", action="append",
+                       help="the registry before this change (files or directories; repeatable): refuse a breaking "
+                            "change that keeps the version number (exit 3)")
+
+    registry_cmd = sub.add_parser("registry", help="registry tools (diff)")
+    registry_sub = registry_cmd.add_subparsers(dest="registry_command", required=True)
+    diff_cmd = registry_sub.add_parser(
+        "diff", help="what changed per tool and version between two registries, breaking or compatible",
+        description="Compare two registries (files or directories). Exit 0 whatever changed; 1 if one of them "
+                    "is invalid. Breaking changes are marked BREAKING.")
+    diff_cmd.add_argument("old", help="the previous registry (file or directory)")
+    diff_cmd.add_argument("new", help="the new registry (file or directory)")
 
     policy_data = sub.add_parser(
         "check-policy-data", help="validate an OPA data document (roles, subjects, resources, thresholds, limits)",
@@ -85,9 +97,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "check-registry":
-        return check_registry(args.paths)
+        return check_registry(args.paths, previous=args.previous)
     if args.command == "check-policy-data":
         return check_policy_data(args.file)
+    if args.command == "registry":
+        return registry_diff(args.old, args.new)
     if args.command == "opa-data":
         return print_opa_data(args.registry)
     if args.command == "config-reference":
@@ -115,12 +129,39 @@ def _registry_or_report(paths: Sequence[str]) -> Registry | None:
         return None
 
 
-def check_registry(paths: Sequence[str]) -> int:
+EXIT_BREAKING_SAME_VERSION = 3
+
+
+def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) -> int:
     registry = _registry_or_report(paths)
     if registry is None:
         return 1
     for tool in registry.all():
-        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}) from {tool.source}")
+        status = "" if tool.status == "active" else f", {tool.status}"
+        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
+    if previous:
+        from .contract_diff import diff, same_version_breaks
+        old = _registry_or_report(previous)
+        if old is None:
+            return 1
+        breaks = same_version_breaks(diff(old, registry))
+        for change in breaks:
+            print(f"refused: {change.line()} -- bump the version", file=sys.stderr)
+        if breaks:
+            return EXIT_BREAKING_SAME_VERSION
+    return 0
+
+
+def registry_diff(old_path: str, new_path: str) -> int:
+    from .contract_diff import diff
+    old, new = _registry_or_report([old_path]), _registry_or_report([new_path])
+    if old is None or new is None:
+        return 1
+    changes = diff(old, new)
+    for change in changes:
+        print(change.line())
+    breaking = sum(c.breaking for c in changes)
+    print(f"{len(changes)} change(s), {breaking} breaking")
     return 0
 
 
@@ -190,7 +231,11 @@ def run_sidecar(config_path: str | None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop=stop)
+
+        def reload_on_sighup(runtime: Any) -> None:
+            loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)
+
+        await serve(config, stop=stop, on_runtime=reload_on_sighup)
 
     try:
         asyncio.run(main_async())

@@ -63,6 +63,16 @@ def _ops_listener() -> ListenerConfig:
 @dataclass(frozen=True)
 class RegistryConfig:
     paths: list[str] = setting(["examples/registry"], "registry YAML files or directories of *.yaml")
+    reload_interval_ms: int = setting(2000, "how often the registry files are checked for changes and reloaded "
+                                            "(0: only on SIGHUP); an invalid new registry is refused as a whole")
+    run_pin_ttl_s: int = setting(86400, "lifetime of a run's version pin (X-Run-Id): the run keeps the contract "
+                                        "version it first resolved for this long after its first call")
+
+    def __post_init__(self) -> None:
+        if self.reload_interval_ms < 0:
+            raise ConfigError("registry.reload_interval_ms: must be 0 (off) or a positive number of milliseconds")
+        if self.run_pin_ttl_s < 1:
+            raise ConfigError("registry.run_pin_ttl_s: must be at least 1 second")
 
 
 @dataclass(frozen=True)

@@ -167,8 +167,9 @@ class McpFront:
     # -- HTTP verbs ---------------------------------------------------------
 
     async def get(self, request: web.Request) -> web.Response:
-        # No server-initiated messages exist (the registry never changes under a
-        # running process), so no standalone SSE stream is offered.
+        # No server-initiated messages exist: a registry reload is not announced
+        # (tools.listChanged is false; clients see it on their next tools/list),
+        # so no standalone SSE stream is offered.
         return web.Response(status=405, headers={"Allow": "POST, DELETE"})
 
     async def delete(self, request: web.Request) -> web.Response:

@@ -114,6 +114,9 @@ def decode_cursor(cursor: Any) -> str:
     return decoded["after"]
 
 
+DEPRECATION_META_KEY = "io.toolproxy/deprecation"
+
+
 def call_result(envelope: Mapping[str, Any], tool: ToolContract | None, *, modern: bool) -> dict[str, Any]:
     """The MCP CallToolResult for one envelope (the envelope's error decides isError)."""
     if envelope["error"] is not None:
@@ -140,6 +143,8 @@ def call_result(envelope: Mapping[str, Any], tool: ToolContract | None, *, moder
             result["structuredContent"] = data
     if modern:
         result["resultType"] = "complete"
+    if envelope.get("deprecation"):  # a namespaced key of its own: _meta holds other io.toolproxy/ entries too
+        result.setdefault("_meta", {})[DEPRECATION_META_KEY] = dict(envelope["deprecation"])
     return result
 
 

@@ -25,6 +25,12 @@ class Metrics:
         r = self.registry
         self.calls = Counter("toolproxy_calls", "Tool calls by tool, outcome and error code (code is 'none' on success)",
                              ["tool", "outcome", "code"], registry=r)
+        self.tool_version_calls = Counter(
+            "toolproxy_tool_version_calls", "Tool calls by contract version and the version's status (active, "
+            "deprecated): who still uses an old version", ["tool", "version", "status"], registry=r)
+        self.registry_reloads = Counter("toolproxy_registry_reloads",
+                                        "Registry reloads by result (applied; refused: the new files failed "
+                                        "validation and the previous registry stays)", ["result"], registry=r)
         self.call_duration = Histogram("toolproxy_call_duration_seconds", "End-to-end duration of a tool call",
                                        ["tool", "outcome"], buckets=CALL_BUCKETS, registry=r)
         self.stage_duration = Histogram(

@@ -36,6 +36,7 @@ from .registry import Registry, ToolContract
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
 from .verify import verify_output
+from .versions import VersionResolver, deprecation, deprecation_headers
 
 # Set by a client-facing front when its client withdraws the call running in this context
 # (MCP notifications/cancelled). Honoured only before anything is sent (outcome cancelled, no
@@ -106,8 +107,9 @@ class CallState:
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
-                 idempotency: IdempotencyStage, locks: LockManager) -> None:
+                 idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver) -> None:
         self._config = config
+        self._versions = versions
         self._locks = locks
         self._idempotency = idempotency
         self._authorizer = authorizer
@@ -148,7 +150,7 @@ class Pipeline:
                 log.exception("internal error in phase %s", state.phase)
                 error = self._internal(state)
                 env = self._envelope(state, error=error)
-            headers = {}
+            headers = deprecation_headers(state.tool)
             if state.replayed:
                 env["replayed"] = True
                 headers["Idempotent-Replayed"] = "true"
@@ -186,6 +188,8 @@ class Pipeline:
         outcome = env["outcome"]
         code = env["error"]["code"] if env["error"] else "none"
         self._metrics.calls.labels(tool, outcome, code).inc()
+        if state.tool is not None:  # who still calls an old or deprecated version (seed 004 §28)
+            self._metrics.tool_version_calls.labels(tool, state.tool.version, state.tool.status).inc()
         self._metrics.call_duration.labels(tool, outcome).observe(time.monotonic() - state.timing.started_mono)
         for stage, seconds in state.timing.stages.items():
             self._metrics.stage_duration.labels(stage).observe(seconds)
@@ -199,8 +203,8 @@ class Pipeline:
 
     async def _run(self, state: CallState) -> Any:
         request = state.request
-        with self._stage(state, "resolve"):
-            tool = state.tool = self.registry.resolve(request.tool, request.version)
+        with self._stage(state, "resolve"):  # the run's pinned version when X-Run-Id names a run
+            tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
         with self._stage(state, "decode"):
             arguments = decode_arguments(request.arguments, tool.input_validator,
                                          max_depth=self._config.decode.max_depth)
@@ -307,7 +311,12 @@ class Pipeline:
             tool=tool.name if tool else state.request.tool if isinstance(state.request.tool, str) else None,
             tool_version=tool.version if tool else None, data=data, error=error,
             side_effect=side_effect or SideEffect(False, False), idempotency_key=state.idempotency_key,
-            timing=state.timing)
+            timing=state.timing, extra=_deprecation_block(tool))
+
+
+def _deprecation_block(tool: ToolContract | None) -> dict[str, Any] | None:
+    facts = deprecation(tool)
+    return None if facts is None else {"deprecation": facts}
 
 
 def _about_an_operation(env: Mapping[str, Any]) -> bool:

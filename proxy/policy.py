@@ -120,6 +120,10 @@ class PolicyClient:
         self._push_lock = asyncio.Lock()
         self._pushed_mono = 0.0
 
+    def use_registry(self, registry: Registry) -> None:
+        """A reloaded registry: its catalog is what OPA gets on the next push and what decisions compare."""
+        self._catalog = catalog_document(registry)
+
     @property
     def catalog_digest(self) -> str:
         return self._catalog["digest"]

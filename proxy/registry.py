@@ -2,13 +2,19 @@
 
 Owns: loading registry YAML files, validating them against
 ``schemas/tool-registry.schema.json`` and the strictness rule, and resolving
-a (name, version) to a frozen ``ToolContract``. Must never: take execution
+a (name, version) to a frozen ``ToolContract``: an explicit version that is
+active or deprecated, or else the tool's default (its newest active version,
+or its newest deprecated one when none is active); a retired version is
+``tool_not_found`` with ``details.reason: retired``. ``LiveRegistry`` is the
+one mutable handle: a reload swaps the whole contract set at once (calls
+already running keep the frozen contract they resolved). Must never: take execution
 metadata from anywhere but these files (not from tool descriptions, not from
 upstream MCP annotations), or reach a backend.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from dataclasses import dataclass, field
@@ -95,7 +101,10 @@ class ToolContract:
     status_endpoint: Endpoint | None = None
     sensitive_fields: tuple[str, ...] = ()
     strict: bool = True
-    status: str = "active"
+    status: str = "active"                    # active | deprecated | retired
+    deprecated_at: str | None = None          # ISO date (RFC 9745 Deprecation)
+    sunset: str | None = None                 # ISO date (RFC 8594 Sunset)
+    replaced_by: str | None = None            # "2.0.0" (same tool) or "other_tool@1.0.0"
     source: str = ""
     input_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
@@ -108,6 +117,10 @@ class ToolContract:
     def declares_output(self) -> bool:
         """Whether the contract declares an outputSchema (verified on every result when it does)."""
         return bool(self.output_schema)
+
+    @property
+    def callable(self) -> bool:
+        return self.status != "retired"
 
     def summary(self) -> dict[str, Any]:
         """What policies and listings may know about the tool (trusted facts only)."""
@@ -142,41 +155,80 @@ class Registry:
                     f"{tool.source}: tool {tool.name!r} version {tool.version} is also defined in "
                     f"{versions[tool.version].source}")
             versions[tool.version] = tool
+        for versions in by_name.values():
+            for tool in versions.values():
+                _check_successor(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._tools.values())
 
     def active(self) -> list[ToolContract]:
-        """The newest active version of every tool, sorted by name (deterministic listings)."""
-        result = []
-        for name in sorted(self._tools):
-            live = [t for t in self._tools[name].values() if t.status == "active"]
-            if live:
-                result.append(max(live, key=lambda t: _version_key(t.version)))
-        return result
+        """The default version of every callable tool, sorted by name (deterministic listings)."""
+        return [tool for tool in (self.default(name) for name in sorted(self._tools)) if tool is not None]
 
     def all(self) -> list[ToolContract]:
         return [t for name in sorted(self._tools) for t in
                 sorted(self._tools[name].values(), key=lambda t: _version_key(t.version))]
 
+    def default(self, name: str) -> ToolContract | None:
+        """What a call without a version gets: the newest active version, else the newest deprecated one."""
+        versions = self._tools.get(name, {})
+        for status in ("active", "deprecated"):
+            live = [t for t in versions.values() if t.status == status]
+            if live:
+                return max(live, key=lambda t: _version_key(t.version))
+        return None
+
+    def get(self, name: str, version: str) -> ToolContract | None:
+        """The exact contract, whatever its status (records name their exact contract)."""
+        return self._tools.get(name, {}).get(version)
+
     def resolve(self, name: Any, version: Any = None) -> ToolContract:
         if not isinstance(name, str) or name not in self._tools:
             raise ProxyError("tool_not_found", "The requested tool does not exist.",
                              details={"tool": name if isinstance(name, str) else None}, phase="resolve")
-        versions = self._tools[name]
         if version is None:
-            live = [t for t in versions.values() if t.status == "active"]
-            if not live:
+            tool = self.default(name)
+            if tool is None:
                 raise ProxyError("tool_not_found", "The requested tool is retired.",
-                                 details={"tool": name}, phase="resolve")
-            return max(live, key=lambda t: _version_key(t.version))
-        tool = versions.get(version) if isinstance(version, str) else None
-        if tool is None or tool.status != "active":
-            raise ProxyError("tool_not_found", "The requested tool version does not exist or is retired.",
+                                 details={"tool": name, "reason": "retired"}, phase="resolve")
+            return tool
+        tool = self._tools[name].get(version) if isinstance(version, str) else None
+        if tool is None:
+            raise ProxyError("tool_not_found", "The requested tool version does not exist.",
                              details={"tool": name, "version": version if isinstance(version, str) else None},
                              phase="resolve")
+        if not tool.callable:
+            raise retired_error(tool)
         return tool
+
+
+def retired_error(tool: ToolContract) -> ProxyError:
+    """A retired version: ``tool_not_found`` with the reason and the successor, so a caller can re-plan."""
+    return ProxyError("tool_not_found", "The requested tool version is retired; re-plan with its successor.",
+                      details={"tool": tool.name, "version": tool.version, "reason": "retired",
+                               "replaced_by": tool.replaced_by}, phase="resolve")
+
+
+class LiveRegistry(Registry):
+    """The registry a running proxy serves: the same reads, and ``swap`` for a validated reload."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._tools = registry._tools
+
+    def swap(self, registry: Registry) -> None:
+        self._tools = registry._tools  # one assignment: a call sees the old set or the new one, never a mix
+
+
+def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
+    if tool.replaced_by is None:
+        return
+    name, _, version = tool.replaced_by.rpartition("@")
+    successor = by_name.get(name or tool.name, {}).get(version)
+    if successor is None or not successor.callable or successor is tool:
+        raise RegistryError(f"{tool.source}: tool {tool.name!r} version {tool.version}: replaced_by "
+                            f"{tool.replaced_by!r} is not another callable contract of this registry")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -227,6 +279,7 @@ def load_file(path: Path) -> list[ToolContract]:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise RegistryError(f"{path}: cannot parse YAML: {exc}") from None
+    _dates_as_text(document)
     validator = Draft202012Validator(load_schema("tool-registry.schema.json"))
     errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
@@ -234,6 +287,16 @@ def load_file(path: Path) -> list[ToolContract]:
         raise RegistryError(f"{path}: {_tool_label(document, first.absolute_path)}at {_json_path(first.absolute_path)}: "
                             f"{first.message}")
     return [_contract(path, index, raw) for index, raw in enumerate(document["tools"])]
+
+
+def _dates_as_text(document: Any) -> None:
+    """YAML reads an unquoted 2027-03-31 as a date; the schema (and JSON) want the ISO text."""
+    tools = document.get("tools") if isinstance(document, dict) else None
+    for raw in tools if isinstance(tools, list) else ():
+        if isinstance(raw, dict):
+            for name in ("sunset", "deprecated_at"):
+                if isinstance(raw.get(name), (datetime.date, datetime.datetime)):
+                    raw[name] = raw[name].isoformat()[:10]
 
 
 def _tool_label(document: Any, path: Iterable[Any]) -> str:
@@ -306,6 +369,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
         strict=strict,
         status=raw.get("status", "active"),
+        deprecated_at=raw.get("deprecated_at"),
+        sunset=raw.get("sunset"),
+        replaced_by=raw.get("replaced_by"),
         source=str(path),
         input_validator=Draft202012Validator(raw["inputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
         output_validator=Draft202012Validator(output_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER),

@@ -40,6 +40,9 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
             sample(calls, tool="refund_order", outcome="unknown", code="timeout_unknown"): 1,
             sample(calls, tool="get_order", outcome="failed", code="forbidden"): 1,
             sample("toolproxy_unknown_outcomes_total", tool="refund_order"): 1,
+            # every call that resolved a contract, by version and status (the schema violation did too)
+            sample("toolproxy_tool_version_calls_total", tool="get_order", version="1.0.0", status="active"): 2,
+            sample("toolproxy_tool_version_calls_total", tool="refund_order", version="1.0.0", status="active"): 4,
             sample("toolproxy_policy_decisions_total", result="allow"): 4,
             sample("toolproxy_policy_decisions_total", result="deny"): 1,
             sample("toolproxy_policy_denials_total", tool="get_order", reason="resource_not_owned"): 1,

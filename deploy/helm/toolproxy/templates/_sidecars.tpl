@@ -25,7 +25,8 @@ toolproxy.dev/sidecar: "true"
 
 {{/*
 Pod annotations: roll the pods when the proxy's config or registry changes (the
-proxy reads both at start-up). Policies and the OPA catalog are deliberately not
+config is read at start-up; the proxy reloads a registry in place, but OPA's
+catalog of it is generated once, by the init container). Policies and the OPA catalog are deliberately not
 here: OPA watches them, so editing those ConfigMaps changes decisions in place.
 */}}
 {{- define "toolproxy.podAnnotations" -}}

@@ -42,6 +42,8 @@ from .policy import PolicyClient
 from .reconcile import Reconciler, list_takeovers, resolve_by_operator
 from .registry import Registry, load_registry
 from .plan import plan_from_json
+from .backpressure import BackendGuard
+from .quotas import QuotaStage, retry_after_header
 from .scheduler import Scheduler
 from .store import create_pool, key
 from .unknowns import UnknownIndex
@@ -69,9 +71,11 @@ class Runtime:
     reconciler: Reconciler
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
     denials: DenialLog
+    quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
 
     async def close(self) -> None:
         await self.reconciler.stop()
+        await self.quotas.guard.stop()
         await self.pipeline.aclose()
         await self.session.close()
         await self.redis.aclose()
@@ -105,8 +109,14 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     denials = DenialLog(redis, config.redis.key_prefix, metrics)
     idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
                                    metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
+    quotas = QuotaStage(redis, config, registry, metrics,
+                        BackendGuard(redis, config.quotas, registry, key_prefix=config.redis.key_prefix,
+                                     metrics=metrics))
+    if config.quotas.enabled:
+        quotas.guard.start()
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                         unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
+                        quotas=quotas,
                         locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
                                           margin_s=config.deadline.margin_ms / 1000.0))
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
@@ -125,7 +135,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                    pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
                    policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,
-                   scheduler=scheduler, denials=denials)
+                   scheduler=scheduler, denials=denials, quotas=quotas)
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -196,7 +206,7 @@ async def post_tool_call(request: web.Request) -> web.Response:
     call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
-    return json_response(result.envelope, result.status, dict(result.headers))
+    return json_response(result.envelope, result.status, {**result.headers, **retry_after_header(result.envelope)})
 
 
 async def post_tool_call_batch(request: web.Request) -> web.Response:
@@ -265,6 +275,18 @@ async def admin_settle_unknown_call(request: web.Request) -> web.Response:
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
     body = await ingress.read_json(request, runtime.config)
     return json_response(await runtime.unknowns.settle(runtime.audit, runtime.metrics, operator, body))
+
+
+async def admin_quotas(request: web.Request) -> web.Response:
+    """Configured limits and every backend's back-pressure state (an operator with a tenant claim sees
+    only its own tenant's override)."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    limits = runtime.quotas.rules.describe()
+    if operator.tenant:
+        limits["tenants"] = {k: v for k, v in limits["tenants"].items() if k == operator.tenant}
+    return json_response({"enabled": runtime.config.quotas.enabled, "limits": limits,
+                          "backends": runtime.quotas.guard.describe()})
 
 
 async def list_tools(request: web.Request) -> web.Response:
@@ -359,6 +381,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
     app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
+    app.router.add_get("/v1/quotas", admin_quotas)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 

@@ -104,7 +104,10 @@ def run_dev(args: argparse.Namespace) -> int:
             "registry.paths": [str(REPO / "examples" / "registry")],
         }
         # The dev stack defaults to a fixed demo caller; a --config may still choose jwt or headers.
-        dev_defaults = {"identity.mode": "static"}
+        # Demo quotas (docs/quotas.md): every tenant gets a budget, and the quota class OPA data gives
+        # to acme/noisy-bot (examples/opa/data.json) a smaller one.
+        dev_defaults = {"identity.mode": "static", "quotas.tenant": "rate=50/1s burst=100 concurrency=20",
+                        "quotas.classes": {"reduced": "rate=2/1s burst=2 concurrency=1"}}
         config = load_config(args.config, overrides=overrides, base=dev_defaults)
         approver_token = None
         jwt_admin = config.admin_identity.jwt

@@ -122,3 +122,15 @@ async def jwt_stack(proxy_deps, issuers):
     async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}) as stack:
         stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
         yield stack
+
+
+@pytest.fixture
+async def backend():
+    """The demo tool backend in this process, for tests whose proxies run as processes: (base URL, state)."""
+    from examples.demo_backend import start_demo_backend
+
+    runner, url, state = await start_demo_backend()
+    try:
+        yield url, state
+    finally:
+        await runner.cleanup()

@@ -14,7 +14,6 @@ from typing import Any
 import aiohttp
 import pytest
 
-from examples.demo_backend import start_demo_backend
 from proxy.idempotency import derive_key
 from proxy.normalize import canonical_json, sha256_hex
 from tests.support.proxyproc import ProxyProcess
@@ -22,15 +21,6 @@ from tests.support.stack import DEMO_REGISTRY, assert_envelope
 from tests.support.waits import wait_until as wait_for
 
 REFUND = {"order_id": "ord_1002", "amount": 700, "reason": "charged twice"}
-
-
-@pytest.fixture
-async def backend():
-    runner, url, state = await start_demo_backend()
-    try:
-        yield url, state
-    finally:
-        await runner.cleanup()
 
 
 @pytest.fixture

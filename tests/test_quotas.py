@@ -12,42 +12,16 @@ import pytest
 import redis as redis_sync
 from mcp import Client
 
-from tests.support.stack import extra_tools, running_stack
+from tests.support.stack import UNLOCKED_COUNTER, extra_tools, passthrough_read, running_stack
 from tests.support.tokens import jwt_overrides
 from tests.support.waits import wait_until
 
 ORDER = {"order_id": "ord_1001"}
 
 # Two demo-backend tools under contracts with their own quotas.
-LIMITED_TOOLS = """
-tools:
-  - name: counted_order
-    version: "1.0.0"
-    description: get_order under a generous rate limit (every call is counted in Redis).
-    mode: read
-    risk: read
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [order_id]
-      properties: {order_id: {type: string, pattern: "^ord_[0-9]+$"}}
-    outputSchema: {type: object}
-    quotas: {rate: 1000, per_s: 1, burst: 1000}
-    backend: {type: http, service: demo, path: /tools/get_order}
-  - name: single_file_inventory
-    version: "1.0.0"
-    description: get_inventory with one call in flight at a time, fleet-wide.
-    mode: read
-    risk: read
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [sku]
-      properties: {sku: {type: string}}
-    outputSchema: {type: object}
-    quotas: {concurrency: 1}
-    backend: {type: http, service: demo, path: /tools/get_inventory}
-"""
+LIMITED_TOOLS = "tools:" + passthrough_read("counted_order", "/tools/get_order", "order_id",
+                                            "quotas: {rate: 1000, per_s: 1, burst: 1000}") \
+    + passthrough_read("single_file_inventory", "/tools/get_inventory", "sku", "quotas: {concurrency: 1}")
 
 
 class RoundTrips:
@@ -170,21 +144,7 @@ async def test_single_calls_over_a_concurrency_quota_are_refused_and_slots_are_r
 async def test_redis_loss_fails_closed_for_writes_and_open_for_reads_by_default(proxy_deps, tmp_path):
     dead = {**proxy_deps, "redis.url": "redis://127.0.0.1:9/0", "redis.timeout_ms": 200,
             "quotas.tenant": "rate=100/1s", "reconcile.enabled": False}
-    counter = extra_tools(tmp_path, """
-tools:
-  - name: bump_counter
-    version: "1.0.0"
-    description: adjust_counter without locks or a required key (reaches the quota stage alone).
-    mode: write
-    risk: write
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [counter, delta]
-      properties: {counter: {type: string}, delta: {type: integer}}
-    outputSchema: {type: object}
-    backend: {type: http, service: demo, path: /tools/adjust_counter}
-""")
+    counter = extra_tools(tmp_path, UNLOCKED_COUNTER)  # a write that reaches the quota stage alone
     async with running_stack({**dead, **counter}) as stack:
         status, env = await stack.call("get_order", ORDER)
         assert status == 200, env  # read: auto = open, counted as skipped

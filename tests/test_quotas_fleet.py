@@ -14,56 +14,21 @@ import aiohttp
 import pytest
 import redis as redis_sync
 
-from examples.demo_backend import start_demo_backend
 from tests.support.proxyproc import ProxyProcess
-from tests.support.stack import DEMO_REGISTRY
+from tests.support.stack import DEMO_REGISTRY, passthrough_read
 from tests.support.waits import wait_until
 
 FLEET_TOOLS = """
 services:
   flaky:
     breaker: {failure_ratio: 0.5, min_calls: 6, window_s: 120, open_s: 1}
-tools:
-  - name: pooled_inventory
-    version: "1.0.0"
-    description: get_inventory with at most two calls in flight, fleet-wide.
-    mode: read
-    risk: read
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [sku]
-      properties: {sku: {type: string}}
-    outputSchema: {type: object}
-    quotas: {concurrency: 2}
-    backend: {type: http, service: demo, path: /tools/get_inventory}
-  - name: flaky_inventory
-    version: "1.0.0"
-    description: get_inventory on a service of its own (its breaker is the test's).
-    mode: read
-    risk: read
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [sku]
-      properties: {sku: {type: string}}
-    outputSchema: {type: object}
-    backend: {type: http, service: flaky, path: /tools/get_inventory}
-"""
+tools:""" + passthrough_read("pooled_inventory", "/tools/get_inventory", "sku", "quotas: {concurrency: 2}") \
+    + passthrough_read("flaky_inventory", "/tools/get_inventory", "sku", service="flaky")
 
 # A rate the 2-core machine saturates even when other work runs; a burst of 3 keeps a late request (the
 # load's own jitter) from costing allowance, so the lower bound holds too.
 RATE, BURST, LOAD_S = 2, 3, 5.0
 IDENTITY = {"acme": ("alice", {"order_id": "ord_1001"}), "globex": ("gina", {"order_id": "ord_2001"})}
-
-
-@pytest.fixture
-async def backend():
-    runner, url, state = await start_demo_backend()
-    try:
-        yield url, state
-    finally:
-        await runner.cleanup()
 
 
 @pytest.fixture

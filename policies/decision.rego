@@ -7,6 +7,7 @@ package toolproxy
 
 import data.toolproxy.approvals
 import data.toolproxy.limits
+import data.toolproxy.quotas
 import data.toolproxy.resource_access
 import data.toolproxy.tools
 
@@ -45,6 +46,11 @@ base := {"policy_revision": policy_revision, "catalog_current": catalog_current}
 
 default catalog_current := false
 
+# The caller's quota class (quotas.rego), only on a decision that allows a call.
+default quota := {}
+
+quota := {"quota_class": quotas.quota_class}
+
 decision := object.union(base, {
 	"allow": true,
 	"require_approval": false,
@@ -68,7 +74,7 @@ decision := object.union(base, {
 }) if {
 	input.action == "call"
 	approvals.required
-} else := object.union(base, {
+} else := object.union(object.union(base, quota), {
 	"allow": input.action == "call",
 	"require_approval": false,
 	"reasons": [],

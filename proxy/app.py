@@ -45,6 +45,8 @@ from .reconcile import Reconciler, list_takeovers, resolve_by_operator
 from .registry import LiveRegistry, Registry, load_registry
 from .registry_reload import RegistryReloader
 from .plan import plan_from_json
+from .backpressure import BackendGuard
+from .quotas import QuotaStage, retry_after_header
 from .scheduler import Scheduler
 from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
 from .store import key
@@ -76,6 +78,7 @@ class Runtime:
     denials: DenialLog
     locks: LockManager
     reloader: RegistryReloader
+    quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
@@ -84,6 +87,7 @@ class Runtime:
     async def close(self) -> None:
         await self.reloader.stop()
         await self.reconciler.stop()
+        await self.quotas.guard.stop()
         await self.pipeline.aclose()
         await self.session.close()
         await self.policy.close()
@@ -142,12 +146,18 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         denials = DenialLog(redis, config.redis.key_prefix, metrics)
         idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
                                        metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
+        quotas = QuotaStage(redis, config, registry, metrics,
+                            BackendGuard(redis, config.quotas, registry, key_prefix=config.redis.key_prefix,
+                                         metrics=metrics))
+        if config.quotas.enabled:
+            quotas.guard.start()
+            opened.push_async_callback(quotas.guard.stop)
         locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
                             margin_s=config.deadline.margin_ms / 1000.0)
         pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                             unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
                             idempotency=idempotency,
-                            locks=locks,
+                            locks=locks, quotas=quotas,
                             versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
                                                      pin_ttl_s=config.registry.run_pin_ttl_s,
                                                      read_policy=config.idempotency.read_policy))
@@ -177,7 +187,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
-                          reloader=reloader)
+                          reloader=reloader, quotas=quotas)
         opened.pop_all()  # from here on Runtime.close() closes them
     return runtime
 
@@ -250,7 +260,7 @@ async def post_tool_call(request: web.Request) -> web.Response:
     call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
-    return json_response(result.envelope, result.status, dict(result.headers))
+    return json_response(result.envelope, result.status, {**result.headers, **retry_after_header(result.envelope)})
 
 
 async def post_tool_call_batch(request: web.Request) -> web.Response:
@@ -326,6 +336,18 @@ async def admin_settle_unknown_call(request: web.Request) -> web.Response:
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
     body = await ingress.read_json(request, runtime.config)
     return json_response(await runtime.unknowns.settle(runtime.audit, runtime.metrics, operator, body))
+
+
+async def admin_quotas(request: web.Request) -> web.Response:
+    """Configured limits and every backend's back-pressure state (an operator with a tenant claim sees
+    only its own tenant's override)."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    limits = runtime.quotas.rules.describe()
+    if operator.tenant:
+        limits["tenants"] = {k: v for k, v in limits["tenants"].items() if k == operator.tenant}
+    return json_response({"enabled": runtime.config.quotas.enabled, "limits": limits,
+                          "backends": runtime.quotas.guard.describe()})
 
 
 async def list_tools(request: web.Request) -> web.Response:
@@ -421,6 +443,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
     app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
     app.router.add_get("/v1/locks", admin_list_locks)
+    app.router.add_get("/v1/quotas", admin_quotas)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 

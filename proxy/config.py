@@ -324,6 +324,46 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class QuotasConfig:
+    enabled: bool = setting(True, "apply quotas and backend back-pressure (docs/quotas.md); false: neither")
+    tenant: str = setting("", "limit of each tenant, e.g. `rate=100/1s burst=50 concurrency=20` (empty: none)")
+    tenants: dict[str, str] = setting({}, "per-tenant override of quotas.tenant: tenant=<limit>")
+    subject: str = setting("", "limit of each caller (tenant + subject), same form (empty: none)")
+    fleet: str = setting("", "one limit shared by every call of the fleet, same form (empty: none)")
+    classes: dict[str, str] = setting({}, "quota classes an OPA decision may name (`quota_class`): class=<limit>; "
+                                           "replaces the caller's subject limit (`per=tenant`: the tenant's)")
+    slot_grace_ms: int = setting(2000, "a concurrency slot's lease is the call's longest possible life plus this; "
+                                       "a crashed proxy's slots free up after it")
+    wait_poll_max_ms: int = setting(200, "batch calls waiting for a concurrency slot poll at most this far apart")
+    max_pause_s: int = setting(300, "longest backend Retry-After honoured (longer ones are capped)")
+    breaker_enabled: bool = setting(True, "circuit breaker per backend service (registry `services:` may override "
+                                          "the breaker_* settings per service)")
+    breaker_failure_ratio: float = setting(0.5, "failed share of a backend's calls in the window that opens its "
+                                                "breaker")
+    breaker_min_calls: int = setting(20, "calls a window needs before the failure ratio counts")
+    breaker_window_s: int = setting(30, "sliding window of the failure ratio (each proxy counts its own calls)")
+    breaker_open_s: int = setting(10, "how long an open breaker refuses calls before one probe is let through")
+
+    def __post_init__(self) -> None:
+        from .quota_rules import LimitSpecError, parse_spec  # pure module; import here keeps config at the bottom
+
+        texts = {"quotas.tenant": self.tenant, "quotas.subject": self.subject, "quotas.fleet": self.fleet,
+                 **{f"quotas.tenants.{k}": v for k, v in self.tenants.items()},
+                 **{f"quotas.classes.{k}": v for k, v in self.classes.items()}}
+        for where, text in texts.items():
+            if text.strip():
+                try:
+                    parse_spec(text)
+                except LimitSpecError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+        if not 0 < self.breaker_failure_ratio <= 1:
+            raise ConfigError("quotas.breaker_failure_ratio must be in (0, 1]")
+        if min(self.breaker_min_calls, self.breaker_window_s, self.breaker_open_s, self.slot_grace_ms,
+               self.wait_poll_max_ms, self.max_pause_s) < 1:
+            raise ConfigError("quotas.breaker_*, slot_grace_ms, wait_poll_max_ms and max_pause_s must be positive")
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str = setting("info", "log level: debug, info, warning, error",
                          choices=("debug", "info", "warning", "error"))
@@ -381,6 +421,8 @@ class Config:
     decisions: DecisionsConfig = field(default_factory=DecisionsConfig, metadata={"help": "policy decision records"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig,
                                        metadata={"help": "batch scheduler (POST /v1/tool-calls:batch)"})
+    quotas: QuotasConfig = field(default_factory=QuotasConfig,
+                                 metadata={"help": "rate limits, concurrency quotas, backend back-pressure"})
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

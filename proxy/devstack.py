@@ -106,8 +106,12 @@ def run_dev(args: argparse.Namespace) -> int:
         if args.registry:
             overrides["registry.paths"] = [str(Path(p).resolve()) for p in args.registry]
         # Defaults a --config (or TOOLPROXY_* variables) may replace: a fixed demo caller,
-        # the demo registry and its backend service.
-        dev_defaults = {"identity.mode": "static", "registry.paths": [str(REPO / "examples" / "registry")],
+        # the demo registry and its backend service, demo quotas (docs/quotas.md): every tenant gets a
+        # budget, and the quota class OPA data gives acme/noisy-bot (examples/opa/data.json) a smaller one.
+        dev_defaults = {"identity.mode": "static",
+                        "quotas.tenant": "rate=50/1s burst=100 concurrency=20",
+                        "quotas.classes": {"reduced": "rate=2/1s burst=2 concurrency=1"},
+                        "registry.paths": [str(REPO / "examples" / "registry")],
                         "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"}}
         config = load_config(args.config, overrides=overrides, base=dev_defaults)
         approver_token = None

@@ -161,6 +161,10 @@ def model_text(envelope: Mapping[str, Any]) -> str:
         shown = "; ".join(f"{v.get('path', '$')}: {v.get('message', '')}" for v in rest)
         more = len(violations) - 1 - len(rest)
         parts.append(f"Also: {shown}" + (f" (and {more} more)" if more > 0 else "") + ".")
+    details = error.get("details") or {}
+    if isinstance(details.get("retry_after_s"), (int, float)):
+        limit = f" (limit {details['limit']})" if isinstance(details.get("limit"), str) else ""
+        parts.append(f"Retry after {details['retry_after_s']} s{limit}.")
     side_effect = envelope.get("side_effect") or {}
     if side_effect.get("committed") is None:
         parts.append("Whether the effect happened is unknown; do not repeat the call with a new request id.")

@@ -90,6 +90,20 @@ class Metrics:
             "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "
             "that fewer replicas than redis.min_replica_acks acknowledged within redis.replica_ack_timeout_ms, by "
             "transition (begin, commit, expire, resolve, operator, approval)", ["transition"], registry=r)
+        self.quota_decisions = Counter(
+            "toolproxy_quota_decisions", "Quota checks by limit name (tenant, subject, class:<c>, tool:<t>, "
+            "backend:<b>, fleet) and result (allowed, limited, waited: a batch call waited for it, skipped: Redis "
+            "unreachable and the limit fails open, unavailable: Redis unreachable and it fails closed)",
+            ["limit", "result"], registry=r)
+        self.quota_in_flight = Gauge("toolproxy_quota_in_flight", "Calls of this process holding a slot of a "
+                                     "concurrency quota, by limit name", ["limit"], registry=r)
+        self.breaker_open = Gauge("toolproxy_breaker_open", "1 while a backend service's circuit breaker is open "
+                                  "or half-open (closes only when a probe succeeds)", ["backend"], registry=r)
+        self.backend_paused = Gauge("toolproxy_backend_paused", "1 while a backend service is paused by its own "
+                                    "Retry-After (429/503)", ["backend"], registry=r)
+        self.backpressure_events = Counter("toolproxy_backpressure_events", "Back-pressure events by backend "
+                                           "service: paused, opened, closed, probe, refused (a call not sent)",
+                                           ["backend", "event"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
 

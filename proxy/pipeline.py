@@ -31,7 +31,8 @@ from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
 from .locks import Lease, LockManager
 from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
-from .policy import RequestFacts
+from .policy import Decision, RequestFacts
+from .quotas import NO_TICKET, QuotaStage, Ticket
 from .registry import Registry, ToolContract
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
@@ -59,6 +60,7 @@ class RequestMeta:
     approval_id: str | None = None
     wait_s: float | None = None  # Prefer: wait=<s> — how long to wait for a running duplicate
     plan_call_id: str | None = None  # the call's id within a batch plan, when it scopes the operation key
+    wait_for_quota: bool = False  # a batch call waits (within the deadline) for a quota instead of rate_limited
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class CallState:
     normalized: NormalizedCall | None = None
     idempotency_key: str | None = None
     admission: Admission = NO_RECORD          # the idempotency stage's reservation (or replay)
+    quota: Ticket = NO_TICKET                 # the quota stage's slots and back-pressure facts
     replayed: bool = False
     fencing_token: int | None = None
     phase: str = "resolve"
@@ -107,9 +110,11 @@ class CallState:
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
-                 idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver) -> None:
+                 idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver,
+                 quotas: QuotaStage) -> None:
         self._config = config
         self._versions = versions
+        self._quotas = quotas
         self._locks = locks
         self._idempotency = idempotency
         self._authorizer = authorizer
@@ -165,6 +170,7 @@ class Pipeline:
                 state.admission, tool=state.tool, data=env["data"], error=error,
                 side_effect=SideEffect(env["side_effect"]["attempted"], env["side_effect"]["committed"]),
                 call_id=state.request.call_id, request_id=state.request.meta.request_id)
+        await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
         # answers about an already-open operation are not new unknowns.
@@ -200,6 +206,7 @@ class Pipeline:
         """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown."""
         if state.tool is not None:
             await self._idempotency.interrupted(state.admission, tool=state.tool, sent=state.sent)
+        await self._quotas.finish(state.quota, sent=False, error=None)  # a cancelled call teaches the breaker nothing
 
     async def _run(self, state: CallState) -> Any:
         request = state.request
@@ -220,7 +227,7 @@ class Pipeline:
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id),
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
-                operation_key=op.key if op else None)
+                operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision))
             (state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision,
              state.policy_risk) = auth.audit_facts()
             state.approval_id = auth.approval_id
@@ -252,6 +259,17 @@ class Pipeline:
         finally:
             if lease is not None:
                 await lease.release()  # every path, cancellation included (shielded inside)
+
+    async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
+        """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
+        a key reserved or a lock taken. A batch call waits for its quota within the deadline."""
+        started = time.monotonic()
+        try:
+            meta = state.request.meta
+            state.quota = await self._quotas.admit(state.caller, tool, decision.quota_class, meta.deadline,
+                                                   wait=meta.wait_for_quota)
+        finally:
+            state.timing.stage("quota", time.monotonic() - started)
 
     async def _run_locked(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
                           admission: Admission, lease: Lease | None) -> Any:

@@ -46,6 +46,7 @@ class Decision:
     policy_revision: str | None = None
     decision_id: str | None = None
     visible_tools: tuple[str, ...] = ()
+    quota_class: str | None = None  # the caller's quota class, when the policy names one (docs/quotas.md)
 
     @property
     def result(self) -> str:
@@ -88,8 +89,8 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
         assert tool is not None and normalized is not None
         summary = tool.summary()
         document.update({
-            "tool": {k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
-                                             "idempotency_required")},
+            "tool": {**{k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
+                                                "idempotency_required")}, "backend": tool.backend_name},
             "arguments": dict(normalized.arguments),
             "args_hash": normalized.args_hash,
             "resources": [{"id": r.id, "kind": r.id.partition(":")[0], "access": r.access}
@@ -204,7 +205,7 @@ class PolicyClient:
             allow=result["allow"], require_approval=result["require_approval"],
             reasons=tuple(result["reasons"]), risk=result.get("risk", "unknown"),
             policy_revision=result.get("policy_revision"), decision_id=payload.get("decision_id"),
-            visible_tools=tuple(result.get("visible_tools", ())))
+            visible_tools=tuple(result.get("visible_tools", ())), quota_class=result.get("quota_class"))
         return decision, result.get("catalog_current", True)
 
     def _fail(self, reason: str, started: float | None = None) -> Any:

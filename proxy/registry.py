@@ -28,6 +28,7 @@ import yaml
 from jsonschema import Draft202012Validator
 
 from .errors import ProxyError
+from .quota_rules import LimitSpec, spec_from_registry
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
@@ -106,6 +107,7 @@ class ToolContract:
     sunset: str | None = None                 # ISO date (RFC 8594 Sunset)
     replaced_by: str | None = None            # "2.0.0" (same tool) or "other_tool@1.0.0"
     source: str = ""
+    quota: LimitSpec | None = None  # the tool's own limit (counted per tool name, across tenants)
     input_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -121,6 +123,12 @@ class ToolContract:
     @property
     def callable(self) -> bool:
         return self.status != "retired"
+
+    @property
+    def backend_name(self) -> str:
+        """The backend service this tool counts against (breaker, back-pressure, backend limits). A tool
+        with a ``url:`` backend is a service of its own, named after the tool (addresses are never names)."""
+        return self.backend.service or f"tool.{self.name}"
 
     def summary(self) -> dict[str, Any]:
         """What policies and listings may know about the tool (trusted facts only)."""
@@ -143,10 +151,19 @@ class ToolContract:
         }
 
 
-class Registry:
-    """An immutable set of tool contracts, keyed by name then version."""
+@dataclass(frozen=True)
+class ServicePolicy:
+    """A backend service's registry defaults: its limit and its breaker settings (None: the config's)."""
 
-    def __init__(self, tools: Iterable[ToolContract]) -> None:
+    quota: LimitSpec | None = None
+    breaker: Mapping[str, Any] = field(default_factory=dict)  # enabled, failure_ratio, min_calls, window_s, open_s
+
+
+class Registry:
+    """An immutable set of tool contracts, keyed by name then version, and the backend services' defaults."""
+
+    def __init__(self, tools: Iterable[ToolContract], services: Mapping[str, ServicePolicy] | None = None) -> None:
+        self.services: Mapping[str, ServicePolicy] = MappingProxyType(dict(services or {}))
         by_name: dict[str, dict[str, ToolContract]] = {}
         for tool in tools:
             versions = by_name.setdefault(tool.name, {})
@@ -269,9 +286,22 @@ def registry_files(paths: Iterable[str | Path]) -> list[Path]:
 def load_registry(paths: Iterable[str | Path]) -> Registry:
     """Load and validate every registry file; raise RegistryError on the first bad one."""
     tools: list[ToolContract] = []
+    services: dict[str, ServicePolicy] = {}
     for path in registry_files(paths):
         tools.extend(load_file(path))
-    return Registry(tools)
+        for name, policy in load_services(path).items():
+            if name in services:
+                raise RegistryError(f"{path}: service {name!r} is also described in another registry file")
+            services[name] = policy
+    return Registry(tools, services)
+
+
+def load_services(path: Path) -> dict[str, ServicePolicy]:
+    """The file's ``services:`` section (backend defaults); the file was validated by ``load_file``."""
+    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {name: ServicePolicy(quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
+                                breaker=MappingProxyType(dict(raw.get("breaker") or {})))
+            for name, raw in (document.get("services") or {}).items()}
 
 
 def load_file(path: Path) -> list[ToolContract]:
@@ -373,6 +403,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         sunset=raw.get("sunset"),
         replaced_by=raw.get("replaced_by"),
         source=str(path),
+        quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
         input_validator=Draft202012Validator(raw["inputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
         output_validator=Draft202012Validator(output_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER),
     )

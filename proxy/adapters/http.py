@@ -123,10 +123,11 @@ class HttpAdapter:
             details["field"] = error["field"]
         if backend_request_id:
             details["backend_request_id"] = backend_request_id
-        if status == 429:
+        if status in (429, 503):  # the backend says when to come back: the quota stage pauses it that long
             retry_after = _retry_after(response.headers.get("Retry-After"))
             if retry_after is not None:
                 details["retry_after_s"] = retry_after
+        if status == 429:
             return _raise(ProxyError("rate_limited", "The backend is rate limiting this tool.",
                                      details=details, phase="execute", attempted=True, committed=False))
         if status in (401, 403):

@@ -43,6 +43,26 @@ def extra_tools(directory: Path, yaml_text: str) -> dict[str, Any]:
     return {"registry.paths": [str(DEMO_REGISTRY), str(path)]}
 
 
+def passthrough_read(name: str, path: str, argument: str, extra: str = "", service: str = "demo") -> str:
+    """A registry entry (YAML, under ``tools:``) for a read tool that passes one string argument to a demo
+    backend path; ``extra`` adds contract lines (e.g. ``quotas: {concurrency: 1}``)."""
+    return f"""
+  - name: {name}
+    version: "1.0.0"
+    description: {path} under a contract of the test's own.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [{argument}]
+      properties: {{{argument}: {{type: string}}}}
+    outputSchema: {{type: object}}
+    backend: {{type: http, service: {service}, path: {path}}}
+    {extra}
+"""
+
+
 # adjust_counter's backend behind a write contract with no resources (nothing to lock) and no required key.
 UNLOCKED_COUNTER = """
 tools:

@@ -233,9 +233,12 @@ class LiveRegistry(Registry):
 
     def __init__(self, registry: Registry) -> None:
         self._tools = registry._tools
+        self.services = registry.services
 
     def swap(self, registry: Registry) -> None:
-        self._tools = registry._tools  # one assignment: a call sees the old set or the new one, never a mix
+        # A call sees the old tool set or the new one, never a mix; the services' defaults follow.
+        self._tools = registry._tools
+        self.services = registry.services
 
 
 def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:

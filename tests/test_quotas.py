@@ -12,7 +12,7 @@ import pytest
 import redis as redis_sync
 from mcp import Client
 
-from tests.support.stack import UNLOCKED_COUNTER, extra_tools, passthrough_read, running_stack
+from tests.support.stack import UNLOCKED_COUNTER, extra_tools, mcp_envelope, passthrough_read, running_stack
 from tests.support.tokens import jwt_overrides
 from tests.support.waits import wait_until
 
@@ -101,7 +101,7 @@ async def test_over_the_limit_is_rate_limited_with_a_usable_retry_after_on_json_
         async with Client(stack.proxy_url + "/mcp", mode="auto") as mcp:
             result = await mcp.call_tool("get_order", ORDER)
         assert result.is_error is True
-        mcp_error = result.structured_content["error"]
+        mcp_error = mcp_envelope(result)["error"]
         assert mcp_error["code"] == "rate_limited" and mcp_error["details"]["limit"] == "subject"
         assert mcp_error["details"]["retry_after_s"] > 0
         assert "Retry after" in result.content[0].text
@@ -155,8 +155,14 @@ async def test_redis_loss_fails_closed_for_writes_and_open_for_reads_by_default(
         registry = stack.runtime.metrics.registry
         assert sample(registry, "toolproxy_quota_decisions_total", limit="tenant", result="skipped") == 1
         assert sample(registry, "toolproxy_quota_decisions_total", limit="tenant", result="unavailable") == 1
+    # on_redis_error=open lets the write past the quota stage, but a write is never sent without its
+    # operation record, so the idempotency stage refuses it: fail-open quotas never weaken that rule.
     async with running_stack({**dead, **counter, "quotas.tenant": "rate=100/1s on_redis_error=open"}) as stack:
-        assert (await stack.call("bump_counter", {"counter": "ctr_demo", "delta": 1}))[0] == 200
+        status, env = await stack.call("bump_counter", {"counter": "ctr_demo", "delta": 1})
+        assert status == 503 and env["error"]["code"] == "dependency_unavailable"
+        assert env["error"]["phase"] != "quota" and stack.backend.requests == []
+        registry = stack.runtime.metrics.registry
+        assert sample(registry, "toolproxy_quota_decisions_total", limit="tenant", result="skipped") == 1
 
 
 @pytest.fixture

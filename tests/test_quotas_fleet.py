@@ -38,7 +38,8 @@ async def fleet(demo_backend, proxy_deps, tmp_path):
     extra.write_text(FLEET_TOOLS)
     settings = {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
                 "backends.services": {"demo": url, "flaky": url}, "registry.paths": [str(DEMO_REGISTRY), str(extra)],
-                "reconcile.enabled": False, "identity.mode": "headers", "opa.timeout_ms": 5000,  # 2 loaded cores
+                "reconcile.enabled": False, "identity.mode": "headers", "identity.agent_id": "agent-under-test",
+                "opa.timeout_ms": 5000,  # 2 loaded cores
                 "quotas.tenants": {"acme": f"rate={RATE}/1s burst={BURST}"}}
     proxies = [ProxyProcess(settings).start() for _ in range(2)]
     try:

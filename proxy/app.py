@@ -96,8 +96,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                   mode=config.mcp.upstream_mode)}
     metrics = Metrics()
     redis = create_pool(config.redis)
-    audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
-                    metrics)
+    audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
+                                              metrics), metrics)
     operations = OperationStore(redis, config.redis.key_prefix)
     unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
     policy = PolicyClient(config.opa, session, metrics, registry)
@@ -108,7 +108,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                         unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
                         locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
-                                          margin_s=config.deadline.margin_ms / 1000.0))
+                                          margin_s=config.deadline.margin_ms / 1000.0), redis=redis)
     health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
                     unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
     authenticator = Authenticator(config.identity, config.admin_identity, session)

@@ -32,6 +32,7 @@ from .identity import AdminPrincipal, Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall
 from .registry import ToolContract
+from . import store
 from .store import key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
@@ -139,8 +140,8 @@ class ApprovalStore:
         self._config = config
         self._metrics = metrics
         self._prefix = prefix
-        self._check = redis.register_script(_CHECK)
-        self._decide = redis.register_script(_DECIDE)
+        self._check = store.script(redis, "approvals.check", _CHECK)
+        self._decide = store.script(redis, "approvals.decide", _DECIDE)
 
     def _key(self, approval_id: str) -> str:
         # The id is the hash tag: every command on one approval touches one slot.

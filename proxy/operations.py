@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import redis.asyncio as redis_async
 
@@ -309,15 +309,15 @@ class OperationStore:
     """The Redis side of idempotency: one instance per process, on the shared pool."""
 
     def __init__(self, redis: redis_async.Redis, prefix: str) -> None:
-        self._redis = redis
+        self._redis = self.redis = redis
         self._prefix = prefix
-        self._begin = redis.register_script(_BEGIN)
-        self._commit = redis.register_script(_COMMIT)
-        self._renew = redis.register_script(_RENEW)
-        self._expire = redis.register_script(_EXPIRE)
-        self._claim = redis.register_script(_CLAIM)
-        self._resolve = redis.register_script(_RESOLVE)
-        self._operator = redis.register_script(_OPERATOR)
+        self._begin = store.script(redis, "operations.begin", _BEGIN)
+        self._commit = store.script(redis, "operations.commit", _COMMIT)
+        self._renew = store.script(redis, "operations.renew", _RENEW)
+        self._expire = store.script(redis, "operations.expire", _EXPIRE)
+        self._claim = store.script(redis, "operations.claim", _CLAIM)
+        self._resolve = store.script(redis, "operations.resolve", _RESOLVE)
+        self._operator = store.script(redis, "operations.operator", _OPERATOR)
 
     # -- key names -------------------------------------------------------------
     def _keys(self, key: str) -> list[str]:
@@ -329,9 +329,7 @@ class OperationStore:
         return store.key(self._prefix, kind, "op" + bucket)
 
     async def _run(self, script: Any, key: str, *args: Any) -> Transition:
-        reply = await store.redis_call(script(keys=self._keys(key), args=[key, *args]))
-        values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
-        return Transition(str(values[0]), values[1:])
+        return _transition(await store.redis_call(script(keys=self._keys(key), args=[key, *args])))
 
     # -- transitions -----------------------------------------------------------
     async def begin(self, key: str, *, fingerprint: str, nonce: str, lease_ms: int, retention_s: int,
@@ -348,6 +346,15 @@ class OperationStore:
         """ok/late (new state) | stale (state: another execution owns the key) | settled | missing."""
         return await self._run(self._commit, key, token, target, _dumps(outcome) if outcome else "",
                                _dumps(evidence), first_check_ms, window_ms)
+
+    def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
+                  outcome: Mapping[str, Any] | None, evidence: Mapping[str, Any], first_check_ms: int,
+                  window_ms: int, on_reply: Callable[[Transition | BaseException], None]) -> None:
+        """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
+        trip.add(self._commit, self._keys(key),
+                 [key, token, target, _dumps(outcome) if outcome else "", _dumps(evidence), first_check_ms,
+                  window_ms],
+                 lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)))
 
     async def renew(self, key: str, *, token: int, lease_ms: int) -> Transition:
         return await self._run(self._renew, key, token, lease_ms)
@@ -372,19 +379,25 @@ class OperationStore:
         raw = await store.redis_call(self._redis.hgetall(self._keys(key)[0]))
         return _record(key, raw) if raw else None
 
-    async def expired_leases(self, bucket: str, limit: int) -> list[str]:
-        """IN_PROGRESS keys of a bucket whose lease ran out (by Redis time)."""
-        now = await self._now_ms()
-        raw = await store.redis_call(
-            self._redis.zrangebyscore(self._index("op-leases", bucket), "-inf", now, start=0, num=limit))
-        return [k.decode() for k in raw]
+    async def sweep_candidates(self, limit: int) -> tuple[list[str], list[str]]:
+        """(IN_PROGRESS keys whose lease ran out, UNKNOWN keys due for a reconciliation attempt): at most
+        ``limit`` of each per bucket, earliest first, by Redis time.
 
-    async def due(self, bucket: str, limit: int) -> list[str]:
-        """UNKNOWN keys of a bucket due for a reconciliation attempt."""
-        now = await self._now_ms()
-        raw = await store.redis_call(
-            self._redis.zrangebyscore(self._index("op-due", bucket), "-inf", now, start=0, num=limit))
-        return [k.decode() for k in raw]
+        One round trip whatever the bucket count: a pipeline of ``TIME`` and each index's first ``limit``
+        entries with their scores, filtered here by the server time of the same pipeline — the same keys
+        ``ZRANGEBYSCORE -inf now LIMIT 0 limit`` would give, without a round trip per bucket. (A script
+        could not do it: the indexes live in 16 Cluster slots.)"""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for bucket in BUCKETS:
+                pipe.zrange(self._index("op-leases", bucket), 0, limit - 1, withscores=True)
+                pipe.zrange(self._index("op-due", bucket), 0, limit - 1, withscores=True)
+            replies = await store.redis_call(pipe.execute())
+        seconds, micros = replies[0]
+        now = int(seconds) * 1000 + int(micros) // 1000
+        expired = [k.decode() for reply in replies[1::2] for k, score in reply if score <= now]
+        due = [k.decode() for reply in replies[2::2] for k, score in reply if score <= now]
+        return expired, due
 
     async def open_keys(self, limit: int) -> list[str]:
         """UNKNOWN and NEEDS_TAKEOVER keys, oldest first (at most ``limit``)."""
@@ -406,9 +419,11 @@ class OperationStore:
         oldest = [int(first[0][1]) for first in replies[1::2] if first]
         return count, min(oldest) if oldest else None
 
-    async def _now_ms(self) -> int:
-        seconds, micros = await store.redis_call(self._redis.time())
-        return int(seconds) * 1000 + int(micros) // 1000
+
+
+def _transition(reply: Any) -> Transition:
+    values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
+    return Transition(str(values[0]), values[1:])
 
 
 def _dumps(value: Any) -> str:

@@ -32,6 +32,7 @@ from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .policy import RequestFacts
 from .registry import Registry, ToolContract
+from .store import RoundTrip
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
 from .verify import verify_output
@@ -82,6 +83,7 @@ class CallState:
     admission: Admission = NO_RECORD          # the idempotency stage's reservation (or replay)
     replayed: bool = False
     fencing_token: int | None = None
+    lease: Lease | None = None                # held locks: released by the commit stage (or on cancellation)
     phase: str = "resolve"
     sent: bool = False
     # Audit facts, filled by the stage that establishes them (commit copies them into the record).
@@ -99,8 +101,9 @@ class CallState:
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
-                 idempotency: IdempotencyStage, locks: LockManager) -> None:
+                 idempotency: IdempotencyStage, locks: LockManager, redis: Any) -> None:
         self._config = config
+        self._redis = redis
         self._locks = locks
         self._idempotency = idempotency
         self._authorizer = authorizer
@@ -152,10 +155,17 @@ class Pipeline:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
         if state.tool is not None:
-            await self._idempotency.finish(
-                state.admission, tool=state.tool, data=env["data"], error=error,
+            # The outcome record and the lock release: independent steps (different slots), one round trip.
+            trip = RoundTrip(self._redis)
+            self._idempotency.finish_in(
+                trip, state.admission, tool=state.tool, data=env["data"], error=error,
                 side_effect=SideEffect(env["side_effect"]["attempted"], env["side_effect"]["committed"]),
                 call_id=state.request.call_id, request_id=state.request.meta.request_id)
+            if state.lease is not None:
+                state.lease.release_in(trip)
+            await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
+            if state.lease is not None:
+                await state.lease.renewer_stopped()
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
         # answers about an already-open operation are not new unknowns.
@@ -168,7 +178,7 @@ class Pipeline:
             except Exception as exc:  # the envelope already tells the caller; the gauge lags
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
         await self._audit.call_final(state, env)
-        self._metrics.stage_duration.labels("commit").observe(time.monotonic() - started)
+        self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env["outcome"],
                   env["error"]["code"] if env["error"] else "none", env["timing"]["duration_ms"])
@@ -178,15 +188,19 @@ class Pipeline:
         tool = state.tool.name if state.tool else "unknown"
         outcome = env["outcome"]
         code = env["error"]["code"] if env["error"] else "none"
-        self._metrics.calls.labels(tool, outcome, code).inc()
-        self._metrics.call_duration.labels(tool, outcome).observe(time.monotonic() - state.timing.started_mono)
+        metrics = self._metrics
+        metrics.child(metrics.calls, tool, outcome, code).inc()
+        metrics.child(metrics.call_duration, tool, outcome).observe(time.monotonic() - state.timing.started_mono)
         for stage, seconds in state.timing.stages.items():
-            self._metrics.stage_duration.labels(stage).observe(seconds)
+            metrics.child(metrics.stage_duration, stage).observe(seconds)
         if outcome == "unknown" and not _about_an_operation(env):
-            self._metrics.unknown_outcomes.labels(tool).inc()
+            metrics.child(metrics.unknown_outcomes, tool).inc()
 
     async def _interrupted(self, state: CallState) -> None:
-        """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown."""
+        """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown;
+        release the locks."""
+        if state.lease is not None:
+            await state.lease.release()
         if state.tool is not None:
             await self._idempotency.interrupted(state.admission, tool=state.tool, sent=state.sent)
 
@@ -230,15 +244,12 @@ class Pipeline:
                                                                                 self._margin_s))
 
         with self._stage(state, "lock_wait"):  # after the key is reserved, before anything is sent
-            lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
+            lease = state.lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
                                               while_waiting=keep_reservation,
                                               keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
-        try:
-            return await self._run_locked(state, tool, normalized, admission, lease)
-        finally:
-            if lease is not None:
-                await lease.release()  # every path, cancellation included (shielded inside)
+        # The lease is released on every path: with the outcome record at commit, or on cancellation.
+        return await self._run_locked(state, tool, normalized, admission, lease)
 
     async def _run_locked(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
                           admission: Admission, lease: Lease | None) -> Any:

@@ -43,7 +43,7 @@ from .errors import ProxyError, SideEffect
 from .identity import AdminPrincipal
 from .idempotency import KEY_PATTERN, outcome_of, takeover_record
 from .metrics import Metrics
-from .operations import BUCKETS, OperationStore, Record
+from .operations import OperationStore, Record
 from .registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.reconcile")
@@ -111,18 +111,17 @@ class Reconciler:
         """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs)."""
         counts: dict[str, int] = {}
         limit = self._config.batch_size
-        for bucket in BUCKETS:
-            for key in await self._store.expired_leases(bucket, limit):
-                answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
-                                                  window_ms=self._config.window_ms)
-                if answer.status == "unknown":
-                    record = await self._store.get(key)
-                    self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
-                    log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
-                    if record is not None:
-                        await audit_transition(self._audit, record, "IN_PROGRESS")
-                counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
-        due = [key for bucket in BUCKETS for key in await self._store.due(bucket, limit)]
+        expired, due = await self._store.sweep_candidates(limit)  # one round trip when there is nothing to do
+        for key in expired:
+            answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
+                                              window_ms=self._config.window_ms)
+            if answer.status == "unknown":
+                record = await self._store.get(key)
+                self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
+                log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
+                if record is not None:
+                    await audit_transition(self._audit, record, "IN_PROGRESS")
+            counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
         results = await asyncio.gather(*(self._guarded(key) for key in due))
         for result in results:
             counts[result] = counts.get(result, 0) + 1

@@ -483,6 +483,20 @@ def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[
     return lines
 
 
+def profile(case: Case, seconds: int, workdir: Path) -> int:
+    """Collapsed stacks of the case's serving process under load (py-spy, if installed)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = workdir / "profile.txt"
+    wrk(case, 4, 1, workdir, "warm")
+    sampler = subprocess.Popen([spy, "record", "--pid", str(case.pid()), "--format", "raw", "--rate", "250",
+                                "--duration", str(seconds), "--output", str(out), "--nonblocking"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wrk(case, 16, seconds, workdir, "profile" + uuid.uuid4().hex[:6])
+    sampler.wait(timeout=seconds + 60)
+    print(out.read_text())
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -490,6 +504,8 @@ def main() -> int:
     parser.add_argument("--proxy-src", help="run the proxy from this checkout (e.g. an export of main)")
     parser.add_argument("--contextforge", action="store_true", help="also measure IBM ContextForge (.tools/)")
     parser.add_argument("--only", help="comma-separated case names to run (default: all)")
+    parser.add_argument("--profile", metavar="CASE", help="instead of the table: py-spy profile of the serving "
+                        "process under 16 connections of CASE (collapsed stacks to stdout)")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print("bench: wrk not found: run scripts/setup.sh (it installs Debian's wrk)", file=sys.stderr)
@@ -501,6 +517,8 @@ def main() -> int:
         if args.only:
             wanted = set(args.only.split(","))
             cases = [c for c in cases if c.name in wanted or c.name.startswith("floor")]
+        if args.profile:
+            return profile(next(c for c in cases if c.name == args.profile), args.seconds, workdir)
         for case in cases:  # warm up: connection pools, sessions, JIT-free but cache-warm
             wrk(case, 4, 1, workdir, "warm" + uuid.uuid4().hex[:6])
         monitor = CommandCounter(env.redis_port, env.redis)

@@ -28,6 +28,7 @@ from .approvals import ApprovalStore
 from .authorize import Authorizer
 from .config import Config
 from .denials import DenialLog
+from .envelope import dumps
 from .errors import ProxyError
 from .health import Health
 from .idempotency import IdempotencyStage, find_operation
@@ -129,8 +130,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
-                        content_type="application/json", headers=headers)
+    return web.Response(body=dumps(body), status=status, content_type="application/json", headers=headers)
 
 
 @web.middleware

@@ -29,7 +29,6 @@ anything a pipeline stage decides, or run a call outside ``Pipeline.execute``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import uuid
 from dataclasses import dataclass, field
@@ -62,6 +61,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from pydantic import ValidationError
 
 from . import __version__, ingress, mcp_tools
+from .envelope import dumps as json_bytes
 from .errors import ProxyError
 from .identity import Caller
 from .listing import visible_tools
@@ -325,8 +325,7 @@ class McpFront:
                 connected = await _write(response, b": ping\n\n")
         body = await _settle(task, message.rpc_id)
         if connected:
-            data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
-            if await _write(response, f"event: message\ndata: {data}\n\n".encode()):
+            if await _write(response, b"event: message\ndata: " + json_bytes(body) + b"\n\n"):
                 await response.write_eof()
         return response
 
@@ -427,5 +426,5 @@ async def _write(response: web.StreamResponse, chunk: bytes) -> bool:
 
 
 def _json(body: Any, status: int, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
-                        content_type="application/json", headers=dict(headers or {}))
+    return web.Response(body=json_bytes(body), status=status, content_type="application/json",
+                        headers=dict(headers or {}))

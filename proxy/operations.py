@@ -32,6 +32,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import orjson
 import redis.asyncio as redis_async
 
 from . import store
@@ -427,7 +428,10 @@ def _transition(reply: Any) -> Transition:
 
 
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits in a stored result
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:

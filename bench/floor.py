@@ -328,8 +328,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     floor = procs.spawn("floor", [python, "-m", "bench.floor_hop", "--port", str(floor_port), "--opa", opa.url,
                                   "--backend", backend_url])
     extra = workdir / "bench-tools.yaml"
-    from bench.mcp_upstream import REGISTRY_YAML
-    extra.write_text(REGISTRY_YAML.format(url=upstream_url))
+    from tests.support.mcp_upstream import registry_yaml
+    extra.write_text(registry_yaml(upstream_url))
     src = Path(args.proxy_src).resolve() if args.proxy_src else REPO
     settings = {
         "listen.port": proxy_port, "admin.port": admin_port, "ops.port": ops_port,

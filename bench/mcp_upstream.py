@@ -1,7 +1,9 @@
 """A trivial upstream MCP server for the benchmark: one read tool returning structured content.
 
 Built with the ``mcp`` SDK's ``MCPServer`` (Streamable HTTP, JSON responses),
-served by uvicorn in its own process so its CPU is not the proxy's.
+served by uvicorn in its own process so its CPU is not the proxy's. Its ``lookup`` answers what the
+tests' upstream does, so the proxy fronts it with the tests' registry entry ``up_lookup``
+(``tests.support.mcp_upstream.registry_yaml``).
 
     python -m bench.mcp_upstream --port P [--stateless]
 """
@@ -28,24 +30,6 @@ def build_server() -> MCPServer:
         return {"key": key, "value": f"value-of-{key}"}
 
     return server
-
-
-REGISTRY_YAML = """
-tools:
-  - name: up_lookup
-    version: "1.0.0"
-    description: Read one entry from the benchmark's upstream MCP server.
-    mode: read
-    risk: read
-    inputSchema: {{type: object, additionalProperties: false, required: [key], properties: {{key: {{type: string}}}}}}
-    outputSchema:
-      type: object
-      additionalProperties: false
-      required: [key, value]
-      properties: {{key: {{type: string}}, value: {{type: string}}}}
-    timeout_ms: 3000
-    backend: {{type: mcp, url: "{url}", tool: lookup}}
-"""
 
 
 def main() -> None:

@@ -295,6 +295,10 @@ class Lease:
     def lost(self) -> bool:
         return self._lost.is_set()
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def start(self) -> None:
         self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name=f"lock-renew-{self.owner}")
 

@@ -127,28 +127,35 @@ class Pipeline:
             state = CallState(request=request, caller=caller, timing=Timing())
             remaining = meta.deadline.remaining()
             state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
-            error: ProxyError | None = None
             try:
-                data = await self._run(state)
-                env = self._envelope(state, data=data, side_effect=SideEffect(
-                    attempted=True, committed=bool(state.tool and state.tool.is_write)))
-            except ProxyError as exc:
-                error = exc.with_phase(state.phase)
-                state.replayed = isinstance(exc, ReplayedError)
-                env = self._envelope(state, error=error)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._interrupted(state))
-                raise
-            except Exception:
-                log.exception("internal error in phase %s", state.phase)
-                error = self._internal(state)
-                env = self._envelope(state, error=error)
-            headers = {}
-            if state.replayed:
-                env["replayed"] = True
-                headers["Idempotent-Replayed"] = "true"
-            await self._commit(state, env, error)
-            return CallResult(envelope=env, status=envelope.http_status(env), headers=headers)
+                return await self._execute(state)
+            finally:  # whatever escaped (a bug included), held locks never outlive the call
+                if state.lease is not None and not state.lease.released:
+                    await asyncio.shield(state.lease.release())
+
+    async def _execute(self, state: CallState) -> CallResult:
+        error: ProxyError | None = None
+        try:
+            data = await self._run(state)
+            env = self._envelope(state, data=data, side_effect=SideEffect(
+                attempted=True, committed=bool(state.tool and state.tool.is_write)))
+        except ProxyError as exc:
+            error = exc.with_phase(state.phase)
+            state.replayed = isinstance(exc, ReplayedError)
+            env = self._envelope(state, error=error)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._interrupted(state))
+            raise
+        except Exception:
+            log.exception("internal error in phase %s", state.phase)
+            error = self._internal(state)
+            env = self._envelope(state, error=error)
+        headers = {}
+        if state.replayed:
+            env["replayed"] = True
+            headers["Idempotent-Replayed"] = "true"
+        await self._commit(state, env, error)
+        return CallResult(envelope=env, status=envelope.http_status(env), headers=headers)
 
     async def _commit(self, state: CallState, env: dict[str, Any], error: ProxyError | None) -> None:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""

@@ -2,7 +2,8 @@
 
 Optional (``bench.floor --contextforge``): installed into ``.tools/contextforge`` by
 ``scripts/setup.sh --contextforge``. Started with fresh secrets, SQLite in the run's directory,
-UI and admin UI off and its logs at ERROR; the upstream is registered as a gateway with a
+UI and admin UI off, its rate limiter off (by default it allows 100 tool calls a minute and then locks
+the caller out) and its logs at ERROR; the upstream is registered as a gateway with a
 platform-admin token, and the case calls its tool through the gateway's JSON-RPC endpoint (``/rpc``).
 """
 
@@ -35,7 +36,9 @@ def start(procs: Any, workdir: Path, upstream_url: str, case_type: Any) -> Any:
            "DATABASE_URL": f"sqlite:///{workdir}/contextforge.db", "MCPGATEWAY_UI_ENABLED": "false",
            "MCPGATEWAY_ADMIN_API_ENABLED": "false", "LOG_LEVEL": "ERROR", "DEV_MODE": "true",
            "CACHE_TYPE": "memory", "SSRF_PROTECTION_ENABLED": "false", "SSRF_ALLOW_LOCALHOST": "true",
-           "SSRF_ALLOW_PRIVATE_NETWORKS": "true"}
+           "SSRF_ALLOW_PRIVATE_NETWORKS": "true",
+           # Its rate limiter (100 tool calls a minute, then a lockout) would measure the limiter, not the path.
+           "RATE_LIMITING_ENABLED": "false", "TOOL_RATE_LIMIT": "1000000"}
     proc = procs.spawn("contextforge", [str(VENV / "bin" / "mcpgateway"), "--host", "127.0.0.1", "--port",
                                         str(port)], env=env, cwd=workdir)
     base = f"http://127.0.0.1:{port}"

@@ -78,7 +78,7 @@ FAULT_MODES = (
     "drop_before_commit",    # close the connection, apply nothing
     "drop_after_commit",     # apply the effect, then close without answering
     "bad_output",            # apply the effect, answer 200 with a schema-violating result
-    "http_429",              # 429 + Retry-After: 3, apply nothing
+    "http_429",              # 429 + Retry-After (retry_after_s, default 3), apply nothing
     "http_500",              # 500 without "applied" (nothing applied, but not said)
     "http_503_not_applied",  # 503 with "applied": false
     "crash",                 # os._exit(1) on arrival (only with allow_crash=True)
@@ -105,9 +105,13 @@ class Fault:
     mode: str
     delay_ms: int = 0
     count: int | None = None  # remaining requests it affects; None = until cleared
+    every: int = 1            # affects every Nth matching request (2: half of them, alternating)
+    retry_after_s: int = RETRY_AFTER_SECONDS  # http_429's Retry-After
+    seen: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"tool": self.tool, "mode": self.mode, "delay_ms": self.delay_ms, "count": self.count}
+        return {"tool": self.tool, "mode": self.mode, "delay_ms": self.delay_ms, "count": self.count,
+                "every": self.every, "retry_after_s": self.retry_after_s}
 
 
 def _seed_orders() -> dict[str, dict[str, Any]]:
@@ -499,6 +503,9 @@ def _take_fault(state: DemoState, tool: str) -> Fault | None:
     """The active fault for this tool (a tool-specific one beats "*"); uses one count."""
     candidates = [f for f in state.faults if f.tool == tool] + [f for f in state.faults if f.tool == "*"]
     for fault in candidates:
+        fault.seen += 1
+        if fault.seen % fault.every:
+            continue  # this request is spared
         if fault.count is None or fault.count > 0:
             if fault.count is not None:
                 fault.count -= 1
@@ -606,7 +613,7 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
         elif mode == "http_429":
             return web.json_response(
                 {"error": {"code": "rate_limited", "message": "too many requests"}},
-                status=429, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+                status=429, headers={"Retry-After": str(fault.retry_after_s)})
         elif mode == "http_500":
             return _error(500, "internal_error", "internal error")
         elif mode == "http_503_not_applied":
@@ -694,6 +701,10 @@ async def handle_set_fault(request: web.Request) -> web.Response:
         return _error(400, "invalid_fault", "body must be an object")
     tool, mode = body.get("tool"), body.get("mode")
     delay_ms, count = body.get("delay_ms", 0), body.get("count")
+    every, retry_after_s = body.get("every", 1), body.get("retry_after_s", RETRY_AFTER_SECONDS)
+    for name, value in (("every", every), ("retry_after_s", retry_after_s)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            return _error(400, "invalid_fault", f"{name} must be a positive integer", field=name)
     if tool != "*" and tool not in TOOLS:
         return _error(400, "invalid_fault", f"unknown tool {tool!r}", field="tool")
     if mode not in FAULT_MODES:
@@ -707,7 +718,8 @@ async def handle_set_fault(request: web.Request) -> web.Response:
                       field="mode")
     # One fault per tool name: a new one replaces the old.
     state.faults = [f for f in state.faults if f.tool != tool]
-    state.faults.append(Fault(tool=tool, mode=mode, delay_ms=delay_ms, count=count))
+    state.faults.append(Fault(tool=tool, mode=mode, delay_ms=delay_ms, count=count, every=every,
+                              retry_after_s=retry_after_s))
     return web.json_response({"faults": [f.to_json() for f in state.faults]})
 
 

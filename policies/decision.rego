@@ -7,6 +7,7 @@ package toolproxy
 
 import data.toolproxy.approvals
 import data.toolproxy.limits
+import data.toolproxy.quotas
 import data.toolproxy.resource_access
 import data.toolproxy.tools
 
@@ -35,7 +36,7 @@ identity_deny contains "identity_missing" if not identity_valid
 
 identity_deny contains "agent_missing" if not agent_valid
 
-reasons := ((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny)
+reasons := (((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny
 
 default risk := "unknown"
 
@@ -44,6 +45,11 @@ risk := approvals.risk
 base := {"policy_revision": policy_revision, "catalog_current": catalog_current}
 
 default catalog_current := false
+
+# The caller's quota class (quotas.rego), only on a decision that allows a call.
+default quota := {}
+
+quota := {"quota_class": quotas.quota_class}
 
 decision := object.union(base, {
 	"allow": true,
@@ -68,7 +74,7 @@ decision := object.union(base, {
 }) if {
 	input.action == "call"
 	approvals.required
-} else := object.union(base, {
+} else := object.union(object.union(base, quota), {
 	"allow": input.action == "call",
 	"require_approval": false,
 	"reasons": [],

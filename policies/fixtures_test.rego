@@ -78,17 +78,20 @@ list_input(tool_names) := {
 	"catalog_digest": "digest-1",
 }
 
-approval(overrides) := object.union({
-	"id": "apr_1",
-	"status": "approved",
-	"subject": "alice",
-	"tenant": "acme",
-	"tool": "refund_order",
-	"tool_version": "1.0.0",
-	"args_hash": "hash-1",
-	"approver": "bob",
-	"expires_at_ms": (time.now_ns() / 1000000) + 60000,
-}, overrides)
+approval(overrides) := object.union(
+	{
+		"id": "apr_1",
+		"status": "approved",
+		"subject": "alice",
+		"tenant": "acme",
+		"tool": "refund_order",
+		"tool_version": "1.0.0",
+		"args_hash": "hash-1",
+		"approver": "bob",
+		"expires_at_ms": (time.now_ns() / 1000000) + 60000,
+	},
+	overrides,
+)
 
 # The decision for an input, evaluated against the fixtures.
 decide(inp) := d if {

@@ -57,8 +57,10 @@ test_never_for_agents_wins_over_a_wildcard if {
 }
 
 test_listing_shows_only_permitted_tools if {
-	d := fixtures.decide(as_subject(fixtures.list_input(["get_order", "adjust_counter", "run_shell", "nope"]),
-		{"roles": ["viewer"]}))
+	d := fixtures.decide(as_subject(
+		fixtures.list_input(["get_order", "adjust_counter", "run_shell", "nope"]),
+		{"roles": ["viewer"]},
+	))
 	d.allow
 	d.visible_tools == ["get_order"]
 }

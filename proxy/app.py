@@ -9,13 +9,13 @@ stage module; handlers translate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 import aiohttp
-import redis.asyncio as redis_async
 import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
@@ -24,6 +24,7 @@ from . import console, envelope, ingress, logs, openai_front
 from .adapters.http import HttpAdapter, trace_config
 from .adapters.mcp import McpAdapter
 from .audit import Auditor, build_sinks
+from .decisions import build_recorder
 from .approvals import ApprovalStore
 from .authorize import Authorizer
 from .config import Config
@@ -31,6 +32,7 @@ from .denials import DenialLog
 from .envelope import dumps
 from .errors import ProxyError
 from .health import Health
+from .http_server import EnvelopeRunner
 from .idempotency import IdempotencyStage, find_operation
 from .identity import Authenticator, Caller
 from .locks import LockManager
@@ -41,11 +43,16 @@ from .pipeline import Pipeline, RequestMeta, ToolCallRequest
 from .listing import visible_tools
 from .policy import PolicyClient
 from .reconcile import Reconciler, list_takeovers, resolve_by_operator
-from .registry import Registry, load_registry
+from .registry import LiveRegistry, Registry, load_registry
+from .registry_reload import RegistryReloader
 from .plan import plan_from_json
+from .backpressure import BackendGuard
+from .quotas import QuotaStage, retry_after_header
 from .scheduler import Scheduler
-from .store import create_pool, key
+from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
+from .store import key
 from .unknowns import UnknownIndex
+from .versions import VersionResolver
 
 log = logging.getLogger("toolproxy.app")
 
@@ -60,7 +67,7 @@ class Runtime:
     authenticator: Authenticator
     pipeline: Pipeline
     metrics: Metrics
-    redis: redis_async.Redis
+    redis: store.Client
     audit: Auditor
     unknowns: UnknownIndex
     health: Health
@@ -70,63 +77,121 @@ class Runtime:
     reconciler: Reconciler
     scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
     denials: DenialLog
+    locks: LockManager
+    reloader: RegistryReloader
+    quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
+
+    def count_refusal(self, code: str) -> None:
+        """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
+        self.metrics.request_errors.labels(code).inc()
 
     async def close(self) -> None:
+        await self.reloader.stop()
         await self.reconciler.stop()
+        await self.quotas.guard.stop()
         await self.pipeline.aclose()
         await self.session.close()
-        await self.redis.aclose()
+        await self.policy.close()
+        await self.health.close()
+        await store.close_client(self.redis)
 
 
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
+def check_key_layout(config: Config) -> None:
+    """Every Lua script's keys, as the stores build them, hash to one Cluster slot (ConfigError if not)."""
+    prefix = config.redis.key_prefix
+    store.check_one_slot({**operations_module.script_key_sets(prefix),
+                          **locks_module.script_key_sets(prefix, config.locks.scope),
+                          **approvals_module.script_key_sets(prefix)})
+
+
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
-    registry = registry or load_registry(config.registry.paths)
-    session = aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
-        trace_configs=[trace_config()],
-        json_serialize=json.dumps,
-    )
-    adapters = {"http": HttpAdapter(session, config.backends.services,
-                                    max_response_bytes=config.backends.max_response_bytes),
-                "mcp": McpAdapter(config.backends.services, max_response_bytes=config.backends.max_response_bytes,
-                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
-                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
-                                  mode=config.mcp.upstream_mode)}
-    metrics = Metrics()
-    redis = create_pool(config.redis)
-    audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
-                                              metrics), metrics)
-    operations = OperationStore(redis, config.redis.key_prefix)
-    unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
-    policy = PolicyClient(config.opa, session, metrics, registry)
-    approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit)
-    denials = DenialLog(redis, config.redis.key_prefix, metrics)
-    idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
-                                   metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
-    pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                        unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials), idempotency=idempotency,
-                        locks=LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
-                                          margin_s=config.deadline.margin_ms / 1000.0), redis=redis)
-    health = Health(config=config, registry=registry, session=session, redis=redis, metrics=metrics,
-                    unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
-    authenticator = Authenticator(config.identity, config.admin_identity, session)
-    if config.identity.mode == "static":
-        log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
-                    config.identity.static_tenant, config.identity.static_subject)
-    if config.opa.push_catalog:
-        await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
-    reconciler = Reconciler(store=operations, registry=registry, session=session, services=config.backends.services,
-                            config=config.reconcile, metrics=metrics, audit=audit)
-    reconciler.start()
-    scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
-                          metrics=metrics, audit=audit)
-    return Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
-                   pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns, health=health,
-                   policy=policy, approvals=approvals, operations=operations, reconciler=reconciler,
-                   scheduler=scheduler, denials=denials)
+    """Open everything the process shares. If any step fails, what was already opened is closed
+    again (no unclosed session or pool, no reconciler left running) and the error goes on."""
+    check_key_layout(config)
+    registry = LiveRegistry(registry or load_registry(config.registry.paths))
+    async with contextlib.AsyncExitStack() as opened:
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
+            trace_configs=[trace_config()],
+            json_serialize=json.dumps,
+        )
+        opened.push_async_callback(session.close)
+        redis = store.create_client(config.redis)
+        opened.push_async_callback(store.close_client, redis)
+        limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
+        mcp_adapter = McpAdapter(config.backends.services, **limits,
+                                 connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
+                                 handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
+                                 mode=config.mcp.upstream_mode)
+        opened.push_async_callback(mcp_adapter.aclose)
+        adapters = {"http": HttpAdapter(session, config.backends.services, **limits), "mcp": mcp_adapter}
+        metrics = Metrics()
+        audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
+                                                  metrics), metrics)
+        operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
+                                    ack_timeout_ms=config.redis.replica_ack_timeout_ms,
+                                    on_shortfall=metrics.replica_ack_shortfall)
+        unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
+        recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
+                                  metrics, config.opa.decision_path)
+        policy = PolicyClient(config.opa, session, metrics, registry, recorder)
+        await policy.open()
+        opened.push_async_callback(policy.close)
+        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
+                                  replica_acks=config.redis.replica_acks,
+                                  ack_timeout_ms=config.redis.replica_ack_timeout_ms)
+        denials = DenialLog(redis, config.redis.key_prefix, metrics)
+        idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
+                                       metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
+        quotas = QuotaStage(redis, config, registry, metrics,
+                            BackendGuard(redis, config.quotas, registry, key_prefix=config.redis.key_prefix,
+                                         metrics=metrics))
+        if config.quotas.enabled:
+            quotas.guard.start()
+            opened.push_async_callback(quotas.guard.stop)
+        locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
+                            margin_s=config.deadline.margin_ms / 1000.0)
+        pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
+                            unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
+                            idempotency=idempotency,
+                            locks=locks, quotas=quotas,
+                            versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
+                                                     pin_ttl_s=config.registry.run_pin_ttl_s,
+                                                     read_policy=config.idempotency.read_policy),
+                            redis=redis)
+        health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
+                        unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
+        await health.open()
+        opened.push_async_callback(health.close)
+        authenticator = Authenticator(config.identity, config.admin_identity, session)
+        if config.identity.mode == "static":
+            log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
+                        config.identity.static_tenant, config.identity.static_subject)
+        if config.opa.push_catalog:
+            await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
+        reconciler = Reconciler(store=operations, registry=registry, session=session,
+                                services=config.backends.services, config=config.reconcile, metrics=metrics,
+                                audit=audit, max_json_depth=config.decode.max_depth)
+        reconciler.start()
+        opened.push_async_callback(reconciler.stop)
+        reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
+                                    interval_ms=config.registry.reload_interval_ms,
+                                    push_catalog=config.opa.push_catalog)
+        reloader.start()
+        opened.push_async_callback(reloader.stop)
+        scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
+                              metrics=metrics, audit=audit)
+        runtime = Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
+                          pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
+                          health=health, policy=policy, approvals=approvals, operations=operations,
+                          reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
+                          reloader=reloader, quotas=quotas)
+        opened.pop_all()  # from here on Runtime.close() closes them
+    return runtime
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -196,7 +261,7 @@ async def post_tool_call(request: web.Request) -> web.Response:
     call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
-    return json_response(result.envelope, result.status, dict(result.headers))
+    return json_response(result.envelope, result.status, {**result.headers, **retry_after_header(result.envelope)})
 
 
 async def post_tool_call_batch(request: web.Request) -> web.Response:
@@ -254,6 +319,13 @@ async def admin_list_denials(request: web.Request) -> web.Response:
     return json_response(await runtime.denials.recent(tenant=principal.tenant))
 
 
+async def admin_list_locks(request: web.Request) -> web.Response:
+    """Locks held now (an operator's tenant only, unless the operator is cross-tenant): see docs/operations.md."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response(await runtime.locks.held(tenant=operator.tenant))
+
+
 async def admin_list_unknown_calls(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
@@ -265,6 +337,18 @@ async def admin_settle_unknown_call(request: web.Request) -> web.Response:
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
     body = await ingress.read_json(request, runtime.config)
     return json_response(await runtime.unknowns.settle(runtime.audit, runtime.metrics, operator, body))
+
+
+async def admin_quotas(request: web.Request) -> web.Response:
+    """Configured limits and every backend's back-pressure state (an operator with a tenant claim sees
+    only its own tenant's override)."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    limits = runtime.quotas.rules.describe()
+    if operator.tenant:
+        limits["tenants"] = {k: v for k, v in limits["tenants"].items() if k == operator.tenant}
+    return json_response({"enabled": runtime.config.quotas.enabled, "limits": limits,
+                          "backends": runtime.quotas.guard.describe()})
 
 
 async def list_tools(request: web.Request) -> web.Response:
@@ -359,6 +443,8 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
     app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
+    app.router.add_get("/v1/locks", admin_list_locks)
+    app.router.add_get("/v1/quotas", admin_quotas)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 
@@ -373,14 +459,17 @@ def ops_app(runtime: Runtime) -> web.Application:
 
 
 async def serve(config: Config, *, ready: asyncio.Event | None = None,
-                stop: asyncio.Event | None = None) -> None:
-    """Run all listeners until ``stop`` is set (or forever)."""
+                stop: asyncio.Event | None = None, on_runtime: Callable[[Runtime], None] | None = None) -> None:
+    """Run all listeners until ``stop`` is set (or forever); ``on_runtime`` gets the runtime once it exists
+    (the CLI hooks SIGHUP to its registry reload there)."""
     runtime = await create_runtime(config)
+    if on_runtime is not None:
+        on_runtime(runtime)
     runners: list[web.AppRunner] = []
     try:
         for app, listener in ((agent_app(runtime), config.listen), (admin_app(runtime), config.admin),
                               (ops_app(runtime), config.ops)):
-            runner = web.AppRunner(app, access_log=None)
+            runner = EnvelopeRunner(app, access_log=None, count_refusal=runtime.count_refusal)
             await runner.setup()
             await web.TCPSite(runner, listener.host, listener.port).start()
             runners.append(runner)

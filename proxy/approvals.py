@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
 from .audit import Auditor
+from .redaction import redact
 from .config import ApprovalsConfig
 from .errors import ProxyError
 from .identity import AdminPrincipal, Caller
@@ -37,7 +37,7 @@ from .store import key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
-REDACTED = "[redacted]"
+SUMMARY_MAX_CHARS = 1000  # an approver reads more of a long argument than an audit record keeps
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
 
 # Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
@@ -77,6 +77,16 @@ return 'ok'
 MAX_REASON_CHARS = 500  # an approver's note on a decision
 
 
+def approval_key(prefix: str, approval_id: str) -> str:
+    """The id is the hash tag: every command on one approval touches one slot."""
+    return key(prefix, "approval", approval_id)
+
+
+def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
+    """Key sets of the approval scripts (start-up check: each in one Cluster slot)."""
+    return {"approvals.check/decide": [[approval_key(prefix, "apr_" + "0" * 24)]]}
+
+
 @dataclass(frozen=True)
 class Approval:
     id: str
@@ -103,16 +113,8 @@ def now_ms() -> int:
 
 
 def redacted_arguments(tool: ToolContract, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments as an approver sees them: the contract's sensitive fields masked."""
-    shown = json.loads(json.dumps(arguments))
-    for path in tool.sensitive_fields:
-        node: Any = shown
-        parts = path.split(".")
-        for part in parts[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict) and parts[-1] in node:
-            node[parts[-1]] = REDACTED
-    return shown
+    """Arguments as an approver sees them: redacted by the one rule audit records use."""
+    return redact(arguments, tool.sensitive_fields, SUMMARY_MAX_CHARS)
 
 
 def _unavailable() -> ProxyError:
@@ -133,9 +135,11 @@ def _mismatch(reason: str, approval_id: str) -> ProxyError:
 
 
 class ApprovalStore:
-    def __init__(self, redis: redis_async.Redis, config: ApprovalsConfig, metrics: Metrics,
-                 prefix: str, audit: Auditor) -> None:
+    def __init__(self, redis: store.Client, config: ApprovalsConfig, metrics: Metrics,
+                 prefix: str, audit: Auditor, *, replica_acks: int = 0, ack_timeout_ms: int = 200) -> None:
         self._redis = redis
+        self._replica_acks = replica_acks  # WAIT after spending an approval, so a failover cannot un-spend it
+        self._ack_timeout_ms = ack_timeout_ms
         self._audit = audit
         self._config = config
         self._metrics = metrics
@@ -144,8 +148,7 @@ class ApprovalStore:
         self._decide = store.script(redis, "approvals.decide", _DECIDE)
 
     def _key(self, approval_id: str) -> str:
-        # The id is the hash tag: every command on one approval touches one slot.
-        return key(self._prefix, "approval", approval_id)
+        return approval_key(self._prefix, approval_id)
 
     @property
     def _pending_index(self) -> str:
@@ -226,10 +229,16 @@ class ApprovalStore:
 
     async def _run_check(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          *, consume: bool, used_by: str = "", operation_key: str | None = None) -> str:
+        args = [now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
+                "1" if consume else "0", used_by, operation_key or ""]
         try:
-            verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=[
-                now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
-                "1" if consume else "0", used_by, operation_key or ""]))
+            if consume and self._replica_acks > 0:
+                verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)], args,
+                                                            acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
+                if acked < self._replica_acks:
+                    self._metrics.replica_ack_shortfall("approval")
+            else:
+                verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
         except RedisError:
             raise _unavailable() from None
         return verdict.decode() if isinstance(verdict, bytes) else str(verdict)

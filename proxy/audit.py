@@ -1,8 +1,7 @@
 """Audit records: evidence of who asked for what, what was decided and what happened.
 
 Owns: the shape of every audit record (``schemas/audit-record.schema.json``),
-redacting tool arguments for it (fields the contract marks sensitive are
-masked, credential-looking keys too, long strings truncated), the sinks
+its arguments redacted by the one rule of ``proxy/redaction.py``, the sinks
 (stdout JSON lines, a bounded Redis Stream), and the failure policy: when a
 sink fails, a call that must be audited fail-closed is stopped *before* its
 side effect (the intent record is written before execution), and a record that
@@ -43,6 +42,7 @@ from .envelope import iso
 from .errors import ProxyError
 from .metrics import Metrics
 from .normalize import canonical_json, sha256_hex
+from .redaction import redact
 from .registry import ToolContract, thaw
 from .store import redis_call
 
@@ -56,8 +56,6 @@ log = logging.getLogger("toolproxy.audit")
 
 RECORD_TYPE = "toolproxy.audit.v1"
 KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover"})
-POLICIES = frozenset({"fail_closed", "fail_open"})
-MASK = "[redacted]"
 
 # Top-level fields a caller of ``record`` may set (the schema's properties).
 FIELDS = frozenset({
@@ -67,13 +65,8 @@ FIELDS = frozenset({
     "error_code", "side_effect_attempted", "side_effect_committed", "blocked_by", "backend_request_id", "fencing_token", "result_hash", "details",
 })
 
-# Argument keys masked even when a contract forgot to list them.
-_SECRET_KEY_PARTS = ("password", "passwd", "secret", "token", "authorization", "cookie", "api_key", "apikey",
-                     "private_key", "credential")
 # Fields where null is a fact ("we do not know"), kept rather than dropped.
 _NULL_MEANS_UNKNOWN = frozenset({"side_effect_committed"})
-_MAX_DEPTH = 8
-_MAX_ITEMS = 50
 
 
 class Sink(Protocol):
@@ -209,47 +202,6 @@ class RedisStreamSink:
 
     async def write(self, line: str, *, durable: bool = False) -> None:
         await redis_call(self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True))
-
-
-# --------------------------------------------------------------------------- redaction
-
-
-def redact(arguments: Any, sensitive_fields: Iterable[str], max_chars: int) -> Any:
-    """A copy of ``arguments`` safe for an audit record.
-
-    ``sensitive_fields`` are top-level names or dotted paths (``card.number``);
-    a path crosses arrays element-wise. Keys that look like credentials are
-    masked everywhere. Strings longer than ``max_chars`` are truncated.
-    """
-    paths = [tuple(p.split(".")) for p in sensitive_fields]
-    return _redact(thaw(arguments), paths, max_chars, 0)
-
-
-def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int) -> Any:
-    if depth > _MAX_DEPTH:
-        return "[truncated: too deep]"
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for key, sub in value.items():
-            if (key,) in paths or _looks_secret(key):
-                out[key] = MASK
-                continue
-            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
-            out[key] = _redact(sub, below, max_chars, depth + 1)
-        return out
-    if isinstance(value, list):
-        items = [_redact(v, paths, max_chars, depth + 1) for v in value[:_MAX_ITEMS]]
-        if len(value) > _MAX_ITEMS:
-            items.append(f"[truncated: {len(value) - _MAX_ITEMS} more items]")
-        return items
-    if isinstance(value, str) and len(value) > max_chars:
-        return value[:max_chars] + f"...[truncated: {len(value)} chars]"
-    return value
-
-
-def _looks_secret(key: str) -> bool:
-    lowered = key.lower().replace("-", "_")
-    return any(part in lowered for part in _SECRET_KEY_PARTS)
 
 
 def schema_version(tool: ToolContract) -> str:
@@ -442,18 +394,11 @@ def _safe_str(value: Any, *, truncate: bool = False) -> str | None:
 
 
 def check_config(config: AuditConfig) -> None:
-    """Raise ConfigError for a bad audit section (at start-up, before anything listens)."""
-    for name, value in (("audit.on_failure_write", config.on_failure_write),
-                        ("audit.on_failure_read", config.on_failure_read)):
-        if value not in POLICIES:
-            raise ConfigError(f"{name}: must be fail_closed or fail_open, not {value!r}")
+    """Raise ConfigError for a bad audit section (the loader checked each value; this checks the whole)."""
     if config.stdout_queue_records < 1:
-        raise ConfigError("audit.stdout_queue_records: must be at least 1")
+        raise ConfigError("audit.stdout_queue_records (TOOLPROXY_AUDIT_STDOUT_QUEUE_RECORDS): must be at least 1")
     if not config.sinks:
-        raise ConfigError("audit.sinks: at least one sink is required")
-    unknown = sorted(set(config.sinks) - {"stdout", "redis"})
-    if unknown:
-        raise ConfigError(f"audit.sinks: unknown sink(s) {', '.join(unknown)} (stdout, redis)")
+        raise ConfigError("audit.sinks (TOOLPROXY_AUDIT_SINKS): at least one sink is required (stdout, redis)")
 
 
 def _call_id(value: Any) -> str | None:

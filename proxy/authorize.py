@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
 
 from .approvals import ApprovalStore
 from .denials import DenialLog
@@ -64,15 +65,20 @@ class Authorizer:
 
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
-                        budget_s: float | None, operation_key: str | None = None) -> Authorization:
+                        budget_s: float | None, operation_key: str | None = None,
+                        admit: Callable[[Decision], Awaitable[Any]] | None = None) -> Authorization:
+        """``admit`` runs once the decision allows and before an approval is spent (the quota stage: a
+        call refused by a quota must not use up its approval); its ProxyError becomes the call's error."""
         try:
-            return await self._authorize(caller, tool, normalized, request, approval_id, budget_s, operation_key)
+            return await self._authorize(caller, tool, normalized, request, approval_id, budget_s, operation_key,
+                                         admit)
         except ProxyError as error:
             return Authorization(decision=None, approval_id=approval_id, error=error)
 
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          request: RequestFacts, approval_id: str | None, budget_s: float | None,
-                         operation_key: str | None) -> Authorization:
+                         operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None
+                         ) -> Authorization:
         approval = None
         if approval_id is not None:
             approval = await self._approvals.presented(approval_id, caller, tool, normalized,
@@ -80,13 +86,18 @@ class Authorizer:
         document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                normalized=normalized,
                                approval=approval.policy_input() if approval is not None else None)
-        decision = await self._policy.decide(document, budget_s=budget_s)
+        decision = await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.sensitive_fields)
         # Opaque references for support and audit; the reasons never leave the proxy.
         details = {k: v for k, v in (("decision_id", decision.decision_id),
                                      ("policy_revision", decision.policy_revision)) if v}
         if decision.allow:
             if approval is not None and approval.replay_only:
                 return Authorization(decision=decision, approval_id=approval_id, replay_only=True)
+            if admit is not None:
+                try:
+                    await admit(decision)
+                except ProxyError as error:
+                    return Authorization(decision=decision, approval_id=approval_id, error=error)
             if approval_id is not None:
                 # Single use: a concurrent re-submission of the same approval loses here.
                 await self._approvals.consume(approval_id, caller, tool, normalized,

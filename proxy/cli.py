@@ -1,4 +1,5 @@
-"""Command line: ``toolproxy run | dev | check-registry | opa-data | config-reference | import-mcp``.
+"""Command line: ``toolproxy run | dev | check-registry | check-policy-data | registry diff | opa-data |
+config-reference | import-mcp | policy``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -15,6 +16,7 @@ from typing import Any, Coroutine, Sequence, TypeVar
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
+from .decisions import check_config as check_decisions_config
 from .identity import configuration_problem
 from .registry import Registry, RegistryError, load_registry
 
@@ -40,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--opa-port", type=int, default=8181, help="OPA port (default 8181)")
     dev.add_argument("--redis-port", type=int, default=6390, help="Redis port (default 6390)")
     dev.add_argument("--backend-port", type=int, default=8790, help="demo backend port (default 8790)")
+    dev.add_argument("--registry", nargs="+", default=None,
+                     help="registry YAML files or directories to serve (default: the config's registry.paths, "
+                          "else the repo's examples/registry)")
     dev.add_argument("--policies", default=None,
                      help="Rego directory OPA serves and watches (default: the repo's policies/)")
     dev.add_argument("--opa-data", default=None,
@@ -47,6 +52,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     check = sub.add_parser("check-registry", help="validate registry files without starting anything")
     check.add_argument("paths", nargs="+", help="registry YAML files or directories")
+    check.add_argument("--previous", metavar="DIR", action="append",
+                       help="the registry before this change (files or directories; repeatable): refuse a breaking "
+                            "change that keeps the version number (exit 3)")
+
+    registry_cmd = sub.add_parser("registry", help="registry tools (diff)")
+    registry_sub = registry_cmd.add_subparsers(dest="registry_command", required=True)
+    diff_cmd = registry_sub.add_parser(
+        "diff", help="what changed per tool and version between two registries, breaking or compatible",
+        description="Compare two registries (files or directories). Exit 0 whatever changed; 1 if one of them "
+                    "is invalid. Breaking changes are marked BREAKING.")
+    diff_cmd.add_argument("old", help="the previous registry (file or directory)")
+    diff_cmd.add_argument("new", help="the new registry (file or directory)")
+
+    policy_data = sub.add_parser(
+        "check-policy-data", help="validate an OPA data document (roles, subjects, resources, thresholds, limits)",
+        description="Check the data document the policies read (data.toolproxy) against "
+                    "schemas/opa-data.schema.json and its cross references, before shipping it to OPA.")
+    policy_data.add_argument("file", help="the JSON data document (e.g. examples/opa/data.json)")
 
     opa_data = sub.add_parser(
         "opa-data", help="print the registry's tool catalog as OPA data (data.toolproxy.catalog)",
@@ -71,9 +94,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
     imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
 
+    from .policy_commands import add_parsers as add_policy_parsers
+    add_policy_parsers(sub)
+
     args = parser.parse_args(argv)
     if args.command == "check-registry":
-        return check_registry(args.paths)
+        return check_registry(args.paths, previous=args.previous)
+    if args.command == "check-policy-data":
+        return check_policy_data(args.file)
+    if args.command == "registry":
+        return registry_diff(args.old, args.new)
     if args.command == "opa-data":
         return print_opa_data(args.registry)
     if args.command == "config-reference":
@@ -82,6 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "import-mcp":
         return import_mcp(args)
+    if args.command == "policy":
+        from .policy_commands import run as run_policy
+        return run_policy(args)
     if args.command == "run":
         return run_sidecar(args.config)
     if args.command == "dev":
@@ -98,12 +131,58 @@ def _registry_or_report(paths: Sequence[str]) -> Registry | None:
         return None
 
 
-def check_registry(paths: Sequence[str]) -> int:
+EXIT_BREAKING_SAME_VERSION = 3
+
+
+def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) -> int:
     registry = _registry_or_report(paths)
     if registry is None:
         return 1
     for tool in registry.all():
-        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}) from {tool.source}")
+        status = "" if tool.status == "active" else f", {tool.status}"
+        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
+    if previous:
+        from .contract_diff import diff, same_version_breaks
+        old = _registry_or_report(previous)
+        if old is None:
+            return 1
+        breaks = same_version_breaks(diff(old, registry))
+        for change in breaks:
+            print(f"refused: {change.line()} -- bump the version", file=sys.stderr)
+        if breaks:
+            return EXIT_BREAKING_SAME_VERSION
+    return 0
+
+
+def registry_diff(old_path: str, new_path: str) -> int:
+    from .contract_diff import diff
+    old, new = _registry_or_report([old_path]), _registry_or_report([new_path])
+    if old is None or new is None:
+        return 1
+    changes = diff(old, new)
+    for change in changes:
+        print(change.line())
+    breaking = sum(c.breaking for c in changes)
+    print(f"{len(changes)} change(s), {breaking} breaking")
+    return 0
+
+
+def check_policy_data(path: str) -> int:
+    from .decode import strict_loads
+    from .errors import ProxyError
+    from .policy_data import problems, summary
+    try:
+        with open(path, "rb") as handle:
+            document = strict_loads(handle.read(), what="policy data", phase="request")
+    except (OSError, ProxyError) as exc:
+        print(f"policy data invalid: {path}: {exc.strerror if isinstance(exc, OSError) else exc}", file=sys.stderr)
+        return 1
+    found = problems(document)
+    for problem in found:
+        print(f"policy data invalid: {path}: {problem}", file=sys.stderr)
+    if found:
+        return 1
+    print(f"ok {path}: {summary(document)}")
     return 0
 
 
@@ -134,13 +213,13 @@ def setup_logging(level: str, fmt: str = "json") -> None:
 
 
 def run_sidecar(config_path: str | None) -> int:
-    from .app import serve
+    from .app import check_key_layout, serve
     try:
         config = load_config(config_path)
+        check_key_layout(config)
         load_registry(config.registry.paths)  # fail fast with a clear message
-        if config.log.format not in {"json", "kv"}:
-            raise ConfigError(f"log.format: must be json or kv, not {config.log.format!r}")
         check_audit_config(config.audit)
+        check_decisions_config(config.decisions)
         identity_problem = configuration_problem(config.identity)
         if identity_problem:
             raise ConfigError(identity_problem)
@@ -154,9 +233,17 @@ def run_sidecar(config_path: str | None) -> int:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        await serve(config, stop=stop)
 
-    run_loop(main_async())
+        def reload_on_sighup(runtime: Any) -> None:
+            loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)
+
+        await serve(config, stop=stop, on_runtime=reload_on_sighup)
+
+    try:
+        run_loop(main_async())
+    except ConfigError as exc:  # found while opening the runtime (a key file, an algorithm list)
+        print(f"toolproxy: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

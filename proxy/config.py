@@ -28,10 +28,17 @@ class ConfigError(Exception):
     """A configuration file or variable is malformed; the message names it."""
 
 
-def setting(default: Any, help: str) -> Any:
+def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), bounds: tuple[int, int] | None = None) -> Any:
+    """One setting. ``choices``: the only values allowed (each item, for a list); ``bounds``: the
+    inclusive range of a number. Both are checked by the loader, in one place (``_check_allowed``)."""
+    metadata = {"help": help, "choices": choices, "bounds": bounds}
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA",
+                  "HS256", "HS384", "HS512")
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,16 @@ def _ops_listener() -> ListenerConfig:
 @dataclass(frozen=True)
 class RegistryConfig:
     paths: list[str] = setting(["examples/registry"], "registry YAML files or directories of *.yaml")
+    reload_interval_ms: int = setting(2000, "how often the registry files are checked for changes and reloaded "
+                                            "(0: only on SIGHUP); an invalid new registry is refused as a whole")
+    run_pin_ttl_s: int = setting(86400, "lifetime of a run's version pin (X-Run-Id): the run keeps the contract "
+                                        "version it first resolved for this long after its first call")
+
+    def __post_init__(self) -> None:
+        if self.reload_interval_ms < 0:
+            raise ConfigError("registry.reload_interval_ms: must be 0 (off) or a positive number of milliseconds")
+        if self.run_pin_ttl_s < 1:
+            raise ConfigError("registry.run_pin_ttl_s: must be at least 1 second")
 
 
 @dataclass(frozen=True)
@@ -67,9 +84,17 @@ class BackendsConfig:
 
 
 @dataclass(frozen=True)
+class DecodeConfig:
+    max_depth: int = setting(64, "deepest nesting of arrays/objects accepted in any untrusted JSON: request bodies, "
+                                 "tool arguments (also inside an `arguments` string), MCP messages, admin bodies, "
+                                 "backend and status endpoint answers (invalid_json above)", bounds=(2, 256))
+
+
+@dataclass(frozen=True)
 class DeadlineConfig:
     margin_ms: int = setting(50, "budget kept back for serialization and replying (epsilon of seed 000 4.2)")
-    max_request_timeout_ms: int = setting(600000, "upper bound accepted for a caller's deadline")
+    max_request_timeout_ms: int = setting(600000, "upper bound of a caller's deadline: a later one is clamped to "
+                                                  "it, not refused (timing.deadline_ms shows the budget used)")
 
 
 @dataclass(frozen=True)
@@ -80,7 +105,8 @@ class JwtConfig:
     jwks_url: str = setting("", "JWKS URL with the verification keys (cached, refreshed)")
     public_key_file: str = setting("", "PEM public key, when there is no JWKS")
     hmac_secret_file: str = setting("", "file with a shared HS* secret; HS* algorithms are refused without it")
-    algorithms: list[str] = setting(["RS256", "ES256", "EdDSA"], "accepted JWT algorithms (`none` never is)")
+    algorithms: list[str] = setting(["RS256", "ES256", "EdDSA"], "accepted JWT algorithms (`none` never is)",
+                                    choices=JWT_ALGORITHMS)
     leeway_s: int = setting(30, "clock skew allowed on exp/nbf/iat")
     jwks_refresh_s: int = setting(300, "how long fetched JWKS keys are cached")
     claim_subject: str = setting("sub", "claim holding the subject")
@@ -104,12 +130,14 @@ class HeaderIdentityConfig:
 @dataclass(frozen=True)
 class IdentityConfig:
     mode: str = setting("jwt", "where the caller's identity comes from: jwt, headers (trusted mesh) or static "
-                              "(dev stack and tests only; never the default)")
+                              "(dev stack and tests only; never the default)", choices=("jwt", "headers", "static"))
     static_subject: str = setting("dev-user", "static mode: subject of every call")
     static_tenant: str = setting("acme", "static mode: tenant of every call")
     static_roles: list[str] = setting(["agent"], "static mode: roles of every call")
     static_scopes: list[str] = setting(["tools:read", "tools:write"], "static mode: scopes of every call")
-    agent_id: str = setting("dev-agent", "identity of the agent this sidecar serves (pod service account)")
+    agent_id: str = setting("", "identity of the agent this sidecar serves (pod service account), written into "
+                                "every audit record; required unless identity.mode is static (which uses "
+                                "`dev-agent` when it is empty)")
     jwt: JwtConfig = field(default_factory=JwtConfig, metadata={"help": "jwt mode: the agent's bearer token"})
     headers: HeaderIdentityConfig = field(default_factory=HeaderIdentityConfig,
                                           metadata={"help": "headers mode: identity set by a trusted mesh"})
@@ -117,7 +145,8 @@ class IdentityConfig:
 
 @dataclass(frozen=True)
 class AdminIdentityConfig:
-    mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled")
+    mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled",
+                        choices=("jwt", "disabled"))
     approver_role: str = setting("approver", "role an admin token needs to list, approve or deny approvals")
     approver_scope: str = setting("", "scope an admin token needs as well (empty: none)")
     operator_role: str = setting("operator", "role an admin token needs to see and resolve unknown operations "
@@ -141,24 +170,69 @@ class OpaConfig:
                                        "(false when a bundle ships it)")
 
 
+REDIS_MODES = ("standalone", "sentinel", "cluster")
+
+
 @dataclass(frozen=True)
 class RedisConfig:
-    url: str = setting("redis://127.0.0.1:6379/0", "Redis URL (redis:// or rediss://)")
+    mode: str = setting("standalone", "standalone (redis.url), sentinel (redis.sentinels + redis.sentinel_service) "
+                                      "or cluster (redis.cluster_nodes)")
+    url: str = setting("redis://127.0.0.1:6379/0", "standalone: Redis URL (redis:// or rediss://)")
+    sentinels: list[str] = setting([], "sentinel mode: host:port of the Sentinels asked for the current master")
+    sentinel_service: str = setting("mymaster", "sentinel mode: the master's service name in the Sentinels")
+    sentinel_password: str = setting("", "sentinel mode: AUTH password of the Sentinels themselves (empty: none)")
+    cluster_nodes: list[str] = setting([], "cluster mode: host:port of startup nodes (any few; the rest is "
+                                           "discovered)")
+    tls: bool = setting(False, "sentinel and cluster modes: connect over TLS (standalone: use a rediss:// URL)")
     key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
     timeout_ms: int = setting(500, "socket timeout of one Redis command")
-    max_connections: int = setting(100, "connections in the process's Redis pool; past it a command waits up to "
-                                        "timeout_ms for a free one")
+    max_connections: int = setting(100, "connections in the process's Redis pool (cluster: per node); past it a "
+                                        "command waits up to timeout_ms for a free one")
     password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
-    tls_ca_file: str = setting("", "rediss:// only: CA bundle that verifies the Redis server (default: system CAs)")
-    tls_cert_file: str = setting("", "rediss:// only: client certificate for mutual TLS")
-    tls_key_file: str = setting("", "rediss:// only: private key of tls_cert_file")
+    tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")
+    tls_cert_file: str = setting("", "TLS only: client certificate for mutual TLS")
+    tls_key_file: str = setting("", "TLS only: private key of tls_cert_file")
+    min_replica_acks: int = setting(-1, "replicas that must acknowledge a write's reservation, its committed "
+                                        "outcome and a spent approval (WAIT) before the call goes on; -1: 0 in "
+                                        "standalone, 1 in sentinel and cluster modes")
+    replica_ack_timeout_ms: int = setting(200, "longest WAIT for min_replica_acks; a shortfall is logged and "
+                                               "counted (toolproxy_redis_replica_ack_shortfalls_total), not fatal")
 
     def __post_init__(self) -> None:
+        if self.mode not in REDIS_MODES:
+            raise ConfigError(f"redis.mode: expected standalone, sentinel or cluster, got {self.mode!r}")
         tls = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
-        if any(tls) and not self.url.startswith("rediss://"):
-            raise ConfigError("redis.tls_* files are set but redis.url is not rediss://")
+        if any(tls) and not self.uses_tls:
+            raise ConfigError("redis.tls_* files are set but TLS is off (standalone: rediss:// URL; "
+                              "sentinel/cluster: redis.tls: true)")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("redis.tls_cert_file and redis.tls_key_file go together (mutual TLS needs both)")
+        if self.mode == "sentinel" and not self.sentinels:
+            raise ConfigError("redis.sentinels: sentinel mode needs at least one host:port")
+        if self.mode == "sentinel" and not self.sentinel_service:
+            raise ConfigError("redis.sentinel_service: sentinel mode needs the master's service name")
+        if self.mode == "cluster" and not self.cluster_nodes:
+            raise ConfigError("redis.cluster_nodes: cluster mode needs at least one host:port")
+        for name in ("sentinels", "cluster_nodes"):
+            for address in getattr(self, name):
+                host, _, port = address.rpartition(":")
+                if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                    raise ConfigError(f"redis.{name}: expected host:port, got {address!r}")
+        if self.min_replica_acks < -1:
+            raise ConfigError("redis.min_replica_acks must be -1 (by mode) or a replica count (0 = no WAIT)")
+        if self.replica_acks > 0 and not 0 < self.replica_ack_timeout_ms < self.timeout_ms:
+            raise ConfigError("redis.replica_ack_timeout_ms must be positive and below redis.timeout_ms")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.url.startswith("rediss://") if self.mode == "standalone" else self.tls
+
+    @property
+    def replica_acks(self) -> int:
+        """How many replicas a durable write waits for (WAIT), the mode's default resolved."""
+        if self.min_replica_acks >= 0:
+            return self.min_replica_acks
+        return 0 if self.mode == "standalone" else 1
 
 
 @dataclass(frozen=True)
@@ -170,7 +244,15 @@ class McpConfig:
                                        "with keepalive pings, when the client accepts text/event-stream")
     sse_ping_ms: int = setting(15000, "MCP SSE keepalive comment interval")
     upstream_mode: str = setting("auto", "MCP backends: auto (2026-07-28 stateless if the upstream offers it, else "
-                                         "initialize + session) or legacy (always initialize + session)")
+                                         "initialize + session) or legacy (always initialize + session)",
+                           choices=("auto", "legacy"))
+    allowed_hosts: list[str] = setting(["localhost", "127.0.0.1", "[::1]"],
+                                       "MCP: Host header values accepted on /mcp (name = any port, or name:port; "
+                                       "* = any); others get 403 (DNS rebinding protection)")
+    allowed_origins: list[str] = setting(["http://localhost", "http://127.0.0.1", "http://[::1]",
+                                          "https://localhost", "https://127.0.0.1", "https://[::1]"],
+                                         "MCP: Origin header values accepted on /mcp (scheme://name = any port; "
+                                         "* = any); requests without Origin are accepted; others get 403")
     upstream_handshake_timeout_ms: int = setting(5000, "MCP backends: cap on opening a session to an upstream "
                                                        "(discover or initialize), also bounded by the call budget")
 
@@ -184,11 +266,8 @@ class IdempotencyConfig:
     max_wait_ms: int = setting(30000, "cap on `Prefer: wait=<s>` while another call holds the key")
     wait_poll_ms: int = setting(50, "how often a waiting call re-reads the record")
     read_policy: str = setting("proceed", "reads that use idempotency when Redis is unreachable: proceed (without "
-                                          "a record) or fail_closed (dependency_unavailable)")
-
-    def __post_init__(self) -> None:
-        if self.read_policy not in ("proceed", "fail_closed"):
-            raise ConfigError(f"idempotency.read_policy: expected proceed or fail_closed, got {self.read_policy!r}")
+                                          "a record) or fail_closed (dependency_unavailable)",
+                               choices=("proceed", "fail_closed"))
 
 
 @dataclass(frozen=True)
@@ -207,7 +286,8 @@ class ReconcileConfig:
 @dataclass(frozen=True)
 class LocksConfig:
     scope: str = setting("tenant", "lock namespace and Redis Cluster hash tag: tenant (a tenant's locks share one "
-                                   "slot; tenants never exclude each other) or global (one slot for all locks)")
+                                   "slot; tenants never exclude each other) or global (one slot for all locks)",
+                         choices=("tenant", "global"))
     lease_ms: int = setting(5000, "lease of a held lock set, renewed while the call runs; a crashed proxy's "
                                   "locks free up after it")
     renew_interval_ms: int = setting(1500, "how often a held lock set is renewed (well below lease_ms)")
@@ -216,8 +296,6 @@ class LocksConfig:
     max_wait_ms: int = setting(30000, "longest lock wait for a caller that sent no deadline")
 
     def __post_init__(self) -> None:
-        if self.scope not in ("tenant", "global"):
-            raise ConfigError(f"locks.scope: expected tenant or global, got {self.scope!r}")
         if not 0 < self.renew_interval_ms < self.lease_ms:
             raise ConfigError("locks.renew_interval_ms must be positive and below locks.lease_ms")
         if not 0 < self.poll_min_ms <= self.poll_max_ms:
@@ -246,22 +324,78 @@ class SchedulerConfig:
 
 
 @dataclass(frozen=True)
+class QuotasConfig:
+    enabled: bool = setting(True, "apply quotas and backend back-pressure (docs/quotas.md); false: neither")
+    tenant: str = setting("", "limit of each tenant, e.g. `rate=100/1s burst=50 concurrency=20` (empty: none)")
+    tenants: dict[str, str] = setting({}, "per-tenant override of quotas.tenant: tenant=<limit>")
+    subject: str = setting("", "limit of each caller (tenant + subject), same form (empty: none)")
+    fleet: str = setting("", "one limit shared by every call of the fleet, same form (empty: none)")
+    classes: dict[str, str] = setting({}, "quota classes an OPA decision may name (`quota_class`): class=<limit>; "
+                                           "replaces the caller's subject limit (`per=tenant`: the tenant's)")
+    slot_grace_ms: int = setting(2000, "a concurrency slot's lease is the call's longest possible life plus this; "
+                                       "a crashed proxy's slots free up after it")
+    wait_poll_max_ms: int = setting(200, "batch calls waiting for a concurrency slot poll at most this far apart")
+    max_pause_s: int = setting(300, "longest backend Retry-After honoured (longer ones are capped)")
+    breaker_enabled: bool = setting(True, "circuit breaker per backend service (registry `services:` may override "
+                                          "the breaker_* settings per service)")
+    breaker_failure_ratio: float = setting(0.5, "failed share of a backend's calls in the window that opens its "
+                                                "breaker")
+    breaker_min_calls: int = setting(20, "calls a window needs before the failure ratio counts")
+    breaker_window_s: int = setting(30, "sliding window of the failure ratio (each proxy counts its own calls)")
+    breaker_open_s: int = setting(10, "how long an open breaker refuses calls before one probe is let through")
+
+    def __post_init__(self) -> None:
+        from .quota_rules import LimitSpecError, parse_spec  # pure module; import here keeps config at the bottom
+
+        texts = {"quotas.tenant": self.tenant, "quotas.subject": self.subject, "quotas.fleet": self.fleet,
+                 **{f"quotas.tenants.{k}": v for k, v in self.tenants.items()},
+                 **{f"quotas.classes.{k}": v for k, v in self.classes.items()}}
+        for where, text in texts.items():
+            if text.strip():
+                try:
+                    parse_spec(text)
+                except LimitSpecError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+        if not 0 < self.breaker_failure_ratio <= 1:
+            raise ConfigError("quotas.breaker_failure_ratio must be in (0, 1]")
+        if min(self.breaker_min_calls, self.breaker_window_s, self.breaker_open_s, self.slot_grace_ms,
+               self.wait_poll_max_ms, self.max_pause_s) < 1:
+            raise ConfigError("quotas.breaker_*, slot_grace_ms, wait_poll_max_ms and max_pause_s must be positive")
+
+
+@dataclass(frozen=True)
 class LogConfig:
-    level: str = setting("info", "log level: debug, info, warning, error")
-    format: str = setting("json", "log line format on stderr: json or kv (key=value)")
+    level: str = setting("info", "log level: debug, info, warning, error",
+                         choices=("debug", "info", "warning", "error"))
+    format: str = setting("json", "log line format on stderr: json or kv (key=value)", choices=("json", "kv"))
 
 
 @dataclass(frozen=True)
 class AuditConfig:
-    sinks: list[str] = setting(["stdout"], "where audit records go: stdout (JSON lines), redis (a Redis Stream), or both")
+    sinks: list[str] = setting(["stdout"], "where audit records go: stdout (JSON lines), redis (a Redis Stream), "
+                                           "or both", choices=("stdout", "redis"))
     stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the audit stream (XADD MAXLEN ~)")
     on_failure_write: str = setting("fail_closed", "write tools when a sink fails: fail_closed (no audit intent, "
-                                    "no call) or fail_open (count and log, go on)")
-    on_failure_read: str = setting("fail_open", "read tools when a sink fails: fail_open or fail_closed")
+                                    "no call) or fail_open (count and log, go on)", choices=("fail_closed", "fail_open"))
+    on_failure_read: str = setting("fail_open", "read tools when a sink fails: fail_open or fail_closed",
+                                   choices=("fail_closed", "fail_open"))
     timeout_ms: int = setting(500, "bound on writing one record to one sink")
     stdout_queue_records: int = setting(10000, "stdout sink: records held while stdout's pipe is full (nobody "
                                         "reads it); past that they are dropped and counted, never blocking a call")
     max_string_chars: int = setting(256, "argument strings longer than this are truncated in audit records")
+
+
+@dataclass(frozen=True)
+class DecisionsConfig:
+    enabled: bool = setting(False, "record every policy decision (exact OPA input with sensitive arguments masked, "
+                                   "decision, revision, decision id) for `toolproxy policy replay`")
+    sinks: list[str] = setting(["redis"], "where decision records go: redis (a Redis Stream), stdout (JSON lines), "
+                                          "or both")
+    stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the decision stream")
+    retention_s: int = setting(7 * 86400, "redis sink: records older than this are trimmed (XTRIM MINID ~)")
+    max_record_bytes: int = setting(65536, "a record larger than this keeps its decision but not its input "
+                                           "(replay reports it not replayable)")
+    timeout_ms: int = setting(200, "bound on writing one record to one sink (a failure never affects the call)")
 
 
 @dataclass(frozen=True)
@@ -272,6 +406,7 @@ class Config:
     registry: RegistryConfig = field(default_factory=RegistryConfig, metadata={"help": "tool contracts"})
     backends: BackendsConfig = field(default_factory=BackendsConfig, metadata={"help": "tool backends"})
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig, metadata={"help": "deadlines"})
+    decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "untrusted JSON"})
     identity: IdentityConfig = field(default_factory=IdentityConfig, metadata={"help": "trusted identity"})
     admin_identity: AdminIdentityConfig = field(default_factory=AdminIdentityConfig,
                                                 metadata={"help": "approver credential"})
@@ -285,8 +420,11 @@ class Config:
     locks: LocksConfig = field(default_factory=LocksConfig, metadata={"help": "resource locks"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
+    decisions: DecisionsConfig = field(default_factory=DecisionsConfig, metadata={"help": "policy decision records"})
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig,
                                        metadata={"help": "batch scheduler (POST /v1/tool-calls:batch)"})
+    quotas: QuotasConfig = field(default_factory=QuotasConfig,
+                                 metadata={"help": "rate limits, concurrency quotas, backend back-pressure"})
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
@@ -305,7 +443,7 @@ def load_config(path: str | os.PathLike[str] | None = None,
             raise ConfigError(f"{path}: cannot read config: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
-        _deep_merge(data, loaded or {})
+        deep_merge(data, loaded or {})
     env = os.environ if env is None else env
     for dotted, hint in _leaves(Config):
         name = ENV_PREFIX + dotted.replace(".", "_").upper()
@@ -316,10 +454,10 @@ def load_config(path: str | os.PathLike[str] | None = None,
     return _build(Config, data, "config")
 
 
-def _deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+def deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
     for name, value in other.items():
         if isinstance(value, dict) and isinstance(into.get(name), dict):
-            _deep_merge(into[name], value)
+            deep_merge(into[name], value)
         else:
             into[name] = value
 
@@ -409,8 +547,22 @@ def _build(cls: type, data: Any, where: str) -> Any:
             merged = {**dataclasses.asdict(default), **(value or {})}
             kwargs[f.name] = _build(hint, merged, path)
         else:
-            kwargs[f.name] = _check_type(value, hint, path)
+            kwargs[f.name] = _check_allowed(_check_type(value, hint, path), f, path)
     return cls(**kwargs)
+
+
+def _check_allowed(value: Any, f: dataclasses.Field[Any], where: str) -> Any:
+    """The one place enumerated and bounded settings are checked; the error names key, value and rule."""
+    key = where.removeprefix("config.")
+    env = ENV_PREFIX + key.replace(".", "_").upper()
+    choices = f.metadata.get("choices") or ()
+    for item in (value if isinstance(value, list) else [value]):
+        if choices and item not in choices:
+            raise ConfigError(f"{key} ({env}): {item!r} is not allowed; expected one of: {', '.join(choices)}")
+    bounds = f.metadata.get("bounds")
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{key} ({env}): {value!r} is not allowed; expected {bounds[0]} to {bounds[1]}")
+    return value
 
 
 def _check_type(value: Any, hint: Any, where: str) -> Any:

@@ -1,7 +1,10 @@
 """Decode stage: untrusted bytes -> a validated JSON object of tool arguments.
 
 Owns: strict JSON parsing (no duplicate keys, no NaN/Infinity, no trailing
-data, no lenient literals) and validation against the tool's ``inputSchema``
+data, no lenient literals, no nesting deeper than ``decode.max_depth``) of
+every piece of untrusted JSON the proxy reads — request bodies, tool
+arguments, MCP messages, backend answers, status endpoint answers — and
+validation against the tool's ``inputSchema``
 (JSON Schema 2020-12, no type coercion). Codes: ``invalid_json``,
 ``invalid_arguments``, ``schema_violation``. Must never: coerce a value,
 drop an unknown field, or look at anything but the bytes and the schema.
@@ -19,6 +22,7 @@ from .errors import ProxyError
 
 MAX_VIOLATIONS = 50
 MAX_MESSAGE = 200
+DEFAULT_MAX_DEPTH = 64  # the documented default of decode.max_depth (proxy/config.py)
 
 
 class _DuplicateKey(ValueError):
@@ -43,8 +47,10 @@ def _no_constants(name: str) -> Any:
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
 
 
-def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str = "decode") -> Any:
-    """Parse JSON text strictly; raise ``invalid_json`` with the error position."""
+def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str = "decode",
+                 max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
+    """Parse JSON text strictly; raise ``invalid_json`` with the error position, or when arrays and
+    objects nest deeper than ``max_depth`` (the parser's own recursion limit is never reached)."""
     if isinstance(text, (bytes, bytearray)):
         try:
             text = bytes(text).decode("utf-8")
@@ -60,13 +66,35 @@ def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str 
     except _DuplicateKey as exc:
         raise ProxyError("invalid_json", f"{what} contain a duplicate key",
                          details={"key": exc.key[:MAX_MESSAGE]}, phase=phase) from None
+    except RecursionError:  # deeper than the parser's own stack allows: far above any max_depth
+        raise _nested_too_deep(what, phase, max_depth) from None
     except ValueError as exc:  # NaN, Infinity, -Infinity
         raise ProxyError("invalid_json", f"{what} are not valid JSON: {exc}", phase=phase) from None
     end = _skip_ws(text, end)
     if end != len(text):
         raise ProxyError("invalid_json", f"{what} are not valid JSON: extra data after the value",
                          details={"position": end}, phase=phase)
+    check_depth(value, max_depth, what=what, phase=phase)
     return value
+
+
+def check_depth(value: Any, max_depth: int, *, what: str, phase: str) -> None:
+    """``invalid_json`` if arrays/objects in ``value`` nest deeper than ``max_depth``. Iterative (no
+    recursion of its own); also used on JSON another library parsed (an MCP upstream's result)."""
+    pending = [(value, 1)]
+    while pending:
+        node, depth = pending.pop()
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else None
+        if children is None:
+            continue
+        if depth > max_depth:
+            raise _nested_too_deep(what, phase, max_depth)
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+
+
+def _nested_too_deep(what: str, phase: str, max_depth: int) -> ProxyError:
+    return ProxyError("invalid_json", f"{what} nest arrays/objects deeper than {max_depth} levels",
+                      details={"max_depth": max_depth}, phase=phase)
 
 
 def _skip_ws(text: str, index: int) -> int:
@@ -75,9 +103,11 @@ def _skip_ws(text: str, index: int) -> int:
     return index
 
 
-def decode_arguments(raw: Any, validator: Draft202012Validator) -> dict[str, Any]:
-    """``raw`` is a JSON object already parsed strictly, or a JSON-encoded string as models emit it."""
-    value = strict_loads(raw) if isinstance(raw, (str, bytes)) else raw
+def decode_arguments(raw: Any, validator: Draft202012Validator, *,
+                     max_depth: int = DEFAULT_MAX_DEPTH) -> dict[str, Any]:
+    """``raw`` is a JSON object already parsed strictly (its nesting was checked with its body), or a
+    JSON-encoded string as models emit it."""
+    value = strict_loads(raw, max_depth=max_depth) if isinstance(raw, (str, bytes)) else raw
     if not isinstance(value, dict):
         raise ProxyError("invalid_arguments", "tool arguments must be a JSON object",
                          details={"type": _json_type(value)}, phase="decode")

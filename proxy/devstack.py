@@ -1,9 +1,11 @@
 """``toolproxy dev``: a local stack of real parts on loopback.
 
 Owns: starting a real ``opa`` server (watching ``policies/`` and the demo
-data in ``examples/opa/``: roles, resource ownership, thresholds), a real
-``redis-server``, the demo tool backend and the proxy; printing endpoints and
-sample requests; stopping every child on Ctrl-C/SIGTERM. Must never: be used
+data in ``examples/opa/``: roles, resource ownership, thresholds — or the
+directories given with ``--policies`` / ``--opa-data``), a real
+``redis-server``, the demo tool backend and the proxy serving the registry of
+``--registry``, else the config's ``registry.paths``, else ``examples/registry``;
+printing endpoints and sample requests; stopping every child on Ctrl-C/SIGTERM. Must never: be used
 in production (the demo backend exposes a fault-control API).
 """
 
@@ -100,11 +102,17 @@ def run_dev(args: argparse.Namespace) -> int:
             "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
             "opa.url": f"http://127.0.0.1:{args.opa_port}",
             "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
-            "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"},
-            "registry.paths": [str(REPO / "examples" / "registry")],
         }
-        # The dev stack defaults to a fixed demo caller; a --config may still choose jwt or headers.
-        dev_defaults = {"identity.mode": "static"}
+        if args.registry:
+            overrides["registry.paths"] = [str(Path(p).resolve()) for p in args.registry]
+        # Defaults a --config (or TOOLPROXY_* variables) may replace: a fixed demo caller,
+        # the demo registry and its backend service, demo quotas (docs/quotas.md): every tenant gets a
+        # budget, and the quota class OPA data gives acme/noisy-bot (examples/opa/data.json) a smaller one.
+        dev_defaults = {"identity.mode": "static",
+                        "quotas.tenant": "rate=50/1s burst=100 concurrency=20",
+                        "quotas.classes": {"reduced": "rate=2/1s burst=2 concurrency=1"},
+                        "registry.paths": [str(REPO / "examples" / "registry")],
+                        "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"}}
         config = load_config(args.config, overrides=overrides, base=dev_defaults)
         approver_token = None
         jwt_admin = config.admin_identity.jwt
@@ -119,7 +127,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from .app import serve
     from .cli import run_loop, setup_logging
     setup_logging(config.log.level, config.log.format)
-    _print_banner(args, approver_token)
+    _print_banner(args, approver_token, config.registry.paths, policies, opa_data)
 
     async def main_async() -> None:
         stop = asyncio.Event()
@@ -183,7 +191,8 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
             "audience": "toolproxy-admin"}, token
 
 
-def _print_banner(args: argparse.Namespace, approver_token: str | None) -> None:
+def _print_banner(args: argparse.Namespace, approver_token: str | None, registry: Sequence[str],
+                  policies: Path, opa_data: Path) -> None:
     a = args.admin_port
     approvals = f"""
 approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only;
@@ -208,7 +217,8 @@ toolproxy dev stack is up (Ctrl-C stops everything)
   OpenAI        http://127.0.0.1:{p}/v1/openai/tool-calls   (Chat tool_calls / Responses function_call items)
   admin API     http://127.0.0.1:{args.admin_port}
 {console}  metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
-  OPA           http://127.0.0.1:{args.opa_port}   (watching policies/ and examples/opa/: edits apply live)
+  OPA           http://127.0.0.1:{args.opa_port}   (watching {policies} and {opa_data}: edits apply live)
+  registry      {", ".join(map(str, registry))}
   Redis         redis://127.0.0.1:{args.redis_port}/0
   demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)
 

@@ -1,6 +1,7 @@
 """Health: liveness, readiness and the gauges refreshed when Prometheus scrapes.
 
-Owns: the readiness checks (OPA answers ``/health``, Redis answers ``PING``,
+Owns: the readiness checks (OPA answers ``/health``, asked through ``opa_control``; every Redis
+master answers ``PING``: the standalone server, Sentinel's current master, each Cluster master,
 the registry holds at least one tool), each bounded by its dependency's own
 timeout and run concurrently; the ``toolproxy_dependency_up`` gauge they set;
 and refreshing the gauges that are read from Redis (open unknowns) right
@@ -18,12 +19,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
-import aiohttp
-import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
+from . import store
 from .config import Config
 from .metrics import Metrics
+from .opa_control import control_client, healthy
 from .registry import Registry
 from .unknowns import UnknownIndex
 
@@ -42,12 +43,13 @@ class Readiness:
 
 
 class Health:
-    def __init__(self, *, config: Config, registry: Registry, session: aiohttp.ClientSession,
-                 redis: redis_async.Redis, metrics: Metrics, unknowns: UnknownIndex,
+    def __init__(self, *, config: Config, registry: Registry,
+                 redis: store.Client, metrics: Metrics, unknowns: UnknownIndex,
                  gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
-        self._session = session
+        # One attempt per probe, bounded by OPA's timeout (the probe itself is the retry).
+        self._opa = control_client(config.opa.url, timeout_s=config.opa.timeout_ms / 1000.0, retries=0)
         self._redis = redis
         self._metrics = metrics
         self._unknowns = unknowns
@@ -84,19 +86,18 @@ class Health:
         self._metrics.open_unknowns.set(stats.open)
         self._metrics.oldest_open_unknown_age.set(stats.oldest_age_s)
 
+    async def open(self) -> None:
+        await self._opa.__aenter__()
+
+    async def close(self) -> None:
+        await self._opa.close_connection()
+
     async def _check_opa(self) -> bool:
-        url = self._config.opa.url.rstrip("/") + "/health"
-        try:
-            async with self._session.get(url, timeout=aiohttp.ClientTimeout(
-                    total=self._config.opa.timeout_ms / 1000.0), allow_redirects=False) as response:
-                await response.read()
-                return response.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
-            return False
+        return await healthy(self._opa)
 
     async def _check_redis(self) -> bool:
         try:
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
-                return bool(await self._redis.ping())
+                return await store.masters_reachable(self._redis)
         except (TimeoutError, OSError, RedisError):
             return False

@@ -22,13 +22,19 @@ another):
   batch are distinct operations (two calls to one tool under one header never
   conflict) and the same batch sent again replays call by call; never the
   plan id alone, always scoped by the request's own identity.
+* a write with neither header (and a contract that does not require one):
+  a per-request key, ``(tenant, tool, a random nonce)``. It can never be
+  replayed — a retry is a new operation — but the call still has its
+  operation record, so its outcome can be unknown, tracked and reconciled,
+  and the backend still gets an ``Idempotency-Key`` to deduplicate on.
 * never the model's ``call_id`` (OpenAI or MCP), an MCP session or a JSON-RPC id.
 
-Which calls get a record: writes that have a stable identity, and any tool
-whose contract says ``idempotency.required`` (which also makes the identity
-mandatory: ``idempotency_key_required``, before anything is sent). Reads
-without ``required`` run without a record (they are safe to retry, and
-caching them would serve stale data).
+Which calls get a record: every write (so no write is ever sent while the
+state store is unreachable), and any tool whose contract says
+``idempotency.required`` (which also makes the identity mandatory:
+``idempotency_key_required``, before anything is sent). Reads without
+``required`` run without a record (they are safe to retry, and caching them
+would serve stale data).
 
 A call authorized only by an approval already spent on this very operation
 (``replay_only_for``, see proxy/authorize.py) is answered from the record
@@ -58,7 +64,6 @@ from typing import TYPE_CHECKING, Any, Mapping
 import redis.exceptions
 import rfc8785
 
-from .audit import redact
 from .config import IdempotencyConfig, ReconcileConfig
 from .envelope import iso
 from .errors import ProxyError, SideEffect
@@ -66,6 +71,7 @@ from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Record, Transition
+from .redaction import redact
 from .registry import ToolContract
 from .store import RoundTrip
 
@@ -82,7 +88,7 @@ TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored ta
 class OperationKey:
     key: str            # ik_<sha256 hex>: what the backend receives as Idempotency-Key
     fingerprint: str    # must match for a key to be reused
-    source: str         # idempotency_key | run_id
+    source: str         # idempotency_key | run_id | request (a write without either: never replayable)
 
 
 def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str,
@@ -98,6 +104,14 @@ def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_
         return OperationKey("ik_" + _digest(["toolproxy.op/1", "run", tenant, subject, tool, tool_version,
                                              args_hash, run_id, *scope]), fingerprint, "run_id")
     return None
+
+
+def per_request_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str) -> OperationKey:
+    """The record of a write the caller gave no identity: unique to this request (a random nonce), so it
+    is tracked and reconciled like any other, and never matched by a retry."""
+    fingerprint = _digest(["toolproxy.op/1", "fp", subject, tool_version, args_hash])
+    return OperationKey("ik_" + _digest(["toolproxy.op/1", "request", tenant, tool, uuid.uuid4().hex]),
+                        fingerprint, "request")
 
 
 def _digest(parts: list[str]) -> str:
@@ -176,6 +190,9 @@ class IdempotencyStage:
                              "This tool needs a stable operation identity: send an Idempotency-Key "
                              "(or the run/turn id as X-Run-Id).",
                              details={"tool": tool.name}, phase="idempotency")
+        if op is None and tool.is_write:
+            op = per_request_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name,
+                                 tool_version=tool.version, args_hash=normalized.args_hash)
         return op
 
     async def admit(self, op: OperationKey | None, *, caller: Caller, tool: ToolContract,

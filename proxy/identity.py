@@ -26,12 +26,13 @@ import jwt
 from jwt import PyJWK, PyJWKSet
 from jwt.exceptions import PyJWKError, PyJWKSetError, PyJWTError
 
-from .config import AdminIdentityConfig, IdentityConfig, JwtConfig
+from .config import AdminIdentityConfig, ConfigError, IdentityConfig, JwtConfig
 from .errors import ProxyError
 
 log = logging.getLogger("toolproxy.identity")
 
 HMAC_ALGORITHMS = frozenset({"HS256", "HS384", "HS512"})
+DEV_AGENT = "dev-agent"  # the agent name of static mode (dev stack, tests) when identity.agent_id is empty
 JWKS_MIN_REFETCH_S = 10.0  # an unknown kid triggers at most one JWKS fetch per this interval
 
 
@@ -65,6 +66,11 @@ def _unauthorized(message: str = "A valid credential is required.") -> ProxyErro
     return ProxyError("unauthorized", message, phase="identity")
 
 
+def _lacks_role(what: str, role: str) -> ProxyError:
+    return ProxyError("forbidden", f"This credential is valid but is not an {what}'s (role {role} needed).",
+                      details={"required_role": role}, phase="identity")
+
+
 class KeySource:
     """Verification keys for one JWT configuration: a JWKS (file or URL) or a PEM key.
 
@@ -72,7 +78,7 @@ class KeySource:
     limited) when a token names an unknown ``kid`` — the key-rotation case.
     """
 
-    def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None) -> None:
+    def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None, where: str = "identity.jwt") -> None:
         self._config = config
         self._session = session
         self._keys: dict[str | None, PyJWK] = {}
@@ -80,12 +86,16 @@ class KeySource:
         self._file_mtime: float | None = None
         self._lock = asyncio.Lock()
         self._static: Any = None
-        if config.public_key_file:
-            self._static = Path(config.public_key_file).read_bytes()
-        elif config.hmac_secret_file:
-            self._static = Path(config.hmac_secret_file).read_bytes().strip()
-        elif not (config.jwks_file or config.jwks_url):
-            raise ValueError("jwt mode needs jwks_file, jwks_url, public_key_file or hmac_secret_file")
+        try:
+            if config.public_key_file:
+                self._static = Path(config.public_key_file).read_bytes()
+            elif config.hmac_secret_file:
+                self._static = Path(config.hmac_secret_file).read_bytes().strip()
+        except OSError as exc:
+            raise ConfigError(f"{where}: cannot read {config.public_key_file or config.hmac_secret_file}: "
+                              f"{exc.strerror or type(exc).__name__}") from None
+        if self._static is None and not (config.jwks_file or config.jwks_url):
+            raise ConfigError(f"{where}: jwt mode needs jwks_file, jwks_url, public_key_file or hmac_secret_file")
 
     async def key_for(self, header: Mapping[str, Any]) -> Any:
         if self._static is not None:
@@ -145,7 +155,7 @@ def _parse_jwks(text: str) -> dict[str | None, PyJWK]:
 class JwtVerifier:
     """Verifies one kind of bearer token: algorithm allow-list, signature, iss/aud/exp/nbf."""
 
-    def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None) -> None:
+    def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None, where: str = "identity.jwt") -> None:
         algorithms = [a for a in config.algorithms if a.lower() != "none"]
         if not config.hmac_secret_file:
             algorithms = [a for a in algorithms if a not in HMAC_ALGORITHMS]
@@ -153,18 +163,19 @@ class JwtVerifier:
             # A shared secret must never verify an asymmetric algorithm (key confusion).
             algorithms = [a for a in algorithms if a in HMAC_ALGORITHMS]
         if not algorithms:
-            raise ValueError("no usable JWT algorithm configured")
+            raise ConfigError(f"{where}.algorithms: none of {', '.join(config.algorithms)} is usable with the "
+                              "configured key (HS* needs hmac_secret_file, and only HS* works with it)")
         if not config.issuer:
             log.warning("JWT issuer is not configured: tokens of any issuer signed by the configured keys pass")
         self._config = config
         self._algorithms = algorithms
-        self._keys = KeySource(config, session)
+        self._keys = KeySource(config, session, where)
 
     async def verify(self, token: str) -> dict[str, Any]:
         config = self._config
         try:
             header = jwt.get_unverified_header(token)
-        except PyJWTError:
+        except (PyJWTError, RecursionError):  # RecursionError: a header of deeply nested JSON
             raise _unauthorized() from None
         if header.get("alg") not in self._algorithms:
             raise _unauthorized()
@@ -174,7 +185,7 @@ class JwtVerifier:
         try:
             return jwt.decode(token, key=key, algorithms=self._algorithms, audience=config.audience or None,
                               issuer=config.issuer or None, leeway=config.leeway_s, options=options)
-        except PyJWTError:
+        except (PyJWTError, RecursionError):
             raise _unauthorized() from None
 
     def claims_to_identity(self, claims: Mapping[str, Any]) -> tuple[str, str | None, tuple[str, ...],
@@ -213,19 +224,17 @@ class Authenticator:
 
     def __init__(self, config: IdentityConfig, admin: AdminIdentityConfig | None = None,
                  session: aiohttp.ClientSession | None = None) -> None:
-        if config.mode not in {"static", "jwt", "headers"}:
-            raise ValueError(f"identity mode {config.mode!r} is not supported (static, jwt or headers)")
+        # The modes themselves were checked by the config loader.
         problem = configuration_problem(config)
         if problem:
-            raise ValueError(problem)
+            raise ConfigError(problem)
         self._config = config
+        self._agent = config.agent_id or DEV_AGENT
         self._jwt = JwtVerifier(config.jwt, session) if config.mode == "jwt" else None
         self._admin_config = admin or AdminIdentityConfig(mode="disabled")
-        if self._admin_config.mode not in {"jwt", "disabled"}:
-            raise ValueError(f"admin identity mode {self._admin_config.mode!r} is not supported (jwt or disabled)")
         self._admin_jwt = None
         if self._admin_config.mode == "jwt" and _has_keys(self._admin_config.jwt):
-            self._admin_jwt = JwtVerifier(self._admin_config.jwt, session)
+            self._admin_jwt = JwtVerifier(self._admin_config.jwt, session, "admin_identity.jwt")
 
     async def authenticate(self, headers: Mapping[str, str]) -> Caller:
         config = self._config
@@ -235,7 +244,7 @@ class Authenticator:
             subject, tenant, roles, scopes = self._jwt.claims_to_identity(claims)
             if tenant is None:
                 raise _unauthorized()
-            return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=config.agent_id,
+            return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=self._agent,
                           source="jwt")
         if config.mode == "headers":
             names = config.headers
@@ -243,13 +252,13 @@ class Authenticator:
             if not subject or not tenant:
                 raise _unauthorized()
             return Caller(subject=subject, tenant=tenant, roles=_string_list(headers.get(names.roles, "")),
-                          scopes=_string_list(headers.get(names.scopes, "")), agent=config.agent_id,
+                          scopes=_string_list(headers.get(names.scopes, "")), agent=self._agent,
                           source="headers")
         if not config.static_subject or not config.static_tenant:
             raise _unauthorized("No trusted identity is configured.")
         return Caller(subject=config.static_subject, tenant=config.static_tenant,
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
-                      agent=config.agent_id, source="static")
+                      agent=self._agent, source="static")
 
     async def admin_console_roles(self, headers: Mapping[str, str]) -> tuple[AdminPrincipal, tuple[str, ...]]:
         """The console's sign-in check: the admin token and which of the admin API's roles
@@ -265,7 +274,9 @@ class Authenticator:
         admin listener: its own token (audience/issuer/keys) and role."""
         principal = await self._admin_principal(headers)
         if not self._holds(principal, role):
-            raise _unauthorized(f"This credential is not an {role}'s.")
+            # A valid admin token without the needed role is known but not allowed: 403, not 401.
+            raise _lacks_role(role, self._admin_config.operator_role if role == "operator"
+                              else self._admin_config.approver_role)
         return principal
 
     async def _admin_principal(self, headers: Mapping[str, str]) -> AdminPrincipal:
@@ -285,12 +296,14 @@ class Authenticator:
 
 def configuration_problem(config: IdentityConfig) -> str | None:
     """Why this identity configuration cannot authenticate anyone (checked before listening)."""
-    if config.mode not in {"static", "jwt", "headers"}:
-        return f"identity.mode {config.mode!r} is not supported (jwt, headers or static)"
     if config.mode == "jwt" and not _has_keys(config.jwt):
         # Fail at start-up, not on the first call: a sidecar without keys would refuse everyone.
         return ("identity.mode is jwt (the default) but no key is configured: set identity.jwt.jwks_file, "
                 "jwks_url, public_key_file or hmac_secret_file, or choose identity.mode headers/static")
+    if config.mode != "static" and not config.agent_id:
+        # Every audit record names the agent: a made-up default would put a false name there.
+        return (f"identity.agent_id (TOOLPROXY_IDENTITY_AGENT_ID) is empty; with identity.mode {config.mode} it "
+                "is required: set it to the agent's identity (in Kubernetes, the pod's service account)")
     return None
 
 

@@ -55,7 +55,7 @@ async def read_json(request: web.Request, config: Config, *, phase: str = "reque
             raise ProxyError("payload_too_large", "The request body is too large.",
                              details={"limit_bytes": limit}, phase=phase)
         chunks.append(chunk)
-    return strict_loads(b"".join(chunks), what="request body", phase=phase)
+    return strict_loads(b"".join(chunks), what="request body", phase=phase, max_depth=config.decode.max_depth)
 
 
 @functools.cache

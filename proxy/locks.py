@@ -38,8 +38,22 @@ busy tenant is one hot slot, and a backend resource shared by several tenants
 is not protected across them). ``global`` — every lock in one slot: tenants
 exclude each other, all lock traffic goes to one shard.
 
-Shared holders get no fencing token (reads have nothing to fence); a call
-that holds any exclusive resource gets one token for its whole set.
+A call that holds any exclusive resource gets one new token for its whole
+set. A call holding only shared resources (a read that declares a resource)
+gets the domain's current counter — the newest token issued so far — and it
+is forwarded too (``X-Fencing-Token``): no write with a newer token can start
+on its resources while the read holds them, so a read-modify-write backend
+may refuse a read whose token is older than a write it already saw on that
+resource (a reader whose lease lapsed), exactly as it refuses a stale write.
+A read taken while the counter is missing sets it from the clock first, so
+the next write still gets a larger token.
+
+Who holds what is visible to operators (``GET /v1/locks`` on the admin
+listener, ``LockManager.held``): each holder's field name carries its tenant,
+tool, operation key and request id, so listing needs no extra bookkeeping
+and taking a lock no extra round trip. A proxy that crashed holding locks
+stops renewing them; they free themselves when their lease
+(``locks.lease_ms``) runs out, and the listing shows how long that is.
 
 Losing the lock: the lease is renewed every ``renew_interval_ms``. If a
 renewal finds the lease gone (expired or taken) or Redis cannot confirm it
@@ -60,10 +74,10 @@ import logging
 import random
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
-import redis.asyncio as redis_async
 from redis.exceptions import RedisError
 
 from . import store
@@ -121,11 +135,18 @@ if #blocked > 0 then
   table.insert(blocked, 1, 0)
   return blocked
 end
-local token = -1
+local token
 if exclusive then
   local last = tonumber(redis.call('GET', KEYS[1]) or '0')
   token = math.max(last + 1, now)
   redis.call('SET', KEYS[1], string.format('%d', token))
+else
+  local last = redis.call('GET', KEYS[1])
+  if not last then
+    last = string.format('%d', now)
+    redis.call('SET', KEYS[1], last)
+  end
+  token = tonumber(last)
 end
 local value_tail = ':' .. string.format('%d', now + lease) .. ':' .. string.format('%d', math.max(token, 0))
 for i = 2, #KEYS do
@@ -167,15 +188,62 @@ return removed
 """
 
 
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lock, encoded in its Redis field name (``h:<owner>``): a random id plus the facts an
+    operator needs, so the listing reads them without any bookkeeping beside the lock itself."""
+
+    tenant: str
+    tool: str
+    operation: str | None = None
+    request_id: str | None = None
+
+    def owner(self) -> str:
+        return "|".join((uuid.uuid4().hex, quote(self.tenant, safe=""), quote(self.tool, safe=""),
+                         quote(self.operation or "", safe=""), quote(self.request_id or "", safe="")))
+
+    @staticmethod
+    def parse(owner: str) -> "Holder | None":
+        parts = owner.split("|")
+        if len(parts) != 5:
+            return None
+        _, tenant, tool, operation, request_id = (unquote(p) for p in parts)
+        return Holder(tenant=tenant, tool=tool, operation=operation or None, request_id=request_id or None)
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` as a literal in a Redis SCAN MATCH pattern."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def lockable(resources: Iterable[ResourceRef]) -> tuple[ResourceRef, ...]:
     """The resources a call locks, in the fixed (sorted by id) order."""
     return tuple(sorted((r for r in resources if r.access in LOCKABLE), key=lambda r: r.id))
 
 
+def domain(scope: str, tenant: str) -> str:
+    """The lock domain (hash tag) of a tenant's locks."""
+    return GLOBAL_TAG if scope == "global" else quote(tenant, safe="-_.@:")
+
+
+def lock_keys(prefix: str, scope: str, tenant: str, resource_ids: Sequence[str]) -> list[str]:
+    """KEYS of the acquire script: the domain's fencing counter, then the resource hashes (renew and
+    release take the resource hashes alone)."""
+    tag = domain(scope, tenant)
+    return [store.key(prefix, "fence", tag)] + [store.key(prefix, "lock", tag, rid) for rid in resource_ids]
+
+
+def script_key_sets(prefix: str, scope: str) -> dict[str, list[list[str]]]:
+    """Sample key sets of the lock scripts (start-up check: each in one Cluster slot)."""
+    samples = [lock_keys(prefix, scope, tenant, ["orders/42", "customer:{7}", "x"])
+               for tenant in ("acme", "tenant{b}", "a:b c")]
+    return {"locks.acquire": samples, "locks.renew/release": [keys[1:] for keys in samples]}
+
+
 class LockManager:
     """One per process; hands out ``Lease`` objects for lock sets."""
 
-    def __init__(self, redis: redis_async.Redis, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
+    def __init__(self, redis: store.Client, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
                  margin_s: float = 0.0) -> None:
         self._redis = redis
         self._config = config
@@ -187,17 +255,18 @@ class LockManager:
         self._release = store.script(redis, "locks.release", _RELEASE)
 
     def domain(self, tenant: str) -> str:
-        return GLOBAL_TAG if self._config.scope == "global" else quote(tenant, safe="-_.@:")
+        return domain(self._config.scope, tenant)
 
     def resource_key(self, tenant: str, resource_id: str) -> str:
-        return store.key(self._prefix, "lock", self.domain(tenant), resource_id)
+        return lock_keys(self._prefix, self._config.scope, tenant, [resource_id])[1]
 
     def fence_key(self, tenant: str) -> str:
-        return store.key(self._prefix, "fence", self.domain(tenant))
+        return lock_keys(self._prefix, self._config.scope, tenant, [])[0]
 
     async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
                       deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None,
-                      keepalive_s: float = 1.0) -> "Lease | None":
+                      keepalive_s: float = 1.0, operation: str | None = None,
+                      request_id: str | None = None) -> "Lease | None":
         """Take every lockable resource at once, waiting within the deadline; None if nothing to lock.
 
         ``while_waiting`` is awaited about every ``keepalive_s`` of waiting (the pipeline keeps the
@@ -207,8 +276,8 @@ class LockManager:
         if not wanted:
             return None
         config = self._config
-        owner = uuid.uuid4().hex
-        keys = [self.fence_key(tenant)] + [self.resource_key(tenant, r.id) for r in wanted]
+        owner = Holder(tenant=tenant, tool=tool, operation=operation, request_id=request_id).owner()
+        keys = lock_keys(self._prefix, config.scope, tenant, [r.id for r in wanted])
         args: list[Any] = [owner, config.lease_ms, 3 * config.poll_max_ms] + \
             ["x" if r.access == "exclusive" else "s" for r in wanted]
         mode = "exclusive" if any(r.access == "exclusive" for r in wanted) else "shared"
@@ -226,7 +295,7 @@ class LockManager:
                     waited = time.monotonic() - started
                     self._metrics.child(self._metrics.lock_wait, mode).observe(waited)
                     lease = Lease(self, owner=owner, keys=keys[1:], resources=wanted, tool=tool, is_write=is_write,
-                                  fencing_token=token if token >= 0 else None,
+                                  fencing_token=token,
                                   valid_until=sent + self._safe_lease_s())
                     lease.start()
                     return lease
@@ -258,6 +327,43 @@ class LockManager:
             await self._forget(keys[1:], owner)
             raise
 
+    async def held(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:
+        """``GET /v1/locks``: the locks held now, one tenant's (or every tenant's for ``None``), resource
+        order. Lease time is judged on Redis's clock, as the locks themselves are."""
+        if tenant is not None and self._config.scope == "tenant":
+            pattern = _glob_escape(self.resource_key(tenant, "")) + "*"
+        else:
+            pattern = _glob_escape(f"{self._prefix}:lock:") + "*"
+        keys: list[bytes] = []
+        async for found in self._redis.scan_iter(match=pattern, count=200):
+            keys.append(found)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.time()
+            for found in keys:
+                pipe.hgetall(found)
+            seconds_micros, *hashes = await store.redis_call(pipe.execute())
+        now_ms = int(seconds_micros[0]) * 1000 + int(seconds_micros[1]) // 1000
+        locks: list[dict[str, Any]] = []
+        for found, fields in zip(keys, hashes):
+            resource = found.decode().split("}:", 1)[-1]
+            for name, value in fields.items():
+                name, value = name.decode(), value.decode()
+                holder = Holder.parse(name[2:]) if name.startswith("h:") else None
+                mode, _, rest = value.partition(":")
+                expiry, _, token = rest.partition(":")
+                if holder is None or not expiry.isdigit() or int(expiry) <= now_ms:
+                    continue  # a waiter, an expired holder, or a holder of an older version
+                if tenant is not None and holder.tenant != tenant:
+                    continue
+                locks.append({"resource": resource, "tenant": holder.tenant,
+                              "mode": "exclusive" if mode == "x" else "shared", "tool": holder.tool,
+                              "operation": holder.operation, "request_id": holder.request_id,
+                              "fencing_token": int(token) if token.isdigit() else None,
+                              "lease_remaining_ms": int(expiry) - now_ms})
+        locks.sort(key=lambda lock: (lock["tenant"], lock["resource"], lock["mode"]))
+        return {"locks": locks[:limit], "truncated": len(locks) > limit, "scope": self._config.scope,
+                "lease_ms": self._config.lease_ms}
+
     def _safe_lease_s(self) -> float:
         """How long a lease confirmed now is trusted locally: the lease minus a clock-rate margin."""
         lease = self._config.lease_ms / 1000.0
@@ -266,7 +372,7 @@ class LockManager:
     async def _forget(self, keys: list[str], owner: str) -> None:
         """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
         try:
-            await asyncio.shield(self._release(keys=keys, args=[owner]))
+            await asyncio.shield(store.translated(self._release(keys=keys, args=[owner])))
         except (RedisError, OSError) as exc:
             log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
                         type(exc).__name__)

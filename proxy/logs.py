@@ -18,30 +18,19 @@ import contextlib
 import contextvars
 import json
 import logging
-import re
 import sys
 import traceback
 from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
+from . import redaction
+
 _CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolproxy_log_context", default={})
 
 CONTEXT_FIELDS = ("request_id", "trace_id", "call_id")
 
-# Credentials that must never reach a log line, whatever put them in a message.
-_SCRUB = (
-    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 [redacted]"),
-    (re.compile(r"(?i)\b(authorization|proxy-authorization|cookie|set-cookie|x-api-key|api[-_]?key|"
-                r"access[-_]?token|refresh[-_]?token|token|password|passwd|secret|client[-_]?secret)"
-                r"(\"?\s*[:=]\s*\"?)[^\s\",;&]+"), r"\1\2[redacted]"),
-    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), "[redacted-jwt]"),
-)
-
-
-def scrub(text: str) -> str:
-    for pattern, replacement in _SCRUB:
-        text = pattern.sub(replacement, text)
-    return text
+# Credentials never reach a log line, whatever put them in a message: the one rule of proxy/redaction.py.
+scrub = redaction.scrub
 
 
 @contextlib.contextmanager

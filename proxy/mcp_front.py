@@ -2,23 +2,27 @@
 
 Owns: JSON-RPC framing over HTTP (POST for messages, DELETE to end a session,
 GET refused with 405 because the proxy never pushes server-initiated
-messages), choosing the protocol era per request and checking it, and
-translating ``tools/list`` / ``tools/call`` into the shared listing and the
-one ``Pipeline.execute``:
+messages), refusing requests whose ``Host`` or ``Origin`` is not allowed
+(DNS rebinding: 403 on every method), choosing the protocol era per request
+and checking it, and translating ``tools/list`` / ``tools/call`` into the
+shared listing and the one ``Pipeline.execute``:
 
 * legacy era (2024-11-05 .. 2025-11-25): ``initialize`` negotiates a version
   and opens a session (``Mcp-Session-Id``); later requests must carry it and
-  may carry a matching ``MCP-Protocol-Version``.
+  may carry any supported ``MCP-Protocol-Version`` (as the reference SDK
+  servers do). Sessions negotiated at 2025-03-26 also accept JSON-RPC batches,
+  which that revision requires and later ones removed.
 * modern era (2026-07-28): every request is self-contained — ``_meta``
   envelope plus ``MCP-Protocol-Version`` / ``Mcp-Method`` / ``Mcp-Name``
   headers that must agree with the body (checked with the SDK's own
   validation ladder, ``mcp.shared.inbound``); ``server/discover`` advertises
   the versions.
 
-Protocol problems are JSON-RPC errors (unknown tool ``-32602``, malformed
+Protocol problems are JSON-RPC errors (malformed
 request ``-32600``/``-32700``, unsupported version ``-32022``, header mismatch
-``-32020``); everything the pipeline says about a call is a ``CallToolResult``
-(``isError`` with the envelope for failures). A call still running after
+``-32020``, a method a tools gateway does not offer ``-32601``); everything the
+pipeline says about a call is a ``CallToolResult`` (``isError`` with the
+envelope in ``_meta``, see ``mcp_tools.call_result``). A call still running after
 ``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings.
 
 Must never: use the session id or the JSON-RPC id as a call id or an
@@ -29,8 +33,10 @@ anything a pipeline stage decides, or run a call outside ``Pipeline.execute``.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import uuid
+from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Mapping
 
@@ -62,11 +68,12 @@ from pydantic import ValidationError
 
 from . import __version__, ingress, mcp_tools
 from .envelope import dumps as json_bytes
+from .adapters import progress_relay
 from .errors import ProxyError
 from .identity import Caller
 from .listing import visible_tools
 from .mcp_sessions import Session, SessionsFull, SessionTable
-from .pipeline import ToolCallRequest
+from .pipeline import ToolCallRequest, withdrawn
 
 log = logging.getLogger("toolproxy.mcp")
 
@@ -74,8 +81,10 @@ SESSION_HEADER = "Mcp-Session-Id"
 SUPPORTED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 SERVER_INFO = {"name": "toolproxy", "version": __version__}
 CAPABILITIES = {"tools": {"listChanged": False}}
-INSTRUCTIONS = ("Tool calls pass through toolproxy: failures come back as isError results whose "
-                "structuredContent is the proxy's result envelope; follow error.resolution.")
+INSTRUCTIONS = ("Tool calls pass through toolproxy: failures come back as isError results whose text says "
+                f"what to do next; the proxy's result envelope is in _meta[{mcp_tools.ENVELOPE_META_KEY!r}].")
+BATCH_VERSION = "2025-03-26"  # the one negotiated revision with JSON-RPC batches
+FORBIDDEN = -32000  # implementation-defined server error, as the reference SDKs answer a bad Host/Origin
 _SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache, no-transform",
                 "X-Accel-Buffering": "no"}
 # Ingress failures -> (HTTP status, JSON-RPC code).
@@ -128,17 +137,39 @@ class McpFront:
         self._sessions = SessionTable(max_sessions=config.max_sessions, idle_s=config.session_idle_s)
         self._sse_after_s = config.sse_after_ms / 1000.0
         self._ping_s = max(0.05, config.sse_ping_ms / 1000.0)
+        self._allowed_hosts = frozenset(h.lower() for h in config.allowed_hosts)
+        self._allowed_origins = frozenset(o.lower().rstrip("/") for o in config.allowed_origins)
+        # In-flight tools/call per (session id, JSON-RPC id): the signal notifications/cancelled sets.
+        self._inflight: dict[tuple[str, Any], asyncio.Event] = {}
 
     def install(self, app: web.Application) -> None:
-        app.router.add_post("/mcp", self.post)
-        app.router.add_get("/mcp", self.get)
-        app.router.add_delete("/mcp", self.delete)
+        app.router.add_post("/mcp", self._guarded(self.post))
+        app.router.add_get("/mcp", self._guarded(self.get))
+        app.router.add_delete("/mcp", self._guarded(self.delete))
+
+    def _guarded(self, handler: Any) -> Any:
+        """``handler`` behind the Host/Origin check (DNS rebinding protection, every method)."""
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            refusal = self._rebinding_refusal(request)
+            if refusal is not None:
+                return _json(RpcError(FORBIDDEN, refusal, {"code": "origin_not_allowed"}).body(None), 403)
+            return await handler(request)
+        return guarded
+
+    def _rebinding_refusal(self, request: web.Request) -> str | None:
+        if not _host_allowed(request.headers.get("Host"), self._allowed_hosts):
+            return "Forbidden: Host header not allowed (mcp.allowed_hosts)"
+        origin = request.headers.get("Origin")
+        if origin is not None and not _origin_allowed(origin, self._allowed_origins):
+            return "Forbidden: Origin not allowed (mcp.allowed_origins)"
+        return None
 
     # -- HTTP verbs ---------------------------------------------------------
 
     async def get(self, request: web.Request) -> web.Response:
-        # No server-initiated messages exist (the registry never changes under a
-        # running process), so no standalone SSE stream is offered.
+        # No server-initiated messages exist: a registry reload is not announced
+        # (tools.listChanged is false; clients see it on their next tools/list),
+        # so no standalone SSE stream is offered.
         return web.Response(status=405, headers={"Allow": "POST, DELETE"})
 
     async def delete(self, request: web.Request) -> web.Response:
@@ -162,20 +193,25 @@ class McpFront:
             if not has_json:
                 return _json(RpcError(INVALID_REQUEST, "Not Acceptable: the client must accept application/json")
                              .body(None), 406)
+            # Identity first: an unauthenticated body is never read (the README's promise, as on every endpoint).
+            caller = await self._authenticate(request)
             body = await self._read(request)
+            if isinstance(body, list):
+                return await self._batch(request, body, headers)
             message = _message(body)
             duplicated = find_duplicated_routing_header(request.headers.items())
             if duplicated is not None:
                 raise RpcError(HEADER_MISMATCH, f"{duplicated} header appears more than once", status=400)
             modern = _is_modern(request, message)
-            caller = await self._authenticate(request)
             exchange = (self._modern(request, body, message, caller) if modern
                         else self._legacy(request, message, caller, headers))
             if not message.has_id:
+                if message.method == "notifications/cancelled" and exchange.session is not None:
+                    self._withdraw(exchange.session, (message.params or {}).get("requestId"))
                 return web.Response(status=202, headers=headers)
             result = self._dispatch(request, message, exchange, headers)
             if message.method == "tools/call":
-                return await self._answer_call(request, message, result, headers, has_sse, modern)
+                return await self._answer_call(request, message, result, headers, has_sse, exchange)
             return _json(_ok(message.rpc_id, await result), 200, headers)
         except RpcError as error:
             status = error.status or (ERROR_CODE_HTTP_STATUS.get(error.code, 200) if modern else 200)
@@ -239,13 +275,51 @@ class McpFront:
             raise RpcError(INVALID_REQUEST, "Not Found: session expired or unknown; initialize again", status=404)
         headers[SESSION_HEADER] = session.id
         requested = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
-        if requested is not None and requested != session.protocol_version:
-            raise RpcError(INVALID_REQUEST, "MCP-Protocol-Version does not match the session's version",
-                           {"supported": [session.protocol_version], "requested": requested[:64]}, status=400)
+        # Like the reference SDK servers: any supported revision is accepted on a session
+        # (a client's parallel streams may say an older one); the session's stays in force.
+        if requested is not None and requested not in HANDSHAKE_PROTOCOL_VERSIONS:
+            raise RpcError(INVALID_REQUEST, "Bad Request: unsupported MCP-Protocol-Version",
+                           {"supported": list(HANDSHAKE_PROTOCOL_VERSIONS), "requested": requested[:64]}, status=400)
         _check_routing_headers(request, message)
         if message.has_id:
             _check_params(message, session.protocol_version)
         return Exchange(modern=False, version=session.protocol_version, caller=caller, session=session)
+
+    async def _batch(self, request: web.Request, bodies: list[Any], headers: dict[str, str]) -> web.Response:
+        """A JSON-RPC batch: accepted only on a session negotiated at 2025-03-26.
+
+        Each member is checked and answered on its own (one failing member does
+        not fail the others); initialize may not be batched. Calls run
+        concurrently, each through ``Pipeline.execute``; the answers come back
+        as one JSON array, or 202 when the batch held only notifications.
+        """
+        if not bodies:
+            raise RpcError(INVALID_REQUEST, "Empty batch", status=400)
+        caller = await self._authenticate(request)
+        session = self._sessions.get(request.headers.get(SESSION_HEADER) or "", caller)
+        if session is None or session.protocol_version != BATCH_VERSION:
+            raise RpcError(INVALID_REQUEST, f"Batches are accepted only on sessions negotiated at {BATCH_VERSION}",
+                           status=400)
+
+        async def answer(body: Any) -> dict[str, Any] | None:
+            message: Message | None = None
+            try:
+                message = _message(body)
+                if message.method == "initialize":
+                    raise RpcError(INVALID_REQUEST, "initialize must not be part of a batch")
+                exchange = self._legacy(request, message, caller, headers)
+                if not message.has_id:
+                    return None
+                return _ok(message.rpc_id, await self._dispatch(request, message, exchange, headers))
+            except RpcError as error:
+                if message is not None and not message.has_id:
+                    return None
+                return error.body(message.rpc_id if message is not None else None)
+
+        answers = [a for a in await asyncio.gather(*(answer(b) for b in bodies)) if a is not None]
+        if not answers:
+            return web.Response(status=202, headers=headers)
+        return _json(answers, 200, headers)
 
     # -- methods --------------------------------------------------------------
 
@@ -297,21 +371,57 @@ class McpFront:
                                arguments=params.get("arguments") or {}, meta=meta)
         result = await runtime.pipeline.execute(call, exchange.caller)
         envelope = result.envelope
-        if envelope["error"] is not None and envelope["error"]["code"] == "tool_not_found":
-            raise RpcError(INVALID_PARAMS, f"Unknown tool: {name[:64]}", envelope)
-        return mcp_tools.call_result(envelope, modern=exchange.modern)
+        # An unknown tool is an isError result too (tool_not_found, with its next step), as the
+        # reference TypeScript SDK server answers it: the model reads it instead of the client throwing.
+        try:
+            tool = runtime.registry.resolve(envelope["tool"], envelope["tool_version"])
+        except ProxyError:
+            tool = None
+        return mcp_tools.call_result(envelope, tool, modern=exchange.modern)
+
+    def _withdraw(self, session: Session, request_id: Any) -> None:
+        signal = self._inflight.get((session.id, request_id)) if isinstance(request_id, (str, int)) else None
+        if signal is not None:
+            signal.set()
 
     async def _answer_call(self, request: web.Request, message: Message, result: Awaitable[dict[str, Any]],
-                           headers: dict[str, str], has_sse: bool, modern: bool) -> web.StreamResponse:
+                           headers: dict[str, str], has_sse: bool, exchange: Exchange) -> web.StreamResponse:
         """JSON if the call finishes within ``sse_after``; otherwise an SSE stream with pings.
 
-        The call runs to completion either way: a client that goes away does
-        not cancel a call whose outcome must still be recorded.
+        A call whose ``_meta.progressToken`` asks for progress (and whose client
+        accepts SSE) streams at once: the backend's progress numbers arrive as
+        ``notifications/progress`` before the result. A session's
+        ``notifications/cancelled`` for the call withdraws it if nothing was
+        sent yet (outcome ``cancelled``); once sent, it runs on. The call runs
+        to completion either way: a client that goes away does not cancel a
+        call whose outcome must still be recorded.
         """
-        task = asyncio.ensure_future(result)
-        if has_sse:
+        context = contextvars.copy_context()  # what the call's task (and its adapter) sees
+        key = (exchange.session.id, message.rpc_id) if exchange.session is not None else None
+        if key is not None:
+            signal = asyncio.Event()
+            self._inflight[key] = signal
+            context.run(withdrawn.set, signal)
+        progress_token = ((message.params or {}).get("_meta") or {}).get("progressToken")
+        updates: asyncio.Queue[dict[str, Any]] | None = None
+        if has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool):
+            queue = updates = asyncio.Queue()
+
+            async def relay(progress: float, total: float | None) -> None:
+                params: dict[str, Any] = {"progressToken": progress_token, "progress": progress}
+                if total is not None:
+                    params["total"] = total
+                queue.put_nowait({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+            context.run(progress_relay.set, relay)
+        task = asyncio.get_running_loop().create_task(result, context=context)  # type: ignore[arg-type]
+        if key is not None:
+            task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
+                                   else None)
+        modern = exchange.modern
+        if has_sse and updates is None:
             await asyncio.wait({task}, timeout=self._sse_after_s)
-        if task.done() or not has_sse:
+        if not has_sse or (task.done() and updates is None):
             body = await _settle(task, message.rpc_id)
             code = body["error"]["code"] if "error" in body else None
             status = ERROR_CODE_HTTP_STATUS.get(code, 200) if modern and code is not None else 200
@@ -320,13 +430,22 @@ class McpFront:
         await response.prepare(request)
         connected = True
         while not task.done():
-            await asyncio.wait({task}, timeout=self._ping_s)
-            if not task.done() and connected:
+            waiting: set[asyncio.Future[Any]] = {task}
+            getter = asyncio.ensure_future(updates.get()) if updates is not None else None
+            if getter is not None:
+                waiting.add(getter)
+            done, _ = await asyncio.wait(waiting, timeout=self._ping_s, return_when=asyncio.FIRST_COMPLETED)
+            if getter is not None and getter not in done:
+                getter.cancel()
+            if getter is not None and getter in done and connected:
+                connected = await _write(response, _event(getter.result()))
+            elif not done and connected:
                 connected = await _write(response, b": ping\n\n")
+        while updates is not None and not updates.empty() and connected:
+            connected = await _write(response, _event(updates.get_nowait()))
         body = await _settle(task, message.rpc_id)
-        if connected:
-            if await _write(response, b"event: message\ndata: " + json_bytes(body) + b"\n\n"):
-                await response.write_eof()
+        if connected and await _write(response, _event(body)):
+            await response.write_eof()
         return response
 
 
@@ -341,6 +460,29 @@ def _accepts(request: web.Request) -> tuple[bool, bool]:
     wildcard = "*/*" in types
     return (wildcard or bool(types & {"application/json", "application/*"}),
             wildcard or bool(types & {"text/event-stream", "text/*"}))
+
+
+def _host_allowed(host: str | None, allowed: frozenset[str]) -> bool:
+    """``Host`` (name, optional port) against entries that are a name (any port) or name:port."""
+    if "*" in allowed:
+        return True
+    if not host:
+        return False
+    host = host.strip().lower()
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") and "]:" in host else host
+    return host in allowed or name in allowed
+
+
+def _origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
+    """``Origin`` against entries that are scheme://name (any port) or scheme://name:port."""
+    if "*" in allowed:
+        return True
+    try:
+        parts = urlsplit(origin.strip().lower())
+        name = f"{parts.scheme}://{parts.hostname if ':' not in (parts.hostname or '') else f'[{parts.hostname}]'}"
+    except ValueError:
+        return False
+    return f"{parts.scheme}://{parts.netloc}" in allowed or name in allowed
 
 
 def _message(body: Any) -> Message:
@@ -415,6 +557,10 @@ async def _settle(task: "asyncio.Future[dict[str, Any]]", rpc_id: Any) -> dict[s
     except Exception:
         log.exception("MCP tools/call failed outside the pipeline")
         return RpcError(INTERNAL_ERROR, "Internal error").body(rpc_id)
+
+
+def _event(message: Mapping[str, Any]) -> bytes:
+    return b"event: message\ndata: " + json_bytes(message) + b"\n\n"
 
 
 async def _write(response: web.StreamResponse, chunk: bytes) -> bool:

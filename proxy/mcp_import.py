@@ -71,7 +71,14 @@ def draft(tools: Iterable[UpstreamTool], *, url: str, service: str | None = None
         f"# Drafted by `toolproxy import-mcp` from {url}.",
         "# NOT REVIEWED. Upstream descriptions and annotations are untrusted; every tool below defaults",
         "# to mode: write, risk: destructive, idempotency.required: true until a human decides otherwise.",
-        "# Resolve every REVIEW line, then validate with `toolproxy check-registry FILE`.",
+        "# WITH THESE DEFAULTS EVERY CALL NEEDS AN APPROVAL (the default policy requires one for risk:",
+        "# destructive) AND AN Idempotency-Key. To review:",
+        "#   1. per tool, set mode (read | write) and risk (read | write | external | financial | destructive)",
+        "#      from what the tool really does; a read needs no idempotency key: drop idempotency.required;",
+        "#   2. add resources templates for writes, tighten inputSchema, write an outputSchema if the tool",
+        "#      returns JSON (without one its content blocks pass through unverified);",
+        "#   3. delete the tools the agent must not have (tools not listed here stay refused);",
+        "#   4. `toolproxy check-registry FILE`, then `toolproxy dev --registry FILE` to try it.",
         "tools:",
     ]
     used: set[str] = set()
@@ -108,9 +115,10 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
     if not strict:
         notes.append("inputSchema: has open maps (additionalProperties is a schema); strict: false set.")
     output_schema = tool.output_schema
-    if output_schema is None:
-        output_schema = {}
-        notes.append("outputSchema: the upstream declares none; {} accepts any output. Write the real one.")
+    if output_schema is None or output_schema.get("type") != "object":
+        output_schema = None
+        notes.append("outputSchema: the upstream declares none (or no object one); its content blocks pass "
+                     "through unverified. Write one if the tool returns JSON.")
     backend: dict[str, Any] = {"type": "mcp"}
     if service:
         backend.update(service=service, path=path or (urlsplit(url).path or "/"))
@@ -123,8 +131,10 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
     }
     if not strict:
         entry["strict"] = False
-    entry.update({"inputSchema": input_schema, "outputSchema": output_schema,
-                  "idempotency": {"required": True}, "timeout_ms": 10000, "backend": backend})
+    entry["inputSchema"] = input_schema
+    if output_schema is not None:
+        entry["outputSchema"] = output_schema
+    entry.update({"idempotency": {"required": True}, "timeout_ms": 10000, "backend": backend})
     return entry, notes
 
 

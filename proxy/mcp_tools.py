@@ -2,12 +2,23 @@
 
 Owns: turning trusted tool contracts into MCP ``Tool`` definitions (schemas and
 annotations derived from the registry only), paging a listing with opaque
-cursors, and turning a result envelope into an MCP ``CallToolResult``
-(success: ``structuredContent`` = the verified data; failure: ``isError`` with
-a short text for the model and the full envelope in ``structuredContent``).
+cursors, and turning a result envelope into an MCP ``CallToolResult``:
+
+* success with a declared outputSchema: ``structuredContent`` = the verified
+  data, and its JSON as text;
+* success of an MCP-backed tool without one: the upstream's content blocks
+  (and its ``structuredContent``, when it gave one) as the upstream gave them
+  (``data`` is ``{"content": [...], "structuredContent"?: ...}``, see
+  ``passes_content``);
+* failure: ``isError`` with a short text for the model in ``content`` and the
+  full envelope in ``_meta["io.toolproxy/envelope"]`` — never in
+  ``structuredContent``, which must conform to the declared outputSchema and
+  which clients (the TypeScript SDK) validate even on errors.
+
 Pure functions, no I/O. Must never: take descriptions or hints from anywhere
-but the registry, or put anything into a result that the envelope does not
-already expose.
+but the registry, emit a ``structuredContent`` the declared outputSchema does
+not allow, or put anything into a result that the envelope does not already
+expose.
 """
 
 from __future__ import annotations
@@ -17,8 +28,12 @@ import binascii
 import json
 from typing import Any, Mapping, Sequence
 
+from .decode import strict_loads
+from .errors import ProxyError
 from .registry import ToolContract, thaw
 
+# Where an isError result carries the proxy's result envelope (a namespaced _meta key).
+ENVELOPE_META_KEY = "io.toolproxy/envelope"
 # Each text message to the model stays short; the envelope carries the rest.
 _MAX_VIOLATIONS_IN_TEXT = 5
 
@@ -55,11 +70,22 @@ def tool_definition(tool: ToolContract, *, modern: bool) -> dict[str, Any]:
         "inputSchema": input_schema,
         "annotations": annotations(tool),
     }
-    output_schema = thaw(tool.output_schema)
-    # Before 2026-07-28 an outputSchema (and structuredContent) must be an object.
-    if modern or output_schema.get("type") == "object":
-        definition["outputSchema"] = output_schema
+    # The registry only accepts object output schemas, which every revision can carry;
+    # a contract without one advertises none (an empty schema would promise nothing).
+    if tool.declares_output:
+        definition["outputSchema"] = thaw(tool.output_schema)
     return definition
+
+
+def passes_content(tool: ToolContract) -> bool:
+    """Whether the tool's ``data`` is an MCP upstream's content, passed through unchanged.
+
+    An MCP-backed tool without a declared outputSchema has no JSON shape to
+    verify, so its results travel as the upstream gave them: ``data`` is
+    ``{"content": [content blocks], "structuredContent": ...}`` (the latter only
+    when the upstream sent one).
+    """
+    return tool.backend.type == "mcp" and not tool.declares_output
 
 
 def page(tools: Sequence[ToolContract], cursor: Any, size: int) -> tuple[list[ToolContract], str | None]:
@@ -79,33 +105,46 @@ def encode_cursor(after: str) -> str:
 def decode_cursor(cursor: Any) -> str:
     if not isinstance(cursor, str) or not 0 < len(cursor) <= 512:
         raise BadCursor("cursor must be a string this server issued")
-    try:
-        decoded = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError):
+    try:  # the cursor this server issues is one flat object
+        decoded = strict_loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)), what="cursor", max_depth=1)
+    except (binascii.Error, ValueError, ProxyError):
         raise BadCursor("cursor is not one this server issued") from None
     if not isinstance(decoded, dict) or not isinstance(decoded.get("after"), str):
         raise BadCursor("cursor is not one this server issued")
     return decoded["after"]
 
 
-def call_result(envelope: Mapping[str, Any], *, modern: bool) -> dict[str, Any]:
+DEPRECATION_META_KEY = "io.toolproxy/deprecation"
+
+
+def call_result(envelope: Mapping[str, Any], tool: ToolContract | None, *, modern: bool) -> dict[str, Any]:
     """The MCP CallToolResult for one envelope (the envelope's error decides isError)."""
-    if envelope["error"] is None:
-        data = envelope["data"]
+    if envelope["error"] is not None:
         result: dict[str, Any] = {
+            "content": [{"type": "text", "text": model_text(envelope)}],
+            "isError": True,
+            "_meta": {ENVELOPE_META_KEY: dict(envelope)},
+        }
+    elif tool is not None and passes_content(tool):
+        data = envelope["data"]
+        result = {"content": list(data["content"]), "isError": False}
+        structured = data.get("structuredContent")
+        # Up to 2025-11-25 structuredContent must be an object.
+        if structured is not None and (modern or isinstance(structured, dict)):
+            result["structuredContent"] = structured
+    else:
+        data = envelope["data"]
+        result = {
             "content": [{"type": "text", "text": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}],
             "isError": False,
         }
-        if modern or isinstance(data, dict):
+        # Verified against the declared (object) outputSchema, or none declared: nothing to violate.
+        if isinstance(data, dict) or (modern and not (tool and tool.declares_output)):
             result["structuredContent"] = data
-    else:
-        result = {
-            "content": [{"type": "text", "text": model_text(envelope)}],
-            "structuredContent": dict(envelope),
-            "isError": True,
-        }
     if modern:
         result["resultType"] = "complete"
+    if envelope.get("deprecation"):  # a namespaced key of its own: _meta holds other io.toolproxy/ entries too
+        result.setdefault("_meta", {})[DEPRECATION_META_KEY] = dict(envelope["deprecation"])
     return result
 
 
@@ -122,6 +161,10 @@ def model_text(envelope: Mapping[str, Any]) -> str:
         shown = "; ".join(f"{v.get('path', '$')}: {v.get('message', '')}" for v in rest)
         more = len(violations) - 1 - len(rest)
         parts.append(f"Also: {shown}" + (f" (and {more} more)" if more > 0 else "") + ".")
+    details = error.get("details") or {}
+    if isinstance(details.get("retry_after_s"), (int, float)):
+        limit = f" (limit {details['limit']})" if isinstance(details.get("limit"), str) else ""
+        parts.append(f"Retry after {details['retry_after_s']} s{limit}.")
     side_effect = envelope.get("side_effect") or {}
     if side_effect.get("committed") is None:
         parts.append("Whether the effect happened is unknown; do not repeat the call with a new request id.")

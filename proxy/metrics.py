@@ -28,6 +28,12 @@ class Metrics:
         r = self.registry
         self.calls = Counter("toolproxy_calls", "Tool calls by tool, outcome and error code (code is 'none' on success)",
                              ["tool", "outcome", "code"], registry=r)
+        self.tool_version_calls = Counter(
+            "toolproxy_tool_version_calls", "Tool calls by contract version and the version's status (active, "
+            "deprecated): who still uses an old version", ["tool", "version", "status"], registry=r)
+        self.registry_reloads = Counter("toolproxy_registry_reloads",
+                                        "Registry reloads by result (applied; refused: the new files failed "
+                                        "validation and the previous registry stays)", ["result"], registry=r)
         self.call_duration = Histogram("toolproxy_call_duration_seconds", "End-to-end duration of a tool call",
                                        ["tool", "outcome"], buckets=CALL_BUCKETS, registry=r)
         self.stage_duration = Histogram(
@@ -87,6 +93,26 @@ class Metrics:
         self.audit_dropped = Counter("toolproxy_audit_dropped_records",
                                      "Audit records dropped because the sink's bounded queue was full (nobody reads "
                                      "stdout)", ["sink"], registry=r)
+        self.decision_record_failures = Counter("toolproxy_decision_record_failures",
+                                                "Decision records a sink failed to write", ["sink"], registry=r)
+        self.replica_ack_shortfalls = Counter(
+            "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "
+            "that fewer replicas than redis.min_replica_acks acknowledged within redis.replica_ack_timeout_ms, by "
+            "transition (begin, commit, expire, resolve, operator, approval)", ["transition"], registry=r)
+        self.quota_decisions = Counter(
+            "toolproxy_quota_decisions", "Quota checks by limit name (tenant, subject, class:<c>, tool:<t>, "
+            "backend:<b>, fleet) and result (allowed, limited, waited: a batch call waited for it, skipped: Redis "
+            "unreachable and the limit fails open, unavailable: Redis unreachable and it fails closed)",
+            ["limit", "result"], registry=r)
+        self.quota_in_flight = Gauge("toolproxy_quota_in_flight", "Calls of this process holding a slot of a "
+                                     "concurrency quota, by limit name", ["limit"], registry=r)
+        self.breaker_open = Gauge("toolproxy_breaker_open", "1 while a backend service's circuit breaker is open "
+                                  "or half-open (closes only when a probe succeeds)", ["backend"], registry=r)
+        self.backend_paused = Gauge("toolproxy_backend_paused", "1 while a backend service is paused by its own "
+                                    "Retry-After (429/503)", ["backend"], registry=r)
+        self.backpressure_events = Counter("toolproxy_backpressure_events", "Back-pressure events by backend "
+                                           "service: paused, opened, closed, probe, refused (a call not sent)",
+                                           ["backend", "event"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
 
@@ -99,3 +125,6 @@ class Metrics:
         if found is None:
             found = self._children[key] = metric.labels(*values)
         return found
+
+    def replica_ack_shortfall(self, transition: str) -> None:
+        self.child(self.replica_ack_shortfalls, transition).inc()

@@ -18,8 +18,15 @@ became unknown: ``toolproxy_open_unknowns`` and the oldest one's age) and
 Keys: ``<prefix>:op:{op<b>}:<key>`` and ``<prefix>:op-leases|op-open|op-due:{op<b>}``
 where ``b`` is the first hex digit of the
 operation key's hash: 16 hash-tagged buckets, so every script touches one
-Redis Cluster slot and the reconciler scans 16 small indexes. Times are Redis
-server time (``TIME``) in milliseconds, so replicas with skewed clocks agree.
+Redis Cluster slot and the reconciler scans 16 small indexes (one slot each,
+so one bucket whose master is down does not stop the sweep of the others).
+Times are Redis server time (``TIME``) in milliseconds, taken by the master
+that holds the keys, so replicas with skewed clocks agree.
+
+Durability (``redis.min_replica_acks``): the transitions that must survive a
+failover -- a write's reservation and every committed outcome (SUCCEEDED,
+FAILED_*, UNKNOWN, takeover) -- run with ``WAIT`` on the same connection; a
+shortfall is reported to ``on_shortfall`` (logged and counted), not fatal.
 
 Must never: decide what a state means for a caller (the idempotency stage
 does), talk to a backend, or leave a record half-written (every transition is
@@ -29,15 +36,20 @@ one script).
 from __future__ import annotations
 
 import json
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import orjson
-import redis.asyncio as redis_async
+import redis.exceptions as redis_exceptions
 
 from . import store
 
+log = logging.getLogger("toolproxy.operations")
+
 BUCKETS = "0123456789abcdef"
+SHORTFALL_LOG_INTERVAL_S = 60.0
 STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNOWN", "NEEDS_TAKEOVER")
 OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
 
@@ -250,6 +262,14 @@ return {'ok', ARGV[2]}
 """
 
 
+# KEYS[1] an index (sorted set scored by Redis ms). ARGV: limit. Members whose score passed, by this master's clock.
+_PASSED = r"""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
+"""
+
+
 @dataclass(frozen=True)
 class Transition:
     """What a script answered: ``status`` plus its positional values."""
@@ -306,12 +326,29 @@ def bucket_of(key: str) -> str:
     return key[3]
 
 
-class OperationStore:
-    """The Redis side of idempotency: one instance per process, on the shared pool."""
+def record_keys(prefix: str, key: str) -> list[str]:
+    """KEYS of every transition script: the record and its bucket's leases, open and due indexes."""
+    tag = "op" + bucket_of(key)
+    return [store.key(prefix, "op", tag, key), store.key(prefix, "op-leases", tag),
+            store.key(prefix, "op-open", tag), store.key(prefix, "op-due", tag)]
 
-    def __init__(self, redis: redis_async.Redis, prefix: str) -> None:
+
+def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
+    """The key set of a transition in every bucket (start-up check: each in one Cluster slot)."""
+    return {"operations": [record_keys(prefix, "ik_" + bucket + "0" * 63) for bucket in BUCKETS]}
+
+
+class OperationStore:
+    """The Redis side of idempotency: one instance per process, on the shared client."""
+
+    def __init__(self, redis: store.Client, prefix: str, *, replica_acks: int = 0, ack_timeout_ms: int = 200,
+                 on_shortfall: Callable[[str], None] | None = None) -> None:
         self._redis = self.redis = redis
         self._prefix = prefix
+        self._replica_acks = replica_acks
+        self._ack_timeout_ms = ack_timeout_ms
+        self._on_shortfall = on_shortfall or (lambda transition: None)
+        self._shortfall_logged = 0.0
         self._begin = store.script(redis, "operations.begin", _BEGIN)
         self._commit = store.script(redis, "operations.commit", _COMMIT)
         self._renew = store.script(redis, "operations.renew", _RENEW)
@@ -319,18 +356,34 @@ class OperationStore:
         self._claim = store.script(redis, "operations.claim", _CLAIM)
         self._resolve = store.script(redis, "operations.resolve", _RESOLVE)
         self._operator = store.script(redis, "operations.operator", _OPERATOR)
+        self._passed = store.script(redis, "operations.passed", _PASSED)
+        self._durable = {self._begin: "begin", self._commit: "commit", self._expire: "expire",
+                         self._resolve: "resolve", self._operator: "operator"}
 
     # -- key names -------------------------------------------------------------
     def _keys(self, key: str) -> list[str]:
-        tag = "op" + bucket_of(key)
-        return [store.key(self._prefix, "op", tag, key), store.key(self._prefix, "op-leases", tag),
-                store.key(self._prefix, "op-open", tag), store.key(self._prefix, "op-due", tag)]
+        return record_keys(self._prefix, key)
 
     def _index(self, kind: str, bucket: str) -> str:
         return store.key(self._prefix, kind, "op" + bucket)
 
-    async def _run(self, script: Any, key: str, *args: Any) -> Transition:
-        return _transition(await store.redis_call(script(keys=self._keys(key), args=[key, *args])))
+    async def _run(self, script: Any, key: str, *args: Any, replicate: bool = True) -> Transition:
+        transition = self._durable.get(script) if replicate else None
+        if transition is None or self._replica_acks <= 0:
+            reply = await store.redis_call(script(keys=self._keys(key), args=[key, *args]))
+        else:
+            reply, acked = await store.run_replicated(self._redis, script, self._keys(key), [key, *args],
+                                                      acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
+            if acked < self._replica_acks:
+                self._shortfall(transition, acked)
+        return _transition(reply)
+
+    def _shortfall(self, transition: str, acked: int) -> None:
+        self._on_shortfall(transition)
+        if time.monotonic() - self._shortfall_logged >= SHORTFALL_LOG_INTERVAL_S:  # at most once a minute
+            self._shortfall_logged = time.monotonic()
+            log.warning("redis: %s acknowledged by %d of %d replicas within %d ms; a failover now could lose it",
+                        transition, acked, self._replica_acks, self._ack_timeout_ms)
 
     # -- transitions -----------------------------------------------------------
     async def begin(self, key: str, *, fingerprint: str, nonce: str, lease_ms: int, retention_s: int,
@@ -340,7 +393,8 @@ class OperationStore:
         | unknown (state, 1 if it just became unknown) | conflict (state) | exhausted (attempt)
         | not_admitted (state; ``observe`` only: a new execution would be needed, nothing was reserved)."""
         return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
-                               max_attempts, _dumps(meta), first_check_ms, window_ms, int(observe))
+                               max_attempts, _dumps(meta), first_check_ms, window_ms, int(observe),
+                               replicate=is_write and not observe)
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
                      evidence: Mapping[str, Any], first_check_ms: int, window_ms: int) -> Transition:
@@ -355,7 +409,14 @@ class OperationStore:
         trip.add(self._commit, self._keys(key),
                  [key, token, target, _dumps(outcome) if outcome else "", _dumps(evidence), first_check_ms,
                   window_ms],
-                 lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)))
+                 lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
+                 acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
+
+    def _check_acks(self, transition: str) -> Callable[[int], None]:
+        def checked(acked: int) -> None:
+            if acked < self._replica_acks:
+                self._shortfall(transition, acked)
+        return checked
 
     async def renew(self, key: str, *, token: int, lease_ms: int) -> Transition:
         return await self._run(self._renew, key, token, lease_ms)
@@ -380,24 +441,45 @@ class OperationStore:
         raw = await store.redis_call(self._redis.hgetall(self._keys(key)[0]))
         return _record(key, raw) if raw else None
 
-    async def sweep_candidates(self, limit: int) -> tuple[list[str], list[str]]:
-        """(IN_PROGRESS keys whose lease ran out, UNKNOWN keys due for a reconciliation attempt): at most
-        ``limit`` of each per bucket, earliest first, by Redis time.
+    async def expired_leases(self, bucket: str, limit: int) -> list[str]:
+        """IN_PROGRESS keys of a bucket whose lease ran out (by the bucket master's clock)."""
+        raw = await store.redis_call(self._passed(keys=[self._index("op-leases", bucket)], args=[limit]))
+        return [k.decode() for k in raw]
 
-        One round trip whatever the bucket count: a pipeline of ``TIME`` and each index's first ``limit``
-        entries with their scores, filtered here by the server time of the same pipeline — the same keys
-        ``ZRANGEBYSCORE -inf now LIMIT 0 limit`` would give, without a round trip per bucket. (A script
-        could not do it: the indexes live in 16 Cluster slots.)"""
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.time()
-            for bucket in BUCKETS:
-                pipe.zrange(self._index("op-leases", bucket), 0, limit - 1, withscores=True)
-                pipe.zrange(self._index("op-due", bucket), 0, limit - 1, withscores=True)
-            replies = await store.redis_call(pipe.execute())
-        seconds, micros = replies[0]
-        now = int(seconds) * 1000 + int(micros) // 1000
-        expired = [k.decode() for reply in replies[1::2] for k, score in reply if score <= now]
-        due = [k.decode() for reply in replies[2::2] for k, score in reply if score <= now]
+    async def due(self, bucket: str, limit: int) -> list[str]:
+        """UNKNOWN keys of a bucket due for a reconciliation attempt."""
+        raw = await store.redis_call(self._passed(keys=[self._index("op-due", bucket)], args=[limit]))
+        return [k.decode() for k in raw]
+
+    async def sweep_candidates(self, limit: int) -> tuple[dict[str, list[str] | Exception],
+                                                        dict[str, list[str] | Exception]]:
+        """Per bucket: (IN_PROGRESS keys whose lease ran out, UNKNOWN keys due for a reconciliation attempt),
+        at most ``limit`` of each, earliest first, by the clock of the bucket's master; a bucket whose
+        master could not answer maps to its RedisError instead.
+
+        The 32 index reads go in one pipeline: one round trip in standalone and sentinel mode, one per
+        master in cluster mode (the pipeline splits by node). A bucket whose read failed there is read
+        again on its own, so one unreachable master only costs its own buckets."""
+        expired: dict[str, list[str] | Exception] = {}
+        due: dict[str, list[str] | Exception] = {}
+        trip = store.RoundTrip(self._redis)
+
+        def keep(into: dict[str, list[str] | Exception], bucket: str) -> Callable[[Any], None]:
+            def kept(reply: Any) -> None:
+                into[bucket] = reply if isinstance(reply, BaseException) else [k.decode() for k in reply]
+            return kept
+
+        for bucket in BUCKETS:
+            trip.add(self._passed, [self._index("op-leases", bucket)], [limit], keep(expired, bucket))
+            trip.add(self._passed, [self._index("op-due", bucket)], [limit], keep(due, bucket))
+        await trip.send()
+        for bucket in BUCKETS:
+            for into, read in ((expired, self.expired_leases), (due, self.due)):
+                if isinstance(into[bucket], BaseException):
+                    try:
+                        into[bucket] = await read(bucket, limit)
+                    except redis_exceptions.RedisError as exc:
+                        into[bucket] = exc
         return expired, due
 
     async def open_keys(self, limit: int) -> list[str]:
@@ -419,7 +501,6 @@ class OperationStore:
         count = int(sum(replies[0::2]))
         oldest = [int(first[0][1]) for first in replies[1::2] if first]
         return count, min(oldest) if oldest else None
-
 
 
 def _transition(reply: Any) -> Transition:

@@ -10,6 +10,7 @@ let an unexpected exception escape as a stack trace.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,12 +30,20 @@ from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
 from .locks import Lease, LockManager
 from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
-from .policy import RequestFacts
+from .policy import Decision, RequestFacts
+from .quotas import NO_TICKET, QuotaStage, Ticket
 from .registry import Registry, ToolContract
 from .store import RoundTrip
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
 from .verify import verify_output
+from .versions import VersionResolver, deprecation, deprecation_headers
+
+# Set by a client-facing front when its client withdraws the call running in this context
+# (MCP notifications/cancelled). Honoured only before anything is sent (outcome cancelled, no
+# side effect); a call already sent runs on to the outcome that can be established.
+withdrawn: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("toolproxy_call_withdrawn",
+                                                                                 default=None)
 
 log = logging.getLogger("toolproxy.pipeline")
 
@@ -51,6 +60,7 @@ class RequestMeta:
     approval_id: str | None = None
     wait_s: float | None = None  # Prefer: wait=<s> — how long to wait for a running duplicate
     plan_call_id: str | None = None  # the call's id within a batch plan, when it scopes the operation key
+    wait_for_quota: bool = False  # a batch call waits (within the deadline) for a quota instead of rate_limited
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,7 @@ class CallState:
     normalized: NormalizedCall | None = None
     idempotency_key: str | None = None
     admission: Admission = NO_RECORD          # the idempotency stage's reservation (or replay)
+    quota: Ticket = NO_TICKET                 # the quota stage's slots and back-pressure facts
     replayed: bool = False
     fencing_token: int | None = None
     lease: Lease | None = None                # held locks: released by the commit stage (or on cancellation)
@@ -100,9 +111,12 @@ class CallState:
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
-                 idempotency: IdempotencyStage, locks: LockManager, redis: Any) -> None:
+                 idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver,
+                 quotas: QuotaStage, redis: Any) -> None:
         self._config = config
         self._redis = redis
+        self._versions = versions
+        self._quotas = quotas
         self._locks = locks
         self._idempotency = idempotency
         self._authorizer = authorizer
@@ -150,7 +164,7 @@ class Pipeline:
             log.exception("internal error in phase %s", state.phase)
             error = self._internal(state)
             env = self._envelope(state, error=error)
-        headers = {}
+        headers = deprecation_headers(state.tool)
         if state.replayed:
             env["replayed"] = True
             headers["Idempotent-Replayed"] = "true"
@@ -172,6 +186,7 @@ class Pipeline:
             await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
             if state.lease is not None:
                 await state.lease.renewer_stopped()
+        await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
         # answers about an already-open operation are not new unknowns.
@@ -196,6 +211,8 @@ class Pipeline:
         code = env["error"]["code"] if env["error"] else "none"
         metrics = self._metrics
         metrics.child(metrics.calls, tool, outcome, code).inc()
+        if state.tool is not None:  # who still calls an old or deprecated version (seed 004 §28)
+            metrics.child(metrics.tool_version_calls, tool, state.tool.version, state.tool.status).inc()
         metrics.child(metrics.call_duration, tool, outcome).observe(time.monotonic() - state.timing.started_mono)
         for stage, seconds in state.timing.stages.items():
             metrics.child(metrics.stage_duration, stage).observe(seconds)
@@ -209,13 +226,15 @@ class Pipeline:
             await state.lease.release()
         if state.tool is not None:
             await self._idempotency.interrupted(state.admission, tool=state.tool, sent=state.sent)
+        await self._quotas.finish(state.quota, sent=False, error=None)  # a cancelled call teaches the breaker nothing
 
     async def _run(self, state: CallState) -> Any:
         request = state.request
-        with self._stage(state, "resolve"):
-            tool = state.tool = self.registry.resolve(request.tool, request.version)
+        with self._stage(state, "resolve"):  # the run's pinned version when X-Run-Id names a run
+            tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
         with self._stage(state, "decode"):
-            arguments = decode_arguments(request.arguments, tool.input_validator)
+            arguments = decode_arguments(request.arguments, tool.input_validator,
+                                         max_depth=self._config.decode.max_depth)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
         meta = request.meta
@@ -228,7 +247,7 @@ class Pipeline:
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id),
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
-                operation_key=op.key if op else None)
+                operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision))
             (state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision,
              state.policy_risk) = auth.audit_facts()
             state.approval_id = auth.approval_id
@@ -253,9 +272,21 @@ class Pipeline:
             lease = state.lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
                                               while_waiting=keep_reservation,
-                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0,
+                                              operation=admission.key, request_id=meta.request_id)
         # The lease is released on every path: with the outcome record at commit, or on cancellation.
         return await self._run_locked(state, tool, normalized, admission, lease)
+
+    async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
+        """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
+        a key reserved or a lock taken. A batch call waits for its quota within the deadline."""
+        started = time.monotonic()
+        try:
+            meta = state.request.meta
+            state.quota = await self._quotas.admit(state.caller, tool, decision.quota_class, meta.deadline,
+                                                   wait=meta.wait_for_quota)
+        finally:
+            state.timing.stage("quota", time.monotonic() - started)
 
     async def _run_locked(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
                           admission: Admission, lease: Lease | None) -> Any:
@@ -264,6 +295,10 @@ class Pipeline:
         with self._stage(state, "audit"):
             await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
+            signal = withdrawn.get()
+            if signal is not None and signal.is_set():
+                raise ProxyError("cancelled", "The caller cancelled the call before it was sent.",
+                                 attempted=False, committed=False)
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
             sending = self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
@@ -305,7 +340,12 @@ class Pipeline:
             tool=tool.name if tool else state.request.tool if isinstance(state.request.tool, str) else None,
             tool_version=tool.version if tool else None, data=data, error=error,
             side_effect=side_effect or SideEffect(False, False), idempotency_key=state.idempotency_key,
-            timing=state.timing)
+            timing=state.timing, extra=_deprecation_block(tool))
+
+
+def _deprecation_block(tool: ToolContract | None) -> dict[str, Any] | None:
+    facts = deprecation(tool)
+    return None if facts is None else {"deprecation": facts}
 
 
 class _Stage:

@@ -70,7 +70,8 @@ class BatchPlan:
         return ToolCallRequest(call_id=call.call_id, tool=call.tool, version=call.version,
                                arguments=call.arguments,
                                meta=replace(base, plan_call_id=call.call_id if self.call_scoped_identity else None,
-                                            approval_id=call.approval_id or base.approval_id))
+                                            approval_id=call.approval_id or base.approval_id,
+                                            wait_for_quota=True))  # a batch schedules around its quotas
 
 
 def plan_from_json(body: Mapping[str, Any], meta: RequestMeta) -> BatchPlan:

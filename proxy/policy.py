@@ -5,8 +5,9 @@ one place (``build_input``), one POST per decision to OPA's Data API through
 the shared ``aiohttp`` session with its own short timeout, validating the
 decision document (``schemas/opa-decision.schema.json``, checked by ``decision_ok``
 without a schema engine per call), the tool catalog
-pushed into OPA (``data.toolproxy.catalog``) and its digest, and the policy
-metrics. Must never: allow when OPA is unreachable, slow, erroring, answers
+pushed into OPA (``data.toolproxy.catalog``, through ``opa_control``) and its
+digest, handing each decision to the decision recorder (``decisions``) when
+records are on, and the policy metrics. Must never: allow when OPA is unreachable, slow, erroring, answers
 nothing or answers something malformed (fail closed), decide anything itself,
 or put identity taken from tool arguments into the input.
 """
@@ -18,16 +19,18 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import aiohttp
 import orjson
 
 from .config import OpaConfig
+from .decisions import DecisionRecorder
 from .errors import ProxyError
 from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall, canonical_json, sha256_hex
+from .opa_control import ControlError, control_client, put_data
 from .registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.policy")
@@ -44,6 +47,7 @@ class Decision:
     policy_revision: str | None = None
     decision_id: str | None = None
     visible_tools: tuple[str, ...] = ()
+    quota_class: str | None = None  # the caller's quota class, when the policy names one (docs/quotas.md)
 
     @property
     def result(self) -> str:
@@ -86,8 +90,8 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
         assert tool is not None and normalized is not None
         summary = tool.summary()
         document.update({
-            "tool": {k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
-                                             "idempotency_required")},
+            "tool": {**{k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
+                                                "idempotency_required")}, "backend": tool.backend_name},
             "arguments": dict(normalized.arguments),
             "args_hash": normalized.args_hash,
             "resources": [{"id": r.id, "kind": r.id.partition(":")[0], "access": r.access}
@@ -104,8 +108,11 @@ class PolicyClient:
     """Asks OPA; keeps OPA's copy of the tool catalog current."""
 
     def __init__(self, config: OpaConfig, session: aiohttp.ClientSession, metrics: Metrics,
-                 registry: Registry) -> None:
+                 registry: Registry, recorder: DecisionRecorder | None = None) -> None:
         self._config = config
+        self._recorder = recorder
+        # Control plane (catalog push) through opa-python-client; decisions stay on ``session``.
+        self._control = control_client(config.url, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2)
         self._session = session
         self._metrics = metrics
         self._catalog = catalog_document(registry)
@@ -114,20 +121,20 @@ class PolicyClient:
         self._push_lock = asyncio.Lock()
         self._pushed_mono = 0.0
 
+    def use_registry(self, registry: Registry) -> None:
+        """A reloaded registry: its catalog is what OPA gets on the next push and what decisions compare."""
+        self._catalog = catalog_document(registry)
+
     @property
     def catalog_digest(self) -> str:
         return self._catalog["digest"]
 
     async def push_catalog(self) -> bool:
         """PUT the catalog at data.toolproxy.catalog; False (logged) if OPA refused or is away."""
-        url = self._config.url.rstrip("/") + "/v1/data/" + CATALOG_PATH
         try:
-            async with asyncio.timeout(max(self._timeout_s, 2.0)):
-                async with self._session.put(url, data=json.dumps(self._catalog),
-                                             headers={"Content-Type": "application/json"},
-                                             allow_redirects=False) as response:
-                    ok = response.status == 204 or response.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):
+            await put_data(self._control, CATALOG_PATH, self._catalog)
+            ok = True
+        except ControlError:
             ok = False
         if ok:
             self._pushed_mono = time.monotonic()
@@ -136,7 +143,15 @@ class PolicyClient:
             log.warning("could not load the tool catalog into OPA; decisions fail closed until it is")
         return ok
 
-    async def decide(self, document: Mapping[str, Any], *, budget_s: float | None = None) -> Decision:
+    async def open(self) -> None:
+        await self._control.__aenter__()
+
+    async def close(self) -> None:
+        await self._control.close_connection()
+
+    async def decide(self, document: Mapping[str, Any], *, budget_s: float | None = None,
+                     sensitive_fields: Sequence[str] = ()) -> Decision:
+        """One decision; recorded (masked) when decision records are on."""
         started = time.monotonic()
         decision = await self._query(document, budget_s)
         if not decision[1] and self._config.push_catalog:
@@ -146,6 +161,8 @@ class PolicyClient:
             if not decision[1]:
                 self._fail("catalog_missing")
         self._metrics.child(self._metrics.policy_decisions, decision[0].result).inc()
+        if self._recorder is not None:
+            await self._recorder.record(document, decision[0], sensitive_fields)
         return decision[0]
 
     async def _reload_catalog(self, asked_at: float) -> None:
@@ -188,7 +205,7 @@ class PolicyClient:
             allow=result["allow"], require_approval=result["require_approval"],
             reasons=tuple(result["reasons"]), risk=result.get("risk", "unknown"),
             policy_revision=result.get("policy_revision"), decision_id=payload.get("decision_id"),
-            visible_tools=tuple(result.get("visible_tools", ())))
+            visible_tools=tuple(result.get("visible_tools", ())), quota_class=result.get("quota_class"))
         return decision, result.get("catalog_current", True)
 
     def _fail(self, reason: str, started: float | None = None) -> Any:

@@ -3,7 +3,8 @@
 Owns: the background task (one per proxy process) that (1) finds IN_PROGRESS
 records whose lease ran out (the proxy that held them died) and makes writes
 UNKNOWN, (2) queries each due UNKNOWN operation's status endpoint
-(``GET <status_endpoint>/<idempotency key>``, read-only) with exponential
+(``GET`` with the idempotency key where the endpoint says ``{key}``, or as
+its last path segment; read-only) with exponential
 backoff inside a window, holding a per-key claim in Redis so one replica
 works on one key at a time, (3) raises a takeover record when the window
 runs out or the tool has no status endpoint, and (4) writes a
@@ -31,7 +32,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Mapping
-from urllib.parse import quote
 
 import aiohttp
 import redis.exceptions
@@ -43,7 +43,7 @@ from .errors import ProxyError, SideEffect
 from .identity import AdminPrincipal
 from .idempotency import KEY_PATTERN, outcome_of, takeover_record
 from .metrics import Metrics
-from .operations import OperationStore, Record
+from .operations import BUCKETS, OperationStore, Record
 from .registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.reconcile")
@@ -62,8 +62,10 @@ class Verdict:
 
 class Reconciler:
     def __init__(self, *, store: OperationStore, registry: Registry, session: aiohttp.ClientSession,
-                 services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor) -> None:
+                 services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor,
+                 max_json_depth: int) -> None:
         self._store = store
+        self._max_json_depth = max_json_depth
         self._audit = audit
         self._registry = registry
         self._session = session
@@ -108,11 +110,37 @@ class Reconciler:
 
     # -- one pass ----------------------------------------------------------------
     async def scan_once(self) -> dict[str, int]:
-        """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs)."""
+        """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs).
+
+        The due and expired indexes of every bucket are read in one pipelined round trip (cluster: one per
+        master). Each bucket's keys live in one Cluster slot, so a bucket whose master is unreachable
+        (mid-failover) is skipped this pass while the others are swept; the pass then raises the first Redis
+        error so the loop reports the store as down."""
         counts: dict[str, int] = {}
-        limit = self._config.batch_size
-        expired, due = await self._store.sweep_candidates(limit)  # one round trip when there is nothing to do
-        for key in expired:
+        failed: list[Exception] = []
+        due: list[str] = []
+        expired_by_bucket, due_by_bucket = await self._store.sweep_candidates(self._config.batch_size)
+        for bucket in BUCKETS:
+            try:
+                await self._expire_keys(_keys_or_raise(expired_by_bucket[bucket]), counts)
+                due.extend(_keys_or_raise(due_by_bucket[bucket]))
+            except redis.exceptions.RedisError as exc:
+                failed.append(exc)
+        results = await asyncio.gather(*(self._guarded(key) for key in due), return_exceptions=True)
+        for result in results:
+            if isinstance(result, redis.exceptions.RedisError):
+                failed.append(result)
+                result = "store_unavailable"
+            elif isinstance(result, BaseException):
+                raise result
+            counts[result] = counts.get(result, 0) + 1
+        if failed:
+            counts["buckets_failed"] = len(failed)
+            raise failed[0]
+        return counts
+
+    async def _expire_keys(self, keys: list[str], counts: dict[str, int]) -> None:
+        for key in keys:
             answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
                                               window_ms=self._config.window_ms)
             if answer.status == "unknown":
@@ -122,10 +150,6 @@ class Reconciler:
                 if record is not None:
                     await audit_transition(self._audit, record, "IN_PROGRESS")
             counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
-        results = await asyncio.gather(*(self._guarded(key) for key in due))
-        for result in results:
-            counts[result] = counts.get(result, 0) + 1
-        return counts
 
     async def _guarded(self, key: str) -> str:
         async with self._limit:
@@ -149,7 +173,7 @@ class Reconciler:
         tool = self._contract(record)
         if tool is None:
             return await self._takeover(record, {"source": "proxy", "observed": "tool_not_in_registry"})
-        if tool.status_endpoint is None or tool.status_endpoint.resolve(self._services) is None:
+        if tool.status_endpoint is None or tool.status_endpoint.for_key(self._services, record.key) is None:
             return await self._takeover(record, {"source": "proxy", "observed": "no_status_endpoint"})
         verdict = await self.query_status(tool, record)
         self._metrics.reconciliations.labels(verdict.result).inc()
@@ -189,10 +213,10 @@ class Reconciler:
 
     # -- the status endpoint -----------------------------------------------------
     async def query_status(self, tool: ToolContract, record: Record) -> Verdict:
-        base = tool.status_endpoint.resolve(self._services) if tool.status_endpoint else None
-        assert base is not None
-        url = base.rstrip("/") + "/" + quote(record.key, safe="")
-        headers = {"Accept": "application/json", "X-Toolproxy-Tenant": record.tenant,
+        url = tool.status_endpoint.for_key(self._services, record.key) if tool.status_endpoint else None
+        assert url is not None
+        # The key also travels in the header the call itself carried it in, for backends that look there.
+        headers = {"Accept": "application/json", "Idempotency-Key": record.key, "X-Toolproxy-Tenant": record.tenant,
                    "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex}
         evidence: dict[str, Any] = {"source": "status_endpoint", "at_ms": _now_ms()}
         try:
@@ -205,7 +229,7 @@ class Reconciler:
         if response.status != 200 or len(body) > MAX_STATUS_BYTES:
             return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
         try:
-            answer = strict_loads(body, what="status answer")
+            answer = strict_loads(body, what="status answer", max_depth=self._max_json_depth)
         except ProxyError:
             answer = None
         state = answer.get("state") if isinstance(answer, dict) else None
@@ -350,3 +374,9 @@ def _safe_code(error: Any) -> str | None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _keys_or_raise(read: list[str] | Exception) -> list[str]:
+    if isinstance(read, Exception):
+        raise read
+    return read

@@ -2,13 +2,19 @@
 
 Owns: loading registry YAML files, validating them against
 ``schemas/tool-registry.schema.json`` and the strictness rule, and resolving
-a (name, version) to a frozen ``ToolContract``. Must never: take execution
+a (name, version) to a frozen ``ToolContract``: an explicit version that is
+active or deprecated, or else the tool's default (its newest active version,
+or its newest deprecated one when none is active); a retired version is
+``tool_not_found`` with ``details.reason: retired``. ``LiveRegistry`` is the
+one mutable handle: a reload swaps the whole contract set at once (calls
+already running keep the frozen contract they resolved). Must never: take execution
 metadata from anywhere but these files (not from tool descriptions, not from
 upstream MCP annotations), or reach a backend.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from dataclasses import dataclass, field
@@ -16,14 +22,17 @@ from functools import cache
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
+from urllib.parse import quote
 
 import yaml
 from jsonschema import Draft202012Validator
 
 from .errors import ProxyError
+from .quota_rules import LimitSpec, spec_from_registry
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
+KEY_PLACEHOLDER = "{key}"  # where a status endpoint wants the operation key
 
 
 class RegistryError(Exception):
@@ -59,6 +68,16 @@ class Endpoint:
             return None
         return base.rstrip("/") + (self.path or "")
 
+    def for_key(self, services: Mapping[str, str], key: str) -> str | None:
+        """A status endpoint's URL for one operation key: the key where ``{key}`` stands (a path
+        segment or a query parameter), else appended as the last path segment."""
+        base = self.resolve(services)
+        if base is None:
+            return None
+        safe_key = quote(key, safe="")
+        return base.replace(KEY_PLACEHOLDER, safe_key) if KEY_PLACEHOLDER in base \
+            else base.rstrip("/") + "/" + safe_key
+
 
 @dataclass(frozen=True)
 class Backend(Endpoint):
@@ -83,14 +102,33 @@ class ToolContract:
     status_endpoint: Endpoint | None = None
     sensitive_fields: tuple[str, ...] = ()
     strict: bool = True
-    status: str = "active"
+    status: str = "active"                    # active | deprecated | retired
+    deprecated_at: str | None = None          # ISO date (RFC 9745 Deprecation)
+    sunset: str | None = None                 # ISO date (RFC 8594 Sunset)
+    replaced_by: str | None = None            # "2.0.0" (same tool) or "other_tool@1.0.0"
     source: str = ""
+    quota: LimitSpec | None = None  # the tool's own limit (counted per tool name, across tenants)
     input_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     @property
     def is_write(self) -> bool:
         return self.mode == "write"
+
+    @property
+    def declares_output(self) -> bool:
+        """Whether the contract declares an outputSchema (verified on every result when it does)."""
+        return bool(self.output_schema)
+
+    @property
+    def callable(self) -> bool:
+        return self.status != "retired"
+
+    @property
+    def backend_name(self) -> str:
+        """The backend service this tool counts against (breaker, back-pressure, backend limits). A tool
+        with a ``url:`` backend is a service of its own, named after the tool (addresses are never names)."""
+        return self.backend.service or f"tool.{self.name}"
 
     def summary(self) -> dict[str, Any]:
         """What policies and listings may know about the tool (trusted facts only)."""
@@ -108,15 +146,24 @@ class ToolContract:
             **self.summary(),
             "description": self.description,
             "inputSchema": thaw(self.input_schema),
-            "outputSchema": thaw(self.output_schema),
+            **({"outputSchema": thaw(self.output_schema)} if self.declares_output else {}),
             "timeout_ms": self.timeout_ms,
         }
 
 
-class Registry:
-    """An immutable set of tool contracts, keyed by name then version."""
+@dataclass(frozen=True)
+class ServicePolicy:
+    """A backend service's registry defaults: its limit and its breaker settings (None: the config's)."""
 
-    def __init__(self, tools: Iterable[ToolContract]) -> None:
+    quota: LimitSpec | None = None
+    breaker: Mapping[str, Any] = field(default_factory=dict)  # enabled, failure_ratio, min_calls, window_s, open_s
+
+
+class Registry:
+    """An immutable set of tool contracts, keyed by name then version, and the backend services' defaults."""
+
+    def __init__(self, tools: Iterable[ToolContract], services: Mapping[str, ServicePolicy] | None = None) -> None:
+        self.services: Mapping[str, ServicePolicy] = MappingProxyType(dict(services or {}))
         by_name: dict[str, dict[str, ToolContract]] = {}
         for tool in tools:
             versions = by_name.setdefault(tool.name, {})
@@ -125,41 +172,83 @@ class Registry:
                     f"{tool.source}: tool {tool.name!r} version {tool.version} is also defined in "
                     f"{versions[tool.version].source}")
             versions[tool.version] = tool
+        for versions in by_name.values():
+            for tool in versions.values():
+                _check_successor(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._tools.values())
 
     def active(self) -> list[ToolContract]:
-        """The newest active version of every tool, sorted by name (deterministic listings)."""
-        result = []
-        for name in sorted(self._tools):
-            live = [t for t in self._tools[name].values() if t.status == "active"]
-            if live:
-                result.append(max(live, key=lambda t: _version_key(t.version)))
-        return result
+        """The default version of every callable tool, sorted by name (deterministic listings)."""
+        return [tool for tool in (self.default(name) for name in sorted(self._tools)) if tool is not None]
 
     def all(self) -> list[ToolContract]:
         return [t for name in sorted(self._tools) for t in
                 sorted(self._tools[name].values(), key=lambda t: _version_key(t.version))]
 
+    def default(self, name: str) -> ToolContract | None:
+        """What a call without a version gets: the newest active version, else the newest deprecated one."""
+        versions = self._tools.get(name, {})
+        for status in ("active", "deprecated"):
+            live = [t for t in versions.values() if t.status == status]
+            if live:
+                return max(live, key=lambda t: _version_key(t.version))
+        return None
+
+    def get(self, name: str, version: str) -> ToolContract | None:
+        """The exact contract, whatever its status (records name their exact contract)."""
+        return self._tools.get(name, {}).get(version)
+
     def resolve(self, name: Any, version: Any = None) -> ToolContract:
         if not isinstance(name, str) or name not in self._tools:
             raise ProxyError("tool_not_found", "The requested tool does not exist.",
                              details={"tool": name if isinstance(name, str) else None}, phase="resolve")
-        versions = self._tools[name]
         if version is None:
-            live = [t for t in versions.values() if t.status == "active"]
-            if not live:
+            tool = self.default(name)
+            if tool is None:
                 raise ProxyError("tool_not_found", "The requested tool is retired.",
-                                 details={"tool": name}, phase="resolve")
-            return max(live, key=lambda t: _version_key(t.version))
-        tool = versions.get(version) if isinstance(version, str) else None
-        if tool is None or tool.status != "active":
-            raise ProxyError("tool_not_found", "The requested tool version does not exist or is retired.",
+                                 details={"tool": name, "reason": "retired"}, phase="resolve")
+            return tool
+        tool = self._tools[name].get(version) if isinstance(version, str) else None
+        if tool is None:
+            raise ProxyError("tool_not_found", "The requested tool version does not exist.",
                              details={"tool": name, "version": version if isinstance(version, str) else None},
                              phase="resolve")
+        if not tool.callable:
+            raise retired_error(tool)
         return tool
+
+
+def retired_error(tool: ToolContract) -> ProxyError:
+    """A retired version: ``tool_not_found`` with the reason and the successor, so a caller can re-plan."""
+    return ProxyError("tool_not_found", "The requested tool version is retired; re-plan with its successor.",
+                      details={"tool": tool.name, "version": tool.version, "reason": "retired",
+                               "replaced_by": tool.replaced_by}, phase="resolve")
+
+
+class LiveRegistry(Registry):
+    """The registry a running proxy serves: the same reads, and ``swap`` for a validated reload."""
+
+    def __init__(self, registry: Registry) -> None:
+        self._tools = registry._tools
+        self.services = registry.services
+
+    def swap(self, registry: Registry) -> None:
+        # A call sees the old tool set or the new one, never a mix; the services' defaults follow.
+        self._tools = registry._tools
+        self.services = registry.services
+
+
+def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
+    if tool.replaced_by is None:
+        return
+    name, _, version = tool.replaced_by.rpartition("@")
+    successor = by_name.get(name or tool.name, {}).get(version)
+    if successor is None or not successor.callable or successor is tool:
+        raise RegistryError(f"{tool.source}: tool {tool.name!r} version {tool.version}: replaced_by "
+                            f"{tool.replaced_by!r} is not another callable contract of this registry")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -200,9 +289,22 @@ def registry_files(paths: Iterable[str | Path]) -> list[Path]:
 def load_registry(paths: Iterable[str | Path]) -> Registry:
     """Load and validate every registry file; raise RegistryError on the first bad one."""
     tools: list[ToolContract] = []
+    services: dict[str, ServicePolicy] = {}
     for path in registry_files(paths):
         tools.extend(load_file(path))
-    return Registry(tools)
+        for name, policy in load_services(path).items():
+            if name in services:
+                raise RegistryError(f"{path}: service {name!r} is also described in another registry file")
+            services[name] = policy
+    return Registry(tools, services)
+
+
+def load_services(path: Path) -> dict[str, ServicePolicy]:
+    """The file's ``services:`` section (backend defaults); the file was validated by ``load_file``."""
+    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {name: ServicePolicy(quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
+                                breaker=MappingProxyType(dict(raw.get("breaker") or {})))
+            for name, raw in (document.get("services") or {}).items()}
 
 
 def load_file(path: Path) -> list[ToolContract]:
@@ -210,6 +312,7 @@ def load_file(path: Path) -> list[ToolContract]:
         document = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError) as exc:
         raise RegistryError(f"{path}: cannot parse YAML: {exc}") from None
+    _dates_as_text(document)
     validator = Draft202012Validator(load_schema("tool-registry.schema.json"))
     errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
@@ -217,6 +320,16 @@ def load_file(path: Path) -> list[ToolContract]:
         raise RegistryError(f"{path}: {_tool_label(document, first.absolute_path)}at {_json_path(first.absolute_path)}: "
                             f"{first.message}")
     return [_contract(path, index, raw) for index, raw in enumerate(document["tools"])]
+
+
+def _dates_as_text(document: Any) -> None:
+    """YAML reads an unquoted 2027-03-31 as a date; the schema (and JSON) want the ISO text."""
+    tools = document.get("tools") if isinstance(document, dict) else None
+    for raw in tools if isinstance(tools, list) else ():
+        if isinstance(raw, dict):
+            for name in ("sunset", "deprecated_at"):
+                if isinstance(raw.get(name), (datetime.date, datetime.datetime)):
+                    raw[name] = raw[name].isoformat()[:10]
 
 
 def _tool_label(document: Any, path: Iterable[Any]) -> str:
@@ -240,12 +353,18 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     name = raw["name"]
     where = f"{path}: tool {name!r}"
     strict = raw.get("strict", True)
-    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", raw["outputSchema"])):
+    output_schema = raw.get("outputSchema")
+    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", output_schema or {})):
         try:
             Draft202012Validator.check_schema(schema)
         except Exception as exc:  # jsonschema.SchemaError
             raise RegistryError(f"{where} at $.tools[{index}].{label}: not a valid JSON Schema: "
                                 f"{getattr(exc, 'message', exc)}") from None
+    if output_schema is not None and output_schema.get("type") != "object":
+        # MCP revisions up to 2025-11-25 can only carry an object outputSchema (and its
+        # structuredContent); a schema without constraints promises nothing in any revision.
+        raise RegistryError(f"{where} at $.tools[{index}].outputSchema: must declare type: object "
+                            f"(omit outputSchema when the tool's output has no declared shape)")
     if strict:
         loose = _loose_objects(raw["inputSchema"], f"$.tools[{index}].inputSchema")
         if loose:
@@ -271,7 +390,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         mode=raw["mode"],
         risk=raw["risk"],
         input_schema=_freeze(raw["inputSchema"]),
-        output_schema=_freeze(raw["outputSchema"]),
+        output_schema=_freeze(output_schema or {}),
         backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
                         path=backend.get("path"), tool=backend.get("tool")),
         resources=tuple(resources),
@@ -283,9 +402,13 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
         strict=strict,
         status=raw.get("status", "active"),
+        deprecated_at=raw.get("deprecated_at"),
+        sunset=raw.get("sunset"),
+        replaced_by=raw.get("replaced_by"),
         source=str(path),
+        quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
         input_validator=Draft202012Validator(raw["inputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
-        output_validator=Draft202012Validator(raw["outputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
+        output_validator=Draft202012Validator(output_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER),
     )
 
 

@@ -1,37 +1,55 @@
-"""Redis: the one connection pool per process and the key naming scheme.
+"""Redis: the one client per process, the key naming scheme, and replicated writes.
 
-Owns: creating the pool from configuration, building keys, naming the Lua
-scripts (``script``), and sending independent script calls of different
-stages in one network round trip (``RoundTrip``). Every key is
-``<prefix>:<kind>:{<tag>}:<rest>`` where ``{<tag>}`` is a Redis Cluster hash
-tag, so all keys one Lua script touches live in the same slot. Must never:
-hold state of its own, or let Redis exceptions escape as stack traces (stages
-translate them into their own error codes).
+Owns: creating the process's one Redis client for the configured mode
+(``standalone``: a blocking pool on ``redis.url``; ``sentinel``: redis-py's
+Sentinel client, which asks the Sentinels for the current master and follows a
+failover; ``cluster``: redis-py's RedisCluster, which routes each command to
+the master of its key's slot), building keys, naming the Lua scripts
+(``script``), checking that every Lua script's keys share one Cluster slot,
+running a script and ``WAIT`` for replica acknowledgement on one connection,
+sending independent script calls of different stages in one network round
+trip (``RoundTrip``, with their ``WAIT`` in the same pipeline), and the
+readiness probe of the masters. Every key is ``<prefix>:<kind>:{<tag>}:<rest>``
+where ``{<tag>}`` is a Redis Cluster hash tag, so all keys one Lua script
+touches live in the same slot. Must never: hold state of its own, or let Redis
+exceptions escape as stack traces (stages translate them into their own error
+codes).
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
 
 import redis.asyncio as redis_async
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
-from redis.exceptions import NoScriptError, RedisError
+from redis.crc import key_slot
+from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnectionsError, NoScriptError,
+                              RedisClusterException, RedisError)
 
-from .config import RedisConfig
+from .config import ConfigError, RedisConfig
 
-
+Client = Union[redis_async.Redis, RedisCluster]
 T = TypeVar("T")
 
 SCRIPT_NAMES: dict[str, str] = {}  # sha1 -> "<module>.<name>", for MONITOR-based tests and debugging
 
 
-def script(redis: redis_async.Redis, name: str, source: str) -> AsyncScript:
+def script(redis: Client, name: str, source: str) -> AsyncScript:
     """``redis.register_script(source)``, remembered under ``name`` (e.g. ``operations.begin``)."""
     registered = redis.register_script(source)
     SCRIPT_NAMES[registered.sha] = name
     return registered
+
+
+class StoreUnavailable(RedisConnectionError):
+    """RedisCluster's own "cannot reach the cluster / no node for this slot" (not a RedisError in redis-py),
+    as the RedisError every stage already handles."""
 
 
 async def redis_call(command: Awaitable[T]) -> T:
@@ -42,34 +60,159 @@ async def redis_call(command: Awaitable[T]) -> T:
     cancelled just as the reply arrives (CPython gh-86296): the cancel is lost
     and the task would go on (wait for a record, take a lock, send to a
     backend) for a caller that is gone. Every stage's Redis call goes through
-    this. Not for cleanup (releasing a lock, undoing a reservation): that runs
+    this (and ``translated``). Not for cleanup (releasing a lock, undoing a reservation): that runs
     after a cancel on purpose, shielded in a task of its own, and must finish.
     """
-    result = await command
+    result = await translated(command)
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError()
     return result
 
 
-def create_pool(config: RedisConfig) -> redis_async.Redis:
-    """A blocking pool: under a burst, a command waits (up to ``timeout_ms``) for a free connection
-    instead of failing at once with "Too many connections"."""
+class _BlockingCluster(RedisCluster):
+    """RedisCluster whose per-node pools wait (up to ``pool_wait_s``) for a free connection, as the other modes'
+    blocking pools do, instead of failing at once. Safe to repeat: the pool refuses before anything is sent."""
+
+    pool_wait_s = 0.5
+
+    async def _execute_command(self, target_node: ClusterNode, *args: Any, **kwargs: Any) -> Any:
+        return await _pool_waiting(lambda: super(_BlockingCluster, self)._execute_command(target_node, *args,
+                                                                                          **kwargs),
+                                   self.pool_wait_s)
+
+
+async def _pool_waiting(command: Callable[[], Awaitable[T]], wait_s: float) -> T:
+    loop = asyncio.get_running_loop()
+    until, pause = loop.time() + wait_s, 0.001
+    while True:
+        try:
+            return await command()
+        except MaxConnectionsError:
+            if loop.time() >= until:
+                raise
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+
+class _BlockingSentinelPool(SentinelConnectionPool, redis_async.BlockingConnectionPool):
+    """Sentinel's master discovery with the blocking pool's wait for a free connection (as standalone)."""
+
+
+async def translated(command: Awaitable[T]) -> T:
+    """Await one Redis command, RedisCluster's ``RedisClusterException`` (no reachable node, slot not
+    covered; not a ``RedisError`` in redis-py) raised as ``StoreUnavailable``, a ``RedisError``."""
+    try:
+        return await command
+    except RedisClusterException as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
+
+
+def create_client(config: RedisConfig) -> Client:
+    """The process's one Redis client. Under a burst a command waits (up to ``timeout_ms``) for a free
+    connection instead of failing at once with "Too many connections" (cluster: per node)."""
     timeout = config.timeout_ms / 1000.0
+    common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
+                              "decode_responses": False, **_auth_and_tls(config)}
+    if config.mode == "cluster":
+        nodes = [ClusterNode(host, port) for host, port in addresses(config.cluster_nodes)]
+        cluster = _BlockingCluster(startup_nodes=nodes, max_connections=config.max_connections, **common)
+        cluster.pool_wait_s = timeout
+        return cluster
+    if config.mode == "sentinel":
+        sentinel_auth = {"password": config.sentinel_password} if config.sentinel_password else {}
+        tls = {name: value for name, value in _auth_and_tls(config).items() if name.startswith("ssl")}
+        # No retries per Sentinel (redis-py's default backs off for seconds): the next Sentinel is the retry.
+        sentinel = Sentinel(addresses(config.sentinels), sentinel_kwargs={
+            "socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0),
+            **sentinel_auth, **tls}, **common)
+        return sentinel.master_for(config.sentinel_service, connection_pool_class=_BlockingSentinelPool,
+                                   max_connections=config.max_connections, timeout=timeout,
+                                   health_check_interval=30)
     pool = redis_async.BlockingConnectionPool.from_url(
-        config.url, max_connections=config.max_connections, timeout=timeout, socket_timeout=timeout,
-        socket_connect_timeout=timeout, health_check_interval=30, decode_responses=False, **_auth_and_tls(config))
+        config.url, max_connections=config.max_connections, timeout=timeout, health_check_interval=30, **common)
     return redis_async.Redis.from_pool(pool)
 
 
-def _auth_and_tls(config: RedisConfig) -> dict[str, str]:
+async def close_client(client: Client) -> None:
+    await client.aclose()
+    pool = getattr(client, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):
+        await pool.sentinel_manager.aclose()
+
+
+def addresses(specs: Sequence[str]) -> list[tuple[str, int]]:
+    """``["h:6379", "[::1]:7000"]`` -> ``[("h", 6379), ("::1", 7000)]`` (checked by RedisConfig)."""
+    out = []
+    for spec in specs:
+        host, _, port = spec.rpartition(":")
+        out.append((host.strip("[]"), int(port)))
+    return out
+
+
+def _auth_and_tls(config: RedisConfig) -> dict[str, Any]:
     """Password and TLS files from config (Secrets in Kubernetes); a URL's own password wins.
 
-    The TLS file settings are only allowed with rediss:// URLs (checked by RedisConfig)."""
-    options = {"password": config.password} if config.password else {}
+    Standalone takes TLS from its rediss:// URL; sentinel and cluster from ``redis.tls``."""
+    options: dict[str, Any] = {"password": config.password} if config.password else {}
+    if config.mode != "standalone" and config.tls:
+        options["ssl"] = True
     tls = {"ssl_ca_certs": config.tls_ca_file, "ssl_certfile": config.tls_cert_file,
            "ssl_keyfile": config.tls_key_file}
     return {**options, **{name: value for name, value in tls.items() if value}}
+
+
+async def masters_reachable(client: Client) -> bool:
+    """One PING per master: the standalone server, Sentinel's current master, or every Cluster master
+    (a slot range whose master is down and not yet replaced makes the proxy not ready)."""
+    if isinstance(client, RedisCluster):
+        return bool(await redis_call(client.ping(target_nodes=RedisCluster.PRIMARIES)))
+    return bool(await redis_call(client.ping()))
+
+
+async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], *,
+                         acks: int, timeout_ms: int) -> tuple[Any, int]:
+    """Run a script, then ``WAIT acks timeout_ms`` on the same connection; (reply, replicas that acknowledged).
+
+    ``WAIT`` counts the replicas that have every write *this connection* made, so both go in one
+    pipeline to the master of the keys' slot. With ``acks`` 0 the script runs alone (reply, 0)."""
+    if acks <= 0:
+        return await redis_call(script(keys=keys, args=args)), 0
+    wait_s = getattr(client, "pool_wait_s", 0.0)
+    for attempt in (1, 2):
+        reply, acked = await redis_call(_pool_waiting(
+            lambda: _script_and_wait(client, script, keys, args, acks, timeout_ms), wait_s))
+        if isinstance(reply, NoScriptError) and attempt == 1:  # a new master (failover) without the script
+            script.sha = await redis_call(client.script_load(script.script))
+            continue
+        break
+    for result in (reply, acked):
+        if isinstance(result, Exception):
+            raise result
+    return reply, int(acked)
+
+
+async def _script_and_wait(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
+                           acks: int, timeout_ms: int) -> list[Any]:
+    target: dict[str, Any] = {}
+    if isinstance(client, RedisCluster):  # both to the master of the keys' slot (redis-py blocks pipe.evalsha)
+        await client.initialize()
+        target["target_nodes"] = client.get_node_from_key(keys[0])
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **target)
+        pipe.execute_command("WAIT", acks, timeout_ms, **target)
+        return await pipe.execute(raise_on_error=False)
+
+
+def check_one_slot(key_sets: Mapping[str, Sequence[Sequence[str]]]) -> None:
+    """Every key set (the keys one script call touches) must hash to one Cluster slot; raise naming the first
+    that does not. Run at start-up on key sets built by the stores' own key builders."""
+    for script, sets in key_sets.items():
+        for keys in sets:
+            slots = sorted({key_slot(k.encode()) for k in keys})
+            if len(slots) > 1:
+                raise ConfigError(f"redis: the keys of script {script} span Cluster slots {slots} "
+                                  f"({', '.join(keys)}); check redis.key_prefix (no braces)")
 
 
 def key(prefix: str, kind: str, tag: str, *rest: str) -> str:
@@ -84,6 +227,9 @@ class _Step:
     keys: Sequence[str]
     args: Sequence[Any]
     on_reply: Callable[[Any], None]  # gets the reply, or the RedisError/OSError that stood in for it
+    acks: int = 0  # > 0: a replicated write, followed by WAIT acks timeout_ms on its connection
+    timeout_ms: int = 0
+    on_acked: Callable[[int], None] | None = None  # replicas that acknowledged (not called on an error)
 
 
 class RoundTrip:
@@ -91,32 +237,75 @@ class RoundTrip:
 
     Stages add their step with the handler of its reply; ``send`` runs them as a non-transactional
     pipeline of EVALSHAs (a script the server lost is loaded and that step run again) and hands each
-    handler its own reply or error. No step depends on another's result.
+    handler its own reply or error. No step depends on another's result. A replicated step (``acks`` > 0)
+    is followed in the same pipeline by ``WAIT acks timeout_ms`` on the connection to its slot's master
+    (cluster: the pipeline splits by node and keeps each node's order), so the write and its
+    acknowledgement still cost one round trip.
     """
 
-    def __init__(self, redis: redis_async.Redis) -> None:
+    def __init__(self, redis: Client) -> None:
         self._redis = redis
         self._steps: list[_Step] = []
 
     def add(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-            on_reply: Callable[[Any], None]) -> None:
-        self._steps.append(_Step(script, keys, args, on_reply))
+            on_reply: Callable[[Any], None], *, acks: int = 0, timeout_ms: int = 0,
+            on_acked: Callable[[int], None] | None = None) -> None:
+        self._steps.append(_Step(script, keys, args, on_reply, acks, timeout_ms, on_acked))
 
     async def send(self) -> None:
         steps, self._steps = self._steps, []
         if not steps:
             return
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for step in steps:
-                    pipe.evalsha(step.script.sha, len(step.keys), *step.keys, *step.args)
-                replies: list[Any] = await pipe.execute(raise_on_error=False)
+            replies = await translated(_pool_waiting(lambda: self._pipeline(steps),
+                                                     getattr(self._redis, "pool_wait_s", 0.0)))
         except (RedisError, OSError) as exc:
-            replies = [exc] * len(steps)
-        for step, reply in zip(steps, replies):
-            if isinstance(reply, NoScriptError):  # the server restarted or flushed its script cache
+            replies = [exc] * sum(2 if step.acks > 0 else 1 for step in steps)
+        answers = self._answers(steps, replies)
+        lost = [i for i, (reply, _) in enumerate(answers) if isinstance(reply, NoScriptError)]
+        if lost:  # a fresh server, a flushed cache or a new master: load each script once, resend those steps
+            try:
+                for sha, source in {steps[i].script.sha: steps[i].script for i in lost}.items():
+                    await translated(self._redis.script_load(source.script))
+                again = [steps[i] for i in lost]
+                for i, answer in zip(lost, self._answers(again, await translated(self._pipeline(again)))):
+                    answers[i] = answer
+            except (RedisError, OSError):
+                pass  # each step below is retried on its own
+        for step, (reply, acked) in zip(steps, answers):
+            if isinstance(reply, NoScriptError):  # the server restarted, flushed its script cache, failed over
                 try:
-                    reply = await step.script(keys=step.keys, args=step.args)
+                    if step.acks > 0:
+                        reply, acked = await run_replicated(self._redis, step.script, step.keys, step.args,
+                                                            acks=step.acks, timeout_ms=step.timeout_ms)
+                    else:
+                        reply = await translated(step.script(keys=step.keys, args=step.args))
                 except (RedisError, OSError) as exc:
                     reply = exc
             step.on_reply(reply)
+            if step.on_acked is not None and not isinstance(reply, BaseException) \
+                    and not isinstance(acked, BaseException) and acked is not None:
+                step.on_acked(int(acked))
+
+    @staticmethod
+    def _answers(steps: Sequence[_Step], replies: Sequence[Any]) -> list[tuple[Any, Any]]:
+        """(reply, WAIT reply or None) per step, from the pipeline's flat reply list."""
+        answers, at = [], 0
+        for step in steps:
+            answers.append((replies[at], replies[at + 1] if step.acks > 0 else None))
+            at += 2 if step.acks > 0 else 1
+        return answers
+
+    async def _pipeline(self, steps: Sequence[_Step]) -> list[Any]:
+        cluster = isinstance(self._redis, RedisCluster)
+        if cluster:
+            await self._redis.initialize()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for step in steps:
+                target: dict[str, Any] = {}
+                if cluster:  # redis-py blocks pipe.evalsha in a cluster pipeline; name the slot's master
+                    target["target_nodes"] = self._redis.get_node_from_key(step.keys[0])
+                pipe.execute_command("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args, **target)
+                if step.acks > 0:
+                    pipe.execute_command("WAIT", step.acks, step.timeout_ms, **target)
+            return list(await pipe.execute(raise_on_error=False))

@@ -29,7 +29,7 @@ import redis.asyncio as redis_async
 
 from .errors import ProxyError
 from .operations import OperationStore
-from .store import key
+from .store import key, translated
 
 if TYPE_CHECKING:  # pragma: no cover
     from .audit import Auditor
@@ -61,16 +61,16 @@ class UnknownIndex:
 
     async def open(self, ref: str, since: float | None = None) -> None:
         # NX: an entry keeps its first timestamp.
-        await self._redis.zadd(self.key, {ref: since if since is not None else time.time()}, nx=True)
+        await translated(self._redis.zadd(self.key, {ref: since if since is not None else time.time()}, nx=True))
 
     async def close(self, ref: str) -> bool:
-        return bool(await self._redis.zrem(self.key, ref))
+        return bool(await translated(self._redis.zrem(self.key, ref)))
 
     async def stats(self, now: float | None = None) -> UnknownStats:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zcard(self.key)
             pipe.zrange(self.key, 0, 0, withscores=True)
-            count, oldest = await pipe.execute()
+            count, oldest = await translated(pipe.execute())
         since = [float(oldest[0][1])] if oldest else []
         if self._operations is not None:
             records, oldest_ms = await self._operations.open_stats()
@@ -83,7 +83,7 @@ class UnknownIndex:
     async def open_calls(self, *, tenant: str | None, limit: int = 500) -> list[dict[str, Any]]:
         """Open call-level unknowns, oldest first (one tenant's, unless ``tenant`` is None)."""
         out = []
-        for member, score in await self._redis.zrange(self.key, 0, -1, withscores=True):
+        for member, score in await translated(self._redis.zrange(self.key, 0, -1, withscores=True)):
             entry = _entry(member, score)
             if entry is not None and (tenant is None or entry["tenant"] == tenant):
                 out.append(entry)

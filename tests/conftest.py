@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.servers import OpaServer, RedisServer
+from tests.support.topologies import RedisClusterGroup, SentinelGroup
 from tests.support.tokens import Issuer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -96,12 +97,60 @@ def pytest_terminal_summary(terminalreporter):
                                 f"{_AUDIT_SEEN['records']} (captured stdout of every test)")
 
 
+def _running(group):
+    try:
+        yield group.start()
+    finally:
+        group.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory):
+    """A 6-node Redis Cluster (3 masters, 3 replicas) for the whole session, started on first use."""
+    yield from _running(RedisClusterGroup(tmp_path_factory.mktemp("cluster")))
+
+
+@pytest.fixture(scope="session")
+def redis_sentinel(tmp_path_factory):
+    """A Sentinel group (1 master, 1 replica, 3 Sentinels) for the whole session, started on first use."""
+    yield from _running(SentinelGroup(tmp_path_factory.mktemp("sentinel")))
+
+
 @pytest.fixture
-def proxy_deps(opa_server, redis_url):
-    """Config overrides that point an in-process proxy at the session OPA and a flushed Redis."""
+def redis_mode(request):
+    """standalone, unless a test is parametrized over the modes (``tests.support.modes.all_redis_modes``)."""
+    return getattr(request, "param", "standalone")
+
+
+@pytest.fixture
+def redis_settings(request, redis_mode):
+    """The proxy's ``redis.*`` settings for the mode, on flushed data (a killed node restored first)."""
+    if redis_mode == "standalone":
+        return {"redis.url": request.getfixturevalue("redis_url")}
+    group = request.getfixturevalue("redis_cluster" if redis_mode == "cluster" else "redis_sentinel")
+    group.restore()
+    group.flushall()
+    return group.overrides()
+
+
+@pytest.fixture
+def proxy_deps(opa_server, redis_settings):
+    """Config overrides that point an in-process proxy at the session OPA and a flushed Redis (of the mode)."""
     if not opa_server.running:  # a previous test stopped it
         opa_server.start()
-    return {"opa.url": opa_server.url, "redis.url": redis_url}
+    return {"opa.url": opa_server.url, **redis_settings}
+
+
+@pytest.fixture
+async def state_client(redis_settings):
+    """The proxy's own kind of Redis client for the mode (standalone, Sentinel or Cluster), for inspection."""
+    from proxy.config import load_config
+    from proxy.store import close_client, create_client
+    client = create_client(load_config(env={}, overrides=redis_settings).redis)
+    try:
+        yield client
+    finally:
+        await close_client(client)
 
 
 @pytest.fixture(scope="session")
@@ -122,3 +171,27 @@ async def jwt_stack(proxy_deps, issuers):
     async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}) as stack:
         stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
         yield stack
+
+
+# ---------------------------------------------------------------------------
+# Tool backends and HTTP clients for tests that drive real proxy processes
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def demo_backend():
+    """The demo tool backend in this event loop: ``(url, state)``."""
+    from examples.demo_backend import start_demo_backend
+    runner, url, state = await start_demo_backend()
+    try:
+        yield url, state
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def http_session():
+    """A client session for talking to proxy processes (tests/support/proxyproc.py)."""
+    import aiohttp
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -18,7 +18,8 @@ from tests.support.stack import running_stack
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "toolproxy" / "files" / "prometheus-rules.yaml"
 UNIT_TESTS = Path(__file__).resolve().parent / "prometheus" / "alert-rules.test.yaml"
 REQUIRED_ALERTS = {"ToolproxyUnknownOutcomeRateHigh", "ToolproxyUnknownsOpenTooLong", "ToolproxyTakeoverRaised",
-                   "ToolproxyOpaUnavailable", "ToolproxyRedisUnavailable", "ToolproxyApprovalBacklog"}
+                   "ToolproxyOpaUnavailable", "ToolproxyRedisUnavailable", "ToolproxyApprovalBacklog",
+                   "ToolproxyBreakerStuckOpen"}
 
 
 def rules() -> list[dict]:

@@ -7,7 +7,7 @@ import json
 import pytest
 import redis.asyncio as redis_async
 
-from proxy.audit import MASK, redact
+from proxy.redaction import MASK, redact
 from proxy.errors import ProxyError
 from tests.support.audit import audit_records
 from tests.support.stack import UNLOCKED_COUNTER, extra_tools, running_stack
@@ -132,12 +132,16 @@ async def test_redis_stream_sink_is_bounded(redis_url, proxy_deps):
             await client.aclose()
 
 
-async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server, tmp_path):
-    dead = "redis://127.0.0.1:9/0"  # nothing listens on the discard port
-    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"],
+async def break_audit_stream(stack) -> None:
+    """The redis sink fails while the state store works: its stream key holds a string (XADD: WRONGTYPE)."""
+    [sink] = stack.runtime.audit.sinks
+    await stack.redis.set(sink.key, "not a stream")
+
+
+async def test_dead_sink_stops_a_write_before_its_side_effect(proxy_deps, tmp_path):
+    async with running_stack({**proxy_deps, "audit.sinks": ["redis"],
                               **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
-        # A write without an idempotency record or a lock (Redis is down, so one with a key or a
-        # resource lock fails closed earlier).
+        await break_audit_stream(stack)
         status, env = await stack.call("bump_counter", COUNTER)
         assert status == 503 and env["error"]["code"] == "audit_unavailable"
         assert env["error"]["phase"] == "audit"
@@ -153,10 +157,10 @@ async def test_dead_sink_stops_a_write_before_its_side_effect(opa_server, tmp_pa
         assert failures == 3  # the write's intent and final record, the read's record
 
 
-async def test_fail_open_writes_go_on_and_fail_closed_reads_stop(opa_server, tmp_path):
-    dead = "redis://127.0.0.1:9/0"
-    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
+async def test_fail_open_writes_go_on_and_fail_closed_reads_stop(proxy_deps, tmp_path):
+    async with running_stack({**proxy_deps, "audit.sinks": ["redis"], "audit.on_failure_write": "fail_open",
                               "audit.on_failure_read": "fail_closed", **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
+        await break_audit_stream(stack)
         status, env = await stack.call("bump_counter", COUNTER)
         assert status == 200 and stack.backend.effect_counts()["adjust_counter"] == 1
         status, env = await stack.call("get_order", {"order_id": "ord_1001"})
@@ -172,15 +176,15 @@ async def test_critical_records_raise_when_the_sink_is_down():
 
 
 def test_an_invalid_failure_policy_or_sink_is_a_config_error():
-    from proxy.audit import Auditor, StdoutSink, build_sinks
     from proxy.config import ConfigError, load_config
-    from proxy.metrics import Metrics
-    config = load_config(env={}, overrides={"audit.on_failure_write": "maybe"})
-    with pytest.raises(ConfigError, match="audit.on_failure_write"):
-        Auditor(config.audit, [StdoutSink()], Metrics())
-    config = load_config(env={}, overrides={"audit.sinks": ["kafka"]})
-    with pytest.raises(ConfigError, match="audit.sinks"):
-        build_sinks(config.audit, None, "k")  # type: ignore[arg-type]
+    # The config loader refuses them (one place for every enumerated setting), naming key, value and choices.
+    with pytest.raises(ConfigError, match="audit.on_failure_write .*'maybe'.*fail_closed, fail_open"):
+        load_config(env={}, overrides={"audit.on_failure_write": "maybe"})
+    with pytest.raises(ConfigError, match="audit.sinks .*'kafka'.*stdout, redis"):
+        load_config(env={}, overrides={"audit.sinks": ["kafka"]})
+    from proxy.audit import check_config
+    with pytest.raises(ConfigError, match="audit.sinks.*at least one"):
+        check_config(load_config(env={"TOOLPROXY_AUDIT_SINKS": ""}).audit)
 
 
 async def test_a_call_that_needs_approval_names_the_approval_it_created(proxy_deps, capsys):

@@ -91,7 +91,7 @@ async def test_valid_token_identity_reaches_the_backend(stack, issuers):
 
 
 async def test_headers_mode_takes_identity_from_the_mesh_only_when_configured(proxy_deps):
-    async with running_stack({**proxy_deps, "identity.mode": "headers"}) as stack:
+    async with running_stack({**proxy_deps, "identity.mode": "headers", "identity.agent_id": "mesh-agent"}) as stack:
         status, env = await stack.call("get_order", {"order_id": "ord_2001"})
         assert status == 401 and env["error"]["code"] == "unauthorized"
         status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers={

@@ -6,6 +6,8 @@ that need reconciliation call ``scan_once()`` so every step is deterministic.
 
 from __future__ import annotations
 
+from typing import Any
+
 import asyncio
 import time
 
@@ -15,6 +17,7 @@ from proxy.idempotency import derive_key
 from tests.support.metrics import sample, samples, scrape_text
 from tests.support.stack import running_stack
 from tests.support.waits import wait_until as wait_for
+from tests.support.modes import all_redis_modes
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 KEY = {"Idempotency-Key": "refund-ord_1001-1"}
@@ -88,6 +91,7 @@ async def test_missing_identity_is_refused_before_an_approval_is_created(stack):
     assert status == 404  # no record is created for a call that is not authorized (yet)
 
 
+@all_redis_modes
 async def test_duplicate_of_a_success_is_replayed_without_calling_the_backend(stack):
     status, first = await stack.call("refund_order", REFUND, headers=KEY, call_id="call_a")
     assert status == 200 and first["outcome"] == "succeeded"
@@ -112,6 +116,7 @@ async def test_key_order_and_call_id_do_not_change_the_operation(stack):
     assert env.get("replayed") is True and refunds(stack) == 1
 
 
+@all_redis_modes
 async def test_same_key_with_other_arguments_is_a_conflict_and_runs_nothing(stack):
     await stack.call("refund_order", REFUND, headers=KEY)
     status, env = await stack.call("refund_order", {**REFUND, "amount": 200}, headers=KEY)
@@ -146,6 +151,7 @@ async def test_tenants_using_the_same_header_do_not_collide(proxy_deps):
         assert status == 200 and body["state"] == "SUCCEEDED" and body["result"] == a["data"]
 
 
+@all_redis_modes
 async def test_a_running_duplicate_is_in_progress_or_waited_for(stack):
     await stack.fault("refund_order", "slow", delay_ms=400, count=1)
     first = asyncio.create_task(stack.call("refund_order", REFUND, headers=KEY))
@@ -215,6 +221,7 @@ async def test_reads_run_without_a_record(stack):
 
 # -- unknown outcomes and reconciliation ----------------------------------------------
 
+@all_redis_modes
 async def test_commit_then_drop_is_unknown_then_reconciled_to_the_original_result(stack):
     await stack.fault("refund_order", "drop_after_commit", count=1)
     status, env = await stack.call("refund_order", REFUND, headers=KEY)
@@ -245,6 +252,7 @@ async def test_commit_then_drop_is_unknown_then_reconciled_to_the_original_resul
     assert await open_unknowns(stack) == 0
 
 
+@all_redis_modes
 async def test_never_received_is_reconciled_to_retryable_and_runs_once(stack):
     await stack.fault("refund_order", "drop_before_commit", count=1)
     _, env = await stack.call("refund_order", REFUND, headers=KEY)
@@ -277,6 +285,7 @@ async def test_pending_is_watched_with_backoff_until_committed(proxy_deps):
         assert record["state"] == "SUCCEEDED" and refunds(stack) == 1
 
 
+@all_redis_modes
 async def test_no_status_endpoint_needs_a_takeover_with_a_complete_record(stack):
     await stack.fault("adjust_counter", "drop_after_commit", count=1)
     _, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 5}, headers=KEY,
@@ -323,6 +332,7 @@ async def test_window_passing_with_pending_answers_needs_a_takeover(proxy_deps):
         assert "4111" not in str(record)
 
 
+@all_redis_modes
 async def test_lease_expiry_under_in_progress_is_unknown_on_next_access(stack):
     """A proxy that died mid-call leaves IN_PROGRESS behind; its lease running out means UNKNOWN."""
     op = derive_key(tenant="acme", subject="dev-user", tool="refund_order", tool_version="1.0.0",
@@ -358,10 +368,24 @@ def _args_hash(arguments):
 
 # -- Redis unavailable -----------------------------------------------------------------
 
-async def test_redis_down_fails_writes_closed_and_lets_plain_reads_through(proxy_deps):
+def unreachable(mode: str) -> dict[str, Any]:
+    """Settings of a Redis of the mode that nobody answers (free ports)."""
     from tests.support.servers import free_port
-    async with running_stack({**proxy_deps, "redis.url": f"redis://127.0.0.1:{free_port()}/0", "redis.timeout_ms": 200,
+    if mode == "sentinel":
+        return {"redis.mode": "sentinel", "redis.sentinels": [f"127.0.0.1:{free_port()}" for _ in range(3)],
+                "redis.replica_ack_timeout_ms": 100}
+    if mode == "cluster":
+        return {"redis.mode": "cluster", "redis.cluster_nodes": [f"127.0.0.1:{free_port()}" for _ in range(2)],
+                "redis.replica_ack_timeout_ms": 100}
+    return {"redis.url": f"redis://127.0.0.1:{free_port()}/0"}
+
+
+@pytest.mark.parametrize("mode", ["standalone", "sentinel", "cluster"])
+async def test_redis_down_fails_writes_closed_and_lets_plain_reads_through(opa_server, mode):
+    async with running_stack({"opa.url": opa_server.url, **unreachable(mode), "redis.timeout_ms": 200,
                               "reconcile.enabled": False}) as stack:
+        async with stack.session.get(stack.ops_url + "/readyz") as response:
+            assert response.status == 503 and (await response.json())["checks"]["redis"] is False
         status, env = await stack.call("refund_order", REFUND, headers=KEY)
         assert status == 503 and env["error"]["code"] == "dependency_unavailable"
         assert env["error"]["details"] == {"dependency": "state_store"}
@@ -447,6 +471,7 @@ async def test_only_the_current_execution_can_record_and_a_repeated_script_call_
     assert 0 < await stack.redis.pttl(f"toolproxy:op:{{opa}}:{key}") <= 60000
 
 
+@all_redis_modes
 async def test_one_reconciler_per_key(stack):
     store = stack.runtime.operations
     key = "ik_" + "b" * 64

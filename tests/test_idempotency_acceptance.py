@@ -14,33 +14,18 @@ from typing import Any
 import aiohttp
 import pytest
 
-from examples.demo_backend import start_demo_backend
 from proxy.idempotency import derive_key
 from proxy.normalize import canonical_json, sha256_hex
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope
 from tests.support.waits import wait_until as wait_for
+from tests.support.modes import all_redis_modes
 
 REFUND = {"order_id": "ord_1002", "amount": 700, "reason": "charged twice"}
 
 
-@pytest.fixture
-async def backend():
-    runner, url, state = await start_demo_backend()
-    try:
-        yield url, state
-    finally:
-        await runner.cleanup()
-
-
-@pytest.fixture
-async def session():
-    async with aiohttp.ClientSession() as s:
-        yield s
-
-
 def proxy_settings(backend_url: str, proxy_deps: dict[str, Any], **extra: Any) -> dict[str, Any]:
-    return {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
+    return {**proxy_deps,
             "backends.services": {"demo": backend_url}, "registry.paths": [str(DEMO_REGISTRY)],
             "reconcile.scan_interval_ms": 100, "reconcile.backoff_initial_ms": 50,
             "reconcile.backoff_max_ms": 200, "idempotency.lease_grace_ms": 300, **extra}
@@ -65,8 +50,10 @@ async def operation(session, proxy: ProxyProcess, key: str) -> tuple[int, dict[s
         return response.status, await response.json()
 
 
-async def test_fifty_concurrent_duplicates_through_two_proxies_make_one_effect(backend, session, proxy_deps):
-    backend_url, state = backend
+@all_redis_modes
+async def test_fifty_concurrent_duplicates_through_two_proxies_make_one_effect(demo_backend, http_session, proxy_deps):
+    backend_url, state = demo_backend
+    session = http_session
     proxies = [ProxyProcess(proxy_settings(backend_url, proxy_deps)).start() for _ in range(2)]
     try:
         await asyncio.gather(*(p.ready() for p in proxies))
@@ -99,9 +86,10 @@ async def test_fifty_concurrent_duplicates_through_two_proxies_make_one_effect(b
     ("stall", "FAILED_RETRYABLE"),  # the backend never applied it: the same key runs again, once
     ("slow", "SUCCEEDED"),          # the backend committed after the proxy died: the original result
 ])
-async def test_proxy_killed_mid_call_becomes_unknown_and_is_reconciled(backend, session, proxy_deps, fault,
+async def test_proxy_killed_mid_call_becomes_unknown_and_is_reconciled(demo_backend, http_session, proxy_deps, fault,
                                                                        settles_as):
-    backend_url, state = backend
+    backend_url, state = demo_backend
+    session = http_session
     settings = proxy_settings(backend_url, proxy_deps)
     async with session.post(backend_url + "/_control/faults",
                             json={"tool": "refund_order", "mode": fault, "delay_ms": 1500, "count": 1}) as r:

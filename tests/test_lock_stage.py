@@ -7,7 +7,6 @@ import time
 
 import aiohttp
 import pytest
-import redis.asyncio as redis_async
 
 from proxy.deadline import Deadline
 from proxy.normalize import normalize
@@ -15,6 +14,7 @@ from proxy.pipeline import RequestMeta, ToolCallRequest
 from proxy.tracing import accept_traceparent
 from tests.support.stack import extra_tools, running_stack
 from tests.support.waits import wait_until
+from tests.support.modes import all_redis_modes
 
 FAST_LEASE = {"locks.lease_ms": 400, "locks.renew_interval_ms": 100}
 
@@ -34,12 +34,11 @@ async def stack(proxy_deps):
 
 
 @pytest.fixture
-async def redis(redis_url):
-    conn = redis_async.Redis.from_url(redis_url)
-    yield conn
-    await conn.aclose()
+def redis(state_client):
+    return state_client
 
 
+@all_redis_modes
 async def test_write_forwards_increasing_fencing_tokens_and_leaves_no_lock(stack, redis):
     for n in (1, 2):
         status, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id=f"w{n}")
@@ -51,13 +50,20 @@ async def test_write_forwards_increasing_fencing_tokens_and_leaves_no_lock(stack
     assert await redis.keys("toolproxy:lock:*") == []  # released after the call
 
 
-async def test_reads_forward_no_token(stack):
+async def test_a_read_that_declares_a_resource_forwards_the_newest_token(stack):
+    """Read-modify-write backends fence their reads: a shared holder gets the newest token issued so
+    far (no newer write can start while it holds the resource); a read without a lock gets none."""
+    await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id="w1")
     await stack.call("get_inventory", {"sku": "sku_widget"}, call_id="shared_read")  # access: shared
     await stack.call("get_order", {"order_id": "ord_1001"}, call_id="unlocked_read")  # access: none
-    for call_id in ("shared_read", "unlocked_read"):
-        assert "X-Fencing-Token" not in requests_for(stack, call_id)[0]["headers"]
+    await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 1}, call_id="w2")
+    token = {call_id: int(requests_for(stack, call_id)[0]["headers"]["X-Fencing-Token"])
+             for call_id in ("w1", "shared_read", "w2")}
+    assert token["w1"] <= token["shared_read"] < token["w2"]
+    assert "X-Fencing-Token" not in requests_for(stack, "unlocked_read")[0]["headers"]
 
 
+@all_redis_modes
 async def test_busy_resource_is_resource_busy_within_the_deadline_and_nothing_is_sent(stack):
     locks = stack.runtime.pipeline._locks  # another holder (as another replica would be)
     held = await locks.acquire(refs(stack, "adjust_counter", {"counter": "ctr_demo", "delta": 1}),
@@ -123,7 +129,8 @@ async def test_redis_down_fails_a_locked_write_before_sending(redis_server, prox
         finally:
             redis_server.start()
     assert status == 503
-    assert env["error"]["code"] == "dependency_unavailable" and env["error"]["details"] == {"dependency": "redis"}
+    # Every write has an operation record now (issue #12): the record, taken before the lock, fails first.
+    assert env["error"]["code"] == "dependency_unavailable" and env["error"]["details"] == {"dependency": "state_store"}
     assert env["side_effect"] == {"attempted": False, "committed": False}
     assert requests_for(stack, "nored") == []
 

@@ -8,7 +8,7 @@ import time
 import pytest
 import redis.asyncio as redis_async
 
-from proxy.config import ConfigError, LocksConfig
+from proxy.config import ConfigError, LocksConfig, load_config
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.locks import LockManager
@@ -16,6 +16,7 @@ from proxy.metrics import Metrics
 from proxy.normalize import ResourceRef
 from tests.support.servers import free_port
 from tests.support.waits import wait_until as wait_for
+from tests.support.modes import all_redis_modes
 
 X = "exclusive"
 S = "shared"
@@ -30,10 +31,8 @@ def within(seconds: float) -> Deadline:
 
 
 @pytest.fixture
-async def client(redis_url):
-    conn = redis_async.Redis.from_url(redis_url)
-    yield conn
-    await conn.aclose()
+def client(state_client):
+    return state_client
 
 
 def manager(client, **overrides) -> LockManager:
@@ -55,6 +54,7 @@ async def holders(client, key: str) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
+@all_redis_modes
 async def test_keys_carry_the_tenant_hash_tag_or_one_global_tag(client):
     locks = manager(client)
     assert locks.resource_key("acme", "order:ord_1") == "toolproxy:lock:{acme}:order:ord_1"
@@ -65,17 +65,20 @@ async def test_keys_carry_the_tenant_hash_tag_or_one_global_tag(client):
         == "toolproxy:lock:{*}:order:ord_1"
 
 
+@all_redis_modes
 async def test_nothing_to_lock_for_access_none(client):
     locks = manager(client)
     assert await take(locks, refs(("order:1", "none"))) is None
     assert await client.keys("toolproxy:*") == []
 
 
+@all_redis_modes
 async def test_readers_share_writer_waits_then_times_out_as_resource_busy(client):
     locks = manager(client)
     r1 = await take(locks, refs(("inv:a", S)), write=False)
     r2 = await take(locks, refs(("inv:a", S)), write=False)  # shared with r1: no wait
-    assert r1.fencing_token is None and r2.fencing_token is None
+    # Readers get the newest token issued so far (here: none yet, so the clock's), the same for both.
+    assert r1.fencing_token is not None and r1.fencing_token == r2.fencing_token
     with pytest.raises(ProxyError) as busy:
         await take(locks, refs(("inv:a", X)), seconds=0.15)
     assert busy.value.code == "resource_busy"
@@ -86,11 +89,12 @@ async def test_readers_share_writer_waits_then_times_out_as_resource_busy(client
     await r1.release()
     await r2.release()
     writer = await take(locks, refs(("inv:a", X)))
-    assert writer.fencing_token is not None
+    assert writer.fencing_token is not None and writer.fencing_token > r1.fencing_token
     await writer.release()
     assert await client.exists("toolproxy:lock:{acme}:inv:a") == 0  # released sets leave no hash behind
 
 
+@all_redis_modes
 async def test_writer_excludes_readers_and_writers(client):
     locks = manager(client)
     writer = await take(locks, refs(("inv:a", X)))
@@ -101,6 +105,7 @@ async def test_writer_excludes_readers_and_writers(client):
     await writer.release()
 
 
+@all_redis_modes
 async def test_set_is_taken_all_or_nothing(client):
     locks = manager(client)
     held = await take(locks, refs(("r:2", X)))
@@ -115,6 +120,7 @@ async def test_set_is_taken_all_or_nothing(client):
     await held.release()
 
 
+@all_redis_modes
 async def test_tenants_do_not_exclude_each_other_but_global_scope_does(client):
     locks = manager(client)
     a = await take(locks, refs(("ctr:x", X)), tenant="acme")
@@ -128,6 +134,7 @@ async def test_tenants_do_not_exclude_each_other_but_global_scope_does(client):
     await a.release()
 
 
+@all_redis_modes
 async def test_fencing_tokens_strictly_increase_for_every_resource(client):
     locks = manager(client)
     tokens = []
@@ -146,6 +153,7 @@ async def test_fencing_tokens_strictly_increase_for_every_resource(client):
     await lease.release()
 
 
+@all_redis_modes
 async def test_waiting_writer_gets_the_lock_and_keeps_new_readers_out(client):
     locks = manager(client)
     key = locks.resource_key("acme", "inv:a")
@@ -167,6 +175,7 @@ async def test_waiting_writer_gets_the_lock_and_keeps_new_readers_out(client):
     await writer.release()
 
 
+@all_redis_modes
 async def test_lease_is_renewed_while_held(client):
     locks = manager(client, lease_ms=300, renew_interval_ms=80)
     lease = await take(locks, refs(("r:1", X)))
@@ -178,6 +187,7 @@ async def test_lease_is_renewed_while_held(client):
     await lease.release()
 
 
+@all_redis_modes
 async def test_lease_taken_away_is_lost_and_the_guarded_write_becomes_unknown(client):
     locks = manager(client, lease_ms=300, renew_interval_ms=50)
     lease = await take(locks, refs(("r:1", X)))
@@ -194,6 +204,7 @@ async def test_lease_taken_away_is_lost_and_the_guarded_write_becomes_unknown(cl
     await lease.release()
 
 
+@all_redis_modes
 async def test_lost_shared_lock_fails_a_read_retryably(client):
     locks = manager(client, lease_ms=300, renew_interval_ms=50)
     lease = await take(locks, refs(("r:1", S)), write=False)
@@ -204,6 +215,7 @@ async def test_lost_shared_lock_fails_a_read_retryably(client):
     await lease.release()
 
 
+@all_redis_modes
 async def test_guard_returns_the_result_while_the_lease_holds(client):
     locks = manager(client)
     lease = await take(locks, refs(("r:1", X)))
@@ -216,6 +228,7 @@ async def test_guard_returns_the_result_while_the_lease_holds(client):
     await lease.release()  # idempotent
 
 
+@all_redis_modes
 async def test_cancelled_holder_releases(client):
     locks = manager(client)
     held = asyncio.Event()
@@ -238,6 +251,7 @@ async def test_cancelled_holder_releases(client):
     await again.release()
 
 
+@all_redis_modes
 async def test_cancelled_waiter_leaves_no_mark(client):
     locks = manager(client)
     key = locks.resource_key("acme", "r:1")
@@ -267,11 +281,14 @@ async def test_redis_unreachable_is_dependency_unavailable():
 
 
 def test_bad_settings_are_refused_at_start():
-    for bad in ({"scope": "cluster"}, {"renew_interval_ms": 5000, "lease_ms": 5000}, {"poll_min_ms": 0}):
+    with pytest.raises(ConfigError, match="locks.scope .*'cluster'.*tenant, global"):
+        load_config(env={}, overrides={"locks.scope": "cluster"})
+    for bad in ({"renew_interval_ms": 5000, "lease_ms": 5000}, {"poll_min_ms": 0}):
         with pytest.raises(ConfigError):
             LocksConfig(**bad)
 
 
+@all_redis_modes
 async def test_cancelling_a_waiter_always_stops_it(client):
     """redis-py on Python 3.11 can swallow a cancellation during a send (CPython gh-86296); the lock
     stage must still stop. Repeated so the race window is hit (it was, about one run in ten, before)."""

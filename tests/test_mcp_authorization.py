@@ -10,7 +10,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests.support.stack import assert_envelope, running_stack
+from tests.support.stack import assert_envelope, running_stack, mcp_envelope
 from tests.support.tokens import jwt_overrides
 
 VIEWER_TOOLS = ["get_inventory", "get_order", "get_orders", "get_user_preferences"]
@@ -40,7 +40,7 @@ async def test_listing_hides_what_the_caller_may_not_call_and_calls_are_forbidde
         refused = await client.call_tool("refund_order", REFUND)
     assert ok.is_error is False and ok.structured_content["order_id"] == "ord_1001"
     assert refused.is_error is True
-    envelope = refused.structured_content
+    envelope = mcp_envelope(refused)
     assert_envelope(envelope)
     assert envelope["error"]["code"] == "forbidden"
     assert envelope["side_effect"] == {"attempted": False, "committed": False}
@@ -58,7 +58,7 @@ async def test_approval_required_is_an_iserror_result_with_the_approval_id(stack
     async with agent(stack, platform.token("alice"), "auto") as client:
         result = await client.call_tool("delete_customer", {"customer_id": "cus_1001"})
     assert result.is_error is True
-    envelope = result.structured_content
+    envelope = mcp_envelope(result)
     assert envelope["error"]["code"] == "approval_required"
     assert envelope["error"]["resolution"] == "await_approval"
     assert envelope["error"]["details"]["approval_id"]

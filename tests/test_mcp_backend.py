@@ -13,7 +13,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.mcp_upstream import Upstream, registry_yaml, running_upstream
-from tests.support.stack import DEMO_REGISTRY, Stack, assert_envelope, running_stack
+from tests.support.stack import DEMO_REGISTRY, Stack, assert_envelope, running_stack, mcp_envelope
 
 
 @contextlib.asynccontextmanager
@@ -138,7 +138,7 @@ async def test_mcp_front_shows_upstream_failures_as_iserror(tmp_path, proxy_deps
         async with agent(stack) as client:
             result = await client.call_tool("up_refuse", {"counter": "c_y"})
         assert result.is_error is True
-        assert result.structured_content["error"]["code"] == "business_rejected"
+        assert mcp_envelope(result)["error"]["code"] == "business_rejected"
         assert "db-7.corp" not in result.content[0].text
 
 
@@ -155,5 +155,5 @@ async def test_duplicate_write_reaches_the_upstream_once(tmp_path, proxy_deps):
         assert upstream.state.count("adjust") == 1
         assert upstream.state.executions[0]["headers"].get("idempotency-key")
         assert conflict.is_error is True
-        assert conflict.structured_content["error"]["code"] == "idempotency_conflict"
+        assert mcp_envelope(conflict)["error"]["code"] == "idempotency_conflict"
         assert upstream.state.count("adjust") == 1

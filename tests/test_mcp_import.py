@@ -28,7 +28,7 @@ async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path,
         drafted = tmp_path / "drafted.yaml"
         drafted.write_text(out)
         tools = {t.name: t for t in load_file(drafted)}
-        assert set(tools) == {"up.adjust", "up.lookup", "up.slow_write", "up.refuse", "up.crash"}
+        assert {"up.adjust", "up.lookup", "up.slow_write", "up.refuse", "up.crash"} <= set(tools)
         for tool in tools.values():
             assert (tool.mode, tool.risk, tool.idempotency_required) == ("write", "destructive", True)
             assert tool.backend.type == "mcp" and tool.backend.url == upstream.url
@@ -36,8 +36,8 @@ async def test_draft_is_valid_conservative_and_marked_for_review(tmp_path: Path,
         assert tools["up.adjust"].backend.tool == "adjust"
         # The upstream's readOnlyHint is shown to the reviewer but not applied.
         assert "readOnlyHint=True" in out and tools["up.adjust"].mode == "write"
-        assert out.count("# REVIEW mode/risk") == 5
-        assert "NOT REVIEWED" in out and "drafted 5 tool(s)" in err
+        assert out.count("# REVIEW mode/risk") == len(tools)
+        assert "NOT REVIEWED" in out and f"drafted {len(tools)} tool(s)" in err
 
         # The draft is usable as is: the proxy executes the upstream tool through it — and,
         # being "destructive" until reviewed, only with a person's approval.
@@ -82,4 +82,7 @@ def test_strictifying_touches_schema_positions_only():
     assert strict["properties"]["mode"] == schema["properties"]["mode"]
     assert "additionalProperties" not in strict["properties"]  # a property named "properties" is not a schema
     text = draft([UpstreamTool("bad name!", None, schema, None, {})], url="http://u/mcp")
-    assert "strict: false" in text and "name: bad_name_" in text and "outputSchema: {}" in text
+    assert "strict: false" in text and "name: bad_name_" in text
+    entries = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert "outputSchema" not in entries  # none upstream: none drafted (an empty one promises nothing)
+    assert "EVERY CALL NEEDS AN APPROVAL" in text

@@ -6,6 +6,7 @@ import pytest
 
 from tests.support.metrics import counter_deltas, sample, samples, scrape_text
 from tests.support.stack import running_stack
+from tests.support.modes import all_redis_modes
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 
@@ -39,6 +40,9 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
             sample(calls, tool="refund_order", outcome="unknown", code="timeout_unknown"): 1,
             sample(calls, tool="get_order", outcome="failed", code="forbidden"): 1,
             sample("toolproxy_unknown_outcomes_total", tool="refund_order"): 1,
+            # every call that resolved a contract, by version and status (the schema violation did too)
+            sample("toolproxy_tool_version_calls_total", tool="get_order", version="1.0.0", status="active"): 2,
+            sample("toolproxy_tool_version_calls_total", tool="refund_order", version="1.0.0", status="active"): 4,
             sample("toolproxy_policy_decisions_total", result="allow"): 4,
             sample("toolproxy_policy_decisions_total", result="deny"): 1,
             sample("toolproxy_policy_denials_total", tool="get_order", reason="resource_not_owned"): 1,
@@ -121,8 +125,9 @@ async def test_healthz_is_alive_even_when_dependencies_are_down():
         assert values[sample("toolproxy_dependency_up", dependency="redis")] == 0
 
 
-async def test_readyz_with_real_opa_and_redis(redis_url, opa_server):
-    async with running_stack({"redis.url": redis_url, "opa.url": opa_server.url}) as stack:
+@all_redis_modes
+async def test_readyz_with_real_opa_and_redis(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
         async with stack.session.get(stack.ops_url + "/readyz") as response:
             body = await response.json()
         assert response.status == 200, body

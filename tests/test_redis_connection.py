@@ -10,7 +10,7 @@ import redis as redis_sync
 import redis.exceptions
 
 from proxy.config import ConfigError, load_config
-from proxy.store import create_pool
+from proxy.store import close_client, create_client
 from tests.support.servers import RedisServer, free_port
 
 
@@ -57,11 +57,11 @@ def certs(tmp_path_factory) -> dict[str, Path]:
 
 async def _ping(config_overrides: dict, env: dict | None = None) -> bool:
     config = load_config(env=env or {}, overrides=config_overrides)
-    pool = create_pool(config.redis)
+    client = create_client(config.redis)
     try:
-        return await pool.ping()
+        return await client.ping()
     finally:
-        await pool.aclose()
+        await close_client(client)
 
 
 async def test_password_from_the_environment_authenticates():
@@ -91,7 +91,7 @@ async def test_mutual_tls_with_ca_and_client_certificate(certs):
 
 
 def test_tls_files_need_a_rediss_url_and_cert_needs_key():
-    with pytest.raises(ConfigError, match="not rediss://"):
+    with pytest.raises(ConfigError, match="TLS is off"):
         load_config(env={}, overrides={"redis.url": "redis://r:6379/0", "redis.tls_ca_file": "/ca.crt"})
     with pytest.raises(ConfigError, match="go together"):
         load_config(env={}, overrides={"redis.url": "rediss://r:6379/0", "redis.tls_cert_file": "/tls.crt"})

@@ -120,6 +120,7 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
            "TOOLPROXY_BACKENDS_SERVICES": f"creds={creds_backend}", "TOOLPROXY_LOG_LEVEL": "debug",
            "TOOLPROXY_AUDIT_SINKS": "stdout,redis", "TOOLPROXY_REDIS_URL": redis_url,
            "TOOLPROXY_OPA_URL": opa_server.url, "TOOLPROXY_IDENTITY_MODE": "jwt",
+           "TOOLPROXY_IDENTITY_AGENT_ID": "agent-under-test",
            "TOOLPROXY_IDENTITY_JWT_ISSUER": issuer.issuer, "TOOLPROXY_IDENTITY_JWT_JWKS_FILE": str(issuer.jwks_file)}
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:

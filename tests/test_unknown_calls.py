@@ -1,8 +1,10 @@
-"""Unknown outcomes of calls without an operation record: counted, listed to operators, settled with evidence.
+"""Unknown outcomes of writes the caller sent without a key, and call-level unknown entries.
 
-A write without an idempotency key has no status to query, so nothing can
-reconcile it automatically; it stays in ``toolproxy_open_unknowns`` (and
-keeps ``ToolproxyUnknownsOpenTooLong`` firing) until an operator settles it.
+A write without an idempotency key gets a per-request operation record (issue
+#12): its unknown outcome is counted in ``toolproxy_open_unknowns`` through
+that record and settled like any operation (status endpoint, or an operator's
+resolve). Call-level entries (``/v1/unknown-calls``), which earlier versions
+wrote for such calls, are still listed and settled with evidence.
 """
 
 from __future__ import annotations
@@ -30,10 +32,30 @@ async def settle(stack, token: str, body: object) -> tuple[int, dict]:
         return response.status, await response.json()
 
 
-async def test_operator_settles_a_keyless_unknown_and_the_gauge_comes_down(stack, issuers, capsys):
+async def test_a_keyless_unknown_write_has_an_operation_record_an_operator_resolves(stack, issuers):
     await stack.fault("adjust_counter", "drop_after_commit", count=1)
     _, env = await stack.call("adjust_counter", COUNTER, call_id="call_ctr")
-    assert env["error"]["code"] == "timeout_unknown" and env["idempotency_key"] is None
+    assert env["error"]["code"] == "timeout_unknown" and env["idempotency_key"].startswith("ik_")
+    values = samples(await scrape_text(stack))
+    assert values[sample("toolproxy_open_unknowns")] == 1
+    token = operator(issuers)
+    status, view = await stack.admin("GET", f"/v1/operations/{env['idempotency_key']}", token)
+    assert status == 200 and view["state"] == "UNKNOWN"
+    async with stack.session.post(f"{stack.admin_url}/v1/operations/{env['idempotency_key']}/resolve",
+                                  json={"outcome": "committed", "evidence": "counters table shows 5"},
+                                  headers={"Authorization": f"Bearer {token}"}) as response:
+        assert response.status == 200, await response.text()
+    values = samples(await scrape_text(stack))
+    assert values[sample("toolproxy_open_unknowns")] == 0
+
+
+async def test_operator_settles_a_call_level_unknown_and_the_gauge_comes_down(stack, issuers, capsys):
+    # A call-level entry as earlier versions wrote one for a keyless write that ended unknown.
+    status, env = await stack.call("get_order", {"order_id": "ord_1001"}, call_id="call_ctr")
+    assert status == 200
+    ref = stack.runtime.unknowns.ref(tenant="acme", tool="adjust_counter", request_id=env["request_id"],
+                                     call_id="call_ctr")
+    await stack.runtime.unknowns.open(ref, 1.0)
     values = samples(await scrape_text(stack))
     assert values[sample("toolproxy_open_unknowns")] == 1
     assert values[sample("toolproxy_oldest_open_unknown_age_seconds")] > 0
@@ -56,7 +78,7 @@ async def test_operator_settles_a_keyless_unknown_and_the_gauge_comes_down(stack
         assert status == 400 and answer["error"]["code"] == "invalid_request"
     approver = issuers[1].token("bob", audience="toolproxy-admin", roles=["approver"], tenant=None, scope="")
     status, answer = await settle(stack, approver, body)
-    assert status == 401
+    assert status == 403 and answer["error"]["code"] == "forbidden"  # a valid admin token without the role
 
     status, answer = await settle(stack, token, body)
     assert (status, answer) == (200, {"request_id": env["request_id"], "call_id": "call_ctr",

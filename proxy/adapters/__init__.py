@@ -7,12 +7,21 @@ or decide authorization, idempotency or locking.
 
 from __future__ import annotations
 
+import contextvars
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from ..errors import ProxyError
 from ..registry import ToolContract
+
+
+# Where an adapter reports the backend's progress on the call running in this context:
+# set by a client-facing front whose client asked for progress (MCP ``_meta.progressToken``),
+# called with (progress, total). Only numbers pass: a backend's progress text is untrusted.
+ProgressRelay = Callable[[float, "float | None"], Awaitable[None]]
+progress_relay: contextvars.ContextVar[ProgressRelay | None] = contextvars.ContextVar(
+    "toolproxy_progress_relay", default=None)
 
 
 @dataclass(frozen=True)

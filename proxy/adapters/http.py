@@ -55,10 +55,11 @@ def trace_config() -> aiohttp.TraceConfig:
 
 class HttpAdapter:
     def __init__(self, session: aiohttp.ClientSession, services: Mapping[str, str], *,
-                 max_response_bytes: int) -> None:
+                 max_response_bytes: int, max_json_depth: int) -> None:
         self._session = session
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
+        self._max_json_depth = max_json_depth
 
     async def call(self, call: BackendCall) -> BackendResult:
         tool = call.tool
@@ -108,13 +109,13 @@ class HttpAdapter:
         backend_request_id = _safe(response.headers.get("X-Request-Id") or response.headers.get("X-Backend-Request-Id"))
         if 200 <= status < 300:
             try:
-                data = strict_loads(body, what="backend output", phase="verify")
+                data = strict_loads(body, what="backend output", phase="verify", max_depth=self._max_json_depth)
             except ProxyError:
                 raise ProxyError("output_invalid", "The tool returned data that is not valid JSON.",
                                  details={"tool": call.tool.name}, phase="verify",
                                  attempted=True, committed=_committed_by_status(status, call.tool.is_write)) from None
             return BackendResult(data=data, status=status, backend_request_id=backend_request_id)
-        error = _backend_error(body)
+        error = _backend_error(body, self._max_json_depth)
         details: dict[str, Any] = {"tool": call.tool.name, "backend_status": status}
         if error.get("code"):
             details["backend_code"] = error["code"]
@@ -122,10 +123,11 @@ class HttpAdapter:
             details["field"] = error["field"]
         if backend_request_id:
             details["backend_request_id"] = backend_request_id
-        if status == 429:
+        if status in (429, 503):  # the backend says when to come back: the quota stage pauses it that long
             retry_after = _retry_after(response.headers.get("Retry-After"))
             if retry_after is not None:
                 details["retry_after_s"] = retry_after
+        if status == 429:
             return _raise(ProxyError("rate_limited", "The backend is rate limiting this tool.",
                                      details=details, phase="execute", attempted=True, committed=False))
         if status in (401, 403):
@@ -192,9 +194,9 @@ def _committed_by_status(status: int, is_write: bool) -> bool | None:
     return True if 200 <= status < 300 else None
 
 
-def _backend_error(body: bytes) -> dict[str, Any]:
+def _backend_error(body: bytes, max_depth: int) -> dict[str, Any]:
     try:
-        return safe_error_fields(strict_loads(body, what="backend error"))
+        return safe_error_fields(strict_loads(body, what="backend error", max_depth=max_depth))
     except ProxyError:
         return {}
 

@@ -4,7 +4,8 @@ Owns: one reusable session per upstream URL (opened with the ``mcp`` SDK
 client over Streamable HTTP — the 2026-07-28 stateless revision when the
 upstream offers it, else the initialize handshake — and reopened when it
 drops), sending ``tools/call`` for the contract's ``backend.tool`` within
-the call's budget with the trusted headers the HTTP adapter forwards, and
+the call's budget (with a progress token when the caller's front relays
+progress: ``adapters.progress_relay``) with the trusted headers the HTTP adapter forwards, and
 classifying every outcome honestly: whether the request left the proxy and
 whether the effect is known to have happened (mirrors ``adapters/http.py``).
 
@@ -13,8 +14,15 @@ it makes is after a definite "not processed" answer: HTTP 404 for an expired
 legacy session, or a header mismatch), read the upstream's tool list,
 descriptions or annotations to decide anything (the trusted registry is the
 only source of execution metadata; upstream output is checked by the verify
-stage against the registry's outputSchema), or pass upstream text, hostnames
-or exception messages to the caller.
+stage against the registry's outputSchema), or pass upstream error text,
+hostnames or exception messages to the caller.
+
+Results: with a declared outputSchema the data is the upstream's
+``structuredContent`` (or its one JSON text block), verified later; without
+one, every content block passes through as the upstream gave it (text, image,
+audio, resource_link, embedded resource): the data is
+``{"content": [...], "structuredContent"?: ...}`` (see
+``mcp_tools.passes_content``), bounded by ``max_response_bytes``.
 """
 
 from __future__ import annotations
@@ -46,9 +54,9 @@ from mcp_types.jsonrpc import (
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
-from ..decode import strict_loads
+from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult, deadline_passed, safe_error_fields
+from . import BackendCall, BackendResult, deadline_passed, progress_relay, safe_error_fields
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")
@@ -182,10 +190,9 @@ class _Upstream:
 
 
 class McpAdapter:
-    def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, connect_timeout_s: float,
-                 handshake_timeout_s: float, mode: str = "auto") -> None:
-        if mode not in ("auto", "legacy"):
-            raise ValueError(f"mcp.upstream_mode must be auto or legacy, not {mode!r}")
+    def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
+                 connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto") -> None:
+        self._max_json_depth = max_json_depth
         self._mode = mode
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
@@ -239,8 +246,14 @@ class McpAdapter:
             progress.observed = progress.headers_sent = progress.connect_failed = False
             progress.status = None
             token = self._progress.set(progress)
+            relay = progress_relay.get()
             try:
-                return await client.session.send_request(request, types.CallToolResult)
+                if relay is None:
+                    return await client.session.send_request(request, types.CallToolResult)
+
+                async def relayed(value: float, total: float | None, message: str | None) -> None:
+                    await relay(value, total)  # the upstream's progress text is not passed on
+                return await client.session.send_request(request, types.CallToolResult, progress_callback=relayed)
             except MCPError as exc:
                 if attempt == 2 or progress.connect_failed:
                     raise
@@ -269,15 +282,26 @@ class McpAdapter:
             raise ProxyError("business_rejected", f"The MCP tool reported an error{reason}.", details=details,
                              phase="execute", attempted=True, committed=False)
         committed = True if tool.is_write else False
-        if result.structured_content is not None:
+        if not tool.declares_output:
+            data = {"content": [block.model_dump(mode="json", by_alias=True, exclude_none=True)
+                                for block in result.content]}
+            if result.structured_content is not None:
+                data["structuredContent"] = result.structured_content
+        elif result.structured_content is not None:
             data = result.structured_content
+            try:  # parsed by the SDK: the same nesting limit as JSON the proxy parses itself
+                check_depth(data, self._max_json_depth, what="backend output", phase="verify")
+            except ProxyError:
+                raise ProxyError("output_invalid", "The MCP tool returned data nested too deeply.",
+                                 details={"tool": tool.name}, phase="verify", attempted=True,
+                                 committed=committed) from None
         else:
             texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
             if len(texts) != 1 or len(result.content) != 1:
                 raise ProxyError("output_invalid", "The MCP tool returned no structured JSON result.",
                                  details={"tool": tool.name}, phase="verify", attempted=True, committed=committed)
             try:
-                data = strict_loads(texts[0], what="backend output", phase="verify")
+                data = strict_loads(texts[0], what="backend output", phase="verify", max_depth=self._max_json_depth)
             except ProxyError:
                 raise ProxyError("output_invalid", "The MCP tool returned data that is not valid JSON.",
                                  details={"tool": tool.name}, phase="verify", attempted=True,

@@ -39,7 +39,19 @@ class HelmError(RuntimeError):
     """``helm`` exited non-zero; the message carries its stderr."""
 
 
+def newest_kube_version(chart: Path = CHART) -> str:
+    """The newest Kubernetes the chart's kubeVersion admits (">=1.A.0-0 <1.B.0-0" -> "1.(B-1).0")."""
+    kube_version = yaml.safe_load((chart / "Chart.yaml").read_text())["kubeVersion"]
+    upper = re.search(r"<\s*v?1\.(\d+)", kube_version)
+    assert upper, f"kubeVersion {kube_version!r} has no upper bound"
+    return f"1.{int(upper.group(1)) - 1}.0"
+
+
 def helm(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    if args and args[0] in ("template", "lint") and "--kube-version" not in args:
+        # The helm that setup.sh builds with `go install` assumes Kubernetes v1.20
+        # when no cluster is asked, below the chart's kubeVersion: name one it supports.
+        args = (*args, "--kube-version", newest_kube_version())
     proc = subprocess.run([find_binary("helm"), *args], capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         output = _without_symlink_notes(proc.stdout + "\n" + proc.stderr)  # `helm lint` reports on stdout

@@ -24,6 +24,7 @@ from referencing import Registry, Resource
 from examples.demo_backend import DemoState, start_demo_backend
 from proxy.app import Runtime, admin_app, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
+from proxy.http_server import EnvelopeRunner
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEMO_REGISTRY = REPO / "examples" / "registry"
@@ -40,6 +41,26 @@ def extra_tools(directory: Path, yaml_text: str) -> dict[str, Any]:
     path = directory / "extra-tools.yaml"
     path.write_text(yaml_text)
     return {"registry.paths": [str(DEMO_REGISTRY), str(path)]}
+
+
+def passthrough_read(name: str, path: str, argument: str, extra: str = "", service: str = "demo") -> str:
+    """A registry entry (YAML, under ``tools:``) for a read tool that passes one string argument to a demo
+    backend path; ``extra`` adds contract lines (e.g. ``quotas: {concurrency: 1}``)."""
+    return f"""
+  - name: {name}
+    version: "1.0.0"
+    description: {path} under a contract of the test's own.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [{argument}]
+      properties: {{{argument}: {{type: string}}}}
+    outputSchema: {{type: object}}
+    backend: {{type: http, service: {service}, path: {path}}}
+    {extra}
+"""
 
 
 # adjust_counter's backend behind a write contract with no resources (nothing to lock) and no required key.
@@ -72,6 +93,21 @@ tools:
 def assert_envelope(body: Any) -> None:
     errors = sorted(_ENVELOPE.iter_errors(body), key=lambda e: list(map(str, e.absolute_path)))
     assert not errors, f"envelope violates schema: {[ (list(e.absolute_path), e.message) for e in errors]}"
+
+
+def mcp_envelope(result: Any) -> dict[str, Any]:
+    """The proxy's envelope of an isError MCP CallToolResult (SDK object or raw JSON dict).
+
+    It travels in ``_meta`` and never in ``structuredContent``, which must conform to
+    the tool's outputSchema (the TypeScript SDK validates it even on errors)."""
+    if isinstance(result, dict):
+        assert result["isError"] is True and "structuredContent" not in result, result
+        envelope = result["_meta"]["io.toolproxy/envelope"]
+    else:
+        assert result.is_error is True and result.structured_content is None, result
+        envelope = result.meta["io.toolproxy/envelope"]
+    assert_envelope(envelope)
+    return envelope
 
 
 def assert_batch(body: Any) -> None:
@@ -162,15 +198,15 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         **(overrides or {}),
     })
     runtime = await create_runtime(config)
-    runner = web.AppRunner(agent_app(runtime))
+    runner = EnvelopeRunner(agent_app(runtime), count_refusal=runtime.count_refusal)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    ops_runner = web.AppRunner(ops_app(runtime))
+    ops_runner = EnvelopeRunner(ops_app(runtime), count_refusal=runtime.count_refusal)
     await ops_runner.setup()
     await web.TCPSite(ops_runner, "127.0.0.1", 0).start()
-    admin_runner = web.AppRunner(admin_app(runtime))
+    admin_runner = EnvelopeRunner(admin_app(runtime), count_refusal=runtime.count_refusal)
     await admin_runner.setup()
     await web.TCPSite(admin_runner, "127.0.0.1", 0).start()
     session = aiohttp.ClientSession()

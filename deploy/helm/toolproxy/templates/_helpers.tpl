@@ -51,8 +51,19 @@ app.kubernetes.io/part-of: toolproxy
 {{- end }}
 {{- end }}
 
+{{/*
+An image reference "repository:tag", or "repository:tag@sha256:..." when the
+values pin a digest (the runtime then pulls exactly that image; the tag is kept
+for people reading the manifest). Takes (dict "image" <values image> "tag" <default tag>).
+*/}}
+{{- define "toolproxy.imageRef" -}}
+{{- $ref := printf "%s:%s" .image.repository (default .tag .image.tag) }}
+{{- if .image.digest }}{{ $ref = printf "%s@%s" $ref .image.digest }}{{ end }}
+{{- $ref }}
+{{- end }}
+
 {{- define "toolproxy.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- include "toolproxy.imageRef" (dict "image" .Values.image "tag" .Chart.AppVersion) }}
 {{- end }}
 
 {{/* Path of the proxy's config file inside the toolproxy container. */}}
@@ -173,9 +184,18 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if $p.backends }}
 {{- $_ := set $owned "backends" (dict "services" $p.backends) }}
 {{- end }}
-{{- $redis := dict "url" $p.redis.url }}
+{{- $redis := dict "mode" $p.redis.mode "min_replica_acks" (int $p.redis.minReplicaAcks) }}
+{{- if eq $p.redis.mode "sentinel" }}
+{{- $_ := set $redis "sentinels" $p.redis.sentinel.addresses }}
+{{- $_ := set $redis "sentinel_service" $p.redis.sentinel.serviceName }}
+{{- else if eq $p.redis.mode "cluster" }}
+{{- $_ := set $redis "cluster_nodes" $p.redis.cluster.nodes }}
+{{- else }}
+{{- $_ := set $redis "url" $p.redis.url }}
+{{- end }}
 {{- with $p.redis.tls }}
 {{- if .secretName }}
+{{- if ne $p.redis.mode "standalone" }}{{ $_ := set $redis "tls" true }}{{ end }}
 {{- $_ := set $redis "tls_ca_file" (printf "%s/%s" (include "toolproxy.redisTlsPath" $) .caKey) }}
 {{- if .certKey }}{{ $_ := set $redis "tls_cert_file" (printf "%s/%s" (include "toolproxy.redisTlsPath" $) .certKey) }}{{ end }}
 {{- if .keyKey }}{{ $_ := set $redis "tls_key_file" (printf "%s/%s" (include "toolproxy.redisTlsPath" $) .keyKey) }}{{ end }}
@@ -209,7 +229,18 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if and (not .Values.registry.existingConfigMap) (not (fromYaml (include "toolproxy.registryFiles" .))) }}
 {{- fail "no tool registry: set registry.includeExamples, registry.files or registry.existingConfigMap" }}
 {{- end }}
-{{- if and .Values.proxy.redis.tls.secretName (not (hasPrefix "rediss://" .Values.proxy.redis.url)) (not .Values.proxy.redis.urlSecret.name) }}
+{{- with .Values.proxy.redis }}
+{{- if and (eq .mode "sentinel") (not .sentinel.addresses) }}
+{{- fail "proxy.redis.mode=sentinel needs proxy.redis.sentinel.addresses (host:port of the Sentinels)" }}
+{{- end }}
+{{- if and (eq .mode "cluster") (not .cluster.nodes) }}
+{{- fail "proxy.redis.mode=cluster needs proxy.redis.cluster.nodes (a few startup nodes, host:port)" }}
+{{- end }}
+{{- if and (ne .mode "standalone") .urlSecret.name }}
+{{- fail "proxy.redis.urlSecret is for mode=standalone; sentinel/cluster take addresses, and the password from passwordSecret" }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.proxy.redis.mode "standalone") .Values.proxy.redis.tls.secretName (not (hasPrefix "rediss://" .Values.proxy.redis.url)) (not .Values.proxy.redis.urlSecret.name) }}
 {{- fail "proxy.redis.tls.secretName is set but proxy.redis.url is not rediss://" }}
 {{- end }}
 {{- if ne (empty .Values.proxy.redis.tls.certKey) (empty .Values.proxy.redis.tls.keyKey) }}

@@ -25,7 +25,8 @@ toolproxy.dev/sidecar: "true"
 
 {{/*
 Pod annotations: roll the pods when the proxy's config or registry changes (the
-proxy reads both at start-up). Policies and the OPA catalog are deliberately not
+config is read at start-up; the proxy reloads a registry in place, but OPA's
+catalog of it is generated once, by the init container). Policies and the OPA catalog are deliberately not
 here: OPA watches them, so editing those ConfigMaps changes decisions in place.
 */}}
 {{- define "toolproxy.podAnnotations" -}}
@@ -88,6 +89,10 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     - name: TOOLPROXY_REDIS_PASSWORD
       valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
     {{- end }}{{ end }}
+    {{- with $p.redis.sentinel.passwordSecret }}{{ if and .name (eq $p.redis.mode "sentinel") }}
+    - name: TOOLPROXY_REDIS_SENTINEL_PASSWORD
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
     {{- with $p.env }}
     {{- toYaml . | nindent 4 }}
     {{- end }}
@@ -119,7 +124,7 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- end }}
 {{- $o := .Values.opa }}
 - name: toolproxy-opa
-  image: {{ printf "%s:%s" $o.image.repository $o.image.tag | quote }}
+  image: {{ include "toolproxy.imageRef" (dict "image" $o.image "tag" $o.image.tag) | quote }}
   imagePullPolicy: {{ $o.image.pullPolicy }}
   args:
     - run

@@ -1,0 +1,156 @@
+"""``toolproxy registry diff OLD NEW`` and ``check-registry --previous``: what changed between two registries.
+
+Owns: comparing contracts per tool and version and classifying each change
+(seed 004 §28: bump the version when arguments, results or permission
+semantics change). Breaking: a new required argument, a narrowed type or
+enum, a removed input property, a removed or newly optional output field, read → write,
+higher risk, a new resource template, idempotency newly required, a removed
+version. Everything else is compatible (descriptions, timeouts, backends,
+status changes, new optional arguments, widened enums).
+
+A new version is compared with the newest version of the same tool in OLD, so
+a reviewer sees what the bump covers. ``same_version_breaks`` is the CI gate:
+a breaking change that keeps the version number.
+
+Must never: execute anything, or call a change compatible without having
+compared it (unknown schema keywords that changed are reported compatible
+only when they are pure annotations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from .registry import Registry, ToolContract, thaw
+
+RISK_ORDER = ("read", "write", "external", "financial", "destructive")
+_ANNOTATIONS = {"description", "title", "examples", "$comment", "default"}
+
+
+@dataclass(frozen=True)
+class Change:
+    tool: str
+    version: str          # the version in NEW (or the removed one)
+    against: str | None   # the version in OLD it was compared with (None: a new tool)
+    breaking: bool
+    what: str
+
+    def line(self) -> str:
+        label = "BREAKING  " if self.breaking else "compatible"
+        base = "" if self.against in (None, self.version) else f" (against {self.against})"
+        return f"{label} {self.tool}@{self.version}{base}: {self.what}"
+
+
+def diff(old: Registry, new: Registry) -> list[Change]:
+    changes: list[Change] = []
+    old_by_name: dict[str, dict[str, ToolContract]] = {}
+    for tool in old.all():
+        old_by_name.setdefault(tool.name, {})[tool.version] = tool
+    new_keys = {(t.name, t.version) for t in new.all()}
+    for tool in new.all():
+        versions = old_by_name.get(tool.name, {})
+        if tool.version in versions:
+            changes.extend(compare(versions[tool.version], tool))
+        elif versions:
+            newest = max(versions.values(), key=lambda t: _key(t.version))
+            found = compare(newest, tool)
+            changes.append(Change(tool.name, tool.version, newest.version, False, "new version"))
+            changes.extend(found)
+        else:
+            changes.append(Change(tool.name, tool.version, None, False, "new tool"))
+    for name, versions in old_by_name.items():
+        for version in versions:
+            if (name, version) not in new_keys:
+                changes.append(Change(name, version, version, True,
+                                      "version removed (retire it first: status: retired keeps records readable)"))
+    return changes
+
+
+def same_version_breaks(changes: list[Change]) -> list[Change]:
+    return [c for c in changes if c.breaking and c.against == c.version]
+
+
+def compare(old: ToolContract, new: ToolContract) -> list[Change]:
+    found: list[tuple[bool, str]] = []
+    if old.mode != new.mode:
+        found.append((old.mode == "read" and new.mode == "write", f"mode {old.mode} -> {new.mode}"))
+    if old.risk != new.risk:
+        found.append((RISK_ORDER.index(new.risk) > RISK_ORDER.index(old.risk), f"risk {old.risk} -> {new.risk}"))
+    old_templates = {r.template for r in old.resources}
+    for template in sorted({r.template for r in new.resources} - old_templates):
+        found.append((True, f"new resource template {template}"))
+    for template in sorted(old_templates - {r.template for r in new.resources}):
+        found.append((False, f"resource template removed {template}"))
+    if old.idempotency_required != new.idempotency_required:
+        found.append((new.idempotency_required, f"idempotency.required {old.idempotency_required} -> "
+                                                f"{new.idempotency_required}"))
+    if old.status != new.status:
+        found.append((False, f"status {old.status} -> {new.status}"))
+    for label, before, after in (("description", old.description, new.description),
+                                 ("timeout_ms", old.timeout_ms, new.timeout_ms),
+                                 ("backend", old.backend, new.backend),
+                                 ("deprecated_at", old.deprecated_at, new.deprecated_at), ("sunset", old.sunset, new.sunset),
+                                 ("replaced_by", old.replaced_by, new.replaced_by)):
+        if before != after:
+            found.append((False, f"{label} changed"))
+    found.extend(_schema(thaw(old.input_schema), thaw(new.input_schema), "input", "$"))
+    found.extend(_schema(thaw(old.output_schema), thaw(new.output_schema), "output", "$"))
+    return [Change(new.name, new.version, old.version, breaking, what) for breaking, what in found]
+
+
+def _schema(old: Any, new: Any, side: str, path: str) -> list[tuple[bool, str]]:
+    """Input side: narrowing breaks callers. Output side: losing a field breaks consumers."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return [] if old == new else [(True, f"{side} {path}: schema replaced")]
+    found: list[tuple[bool, str]] = []
+    is_input = side == "input"
+    old_types, new_types = _types(old), _types(new)
+    if old_types != new_types:
+        narrowed = old_types is None or (new_types is not None and not old_types <= new_types)
+        widened = new_types is None or (old_types is not None and not new_types <= old_types)
+        breaking = narrowed if is_input else widened
+        found.append((breaking, f"{side} {path}: type {_show(old_types)} -> {_show(new_types)}"))
+    if "enum" in old or "enum" in new:
+        before, after = old.get("enum"), new.get("enum")
+        lost = before is None or (after is not None and any(v not in after for v in before))
+        gained = after is None or (before is not None and any(v not in before for v in after))
+        if lost or gained:
+            found.append(((lost and is_input) or (gained and not is_input), f"{side} {path}: enum changed"))
+    old_props, new_props = old.get("properties") or {}, new.get("properties") or {}
+    old_req, new_req = set(old.get("required") or ()), set(new.get("required") or ())
+    for name in sorted(new_req - old_req):
+        found.append((is_input, f"{side} {path}.{name}: now required"))
+    for name in sorted(old_req - new_req):
+        found.append((not is_input, f"{side} {path}.{name}: no longer required"))
+    for name in sorted(set(old_props) - set(new_props)):
+        found.append((True, f"{side} {path}.{name}: removed"))
+    for name in sorted(set(new_props) - set(old_props)):
+        found.append((False, f"{side} {path}.{name}: added"))
+    for name in sorted(set(old_props) & set(new_props)):
+        found.extend(_schema(old_props[name], new_props[name], side, f"{path}.{name}"))
+    if "items" in old or "items" in new:
+        found.extend(_schema(old.get("items", {}), new.get("items", {}), side, f"{path}[]"))
+    handled = {"type", "enum", "properties", "required", "items", *_ANNOTATIONS}
+    for keyword in sorted((set(old) | set(new)) - handled):
+        if old.get(keyword) != new.get(keyword):
+            # pattern, bounds, formats, additionalProperties...: a constraint changed, read as a narrowing
+            # on the input side (tell the reviewer; a bump is the safe answer), informative on the output side.
+            found.append((is_input, f"{side} {path}: {keyword} changed"))
+    return found
+
+
+def _types(schema: Mapping[str, Any]) -> frozenset[str] | None:
+    value = schema.get("type")
+    if value is None:
+        return None
+    types = frozenset([value] if isinstance(value, str) else value)
+    return types | {"integer"} if "number" in types else types
+
+
+def _show(types: frozenset[str] | None) -> str:
+    return "any" if types is None else "|".join(sorted(types))
+
+
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.split("."))

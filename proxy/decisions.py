@@ -1,0 +1,165 @@
+"""Decision records: the exact OPA input of each policy decision, for replay by policy authors.
+
+Owns: the shape of a decision record (``schemas/decision-record.schema.json``):
+the OPA input as sent, with the arguments a contract marks sensitive (and
+credential-looking keys) masked and every masked path listed; the decision,
+the policy revision and OPA's decision id; the sinks (a Redis Stream trimmed
+by length and by age, stdout JSON lines) and the record-size bound (an
+oversized record keeps its decision and drops its input, saying so).
+
+Must never: record an unmasked sensitive argument, truncate a value silently
+(a truncated input would replay as a different call: the record drops the
+whole input instead), or let a failed write change a call's outcome or delay
+it past ``decisions.timeout_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+
+import redis.asyncio as redis_async
+import redis.exceptions
+
+from .audit import StdoutSink, iso_now
+from .redaction import MASK, looks_secret
+from .config import ConfigError, DecisionsConfig
+from .metrics import Metrics
+from .store import redis_call
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .policy import Decision
+
+log = logging.getLogger("toolproxy.decisions")
+
+RECORD_TYPE = "toolproxy.decision.v1"
+SINKS = frozenset({"redis", "stdout"})
+
+Path = tuple[str | int, ...]
+
+
+def mask_input(document: Mapping[str, Any], sensitive_fields: Iterable[str]) -> tuple[dict[str, Any], list[Path]]:
+    """A copy of the OPA input with sensitive arguments replaced by MASK, and the masked paths.
+
+    ``sensitive_fields`` are the contract's dotted paths under ``arguments``
+    (``card.number``; a path crosses arrays element-wise, as in audit records).
+    Credential-looking keys are masked anywhere under ``arguments``. A path is
+    listed from the input's root: ``["arguments", "items", 0, "pin"]``.
+    """
+    masked: list[Path] = []
+    out = dict(document)
+    if isinstance(document.get("arguments"), dict):
+        wanted = [tuple(p.split(".")) for p in sensitive_fields]
+        out["arguments"] = _mask(document["arguments"], wanted, ("arguments",), masked)
+    return out, masked
+
+
+def _mask(value: Any, wanted: list[tuple[str, ...]], at: Path, masked: list[Path]) -> Any:
+    if isinstance(value, dict):
+        result: dict[str, Any] = {}
+        for key, sub in value.items():
+            if (key,) in wanted or looks_secret(key):
+                result[key] = MASK
+                masked.append(at + (key,))
+                continue
+            below = [p[1:] for p in wanted if len(p) > 1 and p[0] == key]
+            result[key] = _mask(sub, below, at + (key,), masked)
+        return result
+    if isinstance(value, list):
+        return [_mask(item, wanted, at + (i,), masked) for i, item in enumerate(value)]
+    return value
+
+
+def build_record(document: Mapping[str, Any], decision: "Decision", *, decision_path: str,
+                 sensitive_fields: Sequence[str], max_bytes: int) -> dict[str, Any]:
+    masked_input, masked_paths = mask_input(document, sensitive_fields)
+    tool = document.get("tool") or {}
+    subject = document.get("subject") or {}
+    record: dict[str, Any] = {
+        "record": RECORD_TYPE, "time": iso_now(), "decision_id": decision.decision_id,
+        "policy_revision": decision.policy_revision, "path": decision_path,
+        "action": document.get("action"), "tool": tool.get("name"), "tool_version": tool.get("version"),
+        "tenant": subject.get("tenant"), "subject": subject.get("id"),
+        "request_id": (document.get("request") or {}).get("request_id"),
+        "decision": {"result": decision.result, "allow": decision.allow,
+                     "require_approval": decision.require_approval, "reasons": list(decision.reasons),
+                     "risk": decision.risk},
+        "masked_paths": [list(p) for p in masked_paths],
+        "input": masked_input,
+    }
+    record = {k: v for k, v in record.items() if v is not None}
+    if len(serialize(record).encode()) > max_bytes:
+        del record["input"]
+        record["input_omitted"] = "too_large"
+    return record
+
+
+def serialize(record: Mapping[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+class DecisionStreamSink:
+    """XADD to one Redis Stream; trimmed by length on every add and by age (MINID) at most once a minute."""
+
+    name = "redis"
+
+    def __init__(self, redis: redis_async.Redis, key: str, maxlen: int, retention_s: int) -> None:
+        self._redis = redis
+        self.key = key
+        self._maxlen = maxlen
+        self._retention_ms = retention_s * 1000
+        self._trimmed_at = 0.0
+
+    async def write(self, line: str) -> None:
+        await redis_call(self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True))
+        now = time.time()
+        if now - self._trimmed_at >= 60:
+            self._trimmed_at = now
+            await redis_call(self._redis.xtrim(self.key, minid=f"{int(now * 1000) - self._retention_ms}-0",
+                                               approximate=True))
+
+
+class DecisionRecorder:
+    """Writes decision records; counts and logs a failed write, never raises it."""
+
+    def __init__(self, config: DecisionsConfig, sinks: Sequence[Any], metrics: Metrics, decision_path: str) -> None:
+        self._config = config
+        self._sinks = tuple(sinks)
+        self._metrics = metrics
+        self._path = decision_path
+        self._timeout_s = config.timeout_ms / 1000.0
+
+    async def record(self, document: Mapping[str, Any], decision: "Decision",
+                     sensitive_fields: Sequence[str] = ()) -> None:
+        line = serialize(build_record(document, decision, decision_path=self._path,
+                                      sensitive_fields=sensitive_fields, max_bytes=self._config.max_record_bytes))
+        for sink in self._sinks:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    await sink.write(line)
+            except (OSError, ValueError, TimeoutError, redis.exceptions.RedisError) as exc:
+                self._metrics.decision_record_failures.labels(sink.name).inc()
+                log.warning("decision record sink %s failed (%s)", sink.name, type(exc).__name__)
+
+
+def check_config(config: DecisionsConfig) -> None:
+    unknown = sorted(set(config.sinks) - SINKS)
+    if unknown:
+        raise ConfigError(f"decisions.sinks: unknown sink(s) {', '.join(unknown)} (redis, stdout)")
+    if config.enabled and not config.sinks:
+        raise ConfigError("decisions.sinks: at least one sink is required when decisions.enabled is true")
+    if config.max_record_bytes < 1024:
+        raise ConfigError("decisions.max_record_bytes: must be at least 1024")
+
+
+def build_recorder(config: DecisionsConfig, redis: redis_async.Redis, stream_key: str, metrics: Metrics,
+                   decision_path: str) -> DecisionRecorder | None:
+    check_config(config)
+    if not config.enabled:
+        return None
+    sinks = [DecisionStreamSink(redis, stream_key, config.stream_maxlen, config.retention_s)
+             if name == "redis" else StdoutSink() for name in config.sinks]
+    return DecisionRecorder(config, sinks, metrics, decision_path)

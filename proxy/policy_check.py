@@ -1,0 +1,209 @@
+"""``toolproxy policy check``: the Rego compiles strictly, is formatted, and agrees with the registry.
+
+Owns: running ``opa check --strict`` and ``opa fmt --list`` on a policy
+directory, loading OPA data files the way ``opa run`` does (a JSON/YAML file
+in ``a/b/`` under a data directory lands at ``data.a.b``) while remembering
+which file holds which path, and the consistency rules between
+``data.toolproxy`` and the tool registry:
+
+* ``role_grants_unknown_tool``: a role grants a tool the registry lacks;
+* ``tool_not_granted``: a registry tool no role grants (nobody can call it);
+* ``destructive_without_approval``: a write tool of risk destructive while
+  ``destructive`` is not in ``settings.approval.always_for_risks``;
+* ``financial_without_threshold`` / ``financial_without_limit``: a financial
+  write tool without an approval threshold / a hard ``max_amount`` limit;
+* ``setting_for_unknown_tool``: a threshold, limit, scope override or
+  never_for_agents entry naming a tool the registry lacks;
+* ``argument_not_in_schema``: a threshold or limit on an argument the tool's
+  inputSchema has no integer/number property for (the rule never fires);
+* ``resource_kind_without_ownership``: a registry resource template whose
+  kind has no ``resource_kinds[kind].ownership`` (every call refused);
+* ``ownership_invalid``: an ownership other than tenant or shared.
+
+Every problem names a file and a path in it. Must never: report a problem
+without saying where it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from .config import deep_merge
+from .policy_scratch import find_opa
+from .registry import Registry, ToolContract, load_registry
+
+DATA_SUFFIXES = (".json", ".yaml", ".yml")
+OWNERSHIPS = ("tenant", "shared")
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str
+    file: str
+    path: str
+    message: str
+
+    def line(self) -> str:
+        return f"{self.file}: {self.path}: {self.kind}: {self.message}"
+
+
+class DataFiles:
+    """OPA data merged from files, remembering the file behind every path."""
+
+    def __init__(self, paths: list[str]) -> None:
+        self.data: dict[str, Any] = {}
+        self._files: list[tuple[tuple[str, ...], str, Any]] = []
+        for root in paths:
+            base = Path(root)
+            files = [base] if base.is_file() else sorted(p for p in base.rglob("*") if p.suffix in DATA_SUFFIXES)
+            for file in files:
+                prefix = () if base.is_file() else tuple(file.parent.relative_to(base).parts)
+                text = file.read_text(encoding="utf-8")
+                document = json.loads(text) if file.suffix == ".json" else yaml.safe_load(text)
+                self._files.append((prefix, str(file), document))
+                target = self.data
+                for part in prefix:
+                    target = target.setdefault(part, {})
+                deep_merge(target, document or {})
+
+    def where(self, *path: str) -> str:
+        """The file that holds ``path`` (the deepest one that has it), else the first data file."""
+        for prefix, file, document in reversed(self._files):
+            if path[:len(prefix)] != prefix:
+                continue
+            node = document
+            for part in path[len(prefix):]:
+                if not isinstance(node, dict) or part not in node:
+                    break
+                node = node[part]
+            else:
+                return file
+        return self._files[0][1] if self._files else "(no data)"
+
+    def get(self, *path: str, default: Any = None) -> Any:
+        node: Any = self.data
+        for part in path:
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+
+def opa_problems(policy_dir: str, binary: str) -> list[Problem]:
+    problems: list[Problem] = []
+    done = subprocess.run([binary, "check", "--strict", "--format", "json", policy_dir],
+                          capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        try:
+            errors = json.loads(done.stdout or done.stderr).get("errors", [])
+        except ValueError:
+            errors = [{"message": (done.stderr or done.stdout).strip(), "location": {"file": policy_dir}}]
+        for error in errors:
+            location = error.get("location") or {}
+            problems.append(Problem("opa_check", location.get("file", policy_dir),
+                                    f"line {location.get('row', '?')}", error.get("message", "").strip()))
+    listed = subprocess.run([binary, "fmt", "--list", policy_dir], capture_output=True, text=True, timeout=120)
+    for file in listed.stdout.split():
+        problems.append(Problem("opa_fmt", file, "-", "not formatted: run `opa fmt -w` on it"))
+    return problems
+
+
+def data_problems(data: DataFiles, registry: Registry) -> list[Problem]:
+    return list(_data_problems(data, registry))
+
+
+def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
+    tools = {t.name: t for t in registry.all()}
+    roles = data.get("toolproxy", "roles", default={}) or {}
+    granted: set[str] = set()
+    for role, spec in sorted(roles.items()):
+        for i, name in enumerate((spec or {}).get("tools", [])):
+            if name == "*":
+                granted.update(tools)
+            elif name in tools:
+                granted.add(name)
+            else:
+                yield Problem("role_grants_unknown_tool", data.where("toolproxy", "roles", role, "tools"),
+                              f"toolproxy.roles.{role}.tools[{i}]", f"role {role} grants {name!r}, not in the registry")
+    for name, tool in sorted(tools.items()):
+        if name not in granted:
+            yield Problem("tool_not_granted", tool.source, f"tools[name={name}]",
+                          f"no role in toolproxy.roles grants {name}: nobody can call it")
+    settings = ("toolproxy", "settings")
+    always = data.get(*settings, "approval", "always_for_risks", default=[]) or []
+    thresholds = data.get(*settings, "approval", "thresholds", default={}) or {}
+    limits = data.get(*settings, "limits", "max_amount", default={}) or {}
+    for name, tool in sorted(tools.items()):
+        if not tool.is_write:
+            continue
+        if tool.risk == "destructive" and "destructive" not in always:
+            yield Problem("destructive_without_approval", data.where(*settings, "approval"),
+                          "toolproxy.settings.approval.always_for_risks",
+                          f"{name} is destructive but destructive is not in always_for_risks")
+        if tool.risk == "financial" and name not in thresholds:
+            yield Problem("financial_without_threshold", data.where(*settings, "approval"),
+                          f"toolproxy.settings.approval.thresholds.{name}",
+                          f"{name} is financial and has no approval threshold (every call needs approval)")
+        if tool.risk == "financial" and name not in limits:
+            yield Problem("financial_without_limit", data.where(*settings, "limits"),
+                          f"toolproxy.settings.limits.max_amount.{name}",
+                          f"{name} is financial and has no hard max_amount limit")
+    for section, entries in (("approval.thresholds", thresholds), ("limits.max_amount", limits)):
+        for name, spec in sorted(entries.items()):
+            where = data.where(*settings, *section.split("."), name)
+            path = f"toolproxy.settings.{section}.{name}"
+            if name not in tools:
+                yield Problem("setting_for_unknown_tool", where, path, f"{name} is not in the registry")
+            elif not _numeric_argument(tools[name], (spec or {}).get("argument")):
+                yield Problem("argument_not_in_schema", where, path + ".argument",
+                              f"{name} has no numeric argument {(spec or {}).get('argument')!r}: the rule never fires")
+    for name in sorted(data.get(*settings, "scopes", "tools", default={}) or {}):
+        if name not in tools:
+            yield Problem("setting_for_unknown_tool", data.where(*settings, "scopes", "tools"),
+                          f"toolproxy.settings.scopes.tools.{name}", f"{name} is not in the registry")
+    for i, name in enumerate(data.get(*settings, "never_for_agents", default=[]) or []):
+        if name not in tools:
+            yield Problem("setting_for_unknown_tool", data.where(*settings, "never_for_agents"),
+                          f"toolproxy.settings.never_for_agents[{i}]", f"{name} is not in the registry")
+    kinds = data.get("toolproxy", "resource_kinds", default={}) or {}
+    for kind, spec in sorted(kinds.items()):
+        if (spec or {}).get("ownership") not in OWNERSHIPS:
+            yield Problem("ownership_invalid", data.where("toolproxy", "resource_kinds", kind),
+                          f"toolproxy.resource_kinds.{kind}.ownership",
+                          f"ownership must be tenant or shared, not {(spec or {}).get('ownership')!r}")
+    for name, tool in sorted(tools.items()):
+        for i, resource in enumerate(tool.resources):
+            kind = resource.template.partition(":")[0]
+            if kind not in kinds:
+                yield Problem("resource_kind_without_ownership", tool.source,
+                              f"tools[name={name}].resources[{i}].template",
+                              f"resource kind {kind!r} has no toolproxy.resource_kinds.{kind}.ownership "
+                              "(every call is refused)")
+
+
+def _numeric_argument(tool: ToolContract, argument: Any) -> bool:
+    spec = ((tool.input_schema or {}).get("properties") or {}).get(argument) if isinstance(argument, str) else None
+    kind = (spec or {}).get("type")
+    return kind in ("integer", "number") or (isinstance(kind, list) and bool({"integer", "number"} & set(kind)))
+
+
+def run_check(args: argparse.Namespace) -> int:
+    binary = find_opa(args.opa)
+    registry = load_registry(args.registry)
+    problems = opa_problems(args.policy, binary) + data_problems(DataFiles(args.data), registry)
+    if args.format == "json":
+        print(json.dumps({"problems": [asdict(p) for p in problems], "ok": not problems}, indent=2))
+    else:
+        for problem in problems:
+            print(problem.line())
+        print(f"{len(problems)} problem(s): opa check --strict, opa fmt, policy data vs registry "
+              f"({len(registry)} tools)" if problems else
+              f"ok: opa check --strict, opa fmt, policy data vs registry ({len(registry)} tools)")
+    return 1 if problems else 0

@@ -1,0 +1,169 @@
+"""``toolproxy policy explain``: the input, the decision, and the rules behind each reason.
+
+Owns: building the OPA input for one call exactly as the proxy would
+(registry resolve, strict decode, normalize, ``policy.build_input``) from a
+request body and a caller identity, or taking a recorded input by decision
+id (or request id); evaluating it with ``opa eval --explain full`` and naming,
+for each reason, the rule definitions (package, rule, file:line, source line)
+whose evaluation produced that value. ``opa eval`` and not the scratch
+server: OPA's REST API returns the trace without source locations.
+Must never: invent a provenance (a reason no traced rule produced is listed
+as "not traced").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .decode import decode_arguments
+from .errors import ProxyError
+from .identity import Caller
+from .normalize import normalize
+from .opa_control import ControlError
+from .policy import RequestFacts, build_input
+from .policy_replay import result_of
+from .policy_scratch import find_opa
+from .registry import load_registry
+
+
+def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], catalog_digest: str) -> dict[str, Any]:
+    registry = load_registry(registry_paths)
+    try:
+        tool = registry.resolve(body.get("tool"), body.get("version"))
+        normalized = normalize(tool, decode_arguments(body.get("arguments"), tool.input_validator))
+    except ProxyError as error:
+        raise ValueError(f"the call would not reach the policy: {error.code}: {error.message}") from None
+    request = RequestFacts(request_id=str(body.get("request_id") or "explain"), call_id=body.get("call_id"))
+    return build_input("call", caller, request, catalog_digest=catalog_digest, tool=tool, normalized=normalized)
+
+
+async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -> dict[str, Any]:
+    masked: list[Any] = []
+    if args.decision_id:
+        from .policy_commands import load_records
+        if not (args.records or args.redis):
+            raise ValueError("--decision-id needs --records FILE or --redis URL")
+        records, _ = await load_records(args)
+        found = [r for r in records if args.decision_id in (r.get("decision_id"), r.get("request_id"))]
+        if not found:
+            raise ValueError(f"no decision record with decision or request id {args.decision_id!r}")
+        if "input" not in found[-1]:
+            raise ValueError("that record holds no input (it was larger than decisions.max_record_bytes)")
+        document, masked = found[-1]["input"], found[-1].get("masked_paths") or []
+    else:
+        text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else sys.stdin.read()
+        caller = Caller(subject=args.subject, tenant=args.tenant, roles=tuple(_list(args.roles)),
+                        scopes=tuple(_list(args.scopes)), agent=args.agent, source="jwt")
+        document = call_input(json.loads(text), caller, args.registry or ["examples/registry"],
+                              (catalog or {}).get("digest", ""))
+    decision, provenance = evaluate(document, policy_dir=args.policy, data_paths=args.data, catalog=catalog,
+                                    decision_path=args.decision_path, opa_binary=args.opa)
+    return {"input": document, "masked_paths": masked, "decision": decision, "result": result_of(decision),
+            "provenance": provenance}
+
+
+def evaluate(document: dict[str, Any], *, policy_dir: str, data_paths: list[str], catalog: dict[str, Any] | None,
+             decision_path: str, opa_binary: str | None) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
+    binary = find_opa(opa_binary)
+    query = "data." + ".".join(decision_path.strip("/").split("/"))
+    with tempfile.TemporaryDirectory(prefix="toolproxy-explain-") as scratch:
+        input_path = Path(scratch) / "input.json"
+        input_path.write_text(json.dumps(document))
+        extra: list[str] = []
+        if catalog is not None:
+            catalog_dir = Path(scratch) / "catalog" / "toolproxy" / "catalog"
+            catalog_dir.mkdir(parents=True)
+            (catalog_dir / "data.json").write_text(json.dumps(catalog))
+            extra = ["-d", str(Path(scratch) / "catalog")]
+        data = [arg for path in [policy_dir, *data_paths] for arg in ("-d", path)]
+        done = subprocess.run([binary, "eval", "--format", "json", "--explain", "full", *data, *extra,
+                               "-i", str(input_path), query], capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise ControlError("opa eval failed: " + (done.stderr.strip().splitlines() or ["(no output)"])[-1])
+    answer = json.loads(done.stdout)
+    rows = answer.get("result") or []
+    decision = rows[0]["expressions"][0]["value"] if rows else None
+    reasons = (decision or {}).get("reasons") or [] if isinstance(decision, dict) else []
+    return decision, provenance(answer.get("explanation") or [], reasons)
+
+
+def provenance(trace: list[dict[str, Any]], reasons: list[str]) -> dict[str, list[dict[str, Any]]]:
+    """For each reason, the rule definitions whose successful evaluation produced it."""
+    found: dict[str, list[dict[str, Any]]] = {reason: [] for reason in reasons}
+    seen: set[tuple[str, str, int]] = set()
+    packages: dict[str, str] = {}
+    for event in trace:
+        node = event.get("Node")
+        if event.get("Op") != "Exit" or not isinstance(node, dict) or "head" not in node:
+            continue
+        head = node["head"]
+        value = _key_value(head.get("key") or head.get("value"), event.get("Locals") or [])
+        if value not in found:
+            continue
+        location = event.get("Location") or {}
+        file, row = location.get("file", ""), int(location.get("row", 0))
+        if (value, file, row) in seen:
+            continue
+        seen.add((value, file, row))
+        found[value].append({"rule": f"{_package(file, packages)}.{head.get('name', '?')}",
+                             "location": f"{file}:{row}", "source": _line(file, row)})
+    return found
+
+
+def _key_value(term: Any, local_vars: list[dict[str, Any]]) -> Any:
+    if not isinstance(term, dict):
+        return None
+    if term.get("type") == "string":
+        return term["value"]
+    if term.get("type") == "var":
+        for local in local_vars:
+            if local.get("name") == term["value"] and isinstance(local.get("value"), str):
+                return local["value"]
+    return None
+
+
+def _package(file: str, cache: dict[str, str]) -> str:
+    if file not in cache:
+        try:
+            match = re.search(r"^package\s+([\w.]+)", Path(file).read_text(encoding="utf-8"), re.M)
+        except OSError:
+            match = None
+        cache[file] = match.group(1) if match else "?"
+    return cache[file]
+
+
+def _line(file: str, row: int) -> str:
+    try:
+        return Path(file).read_text(encoding="utf-8").splitlines()[row - 1].strip()
+    except (OSError, IndexError):
+        return ""
+
+
+def _list(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def render_text(result: dict[str, Any]) -> str:
+    decision = result["decision"] if isinstance(result["decision"], dict) else {}
+    out = ["input (what the proxy sends to OPA):", json.dumps(result["input"], indent=2, sort_keys=True), ""]
+    if result["masked_paths"]:
+        out.append("masked in the record: " + ", ".join(".".join(map(str, p)) for p in result["masked_paths"]))
+    out.append(f"decision: {result['result']}   risk: {decision.get('risk', '-')}   "
+               f"policy revision: {decision.get('policy_revision', '-')}")
+    if not result["provenance"]:
+        out.append("reasons: none")
+    for reason, rules in result["provenance"].items():
+        out.append(f"reason {reason}")
+        if not rules:
+            out.append("    (not traced to a rule)")
+        for rule in rules:
+            out.append(f"    {rule['rule']}  {rule['location']}")
+            out.append(f"      {rule['source']}")
+    return "\n".join(out)

@@ -1,0 +1,236 @@
+"""``toolproxy policy replay``: recorded decisions against a candidate policy.
+
+Owns: reading decision records (a Redis Stream, or a JSON-lines file from a
+log pipeline, where other lines are skipped), evaluating every recorded input
+against a scratch OPA running the candidate (batched), telling which records
+are not replayable (input not recorded, or the candidate may read a masked
+path: ``policy_reads``), and the report: changed decisions, transitions by
+tool, changed reasons, masked examples, and the ``--fail-on`` verdict.
+Must never: guess a decision for a record it cannot replay, or print an
+unmasked sensitive value (records only hold masked ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import redis.asyncio as redis_async
+
+from .decisions import RECORD_TYPE
+from .policy_reads import (RuleReads, all_patterns, policy_reads, project, residual_needs_input, rules_reaching,
+                           trace_reads)
+from .policy_scratch import ScratchOpa, rego_ref
+
+RESULTS = ("allow", "require_approval", "deny")
+ANALYSIS_CONCURRENCY = 4
+
+
+def result_of(decision: Any) -> str:
+    if not isinstance(decision, dict):
+        return "undefined"
+    return "allow" if decision.get("allow") else "require_approval" if decision.get("require_approval") else "deny"
+
+
+def read_jsonl(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
+    """Decision records from JSON lines; other lines (audit records, logs) are counted and skipped."""
+    records, skipped = [], 0
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            skipped += 1
+            continue
+        if isinstance(record, dict) and record.get("record") == RECORD_TYPE:
+            records.append(record)
+        else:
+            skipped += 1
+    return records, skipped
+
+
+async def read_stream(url: str, key: str, *, page: int = 1000) -> tuple[list[dict[str, Any]], int]:
+    client = redis_async.Redis.from_url(url, decode_responses=True)
+    lines: list[str] = []
+    try:
+        start = "-"
+        while True:
+            entries = await client.xrange(key, min=start, max="+", count=page)
+            lines.extend(fields.get("record", "") for _, fields in entries)
+            if len(entries) < page:
+                break
+            start = "(" + entries[-1][0]
+    finally:
+        await client.aclose()
+    return read_jsonl(lines)
+
+
+@dataclass
+class Report:
+    total: int = 0
+    skipped_lines: int = 0
+    replayed: int = 0
+    changed: int = 0
+    not_replayable: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    transitions: dict[str, Counter] = field(default_factory=lambda: defaultdict(Counter))
+    reasons_added: Counter = field(default_factory=Counter)
+    reasons_removed: Counter = field(default_factory=Counter)
+    examples: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: defaultdict(list))
+    queries: int = 0
+    distinct_inputs: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "records": self.total, "skipped_lines": self.skipped_lines, "replayed": self.replayed,
+            "distinct_inputs": self.distinct_inputs, "opa_queries": self.queries,
+            "changed": self.changed,
+            "not_replayable": {why: dict(tools) for why, tools in sorted(self.not_replayable.items())},
+            "transitions": {t: dict(sorted(tools.items())) for t, tools in sorted(self.transitions.items())},
+            "reasons_added": dict(sorted(self.reasons_added.items())),
+            "reasons_removed": dict(sorted(self.reasons_removed.items())),
+            "examples": {t: ex for t, ex in sorted(self.examples.items())},
+        }
+
+    def failing(self, fail_on: Sequence[str]) -> list[str]:
+        wanted = {t.replace(" ", "") for t in fail_on}
+        return sorted(t for t in self.transitions if t in wanted or ("any" in wanted and t))
+
+
+async def replay(records: Sequence[dict[str, Any]], opa: ScratchOpa, reads: Sequence[RuleReads], *,
+                 examples: int = 3) -> Report:
+    """Replay every record; inputs with equal projections (``policy_reads.project``) are evaluated once."""
+    report = Report(total=len(records))
+    patterns = all_patterns(reads)
+    gate = asyncio.Semaphore(ANALYSIS_CONCURRENCY)
+    verdict_of: dict[str, asyncio.Task[str | None]] = {}
+
+    def projection_key(record: dict[str, Any]) -> str:
+        return json.dumps(project(record["input"], patterns), sort_keys=True, separators=(",", ":"))
+
+    async def analyse(record: dict[str, Any], paths: list[tuple[Any, ...]]) -> str | None:
+        async with gate:
+            read = await _may_read(opa, reads, record["input"], paths)
+        return "reads_masked:" + ",".join(".".join(map(str, p)) for p in read) if read else None
+
+    keys: list[str | None] = []
+    for record in records:
+        paths = [tuple(p) for p in record.get("masked_paths") or ()]
+        key = projection_key(record) if "input" in record else None
+        keys.append(key)
+        if key is not None and paths:
+            cache_key = key + json.dumps(paths)
+            if cache_key not in verdict_of:
+                verdict_of[cache_key] = asyncio.ensure_future(analyse(record, paths))
+    replayable: list[tuple[dict[str, Any], str]] = []
+    for record, key in zip(records, keys):
+        if key is None:
+            report.not_replayable["input_not_recorded"][_tool(record)] += 1
+            continue
+        paths = [tuple(p) for p in record.get("masked_paths") or ()]
+        why = await verdict_of[key + json.dumps(paths)] if paths else None
+        if why is None:
+            replayable.append((record, key))
+        else:
+            report.not_replayable[why][_tool(record)] += 1
+    unique: dict[str, dict[str, Any]] = {}
+    for record, key in replayable:
+        unique.setdefault(key, record["input"])
+    decided = dict(zip(unique, await opa.evaluate(list(unique.values()))))
+    for record, key in replayable:
+        _compare(report, record, decided[key], examples)
+    report.queries = opa.queries
+    report.distinct_inputs = len(unique)
+    return report
+
+
+def _compare(report: Report, record: dict[str, Any], after: Any, examples: int) -> None:
+    report.replayed += 1
+    before = record["decision"]
+    old, new = before["result"], result_of(after)
+    old_reasons = set(before.get("reasons") or ())
+    new_reasons = set(after.get("reasons") or ()) if isinstance(after, dict) else set()
+    if old == new and old_reasons == new_reasons:
+        return
+    report.changed += 1
+    transition = f"{old}->{new}"
+    report.transitions[transition][_tool(record)] += 1
+    report.reasons_added.update(new_reasons - old_reasons)
+    report.reasons_removed.update(old_reasons - new_reasons)
+    if len(report.examples[transition]) < examples:
+        report.examples[transition].append({
+            "decision_id": record.get("decision_id"), "request_id": record.get("request_id"),
+            "tool": _tool(record), "tenant": record.get("tenant"), "subject": record.get("subject"),
+            "arguments": record["input"].get("arguments"),
+            "reasons_before": sorted(old_reasons), "reasons_after": sorted(new_reasons)})
+
+
+async def _may_read(opa: ScratchOpa, reads: Sequence[RuleReads], document: dict[str, Any],
+                    paths: Sequence[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """The masked paths the candidate's decision may depend on for this input (empty: replayable)."""
+    candidates = rules_reaching(reads, paths)
+    if not candidates:
+        return []
+    unknowns = [rego_ref(p) for p in paths]
+    if all(rule.partially_evaluable for rule in candidates):
+        residuals = await asyncio.gather(*(opa.partial(rule.document, document, unknowns)
+                                           for rule in candidates))
+        if not any(residual_needs_input(r) for r in residuals):
+            return []
+    trace = await opa.decide(document, explain=True)
+    explanation = trace.get("explanation") or []
+    return [p for p in paths if trace_reads(explanation, [p])]
+
+
+def _tool(record: dict[str, Any]) -> str:
+    return record.get("tool") or f"({record.get('action', '?')})"
+
+
+def render_text(report: Report, fail: Sequence[str]) -> str:
+    out = [f"records: {report.total}   replayed: {report.replayed}   changed: {report.changed}   "
+           f"not replayable: {sum(sum(c.values()) for c in report.not_replayable.values())}"
+           + (f"   (skipped {report.skipped_lines} lines that are not decision records)"
+              if report.skipped_lines else ""),
+           f"({report.distinct_inputs} distinct inputs as far as the policy reads them; {report.queries} OPA queries)"]
+    if report.transitions:
+        out.append("")
+        out.append(f"{'transition':<30} {'tool':<24} {'count':>6}")
+        for transition, tools in sorted(report.transitions.items()):
+            for tool, count in sorted(tools.items()):
+                out.append(f"{transition:<30} {tool:<24} {count:>6}")
+    if report.reasons_added or report.reasons_removed:
+        out.append("")
+        out.append("changed reasons:")
+        out.extend(f"  + {r}  ({n})" for r, n in sorted(report.reasons_added.items()))
+        out.extend(f"  - {r}  ({n})" for r, n in sorted(report.reasons_removed.items()))
+    if report.not_replayable:
+        out.append("")
+        out.append("not replayable:")
+        for why, tools in sorted(report.not_replayable.items()):
+            out.append(f"  {why}: " + ", ".join(f"{t} {n}" for t, n in sorted(tools.items())))
+    for transition, items in sorted(report.examples.items()):
+        out.append("")
+        out.append(f"examples of {transition}:")
+        for item in items:
+            out.append(f"  {item['decision_id'] or item['request_id'] or '-'} {item['tool']} tenant={item['tenant']} "
+                       f"subject={item['subject']} arguments={json.dumps(item['arguments'], sort_keys=True)}")
+            out.append(f"    reasons {item['reasons_before']} -> {item['reasons_after']}")
+    if fail:
+        out.append("")
+        out.append("FAIL: " + ", ".join(f"{t} ({sum(report.transitions[t].values())})" for t in fail))
+    return "\n".join(out)
+
+
+async def run(*, records: Sequence[dict[str, Any]], skipped: int, policy_dir: str, data_paths: Sequence[str],
+              catalog: dict[str, Any] | None, decision_path: str, opa_binary: str | None,
+              examples: int) -> Report:
+    async with ScratchOpa(policy_dir, data_paths, decision_path=decision_path, opa_binary=opa_binary,
+                          catalog=catalog) as opa:
+        reads = policy_reads(policy_dir, opa.binary)
+        report = await replay(records, opa, reads, examples=examples)
+    report.skipped_lines = skipped
+    return report

@@ -1,0 +1,79 @@
+"""Redaction: the one rule for what a person may read of tool arguments and log text.
+
+Owns: which argument keys are masked (the contract's ``sensitive_fields``,
+top-level names or dotted paths that cross arrays element-wise, plus every key
+that looks like a credential, at any depth, inside arrays too), truncating
+long strings and deep or long structures, and scrubbing credentials out of log
+messages. Used by every place a person can read arguments or messages: audit
+records (``proxy/audit.py``), the approver's summary (``proxy/approvals.py``),
+the operator's operation and takeover views (``proxy/idempotency.py``), and
+log lines (``proxy/logs.py``).
+
+Must never: return the caller's object (always a copy), keep a masked value
+anywhere in the copy, or depend on another proxy module (it sits below all
+of them).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Mapping
+
+MASK = "[redacted]"
+MAX_DEPTH = 8
+MAX_ITEMS = 50
+
+# Parts of a key (lower case, ``-`` read as ``_``) that mark a credential, whatever the contract says.
+SECRET_KEY_PARTS = ("password", "passwd", "secret", "token", "authorization", "cookie", "api_key", "apikey",
+                    "private_key", "credential")
+
+
+def looks_secret(key: str) -> bool:
+    lowered = key.lower().replace("-", "_")
+    return any(part in lowered for part in SECRET_KEY_PARTS)
+
+
+def redact(arguments: Any, sensitive_fields: Iterable[str], max_chars: int) -> Any:
+    """A copy of ``arguments`` safe to show a person: sensitive fields and credential-like keys masked
+    (in nested objects and in arrays alike), strings longer than ``max_chars`` truncated."""
+    paths = [tuple(p.split(".")) for p in sensitive_fields]
+    return _redact(arguments, paths, max_chars, 0)
+
+
+def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        return "[truncated: too deep]"
+    if isinstance(value, Mapping):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            if (key,) in paths or looks_secret(str(key)):
+                out[key] = MASK
+                continue
+            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
+            out[key] = _redact(sub, below, max_chars, depth + 1)
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [_redact(v, paths, max_chars, depth + 1) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            items.append(f"[truncated: {len(value) - MAX_ITEMS} more items]")
+        return items
+    if isinstance(value, str) and len(value) > max_chars:
+        return value[:max_chars] + f"...[truncated: {len(value)} chars]"
+    return value
+
+
+# Log text: ``name: value`` / ``name=value`` pairs whose name holds a credential part, bearer/basic
+# credentials, and anything shaped like a JWT.
+_KEY_NAME = "|".join(part.replace("_", "[-_]?") for part in SECRET_KEY_PARTS)
+_SCRUB = (
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), r"\1 " + MASK),
+    (re.compile(r"(?i)\b([\w-]*(?:" + _KEY_NAME + r")[\w-]*)(\"?\s*[:=]\s*\"?)[^\s\",;&]+"), r"\1\2" + MASK),
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), "[redacted-jwt]"),
+)
+
+
+def scrub(text: str) -> str:
+    """A log message with credentials replaced (the last line of defence: messages should hold none)."""
+    for pattern, replacement in _SCRUB:
+        text = pattern.sub(replacement, text)
+    return text

@@ -1,0 +1,93 @@
+"""Acceptance: the clients people run, unchanged, against /mcp — the Inspector CLI (npm
+@modelcontextprotocol/inspector --cli), the Python `mcp` SDK in default (auto) and legacy modes and
+openai-agents' MCPServerStreamableHttp (no model needed). Each lists the tools, calls a read, and
+gets a schema violation, a forbidden, an approval_required and an unknown tool as the proxy's
+message in an isError result — never as a client-side exception.
+(The TypeScript SDK client runs the same matrix in tests/test_mcp_fidelity.py.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support.node import run, tool
+from tests.support.stack import mcp_envelope, running_stack
+
+HEADERS = {"X-Run-Id": "run-clients-1"}  # the run identity makes each write its own operation
+READ = ("get_order", {"order_id": "ord_1001"})
+FAILURES = [("refund_order", {"order_id": "ord_1001", "amount": "lots", "reason": "dup"}, "schema_violation"),
+            ("get_order", {"order_id": "ord_2001"}, "forbidden"),               # another tenant's order
+            ("delete_customer", {"customer_id": "cus_1001"}, "approval_required"),  # risk: destructive
+            ("no_such_tool", {}, "tool_not_found")]
+
+
+def check_failure(result: dict[str, Any], code: str) -> None:
+    envelope = mcp_envelope(result)
+    assert envelope["error"]["code"] == code
+    assert result["content"][0]["type"] == "text" and result["content"][0]["text"].startswith(code + ": ")
+
+
+async def test_inspector_cli(proxy_deps, tmp_path):
+    async with running_stack(proxy_deps) as stack:
+        url = stack.proxy_url + "/mcp"
+        base = [tool("mcp-inspector"), "--cli", url, "--transport", "http",
+                "--header", *[f"{k}: {v}" for k, v in HEADERS.items()]]
+        env = {"MCP_CATALOG_PATH": str(tmp_path / "catalog.json"), "HOME": str(tmp_path)}
+
+        async def inspector(*args: str, exit_code: int = 0) -> dict[str, Any]:
+            code, out, err = await run(*base, *args, env=env, timeout_s=90)
+            assert code == exit_code, (args, out[-2000:], err[-2000:])
+            assert out.strip(), (args, code, err[-2000:])
+            return json.loads(out)
+
+        listed = await inspector("--method", "tools/list")
+        assert {t["name"] for t in listed["tools"]} == {t.name for t in stack.runtime.registry.active()}
+        # The CLI itself refuses a tool the listing does not name (it never sends the call).
+        code, out, err = await run(*base, "--method", "tools/call", "--tool-name", "no_such_tool", env=env,
+                                   timeout_s=90)
+        assert (code, json.loads(err)["error"]["code"]) == (5, "tool_not_found")
+        for name, arguments, code in [(*READ, None), *FAILURES[:-1]]:
+            pairs = [f"{k}={v}" for k, v in arguments.items()]
+            # The CLI prints an isError result and exits 5 ("tool_is_error"), not a protocol error.
+            result = await inspector("--method", "tools/call", "--tool-name", name,
+                                     *(["--tool-arg", *pairs] if pairs else []), exit_code=0 if code is None else 5)
+            if code is None:
+                assert result["isError"] is False and result["structuredContent"]["order_id"] == "ord_1001"
+            else:
+                check_failure(result, code)
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_python_sdk(mode, proxy_deps):
+    import httpx2
+    from mcp import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with running_stack(proxy_deps) as stack:
+        http = httpx2.AsyncClient(headers=HEADERS, timeout=httpx2.Timeout(30.0))
+        async with Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode=mode) as client:
+            assert {t.name for t in (await client.list_tools()).tools} == \
+                {t.name for t in stack.runtime.registry.active()}
+            ok = await client.call_tool(*READ)
+            assert ok.is_error is False and ok.structured_content["order_id"] == "ord_1001"
+            for name, arguments, code in FAILURES:
+                result = await client.call_tool(name, arguments)
+                check_failure(result.model_dump(by_alias=True, exclude_none=True), code)
+
+
+async def test_openai_agents_mcp_server_streamable_http(proxy_deps):
+    from agents.mcp import MCPServerStreamableHttp
+
+    async with running_stack(proxy_deps) as stack:
+        server = MCPServerStreamableHttp(params={"url": stack.proxy_url + "/mcp", "headers": HEADERS},
+                                         cache_tools_list=False, client_session_timeout_seconds=30)
+        async with server:
+            names = {t.name for t in await server.list_tools()}
+            assert names == {t.name for t in stack.runtime.registry.active()}
+            ok = await server.call_tool(*READ)
+            assert ok.is_error is False and ok.structured_content["order_id"] == "ord_1001"
+            for name, arguments, code in FAILURES:
+                result = await server.call_tool(name, arguments)
+                check_failure(result.model_dump(by_alias=True, exclude_none=True), code)

@@ -156,8 +156,10 @@ class BackendGuard:
 
     async def stop(self) -> None:
         if self._listener is not None:
-            self._listener.cancel()
-            await asyncio.gather(self._listener, return_exceptions=True)
+            # Cancel until it ends: redis-py can swallow one cancel (CPython gh-86296, see store.redis_call).
+            while not self._listener.done():
+                self._listener.cancel()
+                await asyncio.wait({self._listener}, timeout=0.5)
             self._listener = None
 
     async def _listen(self) -> None:
@@ -171,6 +173,9 @@ class BackendGuard:
                 backoff = 0.1
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():  # a cancel redis-py swallowed (gh-86296)
+                        raise asyncio.CancelledError()
                     if message is not None and message.get("type") == "message":
                         self._apply_event(message["data"])
             except (RedisError, OSError) as exc:

@@ -130,6 +130,14 @@ PAGE = """<!doctype html>
   <p class="empty" id="unknown-calls-empty" hidden>None.</p>
 </section>
 
+<section id="panel-locks" data-role="operator" hidden>
+  <h2>Held resource locks</h2>
+  <table id="locks"><thead><tr><th>resource</th><th>tenant</th><th>mode</th><th>tool</th><th>operation</th>
+  <th>fencing token</th><th>lease left</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="locks-empty" hidden>No lock is held.</p>
+  <p class="hint" id="locks-hint"></p>
+</section>
+
 <section id="panel-denials" data-role="any" hidden>
   <h2>Recent policy denials</h2>
   <table id="denials"><thead><tr><th>tool</th><th>reason</th><th>as the policy said it</th><th>count</th>

@@ -8,6 +8,7 @@ click goes through the page's own script and the admin JSON API.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Mapping
 
@@ -303,3 +304,30 @@ async def test_an_approver_cannot_approve_their_own_request_from_the_page(jwt_pr
     status, view = await admin_get(http, f"http://127.0.0.1:{jwt_proxy.admin_port}", f"/v1/approvals/{approval_id}",
                                    alice_approver)
     assert (status, view["status"], view["approver"]) == (200, "pending", None)
+
+
+async def test_a_held_lock_is_shown_with_its_holder_and_lease(dev, http):
+    async with http.post(dev.backend_url + "/_control/faults",
+                         json={"tool": "adjust_counter", "mode": "slow", "delay_ms": 4000, "count": 1}) as response:
+        assert response.status == 200
+    arguments = {"counter": "ctr_console_lock", "delta": 1}
+    slow = asyncio.ensure_future(agent_call(http, dev.agent_url, "adjust_counter", arguments,
+                                            {"Idempotency-Key": "console-lock"}))
+    try:
+        async def held() -> bool:
+            _, listing = await admin_get(http, dev.admin_url, "/v1/locks", dev.token)
+            return any("ctr_console_lock" in lock["resource"] for lock in listing["locks"])
+        await wait_until(held, timeout=10, what="the slow write to hold its lock")
+        async with chromium_page() as page:
+            await signed_in(page, dev.console_url, dev.token)
+            row = page.locator("#locks tbody tr", has_text="ctr_console_lock")
+            text = await row.inner_text()
+            for shown in ("exclusive", "adjust_counter", "acme"):
+                assert shown in text, shown
+            assert "lease" in await page.locator("#locks-hint").inner_text()
+    finally:
+        status, envelope = await slow
+    # 4 s is past the tool's own timeout, so the write ends unknown; either way its lock is released.
+    assert envelope["outcome"] in {"succeeded", "unknown"}, (status, envelope)
+    _, listing = await admin_get(http, dev.admin_url, "/v1/locks", dev.token)
+    assert not any("ctr_console_lock" in lock["resource"] for lock in listing["locks"])

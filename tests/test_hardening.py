@@ -354,7 +354,7 @@ async def test_an_unauthenticated_body_is_refused_without_being_read(proxy_deps,
         base = stack.proxy_url if listener == "agent" else stack.admin_url
         port = int(base.rsplit(":", 1)[1])
         announced = 1024 * 1024
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Accept: application/json, text/event-stream\r\nContent-Length: {announced}\r\n\r\n").encode()
         # Only the first 16 KB of the announced megabyte is ever sent: an answer can only come from a proxy
         # that decided without reading the body.

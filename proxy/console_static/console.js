@@ -223,6 +223,15 @@
               el("td", {className: "count"}, d.count), el("td", null, stamp(d.last_at_ms)));
   }
 
+  function lockRow(l) {
+    return el("tr", null, el("td", null, l.resource), el("td", null, l.tenant || "—"), el("td", null, l.mode),
+              el("td", null, l.tool || "—"),
+              el("td", null, el("div", null, l.operation || "—"),
+                 el("div", {className: "muted"}, "request " + (l.request_id || "—"))),
+              el("td", {className: "count"}, l.fencing_token === null ? "—" : String(l.fencing_token)),
+              el("td", {className: "count"}, Math.max(0, Math.round(l.lease_remaining_ms / 100) / 10) + " s"));
+  }
+
   // -- loading -----------------------------------------------------------------------------------------
   async function load(path, apply) {
     const result = await api("GET", path);
@@ -250,6 +259,11 @@
         jobs.push(load("/v1/unknown-operations", (b) => fill("unknown-operations", b.unknown_operations,
                                                                   unknownOperationRow)));
         jobs.push(load("/v1/unknown-calls", (b) => fill("unknown-calls", b.unknown_calls, unknownCallRow)));
+        jobs.push(load("/v1/locks", (b) => {
+          fill("locks", b.locks, lockRow);
+          $("locks-hint").textContent = "A crashed proxy's locks free themselves when their lease (" +
+            b.lease_ms / 1000 + " s) runs out" + (b.truncated ? "; only the first locks are shown." : ".");
+        }));
       }
       await Promise.all(jobs);
       document.body.dataset.loaded = String(Date.now());

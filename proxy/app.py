@@ -29,6 +29,7 @@ from .approvals import ApprovalStore
 from .authorize import Authorizer
 from .config import Config
 from .denials import DenialLog
+from .envelope import dumps
 from .errors import ProxyError
 from .health import Health
 from .http_server import EnvelopeRunner
@@ -129,8 +130,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(session, config.backends.services, **limits), "mcp": mcp_adapter}
         metrics = Metrics()
-        audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream")),
-                        metrics)
+        audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
+                                                  metrics), metrics)
         operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
                                     ack_timeout_ms=config.redis.replica_ack_timeout_ms,
                                     on_shortfall=metrics.replica_ack_shortfall)
@@ -160,7 +161,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             locks=locks, quotas=quotas,
                             versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
                                                      pin_ttl_s=config.registry.run_pin_ttl_s,
-                                                     read_policy=config.idempotency.read_policy))
+                                                     read_policy=config.idempotency.read_policy),
+                            redis=redis)
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
                         unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
         await health.open()
@@ -193,8 +195,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
-                        content_type="application/json", headers=headers)
+    return web.Response(body=dumps(body), status=status, content_type="application/json", headers=headers)
 
 
 @web.middleware

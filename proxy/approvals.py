@@ -144,8 +144,8 @@ class ApprovalStore:
         self._config = config
         self._metrics = metrics
         self._prefix = prefix
-        self._check = redis.register_script(_CHECK)
-        self._decide = redis.register_script(_DECIDE)
+        self._check = store.script(redis, "approvals.check", _CHECK)
+        self._decide = store.script(redis, "approvals.decide", _DECIDE)
 
     def _key(self, approval_id: str) -> str:
         return approval_key(self._prefix, approval_id)

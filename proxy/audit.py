@@ -19,13 +19,21 @@ Other stages record their own events through ``Auditor.record(kind, ...)``:
 from __future__ import annotations
 
 import asyncio
+import collections
+import fcntl
 import json
 import logging
+import os
+import stat
+import struct
 import sys
+import termios
+import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, TextIO
 
+import orjson
 import redis.asyncio as redis_async
 import redis.exceptions
 
@@ -64,22 +72,122 @@ _NULL_MEANS_UNKNOWN = frozenset({"side_effect_committed"})
 class Sink(Protocol):
     name: str
 
-    async def write(self, line: str) -> None:
-        """Persist one serialized record; raise on failure."""
+    async def write(self, line: str, *, durable: bool = False) -> None:
+        """Persist one serialized record; raise on failure. ``durable``: return only once the record has
+        left the process (an intent record of a fail-closed call); else it may still be on its way."""
+
+
+class AuditBackpressure(OSError):
+    """The sink's bounded queue is full: the record was dropped (counted, never silently)."""
 
 
 class StdoutSink:
-    """JSON lines on the process's stdout (the cluster's log pipeline collects them)."""
+    """JSON lines on the process's stdout (the cluster's log pipeline collects them), never blocking the
+    event loop.
+
+    A pipe nobody reads fills up, and a blocking write to it would stall every call of the process. So a
+    record goes straight out only when it fits into the pipe now (its free space is known: ``F_GETPIPE_SZ``
+    minus ``FIONREAD``); otherwise it waits, in order, in a bounded queue that a writer thread drains with
+    blocking writes. A full queue drops the record (``toolproxy_audit_dropped_records``); a queued
+    ``durable`` record is awaited (within ``audit.timeout_ms``), so a fail-closed write whose intent record
+    cannot leave is not sent. Streams that are not pipes (files, terminals, test captures) are written
+    directly, as they do not block on a reader.
+    """
 
     name = "stdout"
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, max_queued: int = 10000,
+                 metrics: Metrics | None = None) -> None:
         self._stream = stream
+        self._queued = metrics.child(metrics.audit_queued, self.name) if metrics is not None else None
+        self._max_queued = max_queued
+        self._queue: collections.deque[tuple[bytes, asyncio.Future[None] | None]] = collections.deque()
+        self._wake = threading.Condition()
+        self._writer: threading.Thread | None = None
+        self._pipes: dict[int, int | None] = {}  # fd -> pipe capacity (None: not a pipe)
 
-    async def write(self, line: str) -> None:
+    async def write(self, line: str, *, durable: bool = False) -> None:
         stream = self._stream or sys.stdout  # looked up per write: follows redirection
-        stream.write(line + "\n")
-        stream.flush()
+        fd = _fileno(stream)
+        capacity = self._pipe_capacity(fd) if fd is not None else None
+        if capacity is None:
+            stream.write(line + "\n")
+            stream.flush()
+            return
+        data = (line + "\n").encode()
+        if not self._queue and capacity - _unread(fd) >= len(data):
+            _write_all(fd, data)  # fits now: does not block
+            return
+        if len(self._queue) >= self._max_queued:
+            raise AuditBackpressure("audit queue full")
+        done = asyncio.get_running_loop().create_future() if durable else None
+        with self._wake:
+            self._queue.append((data, done))
+            self._wake.notify()
+        if self._queued is not None:
+            self._queued.inc()
+        self._start_writer(fd)
+        if done is not None:
+            await done
+
+    def _pipe_capacity(self, fd: int) -> int | None:
+        if fd not in self._pipes:
+            try:
+                is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
+                self._pipes[fd] = fcntl.fcntl(fd, _F_GETPIPE_SZ) if is_pipe else None
+            except OSError:
+                self._pipes[fd] = None
+        return self._pipes[fd]
+
+    def _start_writer(self, fd: int) -> None:
+        if self._writer is None or not self._writer.is_alive():
+            loop = asyncio.get_running_loop()
+            self._writer = threading.Thread(target=self._drain, args=(fd, loop), name="audit-stdout", daemon=True)
+            self._writer.start()
+
+    def _drain(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            with self._wake:
+                while not self._queue:
+                    self._wake.wait()
+                data, done = self._queue[0]
+            try:
+                _write_all(fd, data)  # may block for as long as nobody reads: this thread only
+            except OSError:
+                pass  # stdout is gone; durable writers time out and fail closed
+            else:
+                if done is not None:
+                    loop.call_soon_threadsafe(_resolve, done)
+            with self._wake:
+                self._queue.popleft()
+
+
+def _fileno(stream: TextIO) -> int | None:
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+    stream.flush()  # anything buffered in the text layer goes first
+    return fd
+
+
+def _unread(fd: int) -> int:
+    """Bytes written to the pipe that its reader has not read yet."""
+    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _resolve(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 class RedisStreamSink:
@@ -92,7 +200,7 @@ class RedisStreamSink:
         self.key = key
         self._maxlen = maxlen
 
-    async def write(self, line: str) -> None:
+    async def write(self, line: str, *, durable: bool = False) -> None:
         await redis_call(self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True))
 
 
@@ -123,6 +231,7 @@ class Auditor:
         self._timeout_s = config.timeout_ms / 1000.0
         self.policy = AuditPolicy(write=config.on_failure_write, read=config.on_failure_read)
         self._schema_versions: dict[tuple[str, str, str], str] = {}
+        self._dropped_logged = -1e9
 
     @property
     def sinks(self) -> tuple[Sink, ...]:
@@ -146,7 +255,7 @@ class Auditor:
                 record[name] = value
         if "details" in record:
             record["details"] = redact(record["details"], (), self._config.max_string_chars)
-        ok = await self._write(record)
+        ok = await self._write(record, durable=critical or kind == "tool_call_intent")
         if not ok and critical:
             raise ProxyError("audit_unavailable", "The audit trail could not be written; nothing was done.",
                              attempted=False, committed=False)
@@ -245,13 +354,24 @@ class Auditor:
             version = self._schema_versions[cache_key] = schema_version(tool)
         return version
 
-    async def _write(self, record: Mapping[str, Any]) -> bool:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    async def _write(self, record: Mapping[str, Any], *, durable: bool) -> bool:
+        try:
+            line = orjson.dumps(record).decode()
+        except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits: the standard encoder takes it
+            line = json.dumps(record, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         ok = True
         for sink in self._sinks:
             try:
                 async with asyncio.timeout(self._timeout_s):
-                    await sink.write(line)
+                    await sink.write(line, durable=durable)
+            except AuditBackpressure:
+                ok = False
+                self._metrics.child(self._metrics.audit_dropped, sink.name).inc()
+                now = time.monotonic()
+                if now - self._dropped_logged > 10.0:  # stderr may be the same blocked pipe: say it rarely
+                    self._dropped_logged = now
+                    log.error("audit sink %s is not being read; records are dropped (see "
+                              "toolproxy_audit_dropped_records)", sink.name)
             except (OSError, ValueError, TimeoutError, redis.exceptions.RedisError) as exc:
                 ok = False
                 self._metrics.audit_failures.labels(sink.name).inc()
@@ -275,6 +395,8 @@ def _safe_str(value: Any, *, truncate: bool = False) -> str | None:
 
 def check_config(config: AuditConfig) -> None:
     """Raise ConfigError for a bad audit section (the loader checked each value; this checks the whole)."""
+    if config.stdout_queue_records < 1:
+        raise ConfigError("audit.stdout_queue_records (TOOLPROXY_AUDIT_STDOUT_QUEUE_RECORDS): must be at least 1")
     if not config.sinks:
         raise ConfigError("audit.sinks (TOOLPROXY_AUDIT_SINKS): at least one sink is required (stdout, redis)")
 
@@ -287,11 +409,12 @@ def _call_id(value: Any) -> str | None:
     return "sha256:" + sha256_hex(str(value).encode())
 
 
-def build_sinks(config: AuditConfig, redis: redis_async.Redis, stream_key: str) -> list[Sink]:
+def build_sinks(config: AuditConfig, redis: redis_async.Redis, stream_key: str,
+                metrics: Metrics | None = None) -> list[Sink]:
     sinks: list[Sink] = []
     for name in config.sinks:
         if name == "stdout":
-            sinks.append(StdoutSink())
+            sinks.append(StdoutSink(max_queued=config.stdout_queue_records, metrics=metrics))
         elif name == "redis":
             sinks.append(RedisStreamSink(redis, stream_key, config.stream_maxlen))
         else:

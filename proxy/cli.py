@@ -12,13 +12,15 @@ import asyncio
 import json
 import signal
 import sys
-from typing import Any, Sequence
+from typing import Any, Coroutine, Sequence, TypeVar
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
 from .decisions import check_config as check_decisions_config
 from .identity import configuration_problem
 from .registry import Registry, RegistryError, load_registry
+
+T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -238,11 +240,22 @@ def run_sidecar(config_path: str | None) -> int:
         await serve(config, stop=stop, on_runtime=reload_on_sighup)
 
     try:
-        asyncio.run(main_async())
+        run_loop(main_async())
     except ConfigError as exc:  # found while opening the runtime (a key file, an algorithm list)
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def run_loop(main: Coroutine[Any, Any, T]) -> T:
+    """Run ``main`` on uvloop where it is installed (it is a dependency on Linux and macOS), else asyncio's
+    own loop: the same semantics, less interpreter time per socket event."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - platforms without uvloop wheels
+        return asyncio.run(main)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

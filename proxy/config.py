@@ -380,6 +380,8 @@ class AuditConfig:
     on_failure_read: str = setting("fail_open", "read tools when a sink fails: fail_open or fail_closed",
                                    choices=("fail_closed", "fail_open"))
     timeout_ms: int = setting(500, "bound on writing one record to one sink")
+    stdout_queue_records: int = setting(10000, "stdout sink: records held while stdout's pipe is full (nobody "
+                                        "reads it); past that they are dropped and counted, never blocking a call")
     max_string_chars: int = setting(256, "argument strings longer than this are truncated in audit records")
 
 

@@ -125,7 +125,7 @@ def run_dev(args: argparse.Namespace) -> int:
         return 1
 
     from .app import serve
-    from .cli import setup_logging
+    from .cli import run_loop, setup_logging
     setup_logging(config.log.level, config.log.format)
     _print_banner(args, approver_token, config.registry.paths, policies, opa_data)
 
@@ -151,7 +151,7 @@ def run_dev(args: argparse.Namespace) -> int:
             watcher.cancel()
 
     try:
-        asyncio.run(main_async())
+        run_loop(main_async())
     finally:
         stop_all()
     return 0

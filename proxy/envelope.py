@@ -8,10 +8,13 @@ backend bodies into an envelope.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
+
+import orjson
 
 from .errors import CATALOGUE, NO_EFFECT, ProxyError, SideEffect
 
@@ -41,6 +44,15 @@ class Timing:
 
 def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def dumps(body: Any) -> bytes:
+    """Compact UTF-8 JSON of an answer (orjson; the standard encoder for what orjson refuses, such as an
+    integer beyond 64 bits in a backend's output)."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def outcome_of(error: ProxyError | None, side_effect: SideEffect) -> str:

@@ -70,9 +70,10 @@ from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall
-from .operations import OperationStore, Record
+from .operations import OperationStore, Record, Transition
 from .redaction import redact
 from .registry import ToolContract
+from .store import RoundTrip
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import RequestMeta
@@ -125,10 +126,16 @@ class Admission:
     token: int | None = None
     attempt: int = 0
     replay: Mapping[str, Any] | None = None  # a stored SUCCEEDED outcome to return instead of running
+    reserved_at: float = 0.0  # monotonic time the reservation was sent (its lease started no earlier)
+    lease_s: float = 0.0      # the lease the reservation was granted
 
     @property
     def holds(self) -> bool:
         return self.token is not None
+
+    def lease_left(self, now: float) -> float:
+        """A lower bound of the reservation's remaining lease, by this process's clock."""
+        return self.reserved_at + self.lease_s - now
 
 
 NO_RECORD = Admission()
@@ -202,10 +209,12 @@ class IdempotencyStage:
                         "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
                         "request_id": meta.request_id}
         wait_until = self._wait_until(meta)
+        lease_ms = self._lease_ms(budget)
         while True:
+            sent = time.monotonic()
             try:
                 answer = await self.store.begin(
-                    op.key, fingerprint=op.fingerprint, nonce=nonce, lease_ms=self._lease_ms(budget),
+                    op.key, fingerprint=op.fingerprint, nonce=nonce, lease_ms=lease_ms,
                     retention_s=tool.retention_seconds, is_write=tool.is_write,
                     max_attempts=self._config.max_attempts, meta=record_meta,
                     first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
@@ -228,7 +237,7 @@ class IdempotencyStage:
                                  details={"approval_id": replay_only_for, "reason": "used",
                                           "idempotency_key": op.key, "state": answer.text(0)},
                                  phase="idempotency")
-            return self._decide(tool, op.key, answer)
+            return self._decide(tool, op.key, answer, reserved_at=sent, lease_s=lease_ms / 1000.0)
 
     async def _withdraw(self, key: str, nonce: str) -> None:
         """A cancelled ``admit``: undo the reservation its ``begin`` made, if it made one (matched by nonce)."""
@@ -242,15 +251,17 @@ class IdempotencyStage:
         except redis.exceptions.RedisError:
             log.warning("could not undo the reservation of cancelled call %s; its lease will expire", key)
 
-    def _decide(self, tool: ToolContract, key: str, answer: Any) -> Admission:
+    def _decide(self, tool: ToolContract, key: str, answer: Any, *, reserved_at: float,
+                lease_s: float) -> Admission:
         status = answer.status
         result = {"new": "new", "retry": "retry", "replay": "replayed", "in_progress": "in_progress",
                   "conflict": "conflict", "unknown": "unknown", "final": "failed_final",
                   "exhausted": "failed_final"}[status]
-        self._metrics.idempotency_results.labels(result).inc()
+        self._metrics.child(self._metrics.idempotency_results, result).inc()
         details = {"idempotency_key": key}
         if status in ("new", "retry"):
-            return Admission(key=key, token=answer.int(0), attempt=answer.int(1))
+            return Admission(key=key, token=answer.int(0), attempt=answer.int(1), reserved_at=reserved_at,
+                             lease_s=lease_s)
         if status == "replay":
             return Admission(key=key, replay=_loads(answer.text(0)))
         if status == "in_progress":
@@ -291,9 +302,16 @@ class IdempotencyStage:
                          attempted=False, committed=False)
 
     async def before_send(self, admission: Admission, budget_s: float) -> None:
-        """Re-check, right before sending, that this call still owns the key (its lease may have run out
-        while waiting for locks); extend the lease to cover the send."""
+        """Make sure, right before sending, that this call still owns the key and that its lease covers the
+        send plus most of the grace; extend it when it does not (a long lock wait, a slow stage).
+
+        A reservation confirmed moments ago needs no round trip: while its lease runs nobody else can take
+        the key (``begin`` and the reconciler's ``expire`` act only on a lapsed lease; operators only on
+        UNKNOWN records), and this process's clock bounds the lease from below (it started when the
+        ``begin`` was sent, or later)."""
         if not admission.holds:
+            return
+        if admission.lease_left(time.monotonic()) >= budget_s + 0.75 * self._config.lease_grace_ms / 1000.0:
             return
         try:
             answer = await self.store.renew(admission.key, token=admission.token, lease_ms=self._lease_ms(budget_s))
@@ -311,6 +329,16 @@ class IdempotencyStage:
         """Commit: record the outcome. Never raises; an unrecorded outcome is found by lease expiry."""
         if not admission.holds:
             return
+        trip = RoundTrip(self.store.redis)
+        self.finish_in(trip, admission, tool=tool, data=data, error=error, side_effect=side_effect,
+                       call_id=call_id, request_id=request_id)
+        await trip.send()
+
+    def finish_in(self, trip: RoundTrip, admission: Admission, *, tool: ToolContract, data: Any,
+                  error: ProxyError | None, side_effect: SideEffect, call_id: str, request_id: str) -> None:
+        """``finish`` as one step of the commit stage's round trip (sent together with the lock release)."""
+        if not admission.holds:
+            return
         if error is not None and not error.attempted:
             target = "ABANDON"
         elif side_effect.committed is None:
@@ -325,17 +353,18 @@ class IdempotencyStage:
                              request_id=request_id)
         evidence = {"source": "executor", "observed": error.code if error else "succeeded",
                     "at_ms": int(time.time() * 1000)}
-        try:
-            answer = await self.store.commit(admission.key, token=admission.token, target=target, outcome=outcome,
-                                             evidence=evidence, first_check_ms=self._reconcile.backoff_initial_ms,
-                                             window_ms=self._reconcile.window_ms)
-        except redis.exceptions.RedisError:
-            log.warning("could not record the outcome of %s (%s); its lease will expire and reconciliation "
-                        "will find it", admission.key, target)
-            return
-        if answer.status in ("stale", "settled", "missing"):
-            log.warning("outcome %s of %s not recorded: the record is %s (%s)", target, admission.key,
-                        answer.text(0), answer.status)
+
+        def recorded(answer: Transition | BaseException) -> None:
+            if isinstance(answer, BaseException):
+                log.warning("could not record the outcome of %s (%s); its lease will expire and reconciliation "
+                            "will find it", admission.key, target)
+            elif answer.status in ("stale", "settled", "missing"):
+                log.warning("outcome %s of %s not recorded: the record is %s (%s)", target, admission.key,
+                            answer.text(0), answer.status)
+
+        self.store.commit_in(trip, admission.key, token=admission.token, target=target, outcome=outcome,
+                             evidence=evidence, first_check_ms=self._reconcile.backoff_initial_ms,
+                             window_ms=self._reconcile.window_ms, on_reply=recorded)
 
     async def interrupted(self, admission: Admission, *, tool: ToolContract, sent: bool) -> None:
         """The call was cancelled: release the key if nothing was sent, else mark it unknown."""

@@ -11,6 +11,7 @@ identity claims.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any
 
@@ -57,8 +58,16 @@ async def read_json(request: web.Request, config: Config, *, phase: str = "reque
     return strict_loads(b"".join(chunks), what="request body", phase=phase, max_depth=config.decode.max_depth)
 
 
+@functools.cache
+def api_validator(schema_name: str) -> Draft202012Validator:
+    """The validator of one API request schema, built once per process (schemas ship with the code)."""
+    return Draft202012Validator(load_schema(schema_name))
+
+
 def validate_body(body: Any, schema_name: str) -> None:
-    validator = Draft202012Validator(load_schema(schema_name))
+    validator = api_validator(schema_name)
+    if validator.is_valid(body):
+        return
     violations = schema_violations(body, validator)
     if violations:
         raise ProxyError("invalid_request", "The request body does not match the API schema.",

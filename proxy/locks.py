@@ -250,9 +250,9 @@ class LockManager:
         self._prefix = key_prefix
         self._metrics = metrics
         self._margin_s = margin_s
-        self._acquire = redis.register_script(_ACQUIRE)
-        self._renew = redis.register_script(_RENEW)
-        self._release = redis.register_script(_RELEASE)
+        self._acquire = store.script(redis, "locks.acquire", _ACQUIRE)
+        self._renew = store.script(redis, "locks.renew", _RENEW)
+        self._release = store.script(redis, "locks.release", _RELEASE)
 
     def domain(self, tenant: str) -> str:
         return domain(self._config.scope, tenant)
@@ -293,7 +293,7 @@ class LockManager:
                 if int(reply[0]) == 1:
                     token = int(reply[1])
                     waited = time.monotonic() - started
-                    self._metrics.lock_wait.labels(mode).observe(waited)
+                    self._metrics.child(self._metrics.lock_wait, mode).observe(waited)
                     lease = Lease(self, owner=owner, keys=keys[1:], resources=wanted, tool=tool, is_write=is_write,
                                   fencing_token=token,
                                   valid_until=sent + self._safe_lease_s())
@@ -401,6 +401,10 @@ class Lease:
     def lost(self) -> bool:
         return self._lost.is_set()
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def start(self) -> None:
         self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name=f"lock-renew-{self.owner}")
 
@@ -480,9 +484,29 @@ class Lease:
         """Stop renewing and drop the locks; safe to call twice and under cancellation."""
         if self._released:
             return
+        self._stop_renewing()
+        await self._manager._forget(self.keys, self.owner)
+        await self.renewer_stopped()
+
+    def release_in(self, trip: store.RoundTrip) -> None:
+        """``release`` as one step of the commit stage's round trip; errors only logged (the lease expires).
+        Await ``renewer_stopped`` after the trip is sent."""
+        if self._released:
+            return
+        self._stop_renewing()
+
+        def released(reply: Any) -> None:
+            if isinstance(reply, BaseException):
+                log.warning("could not release locks of owner %s (%s); they expire with their lease", self.owner,
+                            type(reply).__name__)
+
+        trip.add(self._manager._release, self.keys, [self.owner], released)
+
+    def _stop_renewing(self) -> None:
         self._released = True
         if self._renewer is not None:
             self._renewer.cancel()
-        await self._manager._forget(self.keys, self.owner)
+
+    async def renewer_stopped(self) -> None:
         if self._renewer is not None:
             await asyncio.gather(self._renewer, return_exceptions=True)

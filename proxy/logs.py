@@ -114,7 +114,9 @@ def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Han
     root.addHandler(handler)
     root.setLevel(getattr(logging, level.upper(), logging.INFO))
     # aiohttp's access log would echo request lines; the proxy never enables it,
-    # and its client/server internals stay at warning even in debug mode.
-    for noisy in ("aiohttp.access", "aiohttp.client", "aiohttp.server", "asyncio"):
+    # and its client/server internals stay at warning even in debug mode. So do the
+    # MCP client's HTTP stack (httpx logs every upstream request at INFO) and the SDK.
+    for noisy in ("aiohttp.access", "aiohttp.client", "aiohttp.server", "asyncio", "httpx", "httpx2",
+                  "httpcore", "httpcore2", "mcp"):
         logging.getLogger(noisy).setLevel(max(root.level, logging.WARNING))
     return handler

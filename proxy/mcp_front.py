@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-import json
 import logging
 import uuid
 from urllib.parse import urlsplit
@@ -68,6 +67,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from pydantic import ValidationError
 
 from . import __version__, ingress, mcp_tools
+from .envelope import dumps as json_bytes
 from .adapters import progress_relay
 from .errors import ProxyError
 from .identity import Caller
@@ -560,8 +560,7 @@ async def _settle(task: "asyncio.Future[dict[str, Any]]", rpc_id: Any) -> dict[s
 
 
 def _event(message: Mapping[str, Any]) -> bytes:
-    data = json.dumps(message, ensure_ascii=False, separators=(",", ":"))
-    return f"event: message\ndata: {data}\n\n".encode()
+    return b"event: message\ndata: " + json_bytes(message) + b"\n\n"
 
 
 async def _write(response: web.StreamResponse, chunk: bytes) -> bool:
@@ -573,5 +572,5 @@ async def _write(response: web.StreamResponse, chunk: bytes) -> bool:
 
 
 def _json(body: Any, status: int, headers: Mapping[str, str] | None = None) -> web.Response:
-    return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")), status=status,
-                        content_type="application/json", headers=dict(headers or {}))
+    return web.Response(body=json_bytes(body), status=status, content_type="application/json",
+                        headers=dict(headers or {}))

@@ -9,6 +9,8 @@ the global default registry.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 # Sub-millisecond resolution at the bottom: proxy overhead is measured in
@@ -22,6 +24,7 @@ CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         r = self.registry
         self.calls = Counter("toolproxy_calls", "Tool calls by tool, outcome and error code (code is 'none' on success)",
                              ["tool", "outcome", "code"], registry=r)
@@ -84,6 +87,12 @@ class Metrics:
                                       "unknown route, admin API refusals), by error code", ["code"], registry=r)
         self.audit_failures = Counter("toolproxy_audit_write_failures", "Audit records a sink failed to write",
                                       ["sink"], registry=r)
+        self.audit_queued = Counter("toolproxy_audit_queued_records",
+                                    "Audit records that found their sink busy (stdout: the pipe full) and waited in "
+                                    "its bounded queue: back-pressure from the log pipeline", ["sink"], registry=r)
+        self.audit_dropped = Counter("toolproxy_audit_dropped_records",
+                                     "Audit records dropped because the sink's bounded queue was full (nobody reads "
+                                     "stdout)", ["sink"], registry=r)
         self.decision_record_failures = Counter("toolproxy_decision_record_failures",
                                                 "Decision records a sink failed to write", ["sink"], registry=r)
         self.replica_ack_shortfalls = Counter(
@@ -107,5 +116,15 @@ class Metrics:
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
 
+    def child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, resolved once per label set: the hot path records several series per
+        call, and ``labels()`` re-validates and takes a lock every time. Label values are bounded (see
+        above), so this cache is too."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
+
     def replica_ack_shortfall(self, transition: str) -> None:
-        self.replica_ack_shortfalls.labels(transition).inc()
+        self.child(self.replica_ack_shortfalls, transition).inc()

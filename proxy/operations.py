@@ -41,6 +41,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
+import orjson
+import redis.exceptions as redis_exceptions
 
 from . import store
 
@@ -341,20 +343,20 @@ class OperationStore:
 
     def __init__(self, redis: store.Client, prefix: str, *, replica_acks: int = 0, ack_timeout_ms: int = 200,
                  on_shortfall: Callable[[str], None] | None = None) -> None:
-        self._redis = redis
+        self._redis = self.redis = redis
         self._prefix = prefix
         self._replica_acks = replica_acks
         self._ack_timeout_ms = ack_timeout_ms
         self._on_shortfall = on_shortfall or (lambda transition: None)
         self._shortfall_logged = 0.0
-        self._begin = redis.register_script(_BEGIN)
-        self._commit = redis.register_script(_COMMIT)
-        self._renew = redis.register_script(_RENEW)
-        self._expire = redis.register_script(_EXPIRE)
-        self._claim = redis.register_script(_CLAIM)
-        self._resolve = redis.register_script(_RESOLVE)
-        self._operator = redis.register_script(_OPERATOR)
-        self._passed = redis.register_script(_PASSED)
+        self._begin = store.script(redis, "operations.begin", _BEGIN)
+        self._commit = store.script(redis, "operations.commit", _COMMIT)
+        self._renew = store.script(redis, "operations.renew", _RENEW)
+        self._expire = store.script(redis, "operations.expire", _EXPIRE)
+        self._claim = store.script(redis, "operations.claim", _CLAIM)
+        self._resolve = store.script(redis, "operations.resolve", _RESOLVE)
+        self._operator = store.script(redis, "operations.operator", _OPERATOR)
+        self._passed = store.script(redis, "operations.passed", _PASSED)
         self._durable = {self._begin: "begin", self._commit: "commit", self._expire: "expire",
                          self._resolve: "resolve", self._operator: "operator"}
 
@@ -374,8 +376,7 @@ class OperationStore:
                                                       acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
             if acked < self._replica_acks:
                 self._shortfall(transition, acked)
-        values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
-        return Transition(str(values[0]), values[1:])
+        return _transition(reply)
 
     def _shortfall(self, transition: str, acked: int) -> None:
         self._on_shortfall(transition)
@@ -400,6 +401,22 @@ class OperationStore:
         """ok/late (new state) | stale (state: another execution owns the key) | settled | missing."""
         return await self._run(self._commit, key, token, target, _dumps(outcome) if outcome else "",
                                _dumps(evidence), first_check_ms, window_ms)
+
+    def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
+                  outcome: Mapping[str, Any] | None, evidence: Mapping[str, Any], first_check_ms: int,
+                  window_ms: int, on_reply: Callable[[Transition | BaseException], None]) -> None:
+        """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
+        trip.add(self._commit, self._keys(key),
+                 [key, token, target, _dumps(outcome) if outcome else "", _dumps(evidence), first_check_ms,
+                  window_ms],
+                 lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
+                 acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
+
+    def _check_acks(self, transition: str) -> Callable[[int], None]:
+        def checked(acked: int) -> None:
+            if acked < self._replica_acks:
+                self._shortfall(transition, acked)
+        return checked
 
     async def renew(self, key: str, *, token: int, lease_ms: int) -> Transition:
         return await self._run(self._renew, key, token, lease_ms)
@@ -434,6 +451,37 @@ class OperationStore:
         raw = await store.redis_call(self._passed(keys=[self._index("op-due", bucket)], args=[limit]))
         return [k.decode() for k in raw]
 
+    async def sweep_candidates(self, limit: int) -> tuple[dict[str, list[str] | Exception],
+                                                        dict[str, list[str] | Exception]]:
+        """Per bucket: (IN_PROGRESS keys whose lease ran out, UNKNOWN keys due for a reconciliation attempt),
+        at most ``limit`` of each, earliest first, by the clock of the bucket's master; a bucket whose
+        master could not answer maps to its RedisError instead.
+
+        The 32 index reads go in one pipeline: one round trip in standalone and sentinel mode, one per
+        master in cluster mode (the pipeline splits by node). A bucket whose read failed there is read
+        again on its own, so one unreachable master only costs its own buckets."""
+        expired: dict[str, list[str] | Exception] = {}
+        due: dict[str, list[str] | Exception] = {}
+        trip = store.RoundTrip(self._redis)
+
+        def keep(into: dict[str, list[str] | Exception], bucket: str) -> Callable[[Any], None]:
+            def kept(reply: Any) -> None:
+                into[bucket] = reply if isinstance(reply, BaseException) else [k.decode() for k in reply]
+            return kept
+
+        for bucket in BUCKETS:
+            trip.add(self._passed, [self._index("op-leases", bucket)], [limit], keep(expired, bucket))
+            trip.add(self._passed, [self._index("op-due", bucket)], [limit], keep(due, bucket))
+        await trip.send()
+        for bucket in BUCKETS:
+            for into, read in ((expired, self.expired_leases), (due, self.due)):
+                if isinstance(into[bucket], BaseException):
+                    try:
+                        into[bucket] = await read(bucket, limit)
+                    except redis_exceptions.RedisError as exc:
+                        into[bucket] = exc
+        return expired, due
+
     async def open_keys(self, limit: int) -> list[str]:
         """UNKNOWN and NEEDS_TAKEOVER keys, oldest first (at most ``limit``)."""
         scored: list[tuple[float, str]] = []
@@ -455,8 +503,16 @@ class OperationStore:
         return count, min(oldest) if oldest else None
 
 
+def _transition(reply: Any) -> Transition:
+    values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
+    return Transition(str(values[0]), values[1:])
+
+
 def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits in a stored result
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
 def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:

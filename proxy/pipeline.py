@@ -10,12 +10,11 @@ let an unexpected exception escape as a stack trace.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from . import envelope, logs
 from .adapters import Adapter, BackendCall
@@ -34,6 +33,7 @@ from .normalize import NormalizedCall, normalize
 from .policy import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .registry import Registry, ToolContract
+from .store import RoundTrip
 from .tracing import TraceContext
 from .unknowns import UnknownIndex
 from .verify import verify_output
@@ -93,6 +93,7 @@ class CallState:
     quota: Ticket = NO_TICKET                 # the quota stage's slots and back-pressure facts
     replayed: bool = False
     fencing_token: int | None = None
+    lease: Lease | None = None                # held locks: released by the commit stage (or on cancellation)
     phase: str = "resolve"
     sent: bool = False
     # Audit facts, filled by the stage that establishes them (commit copies them into the record).
@@ -111,8 +112,9 @@ class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
                  idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver,
-                 quotas: QuotaStage) -> None:
+                 quotas: QuotaStage, redis: Any) -> None:
         self._config = config
+        self._redis = redis
         self._versions = versions
         self._quotas = quotas
         self._locks = locks
@@ -139,37 +141,51 @@ class Pipeline:
             state = CallState(request=request, caller=caller, timing=Timing())
             remaining = meta.deadline.remaining()
             state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
-            error: ProxyError | None = None
             try:
-                data = await self._run(state)
-                env = self._envelope(state, data=data, side_effect=SideEffect(
-                    attempted=True, committed=bool(state.tool and state.tool.is_write)))
-            except ProxyError as exc:
-                error = exc.with_phase(state.phase)
-                state.replayed = isinstance(exc, ReplayedError)
-                env = self._envelope(state, error=error)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._interrupted(state))
-                raise
-            except Exception:
-                log.exception("internal error in phase %s", state.phase)
-                error = self._internal(state)
-                env = self._envelope(state, error=error)
-            headers = deprecation_headers(state.tool)
-            if state.replayed:
-                env["replayed"] = True
-                headers["Idempotent-Replayed"] = "true"
-            await self._commit(state, env, error)
-            return CallResult(envelope=env, status=envelope.http_status(env), headers=headers)
+                return await self._execute(state)
+            finally:  # whatever escaped (a bug included), held locks never outlive the call
+                if state.lease is not None and not state.lease.released:
+                    await asyncio.shield(state.lease.release())
+
+    async def _execute(self, state: CallState) -> CallResult:
+        error: ProxyError | None = None
+        try:
+            data = await self._run(state)
+            env = self._envelope(state, data=data, side_effect=SideEffect(
+                attempted=True, committed=bool(state.tool and state.tool.is_write)))
+        except ProxyError as exc:
+            error = exc.with_phase(state.phase)
+            state.replayed = isinstance(exc, ReplayedError)
+            env = self._envelope(state, error=error)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._interrupted(state))
+            raise
+        except Exception:
+            log.exception("internal error in phase %s", state.phase)
+            error = self._internal(state)
+            env = self._envelope(state, error=error)
+        headers = deprecation_headers(state.tool)
+        if state.replayed:
+            env["replayed"] = True
+            headers["Idempotent-Replayed"] = "true"
+        await self._commit(state, env, error)
+        return CallResult(envelope=env, status=envelope.http_status(env), headers=headers)
 
     async def _commit(self, state: CallState, env: dict[str, Any], error: ProxyError | None) -> None:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
         if state.tool is not None:
-            await self._idempotency.finish(
-                state.admission, tool=state.tool, data=env["data"], error=error,
+            # The outcome record and the lock release: independent steps (different slots), one round trip.
+            trip = RoundTrip(self._redis)
+            self._idempotency.finish_in(
+                trip, state.admission, tool=state.tool, data=env["data"], error=error,
                 side_effect=SideEffect(env["side_effect"]["attempted"], env["side_effect"]["committed"]),
                 call_id=state.request.call_id, request_id=state.request.meta.request_id)
+            if state.lease is not None:
+                state.lease.release_in(trip)
+            await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
+            if state.lease is not None:
+                await state.lease.renewer_stopped()
         await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
@@ -183,7 +199,7 @@ class Pipeline:
             except Exception as exc:  # the envelope already tells the caller; the gauge lags
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
         await self._audit.call_final(state, env)
-        self._metrics.stage_duration.labels("commit").observe(time.monotonic() - started)
+        self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env["outcome"],
                   env["error"]["code"] if env["error"] else "none", env["timing"]["duration_ms"])
@@ -193,17 +209,21 @@ class Pipeline:
         tool = state.tool.name if state.tool else "unknown"
         outcome = env["outcome"]
         code = env["error"]["code"] if env["error"] else "none"
-        self._metrics.calls.labels(tool, outcome, code).inc()
+        metrics = self._metrics
+        metrics.child(metrics.calls, tool, outcome, code).inc()
         if state.tool is not None:  # who still calls an old or deprecated version (seed 004 §28)
-            self._metrics.tool_version_calls.labels(tool, state.tool.version, state.tool.status).inc()
-        self._metrics.call_duration.labels(tool, outcome).observe(time.monotonic() - state.timing.started_mono)
+            metrics.child(metrics.tool_version_calls, tool, state.tool.version, state.tool.status).inc()
+        metrics.child(metrics.call_duration, tool, outcome).observe(time.monotonic() - state.timing.started_mono)
         for stage, seconds in state.timing.stages.items():
-            self._metrics.stage_duration.labels(stage).observe(seconds)
+            metrics.child(metrics.stage_duration, stage).observe(seconds)
         if outcome == "unknown" and not _about_an_operation(env):
-            self._metrics.unknown_outcomes.labels(tool).inc()
+            metrics.child(metrics.unknown_outcomes, tool).inc()
 
     async def _interrupted(self, state: CallState) -> None:
-        """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown."""
+        """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown;
+        release the locks."""
+        if state.lease is not None:
+            await state.lease.release()
         if state.tool is not None:
             await self._idempotency.interrupted(state.admission, tool=state.tool, sent=state.sent)
         await self._quotas.finish(state.quota, sent=False, error=None)  # a cancelled call teaches the breaker nothing
@@ -249,16 +269,13 @@ class Pipeline:
                                                                                 self._margin_s))
 
         with self._stage(state, "lock_wait"):  # after the key is reserved, before anything is sent
-            lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
+            lease = state.lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
                                               while_waiting=keep_reservation,
                                               keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0,
                                               operation=admission.key, request_id=meta.request_id)
-        try:
-            return await self._run_locked(state, tool, normalized, admission, lease)
-        finally:
-            if lease is not None:
-                await lease.release()  # every path, cancellation included (shielded inside)
+        # The lease is released on every path: with the outcome record at commit, or on cancellation.
+        return await self._run_locked(state, tool, normalized, admission, lease)
 
     async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
         """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
@@ -303,14 +320,8 @@ class Pipeline:
             tenant=state.caller.tenant, agent=state.caller.agent,
             idempotency_key=state.idempotency_key, fencing_token=state.fencing_token)
 
-    @contextlib.contextmanager
-    def _stage(self, state: CallState, name: str) -> Iterator[None]:
-        state.phase = name
-        started = time.monotonic()
-        try:
-            yield
-        finally:
-            state.timing.stage(name, time.monotonic() - started)
+    def _stage(self, state: CallState, name: str) -> "_Stage":
+        return _Stage(state, name)
 
     def _internal(self, state: CallState) -> ProxyError:
         # An unexpected failure after a write was handed to the adapter may have
@@ -335,6 +346,24 @@ class Pipeline:
 def _deprecation_block(tool: ToolContract | None) -> dict[str, Any] | None:
     facts = deprecation(tool)
     return None if facts is None else {"deprecation": facts}
+
+
+class _Stage:
+    """``with self._stage(state, name):`` sets the call's phase and adds the stage's duration to its timing
+    (a plain class: a generator-based context manager costs several times more, ten times per call)."""
+
+    __slots__ = ("_state", "_name", "_started")
+
+    def __init__(self, state: CallState, name: str) -> None:
+        self._state = state
+        self._name = name
+
+    def __enter__(self) -> None:
+        self._state.phase = self._name
+        self._started = time.monotonic()
+
+    def __exit__(self, *exc: Any) -> None:
+        self._state.timing.stage(self._name, time.monotonic() - self._started)
 
 
 def _about_an_operation(env: Mapping[str, Any]) -> bool:

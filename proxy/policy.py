@@ -3,7 +3,8 @@
 Owns: building the OPA input (``schemas/opa-input.schema.json``) in exactly
 one place (``build_input``), one POST per decision to OPA's Data API through
 the shared ``aiohttp`` session with its own short timeout, validating the
-decision document (``schemas/opa-decision.schema.json``), the tool catalog
+decision document (``schemas/opa-decision.schema.json``, checked by ``decision_ok``
+without a schema engine per call), the tool catalog
 pushed into OPA (``data.toolproxy.catalog``, through ``opa_control``) and its
 digest, handing each decision to the decision recorder (``decisions``) when
 records are on, and the policy metrics. Must never: allow when OPA is unreachable, slow, erroring, answers
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import aiohttp
-from jsonschema import Draft202012Validator
+import orjson
 
 from .config import OpaConfig
 from .decisions import DecisionRecorder
@@ -30,7 +31,7 @@ from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall, canonical_json, sha256_hex
 from .opa_control import ControlError, control_client, put_data
-from .registry import Registry, ToolContract, load_schema
+from .registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.policy")
 
@@ -117,7 +118,6 @@ class PolicyClient:
         self._catalog = catalog_document(registry)
         self._url = config.url.rstrip("/") + "/v1/data/" + config.decision_path.strip("/")
         self._timeout_s = config.timeout_ms / 1000.0
-        self._validator = Draft202012Validator(load_schema("opa-decision.schema.json"))
         self._push_lock = asyncio.Lock()
         self._pushed_mono = 0.0
 
@@ -160,7 +160,7 @@ class PolicyClient:
             decision = await self._query(document, _left(budget_s, started))
             if not decision[1]:
                 self._fail("catalog_missing")
-        self._metrics.policy_decisions.labels(decision[0].result).inc()
+        self._metrics.child(self._metrics.policy_decisions, decision[0].result).inc()
         if self._recorder is not None:
             await self._recorder.record(document, decision[0], sensitive_fields)
         return decision[0]
@@ -179,7 +179,7 @@ class PolicyClient:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                async with self._session.post(self._url, data=json.dumps({"input": document}),
+                async with self._session.post(self._url, data=orjson.dumps({"input": document}),
                                               headers={"Content-Type": "application/json"},
                                               allow_redirects=False) as response:
                     status = response.status
@@ -191,15 +191,15 @@ class PolicyClient:
         self._metrics.opa_duration.observe(time.monotonic() - started)
         if status != 200:
             self._fail("http_error")
-        self._metrics.dependency_up.labels("opa").set(1)
+        self._metrics.child(self._metrics.dependency_up, "opa").set(1)
         try:
-            payload = json.loads(body)
-        except ValueError:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
             self._fail("bad_decision")
         result = payload.get("result") if isinstance(payload, dict) else None
         if result is None:
             self._fail("undefined")
-        if not self._validator.is_valid(result):
+        if not decision_ok(result):
             self._fail("bad_decision")
         decision = Decision(
             allow=result["allow"], require_approval=result["require_approval"],
@@ -222,6 +222,25 @@ class PolicyClient:
                              phase="authorize")
         raise ProxyError("policy_unavailable", "The policy service could not decide; nothing was done.",
                          details={"reason": reason}, phase="authorize")
+
+
+_STRING_LISTS = ("reasons", "visible_tools")
+_OPTIONAL = (("risk", str), ("policy_revision", str), ("catalog_current", bool))
+
+
+def decision_ok(result: Any) -> bool:
+    """Exactly ``schemas/opa-decision.schema.json`` (tests/test_policy_decision.py holds the two together),
+    as plain type checks: the schema engine cost more per call than the rest of the authorize stage."""
+    if type(result) is not dict or type(result.get("allow")) is not bool \
+            or type(result.get("require_approval")) is not bool or "reasons" not in result:
+        return False
+    if result["allow"] and result["require_approval"]:
+        return False
+    for name in _STRING_LISTS:
+        value = result.get(name, ())
+        if value != () and (type(value) is not list or any(type(item) is not str for item in value)):
+            return False
+    return all(name not in result or type(result[name]) is kind for name, kind in _OPTIONAL)
 
 
 def _left(budget_s: float | None, started: float) -> float | None:

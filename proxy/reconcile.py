@@ -112,16 +112,18 @@ class Reconciler:
     async def scan_once(self) -> dict[str, int]:
         """Expire dead leases and reconcile every due key once. Returns what happened, counted (tests, logs).
 
-        The sweep goes bucket by bucket; each bucket's keys live in one Cluster slot, so a bucket whose master
-        is unreachable (mid-failover) is skipped this pass while the others are swept; the pass then raises
-        the first Redis error so the loop reports the store as down."""
+        The due and expired indexes of every bucket are read in one pipelined round trip (cluster: one per
+        master). Each bucket's keys live in one Cluster slot, so a bucket whose master is unreachable
+        (mid-failover) is skipped this pass while the others are swept; the pass then raises the first Redis
+        error so the loop reports the store as down."""
         counts: dict[str, int] = {}
-        failed: list[redis.exceptions.RedisError] = []
+        failed: list[Exception] = []
         due: list[str] = []
+        expired_by_bucket, due_by_bucket = await self._store.sweep_candidates(self._config.batch_size)
         for bucket in BUCKETS:
             try:
-                await self._expire_bucket(bucket, counts)
-                due.extend(await self._store.due(bucket, self._config.batch_size))
+                await self._expire_keys(_keys_or_raise(expired_by_bucket[bucket]), counts)
+                due.extend(_keys_or_raise(due_by_bucket[bucket]))
             except redis.exceptions.RedisError as exc:
                 failed.append(exc)
         results = await asyncio.gather(*(self._guarded(key) for key in due), return_exceptions=True)
@@ -137,8 +139,8 @@ class Reconciler:
             raise failed[0]
         return counts
 
-    async def _expire_bucket(self, bucket: str, counts: dict[str, int]) -> None:
-        for key in await self._store.expired_leases(bucket, self._config.batch_size):
+    async def _expire_keys(self, keys: list[str], counts: dict[str, int]) -> None:
+        for key in keys:
             answer = await self._store.expire(key, first_check_ms=self._config.backoff_initial_ms,
                                               window_ms=self._config.window_ms)
             if answer.status == "unknown":
@@ -372,3 +374,9 @@ def _safe_code(error: Any) -> str | None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _keys_or_raise(read: list[str] | Exception) -> list[str]:
+    if isinstance(read, Exception):
+        raise read
+    return read

@@ -4,18 +4,22 @@ Owns: creating the process's one Redis client for the configured mode
 (``standalone``: a blocking pool on ``redis.url``; ``sentinel``: redis-py's
 Sentinel client, which asks the Sentinels for the current master and follows a
 failover; ``cluster``: redis-py's RedisCluster, which routes each command to
-the master of its key's slot), building keys, checking that every Lua
-script's keys share one Cluster slot, running a script and ``WAIT`` for
-replica acknowledgement on one connection, and the readiness probe of the
-masters. Every key is ``<prefix>:<kind>:{<tag>}:<rest>`` where ``{<tag>}`` is a
-Redis Cluster hash tag, so all keys one Lua script touches live in the same
-slot. Must never: hold state of its own, or let Redis exceptions escape as
-stack traces (stages translate them into their own error codes).
+the master of its key's slot), building keys, naming the Lua scripts
+(``script``), checking that every Lua script's keys share one Cluster slot,
+running a script and ``WAIT`` for replica acknowledgement on one connection,
+sending independent script calls of different stages in one network round
+trip (``RoundTrip``, with their ``WAIT`` in the same pipeline), and the
+readiness probe of the masters. Every key is ``<prefix>:<kind>:{<tag>}:<rest>``
+where ``{<tag>}`` is a Redis Cluster hash tag, so all keys one Lua script
+touches live in the same slot. Must never: hold state of its own, or let Redis
+exceptions escape as stack traces (stages translate them into their own error
+codes).
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
 
 import redis.asyncio as redis_async
@@ -26,12 +30,21 @@ from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnectionsError, NoScriptError,
-                              RedisClusterException)
+                              RedisClusterException, RedisError)
 
 from .config import ConfigError, RedisConfig
 
 Client = Union[redis_async.Redis, RedisCluster]
 T = TypeVar("T")
+
+SCRIPT_NAMES: dict[str, str] = {}  # sha1 -> "<module>.<name>", for MONITOR-based tests and debugging
+
+
+def script(redis: Client, name: str, source: str) -> AsyncScript:
+    """``redis.register_script(source)``, remembered under ``name`` (e.g. ``operations.begin``)."""
+    registered = redis.register_script(source)
+    SCRIPT_NAMES[registered.sha] = name
+    return registered
 
 
 class StoreUnavailable(RedisConnectionError):
@@ -206,3 +219,93 @@ def key(prefix: str, kind: str, tag: str, *rest: str) -> str:
     """``key("toolproxy", "idem", "acme", "abc")`` -> ``toolproxy:idem:{acme}:abc``."""
     tail = ":".join(rest)
     return f"{prefix}:{kind}:{{{tag}}}" + (f":{tail}" if tail else "")
+
+
+@dataclass(frozen=True)
+class _Step:
+    script: AsyncScript
+    keys: Sequence[str]
+    args: Sequence[Any]
+    on_reply: Callable[[Any], None]  # gets the reply, or the RedisError/OSError that stood in for it
+    acks: int = 0  # > 0: a replicated write, followed by WAIT acks timeout_ms on its connection
+    timeout_ms: int = 0
+    on_acked: Callable[[int], None] | None = None  # replicas that acknowledged (not called on an error)
+
+
+class RoundTrip:
+    """Independent script calls (each atomic on its own slot) sent together: one network round trip.
+
+    Stages add their step with the handler of its reply; ``send`` runs them as a non-transactional
+    pipeline of EVALSHAs (a script the server lost is loaded and that step run again) and hands each
+    handler its own reply or error. No step depends on another's result. A replicated step (``acks`` > 0)
+    is followed in the same pipeline by ``WAIT acks timeout_ms`` on the connection to its slot's master
+    (cluster: the pipeline splits by node and keeps each node's order), so the write and its
+    acknowledgement still cost one round trip.
+    """
+
+    def __init__(self, redis: Client) -> None:
+        self._redis = redis
+        self._steps: list[_Step] = []
+
+    def add(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
+            on_reply: Callable[[Any], None], *, acks: int = 0, timeout_ms: int = 0,
+            on_acked: Callable[[int], None] | None = None) -> None:
+        self._steps.append(_Step(script, keys, args, on_reply, acks, timeout_ms, on_acked))
+
+    async def send(self) -> None:
+        steps, self._steps = self._steps, []
+        if not steps:
+            return
+        try:
+            replies = await translated(_pool_waiting(lambda: self._pipeline(steps),
+                                                     getattr(self._redis, "pool_wait_s", 0.0)))
+        except (RedisError, OSError) as exc:
+            replies = [exc] * sum(2 if step.acks > 0 else 1 for step in steps)
+        answers = self._answers(steps, replies)
+        lost = [i for i, (reply, _) in enumerate(answers) if isinstance(reply, NoScriptError)]
+        if lost:  # a fresh server, a flushed cache or a new master: load each script once, resend those steps
+            try:
+                for sha, source in {steps[i].script.sha: steps[i].script for i in lost}.items():
+                    await translated(self._redis.script_load(source.script))
+                again = [steps[i] for i in lost]
+                for i, answer in zip(lost, self._answers(again, await translated(self._pipeline(again)))):
+                    answers[i] = answer
+            except (RedisError, OSError):
+                pass  # each step below is retried on its own
+        for step, (reply, acked) in zip(steps, answers):
+            if isinstance(reply, NoScriptError):  # the server restarted, flushed its script cache, failed over
+                try:
+                    if step.acks > 0:
+                        reply, acked = await run_replicated(self._redis, step.script, step.keys, step.args,
+                                                            acks=step.acks, timeout_ms=step.timeout_ms)
+                    else:
+                        reply = await translated(step.script(keys=step.keys, args=step.args))
+                except (RedisError, OSError) as exc:
+                    reply = exc
+            step.on_reply(reply)
+            if step.on_acked is not None and not isinstance(reply, BaseException) \
+                    and not isinstance(acked, BaseException) and acked is not None:
+                step.on_acked(int(acked))
+
+    @staticmethod
+    def _answers(steps: Sequence[_Step], replies: Sequence[Any]) -> list[tuple[Any, Any]]:
+        """(reply, WAIT reply or None) per step, from the pipeline's flat reply list."""
+        answers, at = [], 0
+        for step in steps:
+            answers.append((replies[at], replies[at + 1] if step.acks > 0 else None))
+            at += 2 if step.acks > 0 else 1
+        return answers
+
+    async def _pipeline(self, steps: Sequence[_Step]) -> list[Any]:
+        cluster = isinstance(self._redis, RedisCluster)
+        if cluster:
+            await self._redis.initialize()
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for step in steps:
+                target: dict[str, Any] = {}
+                if cluster:  # redis-py blocks pipe.evalsha in a cluster pipeline; name the slot's master
+                    target["target_nodes"] = self._redis.get_node_from_key(step.keys[0])
+                pipe.execute_command("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args, **target)
+                if step.acks > 0:
+                    pipe.execute_command("WAIT", step.acks, step.timeout_ms, **target)
+            return list(await pipe.execute(raise_on_error=False))

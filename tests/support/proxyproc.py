@@ -64,8 +64,9 @@ class LoggedProcess:
 
 
 class ProxyProcess(LoggedProcess):
-    def __init__(self, settings: Mapping[str, Any]) -> None:
+    def __init__(self, settings: Mapping[str, Any], *, stdout_pipe: bool = False) -> None:
         super().__init__("proxy.log")
+        self.stdout_pipe = stdout_pipe  # stdout (the audit records) to a pipe the test reads, or never reads
         self.port, self.admin_port, self.ops_port = free_port(), free_port(), free_port()
         merged = {"listen.port": self.port, "admin.port": self.admin_port, "ops.port": self.ops_port,
                   "log.level": "info", "identity.mode": "static", **settings}
@@ -79,7 +80,9 @@ class ProxyProcess(LoggedProcess):
     def start(self) -> "ProxyProcess":
         with open(self._log_path, "ab") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, env=self.env,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+                                         stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.PIPE if self.stdout_pipe else log,
+                                         stderr=log if self.stdout_pipe else subprocess.STDOUT)
         return self
 
     async def ready(self, bound_s: float = 30.0) -> None:

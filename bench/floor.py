@@ -1,0 +1,553 @@
+"""Cost per call next to the floor of its own hops, measured side by side in one run.
+
+Starts its own real processes on loopback — OPA (repo policies + demo data),
+Redis, the demo backend, a trivial upstream MCP server (``bench.mcp_upstream``),
+the bare two-hop floor (``bench.floor_hop``) and ``toolproxy run`` with its
+default configuration (static identity, as ``toolproxy dev``) — and drives
+them with ``wrk`` (a C load generator, so the proxy gets the interpreter).
+Every case runs once per round, sequentially (1 connection) and at 16
+connections; rounds interleave the cases and the table shows medians over
+rounds, so one run gives ratios that hold on a noisy machine.
+
+    .venv/bin/python -m bench.floor [--rounds 5] [--seconds 4] [--proxy-src DIR] [--contextforge]
+
+Columns: sequential p50/p99 (ms), calls/s and p99 at 16 connections, the
+serving process's CPU per call (``/proc/<pid>/stat`` utime+stime over the
+16-connection run), OPA queries per call (OPA's own ``/metrics``), Redis
+commands per call (``INFO commandstats`` deltas: top-level commands, not the
+ones inside scripts; minus the idle rate of background sweeps, shown
+below the table) and Redis round trips per call (``total_reads_processed``:
+a pipeline counts once), and the answers over all runs of the case that were not a success
+(an overloaded machine shows here: e.g. ``dependency_unavailable`` when Redis answers too late).
+
+``--proxy-src DIR`` runs the proxy from another checkout (the "before" table);
+``--contextforge`` also fronts the upstream MCP server with IBM ContextForge
+from ``.tools/contextforge`` (see docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import redis
+
+from bench.servers import REPO
+from tests.support.servers import OpaServer, RedisServer, free_port
+
+CLIENT_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+               "io.modelcontextprotocol/clientCapabilities": {},
+               "io.modelcontextprotocol/clientInfo": {"name": "wrk", "version": "0"}}
+MODERN_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
+                  "Mcp-Method": "tools/call"}
+
+# One Lua script for every case: a fixed request, or a unique one per call (``unique``); counts answers
+# missing the case's success marker; prints one JSON line of results.
+WRK_LUA = r"""
+local body, path, marker, unique, run = %(body)s, %(path)s, %(marker)s, %(unique)s, %(run)s
+local headers = %(headers)s
+local threads, next_id = {}, 1
+function setup(thread)
+  thread:set("tid", next_id); next_id = next_id + 1
+  table.insert(threads, thread)
+end
+local n = 0
+bad = 0  -- a global: done() reads it from each thread
+function init(args) tid = wrk.thread:get("tid") end
+function request()
+  if not unique then return wrk.format("POST", path, headers, body) end
+  n = n + 1
+  local id = run .. "_" .. tid .. "_" .. n
+  headers["Idempotency-Key"] = "k" .. id
+  return wrk.format("POST", path, headers, string.format(body, id))
+end
+function response(status, hdrs, resp)
+  if status ~= 200 or not string.find(resp, marker, 1, true) then
+    bad = bad + 1
+    if bad == 1 then io.stderr:write("unexpected answer: " .. status .. " " .. string.sub(resp, 1, 600) .. "\n") end
+  end
+end
+function done(summary, latency, requests)
+  local wrong = 0
+  for _, t in ipairs(threads) do wrong = wrong + t:get("bad") end
+  local e = summary.errors
+  io.write(string.format('{"requests":%%d,"duration_us":%%d,"p50_us":%%d,"p99_us":%%d,"bad":%%d,' ..
+    '"socket_errors":%%d}\n', summary.requests, summary.duration, latency:percentile(50),
+    latency:percentile(99), wrong, e.connect + e.read + e.write + e.timeout))
+end
+"""
+
+
+def _lua_string(text: str) -> str:
+    return "[==[" + text + "]==]"
+
+
+@dataclass
+class Case:
+    name: str
+    url: str                      # http://host:port/path
+    body: str                     # JSON (with one %s per unique id when ``unique``)
+    marker: str                   # a substring every successful answer contains
+    pid: Callable[[], int | None]  # the process whose CPU is charged to the case
+    headers: dict[str, str] = field(default_factory=dict)
+    unique: bool = False
+    calls_per_request: int = 1
+
+    def lua(self, run: str) -> str:
+        path = "/" + self.url.split("/", 3)[3]
+        headers = {"Content-Type": "application/json", **self.headers}
+        table = "{" + ", ".join(f"[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in headers.items()) + "}"
+        return WRK_LUA % {"body": _lua_string(self.body), "path": _lua_string(path),
+                          "marker": _lua_string(self.marker), "unique": "true" if self.unique else "false",
+                          "run": _lua_string(run), "headers": table}
+
+
+@dataclass
+class Sample:
+    p50_ms: float
+    p99_ms: float
+    calls_s: float
+    cpu_ms: float | None
+    opa: float | None
+    redis_cmds: float | None
+    redis_rts: float | None
+    failed: int = 0  # answers without the case's success marker (e.g. dependency_unavailable under overload)
+
+
+# --------------------------------------------------------------------------- processes
+
+class Processes:
+    """Every process of the run; stopped in reverse order, whatever happened."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.servers: list[Any] = []
+
+    def spawn(self, name: str, cmd: list[str], *, env: dict[str, str] | None = None,
+              cwd: Path = REPO) -> subprocess.Popen[bytes]:
+        log = open(self.workdir / f"{name}.log", "ab")
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=log)
+        self.children.append(proc)
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in reversed(self.children):
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        for server in reversed(self.servers):
+            server.stop()
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], bound_s: float = 60.0, method: str = "GET") -> None:
+    deadline = time.monotonic() + bound_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method=method), timeout=2):
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} not ready within {bound_s}s")
+
+
+def post(url: str, body: str, headers: dict[str, str]) -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(url, data=body.encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read().decode()
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def opa_queries(opa_url: str) -> float:
+    with urllib.request.urlopen(opa_url + "/metrics", timeout=10) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith("http_request_duration_seconds_count") and 'handler="v1/data"' in line \
+                and 'method="post"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+class CommandCounter:
+    """Top-level Redis commands, counted from a ``MONITOR`` feed (commands a script runs show as
+    ``[0 lua]`` and are not counted; neither are the bench's own INFO and ECHO)."""
+
+    def __init__(self, port: int, client: redis.Redis) -> None:
+        self._client = client
+        self._sock = socket.create_connection(("127.0.0.1", port))
+        self._sock.sendall(b"MONITOR\r\n")
+        self._tail = b""
+        self._sock.settimeout(30)
+        while b"\n" not in self._tail:  # +OK: the feed is on before anything is counted
+            self._tail += self._sock.recv(1 << 16)
+        self._tail = self._tail.partition(b"\n")[2]
+        self._sock.settimeout(None)
+        self._count = 0
+        self._seen: set[bytes] = set()
+        self._cond = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = self._sock.recv(1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            data = self._tail + chunk
+            complete, _, self._tail = data.rpartition(b"\n")
+            lines = complete.lower().split(b"\n")
+            counted = sum(1 for line in lines if line[1:2].isdigit() and b" lua]" not in line
+                          and b'] "info"' not in line and b'] "echo"' not in line)
+            markers = [line.rsplit(b'"', 2)[1] for line in lines if b'] "echo"' in line]
+            with self._cond:
+                self._count += counted
+                self._seen.update(markers)
+                self._cond.notify_all()
+
+    def count(self) -> int:
+        """Every top-level command so far (waits until the feed caught up with this moment)."""
+        token = uuid.uuid4().hex.encode()  # lower-case hex: the feed is lower-cased
+        self._client.echo(token)
+        with self._cond:
+            if not self._cond.wait_for(lambda: token in self._seen, timeout=30):
+                raise TimeoutError("MONITOR feed did not catch up")
+            return self._count
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def redis_counters(env: "Environment", monitor: CommandCounter) -> tuple[float, float]:
+    """(top-level commands, read events) so far, not counting the bench's own INFO and ECHO."""
+    commands = monitor.count()
+    stats = env.redis.info("stats")
+    return float(commands), float(stats["total_reads_processed"])
+
+
+# --------------------------------------------------------------------------- the run
+
+def wrk(case: Case, connections: int, seconds: float, workdir: Path, run: str) -> dict[str, Any]:
+    script = workdir / f"{case.name.replace(' ', '_').replace('/', '_')}.lua"
+    script.write_text(case.lua(run))
+    out = subprocess.run(["wrk", "-t1", f"-c{connections}", f"-d{seconds:g}s", "--timeout", "10s", "-s", str(script),
+                          case.url], capture_output=True, text=True, timeout=seconds + 60)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"wrk failed for {case.name}: {out.stdout}\n{out.stderr}")
+    if out.stderr.strip():
+        print(f"{case.name} @{connections}: {out.stderr.strip()}", file=sys.stderr)
+    return json.loads(lines[-1])
+
+
+def measure(case: Case, connections: int, seconds: float, env: "Environment", run: str) -> tuple[dict, Sample]:
+    pid = case.pid()
+    cpu0 = cpu_seconds(pid) if pid else None
+    opa0 = opa_queries(env.opa_url)
+    # Redis is counted on the sequential runs only: the MONITOR feed costs the bench CPU under load.
+    monitor = CommandCounter(env.redis_port, env.redis) if connections == 1 else None
+    cmds0, reads0 = redis_counters(env, monitor) if monitor else (0.0, 0.0)
+    started = time.monotonic()
+    result = wrk(case, connections, seconds, env.workdir, run)
+    elapsed = time.monotonic() - started
+    cmds1, reads1 = redis_counters(env, monitor) if monitor else (0.0, 0.0)
+    if monitor:
+        monitor.close()
+    opa1 = opa_queries(env.opa_url)
+    cpu1 = cpu_seconds(pid) if pid else None
+    calls = max(1, result["requests"]) * case.calls_per_request
+    background = env.idle_rate_cmds * elapsed
+    sample = Sample(
+        p50_ms=result["p50_us"] / 1000, p99_ms=result["p99_us"] / 1000,
+        calls_s=result["requests"] / (result["duration_us"] / 1e6),
+        cpu_ms=None if cpu0 is None else 1000 * (cpu1 - cpu0) / max(1, result["requests"]),
+        opa=(opa1 - opa0) / calls,
+        redis_cmds=max(0.0, cmds1 - cmds0 - background) / calls if monitor else None,
+        redis_rts=max(0.0, reads1 - reads0 - 2 - env.idle_rate_reads * elapsed) / calls if monitor else None,
+        failed=result["bad"] + result["socket_errors"])
+    return result, sample
+
+
+@dataclass
+class Environment:
+    workdir: Path
+    opa_url: str
+    redis: redis.Redis
+    redis_port: int
+    idle_rate_cmds: float = 0.0
+    idle_rate_reads: float = 0.0
+
+
+def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tuple[Environment, list[Case]]:
+    opa = OpaServer([REPO / "policies", REPO / "examples" / "opa"])
+    redis_server = RedisServer(data_dir=workdir / "redis")
+    procs.servers += [opa, redis_server]
+    opa.start()
+    redis_server.start()
+    python = sys.executable
+    backend_port, upstream_port, floor_port, proxy_port = (free_port() for _ in range(4))
+    admin_port, ops_port = free_port(), free_port()
+    backend = procs.spawn("backend", [python, "-m", "examples.demo_backend", "--port", str(backend_port)])
+    upstream = procs.spawn("upstream", [python, "-m", "bench.mcp_upstream", "--port", str(upstream_port)])
+    backend_url = f"http://127.0.0.1:{backend_port}"
+    upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
+    floor = procs.spawn("floor", [python, "-m", "bench.floor_hop", "--port", str(floor_port), "--opa", opa.url,
+                                  "--backend", backend_url])
+    extra = workdir / "bench-tools.yaml"
+    from tests.support.mcp_upstream import registry_yaml
+    extra.write_text(registry_yaml(upstream_url))
+    src = Path(args.proxy_src).resolve() if args.proxy_src else REPO
+    settings = {
+        "listen.port": proxy_port, "admin.port": admin_port, "ops.port": ops_port,
+        "identity.mode": "static",  # as `toolproxy dev`; every other setting is the default
+        "opa.url": opa.url, "redis.url": redis_server.url,
+        "backends.services": f"demo={backend_url}",
+        "registry.paths": f"{REPO / 'examples' / 'registry'},{extra}",
+    }
+    env = {**os.environ, "PYTHONPATH": str(src),
+           **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}}
+    proxy = procs.spawn("proxy", [python, "-m", "proxy.cli", "run"], env=env, cwd=src)
+    wait_http(f"{backend_url}/healthz", backend)
+    wait_http(upstream_url, upstream)
+    wait_http(f"http://127.0.0.1:{floor_port}/", floor)
+    wait_http(f"http://127.0.0.1:{ops_port}/readyz", proxy)
+    proxy_url = f"http://127.0.0.1:{proxy_port}"
+
+    def pid_of(proc: subprocess.Popen[bytes]) -> Callable[[], int | None]:
+        return lambda: proc.pid
+
+    read_body = json.dumps({"call_id": "c1", "tool": "get_order", "arguments": {"order_id": "ord_1001"}})
+    write_body = json.dumps({"call_id": "c1", "tool": "adjust_counter",
+                             "arguments": {"counter": "ctr_%s", "delta": 1}})
+    mcp_read = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "get_order", "arguments": {"order_id": "ord_1001"}, "_meta": CLIENT_META}})
+    mcp_legacy = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                             "params": {"name": "get_order", "arguments": {"order_id": "ord_1001"}}})
+    upstream_body = json.dumps({"call_id": "c1", "tool": "up_lookup", "arguments": {"key": "k1"}})
+    upstream_direct = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                                  "params": {"name": "lookup", "arguments": {"key": "k1"}, "_meta": CLIENT_META}})
+    batch = json.dumps({"calls": [{"call_id": f"c{i}", "tool": "get_order",
+                                   "arguments": {"order_id": "ord_1001"}} for i in (1, 2, 3)]})
+    session = _open_session(proxy_url + "/mcp")
+    replay_key = "replay-" + uuid.uuid4().hex
+    replay_body = json.dumps({"call_id": "c1", "tool": "adjust_counter",
+                              "arguments": {"counter": "ctr_replay", "delta": 1}})
+    status, _, text = post(proxy_url + "/v1/tool-calls", replay_body, {"Idempotency-Key": replay_key})
+    assert status == 200 and '"succeeded"' in text, text
+
+    nobody = lambda: None  # noqa: E731
+    cases = [
+        Case("direct backend read", f"{backend_url}/tools/get_order", json.dumps({"order_id": "ord_1001"}),
+             '"order_id"', nobody),
+        Case("floor: bare two hops", f"http://127.0.0.1:{floor_port}/", read_body, '"succeeded"',
+             pid_of(floor)),
+        Case("JSON read", proxy_url + "/v1/tool-calls", read_body, '"outcome":"succeeded"', pid_of(proxy)),
+        Case("JSON write (unique keys)", proxy_url + "/v1/tool-calls", write_body, '"outcome":"succeeded"',
+             pid_of(proxy), unique=True),
+        Case("write replay", proxy_url + "/v1/tool-calls", replay_body, '"replayed":true', pid_of(proxy),
+             headers={"Idempotency-Key": replay_key}),
+        Case("MCP read (stateless)", proxy_url + "/mcp", mcp_read, '"isError":false', pid_of(proxy),
+             headers={**MODERN_HEADERS, "Mcp-Name": "get_order"}),
+        Case("MCP read (session)", proxy_url + "/mcp", mcp_legacy, '"isError":false', pid_of(proxy),
+             headers={"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session}),
+        Case("batch of 3 reads", proxy_url + "/v1/tool-calls:batch", batch, '"outcome":"succeeded"',
+             pid_of(proxy), calls_per_request=3),
+        Case("direct MCP upstream read", upstream_url, upstream_direct, '"isError":false', nobody,
+             headers={**MODERN_HEADERS, "Mcp-Name": "lookup"}),
+        Case("read via MCP upstream", proxy_url + "/v1/tool-calls", upstream_body, '"outcome":"succeeded"',
+             pid_of(proxy)),
+    ]
+    if args.contextforge:
+        cases.append(start_contextforge(procs, workdir, upstream_url))
+    client = redis.Redis.from_url(redis_server.url)
+    environment = Environment(workdir=workdir, opa_url=opa.url, redis=client,
+                              redis_port=redis_server.port)
+    for case in cases:  # every case answers as expected before anything is timed
+        status, _, text = post(case.url, case.body % ("probe" + uuid.uuid4().hex[:8]) if case.unique
+                               else case.body, case.headers)
+        if status != 200 or case.marker not in text:
+            raise RuntimeError(f"case {case.name!r} does not work: HTTP {status} {text[:400]}")
+    return environment, cases
+
+
+def _open_session(url: str) -> str:
+    status, headers, text = post(url, json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "wrk", "version": "0"}}}),
+        {"Accept": "application/json, text/event-stream"})
+    assert status == 200, text
+    session = {k.lower(): v for k, v in headers.items()}["mcp-session-id"]
+    post(url, json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+         {"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session})
+    return session
+
+
+def start_contextforge(procs: Processes, workdir: Path, upstream_url: str) -> Case:
+    from bench.contextforge import start
+    return start(procs, workdir, upstream_url, Case)
+
+
+# --------------------------------------------------------------------------- report
+
+def median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def table(cases: list[Case], seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> str:
+    rows = ["| case | seq p50 ms | seq p99 ms | calls/s @16 | p99 @16 ms | proxy CPU ms/call | OPA q/call "
+            "| Redis cmds/call | Redis RTs/call | failed |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for case in cases:
+        s, c = seq[case.name], conc[case.name]
+        rows.append(
+            f"| {case.name} | {fmt(median([x.p50_ms for x in s]))} | {fmt(median([x.p99_ms for x in s]))} "
+            f"| {fmt(median([x.calls_s for x in c]), 0)} | {fmt(median([x.p99_ms for x in c]))} "
+            f"| {fmt(median([x.cpu_ms for x in c]))} | {fmt(median([x.opa for x in s]))} "
+            f"| {fmt(median([x.redis_cmds for x in s]))} | {fmt(median([x.redis_rts for x in s]))} "
+            f"| {sum(x.failed for x in s + c)} |")
+    return "\n".join(rows)
+
+
+def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[str]:
+    def m(name: str, attr: str, where: dict[str, list[Sample]]) -> float | None:
+        return median([getattr(x, attr) for x in where.get(name, [])])
+
+    floor, read, mcp = "floor: bare two hops", "JSON read", "MCP read (stateless)"
+    lines = []
+
+    def line(label: str, value: float | None, target: str) -> None:
+        lines.append(f"- {label}: {fmt(value)} (target {target})")
+
+    fc, fr, fp = m(floor, "cpu_ms", conc), m(floor, "calls_s", conc), m(floor, "p50_ms", seq)
+    rc, rr, rp = m(read, "cpu_ms", conc), m(read, "calls_s", conc), m(read, "p50_ms", seq)
+    if None not in (fc, rc):
+        line("JSON read CPU / floor CPU", rc / fc, "<= 1.5")
+    if None not in (fr, rr):
+        line("JSON read calls/s / floor calls/s", rr / fr, ">= 0.75")
+    if None not in (fp, rp):
+        line("JSON read p50 - floor p50 (ms)", rp - fp, "<= 0.6")
+    for label, attr, where in (("CPU", "cpu_ms", conc), ("p50", "p50_ms", seq)):
+        a, b = m(mcp, attr, where), m(read, attr, where)
+        if None not in (a, b):
+            line(f"MCP read {label} / JSON read {label}", a / b, "<= 1.15")
+    a, b = m(read, "calls_s", conc), m(mcp, "calls_s", conc)
+    if None not in (a, b):
+        line("JSON read calls/s / MCP read calls/s", a / b, "<= 1.15")
+    a, b = m("read via MCP upstream", "cpu_ms", conc), rc
+    if None not in (a, b):
+        line("MCP-upstream read CPU / JSON read CPU", a / b, "<= 1.3")
+    a, b = m("JSON write (unique keys)", "cpu_ms", conc), fc
+    if None not in (a, b):
+        line("write CPU / floor CPU", a / b, "<= 2.5")
+    a, b = m("read via MCP upstream", "calls_s", conc), m("ContextForge: read via MCP upstream", "calls_s", conc)
+    if a is not None and b is not None:
+        line("MCP-upstream calls/s: toolproxy / ContextForge", a / b if b else float("inf"), ">= 10")
+    return lines
+
+
+def profile(case: Case, seconds: int, workdir: Path) -> int:
+    """Collapsed stacks of the case's serving process under load (py-spy, if installed)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    out = workdir / "profile.txt"
+    wrk(case, 4, 1, workdir, "warm")
+    sampler = subprocess.Popen([spy, "record", "--pid", str(case.pid()), "--format", "raw", "--rate", "250",
+                                "--duration", str(seconds), "--output", str(out), "--nonblocking"],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wrk(case, 16, seconds, workdir, "profile" + uuid.uuid4().hex[:6])
+    sampler.wait(timeout=seconds + 60)
+    print(out.read_text())
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=int, default=4, help="length of each wrk run")
+    parser.add_argument("--proxy-src", help="run the proxy from this checkout (e.g. an export of main)")
+    parser.add_argument("--contextforge", action="store_true", help="also measure IBM ContextForge (.tools/)")
+    parser.add_argument("--only", help="comma-separated case names to run (default: all)")
+    parser.add_argument("--profile", metavar="CASE", help="instead of the table: py-spy profile of the serving "
+                        "process under 16 connections of CASE (collapsed stacks to stdout)")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        print("bench: wrk not found: run scripts/setup.sh (it installs Debian's wrk)", file=sys.stderr)
+        return 1
+    workdir = Path(tempfile.mkdtemp(prefix="toolproxy-floor-"))
+    procs = Processes(workdir)
+    try:
+        env, cases = start_all(args, procs, workdir)
+        if args.only:
+            wanted = set(args.only.split(","))
+            cases = [c for c in cases if c.name in wanted or c.name.startswith("floor")]
+        if args.profile:
+            return profile(next(c for c in cases if c.name == args.profile), args.seconds, workdir)
+        for case in cases:  # warm up: connection pools, sessions, JIT-free but cache-warm
+            wrk(case, 4, 1, workdir, "warm" + uuid.uuid4().hex[:6])
+        monitor = CommandCounter(env.redis_port, env.redis)
+        cmds0, reads0 = redis_counters(env, monitor)
+        time.sleep(5)
+        cmds1, reads1 = redis_counters(env, monitor)
+        monitor.close()
+        env.idle_rate_cmds, env.idle_rate_reads = (cmds1 - cmds0) / 5, max(0.0, reads1 - reads0 - 2) / 5
+        seq: dict[str, list[Sample]] = {c.name: [] for c in cases}
+        conc: dict[str, list[Sample]] = {c.name: [] for c in cases}
+        run = uuid.uuid4().hex[:8]
+        for r in range(args.rounds):
+            order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always runs first
+            for case in order:
+                for connections, into in ((1, seq), (16, conc)):
+                    _, sample = measure(case, connections, args.seconds, env, f"{run}r{r}c{connections}")
+                    into[case.name].append(sample)
+            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+        print(f"\n{args.rounds} rounds x {args.seconds:g} s per case and concurrency; medians over rounds. "
+              f"Proxy from {args.proxy_src or 'this checkout'}. Idle Redis traffic (background sweeps): "
+              f"{env.idle_rate_cmds:.1f} commands/s, {env.idle_rate_reads:.1f} round trips/s.\n")
+        print(table(cases, seq, conc))
+        print()
+        print("\n".join(ratios(seq, conc)))
+        return 0
+    finally:
+        procs.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

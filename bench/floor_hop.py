@@ -1,0 +1,88 @@
+"""The floor of this design: a bare aiohttp hop that POSTs once to OPA and once to the backend.
+
+It does what no proxy of this shape can avoid — read the request, ask OPA
+with the same input document the proxy builds (``proxy.policy.build_input``),
+call the backend, answer — and nothing else (no schemas, no Redis, no
+metrics, no audit). ``bench.floor`` runs it beside the proxy in the same run,
+on the same event loop implementation the proxy uses, so the ratios compare
+the pipeline's own work with the hops it cannot avoid.
+
+    python -m bench.floor_hop --port P --opa URL --backend URL
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import aiohttp
+from aiohttp import web
+
+from proxy.cli import run_loop
+from proxy.identity import Caller
+from proxy.normalize import normalize
+from proxy.policy import RequestFacts, build_input, catalog_document
+from proxy.registry import load_registry
+
+from bench.servers import REPO
+
+
+def _input_template() -> dict:
+    registry = load_registry([str(REPO / "examples" / "registry")])
+    tool = registry.resolve("get_order", None)
+    caller = Caller(subject="dev-user", tenant="acme", roles=("agent",), scopes=("tools:read", "tools:write"),
+                    agent="dev-agent", source="static")
+    return build_input("call", caller, RequestFacts(request_id="req", call_id="c1"),
+                       catalog_digest=catalog_document(registry)["digest"], tool=tool,
+                       normalized=normalize(tool, {"order_id": "ord_1001"}))
+
+
+def build_app(opa_url: str, backend_url: str) -> web.Application:
+    template = _input_template()
+    decision_url = opa_url.rstrip("/") + "/v1/data/toolproxy/decision"
+    app = web.Application()
+
+    async def hop(request: web.Request) -> web.Response:
+        body = await request.json()
+        document = {**template, "arguments": body["arguments"],
+                    "request": {**template["request"], "call_id": body["call_id"]}}
+        session: aiohttp.ClientSession = app["session"]
+        async with session.post(decision_url, data=json.dumps({"input": document}),
+                                headers={"Content-Type": "application/json"}) as response:
+            decision = await response.json()
+        if not decision.get("result", {}).get("allow"):
+            return web.json_response({"outcome": "failed"}, status=403)
+        async with session.post(f"{backend_url}/tools/{body['tool']}", data=json.dumps(body["arguments"]),
+                                headers={"Content-Type": "application/json"}) as response:
+            data = await response.json()
+        return web.json_response({"outcome": "succeeded", "data": data})
+
+    async def session_ctx(app: web.Application):
+        app["session"] = aiohttp.ClientSession()
+        yield
+        await app["session"].close()
+
+    app.cleanup_ctx.append(session_ctx)
+    app.router.add_post("/", hop)
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--opa", required=True)
+    parser.add_argument("--backend", required=True)
+    args = parser.parse_args()
+
+    async def serve() -> None:
+        runner = web.AppRunner(build_app(args.opa, args.backend), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", args.port).start()
+        import asyncio
+        await asyncio.Event().wait()
+
+    run_loop(serve())
+
+
+if __name__ == "__main__":
+    main()

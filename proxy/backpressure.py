@@ -167,12 +167,12 @@ class BackendGuard:
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(self._channel)
+                await store.translated(pubsub.subscribe(self._channel))
                 await self._load()  # after subscribing: no transition falls between the two
                 self.synced.set()
                 backoff = 0.1
                 while True:
-                    message = await pubsub.get_message(timeout=5.0)
+                    message = await store.translated(pubsub.get_message(timeout=5.0))
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():  # a cancel redis-py swallowed (gh-86296)
                         raise asyncio.CancelledError()
@@ -187,7 +187,7 @@ class BackendGuard:
                     await asyncio.shield(pubsub.aclose())
 
     async def _load(self) -> None:
-        reply = await self._snapshot(keys=[self._hash])
+        reply = await store.translated(self._snapshot(keys=[self._hash]))
         now_ms = int(reply[0])
         seen = set()
         for name_raw, value_raw in zip(reply[1::2], reply[2::2]):

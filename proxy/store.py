@@ -19,6 +19,8 @@ codes).
 from __future__ import annotations
 
 import asyncio
+import os
+import traceback
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
 
@@ -29,6 +31,7 @@ from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnectionsError, NoScriptError,
                               RedisClusterException, RedisError)
 
@@ -106,14 +109,32 @@ async def translated(command: Awaitable[T]) -> T:
         return await command
     except RedisClusterException as exc:
         raise StoreUnavailable(type(exc).__name__) from None
+    except (AttributeError, RuntimeError, KeyError, TypeError) as exc:
+        # redis-py 8 races a connection's (re)connect with a failover's disconnect of the same
+        # connection (its writer gone: AttributeError; uvloop's closed handle: RuntimeError; a slot
+        # table being rebuilt: KeyError). Raised inside the client, that is the store failing, not the
+        # proxy: it is handled like a dropped connection (sent or not, unknown to the caller).
+        if not _raised_inside_redis_client(exc):
+            raise
+        raise StoreUnavailable(f"redis client fault ({type(exc).__name__})") from None
+
+
+def _raised_inside_redis_client(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any(f"{os.sep}redis{os.sep}" in frame.filename for frame in frames[1:])
 
 
 def create_client(config: RedisConfig) -> Client:
     """The process's one Redis client. Under a burst a command waits (up to ``timeout_ms``) for a free
     connection instead of failing at once with "Too many connections" (cluster: per node)."""
     timeout = config.timeout_ms / 1000.0
+    # No maintenance notifications (a Redis Enterprise/Cloud feature, "auto" under RESP3 in redis-py 8): they
+    # cost a handshake per connection, and their connect path raced a failover's disconnect into an
+    # AttributeError inside redis-py instead of a ConnectionError.
     common: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout,
-                              "decode_responses": False, **_auth_and_tls(config)}
+                              "decode_responses": False,
+                              "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+                              **_auth_and_tls(config)}
     if config.mode == "cluster":
         nodes = [ClusterNode(host, port) for host, port in addresses(config.cluster_nodes)]
         cluster = _BlockingCluster(startup_nodes=nodes, max_connections=config.max_connections, **common)

@@ -216,7 +216,7 @@ class SentinelGroup:
         host, port = self.sentinels[0].client().sentinel_get_master_addr_by_name(self.service)
         return next(n for n in self.nodes if n.port == int(port))
 
-    def wait_healthy(self, timeout: float = 30) -> None:
+    def wait_healthy(self, timeout: float = 60) -> None:
         """Sentinels agree on a live master that has a connected replica, and know each other."""
         def healthy() -> bool:
             masters = {s.client().sentinel_get_master_addr_by_name(self.service) for s in self.sentinels}

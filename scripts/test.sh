@@ -3,10 +3,19 @@
 # template, scripts/check-chart.sh: kubernetes-validate, CRD schemas, checkov), pytest.
 # Extra arguments are passed to pytest. Exits non-zero if any step fails;
 # all steps run even after an earlier one failed, pytest always runs last.
+#
+# scripts/test.sh --fast [PYTEST ARGS]: only the unit tests of tests/unit/ (pure modules, no OPA,
+# no Redis, no processes; seconds). tests/conftest.py and its server fixtures are not loaded.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
+
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    [[ -x .venv/bin/python ]] || bash scripts/setup.sh
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider --confcutdir tests/unit -m unit tests/unit "$@"
+fi
 
 bash scripts/setup.sh
 

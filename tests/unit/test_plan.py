@@ -10,7 +10,7 @@ from proxy.pipeline import RequestMeta
 from proxy.plan import BatchPlan, Dependency, PlannedCall, build_graph, check, footprint
 from proxy.registry import load_registry
 from proxy.tracing import accept_traceparent
-from tests.support.stack import DEMO_REGISTRY
+from tests.unit import DEMO_REGISTRY
 
 REGISTRY = load_registry([str(DEMO_REGISTRY)])
 META = RequestMeta(request_id="req_1", trace=accept_traceparent(None), deadline=Deadline(None))

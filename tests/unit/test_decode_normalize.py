@@ -9,7 +9,7 @@ from proxy.decode import decode_arguments, strict_loads
 from proxy.errors import ProxyError
 from proxy.normalize import canonical_json, normalize, render_template
 from proxy.registry import load_registry
-from tests.support.stack import DEMO_REGISTRY
+from tests.unit import DEMO_REGISTRY
 
 SCHEMA = Draft202012Validator({
     "type": "object", "additionalProperties": False,

@@ -1,0 +1,41 @@
+"""Redaction without servers: masked fields, credential-like keys, truncation, log scrubbing (proxy/redaction.py)."""
+
+from __future__ import annotations
+
+from proxy.redaction import MASK, MAX_ITEMS, looks_secret, redact, scrub
+
+
+def test_sensitive_fields_and_credential_like_keys_are_masked_at_any_depth():
+    arguments = {"reason": "private", "order_id": "ord_1",
+                 "nested": {"api-key": "k", "ok": 1, "items": [{"Password": "p", "n": 2}]}}
+    out = redact(arguments, ["reason"], 100)
+    assert out == {"reason": MASK, "order_id": "ord_1",
+                   "nested": {"api-key": MASK, "ok": 1, "items": [{"Password": MASK, "n": 2}]}}
+    assert arguments["reason"] == "private"  # a copy, never the caller's object
+
+
+def test_dotted_paths_cross_arrays_element_wise():
+    out = redact({"lines": [{"card": "4111", "sku": "a"}, {"card": "5500", "sku": "b"}]}, ["lines.card"], 100)
+    assert out == {"lines": [{"card": MASK, "sku": "a"}, {"card": MASK, "sku": "b"}]}
+
+
+def test_long_strings_long_lists_and_deep_structures_are_truncated():
+    assert redact("x" * 12, [], 5) == "xxxxx...[truncated: 12 chars]"
+    out = redact(list(range(MAX_ITEMS + 3)), [], 10)
+    assert len(out) == MAX_ITEMS + 1 and out[-1] == "[truncated: 3 more items]"
+    deep: dict = {}
+    node = deep
+    for _ in range(12):
+        node["d"] = {}
+        node = node["d"]
+    assert "[truncated: too deep]" in repr(redact(deep, [], 10))
+
+
+def test_looks_secret_reads_dashes_as_underscores():
+    assert looks_secret("X-Api-Key") and looks_secret("client_secret") and not looks_secret("order_id")
+
+
+def test_scrub_removes_credentials_from_log_text():
+    text = scrub('auth Bearer abc.def token=xyz "password": "hunter2" eyJhbGciOiJI.eyJzdWIiOiJh.sig')
+    assert "abc.def" not in text and "xyz" not in text and "hunter2" not in text and "eyJ" not in text
+    assert scrub("order ord_1 refunded") == "order ord_1 refunded"

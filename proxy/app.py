@@ -1,197 +1,40 @@
 """The aiohttp applications: wiring only.
 
-Owns: building the process-wide runtime (one ``aiohttp.ClientSession``, the
-registry, the pipeline) and translating HTTP requests into pipeline calls and
-envelopes back. Must never: hold business rules — every decision lives in a
+Owns: the listeners (agent, admin, ops) and translating HTTP requests into
+pipeline calls and envelopes back; the runtime they share is opened and
+closed by ``proxy/runtime.py``. Must never: hold business rules — every decision lives in a
 stage module; handlers translate.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-import aiohttp
 import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
 from . import console, envelope, ingress, logs, openai_front
-from .adapters.http import HttpAdapter, trace_config
-from .adapters.mcp import McpAdapter
-from .audit import Auditor, build_sinks
-from .decisions import build_recorder
-from .approvals import ApprovalStore
-from .authorize import Authorizer
-from .config import Config
-from .denials import DenialLog
 from .envelope import dumps
 from .errors import ProxyError
-from .health import Health
 from .http_server import EnvelopeRunner
-from .idempotency import IdempotencyStage, find_operation
-from .identity import Authenticator, Caller
-from .locks import LockManager
-from .mcp_front import McpFront
-from .metrics import Metrics
-from .operations import OperationStore
-from .pipeline import Pipeline, RequestMeta, ToolCallRequest
+from .identity import Caller
+from .idempotency import find_operation
 from .listing import visible_tools
-from .policy import PolicyClient
-from .reconcile import Reconciler, list_takeovers, resolve_by_operator
-from .registry import LiveRegistry, Registry, load_registry
-from .registry_reload import RegistryReloader
+from .mcp_front import McpFront
+from .pipeline import RequestMeta, ToolCallRequest
 from .plan import plan_from_json
-from .backpressure import BackendGuard
-from .quotas import QuotaStage, retry_after_header
-from .scheduler import Scheduler
-from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
-from .store import key
-from .unknowns import UnknownIndex
-from .versions import VersionResolver
+from .quotas import retry_after_header
+from .reconcile import list_takeovers, resolve_by_operator
+from .config import Config
+from .runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("toolproxy.app")
 
 
-@dataclass
-class Runtime:
-    """Process-wide shared objects, created once at start-up and closed at shutdown."""
-
-    config: Config
-    registry: Registry
-    session: aiohttp.ClientSession
-    authenticator: Authenticator
-    pipeline: Pipeline
-    metrics: Metrics
-    redis: store.Client
-    audit: Auditor
-    unknowns: UnknownIndex
-    health: Health
-    policy: PolicyClient
-    approvals: ApprovalStore
-    operations: OperationStore
-    reconciler: Reconciler
-    scheduler: Scheduler  # batches; holds the per-tenant/per-tool limits every batch of this process shares
-    denials: DenialLog
-    locks: LockManager
-    reloader: RegistryReloader
-    quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
-
-    def count_refusal(self, code: str) -> None:
-        """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
-        self.metrics.request_errors.labels(code).inc()
-
-    async def close(self) -> None:
-        await self.reloader.stop()
-        await self.reconciler.stop()
-        await self.quotas.guard.stop()
-        await self.pipeline.aclose()
-        await self.session.close()
-        await self.policy.close()
-        await self.health.close()
-        await store.close_client(self.redis)
-
-
 RUNTIME = web.AppKey("runtime", Runtime)
-
-
-def check_key_layout(config: Config) -> None:
-    """Every Lua script's keys, as the stores build them, hash to one Cluster slot (ConfigError if not)."""
-    prefix = config.redis.key_prefix
-    store.check_one_slot({**operations_module.script_key_sets(prefix),
-                          **locks_module.script_key_sets(prefix, config.locks.scope),
-                          **approvals_module.script_key_sets(prefix)})
-
-
-async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
-    """Open everything the process shares. If any step fails, what was already opened is closed
-    again (no unclosed session or pool, no reconciler left running) and the error goes on."""
-    check_key_layout(config)
-    registry = LiveRegistry(registry or load_registry(config.registry.paths))
-    async with contextlib.AsyncExitStack() as opened:
-        session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
-            trace_configs=[trace_config()],
-            json_serialize=json.dumps,
-        )
-        opened.push_async_callback(session.close)
-        redis = store.create_client(config.redis)
-        opened.push_async_callback(store.close_client, redis)
-        limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
-        mcp_adapter = McpAdapter(config.backends.services, **limits,
-                                 connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
-                                 handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
-                                 mode=config.mcp.upstream_mode)
-        opened.push_async_callback(mcp_adapter.aclose)
-        adapters = {"http": HttpAdapter(session, config.backends.services, **limits), "mcp": mcp_adapter}
-        metrics = Metrics()
-        audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
-                                                  metrics), metrics)
-        operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
-                                    ack_timeout_ms=config.redis.replica_ack_timeout_ms,
-                                    on_shortfall=metrics.replica_ack_shortfall)
-        unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
-        recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
-                                  metrics, config.opa.decision_path)
-        policy = PolicyClient(config.opa, session, metrics, registry, recorder)
-        await policy.open()
-        opened.push_async_callback(policy.close)
-        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
-                                  replica_acks=config.redis.replica_acks,
-                                  ack_timeout_ms=config.redis.replica_ack_timeout_ms)
-        denials = DenialLog(redis, config.redis.key_prefix, metrics)
-        idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
-                                       metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
-        quotas = QuotaStage(redis, config, registry, metrics,
-                            BackendGuard(redis, config.quotas, registry, key_prefix=config.redis.key_prefix,
-                                         metrics=metrics))
-        if config.quotas.enabled:
-            quotas.guard.start()
-            opened.push_async_callback(quotas.guard.stop)
-        locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
-                            margin_s=config.deadline.margin_ms / 1000.0)
-        pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                            unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
-                            idempotency=idempotency,
-                            locks=locks, quotas=quotas,
-                            versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
-                                                     pin_ttl_s=config.registry.run_pin_ttl_s,
-                                                     read_policy=config.idempotency.read_policy),
-                            redis=redis)
-        health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
-                        unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
-        await health.open()
-        opened.push_async_callback(health.close)
-        authenticator = Authenticator(config.identity, config.admin_identity, session)
-        if config.identity.mode == "static":
-            log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
-                        config.identity.static_tenant, config.identity.static_subject)
-        if config.opa.push_catalog:
-            await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
-        reconciler = Reconciler(store=operations, registry=registry, session=session,
-                                services=config.backends.services, config=config.reconcile, metrics=metrics,
-                                audit=audit, max_json_depth=config.decode.max_depth)
-        reconciler.start()
-        opened.push_async_callback(reconciler.stop)
-        reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
-                                    interval_ms=config.registry.reload_interval_ms,
-                                    push_catalog=config.opa.push_catalog)
-        reloader.start()
-        opened.push_async_callback(reloader.stop)
-        scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
-                              metrics=metrics, audit=audit)
-        runtime = Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
-                          pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
-                          health=health, policy=policy, approvals=approvals, operations=operations,
-                          reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
-                          reloader=reloader, quotas=quotas)
-        opened.pop_all()  # from here on Runtime.close() closes them
-    return runtime
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
@@ -356,7 +199,7 @@ async def list_tools(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers)
     meta = ingress.request_meta(request, runtime.config)
-    tools = await visible_tools(runtime, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
+    tools = await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
                                 budget_s=meta.deadline.remaining())
     return json_response({"tools": [tool.listing() for tool in tools]})
 

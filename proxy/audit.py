@@ -49,10 +49,37 @@ from .store import redis_call
 if TYPE_CHECKING:  # pragma: no cover
     from .envelope import Timing
     from .identity import Caller
-    from .pipeline import CallState, ToolCallRequest
+    from .normalize import NormalizedCall
     from .plan import Footprint
+    from .requests import ToolCallRequest
 
 log = logging.getLogger("toolproxy.audit")
+
+
+class CallFacts(Protocol):
+    """What a call record is made of: the facts the stages established about one call.
+
+    The pipeline's ``CallState`` provides them; naming them here keeps audit
+    below the pipeline (it never imports the orchestrator) and says exactly
+    which facts a record holds.
+    """
+
+    request: "ToolCallRequest"
+    caller: "Caller"
+    timing: "Timing"
+    tool: ToolContract | None
+    normalized: "NormalizedCall | None"
+    idempotency_key: str | None
+    fencing_token: int | None
+    policy_result: str | None
+    policy_reasons: tuple[str, ...]
+    decision_id: str | None
+    policy_revision: str | None
+    policy_risk: str | None
+    approval_id: str | None
+    attempt: int
+    backend_request_id: str | None
+    result_hash: str | None
 
 RECORD_TYPE = "toolproxy.audit.v1"
 KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover"})
@@ -261,7 +288,7 @@ class Auditor:
                              attempted=False, committed=False)
         return ok
 
-    async def call_intent(self, state: "CallState") -> None:
+    async def call_intent(self, state: CallFacts) -> None:
         """Before execution: for fail-closed calls, no intent record means no call."""
         tool = state.tool
         assert tool is not None
@@ -271,7 +298,7 @@ class Auditor:
             raise ProxyError("audit_unavailable", "The audit trail could not be written; the call was not sent.",
                              details={"tool": tool.name}, phase="audit", attempted=False, committed=False)
 
-    async def call_final(self, state: "CallState", envelope: Mapping[str, Any]) -> bool:
+    async def call_final(self, state: CallFacts, envelope: Mapping[str, Any]) -> bool:
         """After the call: the one record of what happened. A failure here never changes the outcome."""
         error = envelope.get("error") or {}
         fields = self._call_fields(state)
@@ -319,7 +346,7 @@ class Auditor:
             blocked_by=[_call_id(c) for c in envelope.get("blocked_by") or ()] or None,
         )
 
-    def _call_fields(self, state: "CallState") -> dict[str, Any]:
+    def _call_fields(self, state: CallFacts) -> dict[str, Any]:
         request, meta, caller, tool = state.request, state.request.meta, state.caller, state.tool
         normalized = state.normalized
         deadline_at = None

@@ -12,15 +12,15 @@ import asyncio
 import json
 import signal
 import sys
-from typing import Any, Coroutine, Sequence, TypeVar
+from typing import Any, Sequence
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
 from .decisions import check_config as check_decisions_config
+from .event_loop import run_loop
 from .identity import configuration_problem
+from .logs import configure as configure_logging
 from .registry import Registry, RegistryError, load_registry
-
-T = TypeVar("T")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -207,11 +207,6 @@ def print_opa_data(paths: Sequence[str]) -> int:
     return 0
 
 
-def setup_logging(level: str, fmt: str = "json") -> None:
-    from .logs import configure
-    configure(level, fmt)
-
-
 def run_sidecar(config_path: str | None) -> int:
     from .app import check_key_layout, serve
     try:
@@ -226,7 +221,7 @@ def run_sidecar(config_path: str | None) -> int:
     except (ConfigError, RegistryError) as exc:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1
-    setup_logging(config.log.level, config.log.format)
+    configure_logging(config.log.level, config.log.format)
 
     async def main_async() -> None:
         stop = asyncio.Event()
@@ -245,17 +240,6 @@ def run_sidecar(config_path: str | None) -> int:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1
     return 0
-
-
-def run_loop(main: Coroutine[Any, Any, T]) -> T:
-    """Run ``main`` on uvloop where it is installed (it is a dependency on Linux and macOS), else asyncio's
-    own loop: the same semantics, less interpreter time per socket event."""
-    try:
-        import uvloop
-    except ImportError:  # pragma: no cover - platforms without uvloop wheels
-        return asyncio.run(main)
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

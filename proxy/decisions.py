@@ -19,7 +19,8 @@ import asyncio
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
 
 import redis.asyncio as redis_async
 import redis.exceptions
@@ -30,15 +31,30 @@ from .config import ConfigError, DecisionsConfig
 from .metrics import Metrics
 from .store import redis_call
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .policy import Decision
-
 log = logging.getLogger("toolproxy.decisions")
 
 RECORD_TYPE = "toolproxy.decision.v1"
 SINKS = frozenset({"redis", "stdout"})
 
 Path = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One answer of the policy (``proxy/policy.py`` builds it from OPA's result; recorded here)."""
+
+    allow: bool
+    require_approval: bool
+    reasons: tuple[str, ...]
+    risk: str
+    policy_revision: str | None = None
+    decision_id: str | None = None
+    visible_tools: tuple[str, ...] = ()
+    quota_class: str | None = None  # the caller's quota class, when the policy names one (docs/quotas.md)
+
+    @property
+    def result(self) -> str:
+        return "allow" if self.allow else "require_approval" if self.require_approval else "deny"
 
 
 def mask_input(document: Mapping[str, Any], sensitive_fields: Iterable[str]) -> tuple[dict[str, Any], list[Path]]:
@@ -73,7 +89,7 @@ def _mask(value: Any, wanted: list[tuple[str, ...]], at: Path, masked: list[Path
     return value
 
 
-def build_record(document: Mapping[str, Any], decision: "Decision", *, decision_path: str,
+def build_record(document: Mapping[str, Any], decision: Decision, *, decision_path: str,
                  sensitive_fields: Sequence[str], max_bytes: int) -> dict[str, Any]:
     masked_input, masked_paths = mask_input(document, sensitive_fields)
     tool = document.get("tool") or {}
@@ -132,7 +148,7 @@ class DecisionRecorder:
         self._path = decision_path
         self._timeout_s = config.timeout_ms / 1000.0
 
-    async def record(self, document: Mapping[str, Any], decision: "Decision",
+    async def record(self, document: Mapping[str, Any], decision: Decision,
                      sensitive_fields: Sequence[str] = ()) -> None:
         line = serialize(build_record(document, decision, decision_path=self._path,
                                       sensitive_fields=sensitive_fields, max_bytes=self._config.max_record_bytes))

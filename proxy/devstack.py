@@ -125,8 +125,9 @@ def run_dev(args: argparse.Namespace) -> int:
         return 1
 
     from .app import serve
-    from .cli import run_loop, setup_logging
-    setup_logging(config.log.level, config.log.format)
+    from .event_loop import run_loop
+    from .logs import configure as configure_logging
+    configure_logging(config.log.level, config.log.format)
     _print_banner(args, approver_token, config.registry.paths, policies, opa_data)
 
     async def main_async() -> None:

@@ -76,7 +76,7 @@ from .registry import ToolContract
 from .store import RoundTrip
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .pipeline import RequestMeta
+    from .requests import RequestMeta
 
 log = logging.getLogger("toolproxy.idempotency")
 

@@ -22,7 +22,7 @@ from . import deadline as deadlines
 from .config import Config
 from .decode import schema_violations, strict_loads
 from .errors import ProxyError
-from .pipeline import RequestMeta
+from .requests import RequestMeta
 from .registry import load_schema
 from .tracing import accept_traceparent, new_request_id, safe_id
 

@@ -10,19 +10,14 @@ anything but the authenticated ``Caller``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import uuid
 
 from .identity import Caller
-from .policy import RequestFacts, build_input
-from .registry import ToolContract
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .app import Runtime
+from .policy import PolicyClient, RequestFacts, build_input
+from .registry import Registry, ToolContract
 
 
-async def visible_tools(runtime: "Runtime", caller: Caller, *, request_id: str | None = None,
+async def visible_tools(registry: Registry, policy: PolicyClient, caller: Caller, *, request_id: str | None = None,
                         trace_id: str | None = None, budget_s: float | None = None) -> list[ToolContract]:
     """The newest active version of each tool this caller may call, sorted by name.
 
@@ -30,10 +25,10 @@ async def visible_tools(runtime: "Runtime", caller: Caller, *, request_id: str |
     unavailable raises ``ProxyError("policy_unavailable")`` — a listing fails
     closed like a call. A listed tool is still authorized per call.
     """
-    tools = runtime.registry.active()
+    tools = registry.active()
     document = build_input("list", caller, RequestFacts(request_id=request_id or uuid.uuid4().hex,
                                                         trace_id=trace_id),
-                           catalog_digest=runtime.policy.catalog_digest, tools=tools)
-    decision = await runtime.policy.decide(document, budget_s=budget_s)
+                           catalog_digest=policy.catalog_digest, tools=tools)
+    decision = await policy.decide(document, budget_s=budget_s)
     visible = set(decision.visible_tools) if decision.allow else set()
     return [tool for tool in tools if tool.name in visible]

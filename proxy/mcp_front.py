@@ -344,7 +344,7 @@ class McpFront:
 
     async def _list(self, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
         try:
-            tools = await visible_tools(self._runtime, exchange.caller)
+            tools = await visible_tools(self._runtime.registry, self._runtime.policy, exchange.caller)
         except ProxyError as error:  # OPA could not decide: the listing fails closed
             raise RpcError(INTERNAL_ERROR, error.message, {"code": error.code, "retryable": error.retryable},
                            status=error.spec.http_status) from None

@@ -24,7 +24,7 @@ from aiohttp import web
 from . import ingress
 from .errors import ProxyError
 from .identity import Caller
-from .pipeline import RequestMeta
+from .requests import RequestMeta
 from .plan import BatchPlan, PlannedCall
 
 CHAT, RESPONSES = "chat", "responses"

@@ -13,7 +13,7 @@ import asyncio
 import contextvars
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from . import envelope, logs
@@ -21,7 +21,6 @@ from .adapters import Adapter, BackendCall
 from .audit import Auditor, digest
 from .authorize import Authorizer
 from .config import Config
-from .deadline import Deadline
 from .decode import decode_arguments
 from .envelope import Timing
 from .errors import ProxyError, SideEffect
@@ -32,9 +31,9 @@ from .metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .policy import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
+from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
 from .registry import Registry, ToolContract
 from .store import RoundTrip
-from .tracing import TraceContext
 from .unknowns import UnknownIndex
 from .verify import verify_output
 from .versions import VersionResolver, deprecation, deprecation_headers
@@ -46,37 +45,6 @@ withdrawn: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar
                                                                                  default=None)
 
 log = logging.getLogger("toolproxy.pipeline")
-
-
-@dataclass(frozen=True)
-class RequestMeta:
-    """Transport facts of one request, already validated by the ingress."""
-
-    request_id: str
-    trace: TraceContext
-    deadline: Deadline
-    run_id: str | None = None
-    idempotency_key: str | None = None
-    approval_id: str | None = None
-    wait_s: float | None = None  # Prefer: wait=<s> — how long to wait for a running duplicate
-    plan_call_id: str | None = None  # the call's id within a batch plan, when it scopes the operation key
-    wait_for_quota: bool = False  # a batch call waits (within the deadline) for a quota instead of rate_limited
-
-
-@dataclass(frozen=True)
-class ToolCallRequest:
-    call_id: str
-    tool: str
-    version: str | None
-    arguments: Any  # untrusted: a JSON object or a JSON-encoded string
-    meta: RequestMeta
-
-
-@dataclass(frozen=True)
-class CallResult:
-    envelope: dict[str, Any]
-    status: int
-    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass

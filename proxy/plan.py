@@ -26,7 +26,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from .decode import decode_arguments
 from .errors import ProxyError
 from .normalize import ResourceRef, normalize
-from .pipeline import RequestMeta, ToolCallRequest
+from .requests import RequestMeta, ToolCallRequest
 from .registry import Registry, ToolContract
 
 BLOCK, CONTINUE = "block", "continue"

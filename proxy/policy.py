@@ -25,7 +25,7 @@ import aiohttp
 import orjson
 
 from .config import OpaConfig
-from .decisions import DecisionRecorder
+from .decisions import Decision, DecisionRecorder  # Decision: importable from here too
 from .errors import ProxyError
 from .identity import Caller
 from .metrics import Metrics
@@ -36,22 +36,6 @@ from .registry import Registry, ToolContract
 log = logging.getLogger("toolproxy.policy")
 
 CATALOG_PATH = "toolproxy/catalog"
-
-
-@dataclass(frozen=True)
-class Decision:
-    allow: bool
-    require_approval: bool
-    reasons: tuple[str, ...]
-    risk: str
-    policy_revision: str | None = None
-    decision_id: str | None = None
-    visible_tools: tuple[str, ...] = ()
-    quota_class: str | None = None  # the caller's quota class, when the policy names one (docs/quotas.md)
-
-    @property
-    def result(self) -> str:
-        return "allow" if self.allow else "require_approval" if self.require_approval else "deny"
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from typing import Any
 from .opa_control import ControlError
 from .policy import catalog_document
 from .registry import RegistryError, load_registry
-from .store import key
 
 
 def add_parsers(sub: Any) -> None:
@@ -97,16 +96,8 @@ def _catalog(args: argparse.Namespace) -> dict[str, Any] | None:
     return catalog_document(load_registry(args.registry)) if args.registry else None
 
 
-async def load_records(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
-    from .policy_replay import read_jsonl, read_stream
-    if args.records:
-        with open(args.records, encoding="utf-8") as handle:
-            return read_jsonl(handle)
-    return await read_stream(args.redis, args.stream or key(args.key_prefix, "decisions", "stream"))
-
-
 async def _replay(args: argparse.Namespace) -> int:
-    from .policy_replay import render_text, run as run_replay
+    from .policy_replay import load_records, render_text, run as run_replay
     records, skipped = await load_records(args)
     report = await run_replay(records=records, skipped=skipped, policy_dir=args.policy, data_paths=args.data,
                               catalog=_catalog(args), decision_path=args.decision_path, opa_binary=args.opa,

@@ -47,7 +47,7 @@ def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], 
 async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -> dict[str, Any]:
     masked: list[Any] = []
     if args.decision_id:
-        from .policy_commands import load_records
+        from .policy_replay import load_records
         if not (args.records or args.redis):
             raise ValueError("--decision-id needs --records FILE or --redis URL")
         records, _ = await load_records(args)

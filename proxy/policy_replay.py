@@ -12,6 +12,7 @@ unmasked sensitive value (records only hold masked ones).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 from collections import Counter, defaultdict
@@ -24,6 +25,7 @@ from .decisions import RECORD_TYPE
 from .policy_reads import (RuleReads, all_patterns, policy_reads, project, residual_needs_input, rules_reaching,
                            trace_reads)
 from .policy_scratch import ScratchOpa, rego_ref
+from .store import key
 
 RESULTS = ("allow", "require_approval", "deny")
 ANALYSIS_CONCURRENCY = 4
@@ -68,6 +70,14 @@ async def read_stream(url: str, key: str, *, page: int = 1000) -> tuple[list[dic
     finally:
         await client.aclose()
     return read_jsonl(lines)
+
+
+async def load_records(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:
+    """The decision records a policy command reads: ``--records FILE`` (JSON lines) or the Redis stream."""
+    if args.records:
+        with open(args.records, encoding="utf-8") as handle:
+            return read_jsonl(handle)
+    return await read_stream(args.redis, args.stream or key(args.key_prefix, "decisions", "stream"))
 
 
 @dataclass

@@ -37,7 +37,7 @@ from .identity import Caller
 from .registry import Registry, ToolContract, retired_error
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .pipeline import ToolCallRequest
+    from .requests import ToolCallRequest
 
 log = logging.getLogger("toolproxy.versions")
 

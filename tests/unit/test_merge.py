@@ -6,7 +6,7 @@ from proxy import envelope
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError, SideEffect
 from proxy.merge import batch_status, merge, next_action
-from proxy.pipeline import RequestMeta
+from proxy.requests import RequestMeta
 from proxy.plan import BatchPlan, PlannedCall, build_graph, check, footprint
 from proxy.registry import load_registry
 from proxy.tracing import accept_traceparent

@@ -6,7 +6,7 @@ import pytest
 
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
-from proxy.pipeline import RequestMeta
+from proxy.requests import RequestMeta
 from proxy.plan import BatchPlan, Dependency, PlannedCall, build_graph, check, footprint
 from proxy.registry import load_registry
 from proxy.tracing import accept_traceparent

@@ -1,0 +1,107 @@
+"""Imports inside ``proxy/`` run one way: fronts/handlers → pipeline → stages → stores.
+
+Parses every module of the package (ast, nothing is imported) and fails on
+any import cycle, counting every import: module level, inside functions and
+under ``TYPE_CHECKING`` alike — a type-only import upward is still a layer
+reaching up.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.unit import REPO
+
+PACKAGE = REPO / "proxy"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    source = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    source = node.module or ""
+                targets = [source] + [f"{source}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            graph[name].update(t for t in targets if t in modules and t != name)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_checker_sees_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_graph_holds_relative_and_absolute_imports():
+    graph = import_graph()
+    assert "proxy.requests" in graph["proxy.pipeline"]
+    assert "proxy.adapters" in graph["proxy.pipeline"]
+
+
+def test_proxy_has_no_import_cycle():
+    graph = import_graph()
+    problems = [" → ".join(c) + "  (" + "; ".join(f"{m} imports {sorted(graph[m] & set(c))}" for m in c) + ")"
+                for c in cycles(graph)]
+    assert not problems, "import cycles in proxy/:\n" + "\n".join(problems)
+
+
+def test_stages_and_stores_never_import_the_fronts_or_the_pipeline():
+    graph = import_graph()
+    upper = {"proxy.app", "proxy.admin_api", "proxy.runtime", "proxy.mcp_front", "proxy.openai_front",
+             "proxy.pipeline", "proxy.scheduler", "proxy.cli", "proxy.devstack"}
+    lower = {"proxy.requests", "proxy.errors", "proxy.envelope", "proxy.store", "proxy.operations",
+             "proxy.idempotency", "proxy.locks", "proxy.quotas", "proxy.authorize", "proxy.policy",
+             "proxy.decisions", "proxy.audit", "proxy.plan", "proxy.merge", "proxy.versions",
+             "proxy.unknowns", "proxy.reconcile", "proxy.listing", "proxy.redaction", "proxy.config"}
+    reaching_up = {m: sorted(graph[m] & upper) for m in sorted(lower) if m in graph and graph[m] & upper}
+    assert not reaching_up

@@ -1,91 +1,38 @@
 """The aiohttp applications: wiring only.
 
-Owns: the listeners (agent, admin, ops) and translating HTTP requests into
-pipeline calls and envelopes back; the runtime they share is opened and
-closed by ``proxy/runtime.py``. Must never: hold business rules — every decision lives in a
-stage module; handlers translate.
+Owns: the agent and ops listeners' routes, translating HTTP requests into
+pipeline calls and envelopes back, and running the three listeners
+(``serve``). The admin listener's routes are ``proxy/admin_api.py``'s, the
+shared edge (runtime key, JSON answers, the error middleware)
+``proxy/http_edge.py``'s, and the runtime is opened and closed by
+``proxy/runtime.py``. Must never: hold business rules — every decision lives
+in a stage module; handlers translate.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, Callable
 
-import redis.exceptions
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from . import console, envelope, ingress, logs, openai_front
-from .envelope import dumps
-from .errors import ProxyError
+from . import ingress, openai_front
+from .admin_api import admin_app  # noqa: F401  (importable from here too)
+from .config import Config
+from .http_edge import RUNTIME, envelope_errors, json_response  # noqa: F401  (importable from here too)
 from .http_server import EnvelopeRunner
 from .identity import Caller
-from .idempotency import find_operation
 from .listing import visible_tools
 from .mcp_front import McpFront
+from .operation_views import find_operation
 from .pipeline import RequestMeta, ToolCallRequest
 from .plan import plan_from_json
 from .quotas import retry_after_header
-from .reconcile import list_takeovers, resolve_by_operator
-from .config import Config
 from .runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("toolproxy.app")
-
-
-RUNTIME = web.AppKey("runtime", Runtime)
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
-    return web.Response(body=dumps(body), status=status, content_type="application/json", headers=headers)
-
-
-@web.middleware
-async def envelope_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-                          ) -> web.StreamResponse:
-    """Every failure leaves as an envelope; nothing internal leaks."""
-    request_id = ingress.request_id_of(request)
-    try:
-        with logs.bound(request_id=request_id):
-            response = await handler(request)
-    except ProxyError as error:
-        body = envelope.request_error(error, request_id)
-        response = json_response(body, envelope.http_status(body))
-    except redis.exceptions.RedisError:
-        body = envelope.request_error(ProxyError("dependency_unavailable", "The state store is unreachable.",
-                                                 details={"dependency": "state_store"}, phase="request"), request_id)
-        response = json_response(body, envelope.http_status(body))
-    except web.HTTPException as exc:
-        code = {404: "route_not_found", 405: "method_not_allowed", 413: "payload_too_large",
-                415: "unsupported_media_type"}.get(exc.status, "invalid_request")
-        body = envelope.request_error(ProxyError(code, _HTTP_MESSAGES.get(code, "The request was refused."),
-                                                 phase="request"), request_id)
-        response = json_response(body, envelope.http_status(body))
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        with logs.bound(request_id=request_id):
-            log.exception("unhandled error")
-        body = envelope.request_error(ProxyError("internal_error", "The proxy failed unexpectedly.",
-                                                 phase="request"), request_id)
-        response = json_response(body, 500)
-    else:
-        body = None
-    if body is not None:  # refused before (or instead of) a tool call: count it by code
-        runtime = request.app.get(RUNTIME)
-        if runtime is not None:
-            runtime.metrics.request_errors.labels(body["error"]["code"]).inc()
-    response.headers["X-Request-Id"] = request_id
-    return response
-
-
-_HTTP_MESSAGES = {
-    "route_not_found": "No such endpoint.",
-    "method_not_allowed": "This method is not allowed on this endpoint.",
-    "payload_too_large": "The request body is too large.",
-    "unsupported_media_type": "The request body must be application/json.",
-}
 
 
 async def _accept(request: web.Request, schema: str) -> tuple[Runtime, RequestMeta, Caller, Any]:
@@ -120,80 +67,6 @@ async def get_operation(request: web.Request) -> web.Response:
     return json_response(await find_operation(runtime.operations, request.match_info["key"], tenant=caller.tenant))
 
 
-async def admin_get_operation(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response(await find_operation(runtime.operations, request.match_info["key"],
-                                              tenant=operator.tenant))
-
-
-async def admin_list_takeovers(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response({"takeovers": await list_takeovers(runtime.operations, tenant=operator.tenant)})
-
-
-async def admin_resolve_operation(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    principal = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    body = await ingress.read_json(request, runtime.config)
-    return json_response(await resolve_by_operator(runtime.operations, runtime.registry, runtime.metrics,
-                                                   runtime.audit, request.match_info["key"], principal, body))
-
-
-async def admin_list_unknown_operations(request: web.Request) -> web.Response:
-    """Operations in UNKNOWN that the reconciler is still querying (not yet handed to a person)."""
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response({"unknown_operations": await list_takeovers(runtime.operations, tenant=operator.tenant,
-                                                                     state="UNKNOWN")})
-
-
-async def admin_whoami(request: web.Request) -> web.Response:
-    """Who this admin token is and which of the admin API's roles it holds (the console's sign-in)."""
-    principal, roles = await request.app[RUNTIME].authenticator.admin_console_roles(request.headers)
-    return json_response({"subject": principal.subject, "tenant": principal.tenant, "roles": list(roles)})
-
-
-async def admin_list_denials(request: web.Request) -> web.Response:
-    """Recent policy denials by tool and reason; approvers and operators both see them."""
-    runtime = request.app[RUNTIME]
-    principal, _ = await runtime.authenticator.admin_console_roles(request.headers)
-    return json_response(await runtime.denials.recent(tenant=principal.tenant))
-
-
-async def admin_list_locks(request: web.Request) -> web.Response:
-    """Locks held now (an operator's tenant only, unless the operator is cross-tenant): see docs/operations.md."""
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response(await runtime.locks.held(tenant=operator.tenant))
-
-
-async def admin_list_unknown_calls(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response({"unknown_calls": await runtime.unknowns.open_calls(tenant=operator.tenant)})
-
-
-async def admin_settle_unknown_call(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    body = await ingress.read_json(request, runtime.config)
-    return json_response(await runtime.unknowns.settle(runtime.audit, runtime.metrics, operator, body))
-
-
-async def admin_quotas(request: web.Request) -> web.Response:
-    """Configured limits and every backend's back-pressure state (an operator with a tenant claim sees
-    only its own tenant's override)."""
-    runtime = request.app[RUNTIME]
-    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    limits = runtime.quotas.rules.describe()
-    if operator.tenant:
-        limits["tenants"] = {k: v for k, v in limits["tenants"].items() if k == operator.tenant}
-    return json_response({"enabled": runtime.config.quotas.enabled, "limits": limits,
-                          "backends": runtime.quotas.guard.describe()})
-
-
 async def list_tools(request: web.Request) -> web.Response:
     """Discovery follows authorization: only the tools this caller may call (OPA, action "list")."""
     runtime = request.app[RUNTIME]
@@ -202,40 +75,6 @@ async def list_tools(request: web.Request) -> web.Response:
     tools = await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
                                 budget_s=meta.deadline.remaining())
     return json_response({"tools": [tool.listing() for tool in tools]})
-
-
-async def list_approvals(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    principal = await runtime.authenticator.authenticate_admin(request.headers)
-    return json_response({"approvals": await runtime.approvals.list_pending(principal)})
-
-
-async def list_decided_approvals(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    principal = await runtime.authenticator.authenticate_admin(request.headers)
-    return json_response({"approvals": await runtime.approvals.list_decided(principal)})
-
-
-async def get_approval(request: web.Request) -> web.Response:
-    runtime = request.app[RUNTIME]
-    principal = await runtime.authenticator.authenticate_admin(request.headers)
-    return json_response(await runtime.approvals.get(request.match_info["approval_id"], principal))
-
-
-async def approve(request: web.Request) -> web.Response:
-    return await _decide_approval(request, approve=True)
-
-
-async def deny(request: web.Request) -> web.Response:
-    return await _decide_approval(request, approve=False)
-
-
-async def _decide_approval(request: web.Request, *, approve: bool) -> web.Response:
-    runtime = request.app[RUNTIME]
-    principal = await runtime.authenticator.authenticate_admin(request.headers)
-    body = await ingress.read_json(request, runtime.config) if request.body_exists else None
-    return json_response(await runtime.approvals.decide(request.match_info["approval_id"], principal,
-                                                        approve=approve, body=body))
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -265,30 +104,6 @@ def agent_app(runtime: Runtime) -> web.Application:
     McpFront(runtime).install(app)
     openai_front.install(app, runtime)
     app.router.add_get("/v1/operations/{key}", get_operation)
-    return app
-
-
-def admin_app(runtime: Runtime) -> web.Application:
-    """Approver/operator API on its own listener; every handler authenticates an admin principal.
-    The operator console (``/ui``) is served here too, and nowhere else."""
-    app = web.Application(middlewares=[console.security_headers, envelope_errors], client_max_size=64 * 1024)
-    app[RUNTIME] = runtime
-    console.install(app)
-    app.router.add_get("/v1/whoami", admin_whoami)
-    app.router.add_get("/v1/denials", admin_list_denials)
-    app.router.add_get("/v1/approvals", list_approvals)
-    app.router.add_get("/v1/approvals/decided", list_decided_approvals)
-    app.router.add_get(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}", get_approval)
-    app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/approve", approve)
-    app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/deny", deny)
-    app.router.add_get("/v1/takeovers", admin_list_takeovers)
-    app.router.add_get("/v1/operations/{key}", admin_get_operation)
-    app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
-    app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
-    app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
-    app.router.add_get("/v1/locks", admin_list_locks)
-    app.router.add_get("/v1/quotas", admin_quotas)
-    app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     return app
 
 

@@ -55,7 +55,6 @@ import asyncio
 import hashlib
 import json
 import logging
-import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -65,12 +64,11 @@ import redis.exceptions
 import rfc8785
 
 from .config import IdempotencyConfig, ReconcileConfig
-from .envelope import iso
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall
-from .operations import OperationStore, Record, Transition
+from .operations import OperationStore, Transition
 from .redaction import redact
 from .registry import ToolContract
 from .store import RoundTrip
@@ -158,8 +156,15 @@ def replayed_error(outcome: Mapping[str, Any]) -> ReplayedError:
 def outcome_of(*, data: Any = None, error: ProxyError | None = None, side_effect: SideEffect,
                tool: ToolContract, call_id: str | None, request_id: str | None) -> dict[str, Any]:
     """The stored form of a call's result (what a duplicate gets back)."""
+    return stored_outcome(data=data, error=error, side_effect=side_effect, tool_version=tool.version,
+                          call_id=call_id, request_id=request_id)
+
+
+def stored_outcome(*, data: Any = None, error: ProxyError | None = None, side_effect: SideEffect,
+                   tool_version: str, call_id: str | None, request_id: str | None) -> dict[str, Any]:
+    """``outcome_of`` for a record whose contract may be gone from the registry (an operator's resolution)."""
     return {"data": data if error is None else None, "error": error.to_error() if error else None,
-            "side_effect": side_effect.to_json(), "tool_version": tool.version, "call_id": call_id,
+            "side_effect": side_effect.to_json(), "tool_version": tool_version, "call_id": call_id,
             "request_id": request_id}
 
 
@@ -384,87 +389,6 @@ class IdempotencyStage:
         if remaining is not None:
             wait = min(wait, remaining - self._margin_s)
         return time.monotonic() + wait if wait > 0 else None
-
-
-async def find_operation(store: OperationStore, key: str, *, tenant: str | None) -> dict[str, Any]:
-    """``GET /v1/operations/{key}``. An agent passes its tenant and sees only its own tenant's operations
-    (another tenant's key does not exist for it); an operator passes None."""
-    if not re.match(KEY_PATTERN, key):
-        raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    try:
-        record = await store.get(key)
-    except redis.exceptions.RedisError:
-        raise ProxyError("dependency_unavailable", "The idempotency store is unreachable.",
-                         details={"dependency": "state_store"}, phase="request") from None
-    if record is None or (tenant is not None and record.tenant != tenant):
-        raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    return operation_view(record)
-
-
-def operation_view(record: Record) -> dict[str, Any]:
-    """What ``GET /v1/operations/{key}`` shows: state, result or error, evidence, takeover."""
-    outcome = record.outcome or {}
-    view: dict[str, Any] = {
-        "idempotency_key": record.key,
-        "state": record.state,
-        "tool": record.tool,
-        "tool_version": record.tool_version,
-        "attempt": record.attempt,
-        "created_at": _iso(record.created_at),
-        "updated_at": _iso(record.updated_at),
-        "lease_expires_at": _iso(record.lease_until) if record.state == "IN_PROGRESS" else None,
-        "result": outcome.get("data") if record.state == "SUCCEEDED" else None,
-        "error": outcome.get("error") if record.state != "SUCCEEDED" else None,
-        "side_effect": outcome.get("side_effect"),
-        "evidence": _evidence(record.evidence),
-        "reconciliation": None,
-        "takeover": None,
-    }
-    if record.unknown_since is not None:
-        view["reconciliation"] = {
-            "unknown_since": _iso(record.unknown_since), "attempts": record.reconcile_attempts,
-            "window_ends_at": _iso(record.reconcile_until),
-            "next_check_at": _iso(record.reconcile_next) if record.state == "UNKNOWN" else None,
-        }
-    if record.state == "NEEDS_TAKEOVER":
-        view["takeover"] = takeover_record(record)
-    return view
-
-
-def takeover_record(record: Record) -> dict[str, Any]:
-    """Everything a human needs to settle an operation by hand (seed 004: key, target, last evidence)."""
-    meta = record.meta
-    outcome = record.outcome or {}
-    return {
-        "idempotency_key": record.key,
-        "tool": record.tool,
-        "tool_version": record.tool_version,
-        "tenant": record.tenant,
-        "subject": meta.get("subject"),
-        "agent": meta.get("agent"),
-        "target": meta.get("target"),
-        "last_evidence": _evidence(record.evidence),
-        "attempts": {"executions": record.attempt, "reconciliations": record.reconcile_attempts},
-        "original_error": (outcome.get("error") or {}).get("code"),
-        "call_id": meta.get("call_id"),
-        "request_id": meta.get("request_id"),
-        "created_at": _iso(record.created_at),
-        "unknown_since": _iso(record.unknown_since),
-        "takeover_at": _iso(record.takeover_at),
-    }
-
-
-def _evidence(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    if not evidence:
-        return None
-    shown = {k: v for k, v in evidence.items() if k != "at_ms"}
-    if "at_ms" in evidence:
-        shown["at"] = _iso(evidence["at_ms"])
-    return shown
-
-
-def _iso(ms: int | None) -> str | None:
-    return None if ms is None else iso(ms / 1000.0)
 
 
 def _loads(text: str) -> dict[str, Any]:

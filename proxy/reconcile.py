@@ -9,8 +9,8 @@ backoff inside a window, holding a per-key claim in Redis so one replica
 works on one key at a time, (3) raises a takeover record when the window
 runs out or the tool has no status endpoint, and (4) writes a
 ``reconciliation`` audit record for every transition it makes and a
-``takeover`` record for every handover. Also the operator's manual
-resolution of an open operation (admin listener).
+``takeover`` record for every handover. (An operator's manual resolution of
+an open operation is ``proxy/admin_api.py``'s.)
 
 Status answers (seed 000 section 10, seed 004):
   ``{"state": "committed", "result": {...}}`` -> SUCCEEDED with that result (checked against outputSchema);
@@ -40,8 +40,8 @@ from .audit import Auditor
 from .config import ReconcileConfig
 from .decode import schema_violations, strict_loads
 from .errors import ProxyError, SideEffect
-from .identity import AdminPrincipal
-from .idempotency import KEY_PATTERN, outcome_of, takeover_record
+from .idempotency import outcome_of
+from .operation_views import takeover_record
 from .metrics import Metrics
 from .operations import BUCKETS, OperationStore, Record
 from .registry import Registry, ToolContract
@@ -49,7 +49,6 @@ from .registry import Registry, ToolContract
 log = logging.getLogger("toolproxy.reconcile")
 
 MAX_STATUS_BYTES = 1024 * 1024
-MAX_NOTE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -208,7 +207,7 @@ class Reconciler:
             takeover = takeover_record(taken)
             log.warning("operation %s needs a human takeover: tool %s, last evidence %s", record.key,
                         taken.tool, (takeover["last_evidence"] or {}).get("observed"))
-            await self._audit.record("takeover", **_audit_fields(taken), details=takeover)
+            await self._audit.record("takeover", **audit_fields(taken), details=takeover)
         return "takeover"
 
     # -- the status endpoint -----------------------------------------------------
@@ -278,80 +277,11 @@ class Reconciler:
         return "unknown"
 
 
-# -- operator views and resolution (admin listener) ----------------------------
-
-async def list_takeovers(store: OperationStore, *, tenant: str | None, limit: int = 500,
-                         state: str = "NEEDS_TAKEOVER") -> list[dict[str, Any]]:
-    """Takeover records of the operations waiting for a human (or, with ``state="UNKNOWN"``, of those the
-    reconciler is still querying), oldest first (one tenant's, unless None)."""
-    records = [await store.get(key) for key in await store.open_keys(limit)]
-    return [takeover_record(r) for r in records if r is not None and r.state == state
-            and (tenant is None or r.tenant == tenant)]
-
-
-_RESOLUTIONS = {"committed": "SUCCEEDED", "not_applied": "FAILED_RETRYABLE", "rejected": "FAILED_FINAL"}
-
-
-async def resolve_by_operator(store: OperationStore, registry: Registry, metrics: Metrics, audit: Auditor,
-                              key: str, principal: AdminPrincipal, body: Any) -> dict[str, Any]:
-    """Settle an UNKNOWN / NEEDS_TAKEOVER operation from an operator's evidence.
-
-    Body: ``{"outcome": "committed" | "not_applied" | "rejected", "evidence": "<what was checked>",
-    "result": {...}}`` (``result`` only with ``committed``, checked against the tool's outputSchema).
-    """
-    if not re.match(KEY_PATTERN, key):
-        raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    if not isinstance(body, dict) or set(body) - {"outcome", "evidence", "result"} \
-            or body.get("outcome") not in _RESOLUTIONS or not isinstance(body.get("evidence"), str) \
-            or not 0 < len(body["evidence"].strip()) <= MAX_NOTE_CHARS \
-            or ("result" in body and body["outcome"] != "committed"):
-        raise ProxyError("invalid_request", "Send {outcome: committed|not_applied|rejected, evidence: text, "
-                         "result?: object (committed only)}.", phase="request")
-    record = await store.get(key)
-    if record is None or (principal.tenant is not None and record.tenant != principal.tenant):
-        raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    tool = next((t for t in registry.all() if t.name == record.tool and t.version == record.tool_version), None)
-    result = body.get("result")
-    if result is not None and tool is not None:
-        violations = schema_violations(result, tool.output_validator)
-        if violations:
-            raise ProxyError("invalid_request", "result does not match the tool's output schema.",
-                             details={"violations": violations[:50]}, phase="request")
-    verdict = _RESOLUTIONS[body["outcome"]]
-    error = None
-    if verdict == "FAILED_RETRYABLE":
-        error = ProxyError("dependency_unavailable", "An operator recorded that this operation was not applied; "
-                           "it may run again with the same key.", details={"tool": record.tool}, phase="reconcile")
-    elif verdict == "FAILED_FINAL":
-        error = ProxyError("business_rejected", "An operator recorded that the backend rejected this operation.",
-                           details={"tool": record.tool}, phase="reconcile")
-    side = SideEffect(True, verdict == "SUCCEEDED")
-    outcome = {"data": result if error is None else None, "error": error.to_error() if error else None,
-               "side_effect": side.to_json(), "tool_version": record.tool_version,
-               "call_id": record.meta.get("call_id"), "request_id": record.meta.get("request_id")}
-    evidence = {"source": "operator", "operator": principal.subject, "observed": body["outcome"],
-                "note": body["evidence"].strip(), "at_ms": _now_ms()}
-    # No resolution takes effect unaudited: the record comes first (audit_unavailable stops it).
-    await audit.record("reconciliation", critical=True, **_audit_fields(record),
-                       details={"from": record.state, "to": verdict, "requested_by": "operator",
-                                "evidence": evidence})
-    answer = await store.resolve_by_operator(key, verdict=verdict, outcome=outcome, evidence=evidence)
-    if answer.status == "missing":
-        raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    if answer.status != "ok":
-        raise ProxyError("operation_not_open", "Only an UNKNOWN or NEEDS_TAKEOVER operation can be resolved.",
-                         details={"state": answer.text(0)}, phase="request")
-    metrics.reconciliations.labels("operator").inc()
-    log.warning("operation %s resolved by operator %s as %s", key, principal.subject, verdict)
-    settled = await store.get(key)
-    return {"idempotency_key": key, "state": settled.state if settled else verdict}
-
-
 async def audit_transition(audit: Auditor, record: Record, previous: str) -> None:
     """One ``reconciliation`` audit record: an operation left ``previous`` for its current state."""
     outcome = record.outcome or {}
     side = outcome.get("side_effect") or {}
-    await audit.record("reconciliation", **_audit_fields(record),
+    await audit.record("reconciliation", **audit_fields(record),
                        outcome={"SUCCEEDED": "succeeded", "UNKNOWN": "unknown"}.get(record.state, "failed"),
                        error_code=(outcome.get("error") or {}).get("code") if record.state != "UNKNOWN" else None,
                        side_effect_committed=side.get("committed") if record.state != "UNKNOWN" else None,
@@ -359,7 +289,7 @@ async def audit_transition(audit: Auditor, record: Record, previous: str) -> Non
                                 "reconciliations": record.reconcile_attempts})
 
 
-def _audit_fields(record: Record) -> dict[str, Any]:
+def audit_fields(record: Record) -> dict[str, Any]:
     meta = record.meta
     return {"idempotency_key": record.key, "tool": record.tool or None, "tool_version": record.tool_version or None,
             "tenant": meta.get("tenant") or None, "subject": meta.get("subject") or None,

@@ -7,14 +7,13 @@ record's own Lua transitions in ``proxy/operations.py``) and calls without a
 record that ended ``unknown`` (one sorted set, ``<prefix>:unknowns:{index}``,
 score: when they started). Because both live in Redis, the
 ``toolproxy_open_unknowns`` gauge stays right across restarts and is the same
-from every replica. Also owns the operator's view of the call-level entries
-and settling one from evidence (a call without a key has no status to query:
-only a person can say what happened, and until then it stays open and the
-"unknowns open too long" alert keeps firing).
+from every replica. Also owns reading the call-level entries: the list, and
+finding one by (request id, call id) through a small per-call set written
+beside each entry (a call without a key has no status to query: only a
+person can say what happened — ``proxy/admin_api.py`` settles it — and until
+then it stays open and the "unknowns open too long" alert keeps firing).
 
-Must never: decide an outcome by itself, touch another stage's records, or
-settle an entry unaudited (the audit record comes first; audit_unavailable
-stops the settlement).
+Must never: decide an outcome by itself, or touch another stage's records.
 """
 
 from __future__ import annotations
@@ -23,23 +22,16 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis.asyncio as redis_async
 
-from .errors import ProxyError
+from .normalize import sha256_hex
 from .operations import OperationStore
 from .store import key, translated
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .audit import Auditor
-    from .identity import AdminPrincipal
-    from .metrics import Metrics
-
 log = logging.getLogger("toolproxy.unknowns")
 
-MAX_EVIDENCE_CHARS = 2000
-_SETTLEMENTS = {"committed": True, "not_applied": False}
 
 
 @dataclass(frozen=True)
@@ -53,18 +45,34 @@ class UnknownIndex:
         self._redis = redis
         self._operations = operations
         self.key = key(prefix, "unknowns", "index")
+        self._prefix = prefix
 
     @staticmethod
     def ref(*, tenant: str, tool: str, request_id: str, call_id: str) -> str:
         """The member naming one call: JSON, so no separator inside an id can forge another."""
         return json.dumps(["call", tenant, tool, request_id, call_id], separators=(",", ":"))
 
+    def _by_call(self, request_id: str, call_id: str) -> str:
+        """The set of entries naming this (request id, call id): one per tenant and tool that used them.
+        Same hash tag as the index, so both live in one slot."""
+        digest = sha256_hex(json.dumps([request_id, call_id], separators=(",", ":")).encode())
+        return key(self._prefix, "unknowns", "index", "call", digest)
+
     async def open(self, ref: str, since: float | None = None) -> None:
-        # NX: an entry keeps its first timestamp.
-        await translated(self._redis.zadd(self.key, {ref: since if since is not None else time.time()}, nx=True))
+        _, _, _, request_id, call_id = json.loads(ref)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.key, {ref: since if since is not None else time.time()}, nx=True)  # NX: keeps its first time
+            pipe.sadd(self._by_call(request_id, call_id), ref)
+            await translated(pipe.execute())
 
     async def close(self, ref: str) -> bool:
-        return bool(await translated(self._redis.zrem(self.key, ref)))
+        entry = _entry(ref, 0.0)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self.key, ref)
+            if entry is not None:
+                pipe.srem(self._by_call(entry["request_id"], entry["call_id"]), ref)
+            removed, *_ = await translated(pipe.execute())
+        return bool(removed)
 
     async def stats(self, now: float | None = None) -> UnknownStats:
         async with self._redis.pipeline(transaction=False) as pipe:
@@ -91,35 +99,30 @@ class UnknownIndex:
                     break
         return out
 
-    async def settle(self, audit: "Auditor", metrics: "Metrics", principal: "AdminPrincipal",
-                     body: Any) -> dict[str, Any]:
-        """An operator settles one call-level unknown from evidence.
+    async def find(self, request_id: str, call_id: str, *, tenant: str | None) -> dict[str, Any] | None:
+        """The open call-level entry of this call (one tenant's, unless ``tenant`` is None), or None.
 
-        Body: ``{"request_id": ..., "call_id": ..., "outcome": "committed" | "not_applied",
-        "evidence": "<what was checked>"}``.
+        Read from its per-call set and checked against the index (a closed
+        entry is gone from both); an entry opened by an earlier version has no
+        set, so a miss falls back to a ZSCAN of the index matching this call's
+        ids (filtered in Redis: only matching entries come back).
         """
-        if not isinstance(body, dict) or set(body) != {"request_id", "call_id", "outcome", "evidence"} \
-                or not all(isinstance(body[k], str) for k in body) or body["outcome"] not in _SETTLEMENTS \
-                or not 0 < len(body["evidence"].strip()) <= MAX_EVIDENCE_CHARS:
-            raise ProxyError("invalid_request", "Send {request_id, call_id, outcome: committed|not_applied, "
-                             "evidence: text}.", phase="request")
-        found = next((e for e in await self.open_calls(tenant=principal.tenant, limit=100000)
-                      if e["request_id"] == body["request_id"] and e["call_id"] == body["call_id"]), None)
-        if found is None:
-            raise ProxyError("operation_not_found", "No such open unknown call.", phase="request")
-        committed = _SETTLEMENTS[body["outcome"]]
-        await audit.record(
-            "reconciliation", critical=True, request_id=found["request_id"], call_id=found["call_id"],
-            tool=found["tool"], tenant=found["tenant"], outcome="succeeded" if committed else "failed",
-            error_code=None if committed else "dependency_unavailable", side_effect_committed=committed,
-            details={"from": "unknown", "to": body["outcome"], "requested_by": "operator",
-                     "operator": principal.subject, "evidence": body["evidence"].strip()})
-        if not await self.close(found["ref"]):
-            raise ProxyError("operation_not_open", "This call was settled meanwhile.", phase="request")
-        metrics.reconciliations.labels("operator").inc()
-        log.warning("unknown call %s/%s settled by operator %s as %s", found["request_id"], found["call_id"],
-                    principal.subject, body["outcome"])
-        return {"request_id": found["request_id"], "call_id": found["call_id"], "settled": body["outcome"]}
+        refs = sorted(m.decode() if isinstance(m, bytes) else m
+                      for m in await translated(self._redis.smembers(self._by_call(request_id, call_id))))
+        for ref in refs:
+            entry = _entry(ref, 0.0)
+            if entry is None or (tenant is not None and entry["tenant"] != tenant):
+                continue
+            score = await translated(self._redis.zscore(self.key, ref))
+            if score is not None:
+                return _entry(ref, score)
+        pattern = "*," + _glob_literal(json.dumps(request_id)) + "," + _glob_literal(json.dumps(call_id)) + "]"
+        async for member, score in self._redis.zscan_iter(self.key, match=pattern, count=1000):
+            entry = _entry(member, score)
+            if entry is not None and entry["request_id"] == request_id and entry["call_id"] == call_id \
+                    and (tenant is None or entry["tenant"] == tenant):
+                return entry
+        return None
 
 
 def _entry(member: bytes | str, score: float) -> dict[str, Any] | None:
@@ -132,3 +135,8 @@ def _entry(member: bytes | str, score: float) -> dict[str, Any] | None:
         return None
     return {"ref": ref, "tenant": tenant, "tool": tool, "request_id": request_id, "call_id": call_id,
             "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(score))}
+
+
+def _glob_literal(text: str) -> str:
+    """``text`` as a Redis MATCH pattern that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)

@@ -494,7 +494,7 @@ async def test_operator_resolution_bodies_are_checked(stack):
     """The resolve logic at module level; the admin route with real operator tokens: test_operations_admin.py."""
     from proxy.errors import ProxyError
     from proxy.identity import AdminPrincipal
-    from proxy.reconcile import resolve_by_operator
+    from proxy.admin_api import resolve_operation
     await stack.fault("adjust_counter", "drop_after_commit", count=1)
     _, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 5}, headers=KEY)
     await stack.runtime.reconciler.scan_once()
@@ -502,8 +502,8 @@ async def test_operator_resolution_bodies_are_checked(stack):
     operator = AdminPrincipal(subject="ops-alice", tenant=None, roles=("operator",), scopes=())
 
     async def resolve(key, body):
-        return await resolve_by_operator(runtime.operations, runtime.registry, runtime.metrics, runtime.audit,
-                                         key, operator, body)
+        return await resolve_operation(runtime.operations, runtime.registry, runtime.metrics, runtime.audit,
+                                       key, operator, body)
 
     bad = [{"outcome": "maybe", "evidence": "x"}, {"outcome": "committed", "evidence": ""},
            {"outcome": "committed", "evidence": "x", "extra": 1},

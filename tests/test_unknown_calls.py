@@ -95,3 +95,32 @@ async def test_operator_settles_a_call_level_unknown_and_the_gauge_comes_down(st
     assert record["side_effect_committed"] is True and record["outcome"] == "succeeded"
     assert record["details"] == {"from": "unknown", "to": "committed", "requested_by": "operator",
                                  "operator": "olga", "evidence": "counters table shows ctr_demo = 5"}
+
+
+async def test_settling_finds_the_entry_by_its_ids_without_reading_the_index(stack, issuers):
+    """The settle endpoint looks the call up by (request id, call id); only an entry an earlier version
+    wrote (no per-call set) is searched for, by a ZSCAN filtered in Redis."""
+    from tests.support.redis_traffic import RedisTraffic
+
+    unknowns = stack.runtime.unknowns
+    for n in range(200):
+        await unknowns.open(unknowns.ref(tenant="acme", tool="adjust_counter", request_id=f"req_{n}",
+                                         call_id="c"), 1.0 + n)
+    legacy = unknowns.ref(tenant="acme", tool="adjust_counter", request_id="req_old", call_id="c")
+    await stack.runtime.redis.zadd(unknowns.key, {legacy: 0.5})  # as an earlier version wrote it: no set
+    token = operator(issuers)
+    async with RedisTraffic(stack.runtime.config.redis.url) as traffic:
+        status, answer = await settle(stack, token, {"request_id": "req_150", "call_id": "c",
+                                                     "outcome": "not_applied", "evidence": "no row"})
+        assert (status, answer["settled"]) == (200, "not_applied"), answer
+        indexed = await traffic.since_start()
+        status, answer = await settle(stack, token, {"request_id": "req_old", "call_id": "c",
+                                                     "outcome": "committed", "evidence": "row present"})
+        assert (status, answer["settled"]) == (200, "committed"), answer
+        fallback = await traffic.since_start()
+    assert "smembers" in indexed.commands and "zscore" in indexed.commands
+    assert not {"zrange", "zscan"} & set(indexed.commands), indexed.commands
+    assert "zscan" in fallback.commands and "zrange" not in fallback.commands
+    status, listing = await stack.admin("GET", "/v1/unknown-calls", token)
+    assert len(listing["unknown_calls"]) == 199
+    assert not {e["request_id"] for e in listing["unknown_calls"]} & {"req_150", "req_old"}

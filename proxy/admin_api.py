@@ -1,0 +1,253 @@
+"""The operator (admin) API: approvers' and operators' endpoints on the admin listener.
+
+Owns: the admin routes (approvals, operations and takeovers, unknown calls,
+locks, denials, quotas, whoami, the console), authenticating an admin
+principal with the role each route needs before anything else, checking
+request bodies against their JSON Schemas in ``schemas/``
+(``operation-resolution``, ``unknown-call-settlement``; a bad body is
+``invalid_request`` with the violations), and the two operator actions that
+change state: resolving an open operation and settling a call-level unknown,
+each audited before it takes effect. Must never: run a tool call, decide an
+outcome without an operator's evidence, or show a tenant-bound operator
+another tenant's data.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from aiohttp import web
+
+from . import console, ingress
+from .audit import Auditor
+from .decode import schema_violations
+from .errors import ProxyError, SideEffect
+from .http_edge import RUNTIME, envelope_errors, json_response
+from .identity import AdminPrincipal
+from .idempotency import KEY_PATTERN, stored_outcome
+from .metrics import Metrics
+from .operation_views import find_operation, list_takeovers
+from .operations import OperationStore
+from .reconcile import audit_fields
+from .registry import Registry
+from .runtime import Runtime
+from .unknowns import UnknownIndex
+
+log = logging.getLogger("toolproxy.admin")
+
+
+async def admin_get_operation(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response(await find_operation(runtime.operations, request.match_info["key"],
+                                              tenant=operator.tenant))
+
+
+async def admin_list_takeovers(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"takeovers": await list_takeovers(runtime.operations, tenant=operator.tenant)})
+
+
+async def admin_resolve_operation(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    body = await ingress.read_json(request, runtime.config)
+    return json_response(await resolve_operation(runtime.operations, runtime.registry, runtime.metrics,
+                                                 runtime.audit, request.match_info["key"], principal, body))
+
+
+async def admin_list_unknown_operations(request: web.Request) -> web.Response:
+    """Operations in UNKNOWN that the reconciler is still querying (not yet handed to a person)."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"unknown_operations": await list_takeovers(runtime.operations, tenant=operator.tenant,
+                                                                     state="UNKNOWN")})
+
+
+async def admin_whoami(request: web.Request) -> web.Response:
+    """Who this admin token is and which of the admin API's roles it holds (the console's sign-in)."""
+    principal, roles = await request.app[RUNTIME].authenticator.admin_console_roles(request.headers)
+    return json_response({"subject": principal.subject, "tenant": principal.tenant, "roles": list(roles)})
+
+
+async def admin_list_denials(request: web.Request) -> web.Response:
+    """Recent policy denials by tool and reason; approvers and operators both see them."""
+    runtime = request.app[RUNTIME]
+    principal, _ = await runtime.authenticator.admin_console_roles(request.headers)
+    return json_response(await runtime.denials.recent(tenant=principal.tenant))
+
+
+async def admin_list_locks(request: web.Request) -> web.Response:
+    """Locks held now (an operator's tenant only, unless the operator is cross-tenant): see docs/operations.md."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response(await runtime.locks.held(tenant=operator.tenant))
+
+
+async def admin_list_unknown_calls(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"unknown_calls": await runtime.unknowns.open_calls(tenant=operator.tenant)})
+
+
+async def admin_settle_unknown_call(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    body = await ingress.read_json(request, runtime.config)
+    return json_response(await settle_unknown_call(runtime.unknowns, runtime.audit, runtime.metrics, operator,
+                                                   body))
+
+
+async def admin_quotas(request: web.Request) -> web.Response:
+    """Configured limits and every backend's back-pressure state (an operator with a tenant claim sees
+    only its own tenant's override)."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    limits = runtime.quotas.rules.describe()
+    if operator.tenant:
+        limits["tenants"] = {k: v for k, v in limits["tenants"].items() if k == operator.tenant}
+    return json_response({"enabled": runtime.config.quotas.enabled, "limits": limits,
+                          "backends": runtime.quotas.guard.describe()})
+
+
+async def list_approvals(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response({"approvals": await runtime.approvals.list_pending(principal)})
+
+
+async def list_decided_approvals(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response({"approvals": await runtime.approvals.list_decided(principal)})
+
+
+async def get_approval(request: web.Request) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    return json_response(await runtime.approvals.get(request.match_info["approval_id"], principal))
+
+
+async def approve(request: web.Request) -> web.Response:
+    return await _decide_approval(request, approve=True)
+
+
+async def deny(request: web.Request) -> web.Response:
+    return await _decide_approval(request, approve=False)
+
+
+async def _decide_approval(request: web.Request, *, approve: bool) -> web.Response:
+    runtime = request.app[RUNTIME]
+    principal = await runtime.authenticator.authenticate_admin(request.headers)
+    body = await ingress.read_json(request, runtime.config) if request.body_exists else None
+    return json_response(await runtime.approvals.decide(request.match_info["approval_id"], principal,
+                                                        approve=approve, body=body))
+
+
+# -- operator actions -----------------------------------------------------------------
+
+_RESOLUTIONS = {"committed": "SUCCEEDED", "not_applied": "FAILED_RETRYABLE", "rejected": "FAILED_FINAL"}
+_SETTLEMENTS = {"committed": True, "not_applied": False}
+
+
+async def resolve_operation(store: OperationStore, registry: Registry, metrics: Metrics, audit: Auditor,
+                            key: str, principal: AdminPrincipal, body: Any) -> dict[str, Any]:
+    """Settle an UNKNOWN / NEEDS_TAKEOVER operation from an operator's evidence.
+
+    Body: ``schemas/operation-resolution.schema.json`` (``result`` only with
+    ``committed``, checked against the tool's outputSchema).
+    """
+    if not re.match(KEY_PATTERN, key):
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    ingress.validate_body(body, "operation-resolution.schema.json")
+    record = await store.get(key)
+    if record is None or (principal.tenant is not None and record.tenant != principal.tenant):
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    tool = next((t for t in registry.all() if t.name == record.tool and t.version == record.tool_version), None)
+    result = body.get("result")
+    if result is not None and tool is not None:
+        violations = schema_violations(result, tool.output_validator)
+        if violations:
+            raise ProxyError("invalid_request", "result does not match the tool's output schema.",
+                             details={"violations": violations[:50]}, phase="request")
+    verdict = _RESOLUTIONS[body["outcome"]]
+    error = None
+    if verdict == "FAILED_RETRYABLE":
+        error = ProxyError("dependency_unavailable", "An operator recorded that this operation was not applied; "
+                           "it may run again with the same key.", details={"tool": record.tool}, phase="reconcile")
+    elif verdict == "FAILED_FINAL":
+        error = ProxyError("business_rejected", "An operator recorded that the backend rejected this operation.",
+                           details={"tool": record.tool}, phase="reconcile")
+    outcome = stored_outcome(data=result, error=error, side_effect=SideEffect(True, verdict == "SUCCEEDED"),
+                             tool_version=record.tool_version, call_id=record.meta.get("call_id"),
+                             request_id=record.meta.get("request_id"))
+    evidence = {"source": "operator", "operator": principal.subject, "observed": body["outcome"],
+                "note": body["evidence"].strip(), "at_ms": int(time.time() * 1000)}
+    # No resolution takes effect unaudited: the record comes first (audit_unavailable stops it).
+    await audit.record("reconciliation", critical=True, **audit_fields(record),
+                       details={"from": record.state, "to": verdict, "requested_by": "operator",
+                                "evidence": evidence})
+    answer = await store.resolve_by_operator(key, verdict=verdict, outcome=outcome, evidence=evidence)
+    if answer.status == "missing":
+        raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    if answer.status != "ok":
+        raise ProxyError("operation_not_open", "Only an UNKNOWN or NEEDS_TAKEOVER operation can be resolved.",
+                         details={"state": answer.text(0)}, phase="request")
+    metrics.reconciliations.labels("operator").inc()
+    log.warning("operation %s resolved by operator %s as %s", key, principal.subject, verdict)
+    settled = await store.get(key)
+    return {"idempotency_key": key, "state": settled.state if settled else verdict}
+
+
+async def settle_unknown_call(unknowns: UnknownIndex, audit: Auditor, metrics: Metrics, principal: AdminPrincipal,
+                              body: Any) -> dict[str, Any]:
+    """An operator settles one call-level unknown (a call without an operation record) from evidence.
+
+    Body: ``schemas/unknown-call-settlement.schema.json``. The entry is found by
+    its ids (one tenant's, unless the operator is cross-tenant).
+    """
+    ingress.validate_body(body, "unknown-call-settlement.schema.json")
+    found = await unknowns.find(body["request_id"], body["call_id"], tenant=principal.tenant)
+    if found is None:
+        raise ProxyError("operation_not_found", "No such open unknown call.", phase="request")
+    committed = _SETTLEMENTS[body["outcome"]]
+    await audit.record(
+        "reconciliation", critical=True, request_id=found["request_id"], call_id=found["call_id"],
+        tool=found["tool"], tenant=found["tenant"], outcome="succeeded" if committed else "failed",
+        error_code=None if committed else "dependency_unavailable", side_effect_committed=committed,
+        details={"from": "unknown", "to": body["outcome"], "requested_by": "operator",
+                 "operator": principal.subject, "evidence": body["evidence"].strip()})
+    if not await unknowns.close(found["ref"]):
+        raise ProxyError("operation_not_open", "This call was settled meanwhile.", phase="request")
+    metrics.reconciliations.labels("operator").inc()
+    log.warning("unknown call %s/%s settled by operator %s as %s", found["request_id"], found["call_id"],
+                principal.subject, body["outcome"])
+    return {"request_id": found["request_id"], "call_id": found["call_id"], "settled": body["outcome"]}
+
+
+def admin_app(runtime: Runtime) -> web.Application:
+    """Approver/operator API on its own listener; every handler authenticates an admin principal.
+    The operator console (``/ui``) is served here too, and nowhere else."""
+    app = web.Application(middlewares=[console.security_headers, envelope_errors], client_max_size=64 * 1024)
+    app[RUNTIME] = runtime
+    console.install(app)
+    app.router.add_get("/v1/whoami", admin_whoami)
+    app.router.add_get("/v1/denials", admin_list_denials)
+    app.router.add_get("/v1/approvals", list_approvals)
+    app.router.add_get("/v1/approvals/decided", list_decided_approvals)
+    app.router.add_get(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}", get_approval)
+    app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/approve", approve)
+    app.router.add_post(r"/v1/approvals/{approval_id:apr_[0-9a-f]{1,64}}/deny", deny)
+    app.router.add_get("/v1/takeovers", admin_list_takeovers)
+    app.router.add_get("/v1/operations/{key}", admin_get_operation)
+    app.router.add_post("/v1/operations/{key}/resolve", admin_resolve_operation)
+    app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
+    app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
+    app.router.add_get("/v1/locks", admin_list_locks)
+    app.router.add_get("/v1/quotas", admin_quotas)
+    app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
+    return app

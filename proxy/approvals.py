@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from redis.exceptions import RedisError
-
 from .audit import Auditor
 from .redaction import redact
 from .config import ApprovalsConfig
@@ -33,7 +31,7 @@ from .metrics import Metrics
 from .normalize import NormalizedCall
 from .registry import ToolContract
 from . import store
-from .store import key, redis_call
+from .store import StoreError, key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
@@ -118,8 +116,7 @@ def redacted_arguments(tool: ToolContract, arguments: Mapping[str, Any]) -> dict
 
 
 def _unavailable() -> ProxyError:
-    return ProxyError("dependency_unavailable", "The approval store is unavailable; nothing was done.",
-                      details={"dependency": "redis"}, phase="authorize")
+    return store.unavailable("The approval store is unavailable; nothing was done.", phase="authorize")
 
 
 def _mismatch(reason: str, approval_id: str) -> ProxyError:
@@ -179,7 +176,7 @@ class ApprovalStore:
                 pipe.pexpireat(self._key(approval_id), expires + RETAIN_AFTER_EXPIRY_MS)
                 await redis_call(pipe.execute())
             await redis_call(self._redis.zadd(self._pending_index, {approval_id: expires}))
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         self._metrics.approvals.labels("created").inc()
         await self._update_pending_gauge()
@@ -204,7 +201,7 @@ class ApprovalStore:
             raise _mismatch(verdict, approval_id)
         try:
             raw = await redis_call(self._redis.hgetall(self._key(approval_id)))
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         record = {k.decode(): v.decode() for k, v in raw.items()}
         return Approval(id=approval_id, status=record["status"], subject=record["subject"],
@@ -239,7 +236,7 @@ class ApprovalStore:
                     self._metrics.replica_ack_shortfall("approval")
             else:
                 verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
 
@@ -251,7 +248,7 @@ class ApprovalStore:
             ids = await redis_call(self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
                                                              num=self._config.max_list))
             records = [await self._record(i.decode()) for i in ids]
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         await self._update_pending_gauge()
         return [self._view(r) for r in records
@@ -260,7 +257,7 @@ class ApprovalStore:
     async def get(self, approval_id: str, principal: AdminPrincipal) -> dict[str, Any]:
         try:
             record = await self._record(approval_id)
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         if not record or not self._visible_to(principal, record):
             raise _not_found(approval_id)
@@ -274,7 +271,7 @@ class ApprovalStore:
             gone = [i for i, r in records if r is None]
             if gone:
                 await redis_call(self._redis.zrem(self._decided_index, *gone))
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         return [self._view(r) for _, r in records if r and self._visible_to(principal, r)]
 
@@ -299,7 +296,7 @@ class ApprovalStore:
                     pipe.zadd(self._decided_index, {approval_id: decided_at})
                     pipe.zremrangebyrank(self._decided_index, 0, -self._config.max_list - 1)
                     await redis_call(pipe.execute())
-        except RedisError:
+        except StoreError:
             raise _unavailable() from None
         if verdict != "ok":
             await self._audit.record("approval", approval_id=approval_id,
@@ -349,7 +346,7 @@ class ApprovalStore:
         try:
             count = await redis_call(self._redis.zcount(self._pending_index, now_ms(), "+inf"))
             self._metrics.pending_approvals.set(count)
-        except RedisError:
+        except StoreError:
             pass  # the gauge is refreshed on the next approval event
 
 

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, Te
 
 import orjson
 import redis.asyncio as redis_async
-import redis.exceptions
 
 from .config import AuditConfig, ConfigError
 from .envelope import iso
@@ -44,7 +43,7 @@ from .metrics import Metrics
 from .normalize import canonical_json, sha256_hex
 from .redaction import redact
 from .registry import ToolContract, thaw
-from .store import redis_call
+from .store import StoreError, redis_call
 
 if TYPE_CHECKING:  # pragma: no cover
     from .envelope import Timing
@@ -399,7 +398,7 @@ class Auditor:
                     self._dropped_logged = now
                     log.error("audit sink %s is not being read; records are dropped (see "
                               "toolproxy_audit_dropped_records)", sink.name)
-            except (OSError, ValueError, TimeoutError, redis.exceptions.RedisError) as exc:
+            except (OSError, ValueError, TimeoutError, StoreError) as exc:
                 ok = False
                 self._metrics.audit_failures.labels(sink.name).inc()
                 log.error("audit sink %s failed (%s); record kind %s", sink.name, type(exc).__name__,

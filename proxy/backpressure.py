@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import redis.asyncio as redis_async
-from redis.exceptions import RedisError
 
 from . import store
 from .config import QuotasConfig
@@ -178,7 +177,7 @@ class BackendGuard:
                         raise asyncio.CancelledError()
                     if message is not None and message.get("type") == "message":
                         self._apply_event(message["data"])
-            except (RedisError, OSError) as exc:
+            except (store.StoreError, OSError) as exc:
                 log.warning("back-pressure channel lost (%s); retrying", type(exc).__name__)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
@@ -187,7 +186,7 @@ class BackendGuard:
                     await asyncio.shield(pubsub.aclose())
 
     async def _load(self) -> None:
-        reply = await store.translated(self._snapshot(keys=[self._hash]))
+        reply = await store.redis_call(self._snapshot(keys=[self._hash]))
         now_ms = int(reply[0])
         seen = set()
         for name_raw, value_raw in zip(reply[1::2], reply[2::2]):
@@ -246,13 +245,13 @@ class BackendGuard:
         try:
             return bool(await store.redis_call(self._redis.set(
                 self._probe_key(backend), secrets.token_hex(8), nx=True, px=int(settings.open_s * 1000))))
-        except RedisError:
+        except store.StoreError:
             return False  # cannot coordinate one probe: keep refusing (open is the safe state)
 
     async def abandon_probe(self, backend: str) -> None:
         """The probe call never reached the backend (refused later, cancelled): let another call probe."""
         with _quiet():
-            await asyncio.shield(self._redis.delete(self._probe_key(backend)))
+            await asyncio.shield(store.translated(self._redis.delete(self._probe_key(backend))))
 
     def _probe_key(self, backend: str) -> str:
         return store.key(self._prefix, "bp", "bp", "probe", backend)
@@ -313,7 +312,7 @@ class BackendGuard:
                 keys=[self._hash, self._probe_key(backend)], args=[backend, state, ms, code, self._channel]))
             if state == "paused":
                 self._set(backend, state, int(shared_ms), code)  # a longer pause another replica recorded
-        except RedisError as exc:
+        except store.StoreError as exc:
             log.warning("could not share the %s state of backend %s (%s); this replica applies it alone",
                         state, backend, type(exc).__name__)
 
@@ -347,4 +346,4 @@ def _text(value: Any) -> str:
 
 def _quiet() -> contextlib.suppress:
     """Best-effort cleanup: a Redis or connection error here must not hide the real outcome."""
-    return contextlib.suppress(RedisError, OSError)
+    return contextlib.suppress(store.StoreError, OSError)

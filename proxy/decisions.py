@@ -23,13 +23,12 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import redis.asyncio as redis_async
-import redis.exceptions
 
 from .audit import StdoutSink, iso_now
 from .redaction import MASK, looks_secret
 from .config import ConfigError, DecisionsConfig
 from .metrics import Metrics
-from .store import redis_call
+from .store import StoreError, redis_call
 
 log = logging.getLogger("toolproxy.decisions")
 
@@ -156,7 +155,7 @@ class DecisionRecorder:
             try:
                 async with asyncio.timeout(self._timeout_s):
                     await sink.write(line)
-            except (OSError, ValueError, TimeoutError, redis.exceptions.RedisError) as exc:
+            except (OSError, ValueError, TimeoutError, StoreError) as exc:
                 self._metrics.decision_record_failures.labels(sink.name).inc()
                 log.warning("decision record sink %s failed (%s)", sink.name, type(exc).__name__)
 

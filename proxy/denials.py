@@ -21,10 +21,9 @@ from collections import Counter
 from typing import Any
 
 import redis.asyncio as redis_async
-from redis.exceptions import RedisError
 
 from .metrics import Metrics
-from .store import key, redis_call
+from .store import StoreError, key, redis_call
 
 log = logging.getLogger("toolproxy.denials")
 
@@ -58,7 +57,7 @@ class DenialLog:
                 pipe.lpush(self._key, entry)
                 pipe.ltrim(self._key, 0, KEEP - 1)
                 await redis_call(pipe.execute())
-        except RedisError:
+        except StoreError:
             log.warning("could not record a denial for the console (the call is denied all the same)")
 
     async def recent(self, *, tenant: str | None, limit: int = 100) -> dict[str, Any]:

@@ -19,7 +19,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
-from redis.exceptions import RedisError
 
 from . import store
 from .config import Config
@@ -80,7 +79,7 @@ class Health:
                 stats = await self._unknowns.stats()
                 for refresh in self._refreshers:
                     await refresh()
-        except (TimeoutError, OSError, RedisError) as exc:
+        except (TimeoutError, OSError, store.StoreError) as exc:
             log.warning("could not refresh the Redis-backed gauges (%s)", type(exc).__name__)
             return
         self._metrics.open_unknowns.set(stats.open)
@@ -99,5 +98,5 @@ class Health:
         try:
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
                 return await store.masters_reachable(self._redis)
-        except (TimeoutError, OSError, RedisError):
+        except (TimeoutError, OSError, store.StoreError):
             return False

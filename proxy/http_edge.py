@@ -13,13 +13,13 @@ import asyncio
 import logging
 from typing import Any, Awaitable, Callable
 
-import redis.exceptions
 from aiohttp import web
 
 from . import envelope, ingress, logs
 from .envelope import dumps
 from .errors import ProxyError
 from .runtime import Runtime
+from .store import StoreError, unavailable
 
 log = logging.getLogger("toolproxy.app")
 
@@ -42,9 +42,8 @@ async def envelope_errors(request: web.Request, handler: Callable[[web.Request],
     except ProxyError as error:
         body = envelope.request_error(error, request_id)
         response = json_response(body, envelope.http_status(body))
-    except redis.exceptions.RedisError:
-        body = envelope.request_error(ProxyError("dependency_unavailable", "The state store is unreachable.",
-                                                 details={"dependency": "state_store"}, phase="request"), request_id)
+    except StoreError:
+        body = envelope.request_error(unavailable("The state store is unreachable.", phase="request"), request_id)
         response = json_response(body, envelope.http_status(body))
     except web.HTTPException as exc:
         code = {404: "route_not_found", 405: "method_not_allowed", 413: "payload_too_large",

@@ -60,7 +60,6 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-import redis.exceptions
 import rfc8785
 
 from .config import IdempotencyConfig, ReconcileConfig
@@ -71,7 +70,7 @@ from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
 from .redaction import redact
 from .registry import ToolContract
-from .store import RoundTrip
+from .store import RoundTrip, StoreError, unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import RequestMeta
@@ -224,7 +223,7 @@ class IdempotencyStage:
                     max_attempts=self._config.max_attempts, meta=record_meta,
                     first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
                     observe=replay_only_for is not None)
-            except redis.exceptions.RedisError:
+            except StoreError:
                 return self._store_down(tool)
             except asyncio.CancelledError:  # the script may have run: nobody would ever release what it took
                 await asyncio.shield(self._withdraw(op.key, nonce))
@@ -253,7 +252,7 @@ class IdempotencyStage:
                                         evidence={"source": "proxy", "observed": "cancelled before sending"},
                                         first_check_ms=self._reconcile.backoff_initial_ms,
                                         window_ms=self._reconcile.window_ms)
-        except redis.exceptions.RedisError:
+        except StoreError:
             log.warning("could not undo the reservation of cancelled call %s; its lease will expire", key)
 
     def _decide(self, tool: ToolContract, key: str, answer: Any, *, reserved_at: float,
@@ -302,9 +301,7 @@ class IdempotencyStage:
             log.warning("idempotency store unreachable: read %s proceeds without a record", tool.name)
             self._metrics.idempotency_results.labels("skipped").inc()
             return NO_RECORD
-        raise ProxyError("dependency_unavailable", "The idempotency store is unreachable; nothing was sent.",
-                         details={"dependency": "state_store"}, phase="idempotency",
-                         attempted=False, committed=False)
+        raise unavailable("The idempotency store is unreachable; nothing was sent.", phase="idempotency")
 
     async def before_send(self, admission: Admission, budget_s: float) -> None:
         """Make sure, right before sending, that this call still owns the key and that its lease covers the
@@ -320,10 +317,8 @@ class IdempotencyStage:
             return
         try:
             answer = await self.store.renew(admission.key, token=admission.token, lease_ms=self._lease_ms(budget_s))
-        except redis.exceptions.RedisError:
-            raise ProxyError("dependency_unavailable", "The idempotency store is unreachable; nothing was sent.",
-                             details={"dependency": "state_store"}, phase="execute",
-                             attempted=False, committed=False) from None
+        except StoreError:
+            raise unavailable("The idempotency store is unreachable; nothing was sent.", phase="execute") from None
         if answer.status != "ok":
             raise ProxyError("timeout_not_started", "The call's reservation ran out before it could be sent.",
                              details={"idempotency_key": admission.key, "state": answer.text(0)},

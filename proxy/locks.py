@@ -78,7 +78,6 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
 from urllib.parse import quote, unquote
 
-from redis.exceptions import RedisError
 
 from . import store
 from .config import LocksConfig
@@ -316,13 +315,11 @@ class LockManager:
         except ProxyError:
             await self._forget(keys[1:], owner)
             raise
-        except RedisError as exc:
+        except store.StoreError as exc:
             log.warning("lock store unavailable while acquiring for tool %s (%s)", tool, type(exc).__name__)
             # The script may have run before the reply was lost: drop whatever this owner may hold.
             await self._forget(keys[1:], owner)
-            raise ProxyError("dependency_unavailable", "The lock store is unavailable.",
-                             details={"dependency": "redis"}, phase="lock", attempted=False,
-                             committed=False) from None
+            raise store.unavailable("The lock store is unavailable.", phase="lock") from None
         except BaseException:  # cancelled mid-wait: the script may have taken the set already
             await self._forget(keys[1:], owner)
             raise
@@ -373,7 +370,7 @@ class LockManager:
         """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
         try:
             await asyncio.shield(store.translated(self._release(keys=keys, args=[owner])))
-        except (RedisError, OSError) as exc:
+        except (store.StoreError, OSError) as exc:
             log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
                         type(exc).__name__)
         except asyncio.CancelledError:
@@ -423,7 +420,7 @@ class Lease:
                 async with asyncio.timeout(left):
                     renewed = await store.redis_call(
                         manager._renew(keys=self.keys, args=[self.owner, config.lease_ms]))
-            except (RedisError, OSError, TimeoutError):
+            except (store.StoreError, OSError, TimeoutError):
                 delay = interval / 4  # try again sooner; the lease may still be valid
                 continue
             if self._released:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-import redis.exceptions
-
 from .envelope import iso
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
 from .operations import OperationStore, Record
+from .store import StoreError, unavailable
 
 
 async def find_operation(store: OperationStore, key: str, *, tenant: str | None) -> dict[str, Any]:
@@ -29,9 +28,8 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None)
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     try:
         record = await store.get(key)
-    except redis.exceptions.RedisError:
-        raise ProxyError("dependency_unavailable", "The idempotency store is unreachable.",
-                         details={"dependency": "state_store"}, phase="request") from None
+    except StoreError:
+        raise unavailable("The idempotency store is unreachable.", phase="request") from None
     if record is None or (tenant is not None and record.tenant != tenant):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     return operation_view(record)

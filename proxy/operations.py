@@ -42,7 +42,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import orjson
-import redis.exceptions as redis_exceptions
 
 from . import store
 
@@ -455,7 +454,7 @@ class OperationStore:
                                                         dict[str, list[str] | Exception]]:
         """Per bucket: (IN_PROGRESS keys whose lease ran out, UNKNOWN keys due for a reconciliation attempt),
         at most ``limit`` of each, earliest first, by the clock of the bucket's master; a bucket whose
-        master could not answer maps to its RedisError instead.
+        master could not answer maps to its StoreError instead.
 
         The 32 index reads go in one pipeline: one round trip in standalone and sentinel mode, one per
         master in cluster mode (the pipeline splits by node). A bucket whose read failed there is read
@@ -478,7 +477,7 @@ class OperationStore:
                 if isinstance(into[bucket], BaseException):
                     try:
                         into[bucket] = await read(bucket, limit)
-                    except redis_exceptions.RedisError as exc:
+                    except store.StoreError as exc:
                         into[bucket] = exc
         return expired, due
 

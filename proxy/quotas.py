@@ -25,7 +25,7 @@ the limit — ``tenant``, ``subject``, ``class:<c>``, ``tool:<t>``,
 ``BatchPlan.request``) waits for the limit within the batch deadline instead.
 
 Redis unreachable: each limit's ``on_redis_error`` decides — ``closed``
-refuses (``dependency_unavailable``, ``details.dependency: redis``), ``open``
+refuses (``dependency_unavailable``, ``details.dependency: state_store``), ``open``
 lets the call go uncounted, ``auto`` (the default) is closed for write tools
 and open for reads: the idempotency stage's rule (a write cannot run without
 its record anyway; a read proceeds). One closed limit closes the call.
@@ -48,7 +48,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as redis_async
-from redis.exceptions import RedisError
 
 from . import store
 from .backpressure import BackendGuard
@@ -195,7 +194,7 @@ class QuotaStage:
         while True:
             try:
                 reply = await store.redis_call(self._admit(keys=keys, args=args))
-            except RedisError as exc:
+            except store.StoreError as exc:
                 return self._unreachable(limits, tool, backend, probe, exc)
             if int(reply[0]) == 1:
                 held = tuple((limit.name, key) for limit, kind, key in counters if kind == "c")
@@ -233,9 +232,8 @@ class QuotaStage:
         for limit in limits:
             self._metrics.quota_decisions.labels(limit.name, "unavailable" if closed else "skipped").inc()
         if closed:
-            raise ProxyError("dependency_unavailable", "The quota store is unreachable; nothing was done.",
-                             details={"dependency": "redis", "limit": closed[0]}, phase="quota",
-                             attempted=False, committed=False)
+            raise store.unavailable("The quota store is unreachable; nothing was done.", phase="quota",
+                                    limit=closed[0])
         return Ticket(backend=backend, probe=probe)
 
     async def finish(self, ticket: Ticket, *, sent: bool, error: ProxyError | None) -> None:
@@ -245,10 +243,10 @@ class QuotaStage:
                 self._metrics.quota_in_flight.labels(name).dec()
             try:
                 await asyncio.shield(self._release(keys=list(ticket.slot_keys), args=[ticket.member]))
-            except RedisError as exc:  # the lease frees the slot when it runs out
+            except store.StoreError as exc:  # the lease frees the slot when it runs out
                 log.warning("could not release quota slots (%s); their lease will", type(exc).__name__)
         if ticket.backend is not None:
-            with contextlib.suppress(RedisError):
+            with contextlib.suppress(store.StoreError):
                 await self.guard.observe(ticket.backend, sent=sent, error=error, probe=ticket.probe)
 
 

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import aiohttp
-import redis.exceptions
 
 from .audit import Auditor
 from .config import ReconcileConfig
@@ -45,6 +44,7 @@ from .operation_views import takeover_record
 from .metrics import Metrics
 from .operations import BUCKETS, OperationStore, Record
 from .registry import Registry, ToolContract
+from .store import StoreError
 
 log = logging.getLogger("toolproxy.reconcile")
 
@@ -98,7 +98,7 @@ class Reconciler:
                 if self._store_down:
                     log.info("reconciler: state store reachable again")
                 self._store_down = False
-            except redis.exceptions.RedisError:
+            except StoreError:
                 if not self._store_down:
                     log.warning("reconciler: state store unreachable; retrying every %.1fs", interval)
                 self._store_down = True
@@ -123,11 +123,11 @@ class Reconciler:
             try:
                 await self._expire_keys(_keys_or_raise(expired_by_bucket[bucket]), counts)
                 due.extend(_keys_or_raise(due_by_bucket[bucket]))
-            except redis.exceptions.RedisError as exc:
+            except StoreError as exc:
                 failed.append(exc)
         results = await asyncio.gather(*(self._guarded(key) for key in due), return_exceptions=True)
         for result in results:
-            if isinstance(result, redis.exceptions.RedisError):
+            if isinstance(result, StoreError):
                 failed.append(result)
                 result = "store_unavailable"
             elif isinstance(result, BaseException):
@@ -154,7 +154,7 @@ class Reconciler:
         async with self._limit:
             try:
                 return await self.reconcile_key(key)
-            except redis.exceptions.RedisError:
+            except StoreError:
                 raise
             except Exception:
                 log.exception("reconciler: %s failed", key)

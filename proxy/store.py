@@ -36,6 +36,7 @@ from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnec
                               RedisClusterException, RedisError)
 
 from .config import ConfigError, RedisConfig
+from .errors import ProxyError
 
 Client = Union[redis_async.Redis, RedisCluster]
 T = TypeVar("T")
@@ -55,6 +56,22 @@ class StoreUnavailable(RedisConnectionError):
     as the RedisError every stage already handles."""
 
 
+# The one vocabulary for a failed state-store call: whatever a call through ``redis_call`` /
+# ``translated`` raises when the store is away is a ``StoreError`` (redis-py's ``RedisError``; RedisCluster's
+# own exceptions and a bare socket error arrive as ``StoreUnavailable``). A stage catches ``StoreError``
+# around its store calls and answers with ``unavailable(...)``.
+StoreError = RedisError
+DEPENDENCY = "state_store"  # ``details.dependency`` of every envelope about the store (Redis, Valkey, ...)
+
+
+def unavailable(message: str, *, phase: str, attempted: bool = False, committed: bool | None = False,
+                **details: Any) -> ProxyError:
+    """The error envelope of a stage whose store call failed: ``dependency_unavailable`` with
+    ``details.dependency: state_store`` (plus the stage's own details), nothing applied by default."""
+    return ProxyError("dependency_unavailable", message, details={"dependency": DEPENDENCY, **details},
+                      phase=phase, attempted=attempted, committed=committed)
+
+
 async def redis_call(command: Awaitable[T]) -> T:
     """Await one Redis command; raise ``CancelledError`` if the task was cancelled meanwhile.
 
@@ -63,7 +80,7 @@ async def redis_call(command: Awaitable[T]) -> T:
     cancelled just as the reply arrives (CPython gh-86296): the cancel is lost
     and the task would go on (wait for a record, take a lock, send to a
     backend) for a caller that is gone. Every stage's Redis call goes through
-    this (and ``translated``). Not for cleanup (releasing a lock, undoing a reservation): that runs
+    this. Only cleanup (releasing a lock, undoing a reservation) uses ``translated`` alone: it runs
     after a cancel on purpose, shielded in a task of its own, and must finish.
     """
     result = await translated(command)
@@ -104,10 +121,13 @@ class _BlockingSentinelPool(SentinelConnectionPool, redis_async.BlockingConnecti
 
 async def translated(command: Awaitable[T]) -> T:
     """Await one Redis command, RedisCluster's ``RedisClusterException`` (no reachable node, slot not
-    covered; not a ``RedisError`` in redis-py) raised as ``StoreUnavailable``, a ``RedisError``."""
+    covered; not a ``RedisError`` in redis-py), a socket error redis-py let through, and a fault raised
+    inside the client during a failover (below) raised as ``StoreUnavailable``, a ``StoreError``."""
     try:
         return await command
-    except RedisClusterException as exc:
+    except RedisError:
+        raise
+    except (RedisClusterException, OSError) as exc:
         raise StoreUnavailable(type(exc).__name__) from None
     except (AttributeError, RuntimeError, KeyError, TypeError) as exc:
         # redis-py 8 races a connection's (re)connect with a failover's disconnect of the same

@@ -28,7 +28,7 @@ import redis.asyncio as redis_async
 
 from .normalize import sha256_hex
 from .operations import OperationStore
-from .store import key, translated
+from .store import key, redis_call
 
 log = logging.getLogger("toolproxy.unknowns")
 
@@ -63,7 +63,7 @@ class UnknownIndex:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zadd(self.key, {ref: since if since is not None else time.time()}, nx=True)  # NX: keeps its first time
             pipe.sadd(self._by_call(request_id, call_id), ref)
-            await translated(pipe.execute())
+            await redis_call(pipe.execute())
 
     async def close(self, ref: str) -> bool:
         entry = _entry(ref, 0.0)
@@ -71,14 +71,14 @@ class UnknownIndex:
             pipe.zrem(self.key, ref)
             if entry is not None:
                 pipe.srem(self._by_call(entry["request_id"], entry["call_id"]), ref)
-            removed, *_ = await translated(pipe.execute())
+            removed, *_ = await redis_call(pipe.execute())
         return bool(removed)
 
     async def stats(self, now: float | None = None) -> UnknownStats:
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.zcard(self.key)
             pipe.zrange(self.key, 0, 0, withscores=True)
-            count, oldest = await translated(pipe.execute())
+            count, oldest = await redis_call(pipe.execute())
         since = [float(oldest[0][1])] if oldest else []
         if self._operations is not None:
             records, oldest_ms = await self._operations.open_stats()
@@ -91,7 +91,7 @@ class UnknownIndex:
     async def open_calls(self, *, tenant: str | None, limit: int = 500) -> list[dict[str, Any]]:
         """Open call-level unknowns, oldest first (one tenant's, unless ``tenant`` is None)."""
         out = []
-        for member, score in await translated(self._redis.zrange(self.key, 0, -1, withscores=True)):
+        for member, score in await redis_call(self._redis.zrange(self.key, 0, -1, withscores=True)):
             entry = _entry(member, score)
             if entry is not None and (tenant is None or entry["tenant"] == tenant):
                 out.append(entry)
@@ -108,20 +108,23 @@ class UnknownIndex:
         ids (filtered in Redis: only matching entries come back).
         """
         refs = sorted(m.decode() if isinstance(m, bytes) else m
-                      for m in await translated(self._redis.smembers(self._by_call(request_id, call_id))))
+                      for m in await redis_call(self._redis.smembers(self._by_call(request_id, call_id))))
         for ref in refs:
             entry = _entry(ref, 0.0)
             if entry is None or (tenant is not None and entry["tenant"] != tenant):
                 continue
-            score = await translated(self._redis.zscore(self.key, ref))
+            score = await redis_call(self._redis.zscore(self.key, ref))
             if score is not None:
                 return _entry(ref, score)
         pattern = "*," + _glob_literal(json.dumps(request_id)) + "," + _glob_literal(json.dumps(call_id)) + "]"
-        async for member, score in self._redis.zscan_iter(self.key, match=pattern, count=1000):
-            entry = _entry(member, score)
-            if entry is not None and entry["request_id"] == request_id and entry["call_id"] == call_id \
-                    and (tenant is None or entry["tenant"] == tenant):
-                return entry
+        cursor: int | None = None
+        while cursor != 0:
+            cursor, page = await redis_call(self._redis.zscan(self.key, cursor or 0, match=pattern, count=1000))
+            for member, score in page:
+                entry = _entry(member, score)
+                if entry is not None and entry["request_id"] == request_id and entry["call_id"] == call_id \
+                        and (tenant is None or entry["tenant"] == tenant):
+                    return entry
         return None
 
 

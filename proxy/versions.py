@@ -29,8 +29,6 @@ from datetime import date, datetime, timezone
 from email.utils import format_datetime
 from typing import TYPE_CHECKING, Any
 
-import redis.exceptions
-
 from . import store
 from .errors import ProxyError
 from .identity import Caller
@@ -61,7 +59,7 @@ class VersionResolver:
         key = self.pin_key(caller, run_id, wanted.name)
         try:
             pinned = await store.redis_call(self._redis.set(key, wanted.version, nx=True, get=True, ex=self._ttl_s))
-        except redis.exceptions.RedisError:
+        except store.StoreError:
             return self._pin_unavailable(wanted, explicit=request.version is not None)
         if pinned is None:
             return wanted  # the run's first call of this tool: pinned to what it resolved
@@ -86,7 +84,7 @@ class VersionResolver:
             return  # an explicit version for one call; the run keeps its pin
         try:
             await store.redis_call(self._redis.set(key, wanted.version, xx=True, keepttl=True))
-        except redis.exceptions.RedisError:
+        except store.StoreError:
             log.warning("could not re-pin a run of %s to %s", wanted.name, wanted.version)
 
     def _pin_unavailable(self, wanted: ToolContract, *, explicit: bool) -> ToolContract:
@@ -94,9 +92,8 @@ class VersionResolver:
         if explicit or (not wanted.is_write and self._read_policy == "proceed"):
             log.warning("run pin store unreachable: %s resolves to %s without its pin", wanted.name, wanted.version)
             return wanted
-        raise ProxyError("dependency_unavailable", "The state store is unreachable; the run's contract version "
-                         "cannot be read, nothing was sent.", details={"dependency": "state_store"},
-                         phase="resolve", attempted=False, committed=False)
+        raise store.unavailable("The state store is unreachable; the run's contract version cannot be read, "
+                                "nothing was sent.", phase="resolve")
 
 
 def deprecation(tool: ToolContract | None) -> dict[str, Any] | None:

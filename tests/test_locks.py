@@ -276,7 +276,7 @@ async def test_redis_unreachable_is_dependency_unavailable():
     with pytest.raises(ProxyError) as error:
         await take(locks, refs(("r:1", X)))
     assert error.value.code == "dependency_unavailable"
-    assert error.value.details == {"dependency": "redis"} and error.value.committed is False
+    assert error.value.details == {"dependency": "state_store"} and error.value.committed is False
     await dead.aclose()
 
 

@@ -150,7 +150,7 @@ async def test_redis_loss_fails_closed_for_writes_and_open_for_reads_by_default(
         assert status == 200, env  # read: auto = open, counted as skipped
         status, env = await stack.call("bump_counter", {"counter": "ctr_demo", "delta": 1})
         assert status == 503 and env["error"]["code"] == "dependency_unavailable"
-        assert env["error"]["phase"] == "quota" and env["error"]["details"]["dependency"] == "redis"
+        assert env["error"]["phase"] == "quota" and env["error"]["details"]["dependency"] == "state_store"
         assert [r["tool"] for r in stack.backend.requests] == ["get_order"]
         registry = stack.runtime.metrics.registry
         assert sample(registry, "toolproxy_quota_decisions_total", limit="tenant", result="skipped") == 1

@@ -105,3 +105,15 @@ def test_stages_and_stores_never_import_the_fronts_or_the_pipeline():
              "proxy.unknowns", "proxy.reconcile", "proxy.listing", "proxy.redaction", "proxy.config"}
     reaching_up = {m: sorted(graph[m] & upper) for m in sorted(lower) if m in graph and graph[m] & upper}
     assert not reaching_up
+
+
+def test_only_the_store_speaks_redis_py_errors():
+    """One error vocabulary: stages catch ``proxy.store.StoreError``; only the store imports redis-py's exceptions."""
+    speakers = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if any(n.startswith("redis.exceptions") for n in names):
+                speakers.append(path.name)
+    assert speakers == ["store.py"]

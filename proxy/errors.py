@@ -74,6 +74,18 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "internal_error": ErrorSpec("internal", False, "stop", 500, expose_to_model=False),
 })
 
+# One vocabulary for where a call is: the stages of one tool call in the order they run (the README's
+# diagram, ``timing.stages_ms`` keys, the ``stage`` label of ``toolproxy_stage_duration_seconds``) are the
+# ``phase`` values of the errors they raise. ``identity`` runs in the fronts, before the body is read;
+# ``idempotency`` runs twice (the key before ``authorize``, the reservation after it); ``quota`` runs
+# inside ``authorize`` (after the decision, before an approval is spent). The other phases are not
+# stages of a call: the request itself, an approver's decision, a batch plan and its scheduling, and
+# the reconciler.
+CALL_STAGES = ("identity", "resolve", "decode", "normalize", "idempotency", "authorize", "quota", "lock",
+               "audit", "execute", "verify", "commit")
+OTHER_PHASES = ("request", "approval", "plan", "schedule", "reconcile")
+PHASES = frozenset(CALL_STAGES + OTHER_PHASES)
+
 RESOLUTIONS = frozenset({
     "retry", "retry_same_key", "repair_arguments", "ask_user", "await_approval",
     "reconcile", "refresh_tools", "stop", "poll", "inspect",

@@ -38,7 +38,7 @@ class Metrics:
                                        ["tool", "outcome"], buckets=CALL_BUCKETS, registry=r)
         self.stage_duration = Histogram(
             "toolproxy_stage_duration_seconds",
-            "Duration of one pipeline stage (resolve, decode, normalize, idempotency, authorize, lock_wait, "
+            "Duration of one pipeline stage (resolve, decode, normalize, idempotency, authorize, quota, lock, "
             "audit, execute, verify, commit)", ["stage"], buckets=STAGE_BUCKETS, registry=r)
         self.policy_decisions = Counter("toolproxy_policy_decisions",
                                         "OPA decisions by result (allow, deny, require_approval, error)",

@@ -236,7 +236,7 @@ class Pipeline:
             await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0,
                                                                                 self._margin_s))
 
-        with self._stage(state, "lock_wait"):  # after the key is reserved, before anything is sent
+        with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
             lease = state.lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
                                               is_write=tool.is_write, deadline=meta.deadline,
                                               while_waiting=keep_reservation,

@@ -60,7 +60,7 @@ async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_
             sample(stages, stage="idempotency"): 5,
             sample(stages, stage="authorize"): 5,
             sample(stages, stage="quota"): 4,     # every allowed decision passes the quota stage
-            sample(stages, stage="lock_wait"): 3,  # after the replay's stop; get_order locks nothing
+            sample(stages, stage="lock"): 3,  # after the replay's stop; get_order locks nothing
             sample("toolproxy_lock_wait_seconds_count", mode="exclusive"): 2,  # the two refunds' order locks
             sample(stages, stage="audit"): 3,     # the replay stops before it
             sample(stages, stage="execute"): 3,

@@ -463,7 +463,7 @@ def deep_merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
 
 
 def describe() -> Iterator[tuple[str, str, Any, str]]:
-    """(key, env var, default, help) for every setting: the README's reference table."""
+    """(key, env var, default, help) for every setting: the reference table in docs/configuration.md."""
     yield from _describe(Config, Config(), "")
 
 

@@ -1,7 +1,7 @@
 """Prometheus metrics: every ``toolproxy_*`` series, in one registry per runtime.
 
 Owns: the names, labels and buckets of every metric (the SRE contract; the
-README and the alert rules depend on these names). Stages receive the
+metrics reference in docs/observability.md and the alert rules depend on these names). Stages receive the
 ``Metrics`` object and record into it. Must never: use a label whose values
 are unbounded (tenant, subject, key, resource id, call id), or register into
 the global default registry.

@@ -1,8 +1,10 @@
 """Commit stage, output side: result envelopes and their HTTP status.
 
-Owns: the exact shape of the result envelope (``schemas/result-envelope.schema.json``),
-deriving ``outcome`` from the error and the side-effect facts, and the HTTP
-status of an envelope. Must never: put stack traces, tokens, hostnames or raw
+Owns: the result envelope as a value (``Envelope``: built once, passed as a
+value, turned into JSON only at the edges and in the operation record), its
+exact JSON shape (``schemas/result-envelope.schema.json``), deriving
+``outcome`` from the error and the side-effect facts, and the HTTP status of
+an envelope. Must never: put stack traces, tokens, hostnames or raw
 backend bodies into an envelope.
 """
 
@@ -10,8 +12,9 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import orjson
@@ -65,27 +68,79 @@ def outcome_of(error: ProxyError | None, side_effect: SideEffect) -> str:
     return "failed"
 
 
+_NOTHING: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """The result of one call, built once. ``side_effect`` is what is known of the effect (from the
+    error when there is one); ``timing`` is frozen when the envelope is built; ``extra`` holds optional
+    members (``deprecation``, a batch's ``blocked_by``)."""
+
+    call_id: str | None
+    request_id: str
+    tool: str | None
+    tool_version: str | None
+    outcome: str
+    data: Any
+    error: ProxyError | None
+    side_effect: SideEffect
+    idempotency_key: str | None
+    timing: Mapping[str, Any]
+    extra: Mapping[str, Any] = field(default_factory=lambda: _NOTHING)
+    replayed: bool = False  # a duplicate answered from the operation record
+
+    @classmethod
+    def of(cls, *, call_id: str | None, request_id: str, tool: str | None, tool_version: str | None,
+           data: Any = None, error: ProxyError | None = None, side_effect: SideEffect = NO_EFFECT,
+           idempotency_key: str | None = None, timing: Timing | None = None,
+           extra: Mapping[str, Any] | None = None) -> "Envelope":
+        if error is not None:
+            side_effect = SideEffect(attempted=error.attempted, committed=error.committed)
+        return cls(call_id=call_id, request_id=request_id, tool=tool, tool_version=tool_version,
+                   outcome=outcome_of(error, side_effect), data=data if error is None else None, error=error,
+                   side_effect=side_effect, idempotency_key=idempotency_key,
+                   timing=MappingProxyType((timing or Timing()).to_json()),
+                   extra=MappingProxyType(dict(extra)) if extra else _NOTHING)
+
+    @property
+    def error_code(self) -> str | None:
+        return self.error.code if self.error is not None else None
+
+    @property
+    def http_status(self) -> int:
+        return 200 if self.error is None else self.error.spec.http_status
+
+    def as_replayed(self) -> "Envelope":
+        return replace(self, replayed=True)
+
+    def to_json(self) -> dict[str, Any]:
+        body = {
+            "call_id": self.call_id,
+            "request_id": self.request_id,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "outcome": self.outcome,
+            "data": self.data,
+            "error": self.error.to_error() if self.error is not None else None,
+            "side_effect": self.side_effect.to_json(),
+            "idempotency_key": self.idempotency_key,
+            "timing": dict(self.timing),
+        }
+        body.update(self.extra)
+        if self.replayed:
+            body["replayed"] = True
+        return body
+
+
 def build(*, call_id: str | None, request_id: str, tool: str | None, tool_version: str | None,
           data: Any = None, error: ProxyError | None = None, side_effect: SideEffect = NO_EFFECT,
           idempotency_key: str | None = None, timing: Timing | None = None,
           extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    if error is not None:
-        side_effect = SideEffect(attempted=error.attempted, committed=error.committed)
-    envelope = {
-        "call_id": call_id,
-        "request_id": request_id,
-        "tool": tool,
-        "tool_version": tool_version,
-        "outcome": outcome_of(error, side_effect),
-        "data": data if error is None else None,
-        "error": error.to_error() if error is not None else None,
-        "side_effect": side_effect.to_json(),
-        "idempotency_key": idempotency_key,
-        "timing": (timing or Timing()).to_json(),
-    }
-    if extra:
-        envelope.update(extra)
-    return envelope
+    """An envelope's JSON, for the places that answer at once (fronts, the scheduler)."""
+    return Envelope.of(call_id=call_id, request_id=request_id, tool=tool, tool_version=tool_version, data=data,
+                       error=error, side_effect=side_effect, idempotency_key=idempotency_key, timing=timing,
+                       extra=extra).to_json()
 
 
 def http_status(envelope: Mapping[str, Any]) -> int:

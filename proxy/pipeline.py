@@ -22,7 +22,7 @@ from .audit import Auditor, digest
 from .authorize import Authorizer
 from .config import Config
 from .decode import decode_arguments
-from .envelope import Timing
+from .envelope import Envelope, Timing
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
@@ -134,20 +134,20 @@ class Pipeline:
             env = self._envelope(state, error=error)
         headers = deprecation_headers(state.tool)
         if state.replayed:
-            env["replayed"] = True
+            env = env.as_replayed()
             headers["Idempotent-Replayed"] = "true"
-        await self._commit(state, env, error)
-        return CallResult(envelope=env, status=envelope.http_status(env), headers=headers)
+        body = env.to_json()  # the edge: what the front sends, and what the audit record reads
+        await self._commit(state, env, body, error)
+        return CallResult(envelope=body, status=env.http_status, headers=headers)
 
-    async def _commit(self, state: CallState, env: dict[str, Any], error: ProxyError | None) -> None:
+    async def _commit(self, state: CallState, env: Envelope, body: dict[str, Any], error: ProxyError | None) -> None:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
         if state.tool is not None:
             # The outcome record and the lock release: independent steps (different slots), one round trip.
             trip = RoundTrip(self._redis)
             self._idempotency.finish_in(
-                trip, state.admission, tool=state.tool, data=env["data"], error=error,
-                side_effect=SideEffect(env["side_effect"]["attempted"], env["side_effect"]["committed"]),
+                trip, state.admission, tool=state.tool, data=env.data, error=error, side_effect=env.side_effect,
                 call_id=state.request.call_id, request_id=state.request.meta.request_id)
             if state.lease is not None:
                 state.lease.release_in(trip)
@@ -158,25 +158,25 @@ class Pipeline:
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
         # answers about an already-open operation are not new unknowns.
-        if env["outcome"] == "unknown" and not state.admission.holds and not _about_an_operation(env):
+        if env.outcome == "unknown" and not state.admission.holds and not _about_an_operation(env):
             meta = state.request.meta
-            ref = UnknownIndex.ref(tenant=state.caller.tenant, tool=env["tool"] or "unknown",
+            ref = UnknownIndex.ref(tenant=state.caller.tenant, tool=env.tool or "unknown",
                                    request_id=meta.request_id, call_id=str(state.request.call_id))
             try:
                 await self._unknowns.open(ref, state.timing.started_wall)
             except Exception as exc:  # the envelope already tells the caller; the gauge lags
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
-        await self._audit.call_final(state, env)
+        await self._audit.call_final(state, body)
         self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
-                  state.tool.name if state.tool else "unknown", env["outcome"],
-                  env["error"]["code"] if env["error"] else "none", env["timing"]["duration_ms"])
+                  state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
+                  env.timing["duration_ms"])
 
-    def _observe(self, state: CallState, env: dict[str, Any]) -> None:
+    def _observe(self, state: CallState, env: Envelope) -> None:
         # Unknown tool names are not echoed into labels: cardinality stays bounded.
         tool = state.tool.name if state.tool else "unknown"
-        outcome = env["outcome"]
-        code = env["error"]["code"] if env["error"] else "none"
+        outcome = env.outcome
+        code = env.error_code or "none"
         metrics = self._metrics
         metrics.child(metrics.calls, tool, outcome, code).inc()
         if state.tool is not None:  # who still calls an old or deprecated version (seed 004 §28)
@@ -301,9 +301,9 @@ class Pipeline:
                            else False))
 
     def _envelope(self, state: CallState, *, data: Any = None, error: ProxyError | None = None,
-                  side_effect: SideEffect | None = None) -> dict[str, Any]:
+                  side_effect: SideEffect | None = None) -> Envelope:
         tool = state.tool
-        return envelope.build(
+        return Envelope.of(
             call_id=state.request.call_id, request_id=state.request.meta.request_id,
             tool=tool.name if tool else state.request.tool if isinstance(state.request.tool, str) else None,
             tool_version=tool.version if tool else None, data=data, error=error,
@@ -334,6 +334,6 @@ class _Stage:
         self._state.timing.stage(self._name, time.monotonic() - self._started)
 
 
-def _about_an_operation(env: Mapping[str, Any]) -> bool:
+def _about_an_operation(env: Envelope) -> bool:
     """An answer about an operation that is already running or unknown (not a new unknown of this call)."""
-    return bool(env["error"]) and env["error"]["code"] in ("operation_unknown", "operation_in_progress")
+    return env.error_code in ("operation_unknown", "operation_in_progress")

@@ -69,3 +69,20 @@ def test_timing_reports_stages_and_deadline_in_milliseconds():
 def test_dumps_falls_back_for_integers_beyond_64_bits():
     assert envelope.dumps({"n": 2 ** 70}) == b'{"n":1180591620717411303424}'
     assert envelope.dumps({"s": "é"}) == '{"s":"é"}'.encode()
+
+
+def test_the_envelope_value_is_frozen_and_serialised_only_at_the_edge():
+    error = ProxyError("timeout_unknown", "t", attempted=True, committed=None, phase="execute")
+    env = envelope.Envelope.of(call_id="c1", request_id="req_1", tool="adjust_counter", tool_version="1.0.0",
+                               error=error, idempotency_key="ik_" + "1" * 64,
+                               extra={"deprecation": {"deprecated_at": "2026-11-01", "sunset": "2027-01-01", "replaced_by": "2.0.0"}})
+    assert (env.outcome, env.error_code, env.http_status) == ("unknown", "timeout_unknown",
+                                                              CATALOGUE["timeout_unknown"].http_status)
+    assert env.side_effect == SideEffect(attempted=True, committed=None)
+    with pytest.raises(AttributeError):
+        env.outcome = "succeeded"  # type: ignore[misc]
+    body = env.as_replayed().to_json()
+    SCHEMA.validate(body)
+    assert list(body)[-2:] == ["deprecation", "replayed"] and body["replayed"] is True
+    assert "replayed" not in env.to_json()  # as_replayed is a new value
+    assert body["timing"] == env.to_json()["timing"]  # timing frozen when the envelope was built

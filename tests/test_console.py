@@ -311,22 +311,25 @@ async def test_a_held_lock_is_shown_with_its_holder_and_lease(dev, http):
                          json={"tool": "adjust_counter", "mode": "slow", "delay_ms": 4000, "count": 1}) as response:
         assert response.status == 200
     arguments = {"counter": "ctr_console_lock", "delta": 1}
-    slow = asyncio.ensure_future(agent_call(http, dev.agent_url, "adjust_counter", arguments,
-                                            {"Idempotency-Key": "console-lock"}))
-    try:
-        async def held() -> bool:
-            _, listing = await admin_get(http, dev.admin_url, "/v1/locks", dev.token)
-            return any("ctr_console_lock" in lock["resource"] for lock in listing["locks"])
-        await wait_until(held, timeout=10, what="the slow write to hold its lock")
-        async with chromium_page() as page:
-            await signed_in(page, dev.console_url, dev.token)
+    # Signed in before the write starts: the lock lives only until the tool's 3 s timeout, and a browser
+    # starting on a loaded machine can take longer than that.
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        slow = asyncio.ensure_future(agent_call(http, dev.agent_url, "adjust_counter", arguments,
+                                                {"Idempotency-Key": "console-lock"}))
+        try:
+            async def held() -> bool:
+                _, listing = await admin_get(http, dev.admin_url, "/v1/locks", dev.token)
+                return any("ctr_console_lock" in lock["resource"] for lock in listing["locks"])
+            await wait_until(held, timeout=10, what="the slow write to hold its lock")
+            await refreshed(page)
             row = page.locator("#locks tbody tr", has_text="ctr_console_lock")
             text = await row.inner_text()
             for shown in ("exclusive", "adjust_counter", "acme"):
                 assert shown in text, shown
             assert "lease" in await page.locator("#locks-hint").inner_text()
-    finally:
-        status, envelope = await slow
+        finally:
+            status, envelope = await slow
     # 4 s is past the tool's own timeout, so the write ends unknown; either way its lock is released.
     assert envelope["outcome"] in {"succeeded", "unknown"}, (status, envelope)
     _, listing = await admin_get(http, dev.admin_url, "/v1/locks", dev.token)

@@ -81,7 +81,7 @@ class CallFacts(Protocol):
     result_hash: str | None
 
 RECORD_TYPE = "toolproxy.audit.v1"
-KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover"})
+KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay"})
 
 # Top-level fields a caller of ``record`` may set (the schema's properties).
 FIELDS = frozenset({

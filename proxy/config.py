@@ -243,6 +243,9 @@ class McpConfig:
     sse_after_ms: int = setting(10000, "MCP tools/call still running after this long answers as an SSE stream "
                                        "with keepalive pings, when the client accepts text/event-stream")
     sse_ping_ms: int = setting(15000, "MCP SSE keepalive comment interval")
+    relay_max_bytes: int = setting(65536, "MCP: largest request an upstream may relay to the client during a "
+                                          "call (sampling/createMessage, elicitation/create); refused above",
+                                   bounds=(1024, 1048576))
     upstream_mode: str = setting("auto", "MCP backends: auto (2026-07-28 stateless if the upstream offers it, else "
                                          "initialize + session) or legacy (always initialize + session)",
                            choices=("auto", "legacy"))

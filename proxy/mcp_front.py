@@ -23,7 +23,10 @@ request ``-32600``/``-32700``, unsupported version ``-32022``, header mismatch
 ``-32020``, a method a tools gateway does not offer ``-32601``); everything the
 pipeline says about a call is a ``CallToolResult`` (``isError`` with the
 envelope in ``_meta``, see ``mcp_tools.call_result``). A call still running after
-``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings.
+``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings. A
+request the call's upstream sends back (sampling, elicitation) reaches a
+session client that declared it on the call's SSE stream, and the client's
+response POSTed here goes back to that call (``proxy/mcp_relay.py``).
 
 Must never: use the session id or the JSON-RPC id as a call id or an
 idempotency key (a client re-issues a broken request with a new id), decide
@@ -66,9 +69,9 @@ from mcp_types.jsonrpc import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from . import __version__, ingress, mcp_tools
+from . import __version__, ingress, mcp_relay, mcp_tools
 from .envelope import dumps as json_bytes
-from .adapters import progress_relay
+from .adapters import input_relay, progress_relay
 from .errors import ProxyError
 from .identity import Caller
 from .listing import visible_tools
@@ -141,6 +144,7 @@ class McpFront:
         self._allowed_origins = frozenset(o.lower().rstrip("/") for o in config.allowed_origins)
         # In-flight tools/call per (session id, JSON-RPC id): the signal notifications/cancelled sets.
         self._inflight: dict[tuple[str, Any], asyncio.Event] = {}
+        self._relays = mcp_relay.Desk(runtime)  # relayed requests waiting for their client's response
 
     def install(self, app: web.Application) -> None:
         app.router.add_post("/mcp", self._guarded(self.post))
@@ -198,6 +202,8 @@ class McpFront:
             body = await self._read(request)
             if isinstance(body, list):
                 return await self._batch(request, body, headers)
+            if _is_response(body):
+                return self._relay_response(request, body, caller)
             message = _message(body)
             duplicated = find_duplicated_routing_header(request.headers.items())
             if duplicated is not None:
@@ -262,7 +268,8 @@ class McpFront:
             version = requested if requested in HANDSHAKE_PROTOCOL_VERSIONS else LATEST_HANDSHAKE_VERSION
             _check_params(message, version)
             try:
-                session = self._sessions.create(caller, version)
+                session = self._sessions.create(
+                    caller, version, mcp_relay.declared((message.params or {}).get("capabilities")))
             except SessionsFull:
                 raise RpcError(INVALID_REQUEST, "Too many open sessions; try again later", status=503) from None
             headers[SESSION_HEADER] = session.id
@@ -321,6 +328,14 @@ class McpFront:
             return web.Response(status=202, headers=headers)
         return _json(answers, 200, headers)
 
+    def _relay_response(self, request: web.Request, body: dict[str, Any], caller: Caller) -> web.Response:
+        """A client's response to a relayed request: 202 if it answers one waiting on its session."""
+        session = self._sessions.get(request.headers.get(SESSION_HEADER) or "", caller)
+        if session is None or not self._relays.answer(session, body):
+            raise RpcError(INVALID_REQUEST, "Bad Request: no relayed request with this id is waiting on this session",
+                           status=400)
+        return web.Response(status=202, headers={SESSION_HEADER: session.id})
+
     # -- methods --------------------------------------------------------------
 
     def _dispatch(self, request: web.Request, message: Message, exchange: Exchange,
@@ -369,6 +384,9 @@ class McpFront:
         name = params["name"]
         call = ToolCallRequest(call_id=f"mcp-{uuid.uuid4().hex}", tool=name, version=None,
                                arguments=params.get("arguments") or {}, meta=meta)
+        channel = input_relay.get()
+        if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
+            channel.call_id, channel.tool = call.call_id, name
         result = await runtime.pipeline.execute(call, exchange.caller)
         envelope = result.envelope
         # An unknown tool is an isError result too (tool_not_found, with its next step), as the
@@ -403,9 +421,15 @@ class McpFront:
             self._inflight[key] = signal
             context.run(withdrawn.set, signal)
         progress_token = ((message.params or {}).get("_meta") or {}).get("progressToken")
-        updates: asyncio.Queue[dict[str, Any]] | None = None
-        if has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool):
-            queue = updates = asyncio.Queue()
+        # What the call's SSE stream carries before the result: progress, relayed requests.
+        updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if has_sse else None
+        channel = (self._relays.channel(exchange.session, exchange.caller, updates.put_nowait)
+                   if updates is not None and exchange.session is not None else None)
+        if channel is not None:
+            context.run(input_relay.set, channel)
+        streams_now = has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool)
+        if streams_now and updates is not None:
+            queue = updates
 
             async def relay(progress: float, total: float | None) -> None:
                 params: dict[str, Any] = {"progressToken": progress_token, "progress": progress}
@@ -419,9 +443,15 @@ class McpFront:
             task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
                                    else None)
         modern = exchange.modern
-        if has_sse and updates is None:
-            await asyncio.wait({task}, timeout=self._sse_after_s)
-        if not has_sse or (task.done() and updates is None):
+        if has_sse and not streams_now:  # JSON unless it runs long or a relayed request must go out first
+            waiting: set[asyncio.Future[Any]] = {task}
+            pushed = asyncio.ensure_future(channel.pushed.wait()) if channel is not None else None
+            if pushed is not None:
+                waiting.add(pushed)
+            await asyncio.wait(waiting, timeout=self._sse_after_s, return_when=asyncio.FIRST_COMPLETED)
+            if pushed is not None:
+                pushed.cancel()
+        if updates is None or (task.done() and not streams_now and updates.empty()):
             body = await _settle(task, message.rpc_id)
             code = body["error"]["code"] if "error" in body else None
             status = ERROR_CODE_HTTP_STATUS.get(code, 200) if modern and code is not None else 200
@@ -430,7 +460,7 @@ class McpFront:
         await response.prepare(request)
         connected = True
         while not task.done():
-            waiting: set[asyncio.Future[Any]] = {task}
+            waiting = {task}
             getter = asyncio.ensure_future(updates.get()) if updates is not None else None
             if getter is not None:
                 waiting.add(getter)
@@ -496,14 +526,18 @@ def _message(body: Any) -> Message:
         raise RpcError(INVALID_REQUEST, "id must be a string or an integer", status=400)
     method = body.get("method")
     if method is None and ("result" in body or "error" in body):
-        # A response to a server request: the proxy never sends any.
-        raise RpcError(INVALID_REQUEST, "This server sends no requests; responses are not accepted", status=400)
+        # Responses answer relayed requests one per POST (``_relay_response``), never inside a batch.
+        raise RpcError(INVALID_REQUEST, "Responses are accepted only one per request", status=400)
     if not isinstance(method, str) or not method:
         raise RpcError(INVALID_REQUEST, "method must be a non-empty string", status=400)
     params = body.get("params")
     if params is not None and not isinstance(params, dict):
         raise RpcError(INVALID_REQUEST, "params must be an object", status=400)
     return Message(method=method, params=params, rpc_id=rpc_id, has_id=has_id, raw=body)
+
+
+def _is_response(body: Any) -> bool:
+    return isinstance(body, dict) and "method" not in body and ("result" in body or "error" in body)
 
 
 def _is_modern(request: web.Request, message: Message) -> bool:

@@ -24,6 +24,8 @@ class Session:
     id: str
     protocol_version: str
     owner: tuple[str, str, str]  # subject, tenant, agent of the caller that initialized it
+    # What the client declared it can answer (``mcp_relay.declared``), e.g. {"sampling", "elicitation.form"}.
+    client_capabilities: frozenset[str] = frozenset()
 
 
 class SessionsFull(Exception):
@@ -46,12 +48,14 @@ class SessionTable:
     def __len__(self) -> int:
         return len(self._sessions)
 
-    def create(self, caller: Caller, protocol_version: str) -> Session:
+    def create(self, caller: Caller, protocol_version: str,
+               client_capabilities: frozenset[str] = frozenset()) -> Session:
         if len(self._sessions) >= self._max:
             self._expire()
             if len(self._sessions) >= self._max:
                 raise SessionsFull()
-        session = Session(id=secrets.token_urlsafe(32), protocol_version=protocol_version, owner=owner_of(caller))
+        session = Session(id=secrets.token_urlsafe(32), protocol_version=protocol_version, owner=owner_of(caller),
+                          client_capabilities=client_capabilities)
         self._sessions[session.id] = (session, self._clock())
         return session
 

@@ -113,6 +113,10 @@ class Metrics:
         self.backpressure_events = Counter("toolproxy_backpressure_events", "Back-pressure events by backend "
                                            "service: paused, opened, closed, probe, refused (a call not sent)",
                                            ["backend", "event"], registry=r)
+        self.mcp_relayed = Counter(
+            "toolproxy_mcp_relayed_requests", "Requests an MCP upstream sent back during a call (sampling, "
+            "elicitation), by method and result (answered, client_error, not_declared, too_large, timeout, closed)",
+            ["method", "result"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
 

@@ -20,7 +20,8 @@ from tests.support.stack import DEMO_REGISTRY, running_stack
 
 PASSING = ("server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image",
            "tools-call-audio", "tools-call-embedded-resource", "tools-call-mixed-content", "tools-call-error",
-           "tools-call-with-progress",
+           "tools-call-with-progress", "tools-call-sampling", "tools-call-elicitation",
+           "elicitation-sep1034-defaults", "elicitation-sep1330-enums",
            "json-schema-2020-12", "server-sse-polling", "server-sse-multiple-streams", "dns-rebinding-protection")
 
 

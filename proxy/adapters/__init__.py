@@ -24,6 +24,24 @@ progress_relay: contextvars.ContextVar[ProgressRelay | None] = contextvars.Conte
     "toolproxy_progress_relay", default=None)
 
 
+
+@dataclass(frozen=True)
+class InputRefused:
+    """A relayed request's error answer (JSON-RPC ``code`` and ``message``) for the upstream that asked."""
+
+    code: int
+    message: str
+
+
+# Where an MCP adapter hands a request its upstream sent back during the call running in this
+# context (``sampling/createMessage``, ``elicitation/create``) to the client that made the call:
+# set by the MCP front when that client can answer (``proxy/mcp_relay.py``); called with
+# (method, params, seconds left of the call's deadline), it returns the client's result object or an
+# ``InputRefused``. Unset: refused.
+InputRelay = Callable[[str, Mapping[str, Any], float], Awaitable["Mapping[str, Any] | InputRefused"]]
+input_relay: contextvars.ContextVar[InputRelay | None] = contextvars.ContextVar("toolproxy_input_relay", default=None)
+
+
 @dataclass(frozen=True)
 class BackendCall:
     tool: ToolContract

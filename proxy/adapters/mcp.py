@@ -5,7 +5,12 @@ client over Streamable HTTP — the 2026-07-28 stateless revision when the
 upstream offers it, else the initialize handshake — and reopened when it
 drops), sending ``tools/call`` for the contract's ``backend.tool`` within
 the call's budget (with a progress token when the caller's front relays
-progress: ``adapters.progress_relay``) with the trusted headers the HTTP adapter forwards, and
+progress: ``adapters.progress_relay``) with the trusted headers the HTTP adapter forwards,
+carrying the requests the upstream sends back during the call (``sampling/createMessage``,
+``elicitation/create``: mid-call requests on a legacy session, or the 2026-07-28
+``InputRequiredResult`` rounds) to the caller's front (``adapters.input_relay``;
+refused as the SDK client refuses what it cannot answer when the front has no
+client to ask), within what is left of the call's budget, and
 classifying every outcome honestly: whether the request left the proxy and
 whether the effect is known to have happened (mirrors ``adapters/http.py``).
 
@@ -39,6 +44,7 @@ from typing import Any, Mapping
 import httpx2
 import mcp_types as types
 from mcp import Client
+from mcp.client.session import ClientRequestContext
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from mcp_types.jsonrpc import (
@@ -56,7 +62,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult, deadline_passed, progress_relay, safe_error_fields
+from . import BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, progress_relay, safe_error_fields
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")
@@ -67,6 +73,10 @@ _REFUSED = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PA
 # Transport-synthesized: the request went out and no answer came back.
 _NO_ANSWER = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
 _CONNECT_ERRORS = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+# 2026-07-28 InputRequiredResult rounds one call may take (the SDK client's default cap).
+MAX_INPUT_ROUNDS = 10
+# How the SDK's own client refuses a server request it has no callback for.
+_NOT_SUPPORTED = {"sampling/createMessage": "Sampling not supported", "elicitation/create": "Elicitation not supported"}
 
 
 @dataclass
@@ -93,8 +103,9 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
 
     The SDK runs each POST in the context of the task that sent the message,
     so the per-call ``_Progress`` in a context variable reaches this layer.
-    Only the first POST of a call is observed (later ones, such as a
-    cancellation notice, must not overwrite what happened to the call).
+    Every POST of the call carries the headers (a 2026-07-28 retry with input
+    responses is the same call); only the first is observed (later ones, such
+    as a cancellation notice, must not overwrite what happened to the call).
     """
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, progress: contextvars.ContextVar[_Progress | None]) -> None:
@@ -103,10 +114,12 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         progress = self._progress.get()
-        if progress is None or progress.observed or request.method != "POST":
+        if progress is None or request.method != "POST":
+            return await self._inner.handle_async_request(request)
+        request.headers.update(progress.headers)
+        if progress.observed:
             return await self._inner.handle_async_request(request)
         progress.observed = True
-        request.headers.update(progress.headers)
 
         async def trace(name: str, info: Mapping[str, Any]) -> None:
             if name.endswith("send_request_headers.started"):
@@ -134,8 +147,10 @@ class _Upstream:
     opens a new one.
     """
 
-    def __init__(self, url: str, http: httpx2.AsyncClient, handshake_timeout_s: float, mode: str) -> None:
+    def __init__(self, url: str, http: httpx2.AsyncClient, handshake_timeout_s: float, mode: str,
+                 callbacks: Mapping[str, Any]) -> None:
         self.url = url
+        self._callbacks = callbacks
         self._mode = mode
         self._http = http
         self._handshake_timeout_s = handshake_timeout_s
@@ -172,7 +187,8 @@ class _Upstream:
 
     async def _own(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
         try:
-            client = Client(streamable_http_client(self.url, http_client=self._http), mode=self._mode, cache=None)
+            client = Client(streamable_http_client(self.url, http_client=self._http), mode=self._mode, cache=None,
+                            **self._callbacks)
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(self._handshake_timeout_s):
                     await stack.enter_async_context(client)
@@ -199,6 +215,11 @@ class McpAdapter:
         self._handshake_timeout_s = handshake_timeout_s
         self._progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
             f"toolproxy_mcp_progress_{id(self)}", default=None)
+        # The monotonic deadline of the call running in this context: the SDK runs a server
+        # request's callback in the context of the POST it arrived on, so it reaches the callbacks.
+        self._deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+            f"toolproxy_mcp_deadline_{id(self)}", default=None)
+        self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation}
         transport = _ObservedTransport(httpx2.AsyncHTTPTransport(retries=0), self._progress)
         # No read timeout here: every call is bounded by its own budget.
         self._http = httpx2.AsyncClient(transport=transport, follow_redirects=False,
@@ -221,10 +242,12 @@ class McpAdapter:
                              phase="execute", attempted=False, committed=False)
         upstream = self._upstreams.get(url)
         if upstream is None:
-            upstream = self._upstreams[url] = _Upstream(url, self._http, self._handshake_timeout_s, self._mode)
+            upstream = self._upstreams[url] = _Upstream(url, self._http, self._handshake_timeout_s, self._mode,
+                                                        self._callbacks)
         progress = _Progress(headers={k: v for k, v in forwarded_headers(call).items()
                                       if k not in ('Content-Type', 'Accept')})
         started = time.monotonic()
+        deadline = self._deadline.set(started + call.budget_s)
         try:
             async with asyncio.timeout(call.budget_s):
                 return self._classify(call, await self._send(call, upstream, progress))
@@ -237,23 +260,36 @@ class McpAdapter:
             raise self._rpc_failure(call, progress, exc.error.code) from None
         except (httpx2.HTTPError, ConnectionError, OSError):
             raise self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
+        finally:
+            self._deadline.reset(deadline)
 
     async def _send(self, call: BackendCall, upstream: _Upstream, progress: _Progress) -> types.CallToolResult:
-        request = types.CallToolRequest(params=types.CallToolRequestParams(
-            name=call.tool.backend.tool or "", arguments=dict(call.arguments)))
+        name, arguments = call.tool.backend.tool or "", dict(call.arguments)
         for attempt in (1, 2):
             client = await upstream.session()
             progress.observed = progress.headers_sent = progress.connect_failed = False
             progress.status = None
             token = self._progress.set(progress)
             relay = progress_relay.get()
-            try:
-                if relay is None:
-                    return await client.session.send_request(request, types.CallToolResult)
-
+            relayed = None
+            if relay is not None:
                 async def relayed(value: float, total: float | None, message: str | None) -> None:
                     await relay(value, total)  # the upstream's progress text is not passed on
-                return await client.session.send_request(request, types.CallToolResult, progress_callback=relayed)
+            try:
+                result = await client.session.call_tool(name, arguments, progress_callback=relayed,
+                                                        allow_input_required=True)
+                for _ in range(MAX_INPUT_ROUNDS):
+                    if not isinstance(result, types.InputRequiredResult):
+                        break
+                    # 2026-07-28: the upstream asks through its result; answered requests go back
+                    # with a retry of the same call (attempt 1 already counted as sent).
+                    result = await client.session.call_tool(
+                        name, arguments, progress_callback=relayed, allow_input_required=True,
+                        input_responses=await self._input_responses(client, result),
+                        request_state=result.request_state)
+                if not isinstance(result, types.CallToolResult):
+                    raise MCPError(code=INVALID_REQUEST, message="Too many input rounds")
+                return result
             except MCPError as exc:
                 if attempt == 2 or progress.connect_failed:
                     raise
@@ -266,6 +302,40 @@ class McpAdapter:
             finally:
                 self._progress.reset(token)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _input_responses(self, client: Client, asked: types.InputRequiredResult) -> types.InputResponses:
+        """Answers to a 2026-07-28 ``InputRequiredResult`` through the same callbacks; a refusal ends the call."""
+        responses: dict[str, Any] = {}
+        for key, request in (asked.input_requests or {}).items():
+            context = ClientRequestContext(session=client.session, request_id=key,
+                                           meta=request.params.meta if request.params else None)
+            answer = await client.session.dispatch_input_request(context, request)
+            if isinstance(answer, types.ErrorData):
+                raise MCPError.from_error_data(answer)
+            responses[key] = answer
+        return responses
+
+    async def _on_sampling(self, context: ClientRequestContext, params: types.CreateMessageRequestParams) -> Any:
+        answer = await self._relay("sampling/createMessage", params)
+        if isinstance(answer, types.ErrorData):
+            return answer
+        adapter = types.CreateMessageResultWithTools if params.tools else types.CreateMessageResult
+        return _parsed(adapter, answer)
+
+    async def _on_elicitation(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
+        answer = await self._relay("elicitation/create", params)
+        return answer if isinstance(answer, types.ErrorData) else _parsed(types.ElicitResult, answer)
+
+    async def _relay(self, method: str, params: Any) -> Mapping[str, Any] | types.ErrorData:
+        """An upstream's request during a call, to the caller's client (or refused, as the SDK refuses it)."""
+        relay, deadline = input_relay.get(), self._deadline.get()
+        if relay is None or deadline is None:
+            return types.ErrorData(code=INVALID_REQUEST, message=_NOT_SUPPORTED[method])
+        answer = await relay(method, params.model_dump(mode="json", by_alias=True, exclude_none=True),
+                             max(0.0, deadline - time.monotonic()))
+        if isinstance(answer, InputRefused):
+            return types.ErrorData(code=answer.code, message=answer.message)
+        return answer
 
     def _classify(self, call: BackendCall, result: types.CallToolResult) -> BackendResult:
         tool = call.tool
@@ -342,6 +412,14 @@ class McpAdapter:
                               details=details, phase="execute", attempted=True, committed=False)
         return ProxyError("upstream_error", "The MCP server failed to answer the read.", details=details,
                           phase="execute", attempted=True, committed=False)
+
+
+def _parsed(model: Any, answer: Mapping[str, Any]) -> Any:
+    """The client's result as the SDK type the upstream expects; a malformed one is refused."""
+    try:
+        return model.model_validate(dict(answer), by_name=False)
+    except ValueError:
+        return types.ErrorData(code=INVALID_PARAMS, message="The client's result is not valid")
 
 
 def _safe_error(structured: Any) -> dict[str, Any]:

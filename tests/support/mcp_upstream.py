@@ -7,8 +7,10 @@ structured ``applied: false``), ``crash`` (write whose handler raises), and
 the tools the official MCP conformance suite's server scenarios call
 (``test_simple_text``, ``test_image_content``, ``test_audio_content``,
 ``test_embedded_resource``, ``test_multiple_content_types``,
-``test_error_handling``, ``test_tool_with_progress``, ``json_schema_2020_12_tool``; registry entries in
-``conformance_registry_yaml``).
+``test_error_handling``, ``test_tool_with_progress``, ``json_schema_2020_12_tool``, and the ones that
+ask the client back: ``test_sampling``, ``test_elicitation``, ``test_elicitation_sep1034_defaults``,
+``test_elicitation_sep1330_enums`` — a mid-call request on a legacy session, an
+``InputRequiredResult`` round on 2026-07-28; registry entries in ``conformance_registry_yaml``).
 Every execution is recorded in ``UpstreamState.executions`` with the HTTP
 headers the proxy forwarded. ``restart()`` stops and starts the server on the
 same port: legacy sessions are forgotten, as after a real restart.
@@ -25,6 +27,7 @@ from typing import Any, AsyncIterator, TypedDict
 import mcp_types as types
 import uvicorn
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tests.support.servers import free_port
 
@@ -174,11 +177,75 @@ def _conformance_tools(server: MCPServer, state: UpstreamState) -> None:
         state.record("test_error_handling", ctx)
         raise RuntimeError("This tool intentionally returns an error for testing")
 
+    @server.tool(structured_output=False)
+    async def test_sampling(prompt: str, ctx: Context) -> list[types.ContentBlock] | types.InputRequiredResult:
+        state.record("test_sampling", ctx, prompt=prompt)
+        answer = await ask_client(ctx, types.CreateMessageRequest(params=types.CreateMessageRequestParams(
+            messages=[types.SamplingMessage(role="user", content=types.TextContent(type="text", text=prompt))],
+            max_tokens=100)))
+        if isinstance(answer, types.InputRequiredResult):
+            return answer
+        text = answer.content.text if isinstance(answer.content, types.TextContent) else str(answer.content)
+        return [types.TextContent(type="text", text=f"LLM response: {text}")]
+
+    async def elicited(ctx: Context, message: str, schema: dict[str, Any]) -> list[types.ContentBlock] | types.InputRequiredResult:
+        answer = await ask_client(ctx, types.ElicitRequest(params=types.ElicitRequestFormParams(
+            message=message, requested_schema=schema)))
+        if isinstance(answer, types.InputRequiredResult):
+            return answer
+        return [types.TextContent(type="text", text=f"Elicitation completed: action={answer.action}, "
+                                                      f"content={json.dumps(answer.content)}")]
+
+    @server.tool(structured_output=False)
+    async def test_elicitation(message: str, ctx: Context) -> list[types.ContentBlock] | types.InputRequiredResult:
+        state.record("test_elicitation", ctx, message=message)
+        return await elicited(ctx, message, {"type": "object", "required": ["username", "email"], "properties": {
+            "username": {"type": "string", "description": "User's response"},
+            "email": {"type": "string", "description": "User's email address"}}})
+
+    @server.tool(structured_output=False)
+    async def test_elicitation_sep1034_defaults(ctx: Context) -> list[types.ContentBlock] | types.InputRequiredResult:
+        state.record("test_elicitation_sep1034_defaults", ctx)
+        return await elicited(ctx, "Please review your information", {"type": "object", "properties": {
+            "name": {"type": "string", "default": "John Doe"},
+            "age": {"type": "integer", "default": 30},
+            "score": {"type": "number", "default": 95.5},
+            "status": {"type": "string", "enum": ["active", "inactive", "pending"], "default": "active"},
+            "verified": {"type": "boolean", "default": True}}})
+
+    @server.tool(structured_output=False)
+    async def test_elicitation_sep1330_enums(ctx: Context) -> list[types.ContentBlock] | types.InputRequiredResult:
+        state.record("test_elicitation_sep1330_enums", ctx)
+        return await elicited(ctx, "Please choose", {"type": "object", "properties": {
+            "untitledSingle": {"type": "string", "enum": ["option1", "option2", "option3"]},
+            "titledSingle": {"type": "string", "oneOf": [{"const": "value1", "title": "First Option"},
+                                                         {"const": "value2", "title": "Second Option"}]},
+            "legacyEnum": {"type": "string", "enum": ["opt1", "opt2", "opt3"],
+                           "enumNames": ["Option One", "Option Two", "Option Three"]},
+            "untitledMulti": {"type": "array", "items": {"type": "string", "enum": ["option1", "option2", "option3"]}},
+            "titledMulti": {"type": "array", "items": {"anyOf": [{"const": "value1", "title": "First Choice"},
+                                                                 {"const": "value2", "title": "Second Choice"}]}}}})
+
     @server.tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features",
                  structured_output=False)
     def json_schema_tool(ctx: Context, name: str = "", address: dict[str, Any] | None = None) -> str:
         state.record("json_schema_2020_12_tool", ctx, name=name)
         return f"hello {name}"
+
+
+async def ask_client(ctx: Context, request: types.CreateMessageRequest | types.ElicitRequest) -> Any:
+    """Ask the client mid-call (legacy session) or through an InputRequiredResult round (2026-07-28)."""
+    if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        answer = (ctx.input_responses or {}).get("ask")
+        return answer if answer is not None else types.InputRequiredResult(input_requests={"ask": request},
+                                                                           request_state="asked")
+    session = ctx.request_context.session
+    if isinstance(request, types.ElicitRequest):
+        return await session.elicit_form(message=request.params.message,
+                                         requested_schema=request.params.requested_schema,
+                                         related_request_id=ctx.request_id)
+    return await session.create_message(messages=request.params.messages, max_tokens=request.params.max_tokens,
+                                        related_request_id=ctx.request_id)
 
 
 def conformance_registry_yaml(url: str) -> str:
@@ -191,7 +258,15 @@ def conformance_registry_yaml(url: str) -> str:
         ("test_audio_content", "Returns audio."), ("test_embedded_resource", "Returns an embedded resource."),
         ("test_multiple_content_types", "Returns text, an image, a resource and a resource link."),
         ("test_tool_with_progress", "Reports progress 0, 50, 100 of 100."),
-        ("test_error_handling", "Always fails."))]
+        ("test_error_handling", "Always fails."),
+        ("test_elicitation_sep1034_defaults", "Asks the user, with default values."),
+        ("test_elicitation_sep1330_enums", "Asks the user to choose, with every enum form."))]
+    entries += [("test_sampling", "Asks the client's model.",
+                 "{type: object, additionalProperties: false, required: [prompt], "
+                 "properties: {prompt: {type: string, maxLength: 1000}}}"),
+                ("test_elicitation", "Asks the user.",
+                 "{type: object, additionalProperties: false, required: [message], "
+                 "properties: {message: {type: string, maxLength: 1000}}}")]
     entries.append(("json_schema_2020_12_tool", "Tool with JSON Schema 2020-12 features",
                     json.dumps(JSON_SCHEMA_2020_12_INPUT)))
     text = "tools:\n"

@@ -1,0 +1,169 @@
+"""MCP relay: requests an upstream MCP server sends back during a call, carried to the client.
+
+Owns: which client capabilities a session declared (``declared``), and for one
+``tools/call`` the ``Channel`` the MCP adapter hands an upstream's
+``sampling/createMessage`` / ``elicitation/create`` to (``adapters.input_relay``):
+checking it (a relayed method, a capability the client declared, at most
+``mcp.relay_max_bytes``, a few outstanding per call), pushing it onto the call's
+SSE stream under a proxy-assigned JSON-RPC id, and waiting (at most what is left
+of the call's deadline, which the adapter passes) for the client's response
+POSTed to ``/mcp``, which the ``Desk`` matches by session and that id. Every relayed request is
+counted (``toolproxy_mcp_relayed_requests_total``) and audited (``mcp_relay``).
+
+Must never: give a relayed request any authority (it is the untrusted upstream's
+text, shown to the client as the upstream's; nothing in the proxy acts on it),
+deliver a client's answer to anything but the call that asked (ids are
+unguessable and bound to the session and its owner), relay a capability the
+client did not declare, or leave a waiter behind when a call ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from mcp_types.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
+
+from .adapters import InputRefused
+from .envelope import dumps as json_bytes
+from .identity import Caller
+from .mcp_sessions import Session
+
+# Relayed method -> the capability names (``declared``) a client must have for it.
+_SAMPLING, _ELICITATION = "sampling/createMessage", "elicitation/create"
+METHODS = (_SAMPLING, _ELICITATION)
+# As the SDK's own client answers a request it has no callback for.
+_NOT_SUPPORTED = {_SAMPLING: "Sampling not supported", _ELICITATION: "Elicitation not supported"}
+MAX_OUTSTANDING = 4  # per call: an upstream cannot park more questions than this on a client
+_MESSAGE_CHARS = 200  # of a client's error message passed back to the upstream
+
+
+def declared(capabilities: Any) -> frozenset[str]:
+    """The relay-relevant names in a client's ``initialize`` capabilities.
+
+    ``sampling``, ``sampling.tools``, ``elicitation.form``, ``elicitation.url``
+    (an empty ``elicitation: {}`` means form, as the spec says for older clients).
+    """
+    if not isinstance(capabilities, Mapping):
+        return frozenset()
+    names: set[str] = set()
+    sampling = capabilities.get("sampling")
+    if isinstance(sampling, Mapping):
+        names.add("sampling")
+        if isinstance(sampling.get("tools"), Mapping):
+            names.add("sampling.tools")
+    elicitation = capabilities.get("elicitation")
+    if isinstance(elicitation, Mapping):
+        modes = {m for m in ("form", "url") if isinstance(elicitation.get(m), Mapping)}
+        names.update(f"elicitation.{m}" for m in (modes or {"form"}))
+    return frozenset(names)
+
+
+def required(method: str, params: Mapping[str, Any]) -> str | None:
+    """The capability name ``method`` with these ``params`` needs; None: never relayed."""
+    if method == _SAMPLING:
+        return "sampling.tools" if params.get("tools") else "sampling"
+    if method == _ELICITATION:
+        return "elicitation.url" if params.get("mode") == "url" else "elicitation.form"
+    return None
+
+
+@dataclass
+class _Waiter:
+    session_id: str
+    answer: "asyncio.Future[Mapping[str, Any]]"
+
+
+class Desk:
+    """The relayed requests of one MCP front still waiting for their client's answer."""
+
+    def __init__(self, runtime: Any) -> None:
+        self._runtime = runtime
+        self._waiting: dict[str, _Waiter] = {}
+
+    def channel(self, session: Session, caller: Caller, push: Callable[[dict[str, Any]], None]) -> "Channel | None":
+        """A channel for one call on ``session``, or None when its client declared nothing relayable."""
+        if not session.client_capabilities:
+            return None
+        return Channel(self, session, caller, push)
+
+    def answer(self, session: Session, body: Mapping[str, Any]) -> bool:
+        """A client's JSON-RPC response: True if it answers a request waiting on this session."""
+        rpc_id = body.get("id")
+        waiter = self._waiting.get(rpc_id) if isinstance(rpc_id, str) else None
+        if waiter is None or waiter.session_id != session.id or waiter.answer.done():
+            return False
+        waiter.answer.set_result(body)
+        return True
+
+    def __len__(self) -> int:
+        return len(self._waiting)
+
+
+@dataclass
+class Channel:
+    """Carries the upstream's requests of one call to its client (``adapters.InputRelay``)."""
+
+    desk: Desk
+    session: Session
+    caller: Caller
+    push: Callable[[dict[str, Any]], None]
+    call_id: str | None = None
+    tool: str | None = None
+    pushed: asyncio.Event = field(default_factory=asyncio.Event)  # the call's response must stream
+    _outstanding: set[str] = field(default_factory=set)
+
+    async def __call__(self, method: str, params: Mapping[str, Any],
+                       timeout_s: float) -> Mapping[str, Any] | InputRefused:
+        need = required(method, params)
+        if need is None:
+            return await self._done(method, "not_declared", InputRefused(METHOD_NOT_FOUND, "Method not found"))
+        if need not in self.session.client_capabilities:
+            return await self._done(method, "not_declared",
+                                    InputRefused(INVALID_REQUEST, _NOT_SUPPORTED[method]))
+        size = len(json_bytes(params))
+        if size > self.desk._runtime.config.mcp.relay_max_bytes or len(self._outstanding) >= MAX_OUTSTANDING:
+            return await self._done(method, "too_large", InputRefused(
+                INVALID_REQUEST, "Request too large to relay" if len(self._outstanding) < MAX_OUTSTANDING
+                else "Too many outstanding requests"), size)
+        rpc_id = f"toolproxy-relay-{secrets.token_urlsafe(18)}"
+        waiter = _Waiter(self.session.id, asyncio.get_running_loop().create_future())
+        self.desk._waiting[rpc_id] = waiter
+        self._outstanding.add(rpc_id)
+        try:
+            self.push({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params)})
+            self.pushed.set()
+            async with asyncio.timeout(timeout_s):
+                body = await waiter.answer
+        except TimeoutError:  # the call's deadline: the upstream hears it, the call runs on to its outcome
+            return await self._done(method, "timeout", InputRefused(
+                REQUEST_TIMEOUT, "The client did not answer within the call's deadline"), size)
+        except asyncio.CancelledError:
+            await self._done(method, "closed", None, size)
+            raise
+        finally:
+            self.desk._waiting.pop(rpc_id, None)
+            self._outstanding.discard(rpc_id)
+        error = body.get("error")
+        if isinstance(error, Mapping):
+            code = error.get("code")
+            message = error.get("message")
+            return await self._done(method, "client_error", InputRefused(
+                code if isinstance(code, int) and not isinstance(code, bool) else INVALID_REQUEST,
+                message[:_MESSAGE_CHARS] if isinstance(message, str) else "Client error"), size)
+        result = body.get("result")
+        if not isinstance(result, Mapping):
+            return await self._done(method, "client_error", InputRefused(INVALID_PARAMS, "Invalid result"), size)
+        return await self._done(method, "answered", result, size)
+
+    async def _done(self, method: str, result: str, value: Any, size: int | None = None) -> Any:
+        runtime = self.desk._runtime
+        label = method if method in METHODS else "other"
+        runtime.metrics.child(runtime.metrics.mcp_relayed, label, result).inc()
+        caller = self.caller
+        await runtime.audit.record("mcp_relay", call_id=self.call_id, tool=self.tool, tenant=caller.tenant,
+                                   subject=caller.subject, agent=caller.agent,
+                                   details={"method": label, "result": result, "bytes": size})
+        return value

@@ -1,5 +1,6 @@
 """Acceptance: the clients people run, unchanged, against /mcp — the Inspector CLI (npm
-@modelcontextprotocol/inspector --cli), the Python `mcp` SDK in default (auto) and legacy modes and
+@modelcontextprotocol/inspector --cli), the older Inspector CLI (npm @modelcontextprotocol/inspector-cli,
+the v1 line), the Python `mcp` SDK in default (auto) and legacy modes and
 openai-agents' MCPServerStreamableHttp (no model needed). Each lists the tools, calls a read, and
 gets a schema violation, a forbidden, an approval_required and an unknown tool as the proxy's
 message in an isError result — never as a client-side exception.
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.node import run, tool
+from tests.support.node import BIN, run, tool
 from tests.support.stack import mcp_envelope, running_stack
 
 HEADERS = {"X-Run-Id": "run-clients-1"}  # the run identity makes each write its own operation
@@ -53,6 +54,32 @@ async def test_inspector_cli(proxy_deps, tmp_path):
             # The CLI prints an isError result and exits 5 ("tool_is_error"), not a protocol error.
             result = await inspector("--method", "tools/call", "--tool-name", name,
                                      *(["--tool-arg", *pairs] if pairs else []), exit_code=0 if code is None else 5)
+            if code is None:
+                assert result["isError"] is False and result["structuredContent"]["order_id"] == "ord_1001"
+            else:
+                check_failure(result, code)
+
+
+async def test_older_inspector_cli(proxy_deps):
+    """npm @modelcontextprotocol/inspector-cli 1.0.3 (`mcp-inspector-cli --cli URL --transport http`)."""
+    async with running_stack(proxy_deps) as stack:
+        base = [tool("mcp-inspector-cli"), "--cli", stack.proxy_url + "/mcp", "--transport", "http",
+                "--header", *[f"{k}: {v}" for k, v in HEADERS.items()]]
+        # 1.0.3 checks fs.existsSync("../package.json") against the working directory but imports it
+        # relative to its own module: it only starts from a directory whose parent holds its package.json.
+        cwd = BIN.parent / "@modelcontextprotocol" / "inspector-cli" / "build"
+
+        async def inspector(*args: str) -> dict[str, Any]:
+            code, out, err = await run(*base, *args, cwd=cwd, timeout_s=90)
+            assert code == 0, (args, out[-2000:], err[-2000:])  # it exits 0 on an isError result too
+            return json.loads(out)
+
+        listed = await inspector("--method", "tools/list")
+        assert {t["name"] for t in listed["tools"]} == {t.name for t in stack.runtime.registry.active()}
+        for name, arguments, code in [(*READ, None), *FAILURES]:
+            pairs = [f"{k}={v}" for k, v in arguments.items()]
+            result = await inspector("--method", "tools/call", "--tool-name", name,
+                                     *(["--tool-arg", *pairs] if pairs else []))
             if code is None:
                 assert result["isError"] is False and result["structuredContent"]["order_id"] == "ord_1001"
             else:

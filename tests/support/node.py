@@ -1,6 +1,6 @@
 """The pinned Node tools (scripts/setup.sh installs them into .tools/node from
 tests/node/package-lock.json): a Node 22 binary, the MCP conformance suite, the
-TypeScript SDK (used by tests/node/*.mjs), the Inspector CLI and
+TypeScript SDK (used by tests/node/*.mjs), the Inspector CLI (and the older inspector-cli) and
 server-everything. Every run is bounded; a missing install fails with the fix."""
 
 from __future__ import annotations

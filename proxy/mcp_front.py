@@ -423,10 +423,9 @@ class McpFront:
         progress_token = ((message.params or {}).get("_meta") or {}).get("progressToken")
         # What the call's SSE stream carries before the result: progress, relayed requests.
         updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if has_sse else None
-        channel = (self._relays.channel(exchange.session, exchange.caller, updates.put_nowait)
-                   if updates is not None and exchange.session is not None else None)
-        if channel is not None:
-            context.run(input_relay.set, channel)
+        channel = self._relays.channel(exchange.session, exchange.caller,
+                                       updates.put_nowait if updates is not None else None)
+        context.run(input_relay.set, channel)
         streams_now = has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool)
         if streams_now and updates is not None:
             queue = updates
@@ -445,7 +444,7 @@ class McpFront:
         modern = exchange.modern
         if has_sse and not streams_now:  # JSON unless it runs long or a relayed request must go out first
             waiting: set[asyncio.Future[Any]] = {task}
-            pushed = asyncio.ensure_future(channel.pushed.wait()) if channel is not None else None
+            pushed = asyncio.ensure_future(channel.pushed.wait()) if channel.can_ask else None
             if pushed is not None:
                 waiting.add(pushed)
             await asyncio.wait(waiting, timeout=self._sse_after_s, return_when=asyncio.FIRST_COMPLETED)

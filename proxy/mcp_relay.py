@@ -83,11 +83,11 @@ class Desk:
         self._runtime = runtime
         self._waiting: dict[str, _Waiter] = {}
 
-    def channel(self, session: Session, caller: Caller, push: Callable[[dict[str, Any]], None]) -> "Channel | None":
-        """A channel for one call on ``session``, or None when its client declared nothing relayable."""
-        if not session.client_capabilities:
-            return None
-        return Channel(self, session, caller, push)
+    def channel(self, session: Session | None, caller: Caller,
+                push: Callable[[dict[str, Any]], None] | None) -> "Channel":
+        """The channel of one ``/mcp`` call: it asks the client only on a legacy ``session`` whose
+        response streams (``push``); otherwise every request is refused (and still counted)."""
+        return Channel(self, session if push is not None else None, caller, push)
 
     def answer(self, session: Session, body: Mapping[str, Any]) -> bool:
         """A client's JSON-RPC response: True if it answers a request waiting on this session."""
@@ -107,9 +107,9 @@ class Channel:
     """Carries the upstream's requests of one call to its client (``adapters.InputRelay``)."""
 
     desk: Desk
-    session: Session
+    session: Session | None  # None: nobody to ask (2026-07-28, or a response that cannot stream)
     caller: Caller
-    push: Callable[[dict[str, Any]], None]
+    push: Callable[[dict[str, Any]], None] | None
     call_id: str | None = None
     tool: str | None = None
     pushed: asyncio.Event = field(default_factory=asyncio.Event)  # the call's response must stream
@@ -120,7 +120,7 @@ class Channel:
         need = required(method, params)
         if need is None:
             return await self._done(method, "not_declared", InputRefused(METHOD_NOT_FOUND, "Method not found"))
-        if need not in self.session.client_capabilities:
+        if self.session is None or self.push is None or need not in self.session.client_capabilities:
             return await self._done(method, "not_declared",
                                     InputRefused(INVALID_REQUEST, _NOT_SUPPORTED[method]))
         size = len(json_bytes(params))
@@ -157,6 +157,10 @@ class Channel:
         if not isinstance(result, Mapping):
             return await self._done(method, "client_error", InputRefused(INVALID_PARAMS, "Invalid result"), size)
         return await self._done(method, "answered", result, size)
+
+    @property
+    def can_ask(self) -> bool:
+        return self.session is not None and bool(self.session.client_capabilities)
 
     async def _done(self, method: str, result: str, value: Any, size: int | None = None) -> Any:
         runtime = self.desk._runtime

@@ -285,7 +285,7 @@ class McpAdapter:
                     # with a retry of the same call (attempt 1 already counted as sent).
                     result = await client.session.call_tool(
                         name, arguments, progress_callback=relayed, allow_input_required=True,
-                        input_responses=await self._input_responses(client, result),
+                        input_responses=await self._input_responses(call, client, result),
                         request_state=result.request_state)
                 if not isinstance(result, types.CallToolResult):
                     raise MCPError(code=INVALID_REQUEST, message="Too many input rounds")
@@ -303,15 +303,23 @@ class McpAdapter:
                 self._progress.reset(token)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _input_responses(self, client: Client, asked: types.InputRequiredResult) -> types.InputResponses:
-        """Answers to a 2026-07-28 ``InputRequiredResult`` through the same callbacks; a refusal ends the call."""
+    async def _input_responses(self, call: BackendCall, client: Client,
+                               asked: types.InputRequiredResult) -> types.InputResponses:
+        """Answers to a 2026-07-28 ``InputRequiredResult`` through the same callbacks.
+
+        A request the caller's client cannot answer ends the call: the upstream
+        answered (it did not finish without the input), so nothing was committed.
+        """
         responses: dict[str, Any] = {}
         for key, request in (asked.input_requests or {}).items():
             context = ClientRequestContext(session=client.session, request_id=key,
                                            meta=request.params.meta if request.params else None)
             answer = await client.session.dispatch_input_request(context, request)
             if isinstance(answer, types.ErrorData):
-                raise MCPError.from_error_data(answer)
+                raise ProxyError("upstream_error", "The MCP tool needs input from the client (sampling or "
+                                 "elicitation) that the client could not give; it did not finish.",
+                                 details={"tool": call.tool.name, "upstream_code": answer.code}, phase="execute",
+                                 attempted=True, committed=False, retryable=False, resolution="inspect")
             responses[key] = answer
         return responses
 
@@ -329,7 +337,8 @@ class McpAdapter:
     async def _relay(self, method: str, params: Any) -> Mapping[str, Any] | types.ErrorData:
         """An upstream's request during a call, to the caller's client (or refused, as the SDK refuses it)."""
         relay, deadline = input_relay.get(), self._deadline.get()
-        if relay is None or deadline is None:
+        if relay is None or deadline is None:  # a front with no MCP client behind it (/v1, OpenAI)
+            log.info("MCP upstream's %s refused: no MCP client behind this call to ask", method)
             return types.ErrorData(code=INVALID_REQUEST, message=_NOT_SUPPORTED[method])
         answer = await relay(method, params.model_dump(mode="json", by_alias=True, exclude_none=True),
                              max(0.0, deadline - time.monotonic()))

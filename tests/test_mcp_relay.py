@@ -1,0 +1,181 @@
+"""Requests an upstream MCP server sends back during a call (sampling, elicitation), relayed to the
+client that made the call (proxy/mcp_relay.py, docs/mcp.md "Requests an upstream sends back").
+
+Against real processes: the Python `mcp` SDK as the client (its sampling/elicitation callbacks),
+raw HTTP for the id and session checks, the test upstream (tests/support/mcp_upstream.py) asking
+mid-call on a legacy upstream session or through an InputRequiredResult round on 2026-07-28.
+The conformance suite's tools-call-sampling / tools-call-elicitation / elicitation-* scenarios run
+in tests/test_mcp_conformance.py."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx2
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.support.audit import audit_records
+from tests.support.metrics import counter, samples, scrape_text
+from tests.support.stack import Stack, mcp_envelope
+from tests.support.waits import wait_until
+from tests.test_mcp_fidelity import ACCEPT, raw, upstream_stack
+
+RELAYED = "toolproxy_mcp_relayed_requests_total"
+PERSON = {"username": "ann", "email": "ann@example.com"}
+
+
+def relay_stack(tmp_path: Any, deps: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """The upstream answers with SSE streams: a JSON-only upstream has no channel to ask on."""
+    return upstream_stack(tmp_path, deps, overrides, json_response=False)
+
+
+async def relayed(stack: Stack, method: str, result: str) -> float:
+    return counter(samples(await scrape_text(stack)), RELAYED, method=method, result=result)
+
+
+def client(stack: Stack, mode: str = "legacy", **callbacks: Any) -> Client:
+    http = httpx2.AsyncClient(timeout=httpx2.Timeout(30.0))
+    return Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode=mode, **callbacks)
+
+
+@pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])  # 2026-07-28 input rounds / mid-call requests
+async def test_the_client_that_made_the_call_answers_what_its_upstream_asks(tmp_path, proxy_deps, capsys,
+                                                                             upstream_mode):
+    asked: list[Any] = []
+
+    async def sampling(context: Any, params: types.CreateMessageRequestParams) -> types.CreateMessageResult:
+        asked.append(("sampling", params.messages[0].content.text, params.max_tokens))
+        return types.CreateMessageResult(role="assistant", content=types.TextContent(type="text", text="42"),
+                                         model="test-model", stop_reason="endTurn")
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(("elicitation", params.message, sorted(params.requested_schema["properties"])))
+        return types.ElicitResult(action="accept", content=PERSON)
+
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": upstream_mode}) as (stack, upstream):
+        async with client(stack, sampling_callback=sampling, elicitation_callback=elicitation) as session:
+            result = await session.call_tool("test_sampling", {"prompt": "What is six times seven?"})
+            assert result.is_error is False and result.content[0].text == "LLM response: 42"
+            result = await session.call_tool("test_elicitation", {"message": "Who are you?"})
+            assert result.is_error is False
+            assert result.content[0].text == f"Elicitation completed: action=accept, content={json.dumps(PERSON)}"
+        assert asked == [("sampling", "What is six times seven?", 100),
+                         ("elicitation", "Who are you?", ["email", "username"])]
+        assert upstream.state.count("test_sampling") >= 1 and upstream.state.count("test_elicitation") >= 1
+        assert await relayed(stack, "sampling/createMessage", "answered") == 1
+        assert await relayed(stack, "elicitation/create", "answered") == 1
+    records = [r for r in audit_records(capsys.readouterr().out) if r["kind"] == "mcp_relay"]
+    assert [(r["tool"], r["details"]["method"], r["details"]["result"]) for r in records] == [
+        ("test_sampling", "sampling/createMessage", "answered"), ("test_elicitation", "elicitation/create", "answered")]
+    assert all(r["call_id"].startswith("mcp-") and r["tenant"] for r in records)
+
+
+@pytest.mark.parametrize("upstream_mode", ["legacy", "auto"])
+async def test_a_client_that_did_not_declare_the_capability_is_never_asked(tmp_path, proxy_deps, upstream_mode):
+    code = "upstream_error"  # the upstream's tool cannot finish (its SDK answers a JSON-RPC error)
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": upstream_mode}) as (stack, upstream):
+        async with client(stack) as session:  # no callbacks: no sampling/elicitation capability declared
+            result = await session.call_tool("test_elicitation", {"message": "Who are you?"})
+        # Refused to the upstream as the SDK's own client refuses it; the upstream's tool could not finish.
+        assert mcp_envelope(result)["error"]["code"] == code
+        assert await relayed(stack, "elicitation/create", "not_declared") == 1
+
+        # A 2026-07-28 (stateless) client is never asked either: that revision has no server-to-client
+        # requests on a call's stream, so its callbacks stay unused even though it has them.
+        called: list[Any] = []
+
+        async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            called.append(params)
+            return types.ElicitResult(action="accept", content=PERSON)
+
+        async with client(stack, mode="auto", elicitation_callback=elicitation) as session:
+            result = await session.call_tool("test_elicitation", {"message": "Who are you?"})
+        assert mcp_envelope(result)["error"]["code"] == code and called == []
+        assert await relayed(stack, "elicitation/create", "not_declared") == 2
+
+
+async def test_a_request_larger_than_the_limit_is_refused_unseen(tmp_path, proxy_deps):
+    called: list[Any] = []
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        called.append(params)
+        return types.ElicitResult(action="accept", content=PERSON)
+
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": "legacy", "mcp.relay_max_bytes": 1024}) \
+            as (stack, upstream):
+        async with client(stack, elicitation_callback=elicitation) as session:
+            small = await session.call_tool("test_elicitation", {"message": "Who?"})
+            large = await session.call_tool("test_elicitation", {"message": "x" * 1000})
+        assert small.is_error is False and len(called) == 1
+        assert mcp_envelope(large)["error"]["code"] == "upstream_error" and len(called) == 1
+        assert await relayed(stack, "elicitation/create", "too_large") == 1
+
+
+async def sse_events(response: Any) -> Any:
+    """The JSON messages of an SSE response, one at a time."""
+    data: list[str] = []
+    while True:
+        line = (await response.content.readline()).decode()
+        if not line:
+            return
+        line = line.rstrip("\r\n")
+        if line.startswith("data:"):
+            data.append(line[5:].strip())
+        elif not line and data:
+            yield json.loads("\n".join(data))
+            data = []
+
+
+async def open_session(stack: Stack, capabilities: dict[str, Any]) -> dict[str, str]:
+    status, headers, body = await raw(stack, {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "raw", "version": "0"}}})
+    assert status == 200, body
+    return {"Mcp-Session-Id": headers["Mcp-Session-Id"], "MCP-Protocol-Version": "2025-11-25"}
+
+
+async def test_an_answer_reaches_only_the_call_that_asked(tmp_path, proxy_deps):
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": "legacy"}) as (stack, upstream):
+        mine = await open_session(stack, {"elicitation": {}})
+        other = await open_session(stack, {"elicitation": {}})
+        call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "test_elicitation", "arguments": {"message": "Who are you?"}}}
+        async with stack.session.post(stack.proxy_url + "/mcp", data=json.dumps(call),
+                                      headers={**ACCEPT, **mine}) as response:
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            events = sse_events(response)
+            async with asyncio.timeout(30):
+                request = await anext(events)
+            assert request["method"] == "elicitation/create" and request["params"]["message"] == "Who are you?"
+            assert request["id"].startswith("toolproxy-relay-")  # the proxy's id, not the upstream's
+            answer = {"jsonrpc": "2.0", "id": request["id"], "result": {"action": "accept", "content": PERSON}}
+            # Another session of the same caller, or a made-up id, answers nothing.
+            assert (await raw(stack, answer, other))[0] == 400
+            assert (await raw(stack, {**answer, "id": "toolproxy-relay-guess"}, mine))[0] == 400
+            assert (await raw(stack, answer, mine))[0] == 202
+            async with asyncio.timeout(30):
+                final = await anext(events)
+            assert final["id"] == 7 and final["result"]["isError"] is False
+            assert "ann@example.com" in final["result"]["content"][0]["text"]
+        assert (await raw(stack, answer, mine))[0] == 400  # answered once; nothing waits any more
+        assert await relayed(stack, "elicitation/create", "answered") == 1
+
+
+async def test_an_unanswered_request_ends_with_the_calls_deadline(tmp_path, proxy_deps):
+    release = asyncio.Event()
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        await release.wait()  # the user never answers while the call runs
+        return types.ElicitResult(action="cancel")
+
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": "legacy"}) as (stack, upstream):
+        async with client(stack, elicitation_callback=elicitation) as session:
+            result = await session.call_tool("test_elicitation", {"message": "Who are you?"})
+            release.set()
+        assert mcp_envelope(result)["error"]["code"] == "timeout"  # a read past its deadline (timeout_ms 5000)
+        await wait_until(lambda: relayed(stack, "elicitation/create", "timeout"), timeout=10,
+                         what="the relayed request to end at the call's deadline")

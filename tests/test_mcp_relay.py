@@ -179,3 +179,18 @@ async def test_an_unanswered_request_ends_with_the_calls_deadline(tmp_path, prox
         assert mcp_envelope(result)["error"]["code"] == "timeout"  # a read past its deadline (timeout_ms 5000)
         await wait_until(lambda: relayed(stack, "elicitation/create", "timeout"), timeout=10,
                          what="the relayed request to end at the call's deadline")
+
+
+async def test_a_request_outside_any_call_reaches_no_client(tmp_path, proxy_deps):
+    """Not even the client of the call that opened the upstream session (whose task started it)."""
+    called: list[Any] = []
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        called.append(params)
+        return types.ElicitResult(action="accept", content={})
+
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": "legacy"}) as (stack, upstream):
+        async with client(stack, elicitation_callback=elicitation) as session:
+            result = await session.call_tool("unrelated_question", {})  # the first call: it opens the session
+        assert result.is_error is False and called == []
+        assert result.content[0].text == "refused: -32600"

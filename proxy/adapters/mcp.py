@@ -163,7 +163,10 @@ class _Upstream:
         if self._owner is None or self._owner.done():
             loop = asyncio.get_running_loop()
             self._ready, self._stop = loop.create_future(), asyncio.Event()
-            self._owner = loop.create_task(self._own(self._ready, self._stop), name=f"mcp-upstream {self.url}")
+            # A context of its own: the session (and its standalone stream, where requests outside
+            # any call arrive) must not inherit the call that happened to open it.
+            self._owner = loop.create_task(self._own(self._ready, self._stop), name=f"mcp-upstream {self.url}",
+                                           context=contextvars.Context())
             self._owners.add(self._owner)
             self._owner.add_done_callback(self._owners.discard)
         assert self._ready is not None

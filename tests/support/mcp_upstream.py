@@ -226,6 +226,19 @@ def _conformance_tools(server: MCPServer, state: UpstreamState) -> None:
             "titledMulti": {"type": "array", "items": {"anyOf": [{"const": "value1", "title": "First Choice"},
                                                                  {"const": "value2", "title": "Second Choice"}]}}}})
 
+    @server.tool(structured_output=False)
+    async def unrelated_question(ctx: Context) -> list[types.ContentBlock]:
+        """Asks the client something outside this call (no related request: the session's own stream)."""
+        state.record("unrelated_question", ctx)
+        session = ctx.request_context.session
+        try:
+            answer = await asyncio.wait_for(session.elicit_form(message="Unrelated", requested_schema={
+                "type": "object", "properties": {}}), 5)
+            outcome = f"answered: {answer.action}"
+        except Exception as exc:  # the refusal (or a timeout) is what the test looks at
+            outcome = f"refused: {getattr(getattr(exc, 'error', None), 'code', type(exc).__name__)}"
+        return [types.TextContent(type="text", text=outcome)]
+
     @server.tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features",
                  structured_output=False)
     def json_schema_tool(ctx: Context, name: str = "", address: dict[str, Any] | None = None) -> str:
@@ -264,6 +277,8 @@ def conformance_registry_yaml(url: str) -> str:
     entries += [("test_sampling", "Asks the client's model.",
                  "{type: object, additionalProperties: false, required: [prompt], "
                  "properties: {prompt: {type: string, maxLength: 1000}}}"),
+                ("unrelated_question", "Asks the client outside the call.",
+                 "{type: object, additionalProperties: false, properties: {}}"),
                 ("test_elicitation", "Asks the user.",
                  "{type: object, additionalProperties: false, required: [message], "
                  "properties: {message: {type: string, maxLength: 1000}}}")]

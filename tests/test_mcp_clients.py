@@ -30,6 +30,21 @@ def check_failure(result: dict[str, Any], code: str) -> None:
     assert result["content"][0]["type"] == "text" and result["content"][0]["text"].startswith(code + ": ")
 
 
+async def check_cli_matrix(stack: Any, inspector: Any, failures: list[tuple[str, dict[str, str], str]]) -> None:
+    """An Inspector CLI (``inspector(*args, failed=...)`` -> its JSON output) lists the registry's tools,
+    reads, and shows each of ``failures`` as the proxy's isError result."""
+    listed = await inspector("--method", "tools/list", failed=False)
+    assert {t["name"] for t in listed["tools"]} == {t.name for t in stack.runtime.registry.active()}
+    for name, arguments, code in [(*READ, None), *failures]:
+        pairs = [f"{k}={v}" for k, v in arguments.items()]
+        result = await inspector("--method", "tools/call", "--tool-name", name,
+                                 *(["--tool-arg", *pairs] if pairs else []), failed=code is not None)
+        if code is None:
+            assert result["isError"] is False and result["structuredContent"]["order_id"] == "ord_1001"
+        else:
+            check_failure(result, code)
+
+
 async def test_inspector_cli(proxy_deps, tmp_path):
     async with running_stack(proxy_deps) as stack:
         url = stack.proxy_url + "/mcp"
@@ -37,27 +52,18 @@ async def test_inspector_cli(proxy_deps, tmp_path):
                 "--header", *[f"{k}: {v}" for k, v in HEADERS.items()]]
         env = {"MCP_CATALOG_PATH": str(tmp_path / "catalog.json"), "HOME": str(tmp_path)}
 
-        async def inspector(*args: str, exit_code: int = 0) -> dict[str, Any]:
+        async def inspector(*args: str, failed: bool) -> dict[str, Any]:
             code, out, err = await run(*base, *args, env=env, timeout_s=90)
-            assert code == exit_code, (args, out[-2000:], err[-2000:])
+            # It prints an isError result and exits 5 ("tool_is_error"), not a protocol error.
+            assert code == (5 if failed else 0), (args, out[-2000:], err[-2000:])
             assert out.strip(), (args, code, err[-2000:])
             return json.loads(out)
 
-        listed = await inspector("--method", "tools/list")
-        assert {t["name"] for t in listed["tools"]} == {t.name for t in stack.runtime.registry.active()}
+        await check_cli_matrix(stack, inspector, FAILURES[:-1])
         # The CLI itself refuses a tool the listing does not name (it never sends the call).
         code, out, err = await run(*base, "--method", "tools/call", "--tool-name", "no_such_tool", env=env,
                                    timeout_s=90)
         assert (code, json.loads(err)["error"]["code"]) == (5, "tool_not_found")
-        for name, arguments, code in [(*READ, None), *FAILURES[:-1]]:
-            pairs = [f"{k}={v}" for k, v in arguments.items()]
-            # The CLI prints an isError result and exits 5 ("tool_is_error"), not a protocol error.
-            result = await inspector("--method", "tools/call", "--tool-name", name,
-                                     *(["--tool-arg", *pairs] if pairs else []), exit_code=0 if code is None else 5)
-            if code is None:
-                assert result["isError"] is False and result["structuredContent"]["order_id"] == "ord_1001"
-            else:
-                check_failure(result, code)
 
 
 async def test_older_inspector_cli(proxy_deps):
@@ -69,21 +75,12 @@ async def test_older_inspector_cli(proxy_deps):
         # relative to its own module: it only starts from a directory whose parent holds its package.json.
         cwd = BIN.parent / "@modelcontextprotocol" / "inspector-cli" / "build"
 
-        async def inspector(*args: str) -> dict[str, Any]:
+        async def inspector(*args: str, failed: bool) -> dict[str, Any]:
             code, out, err = await run(*base, *args, cwd=cwd, timeout_s=90)
             assert code == 0, (args, out[-2000:], err[-2000:])  # it exits 0 on an isError result too
             return json.loads(out)
 
-        listed = await inspector("--method", "tools/list")
-        assert {t["name"] for t in listed["tools"]} == {t.name for t in stack.runtime.registry.active()}
-        for name, arguments, code in [(*READ, None), *FAILURES]:
-            pairs = [f"{k}={v}" for k, v in arguments.items()]
-            result = await inspector("--method", "tools/call", "--tool-name", name,
-                                     *(["--tool-arg", *pairs] if pairs else []))
-            if code is None:
-                assert result["isError"] is False and result["structuredContent"]["order_id"] == "ord_1001"
-            else:
-                check_failure(result, code)
+        await check_cli_matrix(stack, inspector, FAILURES)  # unknown tool included: it sends the call
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])

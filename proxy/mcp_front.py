@@ -331,7 +331,7 @@ class McpFront:
     def _relay_response(self, request: web.Request, body: dict[str, Any], caller: Caller) -> web.Response:
         """A client's response to a relayed request: 202 if it answers one waiting on its session."""
         session = self._sessions.get(request.headers.get(SESSION_HEADER) or "", caller)
-        if session is None or not self._relays.answer(session, body):
+        if body.get("jsonrpc") != "2.0" or session is None or not self._relays.answer(session, body):
             raise RpcError(INVALID_REQUEST, "Bad Request: no relayed request with this id is waiting on this session",
                            status=400)
         return web.Response(status=202, headers={SESSION_HEADER: session.id})

@@ -291,7 +291,7 @@ class McpAdapter:
                         input_responses=await self._input_responses(call, client, result),
                         request_state=result.request_state)
                 if not isinstance(result, types.CallToolResult):
-                    raise MCPError(code=INVALID_REQUEST, message="Too many input rounds")
+                    raise _input_not_given(call, "kept asking for input")
                 return result
             except MCPError as exc:
                 if attempt == 2 or progress.connect_failed:
@@ -319,10 +319,8 @@ class McpAdapter:
                                            meta=request.params.meta if request.params else None)
             answer = await client.session.dispatch_input_request(context, request)
             if isinstance(answer, types.ErrorData):
-                raise ProxyError("upstream_error", "The MCP tool needs input from the client (sampling or "
-                                 "elicitation) that the client could not give; it did not finish.",
-                                 details={"tool": call.tool.name, "upstream_code": answer.code}, phase="execute",
-                                 attempted=True, committed=False, retryable=False, resolution="inspect")
+                raise _input_not_given(call, "needs input from the client (sampling or elicitation) that the "
+                                       "client could not give")
             responses[key] = answer
         return responses
 
@@ -424,6 +422,12 @@ class McpAdapter:
                               details=details, phase="execute", attempted=True, committed=False)
         return ProxyError("upstream_error", "The MCP server failed to answer the read.", details=details,
                           phase="execute", attempted=True, committed=False)
+
+
+def _input_not_given(call: BackendCall, why: str) -> ProxyError:
+    """A 2026-07-28 call that ended in input rounds: the upstream answered each round without finishing."""
+    return ProxyError("upstream_error", f"The MCP tool {why}; it did not finish.", details={"tool": call.tool.name},
+                      phase="execute", attempted=True, committed=False, retryable=False, resolution="inspect")
 
 
 def _parsed(model: Any, answer: Mapping[str, Any]) -> Any:

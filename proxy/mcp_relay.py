@@ -70,18 +70,16 @@ def required(method: str, params: Mapping[str, Any]) -> str | None:
     return None
 
 
-@dataclass
-class _Waiter:
-    session_id: str
-    answer: "asyncio.Future[Mapping[str, Any]]"
-
-
 class Desk:
-    """The relayed requests of one MCP front still waiting for their client's answer."""
+    """The relayed requests of one MCP front still waiting for their client's answer, and their accounting."""
 
     def __init__(self, runtime: Any) -> None:
         self._runtime = runtime
-        self._waiting: dict[str, _Waiter] = {}
+        self._waiting: dict[str, tuple[str, "asyncio.Future[Mapping[str, Any]]"]] = {}  # id -> (session id, answer)
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self._runtime.config.mcp.relay_max_bytes)
 
     def channel(self, session: Session | None, caller: Caller,
                 push: Callable[[dict[str, Any]], None] | None) -> "Channel":
@@ -89,17 +87,33 @@ class Desk:
         response streams (``push``); otherwise every request is refused (and still counted)."""
         return Channel(self, session if push is not None else None, caller, push)
 
+    def expect(self, session: Session) -> tuple[str, "asyncio.Future[Mapping[str, Any]]"]:
+        """A fresh unguessable id, and the future its answer on ``session`` will complete."""
+        rpc_id = f"toolproxy-relay-{secrets.token_urlsafe(18)}"
+        answer: asyncio.Future[Mapping[str, Any]] = asyncio.get_running_loop().create_future()
+        self._waiting[rpc_id] = (session.id, answer)
+        return rpc_id, answer
+
+    def forget(self, rpc_id: str) -> None:
+        self._waiting.pop(rpc_id, None)
+
     def answer(self, session: Session, body: Mapping[str, Any]) -> bool:
         """A client's JSON-RPC response: True if it answers a request waiting on this session."""
         rpc_id = body.get("id")
-        waiter = self._waiting.get(rpc_id) if isinstance(rpc_id, str) else None
-        if waiter is None or waiter.session_id != session.id or waiter.answer.done():
+        waiting = self._waiting.get(rpc_id) if isinstance(rpc_id, str) else None
+        if waiting is None or waiting[0] != session.id or waiting[1].done():
             return False
-        waiter.answer.set_result(body)
+        waiting[1].set_result(body)
         return True
 
-    def __len__(self) -> int:
-        return len(self._waiting)
+    async def account(self, channel: "Channel", method: str, result: str, size: int | None) -> None:
+        """Count and audit one request an upstream sent during ``channel``'s call (never its content)."""
+        metrics, caller = self._runtime.metrics, channel.caller
+        label = method if method in METHODS else "other"
+        metrics.child(metrics.mcp_relayed, label, result).inc()
+        await self._runtime.audit.record("mcp_relay", call_id=channel.call_id, tool=channel.tool,
+                                         tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+                                         details={"method": label, "result": result, "bytes": size})
 
 
 @dataclass
@@ -113,7 +127,11 @@ class Channel:
     call_id: str | None = None
     tool: str | None = None
     pushed: asyncio.Event = field(default_factory=asyncio.Event)  # the call's response must stream
-    _outstanding: set[str] = field(default_factory=set)
+    _outstanding: int = 0
+
+    @property
+    def can_ask(self) -> bool:
+        return self.session is not None and bool(self.session.client_capabilities)
 
     async def __call__(self, method: str, params: Mapping[str, Any],
                        timeout_s: float) -> Mapping[str, Any] | InputRefused:
@@ -121,22 +139,21 @@ class Channel:
         if need is None:
             return await self._done(method, "not_declared", InputRefused(METHOD_NOT_FOUND, "Method not found"))
         if self.session is None or self.push is None or need not in self.session.client_capabilities:
-            return await self._done(method, "not_declared",
-                                    InputRefused(INVALID_REQUEST, _NOT_SUPPORTED[method]))
+            return await self._done(method, "not_declared", InputRefused(INVALID_REQUEST, _NOT_SUPPORTED[method]))
         size = len(json_bytes(params))
-        if size > self.desk._runtime.config.mcp.relay_max_bytes or len(self._outstanding) >= MAX_OUTSTANDING:
-            return await self._done(method, "too_large", InputRefused(
-                INVALID_REQUEST, "Request too large to relay" if len(self._outstanding) < MAX_OUTSTANDING
-                else "Too many outstanding requests"), size)
-        rpc_id = f"toolproxy-relay-{secrets.token_urlsafe(18)}"
-        waiter = _Waiter(self.session.id, asyncio.get_running_loop().create_future())
-        self.desk._waiting[rpc_id] = waiter
-        self._outstanding.add(rpc_id)
+        if size > self.desk.max_bytes:
+            return await self._done(method, "too_large", InputRefused(INVALID_REQUEST, "Request too large to relay"),
+                                    size)
+        if self._outstanding >= MAX_OUTSTANDING:
+            return await self._done(method, "too_many", InputRefused(INVALID_REQUEST,
+                                                                     "Too many outstanding requests"), size)
+        rpc_id, answer = self.desk.expect(self.session)
+        self._outstanding += 1
         try:
             self.push({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params)})
             self.pushed.set()
             async with asyncio.timeout(timeout_s):
-                body = await waiter.answer
+                body = await answer
         except TimeoutError:  # the call's deadline: the upstream hears it, the call runs on to its outcome
             return await self._done(method, "timeout", InputRefused(
                 REQUEST_TIMEOUT, "The client did not answer within the call's deadline"), size)
@@ -144,12 +161,11 @@ class Channel:
             await self._done(method, "closed", None, size)
             raise
         finally:
-            self.desk._waiting.pop(rpc_id, None)
-            self._outstanding.discard(rpc_id)
+            self.desk.forget(rpc_id)
+            self._outstanding -= 1
         error = body.get("error")
         if isinstance(error, Mapping):
-            code = error.get("code")
-            message = error.get("message")
+            code, message = error.get("code"), error.get("message")
             return await self._done(method, "client_error", InputRefused(
                 code if isinstance(code, int) and not isinstance(code, bool) else INVALID_REQUEST,
                 message[:_MESSAGE_CHARS] if isinstance(message, str) else "Client error"), size)
@@ -158,16 +174,6 @@ class Channel:
             return await self._done(method, "client_error", InputRefused(INVALID_PARAMS, "Invalid result"), size)
         return await self._done(method, "answered", result, size)
 
-    @property
-    def can_ask(self) -> bool:
-        return self.session is not None and bool(self.session.client_capabilities)
-
     async def _done(self, method: str, result: str, value: Any, size: int | None = None) -> Any:
-        runtime = self.desk._runtime
-        label = method if method in METHODS else "other"
-        runtime.metrics.child(runtime.metrics.mcp_relayed, label, result).inc()
-        caller = self.caller
-        await runtime.audit.record("mcp_relay", call_id=self.call_id, tool=self.tool, tenant=caller.tenant,
-                                   subject=caller.subject, agent=caller.agent,
-                                   details={"method": label, "result": result, "bytes": size})
+        await self.desk.account(self, method, result, size)
         return value

@@ -115,7 +115,8 @@ class Metrics:
                                            ["backend", "event"], registry=r)
         self.mcp_relayed = Counter(
             "toolproxy_mcp_relayed_requests", "Requests an MCP upstream sent back during a call (sampling, "
-            "elicitation), by method and result (answered, client_error, not_declared, too_large, timeout, closed)",
+            "elicitation), by method and result (answered, client_error, not_declared, too_large, too_many, timeout, "
+            "closed)",
             ["method", "result"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)

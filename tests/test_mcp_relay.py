@@ -116,6 +116,27 @@ async def test_a_request_larger_than_the_limit_is_refused_unseen(tmp_path, proxy
         assert await relayed(stack, "elicitation/create", "too_large") == 1
 
 
+async def test_one_call_parks_at_most_four_questions_on_its_client(tmp_path, proxy_deps):
+    waiting: list[Any] = []
+    four = asyncio.Event()
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        waiting.append(params.message)
+        if len(waiting) == 4:
+            four.set()
+        async with asyncio.timeout(10):
+            await four.wait()  # hold every answer until four questions are open at once
+        return types.ElicitResult(action="accept", content={})
+
+    async with relay_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": "legacy"}) as (stack, upstream):
+        async with client(stack, elicitation_callback=elicitation) as session:
+            result = await session.call_tool("many_questions", {"count": 5})
+        assert result.is_error is False and result.content[0].text == "answered=4 refused=1"
+        assert len(waiting) == 4
+        assert await relayed(stack, "elicitation/create", "too_many") == 1
+        assert await relayed(stack, "elicitation/create", "answered") == 4
+
+
 async def sse_events(response: Any) -> Any:
     """The JSON messages of an SSE response, one at a time."""
     data: list[str] = []

@@ -239,6 +239,23 @@ def _conformance_tools(server: MCPServer, state: UpstreamState) -> None:
             outcome = f"refused: {getattr(getattr(exc, 'error', None), 'code', type(exc).__name__)}"
         return [types.TextContent(type="text", text=outcome)]
 
+    @server.tool(structured_output=False)
+    async def many_questions(count: int, ctx: Context) -> list[types.ContentBlock]:
+        """Asks the client ``count`` questions at once (legacy session); says how many were answered."""
+        state.record("many_questions", ctx, count=count)
+        session = ctx.request_context.session
+
+        async def one(n: int) -> str:
+            try:
+                await session.elicit_form(message=f"Question {n}", requested_schema={"type": "object", "properties": {}},
+                                          related_request_id=ctx.request_id)
+                return "answered"
+            except Exception:
+                return "refused"
+        outcomes = await asyncio.gather(*(one(n) for n in range(count)))
+        return [types.TextContent(type="text", text=f"answered={outcomes.count('answered')} "
+                                                     f"refused={outcomes.count('refused')}")]
+
     @server.tool(name="json_schema_2020_12_tool", description="Tool with JSON Schema 2020-12 features",
                  structured_output=False)
     def json_schema_tool(ctx: Context, name: str = "", address: dict[str, Any] | None = None) -> str:
@@ -277,6 +294,9 @@ def conformance_registry_yaml(url: str) -> str:
     entries += [("test_sampling", "Asks the client's model.",
                  "{type: object, additionalProperties: false, required: [prompt], "
                  "properties: {prompt: {type: string, maxLength: 1000}}}"),
+                ("many_questions", "Asks the client several questions at once.",
+                 "{type: object, additionalProperties: false, required: [count], "
+                 "properties: {count: {type: integer, minimum: 1, maximum: 10}}}"),
                 ("unrelated_question", "Asks the client outside the call.",
                  "{type: object, additionalProperties: false, properties: {}}"),
                 ("test_elicitation", "Asks the user.",

@@ -8,7 +8,7 @@
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
 #     the published sha256.
-#   * pinned Node tools (Node 22, MCP conformance suite, TS SDK, Inspector,
+#   * pinned Node tools (Node 22, MCP conformance suite, TS SDK, Inspector, inspector-cli,
 #     server-everything) in .tools/node, from tests/node/package-lock.json.
 #   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
 #     PATH, else the Debian package (apt-get, root or passwordless sudo), else
@@ -313,7 +313,8 @@ fi
 # 6. Node tools for the MCP interop tests, pinned by tests/node/package-lock.json:
 #    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
 #    system Node may be older), @modelcontextprotocol/conformance, sdk,
-#    inspector and server-everything, installed with `npm install` into
+#    inspector, the older inspector-cli and server-everything, installed with
+#    `npm install` into
 #    .tools/node/ and linked as tests/node/node_modules for the test scripts.
 # ---------------------------------------------------------------------------
 NODE_DIR="$ROOT/.tools/node"

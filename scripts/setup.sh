@@ -314,8 +314,8 @@ fi
 #    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
 #    system Node may be older), @modelcontextprotocol/conformance, sdk,
 #    inspector, the older inspector-cli and server-everything, installed with
-#    `npm install` into
-#    .tools/node/ and linked as tests/node/node_modules for the test scripts.
+#    `npm install` into .tools/node/ and linked as tests/node/node_modules for
+#    the test scripts.
 # ---------------------------------------------------------------------------
 NODE_DIR="$ROOT/.tools/node"
 install_node_tools() {

@@ -246,6 +246,9 @@ class McpConfig:
     relay_max_bytes: int = setting(65536, "MCP: largest request an upstream may relay to the client during a "
                                           "call (sampling/createMessage, elicitation/create); refused above",
                                    bounds=(1024, 1048576))
+    log_message_max_bytes: int = setting(8192, "MCP: largest upstream log message (notifications/message) relayed "
+                                               "to the client during a call; dropped (and counted) above",
+                                         bounds=(256, 1048576))
     upstream_mode: str = setting("auto", "MCP backends: auto (2026-07-28 stateless if the upstream offers it, else "
                                          "initialize + session) or legacy (always initialize + session)",
                            choices=("auto", "legacy"))

@@ -26,7 +26,10 @@ envelope in ``_meta``, see ``mcp_tools.call_result``). A call still running afte
 ``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings. A
 request the call's upstream sends back (sampling, elicitation) reaches a
 session client that declared it on the call's SSE stream, and the client's
-response POSTed here goes back to that call (``proxy/mcp_relay.py``).
+response POSTed here goes back to that call (``proxy/mcp_relay.py``); so do
+the upstream's log messages of the call, at or above the level the client asked
+for (``logging/setLevel`` on a session, stored on it; on 2026-07-28, which
+removed that method, the request's ``_meta`` log level).
 
 Must never: use the session id or the JSON-RPC id as a call id or an
 idempotency key (a client re-issues a broken request with a new id), decide
@@ -55,7 +58,7 @@ from mcp.shared.inbound import (
     decode_header_value,
     find_duplicated_routing_header,
 )
-from mcp_types import SERVER_INFO_META_KEY
+from mcp_types import LOG_LEVEL_META_KEY, SERVER_INFO_META_KEY
 from mcp_types import methods as mcp_methods
 from mcp_types.jsonrpc import (
     HEADER_MISMATCH,
@@ -71,7 +74,7 @@ from pydantic import ValidationError
 
 from . import __version__, ingress, mcp_relay, mcp_tools
 from .envelope import dumps as json_bytes
-from .adapters import input_relay, progress_relay
+from .adapters import LogRelay, input_relay, log_relay, progress_relay
 from .errors import ProxyError
 from .identity import Caller
 from .listing import visible_tools
@@ -83,7 +86,8 @@ log = logging.getLogger("toolproxy.mcp")
 SESSION_HEADER = "Mcp-Session-Id"
 SUPPORTED_VERSIONS = (*HANDSHAKE_PROTOCOL_VERSIONS, *MODERN_PROTOCOL_VERSIONS)
 SERVER_INFO = {"name": "toolproxy", "version": __version__}
-CAPABILITIES = {"tools": {"listChanged": False}}
+# logging: the upstreams' log messages of a call, relayed to its client (``mcp_relay.Channel.log``).
+CAPABILITIES = {"tools": {"listChanged": False}, "logging": {}}
 INSTRUCTIONS = ("Tool calls pass through toolproxy: failures come back as isError results whose text says "
                 f"what to do next; the proxy's result envelope is in _meta[{mcp_tools.ENVELOPE_META_KEY!r}].")
 BATCH_VERSION = "2025-03-26"  # the one negotiated revision with JSON-RPC batches
@@ -347,6 +351,9 @@ class McpFront:
                           "serverInfo": SERVER_INFO, "instructions": INSTRUCTIONS})
         if method == "ping":
             return _done({})
+        if method == "logging/setLevel" and exchange.session is not None:  # 2026-07-28 has no such method
+            self._sessions.set_log_level(exchange.session.id, exchange.caller, params["level"])
+            return _done({})
         if method == "server/discover":
             return _done({"supportedVersions": list(SUPPORTED_VERSIONS), "capabilities": CAPABILITIES,
                           "instructions": INSTRUCTIONS, "resultType": "complete", "ttlMs": 0,
@@ -420,21 +427,31 @@ class McpFront:
             signal = asyncio.Event()
             self._inflight[key] = signal
             context.run(withdrawn.set, signal)
-        progress_token = ((message.params or {}).get("_meta") or {}).get("progressToken")
-        # What the call's SSE stream carries before the result: progress, relayed requests.
+        request_meta = (message.params or {}).get("_meta") or {}
+        progress_token = request_meta.get("progressToken")
+        # What the call's SSE stream carries before the result: progress, relayed requests, log messages.
         updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if has_sse else None
-        channel = self._relays.channel(exchange.session, exchange.caller,
-                                       updates.put_nowait if updates is not None else None)
+        first_update = asyncio.Event()  # the response must stream from now on
+
+        def push(update: dict[str, Any]) -> None:
+            assert updates is not None
+            updates.put_nowait(update)
+            first_update.set()
+
+        log_level = request_meta.get(LOG_LEVEL_META_KEY) if exchange.modern else \
+            (exchange.session.log_level if exchange.session is not None else None)
+        channel = self._relays.channel(exchange.session, exchange.caller, push if updates is not None else None,
+                                       log_level)
         context.run(input_relay.set, channel)
+        if channel.log_level is not None:
+            context.run(log_relay.set, LogRelay(channel.log_level, channel.log))
         streams_now = has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool)
         if streams_now and updates is not None:
-            queue = updates
-
             async def relay(progress: float, total: float | None) -> None:
                 params: dict[str, Any] = {"progressToken": progress_token, "progress": progress}
                 if total is not None:
                     params["total"] = total
-                queue.put_nowait({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+                push({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
             context.run(progress_relay.set, relay)
         task = asyncio.get_running_loop().create_task(result, context=context)  # type: ignore[arg-type]
@@ -442,14 +459,10 @@ class McpFront:
             task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
                                    else None)
         modern = exchange.modern
-        if has_sse and not streams_now:  # JSON unless it runs long or a relayed request must go out first
-            waiting: set[asyncio.Future[Any]] = {task}
-            pushed = asyncio.ensure_future(channel.pushed.wait()) if channel.can_ask else None
-            if pushed is not None:
-                waiting.add(pushed)
-            await asyncio.wait(waiting, timeout=self._sse_after_s, return_when=asyncio.FIRST_COMPLETED)
-            if pushed is not None:
-                pushed.cancel()
+        if has_sse and not streams_now:  # JSON unless it runs long or an update must go out first
+            pushed = asyncio.ensure_future(first_update.wait())
+            await asyncio.wait({task, pushed}, timeout=self._sse_after_s, return_when=asyncio.FIRST_COMPLETED)
+            pushed.cancel()
         if updates is None or (task.done() and not streams_now and updates.empty()):
             body = await _settle(task, message.rpc_id)
             code = body["error"]["code"] if "error" in body else None

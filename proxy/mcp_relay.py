@@ -9,10 +9,16 @@ SSE stream under a proxy-assigned JSON-RPC id, and waiting (at most what is left
 of the call's deadline, which the adapter passes) for the client's response
 POSTed to ``/mcp``, which the ``Desk`` matches by session and that id. Every relayed request is
 counted (``toolproxy_mcp_relayed_requests_total``) and audited (``mcp_relay``).
+The upstream's log messages (``notifications/message``) of that call go onto the
+same stream when the client asked for them (``logging/setLevel`` on its session,
+or the 2026-07-28 request's ``_meta`` log level), at or above that level and at
+most ``mcp.log_message_max_bytes``; each is counted
+(``toolproxy_mcp_log_messages_total``), its content never logged.
 
 Must never: give a relayed request any authority (it is the untrusted upstream's
 text, shown to the client as the upstream's; nothing in the proxy acts on it),
-deliver a client's answer to anything but the call that asked (ids are
+deliver a client's answer to anything but the call that asked, or an upstream's
+log message to any client but the one whose call it arrived during (ids are
 unguessable and bound to the session and its owner), relay a capability the
 client did not declare, or leave a waiter behind when a call ends.
 """
@@ -21,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from mcp_types.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
@@ -38,6 +44,8 @@ METHODS = (_SAMPLING, _ELICITATION)
 _NOT_SUPPORTED = {_SAMPLING: "Sampling not supported", _ELICITATION: "Elicitation not supported"}
 MAX_OUTSTANDING = 4  # per call: an upstream cannot park more questions than this on a client
 _MESSAGE_CHARS = 200  # of a client's error message passed back to the upstream
+# MCP log levels, least severe first (RFC 5424 severities); a client gets its level and above.
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
 
 
 def declared(capabilities: Any) -> frozenset[str]:
@@ -81,11 +89,17 @@ class Desk:
     def max_bytes(self) -> int:
         return int(self._runtime.config.mcp.relay_max_bytes)
 
+    @property
+    def log_max_bytes(self) -> int:
+        return int(self._runtime.config.mcp.log_message_max_bytes)
+
     def channel(self, session: Session | None, caller: Caller,
-                push: Callable[[dict[str, Any]], None] | None) -> "Channel":
+                push: Callable[[dict[str, Any]], None] | None, log_level: str | None = None) -> "Channel":
         """The channel of one ``/mcp`` call: it asks the client only on a legacy ``session`` whose
-        response streams (``push``); otherwise every request is refused (and still counted)."""
-        return Channel(self, session if push is not None else None, caller, push)
+        response streams (``push``); otherwise every request is refused (and still counted). Log
+        messages at or above ``log_level`` go to a client whose response streams."""
+        return Channel(self, session if push is not None else None, caller, push,
+                       log_level=log_level if push is not None and log_level in LOG_LEVELS else None)
 
     def expect(self, session: Session) -> tuple[str, "asyncio.Future[Mapping[str, Any]]"]:
         """A fresh unguessable id, and the future its answer on ``session`` will complete."""
@@ -106,6 +120,9 @@ class Desk:
         waiting[1].set_result(body)
         return True
 
+    def count_log(self, result: str) -> None:
+        self._runtime.metrics.child(self._runtime.metrics.mcp_log_messages, result).inc()
+
     async def account(self, channel: "Channel", method: str, result: str, size: int | None) -> None:
         """Count and audit one request an upstream sent during ``channel``'s call (never its content)."""
         metrics, caller = self._runtime.metrics, channel.caller
@@ -118,7 +135,7 @@ class Desk:
 
 @dataclass
 class Channel:
-    """Carries the upstream's requests of one call to its client (``adapters.InputRelay``)."""
+    """Carries the upstream's requests (``adapters.InputRelay``) and log messages (``log``) of one call to its client."""
 
     desk: Desk
     session: Session | None  # None: nobody to ask (2026-07-28, or a response that cannot stream)
@@ -126,12 +143,8 @@ class Channel:
     push: Callable[[dict[str, Any]], None] | None
     call_id: str | None = None
     tool: str | None = None
-    pushed: asyncio.Event = field(default_factory=asyncio.Event)  # the call's response must stream
+    log_level: str | None = None  # None: the client did not ask for log messages, or cannot receive them
     _outstanding: int = 0
-
-    @property
-    def can_ask(self) -> bool:
-        return self.session is not None and bool(self.session.client_capabilities)
 
     async def __call__(self, method: str, params: Mapping[str, Any],
                        timeout_s: float) -> Mapping[str, Any] | InputRefused:
@@ -151,7 +164,6 @@ class Channel:
         self._outstanding += 1
         try:
             self.push({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params)})
-            self.pushed.set()
             async with asyncio.timeout(timeout_s):
                 body = await answer
         except TimeoutError:  # the call's deadline: the upstream hears it, the call runs on to its outcome
@@ -173,6 +185,29 @@ class Channel:
         if not isinstance(result, Mapping):
             return await self._done(method, "client_error", InputRefused(INVALID_PARAMS, "Invalid result"), size)
         return await self._done(method, "answered", result, size)
+
+    async def log(self, params: Mapping[str, Any]) -> None:
+        """An upstream's log message during this call: to its client at or above the level it asked for.
+
+        Only ``level``, ``logger`` and ``data`` pass (the upstream's ``_meta`` does not); the
+        content is untrusted data for the client to show, never logged here.
+        """
+        level, logger = params.get("level"), params.get("logger")
+        message: dict[str, Any] = {"level": level, "data": params.get("data")}
+        if isinstance(logger, str):
+            message["logger"] = logger
+        if self.push is None or self.log_level is None:
+            result = "not_requested"
+        elif level not in LOG_LEVELS:
+            result = "invalid"
+        elif LOG_LEVELS.index(level) < LOG_LEVELS.index(self.log_level):
+            result = "below_level"
+        elif len(json_bytes(message)) > self.desk.log_max_bytes:
+            result = "too_large"
+        else:
+            self.push({"jsonrpc": "2.0", "method": "notifications/message", "params": message})
+            result = "relayed"
+        self.desk.count_log(result)
 
     async def _done(self, method: str, result: str, value: Any, size: int | None = None) -> Any:
         await self.desk.account(self, method, result, size)

@@ -1,7 +1,8 @@
 """MCP legacy sessions: the ``Mcp-Session-Id`` handed out by ``initialize``.
 
 Owns: minting unguessable session ids, binding each session to the caller
-that created it and to its negotiated protocol version, idle expiry, the cap
+that created it and to its negotiated protocol version, the log level its
+client set (``logging/setLevel``), idle expiry, the cap
 on open sessions, and ending sessions (``DELETE``). Sessions live in this
 process only: after a restart a client gets 404 and initializes again, which
 the MCP spec requires clients to handle. Must never: let a session stand for
@@ -13,7 +14,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from .identity import Caller
@@ -26,6 +27,8 @@ class Session:
     owner: tuple[str, str, str]  # subject, tenant, agent of the caller that initialized it
     # What the client declared it can answer (``mcp_relay.declared``), e.g. {"sampling", "elicitation.form"}.
     client_capabilities: frozenset[str] = frozenset()
+    # The lowest level of upstream log messages the client asked for; None: it never asked (none relayed).
+    log_level: str | None = None
 
 
 class SessionsFull(Exception):
@@ -76,6 +79,15 @@ class SessionTable:
         if session.owner != owner_of(caller):
             return None
         self._sessions[session_id] = (session, now)
+        return session
+
+    def set_log_level(self, session_id: str, caller: Caller, level: str) -> Session | None:
+        """Store the client's ``logging/setLevel`` on its session (for the calls that follow)."""
+        session = self.get(session_id, caller)
+        if session is None:
+            return None
+        session = replace(session, log_level=level)
+        self._sessions[session_id] = (session, self._clock())
         return session
 
     def end(self, session_id: str, caller: Caller) -> bool:

@@ -118,6 +118,9 @@ class Metrics:
             "elicitation), by method and result (answered, client_error, not_declared, too_large, too_many, timeout, "
             "closed)",
             ["method", "result"], registry=r)
+        self.mcp_log_messages = Counter(
+            "toolproxy_mcp_log_messages", "Log messages (notifications/message) an MCP upstream sent during an /mcp "
+            "call, by result (relayed, below_level, too_large, invalid, not_requested)", ["result"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
 

@@ -5,9 +5,10 @@ toolproxy fronts a real upstream MCP server (tests/support/mcp_upstream.py) impl
 suite's test tools, registered in the registry and allowed by the demo policy. The scenarios whose
 upstream asks the client back (sampling, elicitation) run over both upstream revisions: 2026-07-28
 (InputRequiredResult rounds) and a legacy session (mid-call requests). Every tools-* scenario
-passes except tools-call-with-logging, which needs logging/setLevel: logging is not offered. Scenarios for
-features a tools gateway does not offer (prompts, resources, completion, logging) are asserted
-to answer -32601 instead (docs/mcp.md lists them)."""
+passes, tools-call-with-logging included (the upstream's log messages of the call are relayed at the
+level set by logging/setLevel, tests/test_mcp_logging.py). Scenarios for features a tools gateway
+does not offer (prompts, resources, completion) are asserted to answer -32601 instead (docs/mcp.md
+lists them)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from tests.support.stack import DEMO_REGISTRY, running_stack
 RELAYED = ("tools-call-sampling", "tools-call-elicitation", "elicitation-sep1034-defaults", "elicitation-sep1330-enums")
 PASSING = ("server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image",
            "tools-call-audio", "tools-call-embedded-resource", "tools-call-mixed-content", "tools-call-error",
-           "tools-call-with-progress", *RELAYED,
+           "tools-call-with-progress", "logging-set-level", "tools-call-with-logging", *RELAYED,
            "json-schema-2020-12", "server-sse-polling", "server-sse-multiple-streams", "dns-rebinding-protection")
 
 
@@ -67,7 +68,6 @@ NOT_OFFERED = {
     "resources-unsubscribe": ("resources/unsubscribe", {"uri": "test://x"}),
     "completion-complete": ("completion/complete", {"ref": {"type": "ref/prompt", "name": "p"},
                                                     "argument": {"name": "a", "value": "v"}}),
-    "logging-set-level": ("logging/setLevel", {"level": "debug"}),
 }
 
 
@@ -84,7 +84,7 @@ async def test_features_a_tools_gateway_does_not_offer_answer_method_not_found(v
         status, answer_headers, body = await post({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
             "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "c", "version": "0"}}}, {})
         assert status == 200
-        assert set(body["result"]["capabilities"]) == {"tools"}   # nothing else is advertised
+        assert set(body["result"]["capabilities"]) == {"tools", "logging"}   # nothing else is advertised
         session = {"Mcp-Session-Id": answer_headers["Mcp-Session-Id"]}
         for n, (method, params) in enumerate(NOT_OFFERED.values()):
             status, _, body = await post({"jsonrpc": "2.0", "id": n + 1, "method": method, "params": params},

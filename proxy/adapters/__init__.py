@@ -26,6 +26,21 @@ progress_relay: contextvars.ContextVar[ProgressRelay | None] = contextvars.Conte
 
 
 @dataclass(frozen=True)
+class LogRelay:
+    """Where an MCP adapter hands the log messages (``notifications/message`` params) its upstream
+    sends during the call running in this context, and the lowest level the call's client asked for.
+
+    Set by the MCP front only when that client asked for log messages and can receive them; unset,
+    an upstream's log messages are dropped. The messages are the upstream's untrusted data."""
+
+    level: str
+    deliver: Callable[[Mapping[str, Any]], Awaitable[None]]
+
+
+log_relay: contextvars.ContextVar[LogRelay | None] = contextvars.ContextVar("toolproxy_log_relay", default=None)
+
+
+@dataclass(frozen=True)
 class InputRefused:
     """A relayed request's error answer (JSON-RPC ``code`` and ``message``) for the upstream that asked."""
 

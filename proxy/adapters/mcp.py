@@ -5,7 +5,10 @@ client over Streamable HTTP — the 2026-07-28 stateless revision when the
 upstream offers it, else the initialize handshake — and reopened when it
 drops), sending ``tools/call`` for the contract's ``backend.tool`` within
 the call's budget (with a progress token when the caller's front relays
-progress: ``adapters.progress_relay``) with the trusted headers the HTTP adapter forwards,
+progress: ``adapters.progress_relay``, and with the log level the caller's client asked for:
+``adapters.log_relay``) with the trusted headers the HTTP adapter forwards,
+handing the upstream's log messages (``notifications/message``) of that call to the caller's
+front (dropped when no call in this context asked for them),
 carrying the requests the upstream sends back during the call (``sampling/createMessage``,
 ``elicitation/create``: mid-call requests on a legacy session, or the 2026-07-28
 ``InputRequiredResult`` rounds) to the caller's front (``adapters.input_relay``;
@@ -62,7 +65,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
-from . import BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, progress_relay, safe_error_fields
+from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay, progress_relay,
+               safe_error_fields)
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")
@@ -222,7 +226,8 @@ class McpAdapter:
         # request's callback in the context of the POST it arrived on, so it reaches the callbacks.
         self._deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
             f"toolproxy_mcp_deadline_{id(self)}", default=None)
-        self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation}
+        self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation,
+                           "logging_callback": self._on_log}
         transport = _ObservedTransport(httpx2.AsyncHTTPTransport(retries=0), self._progress)
         # No read timeout here: every call is bounded by its own budget.
         self._http = httpx2.AsyncClient(transport=transport, follow_redirects=False,
@@ -274,20 +279,23 @@ class McpAdapter:
             progress.status = None
             token = self._progress.set(progress)
             relay = progress_relay.get()
+            logs = log_relay.get()
+            # 2026-07-28 upstreams send log messages only to a request that opts in; legacy ones send every level.
+            meta = {types.LOG_LEVEL_META_KEY: logs.level} if logs is not None else None
             relayed = None
             if relay is not None:
                 async def relayed(value: float, total: float | None, message: str | None) -> None:
                     await relay(value, total)  # the upstream's progress text is not passed on
             try:
                 result = await client.session.call_tool(name, arguments, progress_callback=relayed,
-                                                        allow_input_required=True)
+                                                        allow_input_required=True, meta=meta)
                 for _ in range(MAX_INPUT_ROUNDS):
                     if not isinstance(result, types.InputRequiredResult):
                         break
                     # 2026-07-28: the upstream asks through its result; answered requests go back
                     # with a retry of the same call (attempt 1 already counted as sent).
                     result = await client.session.call_tool(
-                        name, arguments, progress_callback=relayed, allow_input_required=True,
+                        name, arguments, progress_callback=relayed, allow_input_required=True, meta=meta,
                         input_responses=await self._input_responses(call, client, result),
                         request_state=result.request_state)
                 if not isinstance(result, types.CallToolResult):
@@ -334,6 +342,14 @@ class McpAdapter:
     async def _on_elicitation(self, context: ClientRequestContext, params: types.ElicitRequestParams) -> Any:
         answer = await self._relay("elicitation/create", params)
         return answer if isinstance(answer, types.ErrorData) else _parsed(types.ElicitResult, answer)
+
+    async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
+        """An upstream's log message: to the call it arrived during (the SDK runs this in that call's context)."""
+        relay = log_relay.get()
+        if relay is None:  # outside any call, or a call whose client did not ask: never anyone else's
+            log.debug("MCP upstream log message dropped: no call in this context asked for log messages")
+            return
+        await relay.deliver(params.model_dump(mode="json", by_alias=True))
 
     async def _relay(self, method: str, params: Any) -> Mapping[str, Any] | types.ErrorData:
         """An upstream's request during a call, to the caller's client (or refused, as the SDK refuses it)."""

@@ -7,7 +7,8 @@ structured ``applied: false``), ``crash`` (write whose handler raises), and
 the tools the official MCP conformance suite's server scenarios call
 (``test_simple_text``, ``test_image_content``, ``test_audio_content``,
 ``test_embedded_resource``, ``test_multiple_content_types``,
-``test_error_handling``, ``test_tool_with_progress``, ``test_tool_with_logging``, ``json_schema_2020_12_tool``, and the ones that
+``test_error_handling``, ``test_tool_with_progress``, ``test_tool_with_logging`` (and
+``logs_at_every_level``: one log message per level and one too large), ``json_schema_2020_12_tool``, and the ones that
 ask the client back: ``test_sampling``, ``test_elicitation``, ``test_elicitation_sep1034_defaults``,
 ``test_elicitation_sep1330_enums`` — a mid-call request on a legacy session, an
 ``InputRequiredResult`` round on 2026-07-28; registry entries in ``conformance_registry_yaml``).

@@ -227,7 +227,7 @@ async def test_legacy_sessions_lifecycle(proxy_deps):
             "clientInfo": {"name": "raw", "version": "0"}}), ACCEPT)
         assert status == 200
         assert body["result"]["protocolVersion"] == LATEST_HANDSHAKE_VERSION     # counter-offer
-        assert body["result"]["capabilities"] == {"tools": {"listChanged": False}}
+        assert body["result"]["capabilities"] == {"tools": {"listChanged": False}, "logging": {}}
         session = {**ACCEPT, "Mcp-Session-Id": headers["Mcp-Session-Id"]}
         assert len(headers["Mcp-Session-Id"]) >= 32
 

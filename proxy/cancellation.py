@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from . import store
-from .audit import Auditor
+from .audit import Auditor, digest
 from .config import CancellationConfig
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
@@ -277,6 +277,8 @@ class Cancellations:
     def _completed(self, state: Any, evidence: dict[str, Any], source: str, data: Any) -> Any:
         self._metrics.child(self._metrics.cancellations, "completed").inc()
         state.cancellation = {**evidence, "observed": "completed", "evidence": source}
+        if state.result_hash is None:  # a result taken from the status endpoint: verified there
+            state.result_hash = digest(data)
         return data
 
     def _cancelled(self, evidence: dict[str, Any], source: str) -> ProxyError:

@@ -18,7 +18,17 @@ proxy's HTTP adapter speaks:
   while the first is still running is 409 ``idempotency_key_in_progress``.
   Business refusals are stored too (a replay gets the same refusal).
 * ``GET /status/<tool>/<idempotency_key>`` (read-only) answers
-  ``committed`` + result | ``pending`` | ``not_found`` | ``rejected`` + error.
+  ``committed`` + result | ``pending`` | ``not_found`` | ``rejected`` + error |
+  ``cancelled`` (a cancelled call: nothing was applied).
+* ``POST /cancel/<tool>/<idempotency_key>`` asks a running cancellable call
+  (``generate_report``, which works for ``duration_ms``) to stop: 202
+  ``{"state": "cancelling"}``; the call then answers 409 ``cancelled`` with
+  ``"applied": false`` and the status endpoint says ``cancelled``. A call that
+  already finished: 200 ``{"state": "committed"}``; an unknown key: 404
+  ``{"state": "not_found"}``. Every cancel request is kept in
+  ``state.cancel_requests`` (tests count them).
+* ``release_reservation`` is ``reserve_inventory``'s compensation: it gives the
+  reserved units back, once (``already_released`` after that).
 * Fencing: write tools remember, per resource key (``order:ord_1001``), the
   highest ``X-Fencing-Token`` seen; a lower token is 409
   ``stale_fencing_token`` with nothing applied. The check happens right before
@@ -127,7 +137,7 @@ def _seed_inventory() -> dict[str, dict[str, int]]:
     return {
         "sku_widget": {"available": 100, "reserved": 0},
         "sku_gadget": {"available": 5, "reserved": 0},
-        "sku_gizmo": {"available": 0, "reserved": 0},
+        "sku_gizmo": {"available": 0, "reserved": 1},  # held by the seeded reservation rsv_seed1
     }
 
 
@@ -157,6 +167,12 @@ class DemoState:
     customers: dict[str, dict[str, str]] = field(default_factory=_seed_customers)
     counters: dict[str, int] = field(default_factory=lambda: {"ctr_demo": 0, "ctr_race": 0})
     outbox: list[dict[str, Any]] = field(default_factory=list)
+    reservations: dict[str, dict[str, Any]] = field(default_factory=lambda: {
+        "rsv_seed1": {"sku": "sku_gizmo", "quantity": 1, "tenant": "acme", "released": False}})
+    reports: dict[str, str] = field(default_factory=dict)
+    # Cancellation: keys whose running call was asked to stop, and every cancel request received.
+    cancelling: set[tuple[str, str]] = field(default_factory=set)
+    cancel_requests: list[dict[str, Any]] = field(default_factory=list)
     # Observations.
     effects: list[dict[str, Any]] = field(default_factory=list)
     intervals: list[Interval] = field(default_factory=list)
@@ -382,8 +398,44 @@ async def reserve_inventory(call: Call) -> dict[str, Any]:
     item["available"] -= quantity
     item["reserved"] += quantity
     call.record_effect()
-    return {"reservation_id": call.state.new_id("rsv"), "sku": sku, "quantity": quantity,
+    reservation_id = call.state.new_id("rsv")
+    call.state.reservations[reservation_id] = {"sku": sku, "quantity": quantity, "tenant": call.tenant,
+                                               "released": False}
+    return {"reservation_id": reservation_id, "sku": sku, "quantity": quantity,
             "available_after": item["available"]}
+
+
+async def release_reservation(call: Call) -> dict[str, Any]:
+    reservation_id = call.args["reservation_id"]
+    reservation = call.state.reservations.get(reservation_id)
+    if reservation is None or (call.tenant is not None and reservation["tenant"] != call.tenant) \
+            or reservation["sku"] != call.args["sku"] or reservation["quantity"] != call.args["quantity"]:
+        raise BackendError(404, "reservation_not_found", f"no reservation {reservation_id}", field="reservation_id")
+    if reservation["released"]:
+        raise BackendError(409, "already_released", f"reservation {reservation_id} was already released")
+    call.fence()
+    item = call.state.inventory[reservation["sku"]]
+    item["available"] += reservation["quantity"]
+    item["reserved"] -= reservation["quantity"]
+    reservation["released"] = True
+    call.record_effect()
+    return {"reservation_id": reservation_id, "status": "released", "available_after": item["available"]}
+
+
+async def generate_report(call: Call) -> dict[str, Any]:
+    """A long-running write that stops when asked (POST /cancel/generate_report/<key>) and then applies nothing."""
+    finish = time.monotonic() + call.args["duration_ms"] / 1000
+    slot = (call.tool, call.idempotency_key or "")
+    while time.monotonic() < finish:
+        if slot in call.state.cancelling:
+            call.state.cancelling.discard(slot)
+            raise BackendError(409, "cancelled", "the report was cancelled before it was written")
+        await asyncio.sleep(STALL_POLL_SECONDS)
+    call.fence()
+    report_id = call.state.new_id("rpt")
+    call.state.reports[report_id] = call.args["title"]
+    call.record_effect()
+    return {"report_id": report_id, "title": call.args["title"], "status": "ready"}
 
 
 async def get_inventory(call: Call) -> dict[str, Any]:
@@ -461,6 +513,11 @@ TOOLS: dict[str, ToolSpec] = {
     "reserve_inventory": ToolSpec(reserve_inventory, True, {
         "sku": SKU, "quantity": _integer(1, 1000), "order_id": ORDER_ID}, ("inventory:{sku}",)),
     "get_inventory": ToolSpec(get_inventory, False, {"sku": SKU}, ("inventory:{sku}",)),
+    "release_reservation": ToolSpec(release_reservation, True, {
+        "reservation_id": _string(r"^rsv_[A-Za-z0-9]+$", max_len=64), "sku": SKU, "quantity": _integer(1, 1000)},
+        ("inventory:{sku}",)),
+    "generate_report": ToolSpec(generate_report, True, {
+        "title": _string(max_len=200), "duration_ms": _integer(1, 600000)}),
     "send_email": ToolSpec(send_email, True, {
         "to": _string(r"^[^@\s]+@[^@\s]+$", max_len=254), "subject": _string(max_len=200),
         "body": _string(max_len=5000)}),
@@ -660,8 +717,11 @@ async def _run(call: Call, spec: ToolSpec, body_hash: str) -> web.Response:
         if not exc.store:
             body["error"]["applied"] = False  # refused before anything was written
         elif call.idempotency_key:
-            call.state.idempotency[slot] = {"state": "rejected", "body_hash": body_hash,
-                                            "status": exc.status, "body": body}
+            cancelled = exc.code == "cancelled"
+            if cancelled:
+                body["error"]["applied"] = False
+            call.state.idempotency[slot] = {"state": "cancelled" if cancelled else "rejected",
+                                            "body_hash": body_hash, "status": exc.status, "body": body}
         return web.json_response(body, status=exc.status)
     if call.idempotency_key:
         call.state.idempotency[slot] = {"state": "committed", "body_hash": body_hash,
@@ -681,7 +741,24 @@ async def handle_status(request: web.Request) -> web.Response:
         return web.json_response({"state": "pending"})
     if record["state"] == "committed":
         return web.json_response({"state": "committed", "result": record["body"]})
+    if record["state"] == "cancelled":
+        return web.json_response({"state": "cancelled"})
     return web.json_response({"state": "rejected", "error": record["body"]["error"]})
+
+
+async def handle_cancel(request: web.Request) -> web.Response:
+    """Ask a running call to stop. 202 means the request to stop was taken, not that nothing was applied."""
+    state = request.app[STATE_KEY]
+    tool, key = request.match_info["tool"], request.match_info["key"]
+    state.cancel_requests.append({"tool": tool, "idempotency_key": key,
+                                  "header_key": request.headers.get("Idempotency-Key")})
+    record = state.idempotency.get((tool, key))
+    if record is None:
+        return web.json_response({"state": "not_found"}, status=404)
+    if record["state"] == "pending":
+        state.cancelling.add((tool, key))
+        return web.json_response({"state": "cancelling"}, status=202)
+    return web.json_response({"state": record["state"]})
 
 
 async def handle_health(request: web.Request) -> web.Response:
@@ -764,6 +841,7 @@ def create_app(state: DemoState | None = None, *, allow_crash: bool = False) -> 
     app.on_cleanup.append(_cancel_in_flight)
     app.router.add_post("/tools/{tool}", handle_tool)
     app.router.add_get("/status/{tool}/{key}", handle_status)
+    app.router.add_post("/cancel/{tool}/{key}", handle_cancel)
     app.router.add_get("/healthz", handle_health)
     app.router.add_post("/_control/faults", handle_set_fault)
     app.router.add_get("/_control/faults", handle_list_faults)

@@ -1,11 +1,14 @@
 # The decision document the proxy asks for (POST /v1/data/toolproxy/decision):
 #   Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient AND ApprovalSatisfied
+# Actions: "call" (may this call run now), "list" (which tools may this caller
+# see), "compensate" (may this caller undo an operation: compensation.rego).
 # Input and output are described by schemas/opa-input.schema.json and
 # schemas/opa-decision.schema.json. Reasons are for the audit trail; the proxy
 # never shows them to the model.
 package toolproxy
 
 import data.toolproxy.approvals
+import data.toolproxy.compensation
 import data.toolproxy.limits
 import data.toolproxy.quotas
 import data.toolproxy.resource_access
@@ -36,7 +39,7 @@ identity_deny contains "identity_missing" if not identity_valid
 
 identity_deny contains "agent_missing" if not agent_valid
 
-reasons := (((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny
+reasons := ((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny) | compensation.deny
 
 default risk := "unknown"
 
@@ -75,7 +78,7 @@ decision := object.union(base, {
 	input.action == "call"
 	approvals.required
 } else := object.union(object.union(base, quota), {
-	"allow": input.action == "call",
+	"allow": input.action in {"call", "compensate"},
 	"require_approval": false,
 	"reasons": [],
 	"risk": risk,

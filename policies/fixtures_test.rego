@@ -18,9 +18,10 @@ catalog := {
 }
 
 roles := {
-	"agent": {"tools": ["*"]},
+	"agent": {"tools": ["*"], "compensate": ["*"]},
 	"viewer": {"tools": ["get_order", "get_orders"]},
-	"support": {"tools": ["get_order", "refund_order"]},
+	"support": {"tools": ["get_order", "refund_order", "adjust_counter"]},
+	"refunds_desk": {"tools": ["get_order", "refund_order", "adjust_counter"], "compensate": ["refund_order"]},
 }
 
 subjects := {"acme": {

@@ -31,13 +31,13 @@ owner_matches(fact) if {
 # One reason per refused resource, so a batch-like call that mixes an owned and
 # a foreign resource is refused as a whole and the audit trail names the item.
 deny contains sprintf("resource_kind_unknown:%s", [resource.kind]) if {
-	input.action == "call"
+	input.action in {"call", "compensate"}
 	some resource in input.resources
 	not ownership(resource)
 }
 
 deny contains sprintf("resource_not_owned:%s", [resource.id]) if {
-	input.action == "call"
+	input.action in {"call", "compensate"}
 	some resource in input.resources
 	ownership(resource)
 	not owned(resource)

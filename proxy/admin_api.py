@@ -43,13 +43,17 @@ async def admin_get_operation(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
     return json_response(await find_operation(runtime.operations, request.match_info["key"],
-                                              tenant=operator.tenant))
+                                              tenant=operator.tenant, registry=runtime.registry))
 
 
 async def admin_list_takeovers(request: web.Request) -> web.Response:
+    """Operations waiting for a person: unknown outcomes the reconciler gave up on, and failed compensations
+    (docs/transactions.md), told apart by ``kind``."""
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response({"takeovers": await list_takeovers(runtime.operations, tenant=operator.tenant)})
+    unknown = [{"kind": "unknown_outcome", **entry}
+               for entry in await list_takeovers(runtime.operations, tenant=operator.tenant)]
+    return json_response({"takeovers": unknown + await runtime.compensations.takeovers(tenant=operator.tenant)})
 
 
 async def admin_resolve_operation(request: web.Request) -> web.Response:

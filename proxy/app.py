@@ -24,6 +24,7 @@ from .config import Config
 from .http_edge import RUNTIME, envelope_errors, json_response  # noqa: F401  (importable from here too)
 from .http_server import EnvelopeRunner
 from .identity import Caller
+from .idempotency import derive_key
 from .listing import visible_tools
 from .mcp_front import McpFront
 from .operation_views import find_operation
@@ -64,7 +65,45 @@ async def post_tool_call_batch(request: web.Request) -> web.Response:
 async def get_operation(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers)
-    return json_response(await find_operation(runtime.operations, request.match_info["key"], tenant=caller.tenant))
+    return json_response(await find_operation(runtime.operations, request.match_info["key"], tenant=caller.tenant,
+                                              registry=runtime.registry))
+
+
+def operation_key_of(raw: str, tool: str | None, caller: Caller) -> str:
+    """The operation key a path names: the ``ik_...`` key itself, or with ``?tool=<name>`` the caller's own
+    ``Idempotency-Key`` for that tool (derived with the caller's tenant, so it can only name its own)."""
+    if tool is None:
+        return raw
+    op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool, tool_version="", args_hash="",
+                    idempotency_key=raw, run_id=None)
+    return op.key if op is not None else raw
+
+
+async def cancel_operation(request: web.Request) -> web.Response:
+    """Cancel one operation (tenant-scoped like the read): docs/transactions.md."""
+    runtime = request.app[RUNTIME]
+    caller = await runtime.authenticator.authenticate(request.headers)
+    key = operation_key_of(request.match_info["key"], request.query.get("tool"), caller)
+    return json_response(await runtime.pipeline.cancellations.cancel_operation(
+        key, tenant=caller.tenant, subject=caller.subject, agent=caller.agent))
+
+
+async def compensate_operation(request: web.Request) -> web.Response:
+    """Compensate one committed operation by its declared compensating call: docs/transactions.md."""
+    runtime = request.app[RUNTIME]
+    meta = ingress.request_meta(request, runtime.config)
+    caller = await runtime.authenticator.authenticate(request.headers)
+    key = operation_key_of(request.match_info["key"], request.query.get("tool"), caller)
+    status, body = await runtime.compensations.compensate(key, caller, meta)
+    return json_response(body, status)
+
+
+async def cancel_batch(request: web.Request) -> web.Response:
+    """Cancel a running batch of this caller's tenant by its batch id: docs/transactions.md."""
+    runtime = request.app[RUNTIME]
+    caller = await runtime.authenticator.authenticate(request.headers)
+    return json_response(await runtime.scheduler.cancel(request.match_info["batch_id"], tenant=caller.tenant,
+                                                        subject=caller.subject))
 
 
 async def list_tools(request: web.Request) -> web.Response:
@@ -103,6 +142,9 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/tools", list_tools)
     McpFront(runtime).install(app)
     openai_front.install(app, runtime)
+    app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:cancel", cancel_operation)
+    app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:compensate", compensate_operation)
+    app.router.add_post(r"/v1/batches/{batch_id:[^{}/:]+}:cancel", cancel_batch)
     app.router.add_get("/v1/operations/{key}", get_operation)
     return app
 

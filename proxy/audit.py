@@ -13,7 +13,9 @@ bodies, backend output or stack traces into a record; raise anything but
 
 Other stages record their own events through ``Auditor.record(kind, ...)``:
 ``approval`` (created/approved/denied/expired/consumed), ``reconciliation``
-(a state transition of an unknown operation), ``takeover`` (handed to a human).
+(a state transition of an unknown operation), ``takeover`` (handed to a human),
+``cancellation`` (a cancel requested, and how it ended) and ``compensation``
+(a compensation requested, and how it ended; docs/transactions.md).
 """
 
 from __future__ import annotations
@@ -81,7 +83,8 @@ class CallFacts(Protocol):
     result_hash: str | None
 
 RECORD_TYPE = "toolproxy.audit.v1"
-KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay"})
+KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay",
+                   "cancellation", "compensation"})
 
 # Top-level fields a caller of ``record`` may set (the schema's properties).
 FIELDS = frozenset({

@@ -154,36 +154,16 @@ class BackendGuard:
             self._listener = asyncio.get_running_loop().create_task(self._listen(), name="toolproxy-backpressure")
 
     async def stop(self) -> None:
-        if self._listener is not None:
-            # Cancel until it ends: redis-py can swallow one cancel (CPython gh-86296, see store.redis_call).
-            while not self._listener.done():
-                self._listener.cancel()
-                await asyncio.wait({self._listener}, timeout=0.5)
-            self._listener = None
+        await store.stop_listener(self._listener)
+        self._listener = None
 
     async def _listen(self) -> None:
-        backoff = 0.1
-        while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
-            try:
-                await store.translated(pubsub.subscribe(self._channel))
-                await self._load()  # after subscribing: no transition falls between the two
-                self.synced.set()
-                backoff = 0.1
-                while True:
-                    message = await store.translated(pubsub.get_message(timeout=5.0))
-                    task = asyncio.current_task()
-                    if task is not None and task.cancelling():  # a cancel redis-py swallowed (gh-86296)
-                        raise asyncio.CancelledError()
-                    if message is not None and message.get("type") == "message":
-                        self._apply_event(message["data"])
-            except (store.StoreError, OSError) as exc:
-                log.warning("back-pressure channel lost (%s); retrying", type(exc).__name__)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            finally:
-                with _quiet():
-                    await asyncio.shield(pubsub.aclose())
+        async def subscribed() -> None:
+            await self._load()  # after subscribing: no transition falls between the two
+            self.synced.set()
+
+        await store.listen(self._redis, self._channel, self._apply_event, on_subscribed=subscribed,
+                           what="back-pressure channel", log=log)
 
     async def _load(self) -> None:
         reply = await store.redis_call(self._snapshot(keys=[self._hash]))

@@ -140,6 +140,10 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
         return 1
     for tool in registry.all():
         status = "" if tool.status == "active" else f", {tool.status}"
+        if tool.compensation is not None:
+            status += f", compensated by {tool.compensation.tool}@{tool.compensation.version}"
+        if tool.cancel_endpoint is not None:
+            status += ", cancel endpoint"
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
     if previous:
         from .contract_diff import diff, same_version_breaks

@@ -290,6 +290,17 @@ class ReconcileConfig:
 
 
 @dataclass(frozen=True)
+class CancellationConfig:
+    grace_ms: int = setting(2000, "after a sent call is told to cancel: how long its own answer is awaited "
+                                  "before the stream is closed and the status endpoint asked", bounds=(0, 600000))
+    cancel_timeout_ms: int = setting(2000, "timeout of one request to a contract's cancel_endpoint",
+                                     bounds=(1, 60000))
+    answer_wait_ms: int = setting(10000, "how long POST /v1/operations/{key}:cancel waits for the "
+                                         "call's final outcome before answering with the CANCELLING record",
+                                   bounds=(0, 600000))
+
+
+@dataclass(frozen=True)
 class LocksConfig:
     scope: str = setting("tenant", "lock namespace and Redis Cluster hash tag: tenant (a tenant's locks share one "
                                    "slot; tenants never exclude each other) or global (one slot for all locks)",
@@ -423,6 +434,8 @@ class Config:
     idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig,
                                            metadata={"help": "idempotency records"})
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig, metadata={"help": "unknown outcomes"})
+    cancellation: CancellationConfig = field(default_factory=CancellationConfig,
+                                             metadata={"help": "cancelling calls (docs/transactions.md)"})
     locks: LocksConfig = field(default_factory=LocksConfig, metadata={"help": "resource locks"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})

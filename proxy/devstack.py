@@ -235,4 +235,11 @@ idempotency (send the same request twice: the second is replayed, "replayed": tr
   # an unknown outcome: the backend commits, then drops the connection; the reconciler settles it
   curl -s -X POST http://127.0.0.1:{args.backend_port}/_control/faults -d '{{"tool":"refund_order","mode":"drop_after_commit","count":1}}'
   # re-send the refund with -H 'Idempotency-Key: refund-2', then watch it: GET /v1/operations/<idempotency_key>
+cancellation and compensation (docs/transactions.md):
+  curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' -H 'Idempotency-Key: rpt-1' \\
+       -d '{{"call_id":"c5","tool":"generate_report","arguments":{{"title":"q4","duration_ms":30000}}}}' &
+  curl -s -X POST 'http://127.0.0.1:{p}/v1/operations/rpt-1:cancel?tool=generate_report'
+  curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' -H 'Idempotency-Key: rsv-1' \\
+       -d '{{"call_id":"c6","tool":"reserve_inventory","arguments":{{"sku":"sku_widget","quantity":2,"order_id":"ord_1001"}}}}'
+  curl -s -X POST 'http://127.0.0.1:{p}/v1/operations/rsv-1:compensate?tool=reserve_inventory'
 {approvals}""", flush=True)

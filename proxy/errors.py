@@ -69,6 +69,14 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "lock_lost": ErrorSpec("concurrency", False, "reconcile", 409),
     "invalid_plan": ErrorSpec("protocol", False, "repair_arguments", 400),
     "cancelled": ErrorSpec("execution", False, "stop", 409),
+    # cancellation and compensation (docs/transactions.md)
+    "cancel_unconfirmed": ErrorSpec("execution", False, "reconcile", 504, expose_to_user=True),
+    "operation_not_cancellable": ErrorSpec("concurrency", False, "stop", 409),
+    "batch_not_found": ErrorSpec("protocol", False, "stop", 404),
+    "not_compensable": ErrorSpec("business", False, "ask_user", 409, expose_to_user=True),
+    "compensation_state_not_allowed": ErrorSpec("business", False, "stop", 409, expose_to_user=True),
+    "compensation_window_closed": ErrorSpec("business", False, "ask_user", 409, expose_to_user=True),
+    "operation_frozen": ErrorSpec("execution", False, "ask_user", 409, expose_to_user=True),
     "audit_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
     # internal
     "internal_error": ErrorSpec("internal", False, "stop", 500, expose_to_model=False),

@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import rfc8785
 
+from . import compensation_contract
 from .config import IdempotencyConfig, ReconcileConfig
 from .errors import ProxyError, SideEffect
 from .identity import Caller
@@ -212,6 +213,9 @@ class IdempotencyStage:
                         "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
                         "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
                         "request_id": meta.request_id}
+        if tool.compensation is not None:  # what its compensation will need of the arguments, exactly
+            record_meta["compensation_inputs"] = compensation_contract.inputs_of(tool.compensation,
+                                                                                  normalized.arguments)
         wait_until = self._wait_until(meta)
         lease_ms = self._lease_ms(budget)
         while True:
@@ -335,11 +339,15 @@ class IdempotencyStage:
         await trip.send()
 
     def finish_in(self, trip: RoundTrip, admission: Admission, *, tool: ToolContract, data: Any,
-                  error: ProxyError | None, side_effect: SideEffect, call_id: str, request_id: str) -> None:
-        """``finish`` as one step of the commit stage's round trip (sent together with the lock release)."""
+                  error: ProxyError | None, side_effect: SideEffect, call_id: str, request_id: str,
+                  cancelled: bool = False) -> None:
+        """``finish`` as one step of the commit stage's round trip (sent together with the lock release).
+        ``cancelled``: a requested cancellation that applied nothing ends in the final CANCELLED state."""
         if not admission.holds:
             return
-        if error is not None and not error.attempted:
+        if cancelled and side_effect.committed is False:
+            target = "CANCELLED"
+        elif error is not None and not error.attempted:
             target = "ABANDON"
         elif side_effect.committed is None:
             target = "UNKNOWN"

@@ -34,9 +34,11 @@ class BatchResult:
     conflicts: tuple[dict[str, Any], ...]
     plan: Mapping[str, Any]
     timing: Mapping[str, Any]
+    batch_id: str | None = None  # what POST /v1/batches/{batch_id}:cancel names (the request id)
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"batch_id": self.batch_id} if self.batch_id is not None else {}),
             "request_id": self.request_id,
             "status": self.status,
             "results": list(self.results),
@@ -53,16 +55,18 @@ class BatchResult:
 def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, dict[str, Any]],
           footprints: Mapping[str, Footprint], timing: Mapping[str, Any]) -> BatchResult:
     envelopes = tuple(results[call.call_id] for call in plan.calls)  # plan order, whatever finished first
+    status = batch_status(envelopes)
     return BatchResult(
         request_id=plan.meta.request_id,
-        status=batch_status(envelopes),
+        status=status,
         results=envelopes,
         committed_effects=tuple(_effect(env, footprints) for env in envelopes
                                 if env["side_effect"]["committed"] is True),
         uncertain_effects=tuple(_uncertain(env, footprints) for env in envelopes
                                 if env["side_effect"]["committed"] is None),
         next_action=next_action(envelopes),
-        next_actions=tuple(_action(env) for env in _root_failures(envelopes)),
+        next_actions=tuple(_action(env) for env in _root_failures(envelopes)) +
+        (tuple(_compensations(envelopes, footprints)) if status == "partially_succeeded" else ()),
         conflicts=tuple(read_conflicts(plan, envelopes, footprints)),
         plan=graph.to_json(),
         timing=timing,
@@ -113,6 +117,21 @@ def _action(env: Mapping[str, Any]) -> dict[str, Any]:
     error = env["error"]
     return {"call_id": env["call_id"], "code": error["code"], "resolution": error["resolution"],
             "retryable": error["retryable"]}
+
+
+def _compensations(envelopes: Sequence[Mapping[str, Any]], footprints: Mapping[str, Footprint]
+                   ) -> list[dict[str, Any]]:
+    """A batch that did not fully succeed: each committed effect whose contract declares a compensation may be
+    compensated (POST /v1/operations/{key}:compensate; docs/transactions.md). Offered, never done for the caller."""
+    offered = []
+    for env in envelopes:
+        fp = footprints.get(env["call_id"])
+        if env["side_effect"]["committed"] is True and env["idempotency_key"] and fp is not None \
+                and fp.tool is not None and fp.tool.compensation is not None:
+            offered.append({"call_id": env["call_id"], "code": "compensation_available", "resolution": "compensate",
+                            "retryable": False,
+                            "compensate": f"/v1/operations/{env['idempotency_key']}:compensate"})
+    return offered
 
 
 def read_conflicts(plan: BatchPlan, envelopes: Sequence[Mapping[str, Any]],

@@ -123,6 +123,10 @@ class Metrics:
             "call, by result (relayed, below_level, too_large, invalid, not_requested)", ["result"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
+        self.cancellations = Counter("toolproxy_cancellations", "Cancel requests by result (requested, cancelled, "
+                                     "completed, unknown, failed, refused)", ["result"], registry=r)
+        self.compensations = Counter("toolproxy_compensations", "Compensations by result (requested, succeeded, "
+                                     "failed, unknown, refused)", ["result"], registry=r)
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, resolved once per label set: the hot path records several series per

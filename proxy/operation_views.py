@@ -1,7 +1,8 @@
 """Read views of operation records: what an agent or an operator is shown of one operation.
 
 Owns: the shape of ``GET /v1/operations/{key}`` (state, result or error,
-evidence, reconciliation, takeover) on the agent and the admin listener, the
+evidence, reconciliation, takeover, cancellation, compensation and the
+``reversal`` word of docs/transactions.md) on the agent and the admin listener, the
 takeover record (everything a person needs to settle an operation by hand,
 seed 004: key, target, last evidence), and listing the open operations.
 Must never: change a record (resolutions are ``proxy/admin_api.py``'s and the
@@ -12,18 +13,22 @@ reconciler's), or show another tenant's operation to a tenant-bound caller
 from __future__ import annotations
 
 import re
+import time
 from typing import Any, Mapping
 
 from .envelope import iso
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
 from .operations import OperationStore, Record
+from .registry import Registry, ToolContract
 from .store import StoreError, unavailable
 
 
-async def find_operation(store: OperationStore, key: str, *, tenant: str | None) -> dict[str, Any]:
+async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
+                         registry: Registry | None = None) -> dict[str, Any]:
     """``GET /v1/operations/{key}``. An agent passes its tenant and sees only its own tenant's operations
-    (another tenant's key does not exist for it); an operator passes None."""
+    (another tenant's key does not exist for it); an operator passes None. With the registry the view
+    says whether a committed effect can still be compensated."""
     if not re.match(KEY_PATTERN, key):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     try:
@@ -32,15 +37,17 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None)
         raise unavailable("The idempotency store is unreachable.", phase="request") from None
     if record is None or (tenant is not None and record.tenant != tenant):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    return operation_view(record)
+    return operation_view(record, registry.get(record.tool, record.tool_version) if registry is not None else None)
 
 
-def operation_view(record: Record) -> dict[str, Any]:
-    """What ``GET /v1/operations/{key}`` shows: state, result or error, evidence, takeover."""
+def operation_view(record: Record, contract: ToolContract | None = None) -> dict[str, Any]:
+    """What ``GET /v1/operations/{key}`` shows (``schemas/operation-view.schema.json``): state, result or
+    error, evidence, takeover, and the cancellation and compensation facts (docs/transactions.md)."""
     outcome = record.outcome or {}
+    cancelling = record.state == "IN_PROGRESS" and record.cancel is not None
     view: dict[str, Any] = {
         "idempotency_key": record.key,
-        "state": record.state,
+        "state": "CANCELLING" if cancelling else record.state,
         "tool": record.tool,
         "tool_version": record.tool_version,
         "attempt": record.attempt,
@@ -53,6 +60,9 @@ def operation_view(record: Record) -> dict[str, Any]:
         "evidence": _evidence(record.evidence),
         "reconciliation": None,
         "takeover": None,
+        "cancellation": _cancellation(record.cancel),
+        "compensation": dict(record.compensation) if record.compensation else None,
+        "reversal": reversal(record, contract),
     }
     if record.unknown_since is not None:
         view["reconciliation"] = {
@@ -86,6 +96,36 @@ def takeover_record(record: Record) -> dict[str, Any]:
         "unknown_since": _iso(record.unknown_since),
         "takeover_at": _iso(record.takeover_at),
     }
+
+
+def _cancellation(cancel: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    if not cancel:
+        return None
+    return {"requested_at": _iso(cancel.get("at_ms")), "requested_by": cancel.get("subject"),
+            "source": cancel.get("source")}
+
+
+def reversal(record: Record, contract: ToolContract | None) -> str:
+    """One word per situation, never one for all (seed 004): ``none`` (nothing committed, nothing to undo
+    yet), ``not_applied`` / ``rolled_back`` (cancelled before sending / sent, then stopped with evidence
+    that nothing was applied), ``compensable``, ``compensation_requested``, ``compensated``,
+    ``compensation_failed`` (frozen, a person takes over), ``compensation_unknown``,
+    ``cannot_be_compensated`` (the committed effect stands: no compensation declared, or its window or
+    state does not allow one)."""
+    block = record.compensation
+    if block:
+        return {"requested": "compensation_requested", "succeeded": "compensated",
+                "failed": "compensation_failed", "unknown": "compensation_unknown"}[block["status"]]
+    side = (record.outcome or {}).get("side_effect") or {}
+    if record.state == "CANCELLED":
+        return "rolled_back" if side.get("attempted") else "not_applied"
+    if side.get("committed") is not True:
+        return "none"
+    spec = contract.compensation if contract is not None else None
+    if spec is None or record.state not in spec.from_states or \
+            time.time() * 1000 > record.updated_at + spec.window_s * 1000:
+        return "cannot_be_compensated"
+    return "compensable"
 
 
 def _evidence(evidence: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -8,6 +8,11 @@ of it, each one atomic Lua script registered once per process:
     FAILED_RETRYABLE -> IN_PROGRESS (same key, attempt + 1) | FAILED_FINAL (attempts used up)
     UNKNOWN -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (reconciled) | NEEDS_TAKEOVER
     UNKNOWN, NEEDS_TAKEOVER -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (operator with evidence)
+    IN_PROGRESS -> CANCELLED (a requested cancellation, with evidence nothing was applied; final)
+
+plus two marks that never change the state (proxy/cancellation.py, proxy/compensation.py):
+``cancel`` (an IN_PROGRESS record whose cancellation was requested: shown as CANCELLING)
+and ``compensation`` (a SUCCEEDED record's compensation block: requested, succeeded, failed, unknown),
 
 and three per-bucket indexes kept in the same scripts: ``leases``
 (IN_PROGRESS keys by lease expiry, so a dead proxy's calls are found without
@@ -49,7 +54,7 @@ log = logging.getLogger("toolproxy.operations")
 
 BUCKETS = "0123456789abcdef"
 SHORTFALL_LOG_INTERVAL_S = 60.0
-STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNOWN", "NEEDS_TAKEOVER")
+STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNOWN", "NEEDS_TAKEOVER", "CANCELLED")
 OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
 
 _PRELUDE = r"""
@@ -92,6 +97,7 @@ local lease_ms, retention_s, max_attempts = tonumber(ARGV[4]), tonumber(ARGV[5])
 local function start(attempt, token)
   redis.call('HSET', rec, 'state', 'IN_PROGRESS', 'attempt', attempt, 'token', token, 'owner', nonce,
              'lease_until', now + lease_ms, 'updated_at', now)
+  redis.call('HDEL', rec, 'cancel')  -- a new attempt starts without an earlier attempt's cancel request
   redis.call('ZADD', leases, now + lease_ms, id)
   redis.call('PEXPIRE', rec, math.max(retention_s * 1000, 2 * lease_ms))
   if attempt == 1 then return {'new', token, attempt} end
@@ -121,6 +127,7 @@ if state == 'IN_PROGRESS' then
 end
 if state == 'SUCCEEDED' then return {'replay', field('outcome') or ''} end
 if state == 'FAILED_FINAL' then return {'final', field('outcome') or '', field('final_reason') or ''} end
+if state == 'CANCELLED' then return {'final', field('outcome') or '', 'cancelled'} end
 if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then return {'unknown', state, 0} end
 if observe then return {'not_admitted', state} end
 local attempt = tonumber(field('attempt'))
@@ -261,6 +268,36 @@ return {'ok', ARGV[2]}
 """
 
 
+# ARGV: id, request (JSON). Marks an IN_PROGRESS record's cancellation as requested, once.
+_CANCEL = _PRELUDE + r"""
+local state = field('state')
+if not state then return {'missing', 'ABSENT'} end
+local existing = field('cancel')
+if state ~= 'IN_PROGRESS' then return {'settled', state, existing or ''} end
+if existing then return {'already', state, existing} end
+redis.call('HSET', rec, 'cancel', ARGV[2], 'updated_at', now)
+return {'marked', state, ARGV[2]}
+"""
+
+# ARGV: id, block (JSON), allowed current block statuses ("," separated; "none" = no block yet), state wanted.
+# Sets a settled record's compensation block when its state and current block allow it; never changes the state.
+_COMPENSATION = _PRELUDE + r"""
+local state = field('state')
+if not state then return {'missing', 'ABSENT'} end
+local current = field('compensation') or ''
+if state ~= ARGV[4] then return {'state', state, current} end
+local status = 'none'
+if current ~= '' then status = cjson.decode(current)['status'] end
+for allowed in string.gmatch(ARGV[3], '[^,]+') do
+  if allowed == status then
+    redis.call('HSET', rec, 'compensation', ARGV[2])
+    return {'ok', state, ARGV[2]}
+  end
+end
+return {'refused', state, current}
+"""
+
+
 # KEYS[1] an index (sorted set scored by Redis ms). ARGV: limit. Members whose score passed, by this master's clock.
 _PASSED = r"""
 local t = redis.call('TIME')
@@ -306,6 +343,8 @@ class Record:
     reconcile_attempts: int = 0
     takeover_at: int | None = None
     owner: str | None = None  # the nonce of the request holding an IN_PROGRESS record
+    cancel: Mapping[str, Any] | None = None        # a requested cancellation (proxy/cancellation.py)
+    compensation: Mapping[str, Any] | None = None  # the compensation block (proxy/compensation.py)
 
     @property
     def tenant(self) -> str:
@@ -356,8 +395,11 @@ class OperationStore:
         self._resolve = store.script(redis, "operations.resolve", _RESOLVE)
         self._operator = store.script(redis, "operations.operator", _OPERATOR)
         self._passed = store.script(redis, "operations.passed", _PASSED)
+        self._cancel = store.script(redis, "operations.cancel", _CANCEL)
+        self._compensation = store.script(redis, "operations.compensation", _COMPENSATION)
         self._durable = {self._begin: "begin", self._commit: "commit", self._expire: "expire",
-                         self._resolve: "resolve", self._operator: "operator"}
+                         self._resolve: "resolve", self._operator: "operator", self._cancel: "cancel",
+                         self._compensation: "compensation"}
 
     # -- key names -------------------------------------------------------------
     def _keys(self, key: str) -> list[str]:
@@ -434,6 +476,16 @@ class OperationStore:
     async def resolve_by_operator(self, key: str, *, verdict: str, outcome: Mapping[str, Any] | None,
                                   evidence: Mapping[str, Any]) -> Transition:
         return await self._run(self._operator, key, verdict, _dumps(outcome) if outcome else "", _dumps(evidence))
+
+    async def request_cancel(self, key: str, *, request: Mapping[str, Any]) -> Transition:
+        """marked (state, request) | already (state, the first request) | settled (state, request or "")
+        | missing."""
+        return await self._run(self._cancel, key, _dumps(request))
+
+    async def set_compensation(self, key: str, *, block: Mapping[str, Any], from_statuses: tuple[str, ...],
+                               state: str = "SUCCEEDED") -> Transition:
+        """ok (state, block) | refused (state, current block) | state (the record is in another state) | missing."""
+        return await self._run(self._compensation, key, _dumps(block), ",".join(from_statuses), state)
 
     # -- reads -----------------------------------------------------------------
     async def get(self, key: str) -> Record | None:
@@ -530,4 +582,4 @@ def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:
         outcome=obj("outcome"), evidence=obj("evidence"), final_reason=f.get("final_reason") or None,
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),
         reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"),
-        owner=f.get("owner") or None)
+        owner=f.get("owner") or None, cancel=obj("cancel"), compensation=obj("compensation"))

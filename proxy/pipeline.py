@@ -10,7 +10,6 @@ let an unexpected exception escape as a stack trace.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 import time
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from . import envelope, logs
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, digest
 from .authorize import Authorizer
+from .cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
 from .decode import decode_arguments
 from .envelope import Envelope, Timing
@@ -37,12 +37,6 @@ from .store import RoundTrip
 from .unknowns import UnknownIndex
 from .verify import verify_output
 from .versions import VersionResolver, deprecation, deprecation_headers
-
-# Set by a client-facing front when its client withdraws the call running in this context
-# (MCP notifications/cancelled). Honoured only before anything is sent (outcome cancelled, no
-# side effect); a call already sent runs on to the outcome that can be established.
-withdrawn: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("toolproxy_call_withdrawn",
-                                                                                 default=None)
 
 log = logging.getLogger("toolproxy.pipeline")
 
@@ -74,14 +68,16 @@ class CallState:
     attempt: int = 1                          # nth execution of this idempotency key
     backend_request_id: str | None = None
     result_hash: str | None = None            # SHA-256 of the canonical verified output
+    cancellation: dict[str, Any] | None = None  # a cancel that reached this call: who asked, what was observed
 
 
 class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
                  idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver,
-                 quotas: QuotaStage, redis: Any) -> None:
+                 quotas: QuotaStage, redis: Any, cancellations: Cancellations) -> None:
         self._config = config
+        self.cancellations = cancellations
         self._redis = redis
         self._versions = versions
         self._quotas = quotas
@@ -114,6 +110,7 @@ class Pipeline:
             finally:  # whatever escaped (a bug included), held locks never outlive the call
                 if state.lease is not None and not state.lease.released:
                     await asyncio.shield(state.lease.release())
+                self.cancellations.finished(state.admission.key)
 
     async def _execute(self, state: CallState) -> CallResult:
         error: ProxyError | None = None
@@ -148,7 +145,8 @@ class Pipeline:
             trip = RoundTrip(self._redis)
             self._idempotency.finish_in(
                 trip, state.admission, tool=state.tool, data=env.data, error=error, side_effect=env.side_effect,
-                call_id=state.request.call_id, request_id=state.request.meta.request_id)
+                call_id=state.request.call_id, request_id=state.request.meta.request_id,
+                cancelled=_cancelled_for_good(state, error))
             if state.lease is not None:
                 state.lease.release_in(trip)
             await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
@@ -167,6 +165,8 @@ class Pipeline:
             except Exception as exc:  # the envelope already tells the caller; the gauge lags
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
         await self._audit.call_final(state, body)
+        if state.cancellation is not None:
+            await audit_outcome(self._audit, state, body)
         self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
@@ -236,14 +236,19 @@ class Pipeline:
             await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0,
                                                                                 self._margin_s))
 
-        with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
-            lease = state.lease = await self._locks.acquire(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
-                                              is_write=tool.is_write, deadline=meta.deadline,
-                                              while_waiting=keep_reservation,
-                                              keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0,
-                                              operation=admission.key, request_id=meta.request_id)
-        # The lease is released on every path: with the outcome record at commit, or on cancellation.
-        return await self._run_locked(state, tool, normalized, admission, lease)
+        async def locked() -> Any:
+            with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
+                lease = state.lease = await self._locks.acquire(
+                    normalized.resources, tenant=state.caller.tenant, tool=tool.name, is_write=tool.is_write,
+                    deadline=meta.deadline, while_waiting=keep_reservation,
+                    keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0, operation=admission.key,
+                    request_id=meta.request_id)
+            # The lease is released on every path: with the outcome record at commit, or on cancellation.
+            return await self._run_locked(state, tool, normalized, admission, lease)
+
+        # From here on a cancel request (by key) or a withdrawal stops the call by the rules of
+        # proxy/cancellation.py.
+        return await self.cancellations.guard(state, admission.key, locked())
 
     async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
         """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
@@ -332,6 +337,14 @@ class _Stage:
 
     def __exit__(self, *exc: Any) -> None:
         self._state.timing.stage(self._name, time.monotonic() - self._started)
+
+
+def _cancelled_for_good(state: CallState, error: ProxyError | None) -> bool:
+    """A requested cancellation ends in a final CANCELLED record; an MCP withdrawal of a call never sent
+    releases the key instead (nothing happened, the client may ask again)."""
+    cancel = state.cancellation
+    return error is not None and error.code == "cancelled" and cancel is not None \
+        and (state.sent or cancel.get("source") != "mcp")
 
 
 def _about_an_operation(env: Envelope) -> bool:

@@ -59,8 +59,12 @@ def catalog_document(registry: Registry) -> dict[str, Any]:
 def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_digest: str,
                 tool: ToolContract | None = None, normalized: NormalizedCall | None = None,
                 approval: Mapping[str, Any] | None = None,
-                tools: Iterable[ToolContract] = ()) -> dict[str, Any]:
-    """The OPA input document; the only place it is built."""
+                tools: Iterable[ToolContract] = (),
+                original: Mapping[str, Any] | None = None,
+                compensation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The OPA input document; the only place it is built. ``compensate``: ``tool``/``arguments`` are the
+    compensating call, ``original`` the operation it compensates (trusted facts from its record) and
+    ``compensation`` the contract's declaration."""
     document: dict[str, Any] = {
         "action": action,
         "subject": {"id": caller.subject, "tenant": caller.tenant, "roles": list(caller.roles),
@@ -70,7 +74,7 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
         "request": {"request_id": request.request_id, "call_id": request.call_id, "run_id": request.run_id,
                     "trace_id": request.trace_id},
     }
-    if action == "call":
+    if action in ("call", "compensate"):
         assert tool is not None and normalized is not None
         summary = tool.summary()
         document.update({
@@ -82,6 +86,9 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
                           for r in normalized.resources],
             "approval": dict(approval) if approval is not None else None,
         })
+        if action == "compensate":
+            document["original"] = dict(original or {})
+            document["compensation"] = dict(compensation or {})
     else:
         document["tools"] = [{"name": t.name, "version": t.version, "mode": t.mode, "risk": t.risk}
                              for t in tools]

@@ -132,6 +132,11 @@ def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
             else:
                 yield Problem("role_grants_unknown_tool", data.where("toolproxy", "roles", role, "tools"),
                               f"toolproxy.roles.{role}.tools[{i}]", f"role {role} grants {name!r}, not in the registry")
+        for i, name in enumerate((spec or {}).get("compensate", [])):  # policies/compensation.rego
+            if name != "*" and (name not in tools or tools[name].compensation is None):
+                yield Problem("role_compensates_unknown_tool", data.where("toolproxy", "roles", role, "compensate"),
+                              f"toolproxy.roles.{role}.compensate[{i}]",
+                              f"role {role} may compensate {name!r}, which is no registry tool with a compensation")
     for name, tool in sorted(tools.items()):
         if name not in granted:
             yield Problem("tool_not_granted", tool.source, f"tools[name={name}]",

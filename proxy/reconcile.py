@@ -15,7 +15,8 @@ an open operation is ``proxy/admin_api.py``'s.)
 Status answers (seed 000 section 10, seed 004):
   ``{"state": "committed", "result": {...}}`` -> SUCCEEDED with that result (checked against outputSchema);
   ``{"state": "pending"}`` -> keep watching; ``{"state": "not_found"}`` -> FAILED_RETRYABLE (the same key may
-  run again; the backend also deduplicates on it); ``{"state": "rejected", "error": {...}}`` -> FAILED_FINAL.
+  run again; the backend also deduplicates on it); ``{"state": "rejected", "error": {...}}`` -> FAILED_FINAL;
+  ``{"state": "cancelled"}`` -> CANCELLED (the backend stopped the call and applied nothing).
   Anything else (unreachable, 5xx, malformed) -> keep watching, as evidence ``unreachable``/``invalid_answer``.
 
 Must never: re-execute an operation, send anything but the read-only status
@@ -53,7 +54,7 @@ MAX_STATUS_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class Verdict:
-    verdict: str                        # SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | WATCH
+    verdict: str                        # SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | CANCELLED | WATCH
     result: str                         # the toolproxy_reconciliations label
     evidence: Mapping[str, Any]
     outcome: Mapping[str, Any] | None = None
@@ -239,6 +240,11 @@ class Reconciler:
                                "again with the same key.", details={"tool": tool.name}, phase="reconcile")
             return Verdict("FAILED_RETRYABLE", "not_applied", {**evidence, "observed": "not_found"},
                            self._outcome(tool, record, error=error, side=SideEffect(True, False)))
+        if state == "cancelled":
+            error = ProxyError("cancelled", "The call was cancelled; the backend applied nothing.",
+                               details={"tool": tool.name}, phase="reconcile", attempted=True, committed=False)
+            return Verdict("CANCELLED", "cancelled", {**evidence, "observed": "cancelled"},
+                           self._outcome(tool, record, error=error, side=SideEffect(True, False)))
         if state == "rejected":
             code = _safe_code(answer.get("error"))
             error = ProxyError("business_rejected", "The backend rejected the request" +
@@ -282,7 +288,8 @@ async def audit_transition(audit: Auditor, record: Record, previous: str) -> Non
     outcome = record.outcome or {}
     side = outcome.get("side_effect") or {}
     await audit.record("reconciliation", **audit_fields(record),
-                       outcome={"SUCCEEDED": "succeeded", "UNKNOWN": "unknown"}.get(record.state, "failed"),
+                       outcome={"SUCCEEDED": "succeeded", "UNKNOWN": "unknown",
+                                "CANCELLED": "cancelled"}.get(record.state, "failed"),
                        error_code=(outcome.get("error") or {}).get("code") if record.state != "UNKNOWN" else None,
                        side_effect_committed=side.get("committed") if record.state != "UNKNOWN" else None,
                        details={"from": previous, "to": record.state, "evidence": record.evidence,

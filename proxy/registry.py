@@ -27,6 +27,8 @@ from urllib.parse import quote
 import yaml
 from jsonschema import Draft202012Validator
 
+from . import compensation_contract
+from .compensation_contract import CompensationSpec
 from .errors import ProxyError
 from .quota_rules import LimitSpec, spec_from_registry
 
@@ -100,6 +102,8 @@ class ToolContract:
     retention_seconds: int = 86400
     timeout_ms: int = 10000
     status_endpoint: Endpoint | None = None
+    cancel_endpoint: Endpoint | None = None   # POSTed with the call's Idempotency-Key to cancel it (sent calls)
+    compensation: CompensationSpec | None = None  # how a committed effect is compensated (docs/transactions.md)
     sensitive_fields: tuple[str, ...] = ()
     strict: bool = True
     status: str = "active"                    # active | deprecated | retired
@@ -175,6 +179,7 @@ class Registry:
         for versions in by_name.values():
             for tool in versions.values():
                 _check_successor(tool, by_name)
+                _check_compensation(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
 
     def __len__(self) -> int:
@@ -249,6 +254,25 @@ def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, Tool
     if successor is None or not successor.callable or successor is tool:
         raise RegistryError(f"{tool.source}: tool {tool.name!r} version {tool.version}: replaced_by "
                             f"{tool.replaced_by!r} is not another callable contract of this registry")
+
+
+def _check_compensation(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
+    spec = tool.compensation
+    if spec is None:
+        return
+    where = f"{tool.source}: tool {tool.name!r} version {tool.version}: compensation"
+    target = by_name.get(spec.tool, {}).get(spec.version)
+    if target is None or not target.callable or target is tool:
+        raise RegistryError(f"{where}: {spec.tool}@{spec.version} is not another callable contract of this registry")
+    if target.compensation is not None:
+        raise RegistryError(f"{where}: {spec.tool}@{spec.version} declares a compensation of its own "
+                            f"(a compensation is never compensated again)")
+    found = compensation_contract.problems(spec, original_input=tool.input_schema,
+                                           original_output=tool.output_schema,
+                                           original_retention_s=tool.retention_seconds,
+                                           target_input=target.input_schema)
+    if found:
+        raise RegistryError(f"{where}: {found[0]}")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -383,6 +407,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     idem = raw.get("idempotency", {})
     backend = raw["backend"]
     status = raw.get("status_endpoint")
+    cancel = raw.get("cancel_endpoint")
     return ToolContract(
         name=name,
         version=raw["version"],
@@ -399,6 +424,10 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         timeout_ms=raw.get("timeout_ms", 10000),
         status_endpoint=Endpoint(url=status.get("url"), service=status.get("service"),
                                  path=status.get("path")) if status else None,
+        cancel_endpoint=Endpoint(url=cancel.get("url"), service=cancel.get("service"),
+                                 path=cancel.get("path")) if cancel else None,
+        compensation=compensation_contract.spec_from_registry(raw["compensation"]) if raw.get("compensation")
+        else None,
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
         strict=strict,
         status=raw.get("status", "active"),

@@ -23,6 +23,8 @@ from .adapters.mcp import McpAdapter
 from .approvals import ApprovalStore
 from .audit import Auditor, build_sinks
 from .authorize import Authorizer
+from .cancellation import Cancellations
+from .compensation import Compensations
 from .backpressure import BackendGuard
 from .config import Config
 from .decisions import build_recorder
@@ -70,6 +72,7 @@ class Runtime:
     locks: LockManager
     reloader: RegistryReloader
     quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
+    compensations: Compensations  # POST /v1/operations/{key}:compensate and the failed compensations' takeovers
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
@@ -78,6 +81,7 @@ class Runtime:
     async def close(self) -> None:
         await self.reloader.stop()
         await self.reconciler.stop()
+        await self.pipeline.cancellations.stop()
         await self.quotas.guard.stop()
         await self.pipeline.aclose()
         await self.session.close()
@@ -142,6 +146,13 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
             opened.push_async_callback(quotas.guard.stop)
         locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
                             margin_s=config.deadline.margin_ms / 1000.0)
+        reconciler = Reconciler(store=operations, registry=registry, session=session,
+                                services=config.backends.services, config=config.reconcile, metrics=metrics,
+                                audit=audit, max_json_depth=config.decode.max_depth)
+        cancellations = Cancellations(config=config.cancellation, store=operations, adapters=adapters, audit=audit,
+                                      metrics=metrics, redis=redis, registry=registry,
+                                      channel=key(config.redis.key_prefix, "cancel", "all"))
+        cancellations.status_query = reconciler.query_status
         pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                             unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
                             idempotency=idempotency,
@@ -149,7 +160,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
                                                      pin_ttl_s=config.registry.run_pin_ttl_s,
                                                      read_policy=config.idempotency.read_policy),
-                            redis=redis)
+                            redis=redis, cancellations=cancellations)
+        compensations = Compensations(store=operations, registry=registry, pipeline=pipeline, policy=policy,
+                                      audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
+                                      max_json_depth=config.decode.max_depth)
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
                         unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
         await health.open()
@@ -160,22 +174,22 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                         config.identity.static_tenant, config.identity.static_subject)
         if config.opa.push_catalog:
             await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
-        reconciler = Reconciler(store=operations, registry=registry, session=session,
-                                services=config.backends.services, config=config.reconcile, metrics=metrics,
-                                audit=audit, max_json_depth=config.decode.max_depth)
         reconciler.start()
         opened.push_async_callback(reconciler.stop)
+        cancellations.start()  # cancel requests published by other replicas
+        opened.push_async_callback(cancellations.stop)
         reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
                                     interval_ms=config.registry.reload_interval_ms,
                                     push_catalog=config.opa.push_catalog)
         reloader.start()
         opened.push_async_callback(reloader.stop)
         scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
-                              metrics=metrics, audit=audit)
+                              metrics=metrics, audit=audit,
+                              cancel_answer_wait_s=config.cancellation.answer_wait_ms / 1000.0)
         runtime = Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
-                          reloader=reloader, quotas=quotas)
+                          reloader=reloader, quotas=quotas, compensations=compensations)
         opened.pop_all()  # from here on Runtime.close() closes them
     return runtime

@@ -24,13 +24,15 @@ Programmatic use (the batch API and the OpenAI front)::
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Mapping
 
 from . import envelope
 from .audit import Auditor
+from .cancellation import withdrawn, withdrawn_by
 from .config import DeadlineConfig, SchedulerConfig
 from .deadline import Deadline
 from .envelope import Timing
@@ -75,9 +77,25 @@ class ConcurrencyLimits:
                 del self._slots[name]  # no entry outlives its last user: the map stays bounded
 
 
+FINISHED_BATCHES_KEPT = 256  # a cancel that arrives after the end still gets the batch's answer
+
+
+@dataclass
+class BatchRun:
+    """A batch of this process, by (tenant, batch id): its cancel signal and, once done, its statuses."""
+
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_requested_by: str | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+
+
 class Scheduler:
     def __init__(self, *, pipeline: Pipeline, registry: Registry, config: SchedulerConfig,
-                 deadline: DeadlineConfig, metrics: Metrics, audit: Auditor) -> None:
+                 deadline: DeadlineConfig, metrics: Metrics, audit: Auditor,
+                 cancel_answer_wait_s: float = 10.0) -> None:
+        self._batches: collections.OrderedDict[tuple[str, str], BatchRun] = collections.OrderedDict()
+        self._cancel_answer_wait_s = cancel_answer_wait_s
         self._pipeline = pipeline
         self._audit = audit
         self._registry = registry
@@ -104,14 +122,47 @@ class Scheduler:
         timing.deadline_ms = None if remaining is None else int(remaining * 1000)
         footprints = {call.call_id: footprint(self._registry, call) for call in plan.calls}
         graph = build_graph(plan, footprints)
-        results = await self._execute(plan, meta, graph, footprints, caller)
+        batch = BatchRun()
+        self._batches[(caller.tenant, meta.request_id)] = batch
+        try:
+            results = await self._execute(plan, meta, graph, footprints, caller, batch)
+        finally:
+            batch.done.set()
+            while len(self._batches) > FINISHED_BATCHES_KEPT and next(iter(self._batches.values())).done.is_set():
+                self._batches.popitem(last=False)
         elapsed = time.monotonic() - timing.started_mono
         batch_timing = {"started_at": envelope.iso(timing.started_wall),
                         "finished_at": envelope.iso(timing.started_wall + elapsed),
                         "duration_ms": round(elapsed * 1000, 3), "deadline_ms": timing.deadline_ms}
-        result = merge(plan, graph, results, footprints, batch_timing)
+        result = replace(merge(plan, graph, results, footprints, batch_timing), batch_id=meta.request_id)
+        batch.results = [{"call_id": env["call_id"], "outcome": env["outcome"],
+                          "code": (env["error"] or {}).get("code"), "idempotency_key": env["idempotency_key"],
+                          **({"blocked_by": env["blocked_by"]} if env.get("blocked_by") else {})}
+                         for env in result.results]
         self._metrics.batch_calls.labels(result.status).inc()
         return result
+
+    async def cancel(self, batch_id: str, *, tenant: str, subject: str) -> dict[str, Any]:
+        """``POST /v1/batches/{batch_id}:cancel``: calls not started end ``cancelled`` (``blocked_by`` behind a
+        cancelled step), running calls are cancelled by the rules of proxy/cancellation.py. Answers the
+        calls' outcomes once the batch has ended (or ``cancelling`` after the wait). Batches are known to the
+        process that runs them (the batch id is the request's ``X-Request-Id``)."""
+        batch = self._batches.get((tenant, batch_id))
+        if batch is None:
+            raise ProxyError("batch_not_found", "No such running batch.", phase="request")
+        if not batch.done.is_set() and not batch.cancel.is_set():
+            batch.cancel_requested_by = subject
+            batch.cancel.set()
+            self._metrics.child(self._metrics.cancellations, "requested").inc()
+            await self._audit.record("cancellation", tenant=tenant, subject=subject,
+                                     details={"batch_id": batch_id, "from": "running", "to": "cancelling"})
+        try:
+            async with asyncio.timeout(self._cancel_answer_wait_s):
+                await batch.done.wait()
+        except TimeoutError:
+            pass
+        status = "cancelling" if not batch.done.is_set() else "cancelled" if batch.cancel.is_set() else "finished"
+        return {"batch_id": batch_id, "status": status, "results": batch.results}
 
     def _with_deadline(self, meta: RequestMeta) -> RequestMeta:
         if meta.deadline.at is not None:
@@ -120,7 +171,7 @@ class Scheduler:
         return replace(meta, deadline=Deadline(clock() + self._config.default_timeout_ms / 1000.0, clock))
 
     async def _execute(self, plan: BatchPlan, meta: RequestMeta, graph: Graph, footprints: Mapping[str, Footprint],
-                       caller: Caller) -> dict[str, dict[str, Any]]:
+                       caller: Caller, batch: BatchRun) -> dict[str, dict[str, Any]]:
         calls = {call.call_id: call for call in plan.calls}
         incoming = graph.incoming()
         pending = list(graph.order)  # scanned in topological order, so a cancellation cascades in one pass
@@ -137,12 +188,15 @@ class Scheduler:
                     if blockers:
                         results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
                                                                    caller, blocked_by=blockers)
+                    elif batch.cancel.is_set():
+                        results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
+                                                                   caller, cancelled=True)
                     elif meta.deadline.budget(float("inf"), self._margin_s) <= 0:
                         results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
                                                                    caller)
                     elif len(running) < self._config.max_parallel:
                         task = asyncio.get_running_loop().create_task(
-                            self._run_call(plan, calls[call_id], footprints[call_id], meta, caller))
+                            self._run_call(plan, calls[call_id], footprints[call_id], meta, caller, batch.cancel))
                         running[task] = call_id
                     else:
                         continue
@@ -162,7 +216,10 @@ class Scheduler:
         return results
 
     async def _run_call(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
-                        caller: Caller) -> dict[str, Any]:
+                        caller: Caller, cancel: asyncio.Event | None = None) -> dict[str, Any]:
+        if cancel is not None:  # this task's context: a cancelled batch withdraws the call (proxy/cancellation.py)
+            withdrawn.set(cancel)
+            withdrawn_by.set("batch")
         async with contextlib.AsyncExitStack() as held:
             try:
                 async with asyncio.timeout(meta.deadline.budget(float("inf"), self._margin_s)):
@@ -173,8 +230,12 @@ class Scheduler:
             return result.envelope
 
     async def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
-                           caller: Caller, blocked_by: list[str] | None = None) -> dict[str, Any]:
-        if blocked_by:
+                           caller: Caller, blocked_by: list[str] | None = None,
+                           cancelled: bool = False) -> dict[str, Any]:
+        if cancelled:
+            error = ProxyError("cancelled", "Not started: the batch was cancelled.",
+                               details={"reason": "batch_cancelled"}, phase="schedule")
+        elif blocked_by:
             error = ProxyError("cancelled", "Not started: a call it depends on did not succeed.",
                                details={"blocked_by": blocked_by}, phase="schedule")
         else:

@@ -41,6 +41,8 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
     "send_confirmation": {"order_id": "ord_1002", "channel": "email"},
     "adjust_counter": {"counter": "ctr_demo", "delta": 3},
     "delete_customer": {"customer_id": "cus_1002"},
+    "release_reservation": {"reservation_id": "rsv_seed1", "sku": "sku_gizmo", "quantity": 1},
+    "generate_report": {"title": "weekly", "duration_ms": 20},
 }
 
 
@@ -134,6 +136,38 @@ async def test_every_tool_answers_with_a_result_matching_its_output_schema(clien
     assert state.effect_counts() == {n: 1 for n in writes}
     assert {iv.tool for iv in state.intervals} == set(CONTRACTS)
     assert all(iv.end >= iv.start for iv in state.intervals)
+
+
+@pytest.mark.asyncio
+async def test_a_cancelled_report_applies_nothing_and_says_so(client, state):
+    running = asyncio.ensure_future(call(client, "generate_report", {"title": "long", "duration_ms": 5000},
+                                         key="rep-1"))
+    for _ in range(500):  # bounded: the report is pending within a few polls
+        if (await (await client.get("/status/generate_report/rep-1")).json())["state"] == "pending":
+            break
+        await asyncio.sleep(0.01)
+    resp = await client.post("/cancel/generate_report/rep-1")
+    assert resp.status == 202 and (await resp.json()) == {"state": "cancelling"}
+    answer = await running
+    assert answer.status == 409
+    assert (await answer.json())["error"] == {"code": "cancelled", "applied": False,
+                                              "message": "the report was cancelled before it was written"}
+    assert await (await client.get("/status/generate_report/rep-1")).json() == {"state": "cancelled"}
+    assert state.effects == [] and state.reports == {}
+    resp = await client.post("/cancel/generate_report/rep-1")
+    assert resp.status == 200 and (await resp.json()) == {"state": "cancelled"}
+    resp = await client.post("/cancel/generate_report/nope")
+    assert resp.status == 404
+    assert len(state.cancel_requests) == 3
+
+
+@pytest.mark.asyncio
+async def test_a_reservation_is_released_once(client, state):
+    resp = await call(client, "release_reservation", key="rel-1")
+    assert resp.status == 200 and state.inventory["sku_gizmo"] == {"available": 1, "reserved": 0}
+    resp = await call(client, "release_reservation", key="rel-2")
+    assert resp.status == 409 and (await resp.json())["error"]["code"] == "already_released"
+    assert state.effect_counts() == {"release_reservation": 1}
 
 
 @pytest.mark.asyncio

@@ -19,7 +19,7 @@ def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[st
 def test_check_passes_on_the_demo_policy_data_and_registry():
     done = _run("check", "--policy", "policies", "--data", "examples/opa", "--registry", "examples/registry")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.startswith("ok: opa check --strict, opa fmt, policy data vs registry (10 tools)")
+    assert done.stdout.startswith("ok: opa check --strict, opa fmt, policy data vs registry (12 tools)")
 
 
 def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
@@ -32,6 +32,7 @@ def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
         ("opa_check", "rules.rego", "line 3"),
         ("opa_fmt", "rules.rego", "-"),
         ("role_grants_unknown_tool", "data.json", "toolproxy.roles.clerk.tools[3]"),
+        ("role_compensates_unknown_tool", "data.json", "toolproxy.roles.clerk.compensate[0]"),
         ("tool_not_granted", "registry.yaml", "tools[name=audit_report]"),
         ("financial_without_threshold", "data.json", "toolproxy.settings.approval.thresholds.pay_invoice"),
         ("financial_without_limit", "data.json", "toolproxy.settings.limits.max_amount.pay_invoice"),

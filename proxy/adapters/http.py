@@ -2,7 +2,7 @@
 
 Owns: POSTing canonical arguments to a tool's HTTP backend through the one
 shared ``aiohttp.ClientSession`` within the call's budget, forwarding trusted
-headers, and classifying every failure honestly (seed 000 sections 4 and 10):
+headers, asking a contract's ``cancel_endpoint`` to stop a sent call, and classifying every failure honestly (seed 000 sections 4 and 10):
 whether the request left the proxy and whether the effect is known to have
 happened. Must never: retry, claim "not applied" for a write without proof,
 or pass backend bodies, hostnames or exception text to the caller.
@@ -21,6 +21,7 @@ import aiohttp
 
 from ..decode import strict_loads
 from ..errors import ProxyError
+from ..registry import ToolContract
 from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, safe_value
 
 
@@ -87,6 +88,22 @@ class HttpAdapter:
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
                 aiohttp.ClientResponseError, ConnectionError):
             raise self._connection_lost(call, progress) from None
+
+    async def cancel(self, tool: ToolContract, key: str, tenant: str, timeout_s: float) -> str:
+        """Ask the backend to stop a sent call (its contract's ``cancel_endpoint``): ``accepted`` (2xx),
+        ``refused`` (any other answer), ``unreachable``. An accepted request is no proof of anything: the
+        caller still waits for the call's own answer or asks the status endpoint."""
+        url = tool.cancel_endpoint.for_key(self._services, key) if tool.cancel_endpoint else None
+        if url is None:
+            return "not_configured"
+        headers = {"Idempotency-Key": key, "X-Toolproxy-Tenant": tenant, "X-Toolproxy-Tool-Version": tool.version}
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with self._session.post(url, headers=headers, allow_redirects=False) as response:
+                    status = response.status
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            return "unreachable"
+        return "accepted" if 200 <= status < 300 else "refused"
 
     def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
         return deadline_passed(call, sent=progress.headers_sent or progress.connected, elapsed_s=elapsed, backend="backend")

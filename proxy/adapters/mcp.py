@@ -213,6 +213,10 @@ class _Upstream:
 
 
 class McpAdapter:
+    # Cancelling a sent call closes its request: the MCP session then sends notifications/cancelled upstream
+    # (the SDK's courtesy cancel for an abandoned request), which is this adapter's cancel (proxy/cancellation.py).
+    cancel_by_closing = True
+
     def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
                  connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto") -> None:
         self._max_json_depth = max_json_depth

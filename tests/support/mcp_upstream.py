@@ -2,7 +2,7 @@
 by uvicorn on a free loopback port inside the test's event loop.
 
 Tools: ``adjust`` (write: add to a counter), ``lookup`` (read), ``slow_write``
-(write that sleeps first), ``refuse`` (write answering isError with a
+(write that sleeps first; a cancelled one is recorded as ``slow_write_cancelled``), ``refuse`` (write answering isError with a
 structured ``applied: false``), ``crash`` (write whose handler raises), and
 the tools the official MCP conformance suite's server scenarios call
 (``test_simple_text``, ``test_image_content``, ``test_audio_content``,
@@ -90,7 +90,11 @@ def build_server(state: UpstreamState) -> MCPServer:
     @server.tool()
     async def slow_write(seconds: float, ctx: Context) -> Counter:
         state.record("slow_write", ctx, seconds=seconds)
-        await asyncio.sleep(seconds)
+        try:
+            await asyncio.sleep(seconds)
+        except asyncio.CancelledError:  # the client sent notifications/cancelled for this request
+            state.record("slow_write_cancelled", ctx)
+            raise
         return {"counter": "slow", "value": 1}
 
     @server.tool()

@@ -1,0 +1,327 @@
+"""Cancellation: stopping a call honestly (seed 003 section 5, seed 001 on batches).
+
+Owns: the calls of this process that can be cancelled (by operation key, and
+the MCP / batch withdrawal signal in the call's context), delivering a cancel
+to the replica that runs the call (one Redis pub/sub channel), the cancel
+protocol and what a cancel request answers:
+
+1. ``POST /v1/operations/{key}:cancel`` marks the record (``cancel``: shown as
+   ``CANCELLING``) once, atomically; a second request finds the mark and gets
+   the same answer (one cancel request reaches the backend).
+2. Nothing sent yet: the call stops where it is (authorize, lock wait, ...)
+   and ends ``cancelled`` with ``side_effect.attempted: false``.
+3. Sent: the adapter is told (HTTP: the contract's ``cancel_endpoint``, then
+   the stream is closed after ``cancellation.grace_ms``; MCP: the stream is
+   closed at once, which sends ``notifications/cancelled`` upstream), then the
+   status endpoint is asked when the contract has one. The call commits
+   ``cancelled`` (evidence: the backend's own answer or the status endpoint
+   says nothing was applied), ``succeeded`` (it completed anyway) or, without
+   evidence, ``unknown`` (``cancel_unconfirmed``, reconciled as any unknown).
+
+The commit stage records the outcome (``CANCELLED`` is final) and releases the
+locks, as for every call. Must never: assume a sent call did not happen, send
+a second cancel request for one operation, or re-run anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Awaitable, Callable, Coroutine, Mapping
+
+from . import store
+from .audit import Auditor, digest
+from .config import CancellationConfig
+from .errors import ProxyError
+from .idempotency import KEY_PATTERN
+from .operation_views import operation_view
+from .metrics import Metrics
+from .operations import OperationStore, Record
+from .registry import ToolContract
+
+log = logging.getLogger("toolproxy.cancellation")
+
+# Set by whoever can withdraw the call running in this context: the MCP front (notifications/cancelled)
+# and the batch scheduler (a cancelled batch). ``withdrawn_by`` names which, for the evidence.
+withdrawn: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("toolproxy_call_withdrawn",
+                                                                                 default=None)
+withdrawn_by: contextvars.ContextVar[str] = contextvars.ContextVar("toolproxy_call_withdrawn_by", default="mcp")
+
+EARLY_CANCELS_KEPT = 1024
+EARLY_CANCEL_S = 5.0  # an early cancel older than this was for a call of another replica
+StatusQuery = Callable[[ToolContract, Record], Awaitable[Any]]  # Reconciler.query_status
+
+
+@dataclass
+class InFlight:
+    """A call of this process that holds an operation record."""
+
+    key: str
+    wake: Callable[[], None]                  # wakes the guard
+    requested: asyncio.Event = field(default_factory=asyncio.Event)
+    finished: asyncio.Event = field(default_factory=asyncio.Event)
+    request: Mapping[str, Any] | None = None  # who asked, when
+
+
+class Cancellations:
+    def __init__(self, *, config: CancellationConfig, store: OperationStore, adapters: Mapping[str, Any],
+                 audit: Auditor, metrics: Metrics, redis: Any = None, channel: str | None = None,
+                 registry: Any = None) -> None:
+        self._config = config
+        self._registry = registry
+        self._store = store
+        self._redis = redis
+        self._channel = channel
+        self._listener: asyncio.Task[None] | None = None
+        self.listening = asyncio.Event()  # subscribed to the channel other replicas publish cancels on
+        self._adapters = adapters
+        self._audit = audit
+        self._metrics = metrics
+        self._flights: dict[str, InFlight] = {}
+        # Cancels that found an IN_PROGRESS record but no call here yet (its reservation's reply may still
+        # be on its way to this process); the guard picks them up. Bounded: others belong to other replicas.
+        self._early: collections.OrderedDict[str, tuple[float, Mapping[str, Any]]] = collections.OrderedDict()
+        self.status_query: StatusQuery | None = None  # set once the reconciler exists
+
+    # -- the pipeline's hooks ------------------------------------------------------
+    async def guard(self, state: Any, key: str | None, work: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``work`` (lock wait, send, verify) so that a cancel request or a withdrawal stops it by the
+        rules above. A call that nobody can cancel runs as is."""
+        signal = withdrawn.get()
+        if key is None and signal is None:
+            return await work
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(work)
+        wake: asyncio.Future[None] = loop.create_future()  # the work ended, or a cancel arrived
+
+        def woken(_: Any = None) -> None:
+            if not wake.done():
+                wake.set_result(None)
+
+        task.add_done_callback(woken)
+        flight = None
+        if key is not None:
+            flight = self._flights[key] = InFlight(key, wake=woken)
+            early = self._early.pop(key, None)  # asked while the reservation's reply was on its way
+            if early is not None and time.monotonic() - early[0] < EARLY_CANCEL_S:
+                flight.request = early[1]
+                flight.requested.set()
+                woken()
+        # An Event cannot call back: a withdrawal signal (MCP, batch) is watched by a small task.
+        watcher = loop.create_task(signal.wait()) if signal is not None else None
+        if watcher is not None:
+            watcher.add_done_callback(woken)
+        try:
+            await wake
+            if task.done():
+                return task.result()
+            source = {"source": withdrawn_by.get()} if flight is None or not flight.requested.is_set() \
+                else dict(flight.request or {"source": "api"})
+            state.cancellation = {**source, "sent": bool(state.sent)}
+            return await self._stop(state, key, task)
+        finally:
+            if watcher is not None:
+                watcher.cancel()
+            if not task.done():  # the caller itself was cancelled: the work goes with it
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+    def finished(self, key: str | None) -> None:
+        """The call's outcome is recorded (commit stage): a waiting cancel request may read it."""
+        flight = self._flights.pop(key, None) if key is not None else None
+        if flight is not None:
+            flight.finished.set()
+
+    # -- delivery across replicas ------------------------------------------------------
+    # A cancel request may reach a replica that does not run the call: it publishes the key on one Redis
+    # channel, every replica listens, and the one that runs the call stops it.
+    def start(self) -> None:
+        if self._redis is not None and self._channel is not None and self._listener is None:
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="toolproxy-cancellations")
+
+    async def stop(self) -> None:
+        await store.stop_listener(self._listener)
+        self._listener = None
+
+    async def _listen(self) -> None:
+        async def subscribed() -> None:
+            self.listening.set()
+
+        await store.listen(self._redis, self._channel, self._deliver, on_subscribed=subscribed,
+                           what="cancellation channel", log=log)
+
+    def _deliver(self, raw: Any) -> None:
+        try:
+            message = json.loads(raw)
+            key, request = message["key"], message["request"]
+        except (ValueError, KeyError, TypeError):
+            log.warning("ignored a malformed cancel message")
+            return
+        flight = self._flights.get(key)
+        if flight is not None and not flight.requested.is_set():
+            flight.request = request
+            flight.requested.set()
+            flight.wake()
+
+    async def _publish(self, key: str, request: Mapping[str, Any]) -> None:
+        if self._redis is None or self._channel is None:
+            return
+        try:
+            await store.redis_call(self._redis.publish(self._channel, json.dumps({"key": key, "request": request})))
+        except store.StoreError:
+            log.warning("could not publish the cancel of %s to the other replicas", key)
+
+    async def _settled(self, key: str) -> None:
+        """Wait (bounded by the caller) until the record leaves IN_PROGRESS: a call of another replica."""
+        pause = 0.02
+        while True:
+            record = await self._store.get(key)
+            if record is None or record.state != "IN_PROGRESS":
+                return
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    # -- stopping one call ------------------------------------------------------------
+    async def _stop(self, state: Any, key: str | None, task: asyncio.Task[Any]) -> Any:
+        tool: ToolContract = state.tool
+        evidence: dict[str, Any] = state.cancellation
+        if not state.sent:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            if not task.cancelled():
+                return task.result()  # it finished first: its own outcome stands
+            if not state.sent:
+                self._metrics.child(self._metrics.cancellations, "cancelled").inc()
+                raise ProxyError("cancelled", "The call was cancelled before anything was sent.",
+                                 details={"cancellation": {**evidence, "observed": "not_sent"}},
+                                 attempted=False, committed=False)
+        adapter = self._adapters[tool.backend.type]
+        if getattr(adapter, "cancel_by_closing", False):
+            task.cancel()  # the MCP session sends notifications/cancelled for the abandoned request
+            await asyncio.gather(task, return_exceptions=True)
+            evidence["told"] = "notifications/cancelled"
+        else:
+            if key is not None and tool.cancel_endpoint is not None:
+                evidence["cancel_endpoint"] = await adapter.cancel(tool, key, state.caller.tenant,
+                                                                   self._config.cancel_timeout_ms / 1000.0)
+            await asyncio.wait({task}, timeout=self._config.grace_ms / 1000.0)
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                evidence["stream"] = "closed"
+        if task.done() and not task.cancelled():
+            error = task.exception()
+            if error is None:
+                return self._completed(state, evidence, "answer", task.result())
+            if not isinstance(error, ProxyError):
+                raise error
+            if error.committed is False:
+                if (error.details or {}).get("backend_code") == "cancelled":
+                    raise self._cancelled(evidence, "backend_answer")
+                raise error  # it failed on its own, nothing applied: that answer stands
+            if error.committed is True:
+                raise error
+        if not tool.is_write:  # a read has no effect to establish: it simply did not answer
+            raise self._cancelled(evidence, "read")
+        return await self._ask_status(state, key, tool, evidence)
+
+    async def _ask_status(self, state: Any, key: str | None, tool: ToolContract, evidence: dict[str, Any]) -> Any:
+        record = await self._store.get(key) if key is not None else None
+        if record is not None and tool.status_endpoint is not None and self.status_query is not None:
+            verdict = await self.status_query(tool, record)
+            observed = verdict.evidence.get("observed")
+            evidence["status_endpoint"] = observed
+            if verdict.verdict == "SUCCEEDED":
+                return self._completed(state, evidence, "status_endpoint", verdict.outcome["data"])
+            if observed in ("cancelled", "not_found"):
+                raise self._cancelled(evidence, "status_endpoint")
+            if verdict.verdict == "FAILED_FINAL":
+                self._metrics.child(self._metrics.cancellations, "failed").inc()
+                error = verdict.outcome["error"]
+                raise ProxyError(error["code"], error["message"], details=error.get("details"),
+                                 attempted=True, committed=verdict.outcome["side_effect"]["committed"])
+        self._metrics.child(self._metrics.cancellations, "unknown").inc()
+        raise ProxyError("cancel_unconfirmed", "The call was sent and then cancelled; whether it was applied "
+                         "could not be established. It is reconciled like any unknown outcome.",
+                         details={"cancellation": {**evidence, "observed": "no_evidence"},
+                                  "idempotency_key": key}, attempted=True, committed=None)
+
+    def _completed(self, state: Any, evidence: dict[str, Any], source: str, data: Any) -> Any:
+        self._metrics.child(self._metrics.cancellations, "completed").inc()
+        state.cancellation = {**evidence, "observed": "completed", "evidence": source}
+        if state.result_hash is None:  # a result taken from the status endpoint: verified there
+            state.result_hash = digest(data)
+        return data
+
+    def _cancelled(self, evidence: dict[str, Any], source: str) -> ProxyError:
+        self._metrics.child(self._metrics.cancellations, "cancelled").inc()
+        return ProxyError("cancelled", "The call was cancelled; the backend applied nothing.",
+                          details={"cancellation": {**evidence, "observed": "not_applied", "evidence": source}},
+                          attempted=True, committed=False)
+
+    # -- POST /v1/operations/{key}:cancel ----------------------------------------------
+    async def cancel_operation(self, key: str, *, tenant: str, subject: str, agent: str) -> dict[str, Any]:
+        """Ask for one operation's cancellation; answers the operation view once its outcome is recorded
+        (or, after ``answer_wait_ms``, the CANCELLING record). Tenant-scoped like the operation read."""
+        if not re.match(KEY_PATTERN, key):
+            raise ProxyError("operation_not_found", "No such operation.", phase="request")
+        record = await self._store.get(key)
+        if record is None or record.tenant != tenant:
+            raise ProxyError("operation_not_found", "No such operation.", phase="request")
+        request = {"source": "api", "subject": subject, "agent": agent, "at_ms": int(time.time() * 1000)}
+        answer = await self._store.request_cancel(key, request=request)
+        if answer.status == "missing":
+            raise ProxyError("operation_not_found", "No such operation.", phase="request")
+        if answer.status == "settled":
+            if answer.text(0) == "CANCELLED" or answer.text(1):
+                return await self._view(key)  # cancelled (or asked) before: the same answer again
+            self._metrics.child(self._metrics.cancellations, "refused").inc()
+            raise ProxyError("operation_not_cancellable", "The operation has already finished; there is "
+                             "nothing left to cancel (compensation may apply: docs/transactions.md).",
+                             details={"idempotency_key": key, "state": answer.text(0)}, phase="request")
+        flight = self._flights.get(key)
+        if answer.status == "marked":
+            self._metrics.child(self._metrics.cancellations, "requested").inc()
+            await self._audit.record("cancellation", idempotency_key=key, tool=record.tool or None,
+                                     tool_version=record.tool_version or None, tenant=tenant, subject=subject,
+                                     agent=agent, details={"from": "IN_PROGRESS", "to": "CANCELLING",
+                                                           "delivered": flight is not None})
+            if flight is not None:
+                flight.request = request
+                flight.requested.set()
+                flight.wake()
+            else:
+                self._early[key] = (time.monotonic(), request)
+                while len(self._early) > EARLY_CANCELS_KEPT:
+                    self._early.popitem(last=False)
+                await self._publish(key, request)
+        try:
+            async with asyncio.timeout(self._config.answer_wait_ms / 1000.0):
+                await (flight.finished.wait() if flight is not None else self._settled(key))
+        except TimeoutError:
+            pass
+        return await self._view(key)
+
+    async def _view(self, key: str) -> dict[str, Any]:
+        record = await self._store.get(key)
+        if record is None:
+            raise ProxyError("operation_not_found", "No such operation.", phase="request")
+        contract = self._registry.get(record.tool, record.tool_version) if self._registry is not None else None
+        return operation_view(record, contract)
+
+
+async def audit_outcome(audit: Auditor, state: Any, env: Mapping[str, Any]) -> None:
+    """The ``cancellation`` record of how a cancelled call ended (the commit stage calls it)."""
+    caller = state.caller
+    await audit.record("cancellation", idempotency_key=state.idempotency_key,
+                       tool=env.get("tool"), tool_version=env.get("tool_version"), tenant=caller.tenant,
+                       subject=caller.subject, agent=caller.agent, outcome=env["outcome"],
+                       error_code=(env.get("error") or {}).get("code"),
+                       side_effect_committed=env["side_effect"]["committed"],
+                       details={"from": "CANCELLING", "to": env["outcome"], "evidence": state.cancellation})

@@ -27,8 +27,8 @@ from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, sa
 
 
 @dataclass
-class _Progress:
-    """Filled in by aiohttp trace hooks: how far this request got."""
+class TraceProgress:
+    """Filled in by aiohttp trace hooks: how far this request got (pass as ``trace_request_ctx``)."""
 
     connected: bool = False
     headers_sent: bool = False
@@ -40,12 +40,12 @@ def trace_config() -> aiohttp.TraceConfig:
 
     async def on_connected(session: Any, ctx: SimpleNamespace, params: Any) -> None:
         progress = ctx.trace_request_ctx
-        if isinstance(progress, _Progress):
+        if isinstance(progress, TraceProgress):
             progress.connected = True
 
     async def on_headers_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
         progress = ctx.trace_request_ctx
-        if isinstance(progress, _Progress):
+        if isinstance(progress, TraceProgress):
             progress.headers_sent = True
 
     config.on_connection_create_end.append(on_connected)
@@ -71,7 +71,7 @@ class HttpAdapter:
         if call.budget_s <= 0:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="execute", attempted=False, committed=False)
-        progress = _Progress()
+        progress = TraceProgress()
         started = time.monotonic()
         try:
             async with asyncio.timeout(call.budget_s):
@@ -105,10 +105,10 @@ class HttpAdapter:
             return "unreachable"
         return "accepted" if 200 <= status < 300 else "refused"
 
-    def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
+    def _timed_out(self, call: BackendCall, progress: TraceProgress, elapsed: float) -> ProxyError:
         return deadline_passed(call, sent=progress.headers_sent or progress.connected, elapsed_s=elapsed, backend="backend")
 
-    def _connection_lost(self, call: BackendCall, progress: _Progress) -> ProxyError:
+    def _connection_lost(self, call: BackendCall, progress: TraceProgress) -> ProxyError:
         details = {"tool": call.tool.name, "reason": "connection_lost"}
         if not progress.headers_sent:
             return ProxyError("dependency_unavailable", "The connection to the backend failed before sending.",

@@ -44,6 +44,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import aiohttp
 import httpx2
 import mcp_types as types
 from mcp import Client
@@ -65,7 +66,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
-from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay, progress_relay,
+from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay, mcp_wire,
+               progress_relay,
                safe_error_fields)
 from .http import forwarded_headers
 
@@ -162,6 +164,7 @@ class _Upstream:
         self._stop: asyncio.Event | None = None
         self._owner: asyncio.Task[None] | None = None
         self._owners: set[asyncio.Task[None]] = set()  # current and still-closing sessions
+        self.streams = False  # answered a tools/call with SSE once: later calls go through the SDK (it resumes)
 
     async def session(self) -> Client:
         if self._owner is None or self._owner.done():
@@ -218,8 +221,10 @@ class McpAdapter:
     cancel_by_closing = True
 
     def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
-                 connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto") -> None:
+                 connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
+                 session: aiohttp.ClientSession | None = None) -> None:
         self._max_json_depth = max_json_depth
+        self._session = session  # the shared one: stateless tools/call POSTs go through it (``mcp_wire``)
         self._mode = mode
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
@@ -291,8 +296,15 @@ class McpAdapter:
                 async def relayed(value: float, total: float | None, message: str | None) -> None:
                     await relay(value, total)  # the upstream's progress text is not passed on
             try:
-                result = await client.session.call_tool(name, arguments, progress_callback=relayed,
-                                                        allow_input_required=True, meta=meta)
+                if relayed is None and meta is None and self._session is not None and not upstream.streams \
+                        and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
+                    answer = await mcp_wire.call_tool(self._session, upstream.url, client, name, arguments,
+                                                      progress.headers, progress)
+                    upstream.streams = answer.streamed
+                    result = answer.result
+                else:
+                    result = await client.session.call_tool(name, arguments, progress_callback=relayed,
+                                                            allow_input_required=True, meta=meta)
                 for _ in range(MAX_INPUT_ROUNDS):
                     if not isinstance(result, types.InputRequiredResult):
                         break

@@ -1,0 +1,178 @@
+"""One ``tools/call`` to a stateless MCP upstream as a plain POST over the shared aiohttp session.
+
+Owns: sending a call that relays no progress to an upstream whose session
+negotiated a stateless revision (2026-07-28: no session id, every request
+self-describing) as one POST through the one shared ``aiohttp.ClientSession``,
+with exactly the body and headers the SDK session would send (its own stamp
+writes the ``_meta`` protocol version, client info and capabilities and the
+``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers), reading the answer the
+way the SDK's Streamable HTTP transport does (a JSON body, or an SSE stream up
+to the response; a JSON-RPC error at a non-2xx status; 404 as "method not
+found"; 202, redirects and unknown content types as refusals) and validating
+the result as the SDK session does. Why: in the SDK's client stack (httpx,
+httpcore, anyio task groups, the dispatcher) a call through an MCP upstream
+spent about half its CPU (profile in docs/performance.md).
+
+Must never: run for a handshake session (its session id lives in the SDK
+transport), resend, resume a broken SSE stream (the call is then "sent, no
+answer" and classified as such; ``McpAdapter`` hands an upstream that answers
+with SSE back to the SDK, which resumes), or answer a request the upstream
+sends on the stream (it is ignored: the stateless revision asks for input in
+results, not requests).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import aiohttp
+import mcp_types as types
+from mcp import Client
+from mcp.client.extension import UnexpectedClaimedResult
+from mcp.client.session import _clamp_inbound_ttl, _later_revision_fields
+from mcp.shared.dispatcher import CallOptions
+from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types import methods
+from mcp_types.jsonrpc import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from pydantic import ValidationError
+
+from .http import TraceProgress
+
+_ids = itertools.count(1)
+
+
+def stateless(client: Client) -> bool:
+    """Whether this session's requests may go out as plain POSTs (no session state in the transport)."""
+    return client.protocol_version in MODERN_PROTOCOL_VERSIONS
+
+
+@dataclass
+class Answer:
+    """What the POST came back with: the validated result, and whether it arrived as an SSE stream."""
+
+    result: types.CallToolResult | types.InputRequiredResult
+    streamed: bool
+
+
+async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name: str, arguments: dict[str, Any],
+                    extra_headers: Mapping[str, str], progress: Any) -> Answer:
+    """``client.session.call_tool(name, arguments, allow_input_required=True)`` as one POST; fill in
+    ``progress`` (headers_sent, connect_failed, status) as ``_ObservedTransport`` does for a call's first POST.
+
+    Raises ``MCPError`` for every JSON-RPC or transport failure, like ``ClientSession.send_request``."""
+    progress.observed = True  # later POSTs of this call (input rounds, through the SDK) are not its first
+    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    opts: CallOptions = {}
+    client.session._stamp(data, opts)  # the SDK's own stamp: the same _meta and routing headers
+    request_id = next(_ids)
+    body = types.jsonrpc_message_adapter.dump_json(
+        types.JSONRPCRequest(jsonrpc="2.0", id=request_id, method=data["method"], params=data.get("params")),
+        by_alias=True, exclude_unset=True)
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
+               MCP_PROTOCOL_VERSION_HEADER: client.protocol_version, **opts.get("headers", {}), **extra_headers}
+    trace = TraceProgress()
+    try:
+        async with http.post(url, data=body, headers=headers, trace_request_ctx=trace,
+                             allow_redirects=False) as response:
+            progress.headers_sent = trace.headers_sent
+            progress.status = response.status
+            raw, streamed = await _answer(response, request_id)
+    except aiohttp.ClientConnectorError:
+        progress.connect_failed = True
+        raise MCPError(code=CONNECTION_CLOSED, message="Connection failed") from None
+    except (aiohttp.ClientError, ConnectionError, OSError):
+        progress.headers_sent = trace.headers_sent
+        raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
+    finally:
+        progress.headers_sent = progress.headers_sent or trace.headers_sent
+    result = _validated(raw, client.protocol_version, client.session._call_tool_adapter)
+    # What ClientSession.call_tool does with the result.
+    if isinstance(result, types.CallToolResult) and not result.is_error:
+        await client.session.validate_tool_result(name, result)
+    if not isinstance(result, (types.CallToolResult, types.InputRequiredResult)):
+        raise UnexpectedClaimedResult(result)
+    return Answer(result, streamed)
+
+
+async def _answer(response: aiohttp.ClientResponse, request_id: int) -> tuple[dict[str, Any], bool]:
+    """The JSON-RPC result of the POST (mirrors ``StreamableHTTPTransport._handle_post_request``)."""
+    content_type = response.headers.get("content-type", "").lower()
+    if response.status == 202:
+        raise MCPError(code=INVALID_REQUEST, message="server answered a request with 202 Accepted")
+    if 300 <= response.status < 400:
+        raise MCPError(code=INVALID_REQUEST, message="redirect not followed")
+    if response.status >= 400:
+        if content_type.startswith("application/json"):
+            try:
+                message = types.jsonrpc_message_adapter.validate_json(await response.read(), by_name=False)
+            except ValidationError:
+                message = None
+            if isinstance(message, types.JSONRPCError):
+                raise MCPError.from_error_data(message.error)
+        if response.status == 404:  # no session: the HTTP spelling of "method not found"
+            raise MCPError(code=METHOD_NOT_FOUND, message="Not Found")
+        raise MCPError(code=INTERNAL_ERROR, message="Server returned an error response")
+    if content_type.startswith("application/json"):
+        return _result(await response.read()), False
+    if content_type.startswith("text/event-stream"):
+        return await _streamed_result(response, request_id), True
+    raise MCPError(code=INVALID_REQUEST, message="Unexpected content type")
+
+
+def _result(payload: bytes | str) -> dict[str, Any]:
+    try:
+        message = types.jsonrpc_message_adapter.validate_json(payload, by_name=False)
+    except ValidationError:
+        raise MCPError(code=PARSE_ERROR, message="Failed to parse JSON response") from None
+    return _outcome(message)
+
+
+def _outcome(message: Any) -> dict[str, Any]:
+    if isinstance(message, types.JSONRPCError):
+        raise MCPError.from_error_data(message.error)
+    if isinstance(message, types.JSONRPCResponse):
+        return message.result
+    raise MCPError(code=PARSE_ERROR, message="The answer was not a response")
+
+
+async def _streamed_result(response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any]:
+    """The first response or error on the SSE stream; notifications (and requests) before it are skipped."""
+    event, data = "message", []
+    async for raw_line in response.content:
+        line = raw_line.decode("utf-8").rstrip("\r\n")
+        if line:
+            field, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if field == "event":
+                event = value
+            elif field == "data":
+                data.append(value)
+            continue
+        payload, kind = "\n".join(data), event
+        event, data = "message", []
+        if kind != "message" or not payload:
+            continue  # a priming event (resumption id only) or an unknown event type
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(payload, by_name=False)
+        except ValidationError:
+            raise MCPError(code=PARSE_ERROR, message="Failed to parse SSE message") from None
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            return _outcome(message)
+    raise MCPError(code=CONNECTION_CLOSED, message="SSE stream ended without a response")
+
+
+def _validated(raw: dict[str, Any], version: str, adapter: Any) -> Any:
+    """As ``ClientSession.send_request`` does for a tools/call result (the session's own result adapter)."""
+    _clamp_inbound_ttl(raw)
+    try:
+        methods.validate_server_result("tools/call", version, raw)
+    except KeyError:
+        pass
+    if not (foreign := _later_revision_fields("tools/call", version)).isdisjoint(raw):
+        raw = {key: value for key, value in raw.items() if key not in foreign}
+    return adapter.validate_python(raw, by_name=False)

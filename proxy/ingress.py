@@ -16,14 +16,14 @@ import re
 from typing import Any
 
 from aiohttp import web
-from jsonschema import Draft202012Validator
-
 from . import deadline as deadlines
+from . import schema_fast
 from .config import Config
 from .decode import schema_violations, strict_loads
 from .errors import ProxyError
 from .requests import RequestMeta
 from .registry import load_schema
+from .schema_fast import FastValidator
 from .tracing import accept_traceparent, new_request_id, safe_id
 
 JSON_TYPES = ("application/json",)
@@ -59,9 +59,9 @@ async def read_json(request: web.Request, config: Config, *, phase: str = "reque
 
 
 @functools.cache
-def api_validator(schema_name: str) -> Draft202012Validator:
+def api_validator(schema_name: str) -> FastValidator:
     """The validator of one API request schema, built once per process (schemas ship with the code)."""
-    return Draft202012Validator(load_schema(schema_name))
+    return schema_fast.validator(load_schema(schema_name))
 
 
 def validate_body(body: Any, schema_name: str) -> None:

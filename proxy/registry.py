@@ -27,10 +27,11 @@ from urllib.parse import quote
 import yaml
 from jsonschema import Draft202012Validator
 
-from . import compensation_contract
+from . import compensation_contract, schema_fast
 from .compensation_contract import CompensationSpec
 from .errors import ProxyError
 from .quota_rules import LimitSpec, spec_from_registry
+from .schema_fast import FastValidator
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
@@ -112,8 +113,8 @@ class ToolContract:
     replaced_by: str | None = None            # "2.0.0" (same tool) or "other_tool@1.0.0"
     source: str = ""
     quota: LimitSpec | None = None  # the tool's own limit (counted per tool name, across tenants)
-    input_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
-    output_validator: Draft202012Validator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+    output_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
     @property
     def is_write(self) -> bool:
@@ -436,8 +437,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         replaced_by=raw.get("replaced_by"),
         source=str(path),
         quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
-        input_validator=Draft202012Validator(raw["inputSchema"], format_checker=Draft202012Validator.FORMAT_CHECKER),
-        output_validator=Draft202012Validator(output_schema or {}, format_checker=Draft202012Validator.FORMAT_CHECKER),
+        input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
+        output_validator=schema_fast.validator(output_schema or {}, formats=True),
     )
 
 

@@ -28,10 +28,13 @@ _UNKNOWN_KEY_KEYWORDS = frozenset({"additionalProperties", "unevaluatedPropertie
 def verify_output(tool: ToolContract, data: Any) -> Any:
     if not tool.declares_output:
         return data
+    errors = list(_leaves(tool.output_validator.iter_errors(data)))
+    if not errors:
+        return data
     known = declared_names(thaw(tool.output_schema))
     violations: dict[tuple[str, str], dict[str, str]] = {}
     unknown_keys = 0
-    for error in _leaves(tool.output_validator.iter_errors(data)):
+    for error in errors:
         path = list(error.absolute_path)
         safe = _known_prefix(path, known)
         if error.validator in _UNKNOWN_KEY_KEYWORDS and len(safe) == len(path):

@@ -1,0 +1,134 @@
+"""JSON Schema validators whose common verdict — valid — comes from a compiled validator.
+
+Owns: ``validator(schema, formats=...)``, a Draft 2020-12 validator with the
+``jsonschema`` API the stages use (``is_valid``, ``iter_errors``, ``schema``).
+When the schema only uses keywords that ``jsonschema-rs`` (Rust) and
+``jsonschema`` decide alike, an instance the compiled validator accepts is
+valid without walking it in Python again; anything it refuses, or cannot take,
+goes to ``jsonschema``, which stays the authority for every refusal and for its
+report (paths, keywords, messages: the error envelopes do not change). Why: the
+three validations of a call (request body, arguments, output) were about a
+tenth of a read's CPU (docs/performance.md).
+
+Must never: accept what ``jsonschema`` would refuse. So the fast path is off for
+a schema using anything outside the keywords below (``$id`` only at its root), ``format`` when formats are
+asserted, ``multipleOf`` (float arithmetic differs), ``$ref`` outside the schema,
+and a ``pattern`` using regex syntax the two engines read differently (Python's
+``re`` against Rust's: ``\\w``, ``\\s``, ``\\b``, ``\\D``, flags, class set
+operations, POSIX classes); ``tests/test_schema_fast.py`` holds the verdicts together.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterator
+
+import jsonschema_rs
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError
+
+# Keywords both implementations evaluate the same way (annotations included).
+_SAME = frozenset({
+    "$schema", "$defs", "$ref", "$comment", "$anchor", "title", "description", "default", "examples", "deprecated",
+    "readOnly", "writeOnly", "type", "enum", "const", "properties", "required", "additionalProperties", "items",
+    "prefixItems", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength", "pattern", "minimum",
+    "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties", "maxProperties", "allOf", "anyOf",
+    "oneOf", "not", "patternProperties", "dependentRequired", "propertyNames", "if", "then", "else",
+    "contains", "minContains", "maxContains",
+})
+_VALUES = frozenset({"default", "examples", "enum", "const", "dependentRequired", "required"})  # data, not schemas
+_NAMED = frozenset({"properties", "patternProperties", "$defs"})  # name -> subschema
+# Regex syntax read alike by Python's re and Rust's regex: literals, classes of literals/ranges, groups,
+# alternation, quantifiers, anchors, and these escapes.
+_SAFE_ESCAPES = frozenset("d.-/\\+*?()[]{}^$|ntr")
+_UNSAFE_REGEX = re.compile(r"\[:|&&|--|~~|\(\?(?!:)")
+
+
+def validator(schema: Any, *, formats: bool = False) -> "FastValidator":
+    return FastValidator(schema, formats=formats)
+
+
+class FastValidator:
+    def __init__(self, schema: Any, *, formats: bool) -> None:
+        checker = Draft202012Validator.FORMAT_CHECKER if formats else None
+        self.exact = Draft202012Validator(schema, format_checker=checker)
+        self.schema = schema
+        self._compiled = None
+        # A root $id only names the document its local references resolve in (one elsewhere moves that base).
+        if _alike({k: v for k, v in schema.items() if k != "$id"} if isinstance(schema, dict) else schema, formats):
+            try:
+                self._compiled = jsonschema_rs.Draft202012Validator(schema, validate_formats=False, offline=True)
+            except Exception:  # a schema it cannot compile: jsonschema alone, as before
+                self._compiled = None
+
+    @property
+    def fast(self) -> bool:
+        return self._compiled is not None
+
+    def _surely_valid(self, instance: Any) -> bool:
+        if self._compiled is None:
+            return False
+        try:
+            return bool(self._compiled.is_valid(instance))
+        except Exception:  # a value it cannot take (e.g. a type JSON has no name for): ask jsonschema
+            return False
+
+    def is_valid(self, instance: Any) -> bool:
+        return self._surely_valid(instance) or self.exact.is_valid(instance)
+
+    def iter_errors(self, instance: Any) -> Iterator[ValidationError]:
+        if self._surely_valid(instance):
+            return iter(())
+        return self.exact.iter_errors(instance)
+
+
+def _alike(node: Any, formats: bool) -> bool:
+    if isinstance(node, bool):
+        return True
+    if not isinstance(node, dict):
+        return False
+    for key, value in node.items():
+        if key.startswith("x-"):
+            continue  # extension annotations: both ignore them
+        if key == "format":
+            if formats:
+                return False
+            continue
+        if key not in _SAME:
+            return False
+        if key in _VALUES:
+            continue
+        if key == "$ref":
+            if not (isinstance(value, str) and value.startswith("#")):
+                return False
+        elif key == "pattern":
+            if not _regex_alike(value):
+                return False
+        elif key in _NAMED:
+            if not isinstance(value, dict):
+                return False
+            if key == "patternProperties" and not all(_regex_alike(p) for p in value):
+                return False
+            if not all(_alike(sub, formats) for sub in value.values()):
+                return False
+        elif key in ("allOf", "anyOf", "oneOf", "prefixItems"):
+            if not (isinstance(value, list) and all(_alike(sub, formats) for sub in value)):
+                return False
+        elif key in ("additionalProperties", "items", "not", "propertyNames", "if", "then", "else", "contains"):
+            if not _alike(value, formats):
+                return False
+    return True
+
+
+def _regex_alike(pattern: Any) -> bool:
+    if not isinstance(pattern, str) or not pattern.isascii() or _UNSAFE_REGEX.search(pattern):
+        return False
+    escaped = False
+    for char in pattern:
+        if escaped:
+            if char not in _SAFE_ESCAPES:
+                return False
+            escaped = False
+        elif char == "\\":
+            escaped = True
+    return not escaped

@@ -1,0 +1,100 @@
+"""The compiled fast path of ``proxy.schema_fast`` never changes a verdict of ``jsonschema``."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from proxy import schema_fast
+from proxy.ingress import api_validator
+from proxy.registry import load_registry
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Values of every JSON type, including the ones where Python and Rust could read numbers, equality,
+# strings and patterns differently.
+VALUES = [None, True, False, 0, 1, -1, 1.0, 0.5, 2**70, -(2**70), 1e300, "", "a", "ord_1001", "ord_1001\n",
+          "٣", "😀😀", "x" * 65, "1.2.3", "USD", [], [1, True], [1, 1.0], [[1], [True]], {}, {"a": 1},
+          {"a": True}, {"order_id": "ord_1"}, {"order_id": "ord_1", "extra": 1}, {"counter": "c", "delta": 1},
+          {"counter": "c", "delta": 1.5}, {"counter": "c", "delta": 2**70}]
+
+EDGE_SCHEMAS = [
+    {"type": "integer", "maximum": 2**70 - 1},
+    {"uniqueItems": True},
+    {"enum": [1, [1], {"a": 1}]},
+    {"const": False},
+    {"type": "string", "pattern": "^ord_[A-Za-z0-9]+$"},
+    {"type": "string", "pattern": "^[0-9]+\\.[0-9]+\\.[0-9]+$"},
+    {"type": "string", "maxLength": 2, "minLength": 1},
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False},
+    {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]},
+    {"oneOf": [{"type": "number"}, {"type": "integer"}]},
+    {"$defs": {"n": {"type": "number", "minimum": 0}}, "type": "array", "items": {"$ref": "#/$defs/n"}},
+    {"if": {"type": "object"}, "then": {"required": ["a"]}, "else": {"not": {"type": "null"}}},
+    {"type": "array", "prefixItems": [{"type": "integer"}], "contains": {"const": True}},
+]
+
+# Schemas the two engines could decide differently: the fast path stays off, jsonschema alone decides.
+NOT_ALIKE = [
+    ({"type": "number", "multipleOf": 0.1}, False),           # float arithmetic: Rust accepts 0.3
+    ({"type": "string", "format": "email"}, True),            # formats asserted: checkers differ
+    ({"type": "string", "pattern": "^\\w+$"}, False),         # \w: Unicode classes differ
+    ({"type": "string", "pattern": "^\\D+$"}, False),         # \D: Rust's \d is ASCII here, Python's is not
+    ({"type": "string", "pattern": "(?i)^a$"}, False),        # flags
+    ({"type": "string", "pattern": "^[[:alpha:]]+$"}, False),  # POSIX class: literal characters to Python
+    ({"type": "string", "pattern": "^[a-z&&[^b]]+$"}, False),  # class intersection: literal to Python
+    ({"unevaluatedProperties": False}, False),                # outside the keywords held together
+]
+
+
+def _agree(fast: schema_fast.FastValidator, exact: Draft202012Validator, value: object) -> None:
+    assert fast.is_valid(value) == exact.is_valid(value), (fast.schema, value)
+    assert sorted(e.message for e in fast.iter_errors(value)) == sorted(e.message for e in exact.iter_errors(value))
+
+
+@pytest.mark.parametrize("schema", EDGE_SCHEMAS)
+def test_edge_schemas_use_the_fast_path_and_agree(schema):
+    fast = schema_fast.validator(schema, formats=True)
+    assert fast.fast
+    exact = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    for value in VALUES:
+        _agree(fast, exact, value)
+
+
+@pytest.mark.filterwarnings("ignore:Possible:FutureWarning")  # Python's re on the POSIX/intersection cases
+@pytest.mark.parametrize("schema,formats", NOT_ALIKE)
+def test_schemas_read_differently_stay_with_jsonschema(schema, formats):
+    fast = schema_fast.validator(schema, formats=formats)
+    assert not fast.fast
+    exact = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER if formats else None)
+    for value in [*VALUES, 0.3, "abc", "é", "not-an-email"]:
+        _agree(fast, exact, value)
+
+
+def test_a_reference_to_another_document_stays_with_jsonschema():
+    assert not schema_fast.validator({"$ref": "https://example.com/s.json"}).fast
+    assert not schema_fast.validator({"$id": "https://example.com/a", "$defs": {"b": {"$id": "b.json"}}}).fast
+
+
+def test_multiple_of_would_differ_without_the_guard():
+    # Why multipleOf stays with jsonschema: the compiled validator alone accepts 0.3 as a multiple of 0.1.
+    import jsonschema_rs
+    assert jsonschema_rs.Draft202012Validator({"multipleOf": 0.1}).is_valid(0.3)
+    assert not Draft202012Validator({"multipleOf": 0.1}).is_valid(0.3)
+
+
+def test_every_shipped_schema_agrees_on_every_value():
+    registry = load_registry([REPO / "examples" / "registry"])
+    validators = [v for tool in registry.all() for v in (tool.input_validator, tool.output_validator)]
+    validators += [api_validator(n) for n in sorted(os.listdir(REPO / "schemas")) if n.endswith("request.schema.json")]
+    assert sum(v.fast for v in validators) >= len(validators) - 2  # send_email's input asserts a format
+    bodies = [{"call_id": c, "tool": t, "arguments": a} for c, t, a in
+              itertools.product(["c1", "c 1"], ["get_order", ""], [{"order_id": "ord_1"}, "{}", 3])]
+    for validator in validators:
+        exact = Draft202012Validator(validator.schema, format_checker=validator.exact.format_checker)
+        for value in [*VALUES, *bodies, {"calls": bodies[:2]}, {"calls": []}]:
+            _agree(validator, exact, value)

@@ -48,6 +48,9 @@ async def read_json(request: web.Request, config: Config, *, phase: str = "reque
     if request.content_length is not None and request.content_length > limit:
         raise ProxyError("payload_too_large", "The request body is too large.",
                          details={"limit_bytes": limit}, phase=phase)
+    if request.content_length is not None:  # within the limit, and the parser stops the body there: one read
+        return strict_loads(await request.content.read(), what="request body", phase=phase,
+                            max_depth=config.decode.max_depth)
     chunks, size = [], 0
     async for chunk in request.content.iter_chunked(65536):
         size += len(chunk)

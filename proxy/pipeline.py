@@ -149,7 +149,8 @@ class Pipeline:
                 cancelled=_cancelled_for_good(state, error))
             if state.lease is not None:
                 state.lease.release_in(trip)
-            await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
+            if trip:  # (shielding costs a task: only when there is something to send)
+                await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
             if state.lease is not None:
                 await state.lease.renewer_stopped()
         await self._quotas.finish(state.quota, sent=state.sent, error=error)

@@ -293,6 +293,10 @@ class RoundTrip:
             on_acked: Callable[[int], None] | None = None) -> None:
         self._steps.append(_Step(script, keys, args, on_reply, acks, timeout_ms, on_acked))
 
+    def __bool__(self) -> bool:
+        """Whether any step waits to be sent (a read without a record or lock has none)."""
+        return bool(self._steps)
+
     async def send(self) -> None:
         steps, self._steps = self._steps, []
         if not steps:

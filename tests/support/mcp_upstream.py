@@ -67,7 +67,7 @@ def _logged(app: Any, state: UpstreamState) -> Any:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             state.http.append({"verb": scope["method"], "session": headers.get("mcp-session-id"),
-                               "mcp_method": headers.get("mcp-method")})
+                               "mcp_method": headers.get("mcp-method"), "user_agent": headers.get("user-agent", "")})
         await app(scope, receive, send)
     return asgi
 

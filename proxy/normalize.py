@@ -8,6 +8,7 @@ supplied, or trust a resource id that did not come from a template.
 
 from __future__ import annotations
 
+from collections import abc  # isinstance against the ABC itself: typing.Mapping adds a Python-level check
 import copy
 import hashlib
 from dataclasses import dataclass
@@ -60,11 +61,11 @@ def normalize(tool: ToolContract, arguments: Mapping[str, Any]) -> NormalizedCal
 
 def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     """Fill absent properties that declare a ``default`` (recursively through ``properties``)."""
-    if not isinstance(value, Mapping) or not isinstance(schema, Mapping):
+    if not isinstance(value, abc.Mapping) or not isinstance(schema, abc.Mapping):
         return value
     result = dict(value)
     for name, sub in (schema.get("properties") or {}).items():
-        if not isinstance(sub, Mapping):
+        if not isinstance(sub, abc.Mapping):
             continue
         if name not in result and "default" in sub:
             result[name] = copy.deepcopy(thaw(sub["default"]))

@@ -16,6 +16,7 @@ of them).
 
 from __future__ import annotations
 
+from collections import abc  # isinstance against the ABC itself: typing.Mapping adds a Python-level check
 import re
 from typing import Any, Iterable, Mapping
 
@@ -43,7 +44,7 @@ def redact(arguments: Any, sensitive_fields: Iterable[str], max_chars: int) -> A
 def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int) -> Any:
     if depth > MAX_DEPTH:
         return "[truncated: too deep]"
-    if isinstance(value, Mapping):
+    if isinstance(value, abc.Mapping):
         out: dict[str, Any] = {}
         for key, sub in value.items():
             if (key,) in paths or looks_secret(str(key)):

@@ -11,7 +11,8 @@ three validations of a call (request body, arguments, output) were about a
 tenth of a read's CPU (docs/performance.md).
 
 Must never: accept what ``jsonschema`` would refuse. So the fast path is off for
-a schema using anything outside the keywords below (``$id`` only at its root), ``format`` when formats are
+a schema using anything outside the keywords below (``$id`` only at its root), bounds or
+enum/const numbers of 2**53 or more, ``format`` when formats are
 asserted, ``multipleOf`` (float arithmetic differs), ``$ref`` outside the schema,
 and a ``pattern`` using regex syntax the two engines read differently (Python's
 ``re`` against Rust's: ``\\w``, ``\\s``, ``\\b``, ``\\D``, flags, class set
@@ -38,6 +39,10 @@ _SAME = frozenset({
 })
 _VALUES = frozenset({"default", "examples", "enum", "const", "dependentRequired", "required"})  # data, not schemas
 _NAMED = frozenset({"properties", "patternProperties", "$defs"})  # name -> subschema
+# Numbers both compare exactly: below 2**53 a float and an integer compare the same in Python and in an
+# engine that turns one into the other (beyond it, 2**53 + 1 and 2.0**53 would be "equal").
+_EXACT = 2 ** 53
+_BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
 # Regex syntax read alike by Python's re and Rust's regex: literals, classes of literals/ranges, groups,
 # alternation, quantifiers, anchors, and these escapes.
 _SAFE_ESCAPES = frozenset("d.-/\\+*?()[]{}^$|ntr")
@@ -96,7 +101,15 @@ def _alike(node: Any, formats: bool) -> bool:
             continue
         if key not in _SAME:
             return False
+        if key in ("enum", "const"):
+            if not _exact_numbers(value if key == "enum" else [value]):
+                return False
+            continue
         if key in _VALUES:
+            continue
+        if key in _BOUNDS:
+            if not (type(value) in (int, float) and abs(value) < _EXACT):
+                return False
             continue
         if key == "$ref":
             if not (isinstance(value, str) and value.startswith("#")):
@@ -118,6 +131,15 @@ def _alike(node: Any, formats: bool) -> bool:
             if not _alike(value, formats):
                 return False
     return True
+
+
+def _exact_numbers(values: Any) -> bool:
+    """Every number inside these enum/const values compares exactly (see ``_EXACT``)."""
+    if isinstance(values, (list, tuple)):
+        return all(_exact_numbers(v) for v in values)
+    if isinstance(values, dict):
+        return all(_exact_numbers(v) for v in values.values())
+    return not isinstance(values, (int, float)) or isinstance(values, bool) or abs(values) < _EXACT
 
 
 def _regex_alike(pattern: Any) -> bool:

@@ -20,10 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 VALUES = [None, True, False, 0, 1, -1, 1.0, 0.5, 2**70, -(2**70), 1e300, "", "a", "ord_1001", "ord_1001\n",
           "٣", "😀😀", "x" * 65, "1.2.3", "USD", [], [1, True], [1, 1.0], [[1], [True]], {}, {"a": 1},
           {"a": True}, {"order_id": "ord_1"}, {"order_id": "ord_1", "extra": 1}, {"counter": "c", "delta": 1},
-          {"counter": "c", "delta": 1.5}, {"counter": "c", "delta": 2**70}]
+          {"counter": "c", "delta": 1.5}, {"counter": "c", "delta": 2**70}, 2**53, 2**53 + 1, 2.0**53, 2.0**70,
+          2**70 + 1]
 
 EDGE_SCHEMAS = [
-    {"type": "integer", "maximum": 2**70 - 1},
+    {"type": "number", "maximum": 2**53 - 1, "minimum": -0.5},
     {"uniqueItems": True},
     {"enum": [1, [1], {"a": 1}]},
     {"const": False},
@@ -48,6 +49,8 @@ NOT_ALIKE = [
     ({"type": "string", "pattern": "^[[:alpha:]]+$"}, False),  # POSIX class: literal characters to Python
     ({"type": "string", "pattern": "^[a-z&&[^b]]+$"}, False),  # class intersection: literal to Python
     ({"unevaluatedProperties": False}, False),                # outside the keywords held together
+    ({"type": "integer", "maximum": 2**70 - 1}, False),       # a bound a float could be rounded onto
+    ({"const": 2**70 + 1}, False),                            # 2.0**70 would be "equal" once converted
 ]
 
 

@@ -32,6 +32,7 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.extension import UnexpectedClaimedResult
 from mcp.client.session import _clamp_inbound_ttl, _later_revision_fields
+from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE
 from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
@@ -81,7 +82,7 @@ async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name:
                              allow_redirects=False) as response:
             progress.headers_sent = trace.headers_sent
             progress.status = response.status
-            raw, streamed = await _answer(response, request_id)
+            raw, streamed = await _answer(response)
     except aiohttp.ClientConnectorError:
         progress.connect_failed = True
         raise MCPError(code=CONNECTION_CLOSED, message="Connection failed") from None
@@ -99,7 +100,7 @@ async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name:
     return Answer(result, streamed)
 
 
-async def _answer(response: aiohttp.ClientResponse, request_id: int) -> tuple[dict[str, Any], bool]:
+async def _answer(response: aiohttp.ClientResponse) -> tuple[dict[str, Any], bool]:
     """The JSON-RPC result of the POST (mirrors ``StreamableHTTPTransport._handle_post_request``)."""
     content_type = response.headers.get("content-type", "").lower()
     if response.status == 202:
@@ -120,7 +121,7 @@ async def _answer(response: aiohttp.ClientResponse, request_id: int) -> tuple[di
     if content_type.startswith("application/json"):
         return _result(await response.read()), False
     if content_type.startswith("text/event-stream"):
-        return await _streamed_result(response, request_id), True
+        return await _streamed_result(response), True
     raise MCPError(code=INVALID_REQUEST, message="Unexpected content type")
 
 
@@ -140,29 +141,38 @@ def _outcome(message: Any) -> dict[str, Any]:
     raise MCPError(code=PARSE_ERROR, message="The answer was not a response")
 
 
-async def _streamed_result(response: aiohttp.ClientResponse, request_id: int) -> dict[str, Any]:
-    """The first response or error on the SSE stream; notifications (and requests) before it are skipped."""
-    event, data = "message", []
-    async for raw_line in response.content:
-        line = raw_line.decode("utf-8").rstrip("\r\n")
-        if line:
-            field, _, value = line.partition(":")
-            value = value[1:] if value.startswith(" ") else value
-            if field == "event":
-                event = value
-            elif field == "data":
-                data.append(value)
-            continue
-        payload, kind = "\n".join(data), event
-        event, data = "message", []
-        if kind != "message" or not payload:
-            continue  # a priming event (resumption id only) or an unknown event type
-        try:
-            message = types.jsonrpc_message_adapter.validate_json(payload, by_name=False)
-        except ValidationError:
-            raise MCPError(code=PARSE_ERROR, message="Failed to parse SSE message") from None
-        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
-            return _outcome(message)
+async def _streamed_result(response: aiohttp.ClientResponse) -> dict[str, Any]:
+    """The first response or error on the SSE stream; notifications (and requests) before it are skipped.
+    Lines are split here (aiohttp's line reader refuses lines past 128 KiB); an event is bounded as the
+    SDK bounds it."""
+    event, data, size, pending = "message", [], 0, b""
+    async for chunk in response.content.iter_any():
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            line, start = pending[start:end].rstrip(b"\r").decode("utf-8"), end + 1
+            if line:
+                field, _, value = line.partition(":")
+                value = value[1:] if value.startswith(" ") else value
+                if field == "event":
+                    event = value
+                elif field == "data":
+                    data.append(value)
+                    size += len(value)
+                continue
+            payload, kind = "\n".join(data), event
+            event, data, size = "message", [], 0
+            if kind != "message" or not payload:
+                continue  # a priming event (resumption id only) or an unknown event type
+            try:
+                message = types.jsonrpc_message_adapter.validate_json(payload, by_name=False)
+            except ValidationError:
+                raise MCPError(code=PARSE_ERROR, message="Failed to parse SSE message") from None
+            if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+                return _outcome(message)
+        pending = pending[start:]
+        if size + len(pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
+            raise MCPError(code=CONNECTION_CLOSED, message="SSE event too large")
     raise MCPError(code=CONNECTION_CLOSED, message="SSE stream ended without a response")
 
 

@@ -8,8 +8,11 @@ writes the ``_meta`` protocol version, client info and capabilities and the
 ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers), reading the answer the
 way the SDK's Streamable HTTP transport does (a JSON body, or an SSE stream up
 to the response; a JSON-RPC error at a non-2xx status; 404 as "method not
-found"; 202, redirects and unknown content types as refusals) and validating
-the result as the SDK session does. Why: in the SDK's client stack (httpx,
+found"; 202, redirects and unknown content types as refusals) and treating
+the result as ``ClientSession.call_tool(..., allow_input_required=True)``
+does (its result adapter, its check of a result against the tool's output
+schema, ``InputRequiredResult`` handed back for ``McpAdapter``'s input rounds,
+which go through the SDK). Why: in the SDK's client stack (httpx,
 httpcore, anyio task groups, the dispatcher) a call through an MCP upstream
 spent about half its CPU (profile in docs/performance.md).
 

@@ -3,7 +3,10 @@
 Owns: one reusable session per upstream URL (opened with the ``mcp`` SDK
 client over Streamable HTTP — the 2026-07-28 stateless revision when the
 upstream offers it, else the initialize handshake — and reopened when it
-drops), sending ``tools/call`` for the contract's ``backend.tool`` within
+drops), sending ``tools/call`` for the contract's ``backend.tool`` (through the
+SDK session, or — the first round of a call with nothing to relay, on a
+stateless session — as one POST over the shared aiohttp session:
+``adapters.mcp_wire``) within
 the call's budget (with a progress token when the caller's front relays
 progress: ``adapters.progress_relay``, and with the log level the caller's client asked for:
 ``adapters.log_relay``) with the trusted headers the HTTP adapter forwards,
@@ -67,8 +70,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
 from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay, mcp_wire,
-               progress_relay,
-               safe_error_fields)
+               progress_relay, safe_error_fields)
 from .http import forwarded_headers
 
 log = logging.getLogger("toolproxy.adapters.mcp")

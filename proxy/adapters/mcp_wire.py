@@ -1,6 +1,6 @@
 """One ``tools/call`` to a stateless MCP upstream as a plain POST over the shared aiohttp session.
 
-Owns: sending a call that relays no progress to an upstream whose session
+Owns: sending a call that relays nothing (no progress, no log level) to an upstream whose session
 negotiated a stateless revision (2026-07-28: no session id, every request
 self-describing) as one POST through the one shared ``aiohttp.ClientSession``,
 with exactly the body and headers the SDK session would send (its own stamp

@@ -137,7 +137,8 @@ class BackendGuard:
         self._transition = redis.register_script(_TRANSITION)
         self._snapshot = redis.register_script(_SNAPSHOT)
         self._backends: dict[str, _Backend] = {}
-        self._listener: asyncio.Task[None] | None = None
+        self._listener = store.ChannelListener(redis, self._channel, self._apply_event,
+                                               on_subscribed=self._subscribed, what="back-pressure channel", log=log)
         self.synced = asyncio.Event()  # set once the first snapshot is loaded (tests wait for it)
 
     def settings(self, backend: str) -> BreakerSettings:
@@ -155,20 +156,14 @@ class BackendGuard:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        if self._listener is None:
-            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="toolproxy-backpressure")
+        self._listener.start()
 
     async def stop(self) -> None:
-        await store.stop_listener(self._listener)
-        self._listener = None
+        await self._listener.stop()
 
-    async def _listen(self) -> None:
-        async def subscribed() -> None:
-            await self._load()  # after subscribing: no transition falls between the two
-            self.synced.set()
-
-        await store.listen(self._redis, self._channel, self._apply_event, on_subscribed=subscribed,
-                           what="back-pressure channel", log=log)
+    async def _subscribed(self) -> None:
+        await self._load()  # after subscribing: no transition falls between the two
+        self.synced.set()
 
     async def _load(self) -> None:
         reply = await store.redis_call(self._snapshot(keys=[self._hash]))

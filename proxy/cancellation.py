@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from . import store
+from .store import ChannelListener
 from .audit import Auditor, digest
 from .config import CancellationConfig
 from .errors import ProxyError
@@ -78,7 +79,9 @@ class Cancellations:
         self._store = store
         self._redis = redis
         self._channel = channel
-        self._listener: asyncio.Task[None] | None = None
+        self._listener = ChannelListener(redis, channel, self._deliver, on_subscribed=self._subscribed,
+                                         what="cancellation channel", log=log) \
+            if redis is not None and channel is not None else None
         self.listening = asyncio.Event()  # subscribed to the channel other replicas publish cancels on
         self._adapters = adapters
         self._audit = audit
@@ -142,19 +145,15 @@ class Cancellations:
     # A cancel request may reach a replica that does not run the call: it publishes the key on one Redis
     # channel, every replica listens, and the one that runs the call stops it.
     def start(self) -> None:
-        if self._redis is not None and self._channel is not None and self._listener is None:
-            self._listener = asyncio.get_running_loop().create_task(self._listen(), name="toolproxy-cancellations")
+        if self._listener is not None:
+            self._listener.start()
 
     async def stop(self) -> None:
-        await store.stop_listener(self._listener)
-        self._listener = None
+        if self._listener is not None:
+            await self._listener.stop()
 
-    async def _listen(self) -> None:
-        async def subscribed() -> None:
-            self.listening.set()
-
-        await store.listen(self._redis, self._channel, self._deliver, on_subscribed=subscribed,
-                           what="cancellation channel", log=log)
+    async def _subscribed(self) -> None:
+        self.listening.set()
 
     def _deliver(self, raw: Any) -> None:
         try:

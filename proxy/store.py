@@ -358,38 +358,49 @@ class RoundTrip:
 
 # -- pub/sub listeners ---------------------------------------------------------
 
-async def listen(redis: Any, channel: str, on_message: Callable[[Any], None], *,
+class ChannelListener:
+    """One pub/sub channel listened to for ever in a task of its own: ``on_subscribed`` after each
+    (re)subscription (load a snapshot, say "ready"), ``on_message`` for each message; a lost connection is
+    retried with backoff (logged once per loss as ``<what> lost``). ``start`` once, ``stop`` at shutdown."""
+
+    def __init__(self, redis: Any, channel: str, on_message: Callable[[Any], None], *,
                  on_subscribed: Callable[[], Awaitable[None]], what: str, log: Any) -> None:
-    """Listen on one channel for ever: ``on_subscribed`` after each (re)subscription (load a snapshot, say
-    "ready"), ``on_message`` for each message; a lost connection is retried with backoff (logged once per
-    loss as ``<what> lost``). Run it in a task and end it with ``stop_listener``."""
-    backoff = 0.1
-    while True:
-        pubsub = redis.pubsub(ignore_subscribe_messages=True)
-        try:
-            await translated(pubsub.subscribe(channel))
-            await on_subscribed()
-            backoff = 0.1
-            while True:
-                message = await translated(pubsub.get_message(timeout=5.0))
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():  # a cancel redis-py swallowed (gh-86296)
-                    raise asyncio.CancelledError()
-                if message is not None and message.get("type") == "message":
-                    on_message(message["data"])
-        except (StoreError, OSError) as exc:
-            log.warning("%s lost (%s); retrying", what, type(exc).__name__)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 5.0)
-        finally:
+        self._redis, self._channel, self._on_message = redis, channel, on_message
+        self._on_subscribed, self._what, self._log = on_subscribed, what, log
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._listen(), name=f"toolproxy {self._what}")
+
+    async def stop(self) -> None:
+        """Cancel until it ends: redis-py can swallow one cancel (CPython gh-86296, see ``redis_call``)."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+
+    async def _listen(self) -> None:
+        backoff = 0.1
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
-                await asyncio.shield(pubsub.aclose())
-            except (StoreError, OSError):
-                pass  # best-effort cleanup: the real outcome is the one above
-
-
-async def stop_listener(task: "asyncio.Task[Any] | None") -> None:
-    """Cancel until it ends: redis-py can swallow one cancel (CPython gh-86296, see ``redis_call``)."""
-    while task is not None and not task.done():
-        task.cancel()
-        await asyncio.wait({task}, timeout=0.5)
+                await translated(pubsub.subscribe(self._channel))
+                await self._on_subscribed()
+                backoff = 0.1
+                while True:
+                    message = await translated(pubsub.get_message(timeout=5.0))
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():  # a cancel redis-py swallowed (gh-86296)
+                        raise asyncio.CancelledError()
+                    if message is not None and message.get("type") == "message":
+                        self._on_message(message["data"])
+            except (StoreError, OSError) as exc:
+                self._log.warning("%s lost (%s); retrying", self._what, type(exc).__name__)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                try:
+                    await asyncio.shield(pubsub.aclose())
+                except (StoreError, OSError):
+                    pass  # best-effort cleanup: the real outcome is the one above

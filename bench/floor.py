@@ -336,7 +336,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         "identity.mode": "static",  # as `toolproxy dev`; every other setting is the default
         "opa.url": opa.url, "redis.url": redis_server.url,
         "backends.services": f"demo={backend_url}",
-        "registry.paths": f"{REPO / 'examples' / 'registry'},{extra}",
+        # The proxy's own example registry: an older checkout may not know a newer contract's fields.
+        "registry.paths": f"{src / 'examples' / 'registry'},{extra}",
     }
     env = {**os.environ, "PYTHONPATH": str(src),
            **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}}

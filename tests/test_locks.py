@@ -177,11 +177,13 @@ async def test_waiting_writer_gets_the_lock_and_keeps_new_readers_out(client):
 
 @all_redis_modes
 async def test_lease_is_renewed_while_held(client):
-    locks = manager(client, lease_ms=300, renew_interval_ms=80)
+    # The lease outlives a renewal interval by 520 ms: a loop stalled by a full suite's garbage
+    # collection must not pass for a renewal that failed (300 ms left too little slack on a 2-core machine).
+    locks = manager(client, lease_ms=600, renew_interval_ms=80)
     lease = await take(locks, refs(("r:1", X)))
     # Another caller waits for three full leases: renewal must keep it out the whole time.
     with pytest.raises(ProxyError) as busy:
-        await take(locks, refs(("r:1", X)), seconds=0.9)
+        await take(locks, refs(("r:1", X)), seconds=1.8)
     assert busy.value.code == "resource_busy"
     assert not lease.lost
     await lease.release()

@@ -30,6 +30,11 @@ class Deadline:
             return None
         return max(0.0, self.at - self.clock())
 
+    def remaining_ms(self) -> int | None:
+        """Whole milliseconds left (``timing.deadline_ms`` of an envelope), None without a deadline."""
+        remaining = self.remaining()
+        return None if remaining is None else int(remaining * 1000)
+
     def budget(self, tool_timeout_s: float, margin_s: float) -> float:
         """Seconds this step may take; <= 0 means no budget is left."""
         remaining = self.remaining()

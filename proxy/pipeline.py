@@ -103,8 +103,7 @@ class Pipeline:
         with logs.bound(request_id=meta.request_id, trace_id=meta.trace.trace_id,
                         call_id=request.call_id if isinstance(request.call_id, str) else None):
             state = CallState(request=request, caller=caller, timing=Timing())
-            remaining = meta.deadline.remaining()
-            state.timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+            state.timing.deadline_ms = meta.deadline.remaining_ms()
             try:
                 return await self._execute(state)
             finally:  # whatever escaped (a bug included), held locks never outlive the call

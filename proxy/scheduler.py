@@ -118,8 +118,7 @@ class Scheduler:
             self._metrics.batch_calls.labels("invalid_plan").inc()
             raise
         meta = self._with_deadline(plan.meta)
-        remaining = meta.deadline.remaining()
-        timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+        timing.deadline_ms = meta.deadline.remaining_ms()
         footprints = {call.call_id: footprint(self._registry, call) for call in plan.calls}
         graph = build_graph(plan, footprints)
         batch = BatchRun()
@@ -242,8 +241,7 @@ class Scheduler:
             error = ProxyError("timeout_not_started", "Not started: the batch deadline passed first.",
                                phase="schedule", attempted=False, committed=False)
         timing = Timing()
-        remaining = meta.deadline.remaining()
-        timing.deadline_ms = None if remaining is None else int(remaining * 1000)
+        timing.deadline_ms = meta.deadline.remaining_ms()
         tool = fp.tool.name if fp.tool else call.tool
         env = envelope.build(call_id=call.call_id, request_id=meta.request_id, tool=tool,
                              tool_version=fp.tool.version if fp.tool else None, error=error,

@@ -52,7 +52,8 @@ async def post_tool_call(request: web.Request) -> web.Response:
     call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
-    return json_response(result.envelope, result.status, {**result.headers, **retry_after_header(result.envelope)})
+    body = result.envelope.to_json()  # the edge: the envelope's JSON, once
+    return json_response(body, result.status, {**result.headers, **retry_after_header(body)})
 
 
 async def post_tool_call_batch(request: web.Request) -> web.Response:

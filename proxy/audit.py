@@ -48,7 +48,7 @@ from .registry import ToolContract, thaw
 from .store import StoreError, redis_call
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .envelope import Timing
+    from .envelope import Envelope, Timing
     from .identity import Caller
     from .normalize import NormalizedCall
     from .plan import Footprint
@@ -300,35 +300,31 @@ class Auditor:
             raise ProxyError("audit_unavailable", "The audit trail could not be written; the call was not sent.",
                              details={"tool": tool.name}, phase="audit", attempted=False, committed=False)
 
-    async def call_final(self, state: CallFacts, envelope: Mapping[str, Any]) -> bool:
+    async def call_final(self, state: CallFacts, env: "Envelope") -> bool:
         """After the call: the one record of what happened. A failure here never changes the outcome."""
-        error = envelope.get("error") or {}
         fields = self._call_fields(state)
         fields.update(
-            finished_at=envelope["timing"]["finished_at"],
-            duration_ms=envelope["timing"]["duration_ms"],
-            outcome=envelope["outcome"],
-            error_code=error.get("code"),
-            side_effect_attempted=envelope["side_effect"]["attempted"],
-            side_effect_committed=envelope["side_effect"]["committed"],
-            backend_request_id=state.backend_request_id or _safe_str((error.get("details") or {})
-                                                                     .get("backend_request_id")),
+            finished_at=env.timing["finished_at"],
+            duration_ms=env.timing["duration_ms"],
+            outcome=env.outcome,
+            error_code=env.error_code,
+            side_effect_attempted=env.side_effect.attempted,
+            side_effect_committed=env.side_effect.committed,
+            backend_request_id=state.backend_request_id or (
+                _safe_str(env.error.details.get("backend_request_id")) if env.error is not None else None),
             result_hash=state.result_hash,
         )
         return await self.record("tool_call", **fields)
 
     async def call_not_started(self, request: "ToolCallRequest", caller: "Caller", fp: "Footprint",
-                               timing: "Timing", envelope: Mapping[str, Any]) -> bool:
+                               timing: "Timing", env: "Envelope") -> bool:
         """The one record of a batch call the scheduler never started (``cancelled`` behind a failed
         ``block`` dependency, or ``timeout_not_started``), from what the plan knew about it.
 
         Nothing was attempted, so a failed sink is counted and logged like any
         final record, never turned into an error, whatever the failure policy.
         """
-        meta, tool, error = request.meta, fp.tool, envelope.get("error") or {}
-        deadline_at = None
-        if timing.deadline_ms is not None:
-            deadline_at = iso(timing.started_wall + timing.deadline_ms / 1000.0)
+        meta, tool = request.meta, fp.tool
         return await self.record(
             "tool_call", request_id=meta.request_id, trace_id=meta.trace.trace_id,
             call_id=_call_id(request.call_id), run_id=meta.run_id,
@@ -341,19 +337,16 @@ class Auditor:
             if tool and fp.args_hash is not None else None,
             resources_hash=sha256_hex("\n".join(r.id for r in fp.resources).encode()) if fp.resources else None,
             approval_id=meta.approval_id, attempt=0,
-            started_at=envelope["timing"]["started_at"], deadline_at=deadline_at,
-            finished_at=envelope["timing"]["finished_at"], duration_ms=envelope["timing"]["duration_ms"],
-            outcome=envelope["outcome"], error_code=error.get("code"),
+            started_at=env.timing["started_at"], deadline_at=_deadline_at(timing.started_wall, timing.deadline_ms),
+            finished_at=env.timing["finished_at"], duration_ms=env.timing["duration_ms"],
+            outcome=env.outcome, error_code=env.error_code,
             side_effect_attempted=False, side_effect_committed=False,
-            blocked_by=[_call_id(c) for c in envelope.get("blocked_by") or ()] or None,
+            blocked_by=[_call_id(c) for c in env.blocked_by] or None,
         )
 
     def _call_fields(self, state: CallFacts) -> dict[str, Any]:
         request, meta, caller, tool = state.request, state.request.meta, state.caller, state.tool
         normalized = state.normalized
-        deadline_at = None
-        if state.timing.deadline_ms is not None:
-            deadline_at = iso(state.timing.started_wall + state.timing.deadline_ms / 1000.0)
         policy = None
         if state.policy_result is not None:
             policy = {"result": state.policy_result, "reasons": list(state.policy_reasons),
@@ -372,7 +365,8 @@ class Auditor:
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,
             policy=policy, approval_id=state.approval_id or meta.approval_id, attempt=state.attempt,
-            started_at=iso(state.timing.started_wall), deadline_at=deadline_at,
+            started_at=iso(state.timing.started_wall),
+            deadline_at=_deadline_at(state.timing.started_wall, state.timing.deadline_ms),
             fencing_token=state.fencing_token,
         )
 
@@ -407,6 +401,11 @@ class Auditor:
                 log.error("audit sink %s failed (%s); record kind %s", sink.name, type(exc).__name__,
                           record["kind"])
         return ok
+
+
+def _deadline_at(started_wall: float, deadline_ms: int | None) -> str | None:
+    """The call's deadline on the wall clock (``deadline_ms`` counts from the call's start)."""
+    return None if deadline_ms is None else iso(started_wall + deadline_ms / 1000.0)
 
 
 def iso_now() -> str:

@@ -39,6 +39,7 @@ from . import store
 from .store import ChannelListener
 from .audit import Auditor, digest
 from .config import CancellationConfig
+from .envelope import Envelope
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
 from .operation_views import operation_view
@@ -315,12 +316,11 @@ class Cancellations:
         return operation_view(record, contract)
 
 
-async def audit_outcome(audit: Auditor, state: Any, env: Mapping[str, Any]) -> None:
+async def audit_outcome(audit: Auditor, state: Any, env: Envelope) -> None:
     """The ``cancellation`` record of how a cancelled call ended (the commit stage calls it)."""
     caller = state.caller
     await audit.record("cancellation", idempotency_key=state.idempotency_key,
-                       tool=env.get("tool"), tool_version=env.get("tool_version"), tenant=caller.tenant,
-                       subject=caller.subject, agent=caller.agent, outcome=env["outcome"],
-                       error_code=(env.get("error") or {}).get("code"),
-                       side_effect_committed=env["side_effect"]["committed"],
-                       details={"from": "CANCELLING", "to": env["outcome"], "evidence": state.cancellation})
+                       tool=env.tool, tool_version=env.tool_version, tenant=caller.tenant,
+                       subject=caller.subject, agent=caller.agent, outcome=env.outcome,
+                       error_code=env.error_code, side_effect_committed=env.side_effect.committed,
+                       details={"from": "CANCELLING", "to": env.outcome, "evidence": state.cancellation})

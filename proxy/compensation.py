@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from . import envelope
+from .envelope import Envelope
 from .audit import Auditor
 from .compensation_contract import build_arguments
 from .decode import decode_arguments
@@ -99,14 +100,13 @@ class Compensations:
                                arguments=arguments,
                                meta=replace(meta, idempotency_key=header, run_id=None, plan_call_id=None,
                                             approval_id=None, wait_s=meta.wait_s))
-        result = await self._pipeline.execute(call, caller)
-        env = result.envelope
+        env = (await self._pipeline.execute(call, caller)).envelope
         status = _block_status(env)
         if status != block.get("status") and block.get("status") != "succeeded":
-            block = await self._finish(record, {**block, "status": status, "outcome": env["outcome"],
-                                                "error_code": (env["error"] or {}).get("code")}, caller, env)
+            block = await self._finish(record, {**block, "status": status, "outcome": env.outcome,
+                                                "error_code": env.error_code}, caller, env)
         view = operation_view(await self._record(key, caller.tenant), contract)
-        return envelope.http_status(env), {"operation": view, "compensation": env}
+        return env.http_status, {"operation": view, "compensation": env.to_json()}
 
     # -- steps ------------------------------------------------------------------
     async def _record(self, key: str, tenant: str) -> Record:
@@ -163,13 +163,13 @@ class Compensations:
         return block
 
     async def _finish(self, record: Record, block: dict[str, Any], caller: Caller,
-                      env: Mapping[str, Any]) -> dict[str, Any]:
+                      env: Envelope) -> dict[str, Any]:
         if block["status"] == "failed":
             block["takeover"] = {"reason": "compensation_failed", "at": envelope.iso(time.time()),
                                  "evidence": {"error_code": block.get("error_code"),
-                                              "side_effect": env["side_effect"],
-                                              "backend_code": ((env["error"] or {}).get("details") or {})
-                                              .get("backend_code")}}
+                                              "side_effect": env.side_effect.to_json(),
+                                              "backend_code": env.error.details.get("backend_code")
+                                              if env.error is not None else None}}
         answer = await self._store.set_compensation(record.key, block=block, from_statuses=("requested", "unknown"),
                                                     state=record.state)
         if answer.status != "ok":
@@ -218,14 +218,14 @@ def takeover_entry(record: Record, block: Mapping[str, Any]) -> dict[str, Any]:
             "takeover_at": (block.get("takeover") or {}).get("at")}
 
 
-def _block_status(env: Mapping[str, Any]) -> str:
+def _block_status(env: Envelope) -> str:
     """succeeded | unknown | failed (it reached the backend and did not undo the effect) | requested (nothing
     was sent: refused before, busy, or still running elsewhere; asking again is safe)."""
-    if env["outcome"] == "succeeded":
+    if env.outcome == "succeeded":
         return "succeeded"
-    if not env["side_effect"]["attempted"] or (env["error"] or {}).get("code") == "operation_in_progress":
+    if not env.side_effect.attempted or env.error_code == "operation_in_progress":
         return "requested"
-    if env["side_effect"]["committed"] is None:
+    if env.side_effect.committed is None:
         return "unknown"
     return "failed"
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import orjson
 
@@ -110,6 +110,15 @@ class Envelope:
     @property
     def http_status(self) -> int:
         return 200 if self.error is None else self.error.spec.http_status
+
+    @property
+    def blocked_by(self) -> Sequence[str]:
+        """The batch calls whose failure kept this one from starting (empty for every other call)."""
+        return self.extra.get("blocked_by") or ()
+
+    @property
+    def deprecation(self) -> Mapping[str, Any] | None:
+        return self.extra.get("deprecation")
 
     def as_replayed(self) -> "Envelope":
         return replace(self, replayed=True)

@@ -394,15 +394,14 @@ class McpFront:
         channel = input_relay.get()
         if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
             channel.call_id, channel.tool = call.call_id, name
-        result = await runtime.pipeline.execute(call, exchange.caller)
-        envelope = result.envelope
+        env = (await runtime.pipeline.execute(call, exchange.caller)).envelope
         # An unknown tool is an isError result too (tool_not_found, with its next step), as the
         # reference TypeScript SDK server answers it: the model reads it instead of the client throwing.
         try:
-            tool = runtime.registry.resolve(envelope["tool"], envelope["tool_version"])
+            tool = runtime.registry.resolve(env.tool, env.tool_version)
         except ProxyError:
             tool = None
-        return mcp_tools.call_result(envelope, tool, modern=exchange.modern)
+        return mcp_tools.call_result(env, tool, modern=exchange.modern)
 
     def _withdraw(self, session: Session, request_id: Any) -> None:
         signal = self._inflight.get((session.id, request_id)) if isinstance(request_id, (str, int)) else None

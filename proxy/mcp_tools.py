@@ -26,9 +26,10 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from .decode import strict_loads
+from .envelope import Envelope
 from .errors import ProxyError
 from .registry import ToolContract, thaw
 
@@ -117,23 +118,23 @@ def decode_cursor(cursor: Any) -> str:
 DEPRECATION_META_KEY = "io.toolproxy/deprecation"
 
 
-def call_result(envelope: Mapping[str, Any], tool: ToolContract | None, *, modern: bool) -> dict[str, Any]:
+def call_result(env: Envelope, tool: ToolContract | None, *, modern: bool) -> dict[str, Any]:
     """The MCP CallToolResult for one envelope (the envelope's error decides isError)."""
-    if envelope["error"] is not None:
+    if env.error is not None:
         result: dict[str, Any] = {
-            "content": [{"type": "text", "text": model_text(envelope)}],
+            "content": [{"type": "text", "text": model_text(env)}],
             "isError": True,
-            "_meta": {ENVELOPE_META_KEY: dict(envelope)},
+            "_meta": {ENVELOPE_META_KEY: env.to_json()},
         }
     elif tool is not None and passes_content(tool):
-        data = envelope["data"]
+        data = env.data
         result = {"content": list(data["content"]), "isError": False}
         structured = data.get("structuredContent")
         # Up to 2025-11-25 structuredContent must be an object.
         if structured is not None and (modern or isinstance(structured, dict)):
             result["structuredContent"] = structured
     else:
-        data = envelope["data"]
+        data = env.data
         result = {
             "content": [{"type": "text", "text": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}],
             "isError": False,
@@ -143,30 +144,30 @@ def call_result(envelope: Mapping[str, Any], tool: ToolContract | None, *, moder
             result["structuredContent"] = data
     if modern:
         result["resultType"] = "complete"
-    if envelope.get("deprecation"):  # a namespaced key of its own: _meta holds other io.toolproxy/ entries too
-        result.setdefault("_meta", {})[DEPRECATION_META_KEY] = dict(envelope["deprecation"])
+    if env.deprecation:  # a namespaced key of its own: _meta holds other io.toolproxy/ entries too
+        result.setdefault("_meta", {})[DEPRECATION_META_KEY] = dict(env.deprecation)
     return result
 
 
-def model_text(envelope: Mapping[str, Any]) -> str:
+def model_text(env: Envelope) -> str:
     """A short, actionable sentence for the model; never more than the envelope exposes."""
-    error = envelope["error"]
-    if not error.get("expose_to_model", True):
-        return f"{error['code']}: the call failed inside the proxy. Next step: {error['resolution']}."
-    parts = [f"{error['code']}: {error['message'].rstrip('.')}."]
-    violations = (error.get("details") or {}).get("violations")
+    error = env.error
+    assert error is not None  # only failures are explained
+    if not error.spec.expose_to_model:
+        return f"{error.code}: the call failed inside the proxy. Next step: {error.resolution}."
+    parts = [f"{error.code}: {error.message.rstrip('.')}."]
+    details = error.details
+    violations = details.get("violations")
     if isinstance(violations, list) and len(violations) > 1:
         # The message names the first problem; list the next few so one repair fixes them all.
         rest = [v for v in violations[1:_MAX_VIOLATIONS_IN_TEXT + 1] if isinstance(v, dict)]
         shown = "; ".join(f"{v.get('path', '$')}: {v.get('message', '')}" for v in rest)
         more = len(violations) - 1 - len(rest)
         parts.append(f"Also: {shown}" + (f" (and {more} more)" if more > 0 else "") + ".")
-    details = error.get("details") or {}
     if isinstance(details.get("retry_after_s"), (int, float)):
         limit = f" (limit {details['limit']})" if isinstance(details.get("limit"), str) else ""
         parts.append(f"Retry after {details['retry_after_s']} s{limit}.")
-    side_effect = envelope.get("side_effect") or {}
-    if side_effect.get("committed") is None:
+    if env.side_effect.committed is None:
         parts.append("Whether the effect happened is unknown; do not repeat the call with a new request id.")
-    parts.append(f"Next step: {error['resolution']}.")
+    parts.append(f"Next step: {error.resolution}.")
     return " ".join(parts)

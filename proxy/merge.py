@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
+from .envelope import Envelope
+from .errors import ProxyError
 from .plan import BatchPlan, Footprint, Graph
 
 # The order in which resolutions become the batch's next action: uncertain
@@ -26,7 +28,7 @@ NEXT_ACTION_PRIORITY = ("reconcile", "await_approval", "ask_user", "repair_argum
 class BatchResult:
     request_id: str
     status: str  # succeeded | partially_succeeded | failed
-    results: tuple[dict[str, Any], ...]  # one envelope per call, plan order
+    results: tuple[Envelope, ...]  # one envelope per call, plan order
     committed_effects: tuple[dict[str, Any], ...]
     uncertain_effects: tuple[dict[str, Any], ...]
     next_action: str
@@ -41,7 +43,7 @@ class BatchResult:
             **({"batch_id": self.batch_id} if self.batch_id is not None else {}),
             "request_id": self.request_id,
             "status": self.status,
-            "results": list(self.results),
+            "results": [env.to_json() for env in self.results],
             "committed_effects": list(self.committed_effects),
             "uncertain_effects": list(self.uncertain_effects),
             "next_action": self.next_action,
@@ -52,7 +54,7 @@ class BatchResult:
         }
 
 
-def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, dict[str, Any]],
+def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, Envelope],
           footprints: Mapping[str, Footprint], timing: Mapping[str, Any]) -> BatchResult:
     envelopes = tuple(results[call.call_id] for call in plan.calls)  # plan order, whatever finished first
     status = batch_status(envelopes)
@@ -61,9 +63,9 @@ def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, dict[str, Any]],
         status=status,
         results=envelopes,
         committed_effects=tuple(_effect(env, footprints) for env in envelopes
-                                if env["side_effect"]["committed"] is True),
+                                if env.side_effect.committed is True),
         uncertain_effects=tuple(_uncertain(env, footprints) for env in envelopes
-                                if env["side_effect"]["committed"] is None),
+                                if env.side_effect.committed is None),
         next_action=next_action(envelopes),
         next_actions=tuple(_action(env) for env in _root_failures(envelopes)) +
         (tuple(_compensations(envelopes, footprints)) if status == "partially_succeeded" else ()),
@@ -73,17 +75,17 @@ def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, dict[str, Any]],
     )
 
 
-def batch_status(envelopes: Sequence[Mapping[str, Any]]) -> str:
-    if all(env["outcome"] == "succeeded" for env in envelopes):
+def batch_status(envelopes: Sequence[Envelope]) -> str:
+    if all(env.outcome == "succeeded" for env in envelopes):
         return "succeeded"
-    if any(env["outcome"] == "succeeded" or env["side_effect"]["committed"] is True for env in envelopes):
+    if any(env.outcome == "succeeded" or env.side_effect.committed is True for env in envelopes):
         return "partially_succeeded"
     return "failed"
 
 
-def next_action(envelopes: Sequence[Mapping[str, Any]]) -> str:
-    wanted = {env["error"]["resolution"] for env in _root_failures(envelopes)}
-    if any(env["side_effect"]["committed"] is None for env in envelopes):
+def next_action(envelopes: Sequence[Envelope]) -> str:
+    wanted = {_error(env).resolution for env in _root_failures(envelopes)}
+    if any(env.side_effect.committed is None for env in envelopes):
         wanted.add("reconcile")
     for resolution in NEXT_ACTION_PRIORITY:
         if resolution in wanted:
@@ -91,50 +93,57 @@ def next_action(envelopes: Sequence[Mapping[str, Any]]) -> str:
     return "stop" if wanted else "none"
 
 
-def _root_failures(envelopes: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def _root_failures(envelopes: Sequence[Envelope]) -> list[Envelope]:
     """Calls that did not succeed on their own account (not merely cancelled behind a failed dependency)."""
-    return [env for env in envelopes if env["error"] is not None and not env.get("blocked_by")]
+    return [env for env in envelopes if env.error is not None and not env.blocked_by]
 
 
-def _resources(env: Mapping[str, Any], footprints: Mapping[str, Footprint]) -> list[str]:
-    fp = footprints.get(env["call_id"])
+def _footprint(env: Envelope, footprints: Mapping[str, Footprint]) -> Footprint | None:
+    return footprints.get(env.call_id) if env.call_id is not None else None
+
+
+def _resources(env: Envelope, footprints: Mapping[str, Footprint]) -> list[str]:
+    fp = _footprint(env, footprints)
     return [r.id for r in fp.resources] if fp else []
 
 
-def _effect(env: Mapping[str, Any], footprints: Mapping[str, Footprint]) -> dict[str, Any]:
-    return {"call_id": env["call_id"], "tool": env["tool"], "idempotency_key": env["idempotency_key"],
-            "resources": _resources(env, footprints), "outcome": env["outcome"], "result": env["data"]}
+def _effect(env: Envelope, footprints: Mapping[str, Footprint]) -> dict[str, Any]:
+    return {"call_id": env.call_id, "tool": env.tool, "idempotency_key": env.idempotency_key,
+            "resources": _resources(env, footprints), "outcome": env.outcome, "result": env.data}
 
 
-def _uncertain(env: Mapping[str, Any], footprints: Mapping[str, Footprint]) -> dict[str, Any]:
-    error = env["error"] or {}
-    return {"call_id": env["call_id"], "tool": env["tool"], "idempotency_key": env["idempotency_key"],
-            "resources": _resources(env, footprints), "code": error.get("code", "unknown"),
-            "resolution": error.get("resolution", "reconcile")}
+def _uncertain(env: Envelope, footprints: Mapping[str, Footprint]) -> dict[str, Any]:
+    error = env.error
+    return {"call_id": env.call_id, "tool": env.tool, "idempotency_key": env.idempotency_key,
+            "resources": _resources(env, footprints), "code": error.code if error else "unknown",
+            "resolution": error.resolution if error else "reconcile"}
 
 
-def _action(env: Mapping[str, Any]) -> dict[str, Any]:
-    error = env["error"]
-    return {"call_id": env["call_id"], "code": error["code"], "resolution": error["resolution"],
-            "retryable": error["retryable"]}
+def _action(env: Envelope) -> dict[str, Any]:
+    error = _error(env)
+    return {"call_id": env.call_id, "code": error.code, "resolution": error.resolution,
+            "retryable": error.retryable}
 
 
-def _compensations(envelopes: Sequence[Mapping[str, Any]], footprints: Mapping[str, Footprint]
-                   ) -> list[dict[str, Any]]:
+def _error(failed: Envelope) -> ProxyError:
+    assert failed.error is not None  # a root failure
+    return failed.error
+
+
+def _compensations(envelopes: Sequence[Envelope], footprints: Mapping[str, Footprint]) -> list[dict[str, Any]]:
     """A batch that did not fully succeed: each committed effect whose contract declares a compensation may be
     compensated (POST /v1/operations/{key}:compensate; docs/transactions.md). Offered, never done for the caller."""
     offered = []
     for env in envelopes:
-        fp = footprints.get(env["call_id"])
-        if env["side_effect"]["committed"] is True and env["idempotency_key"] and fp is not None \
+        fp = _footprint(env, footprints)
+        if env.side_effect.committed is True and env.idempotency_key and fp is not None \
                 and fp.tool is not None and fp.tool.compensation is not None:
-            offered.append({"call_id": env["call_id"], "code": "compensation_available", "resolution": "compensate",
-                            "retryable": False,
-                            "compensate": f"/v1/operations/{env['idempotency_key']}:compensate"})
+            offered.append({"call_id": env.call_id, "code": "compensation_available", "resolution": "compensate",
+                            "retryable": False, "compensate": f"/v1/operations/{env.idempotency_key}:compensate"})
     return offered
 
 
-def read_conflicts(plan: BatchPlan, envelopes: Sequence[Mapping[str, Any]],
+def read_conflicts(plan: BatchPlan, envelopes: Sequence[Envelope],
                    footprints: Mapping[str, Footprint]) -> list[dict[str, Any]]:
     """Identical successful reads (tool, version, args) whose outputs differ, field by field.
 
@@ -144,13 +153,13 @@ def read_conflicts(plan: BatchPlan, envelopes: Sequence[Mapping[str, Any]],
     """
     written: set[str] = set()
     for env in envelopes:
-        fp = footprints.get(env["call_id"])
-        if fp and fp.tool and fp.tool.is_write and env["side_effect"]["attempted"]:
+        fp = _footprint(env, footprints)
+        if fp and fp.tool and fp.tool.is_write and env.side_effect.attempted:
             written.update(r.id for r in fp.resources)
-    groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[Envelope]] = {}
     for env in envelopes:
-        fp = footprints.get(env["call_id"])
-        if (env["outcome"] != "succeeded" or fp is None or fp.tool is None or fp.tool.is_write
+        fp = _footprint(env, footprints)
+        if (env.outcome != "succeeded" or fp is None or fp.tool is None or fp.tool.is_write
                 or fp.args_hash is None or written & {r.id for r in fp.resources}):
             continue
         groups.setdefault((fp.tool.name, fp.tool.version, fp.args_hash), []).append(env)
@@ -158,12 +167,12 @@ def read_conflicts(plan: BatchPlan, envelopes: Sequence[Mapping[str, Any]],
     for (tool, _version, _hash), members in groups.items():
         if len(members) < 2:
             continue
-        fields = _differing_fields([m["data"] for m in members])
+        fields = _differing_fields([m.data for m in members])
         if fields:
             conflicts.append({
                 "tool": tool,
-                "calls": [m["call_id"] for m in members],
-                "fields": [{"field": f, "values": [{"call_id": m["call_id"], "value": _field(m["data"], f)}
+                "calls": [m.call_id for m in members],
+                "fields": [{"field": f, "values": [{"call_id": m.call_id, "value": _field(m.data, f)}
                                                    for m in members]} for f in fields],
             })
     return conflicts

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 from aiohttp import web
 
 from . import ingress
+from .envelope import Envelope
 from .errors import ProxyError
 from .identity import Caller
 from .requests import RequestMeta
@@ -65,14 +66,14 @@ def parse(body: Any) -> ModelTurn:
 
 @dataclass(frozen=True)
 class TurnResult:
-    envelopes: tuple[dict[str, Any], ...]  # request order
+    envelopes: tuple[Envelope, ...]        # request order
     batch: dict[str, Any]                  # summary: status, uncertain call ids, effects, next action
 
 
 def render(turn: ModelTurn, result: TurnResult) -> dict[str, Any]:
     """The response body: one item per call, in request order, each output the envelope as JSON text."""
-    def text(envelope: dict[str, Any]) -> str:
-        return json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    def text(env: Envelope) -> str:  # the edge: the envelope's JSON, once
+        return json.dumps(env.to_json(), ensure_ascii=False, separators=(",", ":"))
 
     pairs = list(zip(turn.calls, result.envelopes))
     if turn.shape == CHAT:
@@ -82,12 +83,12 @@ def render(turn: ModelTurn, result: TurnResult) -> dict[str, Any]:
                       for call, env in pairs], "batch": result.batch}
 
 
-def _summary(envelopes: Sequence[dict[str, Any]], request_id: str) -> dict[str, Any]:
-    outcomes = [env["outcome"] for env in envelopes]
+def _summary(envelopes: Sequence[Envelope], request_id: str) -> dict[str, Any]:
+    outcomes = [env.outcome for env in envelopes]
     status = ("succeeded" if all(o == "succeeded" for o in outcomes)
               else "failed" if not any(o == "succeeded" for o in outcomes) else "partially_succeeded")
     return {"request_id": request_id, "status": status,
-            "uncertain": [env["call_id"] for env in envelopes if env["outcome"] == "unknown"]}
+            "uncertain": [env.call_id for env in envelopes if env.outcome == "unknown"]}
 
 
 async def run_turn(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:

@@ -132,11 +132,10 @@ class Pipeline:
         if state.replayed:
             env = env.as_replayed()
             headers["Idempotent-Replayed"] = "true"
-        body = env.to_json()  # the edge: what the front sends, and what the audit record reads
-        await self._commit(state, env, body, error)
-        return CallResult(envelope=body, status=env.http_status, headers=headers)
+        await self._commit(state, env, error)
+        return CallResult(envelope=env, status=env.http_status, headers=headers)  # JSON at the front's edge
 
-    async def _commit(self, state: CallState, env: Envelope, body: dict[str, Any], error: ProxyError | None) -> None:
+    async def _commit(self, state: CallState, env: Envelope, error: ProxyError | None) -> None:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
         if state.tool is not None:
@@ -164,9 +163,9 @@ class Pipeline:
                 await self._unknowns.open(ref, state.timing.started_wall)
             except Exception as exc:  # the envelope already tells the caller; the gauge lags
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
-        await self._audit.call_final(state, body)
+        await self._audit.call_final(state, env)
         if state.cancellation is not None:
-            await audit_outcome(self._audit, state, body)
+            await audit_outcome(self._audit, state, env)
         self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",

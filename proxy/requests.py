@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .deadline import Deadline
+from .envelope import Envelope
 from .tracing import TraceContext
 
 
@@ -43,6 +44,6 @@ class ToolCallRequest:
 
 @dataclass(frozen=True)
 class CallResult:
-    envelope: dict[str, Any]
+    envelope: Envelope  # turned into JSON by the front that answers (``Envelope.to_json``)
     status: int
     headers: Mapping[str, str] = field(default_factory=dict)

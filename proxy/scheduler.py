@@ -26,16 +26,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Mapping
 
-from . import envelope
 from .audit import Auditor
 from .cancellation import withdrawn, withdrawn_by
 from .config import DeadlineConfig, SchedulerConfig
 from .deadline import Deadline
-from .envelope import Timing
+from .envelope import Envelope, Timing
 from .errors import ProxyError
 from .identity import Caller
 from .merge import BatchResult, merge
@@ -87,7 +85,7 @@ class BatchRun:
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     cancel_requested_by: str | None = None
-    results: list[dict[str, Any]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)  # each call's status (``_call_status``)
 
 
 class Scheduler:
@@ -129,15 +127,10 @@ class Scheduler:
             batch.done.set()
             while len(self._batches) > FINISHED_BATCHES_KEPT and next(iter(self._batches.values())).done.is_set():
                 self._batches.popitem(last=False)
-        elapsed = time.monotonic() - timing.started_mono
-        batch_timing = {"started_at": envelope.iso(timing.started_wall),
-                        "finished_at": envelope.iso(timing.started_wall + elapsed),
-                        "duration_ms": round(elapsed * 1000, 3), "deadline_ms": timing.deadline_ms}
+        batch_timing = timing.to_json()
+        batch_timing.pop("stages_ms", None)  # a batch's stages are its calls' (in their envelopes)
         result = replace(merge(plan, graph, results, footprints, batch_timing), batch_id=meta.request_id)
-        batch.results = [{"call_id": env["call_id"], "outcome": env["outcome"],
-                          "code": (env["error"] or {}).get("code"), "idempotency_key": env["idempotency_key"],
-                          **({"blocked_by": env["blocked_by"]} if env.get("blocked_by") else {})}
-                         for env in result.results]
+        batch.results = [_call_status(env) for env in result.results]
         self._metrics.batch_calls.labels(result.status).inc()
         return result
 
@@ -170,12 +163,12 @@ class Scheduler:
         return replace(meta, deadline=Deadline(clock() + self._config.default_timeout_ms / 1000.0, clock))
 
     async def _execute(self, plan: BatchPlan, meta: RequestMeta, graph: Graph, footprints: Mapping[str, Footprint],
-                       caller: Caller, batch: BatchRun) -> dict[str, dict[str, Any]]:
+                       caller: Caller, batch: BatchRun) -> dict[str, Envelope]:
         calls = {call.call_id: call for call in plan.calls}
         incoming = graph.incoming()
         pending = list(graph.order)  # scanned in topological order, so a cancellation cascades in one pass
-        results: dict[str, dict[str, Any]] = {}
-        running: dict[asyncio.Task[dict[str, Any]], str] = {}
+        results: dict[str, Envelope] = {}
+        running: dict[asyncio.Task[Envelope], str] = {}
         try:
             while pending or running:
                 for call_id in list(pending):
@@ -183,7 +176,7 @@ class Scheduler:
                     if any(edge.before not in results for edge in edges):
                         continue
                     blockers = [e.before for e in edges if e.kind == "depends_on" and e.failure_policy == BLOCK
-                                and results[e.before]["outcome"] != "succeeded"]
+                                and results[e.before].outcome != "succeeded"]
                     if blockers:
                         results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
                                                                    caller, blocked_by=blockers)
@@ -215,7 +208,7 @@ class Scheduler:
         return results
 
     async def _run_call(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
-                        caller: Caller, cancel: asyncio.Event | None = None) -> dict[str, Any]:
+                        caller: Caller, cancel: asyncio.Event | None = None) -> Envelope:
         if cancel is not None:  # this task's context: a cancelled batch withdraws the call (proxy/cancellation.py)
             withdrawn.set(cancel)
             withdrawn_by.set("batch")
@@ -230,7 +223,7 @@ class Scheduler:
 
     async def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
                            caller: Caller, blocked_by: list[str] | None = None,
-                           cancelled: bool = False) -> dict[str, Any]:
+                           cancelled: bool = False) -> Envelope:
         if cancelled:
             error = ProxyError("cancelled", "Not started: the batch was cancelled.",
                                details={"reason": "batch_cancelled"}, phase="schedule")
@@ -243,10 +236,19 @@ class Scheduler:
         timing = Timing()
         timing.deadline_ms = meta.deadline.remaining_ms()
         tool = fp.tool.name if fp.tool else call.tool
-        env = envelope.build(call_id=call.call_id, request_id=meta.request_id, tool=tool,
-                             tool_version=fp.tool.version if fp.tool else None, error=error,
-                             idempotency_key=None, timing=timing,
-                             extra={"blocked_by": blocked_by} if blocked_by else None)
-        self._metrics.calls.labels(fp.tool.name if fp.tool else "unknown", env["outcome"], error.code).inc()
+        env = Envelope.of(call_id=call.call_id, request_id=meta.request_id, tool=tool,
+                          tool_version=fp.tool.version if fp.tool else None, error=error,
+                          idempotency_key=None, timing=timing,
+                          extra={"blocked_by": blocked_by} if blocked_by else None)
+        self._metrics.calls.labels(fp.tool.name if fp.tool else "unknown", env.outcome, error.code).inc()
         await self._audit.call_not_started(plan.request(call, meta), caller, fp, timing, env)  # fail-open: no effect
         return env
+
+
+def _call_status(env: Envelope) -> dict[str, Any]:
+    """One call of a finished batch, as a batch cancel answers it."""
+    status = {"call_id": env.call_id, "outcome": env.outcome, "code": env.error_code,
+              "idempotency_key": env.idempotency_key}
+    if env.blocked_by:
+        status["blocked_by"] = env.blocked_by
+    return status

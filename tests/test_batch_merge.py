@@ -126,7 +126,7 @@ async def test_programmatic_api_for_other_fronts(stack):
                             PlannedCall("b", "get_order", '{"order_id": "ord_1002"}',
                                         depends_on=(Dependency("a", "continue"),))), meta=meta)
     result = await stack.runtime.scheduler.run(plan, caller)
-    assert result.status == "succeeded" and [env["call_id"] for env in result.results] == ["a", "b"]
+    assert result.status == "succeeded" and [env.call_id for env in result.results] == ["a", "b"]
     assert result.to_json()["request_id"] == "prog-1"
     with pytest.raises(ProxyError) as refused:
         await stack.runtime.scheduler.run(BatchPlan(calls=(PlannedCall("a", "get_order", {}, depends_on=(

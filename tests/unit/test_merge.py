@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from proxy import envelope
 from proxy.deadline import Deadline
+from proxy.envelope import Envelope
 from proxy.errors import ProxyError, SideEffect
 from proxy.merge import batch_status, merge, next_action
 from proxy.requests import RequestMeta
@@ -16,21 +16,21 @@ REGISTRY = load_registry([str(DEMO_REGISTRY)])
 META = RequestMeta(request_id="req_1", trace=accept_traceparent(None), deadline=Deadline(None))
 
 
-def ok(call_id: str, data, tool: str = "get_inventory", committed: bool | None = False) -> dict:
-    return envelope.build(call_id=call_id, request_id="req_1", tool=tool, tool_version="1.0.0", data=data,
-                          side_effect=SideEffect(attempted=committed is not False, committed=committed),
-                          idempotency_key=f"ik_{call_id}" if committed else None)
+def ok(call_id: str, data, tool: str = "get_inventory", committed: bool | None = False) -> Envelope:
+    return Envelope.of(call_id=call_id, request_id="req_1", tool=tool, tool_version="1.0.0", data=data,
+                       side_effect=SideEffect(attempted=committed is not False, committed=committed),
+                       idempotency_key=f"ik_{call_id}" if committed else None)
 
 
 def failed(call_id: str, code: str, *, attempted: bool = False, committed: bool | None = False,
-           blocked_by: str | None = None) -> dict:
+           blocked_by: str | None = None) -> Envelope:
     error = ProxyError(code, "no", attempted=attempted, committed=committed)
     extra = {"blocked_by": blocked_by} if blocked_by else None
-    return envelope.build(call_id=call_id, request_id="req_1", tool="reserve_inventory", tool_version="1.0.0",
-                          error=error, extra=extra)
+    return Envelope.of(call_id=call_id, request_id="req_1", tool="reserve_inventory", tool_version="1.0.0",
+                       error=error, extra=extra)
 
 
-def merged(calls: tuple[PlannedCall, ...], results: dict[str, dict]):
+def merged(calls: tuple[PlannedCall, ...], results: dict[str, Envelope]):
     plan = BatchPlan(calls=calls, meta=META)
     check(plan)
     footprints = {c.call_id: footprint(REGISTRY, c) for c in calls}
@@ -90,7 +90,7 @@ def test_identical_reads_that_disagree_are_reported_field_by_field_not_merged():
     assert batch.conflicts == ({"tool": "get_inventory", "calls": ["r1", "r2"],
                                 "fields": [{"field": "available", "values": [{"call_id": "r1", "value": 3},
                                                                              {"call_id": "r2", "value": 2}]}]},)
-    assert [r["data"]["available"] for r in batch.results] == [3, 2]
+    assert [r.data["available"] for r in batch.results] == [3, 2]
 
 
 def test_reads_around_a_write_of_the_same_batch_are_not_a_conflict():

@@ -57,30 +57,33 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("toolproxy.audit")
 
 
-class CallFacts(Protocol):
-    """What a call record is made of: the facts the stages established about one call.
+@dataclass(frozen=True)
+class CallFacts:
+    """What a call record is made of: the facts the stages established about one call, as a value.
 
-    The pipeline's ``CallState`` provides them; naming them here keeps audit
-    below the pipeline (it never imports the orchestrator) and says exactly
-    which facts a record holds.
+    The pipeline builds it from its ``CallState`` whenever it writes a record
+    (``CallState.facts``): audit never reads the orchestrator's state (it stays
+    below the pipeline), and this says exactly which facts a record holds.
     """
 
     request: "ToolCallRequest"
     caller: "Caller"
-    timing: "Timing"
-    tool: ToolContract | None
-    normalized: "NormalizedCall | None"
-    idempotency_key: str | None
-    fencing_token: int | None
-    policy_result: str | None
-    policy_reasons: tuple[str, ...]
-    decision_id: str | None
-    policy_revision: str | None
-    policy_risk: str | None
-    approval_id: str | None
-    attempt: int
-    backend_request_id: str | None
-    result_hash: str | None
+    started_wall: float                  # when the call started (wall clock)
+    deadline_ms: int | None              # what was left of its deadline then (None: no deadline)
+    tool: ToolContract | None = None
+    normalized: "NormalizedCall | None" = None
+    idempotency_key: str | None = None
+    fencing_token: int | None = None
+    policy_result: str | None = None     # allow | deny | require_approval | error; None: no decision asked
+    policy_reasons: tuple[str, ...] = ()
+    decision_id: str | None = None
+    policy_revision: str | None = None
+    policy_risk: str | None = None
+    approval_id: str | None = None       # the approval this call consumed or created
+    attempt: int = 1                     # nth execution of this idempotency key
+    backend_request_id: str | None = None
+    result_hash: str | None = None       # SHA-256 of the canonical verified output
+
 
 RECORD_TYPE = "toolproxy.audit.v1"
 KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay",
@@ -290,19 +293,19 @@ class Auditor:
                              attempted=False, committed=False)
         return ok
 
-    async def call_intent(self, state: CallFacts) -> None:
+    async def call_intent(self, facts: CallFacts) -> None:
         """Before execution: for fail-closed calls, no intent record means no call."""
-        tool = state.tool
+        tool = facts.tool
         assert tool is not None
         if not self.policy.fail_closed(tool):
             return
-        if not await self.record("tool_call_intent", **self._call_fields(state)):
+        if not await self.record("tool_call_intent", **self._call_fields(facts)):
             raise ProxyError("audit_unavailable", "The audit trail could not be written; the call was not sent.",
                              details={"tool": tool.name}, phase="audit", attempted=False, committed=False)
 
-    async def call_final(self, state: CallFacts, env: "Envelope") -> bool:
+    async def call_final(self, facts: CallFacts, env: "Envelope") -> bool:
         """After the call: the one record of what happened. A failure here never changes the outcome."""
-        fields = self._call_fields(state)
+        fields = self._call_fields(facts)
         fields.update(
             finished_at=env.timing["finished_at"],
             duration_ms=env.timing["duration_ms"],
@@ -310,9 +313,9 @@ class Auditor:
             error_code=env.error_code,
             side_effect_attempted=env.side_effect.attempted,
             side_effect_committed=env.side_effect.committed,
-            backend_request_id=state.backend_request_id or (
+            backend_request_id=facts.backend_request_id or (
                 _safe_str(env.error.details.get("backend_request_id")) if env.error is not None else None),
-            result_hash=state.result_hash,
+            result_hash=facts.result_hash,
         )
         return await self.record("tool_call", **fields)
 
@@ -344,30 +347,29 @@ class Auditor:
             blocked_by=[_call_id(c) for c in env.blocked_by] or None,
         )
 
-    def _call_fields(self, state: CallFacts) -> dict[str, Any]:
-        request, meta, caller, tool = state.request, state.request.meta, state.caller, state.tool
-        normalized = state.normalized
+    def _call_fields(self, facts: CallFacts) -> dict[str, Any]:
+        request, meta, caller, tool = facts.request, facts.request.meta, facts.caller, facts.tool
+        normalized = facts.normalized
         policy = None
-        if state.policy_result is not None:
-            policy = {"result": state.policy_result, "reasons": list(state.policy_reasons),
-                      "decision_id": state.decision_id, "policy_revision": state.policy_revision,
-                      "risk": state.policy_risk}
+        if facts.policy_result is not None:
+            policy = {"result": facts.policy_result, "reasons": list(facts.policy_reasons),
+                      "decision_id": facts.decision_id, "policy_revision": facts.policy_revision,
+                      "risk": facts.policy_risk}
         return dict(
             request_id=meta.request_id, trace_id=meta.trace.trace_id, call_id=_call_id(request.call_id),
             run_id=meta.run_id, tool=tool.name if tool else _safe_str(request.tool, truncate=True),
             tool_version=tool.version if tool else None,
             schema_version=self._schema_version(tool) if tool else None,
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
-            idempotency_key=state.idempotency_key,
+            idempotency_key=facts.idempotency_key,
             args_hash=normalized.args_hash if normalized else None,
             arguments=redact(normalized.arguments, tool.sensitive_fields, self._config.max_string_chars)
             if normalized and tool else None,
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,
-            policy=policy, approval_id=state.approval_id or meta.approval_id, attempt=state.attempt,
-            started_at=iso(state.timing.started_wall),
-            deadline_at=_deadline_at(state.timing.started_wall, state.timing.deadline_ms),
-            fencing_token=state.fencing_token,
+            policy=policy, approval_id=facts.approval_id or meta.approval_id, attempt=facts.attempt,
+            started_at=iso(facts.started_wall), deadline_at=_deadline_at(facts.started_wall, facts.deadline_ms),
+            fencing_token=facts.fencing_token,
         )
 
     def _schema_version(self, tool: ToolContract) -> str:

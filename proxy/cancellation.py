@@ -37,7 +37,7 @@ from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
 from . import store
 from .store import ChannelListener
-from .audit import Auditor, digest
+from .audit import Auditor, CallFacts, digest
 from .config import CancellationConfig
 from .envelope import Envelope
 from .errors import ProxyError
@@ -316,11 +316,11 @@ class Cancellations:
         return operation_view(record, contract)
 
 
-async def audit_outcome(audit: Auditor, state: Any, env: Envelope) -> None:
+async def audit_outcome(audit: Auditor, facts: CallFacts, env: Envelope, evidence: Mapping[str, Any]) -> None:
     """The ``cancellation`` record of how a cancelled call ended (the commit stage calls it)."""
-    caller = state.caller
-    await audit.record("cancellation", idempotency_key=state.idempotency_key,
+    caller = facts.caller
+    await audit.record("cancellation", idempotency_key=facts.idempotency_key,
                        tool=env.tool, tool_version=env.tool_version, tenant=caller.tenant,
                        subject=caller.subject, agent=caller.agent, outcome=env.outcome,
                        error_code=env.error_code, side_effect_committed=env.side_effect.committed,
-                       details={"from": "CANCELLING", "to": env.outcome, "evidence": state.cancellation})
+                       details={"from": "CANCELLING", "to": env.outcome, "evidence": evidence})

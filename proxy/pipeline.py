@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from . import envelope, logs
 from .adapters import Adapter, BackendCall
-from .audit import Auditor, digest
+from .audit import Auditor, CallFacts, digest
 from .authorize import Authorizer
 from .cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
@@ -69,6 +69,16 @@ class CallState:
     backend_request_id: str | None = None
     result_hash: str | None = None            # SHA-256 of the canonical verified output
     cancellation: dict[str, Any] | None = None  # a cancel that reached this call: who asked, what was observed
+
+    def facts(self) -> CallFacts:
+        """What the audit records of this call so far (a value: later stages do not change it)."""
+        return CallFacts(
+            request=self.request, caller=self.caller, started_wall=self.timing.started_wall,
+            deadline_ms=self.timing.deadline_ms, tool=self.tool, normalized=self.normalized,
+            idempotency_key=self.idempotency_key, fencing_token=self.fencing_token,
+            policy_result=self.policy_result, policy_reasons=self.policy_reasons, decision_id=self.decision_id,
+            policy_revision=self.policy_revision, policy_risk=self.policy_risk, approval_id=self.approval_id,
+            attempt=self.attempt, backend_request_id=self.backend_request_id, result_hash=self.result_hash)
 
 
 class Pipeline:
@@ -163,9 +173,10 @@ class Pipeline:
                 await self._unknowns.open(ref, state.timing.started_wall)
             except Exception as exc:  # the envelope already tells the caller; the gauge lags
                 log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
-        await self._audit.call_final(state, env)
+        facts = state.facts()
+        await self._audit.call_final(facts, env)
         if state.cancellation is not None:
-            await audit_outcome(self._audit, state, env)
+            await audit_outcome(self._audit, facts, env, state.cancellation)
         self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
@@ -265,7 +276,8 @@ class Pipeline:
         meta = state.request.meta
         state.fencing_token = lease.fencing_token if lease is not None else None
         with self._stage(state, "audit"):
-            await self._audit.call_intent(state)  # fail-closed calls stop here if the sink is down
+            if self._audit.policy.fail_closed(tool):  # the facts are built only for a record to write
+                await self._audit.call_intent(state.facts())  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
             signal = withdrawn.get()
             if signal is not None and signal.is_set():

@@ -141,8 +141,11 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/tool-calls", post_tool_call)
     app.router.add_post("/v1/tool-calls:batch", post_tool_call_batch)
     app.router.add_get("/v1/tools", list_tools)
-    McpFront(runtime).install(app)
-    openai_front.install(app, runtime)
+    # The fronts get the few collaborators they use, not the runtime.
+    McpFront(config=runtime.config, authenticator=runtime.authenticator, registry=runtime.registry,
+             policy=runtime.policy, pipeline=runtime.pipeline, metrics=runtime.metrics, audit=runtime.audit
+             ).install(app)
+    openai_front.install(app, config=runtime.config, authenticator=runtime.authenticator, scheduler=runtime.scheduler)
     app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:cancel", cancel_operation)
     app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:compensate", compensate_operation)
     app.router.add_post(r"/v1/batches/{batch_id:[^{}/:]+}:cancel", cancel_batch)

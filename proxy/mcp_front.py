@@ -75,11 +75,16 @@ from pydantic import ValidationError
 from . import __version__, ingress, mcp_relay, mcp_tools
 from .envelope import dumps as json_bytes
 from .adapters import LogRelay, input_relay, log_relay, progress_relay
+from .audit import Auditor
+from .config import Config
 from .errors import ProxyError
-from .identity import Caller
+from .identity import Authenticator, Caller
 from .listing import visible_tools
 from .mcp_sessions import Session, SessionsFull, SessionTable
-from .pipeline import ToolCallRequest, withdrawn
+from .metrics import Metrics
+from .pipeline import Pipeline, ToolCallRequest, withdrawn
+from .policy import PolicyClient
+from .registry import Registry
 
 log = logging.getLogger("toolproxy.mcp")
 
@@ -138,17 +143,23 @@ class Exchange:
 class McpFront:
     """The /mcp endpoint of one agent listener; holds that listener's legacy sessions."""
 
-    def __init__(self, runtime: Any) -> None:
-        self._runtime = runtime
-        config = runtime.config.mcp
-        self._sessions = SessionTable(max_sessions=config.max_sessions, idle_s=config.session_idle_s)
-        self._sse_after_s = config.sse_after_ms / 1000.0
-        self._ping_s = max(0.05, config.sse_ping_ms / 1000.0)
-        self._allowed_hosts = frozenset(h.lower() for h in config.allowed_hosts)
-        self._allowed_origins = frozenset(o.lower().rstrip("/") for o in config.allowed_origins)
+    def __init__(self, *, config: Config, authenticator: Authenticator, registry: Registry, policy: PolicyClient,
+                 pipeline: Pipeline, metrics: Metrics, audit: Auditor) -> None:
+        self._config = config  # the whole of it: ingress reads its limits and header rules
+        self._authenticator = authenticator
+        self._registry = registry
+        self._policy = policy
+        self._pipeline = pipeline
+        mcp = config.mcp
+        self._page_size = mcp.page_size
+        self._sessions = SessionTable(max_sessions=mcp.max_sessions, idle_s=mcp.session_idle_s)
+        self._sse_after_s = mcp.sse_after_ms / 1000.0
+        self._ping_s = max(0.05, mcp.sse_ping_ms / 1000.0)
+        self._allowed_hosts = frozenset(h.lower() for h in mcp.allowed_hosts)
+        self._allowed_origins = frozenset(o.lower().rstrip("/") for o in mcp.allowed_origins)
         # In-flight tools/call per (session id, JSON-RPC id): the signal notifications/cancelled sets.
         self._inflight: dict[tuple[str, Any], asyncio.Event] = {}
-        self._relays = mcp_relay.Desk(runtime)  # relayed requests waiting for their client's response
+        self._relays = mcp_relay.Desk(mcp, metrics, audit)  # relayed requests waiting for their client's response
 
     def install(self, app: web.Application) -> None:
         app.router.add_post("/mcp", self._guarded(self.post))
@@ -237,7 +248,7 @@ class McpFront:
 
     async def _read(self, request: web.Request) -> Any:
         try:
-            return await ingress.read_json(request, self._runtime.config)
+            return await ingress.read_json(request, self._config)
         except ProxyError as error:
             status, code = _INGRESS.get(error.code, (400, INVALID_REQUEST))
             text = "Parse error" if code == PARSE_ERROR else error.message
@@ -245,7 +256,7 @@ class McpFront:
 
     async def _authenticate(self, request: web.Request) -> Caller:
         try:
-            return await self._runtime.authenticator.authenticate(request.headers)
+            return await self._authenticator.authenticate(request.headers)
         except ProxyError as error:
             status, code = _INGRESS.get(error.code, (401, INVALID_REQUEST))
             raise RpcError(code, error.message, {"code": error.code}, status=status) from None
@@ -366,12 +377,12 @@ class McpFront:
 
     async def _list(self, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
         try:
-            tools = await visible_tools(self._runtime.registry, self._runtime.policy, exchange.caller)
+            tools = await visible_tools(self._registry, self._policy, exchange.caller)
         except ProxyError as error:  # OPA could not decide: the listing fails closed
             raise RpcError(INTERNAL_ERROR, error.message, {"code": error.code, "retryable": error.retryable},
                            status=error.spec.http_status) from None
         try:
-            chunk, next_cursor = mcp_tools.page(tools, params.get("cursor"), self._runtime.config.mcp.page_size)
+            chunk, next_cursor = mcp_tools.page(tools, params.get("cursor"), self._page_size)
         except mcp_tools.BadCursor as error:
             raise RpcError(INVALID_PARAMS, str(error)) from None
         result: dict[str, Any] = {"tools": [mcp_tools.tool_definition(t, modern=exchange.modern) for t in chunk]}
@@ -383,9 +394,8 @@ class McpFront:
         return result
 
     async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        runtime = self._runtime
         try:
-            meta = ingress.request_meta(request, runtime.config)
+            meta = ingress.request_meta(request, self._config)
         except ProxyError as error:
             raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details}, status=400) from None
         name = params["name"]
@@ -394,11 +404,11 @@ class McpFront:
         channel = input_relay.get()
         if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
             channel.call_id, channel.tool = call.call_id, name
-        env = (await runtime.pipeline.execute(call, exchange.caller)).envelope
+        env = (await self._pipeline.execute(call, exchange.caller)).envelope
         # An unknown tool is an isError result too (tool_not_found, with its next step), as the
         # reference TypeScript SDK server answers it: the model reads it instead of the client throwing.
         try:
-            tool = runtime.registry.resolve(env.tool, env.tool_version)
+            tool = self._registry.resolve(env.tool, env.tool_version)
         except ProxyError:
             tool = None
         return mcp_tools.call_result(env, tool, modern=exchange.modern)

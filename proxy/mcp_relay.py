@@ -33,9 +33,12 @@ from typing import Any, Callable, Mapping
 from mcp_types.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 
 from .adapters import InputRefused
+from .audit import Auditor
+from .config import McpConfig
 from .envelope import dumps as json_bytes
 from .identity import Caller
 from .mcp_sessions import Session
+from .metrics import Metrics
 
 # Relayed method -> the capability names (``declared``) a client must have for it.
 _SAMPLING, _ELICITATION = "sampling/createMessage", "elicitation/create"
@@ -81,17 +84,19 @@ def required(method: str, params: Mapping[str, Any]) -> str | None:
 class Desk:
     """The relayed requests of one MCP front still waiting for their client's answer, and their accounting."""
 
-    def __init__(self, runtime: Any) -> None:
-        self._runtime = runtime
+    def __init__(self, config: McpConfig, metrics: Metrics, audit: Auditor) -> None:
+        self._config = config
+        self._metrics = metrics
+        self._audit = audit
         self._waiting: dict[str, tuple[str, "asyncio.Future[Mapping[str, Any]]"]] = {}  # id -> (session id, answer)
 
     @property
     def max_bytes(self) -> int:
-        return int(self._runtime.config.mcp.relay_max_bytes)
+        return int(self._config.relay_max_bytes)
 
     @property
     def log_max_bytes(self) -> int:
-        return int(self._runtime.config.mcp.log_message_max_bytes)
+        return int(self._config.log_message_max_bytes)
 
     def channel(self, session: Session | None, caller: Caller,
                 push: Callable[[dict[str, Any]], None] | None, log_level: str | None = None) -> "Channel":
@@ -121,14 +126,14 @@ class Desk:
         return True
 
     def count_log(self, result: str) -> None:
-        self._runtime.metrics.child(self._runtime.metrics.mcp_log_messages, result).inc()
+        self._metrics.child(self._metrics.mcp_log_messages, result).inc()
 
     async def account(self, channel: "Channel", method: str, result: str, size: int | None) -> None:
         """Count and audit one request an upstream sent during ``channel``'s call (never its content)."""
-        metrics, caller = self._runtime.metrics, channel.caller
+        metrics, caller = self._metrics, channel.caller
         label = method if method in METHODS else "other"
         metrics.child(metrics.mcp_relayed, label, result).inc()
-        await self._runtime.audit.record("mcp_relay", call_id=channel.call_id, tool=channel.tool,
+        await self._audit.record("mcp_relay", call_id=channel.call_id, tool=channel.tool,
                                          tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
                                          details={"method": label, "result": result, "bytes": size})
 

@@ -22,11 +22,13 @@ from typing import Any, Sequence
 from aiohttp import web
 
 from . import ingress
+from .config import Config
 from .envelope import Envelope
 from .errors import ProxyError
-from .identity import Caller
-from .requests import RequestMeta
+from .identity import Authenticator, Caller
 from .plan import BatchPlan, PlannedCall
+from .requests import RequestMeta
+from .scheduler import Scheduler
 
 CHAT, RESPONSES = "chat", "responses"
 
@@ -91,27 +93,27 @@ def _summary(envelopes: Sequence[Envelope], request_id: str) -> dict[str, Any]:
             "uncertain": [env.call_id for env in envelopes if env.outcome == "unknown"]}
 
 
-async def run_turn(runtime: Any, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:
-    """Run the turn's calls as one batch on the scheduler (``runtime.scheduler``, the engine of
+async def run_turn(scheduler: Scheduler, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:
+    """Run the turn's calls as one batch on the scheduler (the process's one ``Scheduler``, the engine of
     ``POST /v1/tool-calls:batch``): reads in parallel, conflicting calls serialized in request
     order, limits applied, results merged in request order. The model's call ids only correlate
     outputs: the plan is not ``call_scoped_identity`` (operation keys come from the headers alone).
     """
     plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments)
                                  for c in turn.calls), meta=meta)
-    batch = await runtime.scheduler.run(plan, caller)
+    batch = await scheduler.run(plan, caller)
     summary = {**_summary(batch.results, meta.request_id), "status": batch.status,
                "committed_effects": list(batch.committed_effects),
                "uncertain_effects": list(batch.uncertain_effects), "next_action": batch.next_action}
     return TurnResult(tuple(batch.results), summary)
 
 
-def install(app: web.Application, runtime: Any) -> None:
+def install(app: web.Application, *, config: Config, authenticator: Authenticator, scheduler: Scheduler) -> None:
     async def post_tool_calls(request: web.Request) -> web.Response:
-        meta = ingress.request_meta(request, runtime.config)
-        caller = await runtime.authenticator.authenticate(request.headers)
-        turn = parse(await ingress.read_json(request, runtime.config))
-        body = render(turn, await run_turn(runtime, turn, meta, caller))
+        meta = ingress.request_meta(request, config)
+        caller = await authenticator.authenticate(request.headers)
+        turn = parse(await ingress.read_json(request, config))
+        body = render(turn, await run_turn(scheduler, turn, meta, caller))
         return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")),
                             content_type="application/json")
 

@@ -238,14 +238,15 @@ class Cancellations:
             observed = verdict.evidence.get("observed")
             evidence["status_endpoint"] = observed
             if verdict.verdict == "SUCCEEDED":
-                return self._completed(state, evidence, "status_endpoint", verdict.outcome["data"])
+                return self._completed(state, evidence, "status_endpoint", verdict.data)
             if observed in ("cancelled", "not_found"):
                 raise self._cancelled(evidence, "status_endpoint")
             if verdict.verdict == "FAILED_FINAL":
                 self._metrics.child(self._metrics.cancellations, "failed").inc()
-                error = verdict.outcome["error"]
-                raise ProxyError(error["code"], error["message"], details=error.get("details"),
-                                 attempted=True, committed=verdict.outcome["side_effect"]["committed"])
+                error, side_effect = verdict.error, verdict.side_effect
+                assert error is not None and side_effect is not None  # a final failure is established
+                raise ProxyError(error.code, error.message, details=error.details,
+                                 attempted=True, committed=side_effect.committed)
         self._metrics.child(self._metrics.cancellations, "unknown").inc()
         raise ProxyError("cancel_unconfirmed", "The call was sent and then cancelled; whether it was applied "
                          "could not be established. It is reconciled like any unknown outcome.",

@@ -54,10 +54,22 @@ MAX_STATUS_BYTES = 1024 * 1024
 
 @dataclass(frozen=True)
 class Verdict:
+    """What the status endpoint established, as values (a cancel of a running call reads them too); the
+    operation record's JSON is made from them once, by ``outcome``."""
+
     verdict: str                        # SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL | CANCELLED | WATCH
     result: str                         # the toolproxy_reconciliations label
     evidence: Mapping[str, Any]
-    outcome: Mapping[str, Any] | None = None
+    side_effect: SideEffect | None = None  # None: nothing established (WATCH)
+    data: Any = None                    # SUCCEEDED: the verified result
+    error: ProxyError | None = None     # the failure the record keeps
+
+    def outcome(self, tool: ToolContract, record: Record) -> dict[str, Any] | None:
+        """The stored form of what was established (the record boundary), None when nothing was."""
+        if self.side_effect is None:
+            return None
+        return outcome_of(data=self.data, error=self.error, side_effect=self.side_effect, tool=tool,
+                          call_id=record.meta.get("call_id"), request_id=record.meta.get("request_id"))
 
 
 class Reconciler:
@@ -186,8 +198,8 @@ class Reconciler:
             await self._store.resolve(key, owner=self._owner, verdict="WATCH", outcome=None,
                                       evidence=verdict.evidence, delay_ms=delay)
             return "watching"
-        answer = await self._store.resolve(key, owner=self._owner, verdict=verdict.verdict, outcome=verdict.outcome,
-                                           evidence=verdict.evidence)
+        answer = await self._store.resolve(key, owner=self._owner, verdict=verdict.verdict,
+                                           outcome=verdict.outcome(tool, record), evidence=verdict.evidence)
         if answer.status != "ok":
             return answer.status
         log.info("operation %s reconciled: %s (%s)", key, verdict.verdict, verdict.result)
@@ -239,12 +251,12 @@ class Reconciler:
             error = ProxyError("dependency_unavailable", "The backend never applied this operation; it may run "
                                "again with the same key.", details={"tool": tool.name}, phase="reconcile")
             return Verdict("FAILED_RETRYABLE", "not_applied", {**evidence, "observed": "not_found"},
-                           self._outcome(tool, record, error=error, side=SideEffect(True, False)))
+                           SideEffect(True, False), error=error)
         if state == "cancelled":
             error = ProxyError("cancelled", "The call was cancelled; the backend applied nothing.",
                                details={"tool": tool.name}, phase="reconcile", attempted=True, committed=False)
             return Verdict("CANCELLED", "cancelled", {**evidence, "observed": "cancelled"},
-                           self._outcome(tool, record, error=error, side=SideEffect(True, False)))
+                           SideEffect(True, False), error=error)
         if state == "rejected":
             code = _safe_code(answer.get("error"))
             error = ProxyError("business_rejected", "The backend rejected the request" +
@@ -252,7 +264,7 @@ class Reconciler:
                                details={"tool": tool.name, **({"backend_code": code} if code else {})},
                                phase="reconcile")
             return Verdict("FAILED_FINAL", "rejected", {**evidence, "observed": "rejected"},
-                           self._outcome(tool, record, error=error, side=SideEffect(True, False)))
+                           SideEffect(True, False), error=error)
         if state == "committed" and "result" in answer:
             result = answer["result"]
             violations = schema_violations(result, tool.output_validator)
@@ -261,15 +273,10 @@ class Reconciler:
                                    "result does not match the tool's output schema.",
                                    details={"tool": tool.name}, phase="reconcile")
                 return Verdict("FAILED_FINAL", "succeeded", {**evidence, "observed": "committed_invalid_result"},
-                               self._outcome(tool, record, error=error, side=SideEffect(True, True)))
+                               SideEffect(True, True), error=error)
             return Verdict("SUCCEEDED", "succeeded", {**evidence, "observed": "committed"},
-                           self._outcome(tool, record, data=result, side=SideEffect(True, True)))
+                           SideEffect(True, True), data=result)
         return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
-
-    def _outcome(self, tool: ToolContract, record: Record, *, data: Any = None, error: ProxyError | None = None,
-                 side: SideEffect) -> dict[str, Any]:
-        return outcome_of(data=data, error=error, side_effect=side, tool=tool, call_id=record.meta.get("call_id"),
-                          request_id=record.meta.get("request_id"))
 
     def _contract(self, record: Record) -> ToolContract | None:
         for tool in self._registry.all():  # retired versions too: the record names its exact contract

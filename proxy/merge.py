@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .envelope import Envelope
+from .envelope import Envelope, Timing
 from .errors import ProxyError
 from .plan import BatchPlan, Footprint, Graph
 
@@ -55,9 +55,11 @@ class BatchResult:
 
 
 def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, Envelope],
-          footprints: Mapping[str, Footprint], timing: Mapping[str, Any]) -> BatchResult:
+          footprints: Mapping[str, Footprint], timing: Timing) -> BatchResult:
     envelopes = tuple(results[call.call_id] for call in plan.calls)  # plan order, whatever finished first
     status = batch_status(envelopes)
+    batch_timing = timing.to_json()
+    batch_timing.pop("stages_ms", None)  # a batch's stages are its calls' (in their envelopes)
     return BatchResult(
         request_id=plan.meta.request_id,
         status=status,
@@ -71,7 +73,7 @@ def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, Envelope],
         (tuple(_compensations(envelopes, footprints)) if status == "partially_succeeded" else ()),
         conflicts=tuple(read_conflicts(plan, envelopes, footprints)),
         plan=graph.to_json(),
-        timing=timing,
+        timing=batch_timing,
     )
 
 

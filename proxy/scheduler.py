@@ -127,9 +127,7 @@ class Scheduler:
             batch.done.set()
             while len(self._batches) > FINISHED_BATCHES_KEPT and next(iter(self._batches.values())).done.is_set():
                 self._batches.popitem(last=False)
-        batch_timing = timing.to_json()
-        batch_timing.pop("stages_ms", None)  # a batch's stages are its calls' (in their envelopes)
-        result = replace(merge(plan, graph, results, footprints, batch_timing), batch_id=meta.request_id)
+        result = replace(merge(plan, graph, results, footprints, timing), batch_id=meta.request_id)
         batch.results = [_call_status(env) for env in result.results]
         self._metrics.batch_calls.labels(result.status).inc()
         return result

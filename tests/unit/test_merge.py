@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+
 from proxy.deadline import Deadline
-from proxy.envelope import Envelope
+from proxy.envelope import Envelope, Timing
 from proxy.errors import ProxyError, SideEffect
 from proxy.merge import batch_status, merge, next_action
 from proxy.requests import RequestMeta
 from proxy.plan import BatchPlan, PlannedCall, build_graph, check, footprint
 from proxy.registry import load_registry
 from proxy.tracing import accept_traceparent
-from tests.unit import DEMO_REGISTRY
+from tests.unit import DEMO_REGISTRY, REPO
 
 REGISTRY = load_registry([str(DEMO_REGISTRY)])
 META = RequestMeta(request_id="req_1", trace=accept_traceparent(None), deadline=Deadline(None))
@@ -23,7 +28,7 @@ def ok(call_id: str, data, tool: str = "get_inventory", committed: bool | None =
 
 
 def failed(call_id: str, code: str, *, attempted: bool = False, committed: bool | None = False,
-           blocked_by: str | None = None) -> Envelope:
+           blocked_by: list[str] | None = None) -> Envelope:
     error = ProxyError(code, "no", attempted=attempted, committed=committed)
     extra = {"blocked_by": blocked_by} if blocked_by else None
     return Envelope.of(call_id=call_id, request_id="req_1", tool="reserve_inventory", tool_version="1.0.0",
@@ -34,7 +39,7 @@ def merged(calls: tuple[PlannedCall, ...], results: dict[str, Envelope]):
     plan = BatchPlan(calls=calls, meta=META)
     check(plan)
     footprints = {c.call_id: footprint(REGISTRY, c) for c in calls}
-    return merge(plan, build_graph(plan, footprints), results, footprints, {"duration_ms": 1.0})
+    return merge(plan, build_graph(plan, footprints), results, footprints, Timing(deadline_ms=None))
 
 
 def read(call_id: str, sku: str = "sku_widget") -> PlannedCall:
@@ -64,7 +69,7 @@ def test_an_uncertain_effect_makes_reconcile_the_next_action_before_anything_els
 
 
 def test_calls_blocked_by_a_failed_dependency_are_not_root_failures():
-    envelopes = [failed("a", "forbidden"), failed("b", "cancelled", blocked_by="a")]
+    envelopes = [failed("a", "forbidden"), failed("b", "cancelled", blocked_by=["a"])]
     calls = (PlannedCall("a", "get_inventory", {"sku": "sku_widget"}),
              PlannedCall("b", "get_inventory", {"sku": "sku_gadget"}))
     batch = merged(calls, {"a": envelopes[0], "b": envelopes[1]})
@@ -99,3 +104,24 @@ def test_reads_around_a_write_of_the_same_batch_are_not_a_conflict():
     results = {"r1": ok("r1", {"available": 3}), "w": ok("w", {"reserved": 1}, "reserve_inventory", True),
                "r2": ok("r2", {"available": 2})}
     assert merged(calls, results).conflicts == ()
+
+
+def test_the_batch_json_holds_each_typed_envelope_as_its_json_and_matches_the_schema():
+    schemas = {name: json.loads((REPO / "schemas" / f"{name}.schema.json").read_text())
+               for name in ("result-envelope", "batch-response")}
+    validator = Draft202012Validator(schemas["batch-response"], registry=Registry().with_resource(
+        schemas["result-envelope"]["$id"], Resource.from_contents(schemas["result-envelope"])))
+    calls = (PlannedCall("w", "reserve_inventory", {"sku": "sku_widget", "quantity": 1, "order_id": "ord_1"}),
+             PlannedCall("f", "reserve_inventory", {"sku": "sku_gadget", "quantity": 1, "order_id": "ord_2"}),
+             PlannedCall("b", "get_inventory", {"sku": "sku_widget"}))
+    results = {"w": ok("w", {"reserved": 1}, tool="reserve_inventory", committed=True),
+               "f": failed("f", "business_rejected", attempted=True, committed=False),
+               "b": failed("b", "cancelled", blocked_by=["f"])}
+    batch = merged(calls, results)
+    body = batch.to_json()
+    validator.validate(body)
+    assert body["results"] == [results[c].to_json() for c in ("w", "f", "b")]  # each envelope's JSON, plan order
+    assert body["status"] == "partially_succeeded" and body["next_action"] == "ask_user"  # business_rejected's
+    assert [(a["call_id"], a["code"]) for a in body["next_actions"]] == [
+        ("f", "business_rejected"), ("w", "compensation_available")]
+    assert body["next_actions"][1]["compensate"] == "/v1/operations/ik_w:compensate"

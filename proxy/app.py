@@ -52,8 +52,8 @@ async def post_tool_call(request: web.Request) -> web.Response:
     call = ToolCallRequest(call_id=body["call_id"], tool=body["tool"], version=body.get("version"),
                            arguments=body["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, caller)
-    body = result.envelope.to_json()  # the edge: the envelope's JSON, once
-    return json_response(body, result.status, {**result.headers, **retry_after_header(body)})
+    headers = {**result.headers, **retry_after_header(result.envelope.error)}
+    return json_response(result.envelope.to_json(), result.status, headers)  # the edge: the envelope's JSON, once
 
 
 async def post_tool_call_batch(request: web.Request) -> web.Response:

@@ -250,10 +250,11 @@ class QuotaStage:
                 await self.guard.observe(ticket.backend, sent=sent, error=error, probe=ticket.probe)
 
 
-def retry_after_header(envelope: dict[str, Any]) -> dict[str, str]:
+def retry_after_header(error: ProxyError | None) -> dict[str, str]:
     """``Retry-After`` (whole seconds, at least 1) for an envelope whose error says when to retry."""
-    error = envelope.get("error") or {}
-    seconds = (error.get("details") or {}).get("retry_after_s")
-    if error.get("code") in ("rate_limited", "dependency_unavailable") and isinstance(seconds, (int, float)):
+    if error is None:
+        return {}
+    seconds = error.details.get("retry_after_s")
+    if error.code in ("rate_limited", "dependency_unavailable") and isinstance(seconds, (int, float)):
         return {"Retry-After": str(max(1, math.ceil(seconds)))}
     return {}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, load_config
+from proxy.errors import ProxyError
 from proxy.quota_rules import LimitSpec, LimitSpecError, QuotaRules, parse_spec, spec_from_registry
 from proxy.registry import RegistryError, load_registry
 from proxy.quotas import build_rules, retry_after_header
@@ -73,7 +74,9 @@ def test_the_registry_gives_tools_and_services_their_limits(tmp_path):
 
 
 def test_retry_after_is_whole_seconds_rounded_up():
-    error = {"code": "rate_limited", "details": {"retry_after_s": 0.2}}
-    assert retry_after_header({"error": error}) == {"Retry-After": "1"}
-    assert retry_after_header({"error": {**error, "details": {"retry_after_s": 2.01}}}) == {"Retry-After": "3"}
-    assert retry_after_header({"error": None}) == {}
+    assert retry_after_header(ProxyError("rate_limited", "slow down", details={"retry_after_s": 0.2})) == {
+        "Retry-After": "1"}
+    assert retry_after_header(ProxyError("rate_limited", "slow down", details={"retry_after_s": 2.01})) == {
+        "Retry-After": "3"}
+    assert retry_after_header(ProxyError("forbidden", "no", details={"retry_after_s": 2})) == {}
+    assert retry_after_header(None) == {}

@@ -58,6 +58,21 @@ log = logging.getLogger("toolproxy.audit")
 
 
 @dataclass(frozen=True)
+class PolicyFacts:
+    """The ``policy`` block of a call record: what OPA decided (``error``: it could not decide)."""
+
+    result: str                          # allow | deny | require_approval | error
+    reasons: tuple[str, ...] = ()
+    decision_id: str | None = None
+    policy_revision: str | None = None
+    risk: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"result": self.result, "reasons": list(self.reasons), "decision_id": self.decision_id,
+                "policy_revision": self.policy_revision, "risk": self.risk}
+
+
+@dataclass(frozen=True)
 class CallFacts:
     """What a call record is made of: the facts the stages established about one call, as a value.
 
@@ -74,11 +89,7 @@ class CallFacts:
     normalized: "NormalizedCall | None" = None
     idempotency_key: str | None = None
     fencing_token: int | None = None
-    policy_result: str | None = None     # allow | deny | require_approval | error; None: no decision asked
-    policy_reasons: tuple[str, ...] = ()
-    decision_id: str | None = None
-    policy_revision: str | None = None
-    policy_risk: str | None = None
+    policy: PolicyFacts | None = None    # None: no decision was asked for
     approval_id: str | None = None       # the approval this call consumed or created
     attempt: int = 1                     # nth execution of this idempotency key
     backend_request_id: str | None = None
@@ -350,11 +361,6 @@ class Auditor:
     def _call_fields(self, facts: CallFacts) -> dict[str, Any]:
         request, meta, caller, tool = facts.request, facts.request.meta, facts.caller, facts.tool
         normalized = facts.normalized
-        policy = None
-        if facts.policy_result is not None:
-            policy = {"result": facts.policy_result, "reasons": list(facts.policy_reasons),
-                      "decision_id": facts.decision_id, "policy_revision": facts.policy_revision,
-                      "risk": facts.policy_risk}
         return dict(
             request_id=meta.request_id, trace_id=meta.trace.trace_id, call_id=_call_id(request.call_id),
             run_id=meta.run_id, tool=tool.name if tool else _safe_str(request.tool, truncate=True),
@@ -367,7 +373,8 @@ class Auditor:
             if normalized and tool else None,
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,
-            policy=policy, approval_id=facts.approval_id or meta.approval_id, attempt=facts.attempt,
+            policy=facts.policy.to_json() if facts.policy is not None else None,
+            approval_id=facts.approval_id or meta.approval_id, attempt=facts.attempt,
             started_at=iso(facts.started_wall), deadline_at=_deadline_at(facts.started_wall, facts.deadline_ms),
             fencing_token=facts.fencing_token,
         )

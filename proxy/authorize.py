@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from .approvals import ApprovalStore
+from .audit import PolicyFacts
 from .denials import DenialLog
 from .envelope import iso
 from .errors import ProxyError
@@ -45,16 +46,15 @@ class Authorization:
     error: ProxyError | None = None
     replay_only: bool = False        # allowed only on an approval spent by this operation: never execute
 
-    def audit_facts(self) -> tuple[str | None, tuple[str, ...], str | None, str | None, str | None]:
-        """(policy result, reasons, OPA decision id, policy revision, risk) for the call's audit record.
-        The result is "error" when OPA could not decide, None when no decision was asked for
-        (a presented approval was refused first)."""
+    def audit_facts(self) -> PolicyFacts | None:
+        """The decision as the call's audit record keeps it: result "error" when OPA could not decide,
+        None when no decision was asked for (a presented approval was refused first)."""
         d = self.decision
         if d is not None:
-            return d.result, d.reasons, d.decision_id, d.policy_revision, d.risk
+            return PolicyFacts(d.result, d.reasons, d.decision_id, d.policy_revision, d.risk)
         failed = self.error is not None and self.error.phase == "authorize" and \
             self.error.code in {"policy_unavailable", "forbidden", "timeout_not_started"}
-        return ("error" if failed else None), (), None, None, None
+        return PolicyFacts("error") if failed else None
 
 
 class Authorizer:

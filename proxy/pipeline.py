@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from . import envelope, logs
 from .adapters import Adapter, BackendCall
-from .audit import Auditor, CallFacts, digest
+from .audit import Auditor, CallFacts, PolicyFacts, digest
 from .authorize import Authorizer
 from .cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
@@ -59,11 +59,7 @@ class CallState:
     phase: str = "resolve"
     sent: bool = False
     # Audit facts, filled by the stage that establishes them (commit copies them into the record).
-    policy_result: str | None = None          # allow | deny | require_approval (authorize stage)
-    policy_reasons: tuple[str, ...] = ()
-    decision_id: str | None = None
-    policy_revision: str | None = None
-    policy_risk: str | None = None
+    policy: PolicyFacts | None = None         # the authorize stage's decision (None: none asked for)
     approval_id: str | None = None            # the approval this call consumed or created
     attempt: int = 1                          # nth execution of this idempotency key
     backend_request_id: str | None = None
@@ -76,9 +72,8 @@ class CallState:
             request=self.request, caller=self.caller, started_wall=self.timing.started_wall,
             deadline_ms=self.timing.deadline_ms, tool=self.tool, normalized=self.normalized,
             idempotency_key=self.idempotency_key, fencing_token=self.fencing_token,
-            policy_result=self.policy_result, policy_reasons=self.policy_reasons, decision_id=self.decision_id,
-            policy_revision=self.policy_revision, policy_risk=self.policy_risk, approval_id=self.approval_id,
-            attempt=self.attempt, backend_request_id=self.backend_request_id, result_hash=self.result_hash)
+            policy=self.policy, approval_id=self.approval_id, attempt=self.attempt,
+            backend_request_id=self.backend_request_id, result_hash=self.result_hash)
 
 
 class Pipeline:
@@ -226,8 +221,7 @@ class Pipeline:
                              trace_id=meta.trace.trace_id),
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
                 operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision))
-            (state.policy_result, state.policy_reasons, state.decision_id, state.policy_revision,
-             state.policy_risk) = auth.audit_facts()
+            state.policy = auth.audit_facts()
             state.approval_id = auth.approval_id
             if auth.error is not None:
                 raise auth.error

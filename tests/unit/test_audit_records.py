@@ -9,7 +9,7 @@ from pathlib import Path
 
 from jsonschema import Draft202012Validator
 
-from proxy.audit import Auditor, CallFacts
+from proxy.audit import Auditor, CallFacts, PolicyFacts
 from proxy.config import Config
 from proxy.deadline import Deadline
 from proxy.envelope import Envelope, Timing
@@ -56,8 +56,8 @@ def test_a_final_record_holds_the_facts_handed_over_and_the_envelope_and_matches
     timing = Timing(deadline_ms=2500)
     facts = CallFacts(request=request(), caller=CALLER, started_wall=timing.started_wall, deadline_ms=2500,
                       tool=REFUND, normalized=normalize(REFUND, ARGUMENTS), idempotency_key="ik_" + "2" * 64,
-                      fencing_token=7, policy_result="allow", policy_reasons=("support may refund",),
-                      decision_id="d-1", policy_revision="rev-1", policy_risk="financial", attempt=2,
+                      fencing_token=7, policy=PolicyFacts("allow", ("support may refund",), "d-1", "rev-1",
+                                                           "financial"), attempt=2,
                       backend_request_id=None, result_hash=None)
     error = ProxyError("timeout_unknown", "t", attempted=True, committed=None, phase="execute",
                        details={"backend_request_id": "be-42"})

@@ -7,6 +7,9 @@ sink fails, a call that must be audited fail-closed is stopped *before* its
 side effect (the intent record is written before execution), and a record that
 fails after the effect is counted and logged, never used to hide an outcome.
 
+A call's records are made from the facts the pipeline hands over (``CallFacts``,
+a value) and the call's ``Envelope``; audit never reads the pipeline's state.
+
 Must never: write tokens, cookies, passwords, headers, full request or response
 bodies, backend output or stack traces into a record; raise anything but
 ``ProxyError("audit_unavailable")`` to a caller.

@@ -146,13 +146,14 @@ def build(*, call_id: str | None, request_id: str, tool: str | None, tool_versio
           data: Any = None, error: ProxyError | None = None, side_effect: SideEffect = NO_EFFECT,
           idempotency_key: str | None = None, timing: Timing | None = None,
           extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """An envelope's JSON, for the places that answer at once (fronts, the scheduler)."""
+    """An envelope's JSON at once, for the HTTP edge's answers before any call was formed (``request_error``)."""
     return Envelope.of(call_id=call_id, request_id=request_id, tool=tool, tool_version=tool_version, data=data,
                        error=error, side_effect=side_effect, idempotency_key=idempotency_key, timing=timing,
                        extra=extra).to_json()
 
 
 def http_status(envelope: Mapping[str, Any]) -> int:
+    """The HTTP status of an envelope's JSON (``Envelope.http_status`` of the value)."""
     error = envelope.get("error")
     if not error:
         return 200

@@ -11,6 +11,7 @@ backend bodies into an envelope.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -46,7 +47,28 @@ class Timing:
 
 
 def iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """``2026-12-01T04:05:34.123Z``: the text of ``datetime.fromtimestamp(ts, timezone.utc)
+    .isoformat(timespec="milliseconds")`` (microseconds rounded half-even as datetime does, then cut to
+    milliseconds), with the date and time of day formatted once per second: several timestamps per call
+    (envelope timing, audit records) made datetime's formatting about 2% of a read's CPU."""
+    global _iso_second
+    frac, whole = math.modf(ts)
+    micros = round(frac * 1e6)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        whole += 1.0
+    elif micros < 0:
+        micros += 1_000_000
+        whole -= 1.0
+    second = int(whole)
+    cached_second, prefix = _iso_second
+    if second != cached_second:
+        prefix = datetime.fromtimestamp(second, tz=timezone.utc).isoformat(timespec="seconds")[:-6]
+        _iso_second = (second, prefix)
+    return f"{prefix}.{micros // 1000:03d}Z"
+
+
+_iso_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
 
 
 def dumps(body: Any) -> bytes:

@@ -378,7 +378,7 @@ class LockManager:
 
 
 class Lease:
-    """A held lock set: renewed in the background until released or lost."""
+    """A held lock set: renewed by a timer until released or lost."""
 
     def __init__(self, manager: LockManager, *, owner: str, keys: list[str], resources: tuple[ResourceRef, ...],
                  tool: str, is_write: bool, fencing_token: int | None, valid_until: float) -> None:
@@ -391,7 +391,10 @@ class Lease:
         self.fencing_token = fencing_token
         self._valid_until = valid_until
         self._lost = asyncio.Event()
-        self._renewer: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None      # the next renewal
+        self._renewer: asyncio.Task[None] | None = None     # a renewal on its way to Redis
+        self._on_lost: Callable[[], None] | None = None     # set while ``guard`` awaits an execution
         self._released = False  # also tells the renewer to stop if a Redis call swallowed its cancellation
 
     @property
@@ -403,62 +406,93 @@ class Lease:
         return self._released
 
     def start(self) -> None:
-        self._renewer = asyncio.get_running_loop().create_task(self._renew_loop(), name=f"lock-renew-{self.owner}")
+        """Renew every ``renew_interval_ms`` from now on. A timer, not a task per lease: a call that ends
+        before its first renewal (most calls) never starts one; a task runs only while a renewal is on
+        its way to Redis."""
+        self._loop = asyncio.get_running_loop()
+        self._schedule(self._manager._config.renew_interval_ms / 1000.0)
 
-    async def _renew_loop(self) -> None:
+    def _schedule(self, delay: float) -> None:
+        if self._released or self._lost.is_set():
+            return
+        self._timer = self._loop.call_later(max(0.0, min(delay, self._valid_until - time.monotonic())),
+                                            self._renew_due)
+
+    def _renew_due(self) -> None:
+        self._timer = None
+        if self._released:
+            return
+        if self._valid_until - time.monotonic() <= 0:
+            return self._mark_lost("lease could not be renewed before it ran out")
+        self._renewer = self._loop.create_task(self._renew(), name=f"lock-renew-{self.owner}")
+
+    async def _renew(self) -> None:
+        """One renewal; schedules the next (sooner after a failed one: the lease may still be valid)."""
         manager = self._manager
         config = manager._config
         interval = config.renew_interval_ms / 1000.0
-        delay = interval
-        while True:
-            await asyncio.sleep(max(0.0, min(delay, self._valid_until - time.monotonic())))
-            left = self._valid_until - time.monotonic()
-            if left <= 0:
-                return self._mark_lost("lease could not be renewed before it ran out")
-            sent = time.monotonic()
-            try:
-                async with asyncio.timeout(left):
-                    renewed = await store.redis_call(
-                        manager._renew(keys=self.keys, args=[self.owner, config.lease_ms]))
-            except (store.StoreError, OSError, TimeoutError):
-                delay = interval / 4  # try again sooner; the lease may still be valid
-                continue
-            if self._released:
-                return
-            if int(renewed) != 1:
-                return self._mark_lost("lease expired or was taken")
-            self._valid_until = sent + manager._safe_lease_s()
-            delay = interval
+        left = self._valid_until - time.monotonic()
+        sent = time.monotonic()
+        try:
+            async with asyncio.timeout(left):
+                renewed = await store.redis_call(manager._renew(keys=self.keys, args=[self.owner, config.lease_ms]))
+        except (store.StoreError, OSError, TimeoutError):
+            return self._schedule(interval / 4)
+        if self._released:
+            return
+        if int(renewed) != 1:
+            return self._mark_lost("lease expired or was taken")
+        self._valid_until = sent + manager._safe_lease_s()
+        self._schedule(interval)
 
     def _mark_lost(self, why: str) -> None:
         if not self._lost.is_set():
             self._lost.set()
+            if self._on_lost is not None:
+                self._on_lost()
             self._manager._metrics.lock_lost.labels(self.tool).inc()
             log.warning("lock lost for tool %s (%s): %s", self.tool, why,
                         ", ".join(r.id for r in self.resources))
 
     async def guard(self, awaitable: Awaitable[T]) -> T:
-        """Await the execution; if the lock is lost first, abandon it and raise ``lock_lost``."""
-        task = asyncio.ensure_future(awaitable)
-        lost = asyncio.ensure_future(self._lost.wait())
-        try:
-            await asyncio.wait((task, lost), return_when=asyncio.FIRST_COMPLETED)
-        except asyncio.CancelledError:
+        """Await the execution; if the lock is lost first, abandon it and raise ``lock_lost``.
+
+        The execution runs in the caller's task (no task of its own per call): losing the lease cancels
+        that task, and the cancel this guard made is taken back (``uncancel``) and becomes ``lock_lost``;
+        a cancel from anyone else stays a cancel. An answer already returned when the lease is found lost
+        stands (the guard no longer listens)."""
+        if self._lost.is_set():
+            _abandon(awaitable)
+            raise self.lost_error()
+        task = asyncio.current_task()
+        assert task is not None
+        abandoned = False
+
+        def on_lost() -> None:
+            nonlocal abandoned
+            abandoned = True
             task.cancel()
+
+        self._on_lost = on_lost
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            self._on_lost = None
+            if abandoned and task.uncancel() == 0:  # only this guard's cancel: the lease went
+                abandoned = False
+                raise self.lost_error() from None
+            abandoned = False  # someone else cancelled too: a cancel it stays
+            raise
+        except ProxyError as error:
+            self._on_lost = None
+            if error.details.get("backend_code") == STALE_FENCING_CODE:
+                self._mark_lost("the backend refused the fencing token as stale")
+                raise self.stale_error() from None
             raise
         finally:
-            lost.cancel()
-        if task.done():  # an answer that arrived under a valid lease wins a tie
-            try:
-                return task.result()
-            except ProxyError as error:
-                if error.details.get("backend_code") == STALE_FENCING_CODE:
-                    self._mark_lost("the backend refused the fencing token as stale")
-                    raise self.stale_error() from None
-                raise
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise self.lost_error()
+            self._on_lost = None
+            if abandoned:  # the execution ended before the cancel reached it: its own ending stands
+                task.uncancel()
 
     def lost_error(self) -> ProxyError:
         details = {"resources": [r.id for r in self.resources], "fencing_token": self.fencing_token}
@@ -501,9 +535,20 @@ class Lease:
 
     def _stop_renewing(self) -> None:
         self._released = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._renewer is not None:
             self._renewer.cancel()
 
     async def renewer_stopped(self) -> None:
-        if self._renewer is not None:
+        if self._renewer is not None and not self._renewer.done():
             await asyncio.gather(self._renewer, return_exceptions=True)
+
+
+def _abandon(awaitable: Awaitable[Any]) -> None:
+    """An execution that will never be awaited: cancel a future, close a coroutine."""
+    if asyncio.isfuture(awaitable):
+        awaitable.cancel()
+    elif asyncio.iscoroutine(awaitable):
+        awaitable.close()

@@ -231,6 +231,30 @@ async def test_guard_returns_the_result_while_the_lease_holds(client):
 
 
 @all_redis_modes
+async def test_a_lease_runs_no_task_of_its_own_between_renewals_and_still_renews(client):
+    # The renewal is a timer: a guarded execution runs in the caller's task, and nothing else runs
+    # until a renewal is due; a due renewal still confirms the lease in Redis.
+    locks = manager(client, lease_ms=600, renew_interval_ms=80)
+    before = asyncio.all_tasks()
+    lease = await take(locks, refs(("r:1", X)))
+    started = {}
+
+    async def work():
+        started["tasks"] = asyncio.all_tasks() - before
+        return 7
+
+    assert await lease.guard(work()) == 7
+    assert started["tasks"] == set()
+    key = locks.resource_key("acme", "r:1")
+    first = (await client.hgetall(key))
+    await asyncio.sleep(0.3)  # a few renewals
+    assert not lease.lost
+    assert await client.hgetall(key) != first  # the holder's expiry moved: renewed
+    await lease.release()
+    assert asyncio.all_tasks() - before == set()
+
+
+@all_redis_modes
 async def test_cancelled_holder_releases(client):
     locks = manager(client)
     held = asyncio.Event()

@@ -96,45 +96,61 @@ class Cancellations:
     # -- the pipeline's hooks ------------------------------------------------------
     async def guard(self, state: Any, key: str | None, work: Coroutine[Any, Any, Any]) -> Any:
         """Run ``work`` (lock wait, send, verify) so that a cancel request or a withdrawal stops it by the
-        rules above. A call that nobody can cancel runs as is."""
+        rules above. A call that nobody can cancel runs as is.
+
+        The work runs in the caller's task (no task per call). A cancel that arrives starts the stop
+        (``_Stop.begin``): a call not sent yet, or sent through an adapter that cancels by closing, is
+        interrupted at once by cancelling this task (the guard takes that cancel back and settles the
+        outcome); a sent HTTP call is asked to stop by a task of its own (cancel endpoint, then the
+        grace), which interrupts it only if it has not answered by then. A cancel of the caller itself
+        stays a cancel."""
         signal = withdrawn.get()
         if key is None and signal is None:
             return await work
-        loop = asyncio.get_running_loop()
-        task = loop.create_task(work)
-        wake: asyncio.Future[None] = loop.create_future()  # the work ended, or a cancel arrived
-
-        def woken(_: Any = None) -> None:
-            if not wake.done():
-                wake.set_result(None)
-
-        task.add_done_callback(woken)
-        flight = None
+        stop = _Stop(self, state, key, asyncio.current_task(), withdrawn_by.get())
         if key is not None:
-            flight = self._flights[key] = InFlight(key, wake=woken)
+            stop.flight = self._flights[key] = InFlight(key, wake=stop.begin)
             early = self._early.pop(key, None)  # asked while the reservation's reply was on its way
             if early is not None and time.monotonic() - early[0] < EARLY_CANCEL_S:
-                flight.request = early[1]
-                flight.requested.set()
-                woken()
+                stop.flight.request = early[1]
+                stop.flight.requested.set()
+                stop.begin()
         # An Event cannot call back: a withdrawal signal (MCP, batch) is watched by a small task.
-        watcher = loop.create_task(signal.wait()) if signal is not None else None
-        if watcher is not None:
-            watcher.add_done_callback(woken)
+        watcher = None
+        if signal is not None and signal.is_set():
+            stop.begin()
+        elif signal is not None and not stop.started:
+            watcher = asyncio.get_running_loop().create_task(signal.wait())
+            watcher.add_done_callback(stop.begin)
         try:
-            await wake
-            if task.done():
-                return task.result()
-            source = {"source": withdrawn_by.get()} if flight is None or not flight.requested.is_set() \
-                else dict(flight.request or {"source": "api"})
-            state.cancellation = {**source, "sent": bool(state.sent)}
-            return await self._stop(state, key, task)
+            if stop.started:  # cancelled before it began: nothing of it runs
+                work.close()
+                return await self._settle(state, key, stop, cancelled=True)
+            stop.running = True
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                if not stop.take_back():
+                    raise  # the caller itself was cancelled: the work went with it
+                stop.ended()
+                return await self._settle(state, key, stop, cancelled=True)
+            except Exception as error:
+                stop.take_back()
+                if not stop.started:
+                    raise
+                stop.ended()
+                return await self._settle(state, key, stop, error=error)
+            stop.take_back()
+            if not stop.started:
+                return result
+            stop.ended()
+            return await self._settle(state, key, stop, result=result)
         finally:
+            stop.running, stop.over = False, True
             if watcher is not None:
                 watcher.cancel()
-            if not task.done():  # the caller itself was cancelled: the work goes with it
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            if stop.helper is not None and not stop.helper.done():  # the caller itself was cancelled
+                stop.helper.cancel()
 
     def finished(self, key: str | None) -> None:
         """The call's outcome is recorded (commit stage): a waiting cancel request may read it."""
@@ -188,37 +204,43 @@ class Cancellations:
             pause = min(pause * 2, 0.5)
 
     # -- stopping one call ------------------------------------------------------------
-    async def _stop(self, state: Any, key: str | None, task: asyncio.Task[Any]) -> Any:
+    async def _ask_backend(self, stop: "_Stop") -> None:
+        """A sent call through an adapter that does not cancel by closing (HTTP): the contract's cancel
+        endpoint, then up to ``grace_ms`` for the call's own answer; then its stream is closed."""
+        state, key = stop.state, stop.key
         tool: ToolContract = state.tool
         evidence: dict[str, Any] = state.cancellation
-        if not state.sent:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            if not task.cancelled():
-                return task.result()  # it finished first: its own outcome stands
+        adapter = self._adapters[tool.backend.type]
+        if key is not None and tool.cancel_endpoint is not None:
+            evidence["cancel_endpoint"] = await adapter.cancel(tool, key, state.caller.tenant,
+                                                               self._config.cancel_timeout_ms / 1000.0)
+        if stop.running:
+            await asyncio.wait({stop.done}, timeout=self._config.grace_ms / 1000.0)
+        if stop.running:
+            evidence["stream"] = "closed"
+            stop.interrupt()
+
+    async def _settle(self, state: Any, key: str | None, stop: "_Stop", *, cancelled: bool = False,
+                      error: BaseException | None = None, result: Any = None) -> Any:
+        """The outcome of a call a cancel reached, from how its work ended (its answer, its error, or
+        interrupted) and what the backend was told."""
+        if stop.helper is not None:
+            await stop.helper  # the cancel endpoint's answer is part of the evidence
+        tool: ToolContract = state.tool
+        evidence: dict[str, Any] = state.cancellation
+        if not stop.sent:
+            if not cancelled:  # it finished first: its own outcome stands
+                if error is not None:
+                    raise error
+                return result
             if not state.sent:
                 self._metrics.child(self._metrics.cancellations, "cancelled").inc()
                 raise ProxyError("cancelled", "The call was cancelled before anything was sent.",
                                  details={"cancellation": {**evidence, "observed": "not_sent"}},
                                  attempted=False, committed=False)
-        adapter = self._adapters[tool.backend.type]
-        if getattr(adapter, "cancel_by_closing", False):
-            task.cancel()  # the MCP session sends notifications/cancelled for the abandoned request
-            await asyncio.gather(task, return_exceptions=True)
-            evidence["told"] = "notifications/cancelled"
-        else:
-            if key is not None and tool.cancel_endpoint is not None:
-                evidence["cancel_endpoint"] = await adapter.cancel(tool, key, state.caller.tenant,
-                                                                   self._config.cancel_timeout_ms / 1000.0)
-            await asyncio.wait({task}, timeout=self._config.grace_ms / 1000.0)
-            if not task.done():
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                evidence["stream"] = "closed"
-        if task.done() and not task.cancelled():
-            error = task.exception()
+        if not cancelled:
             if error is None:
-                return self._completed(state, evidence, "answer", task.result())
+                return self._completed(state, evidence, "answer", result)
             if not isinstance(error, ProxyError):
                 raise error
             if error.committed is False:
@@ -315,6 +337,73 @@ class Cancellations:
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
         contract = self._registry.get(record.tool, record.tool_version) if self._registry is not None else None
         return operation_view(record, contract)
+
+
+class _Stop:
+    """One guarded call's stop: started at most once, by a cancel request (``InFlight.wake``) or a
+    withdrawal, while the call's work runs in the caller's task."""
+
+    __slots__ = ("_cancellations", "state", "key", "_task", "_by", "flight", "started", "sent", "running",
+                 "_interrupted", "helper", "_done", "over")
+
+    def __init__(self, cancellations: Cancellations, state: Any, key: str | None, task: asyncio.Task[Any] | None,
+                 by: str) -> None:
+        self._cancellations = cancellations
+        self.state, self.key, self._task, self._by = state, key, task, by
+        self.flight: InFlight | None = None
+        self.started = False          # a cancel reached the call
+        self.sent = False             # ...after it was sent
+        self.running = False          # the work is being awaited
+        self._interrupted = False     # this stop cancelled the caller's task
+        self.helper: asyncio.Task[None] | None = None
+        self._done: asyncio.Future[None] | None = None
+        self.over = False             # the work ended: a cancel that arrives now changes nothing
+
+    def begin(self, _: Any = None) -> None:
+        if self.started or self.over:
+            return
+        self.started = True
+        flight, state = self.flight, self.state
+        source = {"source": self._by} if flight is None or not flight.requested.is_set() \
+            else dict(flight.request or {"source": "api"})
+        self.sent = bool(state.sent)
+        state.cancellation = {**source, "sent": self.sent}
+        if not self.running:
+            return  # not begun yet: the guard does not start it
+        if not self.sent:
+            self.interrupt()
+            return
+        adapter = self._cancellations._adapters[state.tool.backend.type]
+        if getattr(adapter, "cancel_by_closing", False):
+            state.cancellation["told"] = "notifications/cancelled"
+            self.interrupt()  # the MCP session sends notifications/cancelled for the abandoned request
+            return
+        self._done = asyncio.get_running_loop().create_future()
+        self.helper = asyncio.get_running_loop().create_task(self._cancellations._ask_backend(self))
+
+    @property
+    def done(self) -> "asyncio.Future[None]":
+        assert self._done is not None
+        return self._done
+
+    def interrupt(self) -> None:
+        if self.running and not self._interrupted and self._task is not None:
+            self._interrupted = True
+            self._task.cancel()
+
+    def take_back(self) -> bool:
+        """After the work ended: withdraw this stop's cancel of the caller's task; True if no other cancel
+        of that task is pending (a ``CancelledError`` was this stop's alone)."""
+        if not self._interrupted:
+            return False
+        self._interrupted = False
+        return self._task.uncancel() == 0  # type: ignore[union-attr]
+
+    def ended(self) -> None:
+        self.running = False
+        self.over = True
+        if self._done is not None and not self._done.done():
+            self._done.set_result(None)
 
 
 async def audit_outcome(audit: Auditor, facts: CallFacts, env: Envelope, evidence: Mapping[str, Any]) -> None:

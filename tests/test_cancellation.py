@@ -83,3 +83,15 @@ async def test_a_call_cancelled_around_its_reservation_leaves_nothing_behind(sta
     assert len(stack.backend.requests) == 1
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
+
+
+async def test_a_write_at_the_backend_runs_in_its_callers_task_alone(stack):
+    # The cancellation guard, the lock guard and the lease renewal start no task per call: while a
+    # cancellable, locked write waits for its backend, no task of the pipeline's runs beside the call's own.
+    before = asyncio.all_tasks()
+    holder = await holding_refund(stack)
+    ours = ("Pipeline", "Cancellations", "Lease", "HttpAdapter", "Event.wait")
+    extra = [t.get_coro().__qualname__ for t in asyncio.all_tasks() - before - {holder}
+             if any(name in t.get_coro().__qualname__ for name in ours)]
+    assert extra == []
+    await cancel_and_expect_it_stops(holder)

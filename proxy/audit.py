@@ -152,18 +152,31 @@ class StdoutSink:
         self._writer: threading.Thread | None = None
         self._pipes: dict[int, int | None] = {}  # fd -> pipe capacity (None: not a pipe)
 
-    async def write(self, line: str, *, durable: bool = False) -> None:
+    def write_now(self, line: str) -> bool:
+        """Write the record at once if that cannot block (not a pipe, or it fits into the pipe now and
+        nothing waits before it); False: it goes through ``write``. The common case without a coroutine
+        and a timeout scope per record."""
         stream = self._stream or sys.stdout  # looked up per write: follows redirection
         fd = _fileno(stream)
         capacity = self._pipe_capacity(fd) if fd is not None else None
         if capacity is None:
             stream.write(line + "\n")
             stream.flush()
-            return
+            return True
+        if self._queue:
+            return False
         data = (line + "\n").encode()
-        if not self._queue and capacity - _unread(fd) >= len(data):
+        if capacity - _unread(fd) >= len(data):
             _write_all(fd, data)  # fits now: does not block
+            return True
+        return False
+
+    async def write(self, line: str, *, durable: bool = False) -> None:
+        if self.write_now(line):
             return
+        fd = _fileno(self._stream or sys.stdout)
+        assert fd is not None  # only a pipe is not written at once
+        data = (line + "\n").encode()
         if len(self._queue) >= self._max_queued:
             raise AuditBackpressure("audit queue full")
         done = asyncio.get_running_loop().create_future() if durable else None
@@ -397,6 +410,9 @@ class Auditor:
         ok = True
         for sink in self._sinks:
             try:
+                write_now = getattr(sink, "write_now", None)
+                if write_now is not None and write_now(line):
+                    continue
                 async with asyncio.timeout(self._timeout_s):
                     await sink.write(line, durable=durable)
             except AuditBackpressure:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 from urllib.parse import quote
 
+import orjson
 import rfc8785
 
 from .errors import ProxyError
@@ -36,12 +37,47 @@ class ResourceRef:
 
 
 def canonical_json(value: Any) -> bytes:
+    """RFC 8785 (JCS) bytes of a JSON value. A value made only of what orjson writes byte for byte as
+    JCS does (dicts with ASCII keys, lists, strings, booleans, null, integers within +-(2**53 - 1))
+    is written by orjson with sorted keys, about thirty times faster than the ``rfc8785`` library;
+    anything else (floats, other key sets, subclasses, what orjson refuses) goes to ``rfc8785``.
+    tests/unit/test_canonical_json.py holds the two together."""
+    try:
+        if _plain(value):
+            return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, RecursionError):
+        pass  # rfc8785 decides (and names the error)
     try:
         return rfc8785.dumps(value)
     except (rfc8785.CanonicalizationError, ValueError, TypeError, UnicodeError) as exc:
         raise ProxyError("invalid_arguments",
                          "tool arguments cannot be canonicalized (integer out of range or invalid string)",
                          details={"reason": type(exc).__name__}, phase="normalize") from None
+
+
+_JCS_INT = 2**53 - 1  # the integers RFC 8785 writes exactly (IEEE 754 doubles)
+
+
+def _plain(value: Any) -> bool:
+    """Whether orjson's text of ``value`` (keys sorted) is its RFC 8785 text: exact JSON types only; object
+    keys ASCII (orjson sorts by code point, JCS by UTF-16 unit: the same there); no floats (JCS writes
+    ECMAScript number text). Strings are escaped alike (tests/unit/test_canonical_json.py)."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -_JCS_INT <= value <= _JCS_INT
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str or not key.isascii() or not _plain(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        for item in value:
+            if not _plain(item):
+                return False
+        return True
+    return False
 
 
 def sha256_hex(data: bytes) -> str:

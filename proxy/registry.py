@@ -182,6 +182,7 @@ class Registry:
                 _check_successor(tool, by_name)
                 _check_compensation(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
+        self._defaults = _defaults(self._tools)
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._tools.values())
@@ -195,13 +196,9 @@ class Registry:
                 sorted(self._tools[name].values(), key=lambda t: _version_key(t.version))]
 
     def default(self, name: str) -> ToolContract | None:
-        """What a call without a version gets: the newest active version, else the newest deprecated one."""
-        versions = self._tools.get(name, {})
-        for status in ("active", "deprecated"):
-            live = [t for t in versions.values() if t.status == status]
-            if live:
-                return max(live, key=lambda t: _version_key(t.version))
-        return None
+        """What a call without a version gets: the newest active version, else the newest deprecated one
+        (found once per tool set, not per call)."""
+        return self._defaults.get(name)
 
     def get(self, name: str, version: str) -> ToolContract | None:
         """The exact contract, whatever its status (records name their exact contract)."""
@@ -227,6 +224,18 @@ class Registry:
         return tool
 
 
+def _defaults(tools: Mapping[str, Mapping[str, ToolContract]]) -> Mapping[str, ToolContract]:
+    """Per tool name, the newest active version, else the newest deprecated one (none: retired)."""
+    found: dict[str, ToolContract] = {}
+    for name, versions in tools.items():
+        for status in ("active", "deprecated"):
+            live = [t for t in versions.values() if t.status == status]
+            if live:
+                found[name] = max(live, key=lambda t: _version_key(t.version))
+                break
+    return MappingProxyType(found)
+
+
 def retired_error(tool: ToolContract) -> ProxyError:
     """A retired version: ``tool_not_found`` with the reason and the successor, so a caller can re-plan."""
     return ProxyError("tool_not_found", "The requested tool version is retired; re-plan with its successor.",
@@ -238,12 +247,12 @@ class LiveRegistry(Registry):
     """The registry a running proxy serves: the same reads, and ``swap`` for a validated reload."""
 
     def __init__(self, registry: Registry) -> None:
-        self._tools = registry._tools
+        self._tools, self._defaults = registry._tools, registry._defaults
         self.services = registry.services
 
     def swap(self, registry: Registry) -> None:
         # A call sees the old tool set or the new one, never a mix; the services' defaults follow.
-        self._tools = registry._tools
+        self._tools, self._defaults = registry._tools, registry._defaults
         self.services = registry.services
 
 

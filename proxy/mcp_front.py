@@ -440,12 +440,17 @@ class McpFront:
         progress_token = request_meta.get("progressToken")
         # What the call's SSE stream carries before the result: progress, relayed requests, log messages.
         updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if has_sse else None
-        first_update = asyncio.Event()  # the response must stream from now on
+        loop = asyncio.get_running_loop()
+        decided = loop.create_future()  # JSON or SSE: the call ended, an update must go out, or sse_after passed
+
+        def decide(_: Any = None) -> None:
+            if not decided.done():
+                decided.set_result(None)
 
         def push(update: dict[str, Any]) -> None:
             assert updates is not None
             updates.put_nowait(update)
-            first_update.set()
+            decide()  # the response must stream from now on
 
         log_level = request_meta.get(LOG_LEVEL_META_KEY) if exchange.modern else \
             (exchange.session.log_level if exchange.session is not None else None)
@@ -463,15 +468,18 @@ class McpFront:
                 push({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
             context.run(progress_relay.set, relay)
-        task = asyncio.get_running_loop().create_task(result, context=context)  # type: ignore[arg-type]
+        task = loop.create_task(result, context=context)  # type: ignore[arg-type]
         if key is not None:
             task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
                                    else None)
         modern = exchange.modern
         if has_sse and not streams_now:  # JSON unless it runs long or an update must go out first
-            pushed = asyncio.ensure_future(first_update.wait())
-            await asyncio.wait({task, pushed}, timeout=self._sse_after_s, return_when=asyncio.FIRST_COMPLETED)
-            pushed.cancel()
+            task.add_done_callback(decide)  # (callbacks, not a waiter task per call)
+            timer = loop.call_later(self._sse_after_s, decide)
+            try:
+                await decided
+            finally:
+                timer.cancel()
         if updates is None or (task.done() and not streams_now and updates.empty()):
             body = await _settle(task, message.rpc_id)
             code = body["error"]["code"] if "error" in body else None

@@ -70,6 +70,10 @@ class FastValidator:
     def fast(self) -> bool:
         return self._compiled is not None
 
+    def surely_valid(self, instance: Any) -> bool:
+        """The compiled verdict alone: True only when valid for certain; False says nothing."""
+        return self._surely_valid(instance)
+
     def _surely_valid(self, instance: Any) -> bool:
         if self._compiled is None:
             return False

@@ -32,6 +32,7 @@ from typing import Any, Mapping
 
 import aiohttp
 import mcp_types as types
+from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.client.extension import UnexpectedClaimedResult
 from mcp.client.session import _clamp_inbound_ttl, _later_revision_fields
@@ -44,6 +45,8 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from .. import schema_fast
+from ..schema_fast import FastValidator
 from .http import TraceProgress
 
 _ids = itertools.count(1)
@@ -96,7 +99,8 @@ async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name:
         progress.headers_sent = progress.headers_sent or trace.headers_sent
     result = _validated(raw, client.protocol_version, client.session._call_tool_adapter)
     # What ClientSession.call_tool does with the result.
-    if isinstance(result, types.CallToolResult) and not result.is_error:
+    if isinstance(result, types.CallToolResult) and not result.is_error \
+            and not _surely_conforms(client.session, name, result.structured_content):
         await client.session.validate_tool_result(name, result)
     if not isinstance(result, (types.CallToolResult, types.InputRequiredResult)):
         raise UnexpectedClaimedResult(result)
@@ -177,6 +181,26 @@ async def _streamed_result(response: aiohttp.ClientResponse) -> dict[str, Any]:
         if size + len(pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
             raise MCPError(code=CONNECTION_CLOSED, message="SSE event too large")
     raise MCPError(code=CONNECTION_CLOSED, message="SSE stream ended without a response")
+
+
+_fast_output: dict[str, FastValidator] = {}  # per tool name: the compiled verdict for its cached output schema
+
+
+def _surely_conforms(session: Any, name: str, content: Any) -> bool:
+    """The SDK's check of a result against the tool's output schema (``validate_tool_result``) would
+    pass: structured content that the compiled validator of ``proxy.schema_fast`` accepts, for a schema the
+    SDK has already checked and compiled as Draft 2020-12 without formats (as schema_fast reads it). Else
+    (first call, another draft, content the fast path refuses or cannot take) the SDK decides, with its own
+    error. Why: its ``jsonschema`` walk and ``best_match`` were the largest part of this path beside the
+    HTTP request."""
+    schema = session._tool_output_schemas.get(name)
+    checked = session._tool_output_validators.get(name)
+    if content is None or schema is None or type(checked) is not Draft202012Validator or checked.schema is not schema:
+        return False
+    fast = _fast_output.get(name)
+    if fast is None or fast.schema is not schema:
+        fast = _fast_output[name] = schema_fast.validator(schema)
+    return fast.surely_valid(content)
 
 
 def _validated(raw: dict[str, Any], version: str, adapter: Any) -> Any:

@@ -36,7 +36,7 @@ import termios
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, TextIO
 
 import orjson
 import redis.asyncio as redis_async
@@ -117,6 +117,9 @@ _NULL_MEANS_UNKNOWN = frozenset({"side_effect_committed"})
 
 class Sink(Protocol):
     name: str
+
+    def write_now(self, line: str) -> bool:
+        """Write the record at once if that cannot block; False: the caller awaits ``write``."""
 
     async def write(self, line: str, *, durable: bool = False) -> None:
         """Persist one serialized record; raise on failure. ``durable``: return only once the record has
@@ -259,6 +262,9 @@ class RedisStreamSink:
         self.key = key
         self._maxlen = maxlen
 
+    def write_now(self, line: str) -> bool:
+        return False  # a stream entry is a round trip: always ``write``
+
     async def write(self, line: str, *, durable: bool = False) -> None:
         await redis_call(self._redis.xadd(self.key, {"record": line}, maxlen=self._maxlen, approximate=True))
 
@@ -320,13 +326,12 @@ class Auditor:
                              attempted=False, committed=False)
         return ok
 
-    async def call_intent(self, facts: CallFacts) -> None:
-        """Before execution: for fail-closed calls, no intent record means no call."""
-        tool = facts.tool
-        assert tool is not None
+    async def call_intent(self, tool: ToolContract, facts: Callable[[], CallFacts]) -> None:
+        """Before execution: for fail-closed calls, no intent record means no call. ``facts`` is called only
+        when a record is written (most tools are not fail-closed)."""
         if not self.policy.fail_closed(tool):
             return
-        if not await self.record("tool_call_intent", **self._call_fields(facts)):
+        if not await self.record("tool_call_intent", **self._call_fields(facts())):
             raise ProxyError("audit_unavailable", "The audit trail could not be written; the call was not sent.",
                              details={"tool": tool.name}, phase="audit", attempted=False, committed=False)
 
@@ -410,8 +415,7 @@ class Auditor:
         ok = True
         for sink in self._sinks:
             try:
-                write_now = getattr(sink, "write_now", None)
-                if write_now is not None and write_now(line):
+                if sink.write_now(line):
                     continue
                 async with asyncio.timeout(self._timeout_s):
                     await sink.write(line, durable=durable)

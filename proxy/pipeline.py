@@ -270,8 +270,7 @@ class Pipeline:
         meta = state.request.meta
         state.fencing_token = lease.fencing_token if lease is not None else None
         with self._stage(state, "audit"):
-            if self._audit.policy.fail_closed(tool):  # the facts are built only for a record to write
-                await self._audit.call_intent(state.facts())  # fail-closed calls stop here if the sink is down
+            await self._audit.call_intent(tool, state.facts)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
             signal = withdrawn.get()
             if signal is not None and signal.is_set():

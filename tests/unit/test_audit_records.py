@@ -37,6 +37,9 @@ class ListSink:
     def __init__(self) -> None:
         self.records: list[dict] = []
 
+    def write_now(self, line: str) -> bool:
+        return False  # every record through ``write``, as a sink that must wait would
+
     async def write(self, line: str, *, durable: bool = False) -> None:
         self.records.append(json.loads(line))
 

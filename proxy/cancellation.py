@@ -41,6 +41,7 @@ from .audit import Auditor, CallFacts, digest
 from .config import CancellationConfig
 from .envelope import Envelope
 from .errors import ProxyError
+from .interrupts import TaskInterrupt
 from .idempotency import KEY_PATTERN
 from .operation_views import operation_view
 from .metrics import Metrics
@@ -107,7 +108,7 @@ class Cancellations:
         signal = withdrawn.get()
         if key is None and signal is None:
             return await work
-        stop = _Stop(self, state, key, asyncio.current_task(), withdrawn_by.get())
+        stop = _Stop(self, state, key, withdrawn_by.get())
         if key is not None:
             stop.flight = self._flights[key] = InFlight(key, wake=stop.begin)
             early = self._early.pop(key, None)  # asked while the reservation's reply was on its way
@@ -343,18 +344,17 @@ class _Stop:
     """One guarded call's stop: started at most once, by a cancel request (``InFlight.wake``) or a
     withdrawal, while the call's work runs in the caller's task."""
 
-    __slots__ = ("_cancellations", "state", "key", "_task", "_by", "flight", "started", "sent", "running",
-                 "_interrupted", "helper", "_done", "over")
+    __slots__ = ("_cancellations", "state", "key", "_interrupt", "_by", "flight", "started", "sent", "running",
+                 "helper", "_done", "over")
 
-    def __init__(self, cancellations: Cancellations, state: Any, key: str | None, task: asyncio.Task[Any] | None,
-                 by: str) -> None:
+    def __init__(self, cancellations: Cancellations, state: Any, key: str | None, by: str) -> None:
         self._cancellations = cancellations
-        self.state, self.key, self._task, self._by = state, key, task, by
+        self.state, self.key, self._by = state, key, by
+        self._interrupt = TaskInterrupt()  # of the caller's task, where the work runs
         self.flight: InFlight | None = None
         self.started = False          # a cancel reached the call
         self.sent = False             # ...after it was sent
         self.running = False          # the work is being awaited
-        self._interrupted = False     # this stop cancelled the caller's task
         self.helper: asyncio.Task[None] | None = None
         self._done: asyncio.Future[None] | None = None
         self.over = False             # the work ended: a cancel that arrives now changes nothing
@@ -387,17 +387,13 @@ class _Stop:
         return self._done
 
     def interrupt(self) -> None:
-        if self.running and not self._interrupted and self._task is not None:
-            self._interrupted = True
-            self._task.cancel()
+        if self.running:
+            self._interrupt.interrupt()
 
     def take_back(self) -> bool:
         """After the work ended: withdraw this stop's cancel of the caller's task; True if no other cancel
         of that task is pending (a ``CancelledError`` was this stop's alone)."""
-        if not self._interrupted:
-            return False
-        self._interrupted = False
-        return self._task.uncancel() == 0  # type: ignore[union-attr]
+        return self._interrupt.take_back()
 
     def ended(self) -> None:
         self.running = False

@@ -83,6 +83,7 @@ from . import store
 from .config import LocksConfig
 from .deadline import Deadline
 from .errors import ProxyError
+from .interrupts import TaskInterrupt
 from .metrics import Metrics
 from .normalize import ResourceRef
 
@@ -464,25 +465,15 @@ class Lease:
         if self._lost.is_set():
             _abandon(awaitable)
             raise self.lost_error()
-        task = asyncio.current_task()
-        assert task is not None
-        abandoned = False
-
-        def on_lost() -> None:
-            nonlocal abandoned
-            abandoned = True
-            task.cancel()
-
-        self._on_lost = on_lost
+        lost = TaskInterrupt()
+        self._on_lost = lost.interrupt
         try:
             return await awaitable
         except asyncio.CancelledError:
             self._on_lost = None
-            if abandoned and task.uncancel() == 0:  # only this guard's cancel: the lease went
-                abandoned = False
+            if lost.take_back():  # only this guard's cancel: the lease went
                 raise self.lost_error() from None
-            abandoned = False  # someone else cancelled too: a cancel it stays
-            raise
+            raise  # someone else cancelled (too): a cancel it stays
         except ProxyError as error:
             self._on_lost = None
             if error.details.get("backend_code") == STALE_FENCING_CODE:
@@ -491,8 +482,7 @@ class Lease:
             raise
         finally:
             self._on_lost = None
-            if abandoned:  # the execution ended before the cancel reached it: its own ending stands
-                task.uncancel()
+            lost.take_back()  # the execution ended before the cancel reached it: its own ending stands
 
     def lost_error(self) -> ProxyError:
         details = {"resources": [r.id for r in self.resources], "fencing_token": self.fencing_token}

@@ -1,8 +1,8 @@
 """Policy decisions: the OPA input document, the query, and the decision.
 
 Owns: building the OPA input (``schemas/opa-input.schema.json``) in exactly
-one place (``build_input``), one POST per decision to OPA's Data API through
-the shared ``aiohttp`` session with its own short timeout, validating the
+one place (``build_input``), one POST per decision to OPA's Data API over the hot path's
+keep-alive wire (``http_wire``) with its own short timeout, validating the
 decision document (``schemas/opa-decision.schema.json``, checked by ``decision_ok``
 without a schema engine per call), the tool catalog
 pushed into OPA (``data.toolproxy.catalog``, through ``opa_control``) and its
@@ -21,7 +21,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-import aiohttp
 import orjson
 
 from .config import OpaConfig
@@ -31,11 +30,13 @@ from .identity import Caller
 from .metrics import Metrics
 from .normalize import NormalizedCall, canonical_json, sha256_hex
 from .opa_control import ControlError, control_client, put_data
+from .http_wire import HttpWire
 from .registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.policy")
 
 CATALOG_PATH = "toolproxy/catalog"
+_JSON = (("Content-Type", "application/json"), ("Accept", "application/json"))
 
 
 @dataclass(frozen=True)
@@ -98,15 +99,15 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
 class PolicyClient:
     """Asks OPA; keeps OPA's copy of the tool catalog current."""
 
-    def __init__(self, config: OpaConfig, session: aiohttp.ClientSession, metrics: Metrics,
+    def __init__(self, config: OpaConfig, wire: HttpWire, metrics: Metrics,
                  registry: Registry, recorder: DecisionRecorder | None = None) -> None:
         self._config = config
         self._recorder = recorder
-        # Control plane (catalog push) through opa-python-client; decisions stay on ``session``.
+        # Control plane (catalog push) through opa-python-client; decisions over their own wire.
         self._control = control_client(config.url, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2)
-        self._session = session
         self._metrics = metrics
         self._catalog = catalog_document(registry)
+        self._wire = wire
         self._url = config.url.rstrip("/") + "/v1/data/" + config.decision_path.strip("/")
         self._timeout_s = config.timeout_ms / 1000.0
         self._push_lock = asyncio.Lock()
@@ -170,14 +171,12 @@ class PolicyClient:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                async with self._session.post(self._url, data=orjson.dumps({"input": document}),
-                                              headers={"Content-Type": "application/json"},
-                                              allow_redirects=False) as response:
-                    status = response.status
-                    body = await response.read()
+                answer = await self._wire.post(self._url, orjson.dumps({"input": document}), _JSON,
+                                               retry_stale=True)  # a query has no side effect
+            status, body = answer.status, answer.body
         except TimeoutError:
             self._fail("timeout", started)
-        except (aiohttp.ClientError, OSError):
+        except OSError:  # the wire's errors included
             self._fail("unreachable", started)
         self._metrics.opa_duration.observe(time.monotonic() - started)
         if status != 200:

@@ -1,7 +1,7 @@
 """The process-wide runtime: everything one toolproxy process opens once and shares.
 
-Owns: opening the shared objects in order (one ``aiohttp.ClientSession``, one
-Redis client, the registry, the stages, the pipeline, the background tasks),
+Owns: opening the shared objects in order (one ``aiohttp.ClientSession``, the
+hot path's ``HttpWire``, one Redis client, the registry, the stages, the pipeline, the background tasks),
 closing all of them at shutdown, and closing again whatever was already
 opened when a step of start-up fails. Must never: serve HTTP (the fronts in
 ``proxy/app.py``, ``proxy/admin_api.py``, ``proxy/mcp_front.py`` and
@@ -36,6 +36,7 @@ from .locks import LockManager
 from .metrics import Metrics
 from .operations import OperationStore
 from .pipeline import Pipeline
+from .http_wire import HttpWire
 from .policy import PolicyClient
 from .quotas import QuotaStage
 from .reconcile import Reconciler
@@ -56,6 +57,7 @@ class Runtime:
     config: Config
     registry: Registry
     session: aiohttp.ClientSession
+    wire: HttpWire  # the decision query's and the backend POST's keep-alive connections
     authenticator: Authenticator
     pipeline: Pipeline
     metrics: Metrics
@@ -85,6 +87,7 @@ class Runtime:
         await self.quotas.guard.stop()
         await self.pipeline.aclose()
         await self.session.close()
+        await self.wire.close()
         await self.policy.close()
         await self.health.close()
         await store.close_client(self.redis)
@@ -111,6 +114,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
             json_serialize=json.dumps,
         )
         opened.push_async_callback(session.close)
+        # The two requests every call makes (decision, backend POST) go over their own lean wire.
+        wire = HttpWire(max_connections=config.backends.pool_size,
+                        connect_timeout_s=config.backends.connect_timeout_ms / 1000.0)
+        opened.push_async_callback(wire.close)
         redis = store.create_client(config.redis)
         opened.push_async_callback(store.close_client, redis)
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
@@ -119,7 +126,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
                                  mode=config.mcp.upstream_mode, session=session)
         opened.push_async_callback(mcp_adapter.aclose)
-        adapters = {"http": HttpAdapter(session, config.backends.services, **limits), "mcp": mcp_adapter}
+        adapters = {"http": HttpAdapter(wire, session, config.backends.services, **limits), "mcp": mcp_adapter}
         metrics = Metrics()
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics)
@@ -129,7 +136,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
         recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
                                   metrics, config.opa.decision_path)
-        policy = PolicyClient(config.opa, session, metrics, registry, recorder)
+        policy = PolicyClient(config.opa, wire, metrics, registry, recorder)
         await policy.open()
         opened.push_async_callback(policy.close)
         approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
@@ -186,7 +193,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
                               metrics=metrics, audit=audit,
                               cancel_answer_wait_s=config.cancellation.answer_wait_ms / 1000.0)
-        runtime = Runtime(config=config, registry=registry, session=session, authenticator=authenticator,
+        runtime = Runtime(config=config, registry=registry, session=session, wire=wire, authenticator=authenticator,
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,

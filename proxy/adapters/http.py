@@ -1,8 +1,9 @@
 """HTTP JSON backend adapter.
 
-Owns: POSTing canonical arguments to a tool's HTTP backend through the one
-shared ``aiohttp.ClientSession`` within the call's budget, forwarding trusted
-headers, asking a contract's ``cancel_endpoint`` to stop a sent call, and classifying every failure honestly (seed 000 sections 4 and 10):
+Owns: POSTing canonical arguments to a tool's HTTP backend over the hot path's
+wire (``proxy.http_wire``) within the call's budget, forwarding trusted
+headers, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
+shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly (seed 000 sections 4 and 10):
 whether the request left the proxy and whether the effect is known to have
 happened. Must never: retry, claim "not applied" for a write without proof,
 or pass backend bodies, hostnames or exception text to the caller.
@@ -21,6 +22,7 @@ import aiohttp
 
 from ..decode import strict_loads
 from ..errors import ProxyError
+from ..http_wire import Answer, HttpWire, Progress, TooLarge, WireError
 from ..registry import ToolContract
 from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, safe_value
 
@@ -35,7 +37,8 @@ class TraceProgress:
 
 
 def trace_config() -> aiohttp.TraceConfig:
-    """Attach to the shared session so each request can tell whether it left the proxy."""
+    """Attach to the shared session so each request can tell whether it left the proxy (the MCP upstream's
+    stateless POSTs; backend calls learn it from their wire's ``Progress``)."""
     config = aiohttp.TraceConfig()
 
     async def on_connected(session: Any, ctx: SimpleNamespace, params: Any) -> None:
@@ -55,8 +58,9 @@ def trace_config() -> aiohttp.TraceConfig:
 
 
 class HttpAdapter:
-    def __init__(self, session: aiohttp.ClientSession, services: Mapping[str, str], *,
+    def __init__(self, wire: HttpWire, session: aiohttp.ClientSession, services: Mapping[str, str], *,
                  max_response_bytes: int, max_json_depth: int) -> None:
+        self._wire = wire
         self._session = session
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
@@ -71,23 +75,25 @@ class HttpAdapter:
         if call.budget_s <= 0:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="execute", attempted=False, committed=False)
-        progress = TraceProgress()
+        progress = Progress()
         started = time.monotonic()
         try:
             async with asyncio.timeout(call.budget_s):
-                async with self._session.post(url, data=call.canonical_arguments, headers=forwarded_headers(call),
-                                              trace_request_ctx=progress, allow_redirects=False) as response:
-                    body = await _read_limited(response, self._max_response_bytes, call.tool.is_write)
-                    return self._classify(call, response, body)
-        except TimeoutError:
+                answer = await self._wire.post(url, call.canonical_arguments, forwarded_headers(call).items(),
+                                               progress=progress, max_body=self._max_response_bytes)
+        except TimeoutError:  # the budget, or the connect timeout (then nothing was sent)
             raise self._timed_out(call, progress, time.monotonic() - started) from None
-        except aiohttp.ClientConnectorError:
-            raise ProxyError("dependency_unavailable", "The tool's backend could not be reached.",
-                             details={"tool": tool.name}, phase="execute",
-                             attempted=False, committed=False) from None
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-                aiohttp.ClientResponseError, ConnectionError):
+        except TooLarge as exc:
+            raise ProxyError("output_invalid", "The tool returned more data than allowed.",
+                             details={"limit_bytes": self._max_response_bytes}, phase="verify", attempted=True,
+                             committed=_committed_by_status(exc.status, call.tool.is_write)) from None
+        except OSError:  # WireError included
+            if not progress.connected:
+                raise ProxyError("dependency_unavailable", "The tool's backend could not be reached.",
+                                 details={"tool": tool.name}, phase="execute",
+                                 attempted=False, committed=False) from None
             raise self._connection_lost(call, progress) from None
+        return self._classify(call, answer)
 
     async def cancel(self, tool: ToolContract, key: str, tenant: str, timeout_s: float) -> str:
         """Ask the backend to stop a sent call (its contract's ``cancel_endpoint``): ``accepted`` (2xx),
@@ -105,12 +111,12 @@ class HttpAdapter:
             return "unreachable"
         return "accepted" if 200 <= status < 300 else "refused"
 
-    def _timed_out(self, call: BackendCall, progress: TraceProgress, elapsed: float) -> ProxyError:
-        return deadline_passed(call, sent=progress.headers_sent or progress.connected, elapsed_s=elapsed, backend="backend")
+    def _timed_out(self, call: BackendCall, progress: Progress, elapsed: float) -> ProxyError:
+        return deadline_passed(call, sent=progress.sent or progress.connected, elapsed_s=elapsed, backend="backend")
 
-    def _connection_lost(self, call: BackendCall, progress: TraceProgress) -> ProxyError:
+    def _connection_lost(self, call: BackendCall, progress: Progress) -> ProxyError:
         details = {"tool": call.tool.name, "reason": "connection_lost"}
-        if not progress.headers_sent:
+        if not progress.sent:
             return ProxyError("dependency_unavailable", "The connection to the backend failed before sending.",
                               details=details, phase="execute", attempted=False, committed=False)
         if call.tool.is_write:
@@ -121,9 +127,9 @@ class HttpAdapter:
         return ProxyError("dependency_unavailable", "The connection to the backend was lost.",
                           details=details, phase="execute", attempted=True, committed=False)
 
-    def _classify(self, call: BackendCall, response: aiohttp.ClientResponse, body: bytes) -> BackendResult:
-        status = response.status
-        backend_request_id = _safe(response.headers.get("X-Request-Id") or response.headers.get("X-Backend-Request-Id"))
+    def _classify(self, call: BackendCall, answer: Answer) -> BackendResult:
+        status, body = answer.status, answer.body
+        backend_request_id = _safe(answer.headers.get("x-request-id") or answer.headers.get("x-backend-request-id"))
         if 200 <= status < 300:
             try:
                 data = strict_loads(body, what="backend output", phase="verify", max_depth=self._max_json_depth)
@@ -141,7 +147,7 @@ class HttpAdapter:
         if backend_request_id:
             details["backend_request_id"] = backend_request_id
         if status in (429, 503):  # the backend says when to come back: the quota stage pauses it that long
-            retry_after = _retry_after(response.headers.get("Retry-After"))
+            retry_after = _retry_after(answer.headers.get("retry-after"))
             if retry_after is not None:
                 details["retry_after_s"] = retry_after
         if status == 429:
@@ -190,19 +196,6 @@ def forwarded_headers(call: BackendCall) -> dict[str, str]:
     if call.fencing_token is not None:
         headers["X-Fencing-Token"] = str(call.fencing_token)
     return headers
-
-
-async def _read_limited(response: aiohttp.ClientResponse, limit: int, is_write: bool) -> bytes:
-    chunks = []
-    size = 0
-    async for chunk in response.content.iter_chunked(65536):
-        size += len(chunk)
-        if size > limit:
-            raise ProxyError("output_invalid", "The tool returned more data than allowed.",
-                             details={"limit_bytes": limit}, phase="verify", attempted=True,
-                             committed=_committed_by_status(response.status, is_write))
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def _committed_by_status(status: int, is_write: bool) -> bool | None:

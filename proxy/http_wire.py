@@ -4,15 +4,18 @@ Owns: pools of keep-alive connections per origin (``http``, or ``https`` verifie
 as the shared ``aiohttp`` session does), one request at a time per connection, a cap on open connections
 (a request past it waits for one), the connect timeout, reading each answer to its end with ``httptools``
 (llhttp: Content-Length, chunked and close-delimited bodies, keep-alive rules) within a size limit, and
-telling the caller how far its request got (``Progress``: connected; handed to the kernel). Must never:
+telling the caller how far its request got (``Progress``: connected; handed to the kernel); an
+event-stream answer is handed chunk by chunk to the caller's ``EventFeed`` until it has what it waits
+for. Must never:
 follow a redirect, decompress, send a header value holding CR, LF or NUL, reuse a connection whose
 answer was not read to the end (a timeout or a cancel closes it), or send a request twice — except
 when the caller says it may (``retry_stale``: a decision query, which has no side effect) and a *reused*
 connection closed before a byte of its answer arrived.
 
-Why not the shared ``aiohttp.ClientSession``, which still carries everything else (MCP upstreams, cancel
-endpoints, OPA's control plane through opa-python-client, health checks): the OPA decision and the
-backend POST are the two requests every tool call makes, and aiohttp's client machinery for them
+Why not the shared ``aiohttp.ClientSession``, which still carries everything else (cancel endpoints,
+the MCP SDK's own sessions, OPA's control plane through opa-python-client, health checks): the OPA
+decision and the backend POST (an HTTP backend's, or a stateless MCP upstream's ``tools/call``) are the
+two requests every tool call makes, and aiohttp's client machinery for them
 (request and response objects, the session's trace signals, a body-writer task and timer handles per
 request) was ~20% of a read's CPU under load. This wire does the same exchange for about a third of
 that (measured in docs/performance.md, fourth round).
@@ -24,13 +27,16 @@ import asyncio
 import base64
 import collections
 import ssl
-from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol
 from urllib.parse import unquote, urlsplit
 
 import httptools
 
+from . import __version__
+
 _MAX_IDLE_PER_ORIGIN = 64
+_USER_AGENT = f"toolproxy/{__version__}"
 
 
 class WireError(ConnectionError):
@@ -57,11 +63,22 @@ class Progress:
     sent: bool = False
 
 
+class EventFeed(Protocol):
+    """Reads an event-stream answer as it arrives (``text/event-stream``)."""
+
+    def feed(self, chunk: bytes) -> Any:
+        """What the caller waited for once it is in, else None; raising ends the exchange with that error."""
+
+    def end(self) -> Exception:
+        """The error for a stream that ended before what the caller waited for."""
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
     headers: Mapping[str, str]  # lower-case names; the first of repeated ones
     body: bytes
+    event: Any = None  # an event-stream answer: what the caller's EventFeed returned (the body is not kept)
 
 
 @dataclass(frozen=True)
@@ -81,7 +98,10 @@ class _Connection(asyncio.Protocol):
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
-        self.waiter: asyncio.Future[tuple[int, dict[str, str], bytes, bool]] | None = None
+        self.waiter: asyncio.Future[Answer] | None = None
+        self.keep_alive = False
+        self.feed: EventFeed | None = None  # the caller reads event streams
+        self.streaming = False  # this answer is an event stream going to ``feed``
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
         self.size = 0
@@ -109,6 +129,10 @@ class _Connection(asyncio.Protocol):
         if not self.closed:
             self.closed = True
             self.wire._connection_closed()
+        if self.waiter is not None and self.streaming:
+            assert self.feed is not None
+            self._fail(self.feed.end())
+            return
         if self.waiter is not None and self.headers_done and "content-length" not in self.headers \
                 and "chunked" not in self.headers.get("transfer-encoding", ""):
             self._complete(False)  # a body delimited by the end of the connection (HTTP/1.0 style)
@@ -122,8 +146,18 @@ class _Connection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.headers_done = True
+        if self.feed is None or not self.headers.get("content-type", "").lower().startswith("text/event-stream"):
+            return
+        if 200 <= self.parser.get_status_code() < 300:
+            self.streaming = True
+        else:  # a refusal whose stream may never end: its status is the answer
+            self._complete(False)
+            self.close()
 
     def on_body(self, body: bytes) -> None:
+        if self.streaming:
+            self._stream(body)
+            return
         self.size += len(body)
         if self.limit is not None and self.size > self.limit:
             self._fail(TooLarge(self.parser.get_status_code()))
@@ -132,22 +166,42 @@ class _Connection(asyncio.Protocol):
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.streaming:
+            assert self.feed is not None
+            self._fail(self.feed.end())
+            return
         self._complete(self.parser.should_keep_alive())
 
-    def _complete(self, keep_alive: bool) -> None:
+    def _stream(self, chunk: bytes) -> None:
+        if self.waiter is None:
+            return  # already answered: the rest of the stream is not read (the connection is closed)
+        assert self.feed is not None
+        try:
+            event = self.feed.feed(chunk)
+        except Exception as exc:  # the feed's own error (a malformed or oversized event)
+            self._fail(exc)
+            self.close()
+            return
+        if event is not None:
+            self._complete(False, event)
+            self.close()
+
+    def _complete(self, keep_alive: bool, event: Any = None) -> None:
         waiter, self.waiter = self.waiter, None
+        self.keep_alive = keep_alive
         if waiter is not None and not waiter.done():
-            waiter.set_result((self.parser.get_status_code(), self.headers, b"".join(self.chunks), keep_alive))
+            body = b"" if event is not None else b"".join(self.chunks)
+            waiter.set_result(Answer(self.parser.get_status_code(), self.headers, body, event))
 
     def _fail(self, exc: BaseException) -> None:
         waiter, self.waiter = self.waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(exc)
 
-    def begin(self, waiter: asyncio.Future, limit: int | None) -> None:
-        self.waiter, self.limit = waiter, limit
+    def begin(self, waiter: asyncio.Future, limit: int | None, feed: EventFeed | None) -> None:
+        self.waiter, self.limit, self.feed = waiter, limit, feed
         self.headers, self.chunks, self.size = {}, [], 0
-        self.answered = self.headers_done = False
+        self.answered = self.headers_done = self.streaming = self.keep_alive = False
 
     def close(self) -> None:
         if not self.closed:
@@ -171,9 +225,10 @@ class HttpWire:
 
     async def post(self, url: str, body: bytes, headers: Iterable[tuple[str, str]] = (), *,
                    progress: Progress | None = None, max_body: int | None = None,
-                   retry_stale: bool = False) -> Answer:
+                   retry_stale: bool = False, feed: EventFeed | None = None) -> Answer:
         """The answer to one POST. Raises ``WireError`` or ``OSError`` when there is none, ``TimeoutError``
-        when connecting took longer than the connect timeout, ``TooLarge`` past ``max_body``."""
+        when connecting took longer than the connect timeout, ``TooLarge`` past ``max_body`` (not applied to
+        an event stream read by ``feed``, which bounds its own events), or the feed's own errors."""
         origin = self._origins.get(url) or self._origin(url)
         request = b"".join((origin.head, _headers(headers), b"Content-Length: %d\r\n\r\n" % len(body), body))
         idle = self._idle.get(origin.key)
@@ -182,16 +237,16 @@ class HttpWire:
             if connection.closed:
                 continue
             try:
-                return await self._exchange(connection, request, progress, max_body)
+                return await self._exchange(connection, request, progress, max_body, feed)
             except _Stale:
                 if not retry_stale:
                     raise
-        return await self._exchange(await self._connect(origin), request, progress, max_body)
+        return await self._exchange(await self._connect(origin), request, progress, max_body, feed)
 
     async def _exchange(self, connection: _Connection, request: bytes, progress: Progress | None,
-                        max_body: int | None) -> Answer:
-        waiter = asyncio.get_running_loop().create_future()
-        connection.begin(waiter, max_body)
+                        max_body: int | None, feed: EventFeed | None) -> Answer:
+        waiter: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
+        connection.begin(waiter, max_body, feed)
         assert connection.transport is not None
         try:
             if progress is not None:
@@ -199,17 +254,17 @@ class HttpWire:
             connection.transport.write(request)
             if progress is not None:
                 progress.sent = True
-            status, headers, body, keep_alive = await waiter
+            answer = await waiter
         except BaseException:  # a timeout, a cancel, a broken line: this connection's answer is unread
             connection.close()
             raise
         idle = self._idle.setdefault(connection.origin.key, [])
-        if keep_alive and not connection.closed and len(idle) < _MAX_IDLE_PER_ORIGIN:
+        if connection.keep_alive and not connection.closed and len(idle) < _MAX_IDLE_PER_ORIGIN:
             idle.append(connection)
             self._wake_one()  # a waiter may take this one over (its origin or, by closing it, another)
         else:
             connection.close()
-        return Answer(status, headers, body)
+        return answer
 
     async def _connect(self, origin: _Origin) -> _Connection:
         while self._open >= self._max:
@@ -271,7 +326,8 @@ class HttpWire:
         if parts.username is not None:  # user:password in the URL, sent as aiohttp sends it
             token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
             auth.append(("Authorization", "Basic " + token.decode()))
-        head = f"POST {target} HTTP/1.1\r\n".encode() + _headers([("Host", parts.netloc.rpartition("@")[2]), *auth])
+        head = f"POST {target} HTTP/1.1\r\n".encode() + _headers(
+            [("Host", parts.netloc.rpartition("@")[2]), ("User-Agent", _USER_AGENT), *auth])
         origin = _Origin((parts.scheme, parts.hostname, port), parts.hostname, port, context, head)
         if len(self._origins) < 4096:  # backend URLs come from contracts: a bounded set, cached
             self._origins[url] = origin
@@ -293,4 +349,4 @@ def _headers(headers: Iterable[tuple[str, str]]) -> bytes:
     return "".join(lines).encode("utf-8")
 
 
-__all__ = ["Answer", "HttpWire", "Progress", "TooLarge", "WireError"]
+__all__ = ["Answer", "EventFeed", "HttpWire", "Progress", "TooLarge", "WireError"]

@@ -124,7 +124,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         mcp_adapter = McpAdapter(config.backends.services, **limits,
                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
-                                 mode=config.mcp.upstream_mode, session=session)
+                                 mode=config.mcp.upstream_mode, wire=wire)
         opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, **limits), "mcp": mcp_adapter}
         metrics = Metrics()

@@ -63,15 +63,15 @@ async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode,
         assert upstream.state.handshakes() == 1
 
 
-async def test_stateless_calls_are_plain_posts_over_the_shared_session(tmp_path, proxy_deps):
-    """A 2026-07-28 upstream gets each tools/call as one POST over the proxy's aiohttp session (no SDK client
-    stack per call) carrying the SDK's own routing headers."""
+async def test_stateless_calls_are_plain_posts_over_the_hot_path_wire(tmp_path, proxy_deps):
+    """A 2026-07-28 upstream gets each tools/call as one POST over the proxy's own wire (``proxy.http_wire``, no
+    SDK client stack per call) carrying the SDK's own routing headers."""
     async with mcp_stack(tmp_path, proxy_deps) as (stack, upstream):
         for i in range(3):
             status, env = await stack.call("up_lookup", {"key": f"k{i}"})
             assert (status, env["outcome"], env["data"]) == (200, "succeeded", {"key": f"k{i}", "value": f"value-of-k{i}"})
         posts = [r for r in upstream.state.http if r["mcp_method"] == "tools/call"]
-        assert ["aiohttp" in r["user_agent"] for r in posts] == [True, True, True]
+        assert [r["user_agent"].startswith("toolproxy/") for r in posts] == [True, True, True]
         assert upstream.state.count("lookup") == 3 and upstream.state.handshakes() == 1
 
 
@@ -86,7 +86,7 @@ async def test_an_upstream_answering_with_sse_is_read_then_handed_to_the_sdk(tmp
         status, env = await stack.call("up_slow_write", {"seconds": 0.5}, headers={"X-Run-Id": "run-sse-2"})
         assert (status, env["outcome"]) == (200, "succeeded"), env
         posts = [r for r in upstream.state.http if r["mcp_method"] == "tools/call"]
-        assert ["aiohttp" in r["user_agent"] for r in posts] == [True, False]
+        assert [r["user_agent"].startswith("toolproxy/") for r in posts] == [True, False]
         assert upstream.state.count("slow_write") == 2
 
 

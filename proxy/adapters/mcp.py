@@ -5,7 +5,7 @@ client over Streamable HTTP — the 2026-07-28 stateless revision when the
 upstream offers it, else the initialize handshake — and reopened when it
 drops), sending ``tools/call`` for the contract's ``backend.tool`` (through the
 SDK session, or — the first round of a call with nothing to relay, on a
-stateless session — as one POST over the shared aiohttp session:
+stateless session — as one POST over the hot path's wire:
 ``adapters.mcp_wire``) within
 the call's budget (with a progress token when the caller's front relays
 progress: ``adapters.progress_relay``, and with the log level the caller's client asked for:
@@ -47,7 +47,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import aiohttp
 import httpx2
 import mcp_types as types
 from mcp import Client
@@ -69,6 +68,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
+from ..http_wire import HttpWire
 from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay, mcp_wire,
                progress_relay, safe_error_fields)
 from .http import forwarded_headers
@@ -224,9 +224,9 @@ class McpAdapter:
 
     def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
                  connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
-                 session: aiohttp.ClientSession | None = None) -> None:
+                 wire: HttpWire | None = None) -> None:
         self._max_json_depth = max_json_depth
-        self._session = session  # the shared one: stateless tools/call POSTs go through it (``mcp_wire``)
+        self._wire = wire  # the hot path's: stateless tools/call POSTs go over it (``mcp_wire``)
         self._mode = mode
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
@@ -298,9 +298,9 @@ class McpAdapter:
                 async def relayed(value: float, total: float | None, message: str | None) -> None:
                     await relay(value, total)  # the upstream's progress text is not passed on
             try:
-                if relayed is None and meta is None and self._session is not None and not upstream.streams \
+                if relayed is None and meta is None and self._wire is not None and not upstream.streams \
                         and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
-                    answer = await mcp_wire.call_tool(self._session, upstream.url, client, name, arguments,
+                    answer = await mcp_wire.call_tool(self._wire, upstream.url, client, name, arguments,
                                                       progress.headers, progress)
                     upstream.streams = answer.streamed
                     result = answer.result

@@ -1,8 +1,8 @@
-"""One ``tools/call`` to a stateless MCP upstream as a plain POST over the shared aiohttp session.
+"""One ``tools/call`` to a stateless MCP upstream as a plain POST over the hot path's wire.
 
 Owns: sending a call that relays nothing (no progress, no log level) to an upstream whose session
 negotiated a stateless revision (2026-07-28: no session id, every request
-self-describing) as one POST through the one shared ``aiohttp.ClientSession``,
+self-describing) as one POST over the hot path's keep-alive wire (``proxy.http_wire``),
 with exactly the body and headers the SDK session would send (its own stamp
 writes the ``_meta`` protocol version, client info and capabilities and the
 ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers), reading the answer the
@@ -14,7 +14,8 @@ does (its result adapter, its check of a result against the tool's output
 schema, ``InputRequiredResult`` handed back for ``McpAdapter``'s input rounds,
 which go through the SDK). Why: in the SDK's client stack (httpx,
 httpcore, anyio task groups, the dispatcher) a call through an MCP upstream
-spent about half its CPU (profile in docs/performance.md).
+spent about half its CPU, and aiohttp's client machinery most of what was left beside the pipeline
+(profiles in docs/performance.md).
 
 Must never: run for a handshake session (its session id lives in the SDK
 transport), resend, resume a broken SSE stream (the call is then "sent, no
@@ -30,7 +31,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import aiohttp
 import mcp_types as types
 from jsonschema import Draft202012Validator
 from mcp import Client
@@ -46,8 +46,8 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from .. import schema_fast
+from ..http_wire import Answer as WireAnswer, HttpWire, Progress
 from ..schema_fast import FastValidator
-from .http import TraceProgress
 
 _ids = itertools.count(1)
 
@@ -65,7 +65,7 @@ class Answer:
     streamed: bool
 
 
-async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name: str, arguments: dict[str, Any],
+async def call_tool(wire: HttpWire, url: str, client: Client, name: str, arguments: dict[str, Any],
                     extra_headers: Mapping[str, str], progress: Any) -> Answer:
     """``client.session.call_tool(name, arguments, allow_input_required=True)`` as one POST; fill in
     ``progress`` (headers_sent, connect_failed, status) as ``_ObservedTransport`` does for a call's first POST.
@@ -82,21 +82,18 @@ async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name:
         by_alias=True, exclude_unset=True)
     headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
                MCP_PROTOCOL_VERSION_HEADER: client.protocol_version, **opts.get("headers", {}), **extra_headers}
-    trace = TraceProgress()
+    sent = Progress()
     try:
-        async with http.post(url, data=body, headers=headers, trace_request_ctx=trace,
-                             allow_redirects=False) as response:
-            progress.headers_sent = trace.headers_sent
-            progress.status = response.status
-            raw, streamed = await _answer(response)
-    except aiohttp.ClientConnectorError:
-        progress.connect_failed = True
-        raise MCPError(code=CONNECTION_CLOSED, message="Connection failed") from None
-    except (aiohttp.ClientError, ConnectionError, OSError):
-        progress.headers_sent = trace.headers_sent
+        answer = await wire.post(url, body, headers.items(), progress=sent, feed=_EventFeed())
+    except (TimeoutError, OSError) as exc:  # the wire's own errors; TimeoutError: the connect timeout
+        if not sent.connected or isinstance(exc, TimeoutError):
+            progress.connect_failed = True
+            raise MCPError(code=CONNECTION_CLOSED, message="Connection failed") from None
         raise MCPError(code=CONNECTION_CLOSED, message="Connection closed") from None
     finally:
-        progress.headers_sent = progress.headers_sent or trace.headers_sent
+        progress.headers_sent = progress.headers_sent or sent.sent
+    progress.status = answer.status
+    raw, streamed = _answer(answer)
     result = _validated(raw, client.protocol_version, client.session._call_tool_adapter)
     # What ClientSession.call_tool does with the result.
     if isinstance(result, types.CallToolResult) and not result.is_error \
@@ -107,28 +104,28 @@ async def call_tool(http: aiohttp.ClientSession, url: str, client: Client, name:
     return Answer(result, streamed)
 
 
-async def _answer(response: aiohttp.ClientResponse) -> tuple[dict[str, Any], bool]:
+def _answer(answer: WireAnswer) -> tuple[dict[str, Any], bool]:
     """The JSON-RPC result of the POST (mirrors ``StreamableHTTPTransport._handle_post_request``)."""
-    content_type = response.headers.get("content-type", "").lower()
-    if response.status == 202:
+    content_type = answer.headers.get("content-type", "").lower()
+    if answer.status == 202:
         raise MCPError(code=INVALID_REQUEST, message="server answered a request with 202 Accepted")
-    if 300 <= response.status < 400:
+    if 300 <= answer.status < 400:
         raise MCPError(code=INVALID_REQUEST, message="redirect not followed")
-    if response.status >= 400:
+    if answer.status >= 400:
         if content_type.startswith("application/json"):
             try:
-                message = types.jsonrpc_message_adapter.validate_json(await response.read(), by_name=False)
+                message = types.jsonrpc_message_adapter.validate_json(answer.body, by_name=False)
             except ValidationError:
                 message = None
             if isinstance(message, types.JSONRPCError):
                 raise MCPError.from_error_data(message.error)
-        if response.status == 404:  # no session: the HTTP spelling of "method not found"
+        if answer.status == 404:  # no session: the HTTP spelling of "method not found"
             raise MCPError(code=METHOD_NOT_FOUND, message="Not Found")
         raise MCPError(code=INTERNAL_ERROR, message="Server returned an error response")
+    if answer.event is not None:  # an SSE stream, read by _EventFeed up to the response
+        return answer.event, True
     if content_type.startswith("application/json"):
-        return _result(await response.read()), False
-    if content_type.startswith("text/event-stream"):
-        return await _streamed_result(response), True
+        return _result(answer.body), False
     raise MCPError(code=INVALID_REQUEST, message="Unexpected content type")
 
 
@@ -148,27 +145,29 @@ def _outcome(message: Any) -> dict[str, Any]:
     raise MCPError(code=PARSE_ERROR, message="The answer was not a response")
 
 
-async def _streamed_result(response: aiohttp.ClientResponse) -> dict[str, Any]:
-    """The first response or error on the SSE stream; notifications (and requests) before it are skipped.
-    Lines are split here (aiohttp's line reader refuses lines past 128 KiB); an event is bounded as the
+class _EventFeed:
+    """The first response or error on an SSE answer, read as it arrives (the wire's ``EventFeed``);
+    notifications (and requests) before it are skipped. Lines are split here; an event is bounded as the
     SDK bounds it."""
-    event, data, size, pending = "message", [], 0, b""
-    async for chunk in response.content.iter_any():
-        pending += chunk
-        start = 0
+
+    def __init__(self) -> None:
+        self._event, self._data, self._size, self._pending = "message", [], 0, b""
+
+    def feed(self, chunk: bytes) -> dict[str, Any] | None:
+        pending, start = self._pending + chunk, 0
         while (end := pending.find(b"\n", start)) >= 0:
             line, start = pending[start:end].rstrip(b"\r").decode("utf-8"), end + 1
             if line:
                 field, _, value = line.partition(":")
                 value = value[1:] if value.startswith(" ") else value
                 if field == "event":
-                    event = value
+                    self._event = value
                 elif field == "data":
-                    data.append(value)
-                    size += len(value)
+                    self._data.append(value)
+                    self._size += len(value)
                 continue
-            payload, kind = "\n".join(data), event
-            event, data, size = "message", [], 0
+            payload, kind = "\n".join(self._data), self._event
+            self._event, self._data, self._size = "message", [], 0
             if kind != "message" or not payload:
                 continue  # a priming event (resumption id only) or an unknown event type
             try:
@@ -177,10 +176,13 @@ async def _streamed_result(response: aiohttp.ClientResponse) -> dict[str, Any]:
                 raise MCPError(code=PARSE_ERROR, message="Failed to parse SSE message") from None
             if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
                 return _outcome(message)
-        pending = pending[start:]
-        if size + len(pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
+        self._pending = pending[start:]
+        if self._size + len(self._pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
             raise MCPError(code=CONNECTION_CLOSED, message="SSE event too large")
-    raise MCPError(code=CONNECTION_CLOSED, message="SSE stream ended without a response")
+        return None
+
+    def end(self) -> Exception:
+        return MCPError(code=CONNECTION_CLOSED, message="SSE stream ended without a response")
 
 
 _fast_output: dict[str, FastValidator] = {}  # per tool name: the compiled verdict for its cached output schema

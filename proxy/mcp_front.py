@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import logging
-import uuid
+import secrets
 from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Mapping
@@ -399,7 +400,7 @@ class McpFront:
         except ProxyError as error:
             raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details}, status=400) from None
         name = params["name"]
-        call = ToolCallRequest(call_id=f"mcp-{uuid.uuid4().hex}", tool=name, version=None,
+        call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
                                arguments=params.get("arguments") or {}, meta=meta)
         channel = input_relay.get()
         if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
@@ -512,7 +513,12 @@ class McpFront:
 
 
 def _accepts(request: web.Request) -> tuple[bool, bool]:
-    raw = request.headers.get("Accept")
+    """(JSON accepted, SSE accepted) by the request's ``Accept``."""
+    return _accepted(request.headers.get("Accept"))
+
+
+@functools.lru_cache(maxsize=256)  # a client sends the same Accept on every request
+def _accepted(raw: str | None) -> tuple[bool, bool]:
     if raw is None:
         return True, False
     types = {part.split(";")[0].strip().lower() for part in raw.split(",")}

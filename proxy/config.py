@@ -80,7 +80,8 @@ class BackendsConfig:
     services: dict[str, str] = setting({}, "service name -> base URL for registry backends that say `service:`")
     max_response_bytes: int = setting(4 * 1024 * 1024, "largest backend response accepted (output_invalid above)")
     connect_timeout_ms: int = setting(1000, "cap on TCP connect time to a backend")
-    pool_size: int = setting(100, "connections in the shared HTTP client pool")
+    pool_size: int = setting(100, "open connections per HTTP client: the hot path's wire (decisions, backend "
+                                  "calls) and the shared aiohttp session (the rest); past it a request waits")
 
 
 @dataclass(frozen=True)

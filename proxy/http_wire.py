@@ -273,9 +273,12 @@ class HttpWire:
                 self._slot_waiters.append(waiter)
                 try:
                     await waiter
-                finally:
+                except BaseException:  # cancelled: a slot handed to it goes to the next in line
                     if waiter in self._slot_waiters:
                         self._slot_waiters.remove(waiter)
+                    elif waiter.done() and not waiter.cancelled():
+                        self._wake_one()
+                    raise
                 idle = self._idle.get(origin.key)
                 if idle:
                     connection = idle.pop()

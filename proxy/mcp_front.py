@@ -439,8 +439,9 @@ class McpFront:
             context.run(withdrawn.set, signal)
         request_meta = (message.params or {}).get("_meta") or {}
         progress_token = request_meta.get("progressToken")
-        # What the call's SSE stream carries before the result: progress, relayed requests, log messages.
-        updates: asyncio.Queue[dict[str, Any]] | None = asyncio.Queue() if has_sse else None
+        # What the call's SSE stream carries before the result: progress, relayed requests, log messages
+        # (made on the first update, or when the answer streams: most calls answer JSON without one).
+        updates: asyncio.Queue[dict[str, Any]] | None = None
         loop = asyncio.get_running_loop()
         decided = loop.create_future()  # JSON or SSE: the call ended, an update must go out, or sse_after passed
 
@@ -449,19 +450,21 @@ class McpFront:
                 decided.set_result(None)
 
         def push(update: dict[str, Any]) -> None:
-            assert updates is not None
+            nonlocal updates
+            if updates is None:
+                updates = asyncio.Queue()
             updates.put_nowait(update)
             decide()  # the response must stream from now on
 
         log_level = request_meta.get(LOG_LEVEL_META_KEY) if exchange.modern else \
             (exchange.session.log_level if exchange.session is not None else None)
-        channel = self._relays.channel(exchange.session, exchange.caller, push if updates is not None else None,
+        channel = self._relays.channel(exchange.session, exchange.caller, push if has_sse else None,
                                        log_level)
         context.run(input_relay.set, channel)
         if channel.log_level is not None:
             context.run(log_relay.set, LogRelay(channel.log_level, channel.log))
         streams_now = has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool)
-        if streams_now and updates is not None:
+        if streams_now:
             async def relay(progress: float, total: float | None) -> None:
                 params: dict[str, Any] = {"progressToken": progress_token, "progress": progress}
                 if total is not None:
@@ -481,11 +484,13 @@ class McpFront:
                 await decided
             finally:
                 timer.cancel()
-        if updates is None or (task.done() and not streams_now and updates.empty()):
+        if not has_sse or (task.done() and not streams_now and (updates is None or updates.empty())):
             body = await _settle(task, message.rpc_id)
             code = body["error"]["code"] if "error" in body else None
             status = ERROR_CODE_HTTP_STATUS.get(code, 200) if modern and code is not None else 200
             return _json(body, status, headers)
+        if updates is None:
+            updates = asyncio.Queue()  # push (above) adds to this one from now on
         response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **headers})
         await response.prepare(request)
         connected = True

@@ -29,7 +29,7 @@ import json
 from typing import Any, Sequence
 
 from .decode import strict_loads
-from .envelope import Envelope
+from .envelope import Envelope, dumps
 from .errors import ProxyError
 from .registry import ToolContract, thaw
 
@@ -136,7 +136,7 @@ def call_result(env: Envelope, tool: ToolContract | None, *, modern: bool) -> di
     else:
         data = env.data
         result = {
-            "content": [{"type": "text", "text": json.dumps(data, ensure_ascii=False, separators=(",", ":"))}],
+            "content": [{"type": "text", "text": dumps(data).decode()}],  # the answer's own compact JSON
             "isError": False,
         }
         # Verified against the declared (object) outputSchema, or none declared: nothing to violate.

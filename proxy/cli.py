@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import json
 import signal
 import sys
@@ -234,14 +233,10 @@ def run_sidecar(config_path: str | None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
-        def reload_on_sighup(runtime: Any) -> None:
-            loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)
-            # What start-up built (registry, compiled schemas, the SDKs' modules) lives as long as the
-            # process: out of the collector's way, so a collection walks only what calls create.
-            gc.collect()
-            gc.freeze()
+        def runtime_ready(runtime: Any) -> None:
+            loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)  # SIGHUP reloads the registry
 
-        await serve(config, stop=stop, on_runtime=reload_on_sighup)
+        await serve(config, stop=stop, on_runtime=runtime_ready)
 
     try:
         run_loop(main_async())

@@ -233,10 +233,10 @@ def run_sidecar(config_path: str | None) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
 
-        def runtime_ready(runtime: Any) -> None:
-            loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)  # SIGHUP reloads the registry
+        def reload_on_sighup(runtime: Any) -> None:
+            loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)
 
-        await serve(config, stop=stop, on_runtime=runtime_ready)
+        await serve(config, stop=stop, on_runtime=reload_on_sighup)
 
     try:
         run_loop(main_async())

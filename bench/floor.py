@@ -505,6 +505,7 @@ def main() -> int:
     parser.add_argument("--proxy-src", help="run the proxy from this checkout (e.g. an export of main)")
     parser.add_argument("--contextforge", action="store_true", help="also measure IBM ContextForge (.tools/)")
     parser.add_argument("--only", help="comma-separated case names to run (default: all)")
+    parser.add_argument("--samples", action="store_true", help="also print each round's proxy CPU per call")
     parser.add_argument("--profile", metavar="CASE", help="instead of the table: py-spy profile of the serving "
                         "process under 16 connections of CASE (collapsed stacks to stdout)")
     args = parser.parse_args()
@@ -544,6 +545,11 @@ def main() -> int:
         print(table(cases, seq, conc))
         print()
         print("\n".join(ratios(seq, conc)))
+        if args.samples:  # the rounds behind each median: drift within a run shows here
+            print("\nproxy CPU ms/call at 16 connections, round by round:")
+            for case in cases:
+                values = [fmt(x.cpu_ms) for x in conc[case.name]]
+                print(f"- {case.name}: {', '.join(values)}")
         return 0
     finally:
         procs.stop()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
-from .adapters.http import HttpAdapter, trace_config
+from .adapters.http import HttpAdapter
 from .adapters.mcp import McpAdapter
 from .approvals import ApprovalStore
 from .audit import Auditor, build_sinks
@@ -32,11 +32,11 @@ from .denials import DenialLog
 from .health import Health
 from .idempotency import IdempotencyStage
 from .identity import Authenticator
+from .http_wire import HttpWire
 from .locks import LockManager
 from .metrics import Metrics
 from .operations import OperationStore
 from .pipeline import Pipeline
-from .http_wire import HttpWire
 from .policy import PolicyClient
 from .quotas import QuotaStage
 from .reconcile import Reconciler
@@ -110,7 +110,6 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.backends.connect_timeout_ms / 1000.0),
-            trace_configs=[trace_config()],
             json_serialize=json.dumps,
         )
         opened.push_async_callback(session.close)

@@ -14,47 +14,15 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import time
-from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any, Mapping
 
 import aiohttp
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from ..http_wire import Answer, HttpWire, Progress, TooLarge, WireError
+from ..http_wire import Answer, HttpWire, Progress, TooLarge
 from ..registry import ToolContract
 from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, safe_value
-
-
-
-@dataclass
-class TraceProgress:
-    """Filled in by aiohttp trace hooks: how far this request got (pass as ``trace_request_ctx``)."""
-
-    connected: bool = False
-    headers_sent: bool = False
-
-
-def trace_config() -> aiohttp.TraceConfig:
-    """Attach to the shared session so each request can tell whether it left the proxy (the MCP upstream's
-    stateless POSTs; backend calls learn it from their wire's ``Progress``)."""
-    config = aiohttp.TraceConfig()
-
-    async def on_connected(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-        progress = ctx.trace_request_ctx
-        if isinstance(progress, TraceProgress):
-            progress.connected = True
-
-    async def on_headers_sent(session: Any, ctx: SimpleNamespace, params: Any) -> None:
-        progress = ctx.trace_request_ctx
-        if isinstance(progress, TraceProgress):
-            progress.headers_sent = True
-
-    config.on_connection_create_end.append(on_connected)
-    config.on_connection_reuseconn.append(on_connected)
-    config.on_request_headers_sent.append(on_headers_sent)
-    return config
 
 
 class HttpAdapter:

@@ -231,3 +231,82 @@ async def test_an_event_stream_is_fed_until_the_feed_has_its_event_and_a_refusal
         assert (refused.status, refused.event) == (500, None)
         assert wire._open == 0  # both connections closed (their streams were left unread)
         await wire.close()
+
+
+def _tls_files(tmp_path):
+    """A CA and a server certificate for 127.0.0.1 signed by it (cryptography, a PyJWT[crypto] dependency)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject: str, key, issuer: str, issuer_key, *, ca: bool) -> x509.Certificate:
+        builder = (x509.CertificateBuilder()
+                   .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+                   .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+                   .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                   .not_valid_before(now - datetime.timedelta(minutes=5))
+                   .not_valid_after(now + datetime.timedelta(hours=1))
+                   .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if ca:
+            builder = builder.add_extension(x509.KeyUsage(
+                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+                decipher_only=False), critical=True)
+        else:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        return builder.sign(issuer_key, hashes.SHA256())
+
+    ca_key, server_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("test CA", ca_key, "test CA", ca_key, ca=True)
+    server = cert("127.0.0.1", server_key, "test CA", ca_key, ca=False)
+    pem = serialization.Encoding.PEM
+    (tmp_path / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (tmp_path / "server.pem").write_bytes(server.public_bytes(pem))
+    (tmp_path / "server.key").write_bytes(server_key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return tmp_path / "ca.pem", tmp_path / "server.pem", tmp_path / "server.key"
+
+
+async def test_https_is_verified_against_the_system_trust_store(tmp_path, monkeypatch):
+    import ssl
+
+    ca, certificate, key = _tls_files(tmp_path)
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certificate, key)
+    handler = answer(b'{"tls":true}')
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            await handler(head, await reader.readexactly(length), writer)
+        except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=context)
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/tools/x"
+    try:
+        async with asyncio.timeout(10):
+            untrusted, refusing = Progress(), HttpWire()
+            with pytest.raises(OSError):  # a certificate no trusted CA signed: refused before a byte is sent
+                await refusing.post(url, b"{}", progress=untrusted)
+            await asyncio.sleep(0.05)  # whatever the transport reports after the failed handshake has arrived
+            assert not untrusted.sent and refusing._open == 0
+            monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the trust store a deployment mounts
+            wire = HttpWire()
+            got = await wire.post(url, b"{}")
+            assert (got.status, got.body) == (200, b'{"tls":true}')
+            await wire.close()
+    finally:
+        server.close()
+        await server.wait_closed()

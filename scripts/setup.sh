@@ -324,15 +324,27 @@ install_node_tools() {
     want="$(sha256_of "$ROOT/tests/node/package-lock.json")"
     have="$(cat "$NODE_DIR/.lock.sha256" 2>/dev/null || true)"
     if [[ "$want" != "$have" || ! -x "$NODE_DIR/node_modules/.bin/node" ]]; then
-        log "installing pinned Node tools into .tools/node (npm ci)"
+        log "installing pinned Node tools into .tools/node (npm install with the committed lock)"
         mkdir -p "$NODE_DIR"
         cp "$ROOT/tests/node/package.json" "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
-        # `npm install` with the committed lock installs exactly its versions. (`npm ci` refuses this
-        # lock: vite names an optional dependency, napi-windows-process-start-time, that the registry
-        # does not have, so the lock can never list it.)
+        # `npm install` with the committed lock installs exactly its versions. (Not `npm ci`: vite names an
+        # optional Windows-only dependency, napi-windows-process-start-time, that npm mirrors have served
+        # on some days and not on others; `npm ci` refuses a lock that differs from what it resolves.)
         (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
-        cmp -s "$NODE_DIR/package-lock.json" "$ROOT/tests/node/package-lock.json" \
-            || die "npm changed the lock in .tools/node: tests/node/package-lock.json is out of date"
+        # Every package both locks name has the committed version; a package only one of them names is an
+        # optional one for another platform (what the mirror served that day), never one installed here.
+        "$VENV/bin/python" - "$ROOT/tests/node/package-lock.json" "$NODE_DIR/package-lock.json" <<'PY' \
+            || die "npm resolved other versions than tests/node/package-lock.json pins: the lock is out of date"
+import json, sys
+pinned, resolved = (json.load(open(path))["packages"] for path in sys.argv[1:3])
+drift = [path for path in pinned.keys() | resolved.keys()
+         if (path in pinned and path in resolved and pinned[path].get("version") != resolved[path].get("version"))
+         or ((path in pinned) != (path in resolved) and not (pinned.get(path) or resolved.get(path)).get("optional"))]
+for path in sorted(drift)[:10]:
+    print(f"setup: {path}: pinned {pinned.get(path, {}).get('version')}, resolved {resolved.get(path, {}).get('version')}",
+          file=sys.stderr)
+sys.exit(1 if drift else 0)
+PY
         printf '%s\n' "$want" > "$NODE_DIR/.lock.sha256"
     fi
     ln -sfn "$NODE_DIR/node_modules" "$ROOT/tests/node/node_modules"

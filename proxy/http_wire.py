@@ -141,6 +141,10 @@ class _Connection(asyncio.Protocol):
                    else _Stale("the connection closed before answering"))
 
     # httptools callbacks
+    def on_message_begin(self) -> None:
+        if self.waiter is None:  # a second answer to one request (in the same packet): the line is spoiled
+            self.close()
+
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.setdefault(name.decode("latin-1").lower(), value.decode("latin-1"))
 

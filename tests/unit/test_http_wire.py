@@ -133,6 +133,21 @@ async def test_an_answer_past_the_limit_is_refused_and_its_connection_closed():
         await wire.close()
 
 
+async def test_a_second_answer_to_one_request_closes_the_connection_instead_of_answering_the_next():
+    async def twice(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> bool:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n%b" % body
+                     + b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nstale")
+        await writer.drain()
+        return True
+
+    async with asyncio.timeout(10), RawServer(twice) as server:
+        wire = HttpWire()
+        assert (await wire.post(server.url, b"{}")).body == b"{}"
+        assert (await wire.post(server.url, b"[]")).body == b"[]"  # not the first request's extra "stale"
+        assert server.connections == 2
+        await wire.close()
+
+
 async def test_an_answer_that_is_not_http_is_a_wire_error():
     async def garbage(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"SSH-2.0-OpenSSH_9.6\r\n\r\n")

@@ -491,23 +491,21 @@ class McpFront:
             return _json(body, status, headers)
         if updates is None:
             updates = asyncio.Queue()  # push (above) adds to this one from now on
+        queue = updates
         response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **headers})
         await response.prepare(request)
         connected = True
         while not task.done():
-            waiting = {task}
-            getter = asyncio.ensure_future(updates.get()) if updates is not None else None
-            if getter is not None:
-                waiting.add(getter)
-            done, _ = await asyncio.wait(waiting, timeout=self._ping_s, return_when=asyncio.FIRST_COMPLETED)
-            if getter is not None and getter not in done:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({task, getter}, timeout=self._ping_s, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
                 getter.cancel()
-            if getter is not None and getter in done and connected:
+            elif connected:
                 connected = await _write(response, _event(getter.result()))
-            elif not done and connected:
+            if not done and connected:
                 connected = await _write(response, b": ping\n\n")
-        while updates is not None and not updates.empty() and connected:
-            connected = await _write(response, _event(updates.get_nowait()))
+        while not queue.empty() and connected:
+            connected = await _write(response, _event(queue.get_nowait()))
         body = await _settle(task, message.rpc_id)
         if connected and await _write(response, _event(body)):
             await response.write_eof()

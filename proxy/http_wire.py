@@ -24,14 +24,15 @@ that (measured in docs/performance.md, fourth round).
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import ssl
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 import httptools
+from aiohttp import BasicAuth
+from yarl import URL
 
 from . import __version__
 
@@ -126,9 +127,7 @@ class _Connection(asyncio.Protocol):
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if not self.closed:
-            self.closed = True
-            self.wire._connection_closed()
+        self._gone()
         if self.waiter is not None and self.streaming:
             assert self.feed is not None
             self._fail(self.feed.end())
@@ -208,11 +207,15 @@ class _Connection(asyncio.Protocol):
         self.answered = self.headers_done = self.streaming = self.keep_alive = False
 
     def close(self) -> None:
+        self._gone()
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _gone(self) -> None:
+        """Counted out of the wire's open connections once, whoever notices first (we or the peer)."""
         if not self.closed:
             self.closed = True
             self.wire._connection_closed()
-        if self.transport is not None:
-            self.transport.abort()
 
 
 class HttpWire:
@@ -271,24 +274,28 @@ class HttpWire:
         return answer
 
     async def _connect(self, origin: _Origin) -> _Connection:
+        handed_over = False  # the slot of an idle connection to another origin, retired for this one
         while self._open >= self._max:
-            if not self._close_one_idle():
-                waiter = asyncio.get_running_loop().create_future()
-                self._slot_waiters.append(waiter)
-                try:
-                    await waiter
-                except BaseException:  # cancelled: a slot handed to it goes to the next in line
-                    if waiter in self._slot_waiters:
-                        self._slot_waiters.remove(waiter)
-                    elif waiter.done() and not waiter.cancelled():
-                        self._wake_one()
-                    raise
-                idle = self._idle.get(origin.key)
-                if idle:
-                    connection = idle.pop()
-                    if not connection.closed:
-                        return connection
-        self._open += 1
+            if self._retire_one_idle():
+                handed_over = True
+                break
+            waiter = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(waiter)
+            try:
+                await waiter
+            except BaseException:  # cancelled: a slot handed to it goes to the next in line
+                if waiter in self._slot_waiters:
+                    self._slot_waiters.remove(waiter)
+                elif waiter.done() and not waiter.cancelled():
+                    self._wake_one()
+                raise
+            idle = self._idle.get(origin.key)
+            if idle:
+                connection = idle.pop()
+                if not connection.closed:
+                    return connection
+        if not handed_over:
+            self._open += 1
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self._connect_timeout_s):
@@ -300,11 +307,13 @@ class HttpWire:
             raise
         return connection
 
-    def _close_one_idle(self) -> bool:
+    def _retire_one_idle(self) -> bool:
+        """Close the oldest idle connection and keep its slot for the caller (no waiter is woken for it)."""
         for idle in self._idle.values():
             while idle:
                 connection = idle.pop(0)
                 if not connection.closed:
+                    connection.closed = True  # counted out here: its slot is the caller's now
                     connection.close()
                     return True
         return False
@@ -329,10 +338,8 @@ class HttpWire:
         if parts.scheme == "https":
             context = self._ssl = self._ssl or ssl.create_default_context()
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        auth: list[tuple[str, str]] = []
-        if parts.username is not None:  # user:password in the URL, sent as aiohttp sends it
-            token = base64.b64encode(f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode())
-            auth.append(("Authorization", "Basic " + token.decode()))
+        credentials = BasicAuth.from_url(URL(url))  # user:password in the URL, sent as aiohttp sends it
+        auth = [("Authorization", credentials.encode())] if credentials is not None else []
         head = f"POST {target} HTTP/1.1\r\n".encode() + _headers(
             [("Host", parts.netloc.rpartition("@")[2]), ("User-Agent", _USER_AGENT), *auth])
         origin = _Origin((parts.scheme, parts.hostname, port), parts.hostname, port, context, head)

@@ -79,6 +79,16 @@ async def test_one_keep_alive_connection_serves_sequential_posts_with_the_given_
     await wire.close()
 
 
+async def test_credentials_in_the_url_go_as_basic_auth_and_not_in_the_host():
+    async with asyncio.timeout(10), RawServer(answer(b"{}")) as server:
+        wire = HttpWire()
+        await wire.post(server.url.replace("http://", "http://opa%40ops:s%3Acret@"), b"{}")
+        head = server.requests[0][0]
+        assert b"\r\nAuthorization: Basic b3BhQG9wczpzOmNyZXQ=\r\n" in head  # base64 of opa@ops:s:cret
+        assert b"\r\nHost: 127.0.0.1:" in head and b"cret@" not in head
+        await wire.close()
+
+
 async def test_chunked_and_close_delimited_bodies_are_read_to_their_end():
     async def chunked(head: bytes, body: bytes, writer: asyncio.StreamWriter) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n4\r\n{\"a\"\r\n3\r\n:1}\r\n0\r\n\r\n")
@@ -193,6 +203,18 @@ async def test_connections_are_capped_and_a_request_past_the_cap_waits_for_one()
         answers = await asyncio.gather(*(wire.post(server.url, b"{}") for _ in range(6)))
         assert [a.status for a in answers] == [200] * 6
         assert server.connections == 2
+        await wire.close()
+
+
+async def test_at_the_cap_an_idle_connection_to_another_origin_gives_up_its_slot():
+    async with asyncio.timeout(10), RawServer(answer(b"{}")) as a, RawServer(answer(b"[]")) as b:
+        wire = HttpWire(max_connections=1)
+        assert (await wire.post(a.url, b"{}")).body == b"{}"
+        assert (await wire.post(b.url, b"{}")).body == b"[]"  # a's idle connection retired for b's
+        assert (await wire.post(a.url, b"{}")).body == b"{}"
+        assert (a.connections, b.connections, wire._open) == (2, 1, 1)
+        await asyncio.sleep(0.05)  # the retired connections' close reaches the wire: counted once only
+        assert wire._open == 1
         await wire.close()
 
 

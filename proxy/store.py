@@ -1,7 +1,9 @@
 """Redis: the one client per process, the key naming scheme, and replicated writes.
 
 Owns: creating the process's one Redis client for the configured mode
-(``standalone``: a blocking pool on ``redis.url``; ``sentinel``: redis-py's
+(``standalone``: a blocking pool on ``redis.url``, whose Lua scripts and
+``RoundTrip`` batches go over the hot path's ``RespWire`` to the same server,
+proxy/resp_wire.py; ``sentinel``: redis-py's
 Sentinel client, which asks the Sentinels for the current master and follows a
 failover; ``cluster``: redis-py's RedisCluster, which routes each command to
 the master of its key's slot), building keys, naming the Lua scripts
@@ -37,11 +39,43 @@ from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnec
 
 from .config import ConfigError, RedisConfig
 from .errors import ProxyError
+from .resp_wire import RespWire
 
 Client = Union[redis_async.Redis, RedisCluster]
 T = TypeVar("T")
 
 SCRIPT_NAMES: dict[str, str] = {}  # sha1 -> "<module>.<name>", for MONITOR-based tests and debugging
+
+
+class WiredRedis(redis_async.Redis):
+    """The standalone client: redis-py's, plus the hot path's ``RespWire`` to the same server, which its
+    scripts (``register_script``) and ``RoundTrip`` batches go over. Everything else is redis-py's."""
+
+    wire: RespWire | None = None
+
+    def register_script(self, script: Any) -> AsyncScript:
+        return _WiredScript(self, script)
+
+
+class _WiredScript(AsyncScript):
+    """redis-py's ``AsyncScript`` (EVALSHA; on NOSCRIPT, load it and run it once more) over the wire."""
+
+    async def __call__(self, keys: Sequence[Any] | None = None, args: Sequence[Any] | None = None,
+                       client: Any = None) -> Any:
+        wire = self.registered_client.wire
+        if wire is None or client is not None:
+            return await super().__call__(keys, args, client)
+        keys, args = keys or (), args or ()
+        reply = (await wire.execute([("EVALSHA", self.sha, len(keys), *keys, *args)]))[0]
+        if isinstance(reply, NoScriptError):
+            loaded = (await wire.execute([("SCRIPT", "LOAD", self.script)]))[0]
+            if isinstance(loaded, Exception):
+                raise loaded
+            self.sha = loaded.decode()
+            reply = (await wire.execute([("EVALSHA", self.sha, len(keys), *keys, *args)]))[0]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
 
 
 def script(redis: Client, name: str, source: str) -> AsyncScript:
@@ -172,10 +206,15 @@ def create_client(config: RedisConfig) -> Client:
                                    health_check_interval=30)
     pool = redis_async.BlockingConnectionPool.from_url(
         config.url, max_connections=config.max_connections, timeout=timeout, health_check_interval=30, **common)
-    return redis_async.Redis.from_pool(pool)
+    client = WiredRedis.from_pool(pool)
+    client.wire = RespWire.for_client(client)
+    return client
 
 
 async def close_client(client: Client) -> None:
+    wire = getattr(client, "wire", None)
+    if wire is not None:
+        await wire.close()
     await client.aclose()
     pool = getattr(client, "connection_pool", None)
     if isinstance(pool, SentinelConnectionPool):
@@ -235,6 +274,9 @@ async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str
 
 async def _script_and_wait(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
                            acks: int, timeout_ms: int) -> list[Any]:
+    wire = getattr(client, "wire", None)
+    if wire is not None:
+        return await wire.execute([("EVALSHA", script.sha, len(keys), *keys, *args), ("WAIT", acks, timeout_ms)])
     target: dict[str, Any] = {}
     if isinstance(client, RedisCluster):  # both to the master of the keys' slot (redis-py blocks pipe.evalsha)
         await client.initialize()
@@ -342,6 +384,14 @@ class RoundTrip:
         return answers
 
     async def _pipeline(self, steps: Sequence[_Step]) -> list[Any]:
+        wire = getattr(self._redis, "wire", None)
+        if wire is not None:
+            commands: list[Sequence[Any]] = []
+            for step in steps:
+                commands.append(("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args))
+                if step.acks > 0:
+                    commands.append(("WAIT", step.acks, step.timeout_ms))
+            return await wire.execute(commands)
         cluster = isinstance(self._redis, RedisCluster)
         if cluster:
             await self._redis.initialize()

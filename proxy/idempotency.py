@@ -71,7 +71,7 @@ from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
 from .redaction import redact
 from .registry import ToolContract
-from .store import RoundTrip, StoreError, unavailable
+from .store import RoundTrip, StoreError, Then, unavailable
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import RequestMeta
@@ -126,6 +126,7 @@ class Admission:
     replay: Mapping[str, Any] | None = None  # a stored SUCCEEDED outcome to return instead of running
     reserved_at: float = 0.0  # monotonic time the reservation was sent (its lease started no earlier)
     lease_s: float = 0.0      # the lease the reservation was granted
+    then_reply: Any = None    # the reply of ``admit``'s ``then`` call, made with the reservation (or None)
 
     @property
     def holds(self) -> bool:
@@ -202,9 +203,11 @@ class IdempotencyStage:
 
     async def admit(self, op: OperationKey | None, *, caller: Caller, tool: ToolContract,
                     normalized: NormalizedCall, meta: "RequestMeta", call_id: str,
-                    replay_only_for: str | None = None) -> Admission:
+                    replay_only_for: str | None = None, then: Then | None = None) -> Admission:
         """Reserve the operation key for this call, or say why it must not run now. With
-        ``replay_only_for`` (the spent approval's id) nothing is reserved: the record's outcome or nothing."""
+        ``replay_only_for`` (the spent approval's id) nothing is reserved: the record's outcome or nothing.
+        ``then`` (the pipeline's first lock attempt) runs in the same round trip once the key is reserved,
+        where the store can (``OperationStore.begin``); its reply is the admission's ``then_reply``."""
         if op is None:
             return NO_RECORD
         budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
@@ -226,7 +229,7 @@ class IdempotencyStage:
                     retention_s=tool.retention_seconds, is_write=tool.is_write,
                     max_attempts=self._config.max_attempts, meta=record_meta,
                     first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
-                    observe=replay_only_for is not None)
+                    observe=replay_only_for is not None, then=then if replay_only_for is None else None)
             except StoreError:
                 return self._store_down(tool)
             except asyncio.CancelledError:  # the script may have run: nobody would ever release what it took
@@ -269,7 +272,7 @@ class IdempotencyStage:
         details = {"idempotency_key": key}
         if status in ("new", "retry"):
             return Admission(key=key, token=answer.int(0), attempt=answer.int(1), reserved_at=reserved_at,
-                             lease_s=lease_s)
+                             lease_s=lease_s, then_reply=answer.then_reply)
         if status == "replay":
             return Admission(key=key, replay=_loads(answer.text(0)))
         if status == "in_progress":

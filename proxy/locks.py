@@ -240,6 +240,20 @@ def script_key_sets(prefix: str, scope: str) -> dict[str, list[list[str]]]:
     return {"locks.acquire": samples, "locks.renew/release": [keys[1:] for keys in samples]}
 
 
+@dataclass(frozen=True)
+class LockPlan:
+    """The lock set one call takes: its resources in lock order, its owner id, the acquire script's keys
+    and arguments, and whether any of it is exclusive."""
+
+    wanted: tuple[ResourceRef, ...]
+    owner: str
+    keys: list[str]
+    args: list[Any]
+    mode: str  # "exclusive" | "shared" (the lock-wait metric's label)
+    tool: str
+    is_write: bool
+
+
 class LockManager:
     """One per process; hands out ``Lease`` objects for lock sets."""
 
@@ -263,15 +277,9 @@ class LockManager:
     def fence_key(self, tenant: str) -> str:
         return lock_keys(self._prefix, self._config.scope, tenant, [])[0]
 
-    async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
-                      deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None,
-                      keepalive_s: float = 1.0, operation: str | None = None,
-                      request_id: str | None = None) -> "Lease | None":
-        """Take every lockable resource at once, waiting within the deadline; None if nothing to lock.
-
-        ``while_waiting`` is awaited about every ``keepalive_s`` of waiting (the pipeline keeps the
-        call's idempotency reservation alive with it); an error it raises ends the wait.
-        """
+    def plan(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
+             operation: str | None = None, request_id: str | None = None) -> "LockPlan | None":
+        """What a call will lock (owner, keys, modes), or None if nothing it names is lockable."""
         wanted = lockable(resources)
         if not wanted:
             return None
@@ -281,6 +289,48 @@ class LockManager:
         args: list[Any] = [owner, config.lease_ms, 3 * config.poll_max_ms] + \
             ["x" if r.access == "exclusive" else "s" for r in wanted]
         mode = "exclusive" if any(r.access == "exclusive" for r in wanted) else "shared"
+        return LockPlan(wanted=wanted, owner=owner, keys=keys, args=args, mode=mode, tool=tool, is_write=is_write)
+
+    def attempt(self, plan: "LockPlan") -> store.Then:
+        """One try at taking the plan's whole set, for another stage's round trip (``granted`` reads its reply)."""
+        return store.Then(self._acquire, plan.keys, plan.args)
+
+    def granted(self, plan: "LockPlan", reply: Any, *, sent: float, started: float) -> "Lease | None":
+        """The running lease if ``reply`` (of ``attempt``, sent at ``sent``) took the set, else None."""
+        if int(reply[0]) != 1:
+            return None
+        self._metrics.child(self._metrics.lock_wait, plan.mode).observe(time.monotonic() - started)
+        lease = Lease(self, owner=plan.owner, keys=plan.keys[1:], resources=plan.wanted, tool=plan.tool,
+                      is_write=plan.is_write, fencing_token=int(reply[1]), valid_until=sent + self._safe_lease_s())
+        lease.start()
+        return lease
+
+    async def forget(self, plan: "LockPlan") -> None:
+        """Drop whatever the plan's owner may hold or wait for (its attempt's reply was lost or not used)."""
+        await self._forget(plan.keys[1:], plan.owner)
+
+    async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
+                      deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None,
+                      keepalive_s: float = 1.0, operation: str | None = None,
+                      request_id: str | None = None) -> "Lease | None":
+        """Take every lockable resource at once, waiting within the deadline; None if nothing to lock."""
+        plan = self.plan(resources, tenant=tenant, tool=tool, is_write=is_write, operation=operation,
+                         request_id=request_id)
+        return await self.acquire_planned(plan, deadline=deadline, while_waiting=while_waiting,
+                                          keepalive_s=keepalive_s)
+
+    async def acquire_planned(self, plan: "LockPlan | None", *, deadline: Deadline,
+                              while_waiting: Callable[[], Awaitable[None]] | None = None,
+                              keepalive_s: float = 1.0) -> "Lease | None":
+        """Take the plan's resources at once, waiting within the deadline; None if there is no plan.
+
+        ``while_waiting`` is awaited about every ``keepalive_s`` of waiting (the pipeline keeps the
+        call's idempotency reservation alive with it); an error it raises ends the wait.
+        """
+        if plan is None:
+            return None
+        config = self._config
+        keys, tool = plan.keys, plan.tool
         started = time.monotonic()
         remaining = deadline.remaining()
         until = started + (config.max_wait_ms / 1000.0 if remaining is None else remaining - self._margin_s)
@@ -289,20 +339,14 @@ class LockManager:
         try:
             while True:
                 sent = time.monotonic()
-                reply = await store.redis_call(self._acquire(keys=keys, args=args))
-                if int(reply[0]) == 1:
-                    token = int(reply[1])
-                    waited = time.monotonic() - started
-                    self._metrics.child(self._metrics.lock_wait, mode).observe(waited)
-                    lease = Lease(self, owner=owner, keys=keys[1:], resources=wanted, tool=tool, is_write=is_write,
-                                  fencing_token=token,
-                                  valid_until=sent + self._safe_lease_s())
-                    lease.start()
+                reply = await store.redis_call(self._acquire(keys=keys, args=plan.args))
+                lease = self.granted(plan, reply, sent=sent, started=started)
+                if lease is not None:
                     return lease
                 now = time.monotonic()
                 if now >= until:
-                    busy = [wanted[int(i) - 1].id for i in reply[1:]]
-                    self._metrics.lock_wait.labels(mode).observe(now - started)
+                    busy = [plan.wanted[int(i) - 1].id for i in reply[1:]]
+                    self._metrics.lock_wait.labels(plan.mode).observe(now - started)
                     self._metrics.lock_timeouts.labels(tool).inc()
                     raise ProxyError("resource_busy", "A resource this call needs is in use; the deadline ran out "
                                      "while waiting for it.",
@@ -314,15 +358,15 @@ class LockManager:
                     await while_waiting()
                     kept_alive = time.monotonic()
         except ProxyError:
-            await self._forget(keys[1:], owner)
+            await self._forget(keys[1:], plan.owner)
             raise
         except store.StoreError as exc:
             log.warning("lock store unavailable while acquiring for tool %s (%s)", tool, type(exc).__name__)
             # The script may have run before the reply was lost: drop whatever this owner may hold.
-            await self._forget(keys[1:], owner)
+            await self._forget(keys[1:], plan.owner)
             raise store.unavailable("The lock store is unavailable.", phase="lock") from None
         except BaseException:  # cancelled mid-wait: the script may have taken the set already
-            await self._forget(keys[1:], owner)
+            await self._forget(keys[1:], plan.owner)
             raise
 
     async def held(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 import orjson
@@ -312,6 +312,7 @@ class Transition:
 
     status: str
     values: tuple[Any, ...] = ()
+    then_reply: Any = None  # a chained call's reply (``begin(then=...)``), or None if it did not run
 
     def int(self, index: int) -> int:
         return int(self.values[index])
@@ -397,6 +398,7 @@ class OperationStore:
         self._passed = store.script(redis, "operations.passed", _PASSED)
         self._cancel = store.script(redis, "operations.cancel", _CANCEL)
         self._compensation = store.script(redis, "operations.compensation", _COMPENSATION)
+        self._chains: dict[str, Any] = {}  # then-script sha -> begin chained with it (None: not possible)
         self._durable = {self._begin: "begin", self._commit: "commit", self._expire: "expire",
                          self._resolve: "resolve", self._operator: "operator", self._cancel: "cancel",
                          self._compensation: "compensation"}
@@ -408,16 +410,33 @@ class OperationStore:
     def _index(self, kind: str, bucket: str) -> str:
         return store.key(self._prefix, kind, "op" + bucket)
 
-    async def _run(self, script: Any, key: str, *args: Any, replicate: bool = True) -> Transition:
+    async def _run(self, script: Any, key: str, *args: Any, replicate: bool = True,
+                   then: store.Then | None = None) -> Transition:
         transition = self._durable.get(script) if replicate else None
+        keys, call_args = self._keys(key), [key, *args]
+        chain = self._chained(script, then) if then is not None else None
+        if chain is not None:
+            assert then is not None
+            keys, call_args = store.chain_keys(keys, then), store.chain_args(call_args, keys, then)
+        runs = chain or script
         if transition is None or self._replica_acks <= 0:
-            reply = await store.redis_call(script(keys=self._keys(key), args=[key, *args]))
+            reply = await store.redis_call(runs(keys=keys, args=call_args))
         else:
-            reply, acked = await store.run_replicated(self._redis, script, self._keys(key), [key, *args],
+            reply, acked = await store.run_replicated(self._redis, runs, keys, call_args,
                                                       acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
             if acked < self._replica_acks:
                 self._shortfall(transition, acked)
-        return _transition(reply)
+        if chain is None:
+            return _transition(reply)
+        return replace(_transition(reply[0]), then_reply=reply[1] if len(reply) > 1 else None)
+
+    def _chained(self, script: Any, then: store.Then) -> Any:
+        """``begin`` and the call that follows a reservation (the first lock attempt) as one script, where one
+        server holds both sets of keys; the follower runs only when the key was reserved (new or retry)."""
+        sha = then.script.sha
+        if sha not in self._chains:
+            self._chains[sha] = store.chained(self._redis, script, then, proceed_if=_RESERVED)
+        return self._chains[sha]
 
     def _shortfall(self, transition: str, acked: int) -> None:
         self._on_shortfall(transition)
@@ -429,13 +448,16 @@ class OperationStore:
     # -- transitions -----------------------------------------------------------
     async def begin(self, key: str, *, fingerprint: str, nonce: str, lease_ms: int, retention_s: int,
                     is_write: bool, max_attempts: int, meta: Mapping[str, Any], first_check_ms: int,
-                    window_ms: int, observe: bool = False) -> Transition:
+                    window_ms: int, observe: bool = False, then: store.Then | None = None) -> Transition:
         """new/retry (token, attempt) | in_progress (ms left) | replay (outcome) | final (outcome, reason)
         | unknown (state, 1 if it just became unknown) | conflict (state) | exhausted (attempt)
-        | not_admitted (state; ``observe`` only: a new execution would be needed, nothing was reserved)."""
+        | not_admitted (state; ``observe`` only: a new execution would be needed, nothing was reserved).
+
+        ``then``: a script call to make in the same round trip only if this one reserved the key (new or
+        retry), its reply in ``then_reply``; on a Cluster client it is not made (``then_reply`` None)."""
         return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
                                max_attempts, _dumps(meta), first_check_ms, window_ms, int(observe),
-                               replicate=is_write and not observe)
+                               replicate=is_write and not observe, then=then)
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
                      evidence: Mapping[str, Any], first_check_ms: int, window_ms: int) -> Transition:
@@ -552,6 +574,9 @@ class OperationStore:
         count = int(sum(replies[0::2]))
         oldest = [int(first[0][1]) for first in replies[1::2] if first]
         return count, min(oldest) if oldest else None
+
+
+_RESERVED = "r[1] == 'new' or r[1] == 'retry'"  # (Lua) begin reserved the key: what chains after it may run
 
 
 def _transition(reply: Any) -> Transition:

@@ -225,12 +225,25 @@ class Pipeline:
             state.approval_id = auth.approval_id
             if auth.error is not None:
                 raise auth.error
+        plan = self._locks.plan(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
+                                is_write=tool.is_write, operation=op.key if op else None, request_id=meta.request_id)
+        # The first lock attempt rides with the reservation (one round trip, taken only if the key is
+        # reserved) where one server holds both; elsewhere, and when it finds the set busy, ``locked`` waits.
+        first_attempt = self._locks.attempt(plan) if plan is not None and op is not None else None
         with self._stage(state, "idempotency"):  # the record is created only once the call is authorized
-            admission = state.admission = await self._idempotency.admit(
-                op, caller=state.caller, tool=tool, normalized=normalized, meta=meta, call_id=request.call_id,
-                replay_only_for=auth.approval_id if auth.replay_only else None)
+            sent = time.monotonic()
+            try:
+                admission = state.admission = await self._idempotency.admit(
+                    op, caller=state.caller, tool=tool, normalized=normalized, meta=meta, call_id=request.call_id,
+                    replay_only_for=auth.approval_id if auth.replay_only else None, then=first_attempt)
+            except BaseException as exc:  # the attempt may have taken the set before the reply was lost
+                if plan is not None and first_attempt is not None and _reply_unknown(exc):
+                    await self._locks.forget(plan)
+                raise
             state.idempotency_key = admission.key
             state.attempt = max(1, admission.attempt)
+            if plan is not None and admission.then_reply is not None:
+                state.lease = self._locks.granted(plan, admission.then_reply, sent=sent, started=sent)
         if admission.replay is not None:
             state.replayed = True
             return admission.replay.get("data")
@@ -242,11 +255,11 @@ class Pipeline:
 
         async def locked() -> Any:
             with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
-                lease = state.lease = await self._locks.acquire(
-                    normalized.resources, tenant=state.caller.tenant, tool=tool.name, is_write=tool.is_write,
-                    deadline=meta.deadline, while_waiting=keep_reservation,
-                    keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0, operation=admission.key,
-                    request_id=meta.request_id)
+                if state.lease is None:
+                    state.lease = await self._locks.acquire_planned(
+                        plan, deadline=meta.deadline, while_waiting=keep_reservation,
+                        keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+                lease = state.lease
             # The lease is released on every path: with the outcome record at commit, or on cancellation.
             return await self._run_locked(state, tool, normalized, admission, lease)
 
@@ -341,6 +354,12 @@ class _Stage:
 
     def __exit__(self, *exc: Any) -> None:
         self._state.timing.stage(self._name, time.monotonic() - self._started)
+
+
+def _reply_unknown(exc: BaseException) -> bool:
+    """A store call ended without its reply (cancelled, or the store failed): what it did is unknown."""
+    return isinstance(exc, asyncio.CancelledError) or (
+        isinstance(exc, ProxyError) and exc.code == "dependency_unavailable")
 
 
 def _cancelled_for_good(state: CallState, error: ProxyError | None) -> bool:

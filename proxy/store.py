@@ -85,6 +85,59 @@ def script(redis: Client, name: str, source: str) -> AsyncScript:
     return registered
 
 
+@dataclass(frozen=True)
+class Then:
+    """A script call to make right after another one, in the same script call, if the first's reply allows
+    (``chained``): its script, keys and arguments."""
+
+    script: AsyncScript
+    keys: Sequence[str]
+    args: Sequence[Any]
+
+
+# ``first`` and ``second`` are the two scripts' own sources, each wrapped as a function of its KEYS and ARGV
+# (the parameters shadow the globals); ARGV[1] and ARGV[2] say how many keys and arguments are the first's.
+_CHAIN = """
+local function first(KEYS, ARGV)
+%(first)s
+end
+local function second(KEYS, ARGV)
+%(second)s
+end
+local nk, na = tonumber(ARGV[1]), tonumber(ARGV[2])
+local k1, a1, k2, a2 = {}, {}, {}, {}
+for i = 1, #KEYS do
+  if i <= nk then k1[#k1 + 1] = KEYS[i] else k2[#k2 + 1] = KEYS[i] end
+end
+for i = 3, #ARGV do
+  if i - 2 <= na then a1[#a1 + 1] = ARGV[i] else a2[#a2 + 1] = ARGV[i] end
+end
+local r = first(k1, a1)
+if not (%(proceed_if)s) then return {r} end
+return {r, second(k2, a2)}
+"""
+
+def chained(redis: Client, first: AsyncScript, then: Then, *, proceed_if: str) -> AsyncScript | None:
+    """One script that runs ``first`` and then, if the Lua expression ``proceed_if`` holds for its reply
+    ``r``, ``then``'s script: one round trip instead of two, and nothing between them. Its reply is
+    ``[first's]`` or ``[first's, then's]``; call it with ``chain_keys`` and ``chain_args``. None for a
+    Cluster client: the two scripts' keys live in different slots, which only a single server holds
+    together (standalone, or Sentinel's master). Callers keep what it returns (one per pair)."""
+    if isinstance(redis, RedisCluster):
+        return None
+    source = _CHAIN % {"first": first.script, "second": then.script.script, "proceed_if": proceed_if}
+    return script(redis, f"{SCRIPT_NAMES.get(first.sha, 'first')}+{SCRIPT_NAMES.get(then.script.sha, 'then')}",
+                  source)
+
+
+def chain_keys(keys: Sequence[str], then: Then) -> list[str]:
+    return [*keys, *then.keys]
+
+
+def chain_args(args: Sequence[Any], keys: Sequence[str], then: Then) -> list[Any]:
+    return [len(keys), len(args), *args, *then.args]
+
+
 class StoreUnavailable(RedisConnectionError):
     """RedisCluster's own "cannot reach the cluster / no node for this slot" (not a RedisError in redis-py),
     as the RedisError every stage already handles."""

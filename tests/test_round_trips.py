@@ -10,13 +10,17 @@ The speed of all this lives in bench/floor.py; this file only keeps the counts f
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import time
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from proxy.deadline import Deadline
+from proxy.normalize import ResourceRef
 from tests.support.redis_traffic import RedisTraffic
 from tests.support.stack import running_stack
 
@@ -38,11 +42,13 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("read without a record", "get_order", {"order_id": "ord_1001"}, [], 0),
-    # reserve, lock, then the outcome record and the lock release pipelined together
+    # reserve and lock in one script (the lock only once the key is reserved), then the outcome record and
+    # the lock release pipelined together
     Scenario("locked write with an Idempotency-Key", "adjust_counter", {"counter": "ctr_rt", "delta": 1},
-             ["operations.begin", "locks.acquire", "operations.commit", "locks.release"], 3),
+             ["operations.begin+locks.acquire", "operations.commit", "locks.release"], 2),
+    # the same script call: it finds the outcome and takes no lock (test_a_replay_takes_no_lock)
     Scenario("replayed write", "adjust_counter", {"counter": "ctr_rt", "delta": 1},
-             ["operations.begin"], 1, same_key=True),
+             ["operations.begin+locks.acquire"], 1, same_key=True),
 ]
 
 
@@ -74,6 +80,36 @@ async def test_one_call_makes_its_round_trips_and_one_opa_query(scenario, proxy_
         assert env.get("replayed", False) is scenario.same_key
         assert seen.commands == scenario.commands
         assert seen.round_trips == scenario.round_trips
+
+
+async def test_a_replay_takes_no_lock_and_a_busy_set_is_waited_for(proxy_deps):
+    """The lock attempt that rides with the reservation runs only once the key is reserved: a replay leaves
+    the fencing counter and the lock hash as they were. A set held by another is waited for (the lock
+    stage), then taken with a newer fencing token."""
+    async with running_stack({**proxy_deps, **QUIET}) as stack:
+        locks = stack.runtime.pipeline._locks
+        redis = stack.runtime.redis
+        fence, hash_key = locks.fence_key("acme"), locks.resource_key("acme", "counter:ctr_once")
+        headers = {"Idempotency-Key": f"rt-{next(_ids)}"}
+        _, first = await stack.call("adjust_counter", {"counter": "ctr_once", "delta": 1}, headers=headers)
+        assert first["outcome"] == "succeeded"
+        token = await redis.get(fence)
+        _, again = await stack.call("adjust_counter", {"counter": "ctr_once", "delta": 1}, headers=headers)
+        assert again.get("replayed") is True and again["data"] == first["data"]
+        assert await redis.get(fence) == token and not await redis.hgetall(hash_key)
+        # another holder: the write waits for it (lock stage) and then takes the next fencing token
+        held = await locks.acquire(
+            [ResourceRef(id="counter:ctr_once", access="exclusive")], tenant="acme", tool="other", is_write=True,
+            deadline=Deadline(time.monotonic() + 5))
+        call = asyncio.ensure_future(stack.call("adjust_counter", {"counter": "ctr_once", "delta": 1},
+                                                headers={"Idempotency-Key": f"rt-{next(_ids)}"}))
+        await asyncio.sleep(0.3)
+        assert not call.done()
+        await held.release()
+        async with asyncio.timeout(10):
+            _, waited = await call
+        assert waited["outcome"] == "succeeded" and waited["timing"]["stages_ms"]["lock"] >= 200
+        assert int(await redis.get(fence)) > int(token)
 
 
 async def test_a_reconciler_sweep_is_one_round_trip_whatever_the_bucket_count(proxy_deps):

@@ -187,7 +187,8 @@ class RedisConfig:
     tls: bool = setting(False, "sentinel and cluster modes: connect over TLS (standalone: use a rediss:// URL)")
     key_prefix: str = setting("toolproxy", "prefix of every key this proxy writes")
     timeout_ms: int = setting(500, "socket timeout of one Redis command")
-    max_connections: int = setting(100, "connections in the process's Redis pool (cluster: per node); past it a "
+    max_connections: int = setting(100, "connections in the process's Redis pool (cluster: per node; standalone: "
+                                        "the scripts' wire has a pool of its own of this size too); past it a "
                                         "command waits up to timeout_ms for a free one")
     password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
     tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")

@@ -35,6 +35,7 @@ from aiohttp import BasicAuth
 from yarl import URL
 
 from . import __version__
+from .wire_connection import CountedConnection
 
 _MAX_IDLE_PER_ORIGIN = 64
 _USER_AGENT = f"toolproxy/{__version__}"
@@ -91,13 +92,12 @@ class _Origin:
     head: bytes  # "POST <target> HTTP/1.1" and the headers every request to this URL carries
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CountedConnection):
     """One keep-alive connection; the parser's callbacks fill the current answer."""
 
     def __init__(self, wire: "HttpWire", origin: _Origin) -> None:
-        self.wire = wire
+        super().__init__(wire)
         self.origin = origin
-        self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.waiter: asyncio.Future[Answer] | None = None
         self.keep_alive = False
@@ -109,12 +109,8 @@ class _Connection(asyncio.Protocol):
         self.limit: int | None = None
         self.answered = False  # a byte of the current answer arrived
         self.headers_done = False
-        self.closed = False
 
     # asyncio.Protocol
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
     def data_received(self, data: bytes) -> None:
         if self.waiter is None:  # nothing asked: an unsolicited answer (e.g. a 408 on idle) spoils the line
             self.close()
@@ -205,17 +201,6 @@ class _Connection(asyncio.Protocol):
         self.waiter, self.limit, self.feed = waiter, limit, feed
         self.headers, self.chunks, self.size = {}, [], 0
         self.answered = self.headers_done = self.streaming = self.keep_alive = False
-
-    def close(self) -> None:
-        self._gone()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _gone(self) -> None:
-        """Counted out of the wire's open connections once, whoever notices first (we or the peer)."""
-        if not self.closed:
-            self.closed = True
-            self.wire._connection_closed()
 
 
 class HttpWire:

@@ -32,6 +32,8 @@ from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError, DataError, InvalidResponse, \
     TimeoutError as RedisTimeoutError
 
+from .wire_connection import CountedConnection
+
 Command = Sequence[Any]
 
 
@@ -93,20 +95,15 @@ def _parse(buffer: bytearray, at: int) -> tuple[Any, int]:
     raise InvalidResponse(f"Protocol error, got {chr(kind)!r} as reply type byte")
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(CountedConnection):
     """One connection; ``exchange`` sends a batch and waits for as many replies."""
 
     def __init__(self, wire: "RespWire") -> None:
-        self.wire = wire
-        self.transport: asyncio.Transport | None = None
+        super().__init__(wire)
         self.buffer = bytearray()
         self.waiter: asyncio.Future[list[Any]] | None = None
         self.expected = 0
         self.replies: list[Any] = []
-        self.closed = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
         if self.waiter is None:  # nothing asked (a server closing with an error line): the line is spoiled
@@ -160,17 +157,6 @@ class _Connection(asyncio.Protocol):
         finally:
             if timer is not None:
                 timer.cancel()
-
-    def close(self) -> None:
-        self._gone()
-        if self.transport is not None:
-            self.transport.abort()
-
-    def _gone(self) -> None:
-        """Counted out of the wire's open connections once, whoever notices first (we or the server)."""
-        if not self.closed:
-            self.closed = True
-            self.wire._connection_closed()
 
 
 class RespWire:

@@ -88,6 +88,9 @@ async def test_an_upstream_answering_with_sse_is_read_then_handed_to_the_sdk(tmp
         posts = [r for r in upstream.state.http if r["mcp_method"] == "tools/call"]
         assert [r["user_agent"].startswith("toolproxy/") for r in posts] == [True, False]
         assert upstream.state.count("slow_write") == 2
+        # the wire's request is the one the SDK client sends for the same call, but for its JSON-RPC id
+        wire_sent, sdk_sent = (json.loads(r["body"]) for r in posts)
+        assert {**wire_sent, "id": None} == {**sdk_sent, "id": None}, (wire_sent, sdk_sent)
 
 
 @pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])

@@ -46,6 +46,7 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from .. import schema_fast
+from ..envelope import dumps
 from ..http_wire import Answer as WireAnswer, HttpWire, Progress
 from ..schema_fast import FastValidator
 
@@ -72,14 +73,12 @@ async def call_tool(wire: HttpWire, url: str, client: Client, name: str, argumen
 
     Raises ``MCPError`` for every JSON-RPC or transport failure, like ``ClientSession.send_request``."""
     progress.observed = True  # later POSTs of this call (input rounds, through the SDK) are not its first
-    request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=arguments))
-    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    # ``CallToolRequest(...).model_dump(by_alias=True, mode="json", exclude_none=True)`` of decoded JSON
+    # arguments, without building the models (a fifth of this path's pydantic time, measured)
+    data: dict[str, Any] = {"method": "tools/call", "params": {"name": name, "arguments": arguments}}
     opts: CallOptions = {}
     client.session._stamp(data, opts)  # the SDK's own stamp: the same _meta and routing headers
-    request_id = next(_ids)
-    body = types.jsonrpc_message_adapter.dump_json(
-        types.JSONRPCRequest(jsonrpc="2.0", id=request_id, method=data["method"], params=data.get("params")),
-        by_alias=True, exclude_unset=True)
+    body = dumps({"jsonrpc": "2.0", "id": next(_ids), **data})  # the bytes the SDK's dump_json writes
     headers = {"accept": "application/json, text/event-stream", "content-type": "application/json",
                MCP_PROTOCOL_VERSION_HEADER: client.protocol_version, **opts.get("headers", {}), **extra_headers}
     sent = Progress()

@@ -66,8 +66,19 @@ def _logged(app: Any, state: UpstreamState) -> Any:
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            state.http.append({"verb": scope["method"], "session": headers.get("mcp-session-id"),
-                               "mcp_method": headers.get("mcp-method"), "user_agent": headers.get("user-agent", "")})
+            entry = {"verb": scope["method"], "session": headers.get("mcp-session-id"),
+                     "mcp_method": headers.get("mcp-method"), "user_agent": headers.get("user-agent", ""),
+                     "body": b""}
+            state.http.append(entry)
+
+            async def receive_logged() -> Any:
+                message = await receive()
+                if message["type"] == "http.request":
+                    entry["body"] += message.get("body", b"")
+                return message
+
+            await app(scope, receive_logged, send)
+            return
         await app(scope, receive, send)
     return asgi
 

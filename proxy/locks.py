@@ -330,7 +330,7 @@ class LockManager:
         if plan is None:
             return None
         config = self._config
-        keys, tool = plan.keys, plan.tool
+        tool = plan.tool
         started = time.monotonic()
         remaining = deadline.remaining()
         until = started + (config.max_wait_ms / 1000.0 if remaining is None else remaining - self._margin_s)
@@ -339,7 +339,7 @@ class LockManager:
         try:
             while True:
                 sent = time.monotonic()
-                reply = await store.redis_call(self._acquire(keys=keys, args=plan.args))
+                reply = await store.redis_call(self._acquire(keys=plan.keys, args=plan.args))
                 lease = self.granted(plan, reply, sent=sent, started=started)
                 if lease is not None:
                     return lease
@@ -358,15 +358,15 @@ class LockManager:
                     await while_waiting()
                     kept_alive = time.monotonic()
         except ProxyError:
-            await self._forget(keys[1:], plan.owner)
+            await self.forget(plan)
             raise
         except store.StoreError as exc:
             log.warning("lock store unavailable while acquiring for tool %s (%s)", tool, type(exc).__name__)
             # The script may have run before the reply was lost: drop whatever this owner may hold.
-            await self._forget(keys[1:], plan.owner)
+            await self.forget(plan)
             raise store.unavailable("The lock store is unavailable.", phase="lock") from None
         except BaseException:  # cancelled mid-wait: the script may have taken the set already
-            await self._forget(keys[1:], plan.owner)
+            await self.forget(plan)
             raise
 
     async def held(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:

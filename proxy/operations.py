@@ -417,7 +417,7 @@ class OperationStore:
         chain = self._chained(script, then) if then is not None else None
         if chain is not None:
             assert then is not None
-            keys, call_args = store.chain_keys(keys, then), store.chain_args(call_args, keys, then)
+            keys, call_args = then.joined(keys, call_args)
         runs = chain or script
         if transition is None or self._replica_acks <= 0:
             reply = await store.redis_call(runs(keys=keys, args=call_args))

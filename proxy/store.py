@@ -66,13 +66,13 @@ class _WiredScript(AsyncScript):
         if wire is None or client is not None:
             return await super().__call__(keys, args, client)
         keys, args = keys or (), args or ()
-        reply = (await wire.execute([("EVALSHA", self.sha, len(keys), *keys, *args)]))[0]
+        reply = (await wire.execute([_evalsha(self, keys, args)]))[0]
         if isinstance(reply, NoScriptError):
             loaded = (await wire.execute([("SCRIPT", "LOAD", self.script)]))[0]
             if isinstance(loaded, Exception):
                 raise loaded
             self.sha = loaded.decode()
-            reply = (await wire.execute([("EVALSHA", self.sha, len(keys), *keys, *args)]))[0]
+            reply = (await wire.execute([_evalsha(self, keys, args)]))[0]
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -93,6 +93,10 @@ class Then:
     script: AsyncScript
     keys: Sequence[str]
     args: Sequence[Any]
+
+    def joined(self, keys: Sequence[str], args: Sequence[Any]) -> tuple[list[str], list[Any]]:
+        """The keys and arguments of a ``chained`` script: the first call's (``keys``, ``args``), then these."""
+        return [*keys, *self.keys], [len(keys), len(args), *args, *self.args]
 
 
 # ``first`` and ``second`` are the two scripts' own sources, each wrapped as a function of its KEYS and ARGV
@@ -120,7 +124,7 @@ return {r, second(k2, a2)}
 def chained(redis: Client, first: AsyncScript, then: Then, *, proceed_if: str) -> AsyncScript | None:
     """One script that runs ``first`` and then, if the Lua expression ``proceed_if`` holds for its reply
     ``r``, ``then``'s script: one round trip instead of two, and nothing between them. Its reply is
-    ``[first's]`` or ``[first's, then's]``; call it with ``chain_keys`` and ``chain_args``. None for a
+    ``[first's]`` or ``[first's, then's]``; call it with ``then.joined(keys, args)``. None for a
     Cluster client: the two scripts' keys live in different slots, which only a single server holds
     together (standalone, or Sentinel's master). Callers keep what it returns (one per pair)."""
     if isinstance(redis, RedisCluster):
@@ -128,14 +132,6 @@ def chained(redis: Client, first: AsyncScript, then: Then, *, proceed_if: str) -
     source = _CHAIN % {"first": first.script, "second": then.script.script, "proceed_if": proceed_if}
     return script(redis, f"{SCRIPT_NAMES.get(first.sha, 'first')}+{SCRIPT_NAMES.get(then.script.sha, 'then')}",
                   source)
-
-
-def chain_keys(keys: Sequence[str], then: Then) -> list[str]:
-    return [*keys, *then.keys]
-
-
-def chain_args(args: Sequence[Any], keys: Sequence[str], then: Then) -> list[Any]:
-    return [len(keys), len(args), *args, *then.args]
 
 
 class StoreUnavailable(RedisConnectionError):
@@ -327,17 +323,38 @@ async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str
 
 async def _script_and_wait(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
                            acks: int, timeout_ms: int) -> list[Any]:
+    return await _send_scripts(client, [(script, keys, args, acks, timeout_ms)])
+
+
+# (script, keys, args, acks, WAIT timeout ms): one script call, followed by ``WAIT`` when acks > 0
+ScriptCall = tuple[AsyncScript, Sequence[str], Sequence[Any], int, int]
+
+
+def _evalsha(script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> tuple[Any, ...]:
+    return ("EVALSHA", script.sha, len(keys), *keys, *args)
+
+
+def _commands(call: ScriptCall) -> list[tuple[Any, ...]]:
+    script, keys, args, acks, timeout_ms = call
+    return [_evalsha(script, keys, args)] + ([("WAIT", acks, timeout_ms)] if acks > 0 else [])
+
+
+async def _send_scripts(client: Client, calls: Sequence[ScriptCall]) -> list[Any]:
+    """Script calls in one round trip, each reply (or error) in order: the wire's batch (standalone), else
+    a non-transactional pipeline (cluster: each call and its WAIT to the master of its keys' slot; redis-py
+    blocks ``pipe.evalsha`` there, so the node is named)."""
     wire = getattr(client, "wire", None)
     if wire is not None:
-        return await wire.execute([("EVALSHA", script.sha, len(keys), *keys, *args), ("WAIT", acks, timeout_ms)])
-    target: dict[str, Any] = {}
-    if isinstance(client, RedisCluster):  # both to the master of the keys' slot (redis-py blocks pipe.evalsha)
+        return await wire.execute([command for call in calls for command in _commands(call)])
+    cluster = isinstance(client, RedisCluster)
+    if cluster:
         await client.initialize()
-        target["target_nodes"] = client.get_node_from_key(keys[0])
     async with client.pipeline(transaction=False) as pipe:
-        pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args, **target)
-        pipe.execute_command("WAIT", acks, timeout_ms, **target)
-        return await pipe.execute(raise_on_error=False)
+        for call in calls:
+            target = {"target_nodes": client.get_node_from_key(call[1][0])} if cluster else {}
+            for command in _commands(call):
+                pipe.execute_command(*command, **target)
+        return list(await pipe.execute(raise_on_error=False))
 
 
 def check_one_slot(key_sets: Mapping[str, Sequence[Sequence[str]]]) -> None:
@@ -437,26 +454,8 @@ class RoundTrip:
         return answers
 
     async def _pipeline(self, steps: Sequence[_Step]) -> list[Any]:
-        wire = getattr(self._redis, "wire", None)
-        if wire is not None:
-            commands: list[Sequence[Any]] = []
-            for step in steps:
-                commands.append(("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args))
-                if step.acks > 0:
-                    commands.append(("WAIT", step.acks, step.timeout_ms))
-            return await wire.execute(commands)
-        cluster = isinstance(self._redis, RedisCluster)
-        if cluster:
-            await self._redis.initialize()
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for step in steps:
-                target: dict[str, Any] = {}
-                if cluster:  # redis-py blocks pipe.evalsha in a cluster pipeline; name the slot's master
-                    target["target_nodes"] = self._redis.get_node_from_key(step.keys[0])
-                pipe.execute_command("EVALSHA", step.script.sha, len(step.keys), *step.keys, *step.args, **target)
-                if step.acks > 0:
-                    pipe.execute_command("WAIT", step.acks, step.timeout_ms, **target)
-            return list(await pipe.execute(raise_on_error=False))
+        return await _send_scripts(self._redis, [(step.script, step.keys, step.args, step.acks, step.timeout_ms)
+                                                 for step in steps])
 
 
 # -- pub/sub listeners ---------------------------------------------------------

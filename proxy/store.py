@@ -310,7 +310,7 @@ async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str
     wait_s = getattr(client, "pool_wait_s", 0.0)
     for attempt in (1, 2):
         reply, acked = await redis_call(_pool_waiting(
-            lambda: _script_and_wait(client, script, keys, args, acks, timeout_ms), wait_s))
+            lambda: _send_scripts(client, [(script, keys, args, acks, timeout_ms)]), wait_s))
         if isinstance(reply, NoScriptError) and attempt == 1:  # a new master (failover) without the script
             script.sha = await redis_call(client.script_load(script.script))
             continue
@@ -319,11 +319,6 @@ async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str
         if isinstance(result, Exception):
             raise result
     return reply, int(acked)
-
-
-async def _script_and_wait(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any],
-                           acks: int, timeout_ms: int) -> list[Any]:
-    return await _send_scripts(client, [(script, keys, args, acks, timeout_ms)])
 
 
 # (script, keys, args, acks, WAIT timeout ms): one script call, followed by ``WAIT`` when acks > 0

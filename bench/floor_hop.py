@@ -1,7 +1,7 @@
 """The floor of this design: a bare aiohttp hop that POSTs once to OPA and once to the backend.
 
 It does what no proxy of this shape can avoid — read the request, ask OPA
-with the same input document the proxy builds (``proxy.policy.build_input``),
+with the same input document the proxy builds (``proxy.policy.client.build_input``),
 call the backend, answer — and nothing else (no schemas, no Redis, no
 metrics, no audit). ``bench.floor`` runs it beside the proxy in the same run,
 on the same event loop implementation the proxy uses, so the ratios compare
@@ -21,7 +21,7 @@ from aiohttp import web
 from proxy.cli import run_loop
 from proxy.identity import Caller
 from proxy.normalize import normalize
-from proxy.policy import RequestFacts, build_input, catalog_document
+from proxy.policy.client import RequestFacts, build_input, catalog_document
 from proxy.registry import load_registry
 
 from bench.servers import REPO

@@ -26,13 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from proxy.decisions import build_record
+from proxy.policy.decisions import build_record
 from proxy.identity import Caller
 from proxy.normalize import normalize
-from proxy.policy import Decision, RequestFacts, build_input, catalog_document
-from proxy.policy_reads import policy_reads
-from proxy.policy_replay import replay
-from proxy.policy_scratch import ScratchOpa
+from proxy.policy.client import Decision, RequestFacts, build_input, catalog_document
+from proxy.authoring.policy_reads import policy_reads
+from proxy.authoring.policy_replay import replay
+from proxy.authoring.policy_scratch import ScratchOpa
 from proxy.registry import load_registry
 
 REPO = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """Audit records: evidence of who asked for what, what was decided and what happened.
 
 Owns: the shape of every audit record (``schemas/audit-record.schema.json``),
-its arguments redacted by the one rule of ``proxy/redaction.py``, the sinks
+its arguments redacted by the one rule of ``proxy/telemetry/redaction.py``, the sinks
 (stdout JSON lines, a bounded Redis Stream), and the failure policy: when a
 sink fails, a call that must be audited fail-closed is stopped *before* its
 side effect (the intent record is written before execution), and a record that
@@ -44,9 +44,9 @@ import redis.asyncio as redis_async
 from .config import AuditConfig, ConfigError
 from .envelope import iso
 from .errors import ProxyError
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .normalize import canonical_json, sha256_hex
-from .redaction import redact
+from .telemetry.redaction import redact
 from .registry import ToolContract, thaw
 from .store import StoreError, redis_call
 
@@ -54,8 +54,17 @@ if TYPE_CHECKING:  # pragma: no cover
     from .envelope import Envelope, Timing
     from .identity import Caller
     from .normalize import NormalizedCall
-    from .plan import Footprint
     from .requests import ToolCallRequest
+
+class PlannedFootprint(Protocol):
+    """What audit needs of a batch plan's footprint of a call (``batch.plan.Footprint`` is one): the
+    registry's contract, the resources and the normalized arguments, when the call could be decoded."""
+
+    tool: ToolContract | None
+    resources: tuple[Any, ...]
+    args_hash: str | None
+    arguments: Any
+
 
 log = logging.getLogger("toolproxy.audit")
 
@@ -351,7 +360,7 @@ class Auditor:
         )
         return await self.record("tool_call", **fields)
 
-    async def call_not_started(self, request: "ToolCallRequest", caller: "Caller", fp: "Footprint",
+    async def call_not_started(self, request: "ToolCallRequest", caller: "Caller", fp: "PlannedFootprint",
                                timing: "Timing", env: "Envelope") -> bool:
         """The one record of a batch call the scheduler never started (``cancelled`` behind a failed
         ``block`` dependency, or ``timeout_not_started``), from what the plan knew about it.

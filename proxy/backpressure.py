@@ -48,7 +48,7 @@ import redis.asyncio as redis_async
 from . import store
 from .config import QuotasConfig
 from .errors import ProxyError
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .registry import Registry
 
 log = logging.getLogger("toolproxy.backpressure")

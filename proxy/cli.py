@@ -16,10 +16,10 @@ from typing import Any, Sequence
 
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
-from .decisions import check_config as check_decisions_config
+from .policy.decisions import check_config as check_decisions_config
 from .event_loop import run_loop
 from .identity import configuration_problem
-from .logs import configure as configure_logging
+from .telemetry.logs import configure as configure_logging
 from .registry import Registry, RegistryError, load_registry
 
 
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
     imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
 
-    from .policy_commands import add_parsers as add_policy_parsers
+    from .authoring.policy_commands import add_parsers as add_policy_parsers
     add_policy_parsers(sub)
 
     args = parser.parse_args(argv)
@@ -113,12 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "import-mcp":
         return import_mcp(args)
     if args.command == "policy":
-        from .policy_commands import run as run_policy
+        from .authoring.policy_commands import run as run_policy
         return run_policy(args)
     if args.command == "run":
         return run_sidecar(args.config)
     if args.command == "dev":
-        from .devstack import run_dev
+        from .authoring.devstack import run_dev
         return run_dev(args)
     return 2
 
@@ -146,7 +146,7 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
             status += ", cancel endpoint"
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
     if previous:
-        from .contract_diff import diff, same_version_breaks
+        from .authoring.contract_diff import diff, same_version_breaks
         old = _registry_or_report(previous)
         if old is None:
             return 1
@@ -159,7 +159,7 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
 
 
 def registry_diff(old_path: str, new_path: str) -> int:
-    from .contract_diff import diff
+    from .authoring.contract_diff import diff
     old, new = _registry_or_report([old_path]), _registry_or_report([new_path])
     if old is None or new is None:
         return 1
@@ -174,7 +174,7 @@ def registry_diff(old_path: str, new_path: str) -> int:
 def check_policy_data(path: str) -> int:
     from .decode import strict_loads
     from .errors import ProxyError
-    from .policy_data import problems, summary
+    from .policy.data import problems, summary
     try:
         with open(path, "rb") as handle:
             document = strict_loads(handle.read(), what="policy data", phase="request")
@@ -191,7 +191,7 @@ def check_policy_data(path: str) -> int:
 
 
 def import_mcp(args: argparse.Namespace) -> int:
-    from .mcp_import import draft, fetch_tools
+    from .authoring.mcp_import import draft, fetch_tools
     try:
         tools = asyncio.run(fetch_tools(args.url, mode=args.mode, timeout_s=args.timeout))
     except Exception as exc:  # ExceptionGroup from the SDK's task groups included
@@ -203,7 +203,7 @@ def import_mcp(args: argparse.Namespace) -> int:
 
 
 def print_opa_data(paths: Sequence[str]) -> int:
-    from .policy import catalog_document
+    from .policy.client import catalog_document
     registry = _registry_or_report(paths)
     if registry is None:
         return 1
@@ -212,7 +212,7 @@ def print_opa_data(paths: Sequence[str]) -> int:
 
 
 def run_sidecar(config_path: str | None) -> int:
-    from .app import check_key_layout, serve
+    from .fronts.app import check_key_layout, serve
     try:
         config = load_config(config_path)
         check_key_layout(config)

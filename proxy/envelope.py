@@ -10,7 +10,6 @@ backend bodies into an envelope.
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -18,9 +17,9 @@ from datetime import datetime, timezone
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
-import orjson
 
 from .errors import CATALOGUE, NO_EFFECT, ProxyError, SideEffect
+from .wire import json_bytes
 
 
 @dataclass
@@ -71,13 +70,7 @@ def iso(ts: float) -> str:
 _iso_second: tuple[int, str] = (-1, "")  # the last second formatted, and its text
 
 
-def dumps(body: Any) -> bytes:
-    """Compact UTF-8 JSON of an answer (orjson; the standard encoder for what orjson refuses, such as an
-    integer beyond 64 bits in a backend's output)."""
-    try:
-        return orjson.dumps(body)
-    except orjson.JSONEncodeError:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+dumps = json_bytes  # the one JSON encoder of answers (proxy.wire)
 
 
 def outcome_of(error: ProxyError | None, side_effect: SideEffect) -> str:

@@ -37,7 +37,7 @@ state store is unreachable), and any tool whose contract says
 would serve stale data).
 
 A call authorized only by an approval already spent on this very operation
-(``replay_only_for``, see proxy/authorize.py) is answered from the record
+(``replay_only_for``, see proxy/policy/authorize.py) is answered from the record
 alone: SUCCEEDED replays, IN_PROGRESS / UNKNOWN / FAILED_FINAL answer as for
 any duplicate, but an absent or FAILED_RETRYABLE record — which would need a
 new execution — is ``approval_mismatch`` (reason ``used``): a re-run needs a
@@ -66,10 +66,10 @@ from . import compensation_contract
 from .config import IdempotencyConfig, ReconcileConfig
 from .errors import ProxyError, SideEffect
 from .identity import Caller
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
-from .redaction import redact
+from .telemetry.redaction import redact
 from .registry import ToolContract
 from .store import RoundTrip, StoreError, Then, unavailable
 

@@ -84,7 +84,7 @@ from .config import LocksConfig
 from .deadline import Deadline
 from .errors import ProxyError
 from .interrupts import TaskInterrupt
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .normalize import ResourceRef
 
 log = logging.getLogger("toolproxy.locks")

@@ -5,7 +5,7 @@ evidence, reconciliation, takeover, cancellation, compensation and the
 ``reversal`` word of docs/transactions.md) on the agent and the admin listener, the
 takeover record (everything a person needs to settle an operation by hand,
 seed 004: key, target, last evidence), and listing the open operations.
-Must never: change a record (resolutions are ``proxy/admin_api.py``'s and the
+Must never: change a record (resolutions are ``proxy/fronts/admin_api.py``'s and the
 reconciler's), or show another tenant's operation to a tenant-bound caller
 (it does not exist for them).
 """

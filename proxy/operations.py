@@ -10,7 +10,7 @@ of it, each one atomic Lua script registered once per process:
     UNKNOWN, NEEDS_TAKEOVER -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (operator with evidence)
     IN_PROGRESS -> CANCELLED (a requested cancellation, with evidence nothing was applied; final)
 
-plus two marks that never change the state (proxy/cancellation.py, proxy/compensation.py):
+plus two marks that never change the state (proxy/transactions/cancellation.py, proxy/transactions/compensation.py):
 ``cancel`` (an IN_PROGRESS record whose cancellation was requested: shown as CANCELLING)
 and ``compensation`` (a SUCCEEDED record's compensation block: requested, succeeded, failed, unknown),
 
@@ -344,8 +344,8 @@ class Record:
     reconcile_attempts: int = 0
     takeover_at: int | None = None
     owner: str | None = None  # the nonce of the request holding an IN_PROGRESS record
-    cancel: Mapping[str, Any] | None = None        # a requested cancellation (proxy/cancellation.py)
-    compensation: Mapping[str, Any] | None = None  # the compensation block (proxy/compensation.py)
+    cancel: Mapping[str, Any] | None = None        # a requested cancellation (proxy/transactions/cancellation.py)
+    compensation: Mapping[str, Any] | None = None  # the compensation block (proxy/transactions/compensation.py)
 
     @property
     def tenant(self) -> str:

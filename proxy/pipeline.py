@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from . import envelope, logs
+from . import envelope
+from .telemetry import logs
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, CallFacts, PolicyFacts, digest
-from .authorize import Authorizer
-from .cancellation import Cancellations, audit_outcome, withdrawn
+from .policy.authorize import Authorizer
+from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
 from .decode import decode_arguments
 from .envelope import Envelope, Timing
@@ -27,14 +28,14 @@ from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
 from .locks import Lease, LockManager
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall, normalize
-from .policy import Decision, RequestFacts
+from .policy.client import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
 from .registry import Registry, ToolContract
 from .store import RoundTrip
-from .unknowns import UnknownIndex
+from .transactions.unknowns import UnknownIndex
 from .verify import verify_output
 from .versions import VersionResolver, deprecation, deprecation_headers
 
@@ -264,7 +265,7 @@ class Pipeline:
             return await self._run_locked(state, tool, normalized, admission, lease)
 
         # From here on a cancel request (by key) or a withdrawal stops the call by the rules of
-        # proxy/cancellation.py.
+        # proxy/transactions/cancellation.py.
         return await self.cancellations.guard(state, admission.key, locked())
 
     async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:

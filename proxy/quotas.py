@@ -55,7 +55,7 @@ from .config import Config
 from .deadline import Deadline
 from .errors import ProxyError
 from .identity import Caller
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .quota_rules import AppliedLimit, LimitSpec, QuotaRules, parse_spec
 from .registry import Registry, ToolContract
 

@@ -27,11 +27,12 @@ from urllib.parse import quote
 import yaml
 from jsonschema import Draft202012Validator
 
-from . import compensation_contract, schema_fast
+from . import compensation_contract
+from .wire import schema_fast
 from .compensation_contract import CompensationSpec
 from .errors import ProxyError
 from .quota_rules import LimitSpec, spec_from_registry
-from .schema_fast import FastValidator
+from .wire.schema_fast import FastValidator
 
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")

@@ -21,8 +21,8 @@ import hashlib
 import logging
 from typing import Sequence
 
-from .metrics import Metrics
-from .policy import PolicyClient
+from .telemetry.metrics import Metrics
+from .policy.client import PolicyClient
 from .registry import LiveRegistry, RegistryError, load_registry, registry_files
 
 log = logging.getLogger("toolproxy.registry")

@@ -1,7 +1,7 @@
 """Request values: what a front hands the pipeline for one tool call, and what it gets back.
 
 Owns: the transport facts of a request (``RequestMeta``, built by
-``proxy/ingress.py``), the untrusted call itself (``ToolCallRequest``) and the
+``proxy/fronts/ingress.py``), the untrusted call itself (``ToolCallRequest``) and the
 pipeline's answer (``CallResult``). Every layer reads these, so they sit below
 all of them: this module imports only plain value types.
 Must never: hold behaviour, or anything a stage establishes about the call
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from .deadline import Deadline
 from .envelope import Envelope
-from .tracing import TraceContext
+from .telemetry.tracing import TraceContext
 
 
 @dataclass(frozen=True)

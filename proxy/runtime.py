@@ -4,8 +4,8 @@ Owns: opening the shared objects in order (one ``aiohttp.ClientSession``, the
 hot path's ``HttpWire``, one Redis client, the registry, the stages, the pipeline, the background tasks),
 closing all of them at shutdown, and closing again whatever was already
 opened when a step of start-up fails. Must never: serve HTTP (the fronts in
-``proxy/app.py``, ``proxy/admin_api.py``, ``proxy/mcp_front.py`` and
-``proxy/openai_front.py`` do) or hold a stage's rules.
+``proxy/fronts/app.py``, ``proxy/fronts/admin_api.py``, ``proxy/fronts/mcp/front.py`` and
+``proxy/fronts/openai.py`` do) or hold a stage's rules.
 """
 
 from __future__ import annotations
@@ -17,34 +17,35 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from . import approvals as approvals_module, locks as locks_module, operations as operations_module, store
+from .policy import approvals as approvals_module
+from . import locks as locks_module, operations as operations_module, store
 from .adapters.http import HttpAdapter
 from .adapters.mcp import McpAdapter
-from .approvals import ApprovalStore
+from .policy.approvals import ApprovalStore
 from .audit import Auditor, build_sinks
-from .authorize import Authorizer
-from .cancellation import Cancellations
-from .compensation import Compensations
+from .policy.authorize import Authorizer
+from .transactions.cancellation import Cancellations
+from .transactions.compensation import Compensations
 from .backpressure import BackendGuard
 from .config import Config
-from .decisions import build_recorder
-from .denials import DenialLog
-from .health import Health
+from .policy.decisions import build_recorder
+from .policy.denials import DenialLog
+from .fronts.health import Health
 from .idempotency import IdempotencyStage
 from .identity import Authenticator
-from .http_wire import HttpWire
+from .wire.http import HttpWire
 from .locks import LockManager
-from .metrics import Metrics
+from .telemetry.metrics import Metrics
 from .operations import OperationStore
 from .pipeline import Pipeline
-from .policy import PolicyClient
+from .policy.client import PolicyClient
 from .quotas import QuotaStage
-from .reconcile import Reconciler
+from .transactions.reconcile import Reconciler
 from .registry import LiveRegistry, Registry, load_registry
 from .registry_reload import RegistryReloader
-from .scheduler import Scheduler
+from .batch.scheduler import Scheduler
 from .store import key
-from .unknowns import UnknownIndex
+from .transactions.unknowns import UnknownIndex
 from .versions import VersionResolver
 
 log = logging.getLogger("toolproxy.runtime")

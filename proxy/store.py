@@ -3,7 +3,7 @@
 Owns: creating the process's one Redis client for the configured mode
 (``standalone``: a blocking pool on ``redis.url``, whose Lua scripts and
 ``RoundTrip`` batches go over the hot path's ``RespWire`` to the same server,
-proxy/resp_wire.py; ``sentinel``: redis-py's
+proxy/wire/resp.py; ``sentinel``: redis-py's
 Sentinel client, which asks the Sentinels for the current master and follows a
 failover; ``cluster``: redis-py's RedisCluster, which routes each command to
 the master of its key's slot), building keys, naming the Lua scripts
@@ -39,7 +39,7 @@ from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnec
 
 from .config import ConfigError, RedisConfig
 from .errors import ProxyError
-from .resp_wire import RespWire
+from .wire.resp import RespWire
 
 Client = Union[redis_async.Redis, RedisCluster]
 T = TypeVar("T")

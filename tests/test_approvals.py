@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from proxy.approvals import now_ms
+from proxy.policy.approvals import now_ms
 from proxy.store import key
 from tests.support.audit import audit_records
 from tests.support.stack import running_stack

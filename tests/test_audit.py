@@ -7,7 +7,7 @@ import json
 import pytest
 import redis.asyncio as redis_async
 
-from proxy.redaction import MASK, redact
+from proxy.telemetry.redaction import MASK, redact
 from proxy.errors import ProxyError
 from tests.support.audit import audit_records
 from tests.support.stack import UNLOCKED_COUNTER, extra_tools, running_stack

@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 
 from proxy.identity import Caller
 from proxy.normalize import normalize
-from proxy.policy import RequestFacts, build_input, catalog_document
+from proxy.policy.client import RequestFacts, build_input, catalog_document
 from proxy.registry import load_registry, load_schema
 from tests.support.servers import OpaServer
 from tests.support.stack import DEMO_REGISTRY, REPO, running_stack

@@ -11,8 +11,8 @@ import pytest
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.pipeline import RequestMeta
-from proxy.plan import BatchPlan, Dependency, PlannedCall
-from proxy.tracing import accept_traceparent
+from proxy.batch.plan import BatchPlan, Dependency, PlannedCall
+from proxy.telemetry.tracing import accept_traceparent
 from tests.support.stack import running_stack
 from tests.support.waits import wait_until
 

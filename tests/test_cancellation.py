@@ -16,7 +16,7 @@ import pytest
 
 from proxy.deadline import Deadline
 from proxy.pipeline import RequestMeta, ToolCallRequest
-from proxy.tracing import accept_traceparent
+from proxy.telemetry.tracing import accept_traceparent
 from tests.support.stack import running_stack
 from tests.support.waits import wait_until
 

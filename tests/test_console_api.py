@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.console import CSP
+from proxy.fronts.console import CSP
 
 REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}
 

@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from proxy.policy import catalog_document
+from proxy.policy.client import catalog_document
 from proxy.registry import load_registry
 from tests.support.helm import REPO, LocalPod, containers, http, http_get, one, python_entrypoint, render, wait_until
 from tests.support.metrics import exported_names

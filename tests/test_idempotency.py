@@ -494,7 +494,7 @@ async def test_operator_resolution_bodies_are_checked(stack):
     """The resolve logic at module level; the admin route with real operator tokens: test_operations_admin.py."""
     from proxy.errors import ProxyError
     from proxy.identity import AdminPrincipal
-    from proxy.admin_api import resolve_operation
+    from proxy.fronts.admin_api import resolve_operation
     await stack.fault("adjust_counter", "drop_after_commit", count=1)
     _, env = await stack.call("adjust_counter", {"counter": "ctr_demo", "delta": 5}, headers=KEY)
     await stack.runtime.reconciler.scan_once()

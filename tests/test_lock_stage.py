@@ -11,7 +11,7 @@ import pytest
 from proxy.deadline import Deadline
 from proxy.normalize import normalize
 from proxy.pipeline import RequestMeta, ToolCallRequest
-from proxy.tracing import accept_traceparent
+from proxy.telemetry.tracing import accept_traceparent
 from tests.support.stack import extra_tools, running_stack
 from tests.support.waits import wait_until
 from tests.support.modes import all_redis_modes

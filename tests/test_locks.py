@@ -12,7 +12,7 @@ from proxy.config import ConfigError, LocksConfig, load_config
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.locks import LockManager
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.normalize import ResourceRef
 from tests.support.servers import free_port
 from tests.support.waits import wait_until as wait_for

@@ -8,7 +8,7 @@ import logging
 
 import pytest
 
-from proxy import logs
+from proxy.telemetry import logs
 
 
 @pytest.fixture

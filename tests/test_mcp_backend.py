@@ -64,7 +64,7 @@ async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode,
 
 
 async def test_stateless_calls_are_plain_posts_over_the_hot_path_wire(tmp_path, proxy_deps):
-    """A 2026-07-28 upstream gets each tools/call as one POST over the proxy's own wire (``proxy.http_wire``, no
+    """A 2026-07-28 upstream gets each tools/call as one POST over the proxy's own wire (``proxy.wire.http``, no
     SDK client stack per call) carrying the SDK's own routing headers."""
     async with mcp_stack(tmp_path, proxy_deps) as (stack, upstream):
         for i in range(3):

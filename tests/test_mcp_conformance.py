@@ -22,7 +22,7 @@ from tests.support.mcp_upstream import conformance_registry_yaml, running_upstre
 from tests.support.node import run, tool
 from tests.support.stack import DEMO_REGISTRY, running_stack
 
-# Requests the upstream sends back during the call, relayed to the suite's client (proxy/mcp_relay.py).
+# Requests the upstream sends back during the call, relayed to the suite's client (proxy/fronts/mcp/relay.py).
 RELAYED = ("tools-call-sampling", "tools-call-elicitation", "elicitation-sep1034-defaults", "elicitation-sep1330-enums")
 PASSING = ("server-initialize", "ping", "tools-list", "tools-call-simple-text", "tools-call-image",
            "tools-call-audio", "tools-call-embedded-resource", "tools-call-mixed-content", "tools-call-error",

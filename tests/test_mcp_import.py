@@ -6,7 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from proxy.mcp_import import UpstreamTool, _strict_schema, draft
+from proxy.authoring.mcp_import import UpstreamTool, _strict_schema, draft
 from proxy.registry import load_file
 from tests.support.mcp_upstream import running_upstream
 from tests.support.stack import DEMO_REGISTRY, running_stack

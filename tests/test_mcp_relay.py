@@ -1,5 +1,5 @@
 """Requests an upstream MCP server sends back during a call (sampling, elicitation), relayed to the
-client that made the call (proxy/mcp_relay.py, docs/mcp.md "Requests an upstream sends back").
+client that made the call (proxy/fronts/mcp/relay.py, docs/mcp.md "Requests an upstream sends back").
 
 Against real processes: the Python `mcp` SDK as the client (its sampling/elicitation callbacks),
 raw HTTP for the id and session checks, the test upstream (tests/support/mcp_upstream.py) asking

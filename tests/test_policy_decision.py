@@ -1,11 +1,11 @@
-"""The per-call decision check (proxy.policy.decision_ok) says exactly what the decision schema says."""
+"""The per-call decision check (proxy.policy.client.decision_ok) says exactly what the decision schema says."""
 
 from __future__ import annotations
 
 import pytest
 from jsonschema import Draft202012Validator
 
-from proxy.policy import decision_ok
+from proxy.policy.client import decision_ok
 from proxy.registry import load_schema
 
 SCHEMA = Draft202012Validator(load_schema("opa-decision.schema.json"))

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from proxy.redaction import MASK
-from proxy.decisions import build_record, mask_input
-from proxy.policy import Decision
-from proxy.policy_replay import read_stream
+from proxy.telemetry.redaction import MASK
+from proxy.policy.decisions import build_record, mask_input
+from proxy.policy.client import Decision
+from proxy.authoring.policy_replay import read_stream
 from tests.support.stack import running_stack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -204,8 +204,8 @@ async def test_reads_through_functions_are_settled_by_the_trace(recorded, tmp_pa
 
 
 def test_the_projection_keeps_every_path_the_policy_may_read(tmp_path):
-    from proxy.policy_reads import all_patterns, policy_reads, project
-    from proxy.policy_scratch import find_opa
+    from proxy.authoring.policy_reads import all_patterns, policy_reads, project
+    from proxy.authoring.policy_scratch import find_opa
     (tmp_path / "p.rego").write_text(
         "package p\n\nimport input.subject as who\n\n"
         "allow if who.tenant == \"acme\"\n\n"
@@ -225,8 +225,8 @@ async def test_a_failing_decision_sink_is_counted_and_never_raises():
     import redis.asyncio as redis_async
 
     from proxy.config import DecisionsConfig
-    from proxy.decisions import DecisionRecorder, DecisionStreamSink
-    from proxy.metrics import Metrics
+    from proxy.policy.decisions import DecisionRecorder, DecisionStreamSink
+    from proxy.telemetry.metrics import Metrics
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -56,7 +56,7 @@ def certs(tmp_path_factory) -> dict[str, Path]:
 
 
 async def _ping(config_overrides: dict, env: dict | None = None) -> bool:
-    """A script over the hot path's wire (proxy/resp_wire.py) and a PING over redis-py's own connection:
+    """A script over the hot path's wire (proxy/wire/resp.py) and a PING over redis-py's own connection:
     both authenticate and verify TLS from the same settings."""
     config = load_config(env=env or {}, overrides=config_overrides)
     client = create_client(config.redis)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from proxy.app import check_key_layout
+from proxy.fronts.app import check_key_layout
 from proxy.config import ConfigError, load_config
 from proxy.store import check_one_slot
 from tests.support.metrics import sample, samples, scrape_text

@@ -1,4 +1,4 @@
-"""The hot path's Redis wire (proxy/resp_wire.py) against a real redis-server, and raw TCP stubs for what a
+"""The hot path's Redis wire (proxy/wire/resp.py) against a real redis-server, and raw TCP stubs for what a
 real server will not do on demand (answer twice). Replies are compared with what redis-py itself returns for
 the same command; pool limits, timeouts and cancels are checked at the server (``CLIENT LIST``) as well as
 in the wire's own count. Every wait is bounded by ``asyncio.timeout``.
@@ -14,7 +14,7 @@ from redis.exceptions import (ConnectionError as RedisConnectionError, NoScriptE
                               ResponseError, TimeoutError as RedisTimeoutError)
 
 from proxy.config import load_config
-from proxy.resp_wire import RespWire
+from proxy.wire.resp import RespWire
 from proxy.store import WiredRedis, close_client, create_client
 from tests.support.servers import RedisServer, free_port
 

@@ -1,4 +1,4 @@
-"""The compiled fast path of ``proxy.schema_fast`` never changes a verdict of ``jsonschema``."""
+"""The compiled fast path of ``proxy.wire.schema_fast`` never changes a verdict of ``jsonschema``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from jsonschema import Draft202012Validator
 
-from proxy import schema_fast
-from proxy.ingress import api_validator
+from proxy.wire import schema_fast
+from proxy.fronts.ingress import api_validator
 from proxy.registry import load_registry
 
 REPO = Path(__file__).resolve().parent.parent

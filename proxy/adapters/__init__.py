@@ -50,7 +50,7 @@ class InputRefused:
 
 # Where an MCP adapter hands a request its upstream sent back during the call running in this
 # context (``sampling/createMessage``, ``elicitation/create``) to the client that made the call:
-# set by the MCP front when that client can answer (``proxy/mcp_relay.py``); called with
+# set by the MCP front when that client can answer (``proxy/fronts/mcp/relay.py``); called with
 # (method, params, seconds left of the call's deadline), it returns the client's result object or an
 # ``InputRefused``. Unset: refused.
 InputRelay = Callable[[str, Mapping[str, Any], float], Awaitable["Mapping[str, Any] | InputRefused"]]

@@ -1,7 +1,7 @@
 """HTTP JSON backend adapter.
 
 Owns: POSTing canonical arguments to a tool's HTTP backend over the hot path's
-wire (``proxy.http_wire``) within the call's budget, forwarding trusted
+wire (``proxy.wire.http``) within the call's budget, forwarding trusted
 headers, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
 shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly (seed 000 sections 4 and 10):
 whether the request left the proxy and whether the effect is known to have
@@ -20,7 +20,7 @@ import aiohttp
 
 from ..decode import strict_loads
 from ..errors import ProxyError
-from ..http_wire import Answer, HttpWire, Progress, TooLarge
+from ..wire.http import Answer, HttpWire, Progress, TooLarge
 from ..registry import ToolContract
 from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, safe_value
 

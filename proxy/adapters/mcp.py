@@ -68,10 +68,11 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
-from ..http_wire import HttpWire
-from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay, mcp_wire,
+from ..wire.http import HttpWire
+from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay,
                progress_relay, safe_error_fields)
 from .http import forwarded_headers
+from ..wire import mcp as mcp_wire
 
 log = logging.getLogger("toolproxy.adapters.mcp")
 
@@ -219,7 +220,7 @@ class _Upstream:
 
 class McpAdapter:
     # Cancelling a sent call closes its request: the MCP session then sends notifications/cancelled upstream
-    # (the SDK's courtesy cancel for an abandoned request), which is this adapter's cancel (proxy/cancellation.py).
+    # (the SDK's courtesy cancel for an abandoned request), which is this adapter's cancel (proxy/transactions/cancellation.py).
     cancel_by_closing = True
 
     def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .registry import Registry, ToolContract, thaw
+from ..registry import Registry, ToolContract, thaw
 
 RISK_ORDER = ("read", "write", "external", "financial", "destructive")
 _ANNOTATIONS = {"description", "title", "examples", "$comment", "default"}

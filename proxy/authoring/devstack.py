@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Sequence
 
-from .config import ConfigError, load_config
-from .registry import RegistryError
+from ..config import ConfigError, load_config
+from ..registry import RegistryError
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -124,9 +124,9 @@ def run_dev(args: argparse.Namespace) -> int:
         stop_all()
         return 1
 
-    from .app import serve
-    from .event_loop import run_loop
-    from .logs import configure as configure_logging
+    from ..fronts.app import serve
+    from ..event_loop import run_loop
+    from ..telemetry.logs import configure as configure_logging
     configure_logging(config.log.level, config.log.format)
     _print_banner(args, approver_token, config.registry.paths, policies, opa_data)
 

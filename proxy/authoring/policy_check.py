@@ -35,9 +35,9 @@ from typing import Any, Iterator
 
 import yaml
 
-from .config import deep_merge
+from ..config import deep_merge
 from .policy_scratch import find_opa
-from .registry import Registry, ToolContract, load_registry
+from ..registry import Registry, ToolContract, load_registry
 
 DATA_SUFFIXES = (".json", ".yaml", ".yml")
 OWNERSHIPS = ("tenant", "shared")

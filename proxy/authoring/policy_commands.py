@@ -15,9 +15,9 @@ import json
 import sys
 from typing import Any
 
-from .opa_control import ControlError
-from .policy import catalog_document
-from .registry import RegistryError, load_registry
+from ..policy.opa_control import ControlError
+from ..policy.client import catalog_document
+from ..registry import RegistryError, load_registry
 
 
 def add_parsers(sub: Any) -> None:

@@ -22,15 +22,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .decode import decode_arguments
-from .errors import ProxyError
-from .identity import Caller
-from .normalize import normalize
-from .opa_control import ControlError
-from .policy import RequestFacts, build_input
+from ..decode import decode_arguments
+from ..errors import ProxyError
+from ..identity import Caller
+from ..normalize import normalize
+from ..policy.opa_control import ControlError
+from ..policy.client import RequestFacts, build_input
 from .policy_replay import result_of
 from .policy_scratch import find_opa
-from .registry import load_registry
+from ..registry import load_registry
 
 
 def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], catalog_digest: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from .opa_control import ControlError
+from ..policy.opa_control import ControlError
 
 WILD = object()
 INPUT = {"type": "var", "value": "input"}

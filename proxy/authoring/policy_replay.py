@@ -21,11 +21,11 @@ from typing import Any, Iterable, Sequence
 
 import redis.asyncio as redis_async
 
-from .decisions import RECORD_TYPE
+from ..policy.decisions import RECORD_TYPE
 from .policy_reads import (RuleReads, all_patterns, policy_reads, project, residual_needs_input, rules_reaching,
                            trace_reads)
 from .policy_scratch import ScratchOpa, rego_ref
-from .store import key
+from ..store import key
 
 RESULTS = ("allow", "require_approval", "deny")
 ANALYSIS_CONCURRENCY = 4

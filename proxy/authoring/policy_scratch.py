@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .opa_control import ControlError, control_client, put_data
+from ..policy.opa_control import ControlError, control_client, put_data
 
 BATCH_PACKAGE = "toolproxy_replay"
 BATCH_CHUNK = 250          # inputs per query: large enough to amortize HTTP, small enough to stream

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from .envelope import Envelope, Timing
-from .errors import ProxyError
+from ..envelope import Envelope, Timing
+from ..errors import ProxyError
 from .plan import BatchPlan, Footprint, Graph
 
 # The order in which resolutions become the batch's next action: uncertain

@@ -23,11 +23,11 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Sequence
 
-from .decode import decode_arguments
-from .errors import ProxyError
-from .normalize import ResourceRef, normalize
-from .requests import RequestMeta, ToolCallRequest
-from .registry import Registry, ToolContract
+from ..decode import decode_arguments
+from ..errors import ProxyError
+from ..normalize import ResourceRef, normalize
+from ..requests import RequestMeta, ToolCallRequest
+from ..registry import Registry, ToolContract
 
 BLOCK, CONTINUE = "block", "continue"
 

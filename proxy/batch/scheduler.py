@@ -1,7 +1,7 @@
 """Batch scheduler: runs a checked plan's DAG through the single-call pipeline.
 
 Owns: when each call of a batch starts — after every predecessor in the DAG
-(``proxy/plan.py``) has finished, never when a ``block`` dependency did not
+(``proxy/batch/plan.py``) has finished, never when a ``block`` dependency did not
 succeed (``cancelled`` with ``blocked_by``), never after the batch deadline
 (``timeout_not_started``) — such a call still gets its one audit record
 (``Auditor.call_not_started``) — and within the concurrency limits per batch, per
@@ -12,7 +12,7 @@ concurrently; calls in one conflict domain run one at a time because the DAG
 orders them. Must never: execute a call any other way than
 ``Pipeline.execute`` (authorization, idempotency and locks apply to every batch
 call exactly as to a single call), or let completion order leak into the
-result (``proxy/merge.py`` puts results in plan order).
+result (``proxy/batch/merge.py`` puts results in plan order).
 
 Programmatic use (the batch API and the OpenAI front)::
 
@@ -29,18 +29,18 @@ import contextlib
 from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Mapping
 
-from .audit import Auditor
-from .cancellation import withdrawn, withdrawn_by
-from .config import DeadlineConfig, SchedulerConfig
-from .deadline import Deadline
-from .envelope import Envelope, Timing
-from .errors import ProxyError
-from .identity import Caller
+from ..audit import Auditor
+from ..transactions.cancellation import withdrawn, withdrawn_by
+from ..config import DeadlineConfig, SchedulerConfig
+from ..deadline import Deadline
+from ..envelope import Envelope, Timing
+from ..errors import ProxyError
+from ..identity import Caller
 from .merge import BatchResult, merge
-from .metrics import Metrics
-from .pipeline import Pipeline, RequestMeta
+from ..telemetry.metrics import Metrics
+from ..pipeline import Pipeline, RequestMeta
 from .plan import BLOCK, BatchPlan, Footprint, Graph, PlannedCall, build_graph, check, footprint
-from .registry import Registry
+from ..registry import Registry
 
 
 class ConcurrencyLimits:
@@ -134,7 +134,7 @@ class Scheduler:
 
     async def cancel(self, batch_id: str, *, tenant: str, subject: str) -> dict[str, Any]:
         """``POST /v1/batches/{batch_id}:cancel``: calls not started end ``cancelled`` (``blocked_by`` behind a
-        cancelled step), running calls are cancelled by the rules of proxy/cancellation.py. Answers the
+        cancelled step), running calls are cancelled by the rules of proxy/transactions/cancellation.py. Answers the
         calls' outcomes once the batch has ended (or ``cancelling`` after the wait). Batches are known to the
         process that runs them (the batch id is the request's ``X-Request-Id``)."""
         batch = self._batches.get((tenant, batch_id))
@@ -207,7 +207,7 @@ class Scheduler:
 
     async def _run_call(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
                         caller: Caller, cancel: asyncio.Event | None = None) -> Envelope:
-        if cancel is not None:  # this task's context: a cancelled batch withdraws the call (proxy/cancellation.py)
+        if cancel is not None:  # this task's context: a cancelled batch withdraws the call (proxy/transactions/cancellation.py)
             withdrawn.set(cancel)
             withdrawn_by.set("batch")
         async with contextlib.AsyncExitStack() as held:

@@ -22,19 +22,19 @@ from typing import Any
 from aiohttp import web
 
 from . import console, ingress
-from .audit import Auditor
-from .decode import schema_violations
-from .errors import ProxyError, SideEffect
+from ..audit import Auditor
+from ..decode import schema_violations
+from ..errors import ProxyError, SideEffect
 from .http_edge import RUNTIME, envelope_errors, json_response
-from .identity import AdminPrincipal
-from .idempotency import KEY_PATTERN, stored_outcome
-from .metrics import Metrics
-from .operation_views import find_operation, list_takeovers
-from .operations import OperationStore
-from .reconcile import audit_fields
-from .registry import Registry
-from .runtime import Runtime
-from .unknowns import UnknownIndex
+from ..identity import AdminPrincipal
+from ..idempotency import KEY_PATTERN, stored_outcome
+from ..telemetry.metrics import Metrics
+from ..operation_views import find_operation, list_takeovers
+from ..operations import OperationStore
+from ..transactions.reconcile import audit_fields
+from ..registry import Registry
+from ..runtime import Runtime
+from ..transactions.unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.admin")
 

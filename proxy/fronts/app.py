@@ -2,9 +2,9 @@
 
 Owns: the agent and ops listeners' routes, translating HTTP requests into
 pipeline calls and envelopes back, and running the three listeners
-(``serve``). The admin listener's routes are ``proxy/admin_api.py``'s, the
+(``serve``). The admin listener's routes are ``proxy/fronts/admin_api.py``'s, the
 shared edge (runtime key, JSON answers, the error middleware)
-``proxy/http_edge.py``'s, and the runtime is opened and closed by
+``proxy/fronts/http_edge.py``'s, and the runtime is opened and closed by
 ``proxy/runtime.py``. Must never: hold business rules — every decision lives
 in a stage module; handlers translate.
 """
@@ -18,20 +18,20 @@ from typing import Any, Callable
 from aiohttp import web
 from prometheus_client.exposition import choose_encoder
 
-from . import ingress, openai_front
+from . import ingress, openai as openai_front
 from .admin_api import admin_app  # noqa: F401  (importable from here too)
-from .config import Config
+from ..config import Config
 from .http_edge import RUNTIME, envelope_errors, json_response  # noqa: F401  (importable from here too)
 from .http_server import EnvelopeRunner
-from .identity import Caller
-from .idempotency import derive_key
+from ..identity import Caller
+from ..idempotency import derive_key
 from .listing import visible_tools
-from .mcp_front import McpFront
-from .operation_views import find_operation
-from .pipeline import RequestMeta, ToolCallRequest
-from .plan import plan_from_json
-from .quotas import retry_after_header
-from .runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
+from .mcp.front import McpFront
+from ..operation_views import find_operation
+from ..pipeline import RequestMeta, ToolCallRequest
+from ..batch.plan import plan_from_json
+from ..quotas import retry_after_header
+from ..runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("toolproxy.app")
 

@@ -2,7 +2,7 @@
 
 Owns: the console's server-rendered page (``GET /ui``: the panels' structure,
 forms and empty tables), its own script and stylesheet (``/ui/console.js``,
-``/ui/console.css``, shipped in ``proxy/console_static/``), and the security
+``/ui/console.css``, shipped in ``proxy/fronts/console_static/``), and the security
 headers of every admin listener response (a strict Content-Security-Policy
 with no inline script, no framing, no sniffing, no referrer, no caching).
 The page holds no data and no credential: the script asks for the admin

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
 
-from . import store
-from .config import Config
-from .metrics import Metrics
-from .opa_control import control_client, healthy
-from .registry import Registry
-from .unknowns import UnknownIndex
+from .. import store
+from ..config import Config
+from ..telemetry.metrics import Metrics
+from ..policy.opa_control import control_client, healthy
+from ..registry import Registry
+from ..transactions.unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.health")
 

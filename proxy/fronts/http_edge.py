@@ -15,11 +15,13 @@ from typing import Any, Awaitable, Callable
 
 from aiohttp import web
 
-from . import envelope, ingress, logs
-from .envelope import dumps
-from .errors import ProxyError
-from .runtime import Runtime
-from .store import StoreError, unavailable
+from .. import envelope
+from . import ingress
+from ..telemetry import logs
+from ..envelope import dumps
+from ..errors import ProxyError
+from ..runtime import Runtime
+from ..store import StoreError, unavailable
 
 log = logging.getLogger("toolproxy.app")
 

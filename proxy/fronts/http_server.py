@@ -27,9 +27,9 @@ from typing import Callable
 from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
-from . import envelope
-from .errors import ProxyError
-from .tracing import new_request_id
+from .. import envelope
+from ..errors import ProxyError
+from ..telemetry.tracing import new_request_id
 
 log = logging.getLogger("toolproxy.http")
 

@@ -16,15 +16,15 @@ import re
 from typing import Any
 
 from aiohttp import web
-from . import deadline as deadlines
-from . import schema_fast
-from .config import Config
-from .decode import schema_violations, strict_loads
-from .errors import ProxyError
-from .requests import RequestMeta
-from .registry import load_schema
-from .schema_fast import FastValidator
-from .tracing import accept_traceparent, new_request_id, safe_id
+from .. import deadline as deadlines
+from ..wire import schema_fast
+from ..config import Config
+from ..decode import schema_violations, strict_loads
+from ..errors import ProxyError
+from ..requests import RequestMeta
+from ..registry import load_schema
+from ..wire.schema_fast import FastValidator
+from ..telemetry.tracing import accept_traceparent, new_request_id, safe_id
 
 JSON_TYPES = ("application/json",)
 REQUEST_ID = web.RequestKey("toolproxy_request_id", str)

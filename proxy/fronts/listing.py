@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import uuid
 
-from .identity import Caller
-from .policy import PolicyClient, RequestFacts, build_input
-from .registry import Registry, ToolContract
+from ..identity import Caller
+from ..policy.client import PolicyClient, RequestFacts, build_input
+from ..registry import Registry, ToolContract
 
 
 async def visible_tools(registry: Registry, policy: PolicyClient, caller: Caller, *, request_id: str | None = None,

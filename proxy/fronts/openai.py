@@ -22,13 +22,13 @@ from typing import Any, Sequence
 from aiohttp import web
 
 from . import ingress
-from .config import Config
-from .envelope import Envelope
-from .errors import ProxyError
-from .identity import Authenticator, Caller
-from .plan import BatchPlan, PlannedCall
-from .requests import RequestMeta
-from .scheduler import Scheduler
+from ..config import Config
+from ..envelope import Envelope
+from ..errors import ProxyError
+from ..identity import Authenticator, Caller
+from ..batch.plan import BatchPlan, PlannedCall
+from ..requests import RequestMeta
+from ..batch.scheduler import Scheduler
 
 CHAT, RESPONSES = "chat", "responses"
 

@@ -22,16 +22,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .audit import Auditor
-from .redaction import redact
-from .config import ApprovalsConfig
-from .errors import ProxyError
-from .identity import AdminPrincipal, Caller
-from .metrics import Metrics
-from .normalize import NormalizedCall
-from .registry import ToolContract
-from . import store
-from .store import StoreError, key, redis_call
+from ..audit import Auditor
+from ..telemetry.redaction import redact
+from ..config import ApprovalsConfig
+from ..errors import ProxyError
+from ..identity import AdminPrincipal, Caller
+from ..telemetry.metrics import Metrics
+from ..normalize import NormalizedCall
+from ..registry import ToolContract
+from .. import store
+from ..store import StoreError, key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 

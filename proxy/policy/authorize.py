@@ -25,14 +25,14 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from .approvals import ApprovalStore
-from .audit import PolicyFacts
+from ..audit import PolicyFacts
 from .denials import DenialLog
-from .envelope import iso
-from .errors import ProxyError
-from .identity import Caller
-from .normalize import NormalizedCall
-from .policy import Decision, PolicyClient, RequestFacts, build_input
-from .registry import ToolContract
+from ..envelope import iso
+from ..errors import ProxyError
+from ..identity import Caller
+from ..normalize import NormalizedCall
+from .client import Decision, PolicyClient, RequestFacts, build_input
+from ..registry import ToolContract
 
 log = logging.getLogger("toolproxy.authorize")
 

@@ -23,15 +23,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import orjson
 
-from .config import OpaConfig
+from ..config import OpaConfig
 from .decisions import Decision, DecisionRecorder  # Decision: importable from here too
-from .errors import ProxyError
-from .http_wire import HttpWire
-from .identity import Caller
-from .metrics import Metrics
-from .normalize import NormalizedCall, canonical_json, sha256_hex
+from ..errors import ProxyError
+from ..wire.http import HttpWire
+from ..identity import Caller
+from ..telemetry.metrics import Metrics
+from ..normalize import NormalizedCall, canonical_json, sha256_hex
 from .opa_control import ControlError, control_client, put_data
-from .registry import Registry, ToolContract
+from ..registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.policy")
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 
-from .decode import schema_violations
-from .registry import load_schema
+from ..decode import schema_violations
+from ..registry import load_schema
 
 
 def problems(document: Any) -> list[str]:

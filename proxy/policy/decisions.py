@@ -24,11 +24,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import redis.asyncio as redis_async
 
-from .audit import StdoutSink, iso_now
-from .redaction import MASK, looks_secret
-from .config import ConfigError, DecisionsConfig
-from .metrics import Metrics
-from .store import StoreError, redis_call
+from ..audit import StdoutSink, iso_now
+from ..telemetry.redaction import MASK, looks_secret
+from ..config import ConfigError, DecisionsConfig
+from ..telemetry.metrics import Metrics
+from ..store import StoreError, redis_call
 
 log = logging.getLogger("toolproxy.decisions")
 
@@ -40,7 +40,7 @@ Path = tuple[str | int, ...]
 
 @dataclass(frozen=True)
 class Decision:
-    """One answer of the policy (``proxy/policy.py`` builds it from OPA's result; recorded here)."""
+    """One answer of the policy (``proxy/policy/client.py`` builds it from OPA's result; recorded here)."""
 
     allow: bool
     require_approval: bool

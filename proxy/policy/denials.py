@@ -22,8 +22,8 @@ from typing import Any
 
 import redis.asyncio as redis_async
 
-from .metrics import Metrics
-from .store import StoreError, key, redis_call
+from ..telemetry.metrics import Metrics
+from ..store import StoreError, key, redis_call
 
 log = logging.getLogger("toolproxy.denials")
 

@@ -29,7 +29,7 @@ _CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolp
 
 CONTEXT_FIELDS = ("request_id", "trace_id", "call_id")
 
-# Credentials never reach a log line, whatever put them in a message: the one rule of proxy/redaction.py.
+# Credentials never reach a log line, whatever put them in a message: the one rule of proxy/telemetry/redaction.py.
 scrub = redaction.scrub
 
 

@@ -5,9 +5,9 @@ top-level names or dotted paths that cross arrays element-wise, plus every key
 that looks like a credential, at any depth, inside arrays too), truncating
 long strings and deep or long structures, and scrubbing credentials out of log
 messages. Used by every place a person can read arguments or messages: audit
-records (``proxy/audit.py``), the approver's summary (``proxy/approvals.py``),
+records (``proxy/audit.py``), the approver's summary (``proxy/policy/approvals.py``),
 the operator's operation and takeover views (``proxy/idempotency.py``), and
-log lines (``proxy/logs.py``).
+log lines (``proxy/telemetry/logs.py``).
 
 Must never: return the caller's object (always a copy), keep a masked value
 anywhere in the copy, or depend on another proxy module (it sits below all

@@ -35,18 +35,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Coroutine, Mapping
 
-from . import store
-from .store import ChannelListener
-from .audit import Auditor, CallFacts, digest
-from .config import CancellationConfig
-from .envelope import Envelope
-from .errors import ProxyError
-from .interrupts import TaskInterrupt
-from .idempotency import KEY_PATTERN
-from .operation_views import operation_view
-from .metrics import Metrics
-from .operations import OperationStore, Record
-from .registry import ToolContract
+from .. import store
+from ..store import ChannelListener
+from ..audit import Auditor, CallFacts, digest
+from ..config import CancellationConfig
+from ..envelope import Envelope
+from ..errors import ProxyError
+from ..interrupts import TaskInterrupt
+from ..idempotency import KEY_PATTERN
+from ..operation_views import operation_view
+from ..telemetry.metrics import Metrics
+from ..operations import OperationStore, Record
+from ..registry import ToolContract
 
 log = logging.getLogger("toolproxy.cancellation")
 

@@ -25,32 +25,38 @@ import logging
 import re
 import time
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
-from . import envelope
-from .envelope import Envelope
-from .audit import Auditor
-from .compensation_contract import build_arguments
-from .decode import decode_arguments
-from .errors import ProxyError
-from .identity import Caller
-from .idempotency import KEY_PATTERN, derive_key
-from .operation_views import operation_view
-from .metrics import Metrics
-from .normalize import normalize
-from .operations import OperationStore, Record
-from .pipeline import Pipeline, RequestMeta, ToolCallRequest
-from .policy import PolicyClient, RequestFacts, build_input
-from .registry import Registry
-from .store import StoreError, key as store_key, redis_call, unavailable
+from .. import envelope
+from ..envelope import Envelope
+from ..audit import Auditor
+from ..compensation_contract import build_arguments
+from ..decode import decode_arguments
+from ..errors import ProxyError
+from ..identity import Caller
+from ..idempotency import KEY_PATTERN, derive_key
+from ..operation_views import operation_view
+from ..telemetry.metrics import Metrics
+from ..normalize import normalize
+from ..operations import OperationStore, Record
+from ..requests import CallResult, RequestMeta, ToolCallRequest
+from ..policy.client import PolicyClient, RequestFacts, build_input
+from ..registry import Registry
+from ..store import StoreError, key as store_key, redis_call, unavailable
 
 log = logging.getLogger("toolproxy.compensation")
+
+
+class CallRunner(Protocol):
+    """What compensation needs of the pipeline: run one call as its own operation (``Pipeline`` is one)."""
+
+    async def execute(self, request: ToolCallRequest, caller: Caller) -> CallResult: ...
 
 MAX_TAKEOVERS_LISTED = 500
 
 
 class Compensations:
-    def __init__(self, *, store: OperationStore, registry: Registry, pipeline: Pipeline, policy: PolicyClient,
+    def __init__(self, *, store: OperationStore, registry: Registry, pipeline: CallRunner, policy: PolicyClient,
                  audit: Auditor, metrics: Metrics, key_prefix: str, max_json_depth: int) -> None:
         self._store = store
         self._registry = registry

@@ -10,7 +10,7 @@ works on one key at a time, (3) raises a takeover record when the window
 runs out or the tool has no status endpoint, and (4) writes a
 ``reconciliation`` audit record for every transition it makes and a
 ``takeover`` record for every handover. (An operator's manual resolution of
-an open operation is ``proxy/admin_api.py``'s.)
+an open operation is ``proxy/fronts/admin_api.py``'s.)
 
 Status answers (seed 000 section 10, seed 004):
   ``{"state": "committed", "result": {...}}`` -> SUCCEEDED with that result (checked against outputSchema);
@@ -36,16 +36,16 @@ from typing import Any, Mapping
 
 import aiohttp
 
-from .audit import Auditor
-from .config import ReconcileConfig
-from .decode import schema_violations, strict_loads
-from .errors import ProxyError, SideEffect
-from .idempotency import outcome_of
-from .operation_views import takeover_record
-from .metrics import Metrics
-from .operations import BUCKETS, OperationStore, Record
-from .registry import Registry, ToolContract
-from .store import StoreError
+from ..audit import Auditor
+from ..config import ReconcileConfig
+from ..decode import schema_violations, strict_loads
+from ..errors import ProxyError, SideEffect
+from ..idempotency import outcome_of
+from ..operation_views import takeover_record
+from ..telemetry.metrics import Metrics
+from ..operations import BUCKETS, OperationStore, Record
+from ..registry import Registry, ToolContract
+from ..store import StoreError
 
 log = logging.getLogger("toolproxy.reconcile")
 

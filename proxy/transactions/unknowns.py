@@ -10,7 +10,7 @@ score: when they started). Because both live in Redis, the
 from every replica. Also owns reading the call-level entries: the list, and
 finding one by (request id, call id) through a small per-call set written
 beside each entry (a call without a key has no status to query: only a
-person can say what happened — ``proxy/admin_api.py`` settles it — and until
+person can say what happened — ``proxy/fronts/admin_api.py`` settles it — and until
 then it stays open and the "unknowns open too long" alert keeps firing).
 
 Must never: decide an outcome by itself, or touch another stage's records.
@@ -26,9 +26,9 @@ from typing import Any
 
 import redis.asyncio as redis_async
 
-from .normalize import sha256_hex
-from .operations import OperationStore
-from .store import key, redis_call
+from ..normalize import sha256_hex
+from ..operations import OperationStore
+from ..store import key, redis_call
 
 log = logging.getLogger("toolproxy.unknowns")
 

@@ -34,8 +34,8 @@ import httptools
 from aiohttp import BasicAuth
 from yarl import URL
 
-from . import __version__
-from .wire_connection import CountedConnection
+from .. import __version__
+from .connection import CountedConnection
 
 _MAX_IDLE_PER_ORIGIN = 64
 _USER_AGENT = f"toolproxy/{__version__}"

@@ -2,7 +2,7 @@
 
 Owns: sending a call that relays nothing (no progress, no log level) to an upstream whose session
 negotiated a stateless revision (2026-07-28: no session id, every request
-self-describing) as one POST over the hot path's keep-alive wire (``proxy.http_wire``),
+self-describing) as one POST over the hot path's keep-alive wire (``proxy.wire.http``),
 with exactly the body and headers the SDK session would send (its own stamp
 writes the ``_meta`` protocol version, client info and capabilities and the
 ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers), reading the answer the
@@ -45,10 +45,10 @@ from mcp_types.jsonrpc import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from .. import schema_fast
-from ..envelope import dumps
-from ..http_wire import Answer as WireAnswer, HttpWire, Progress
-from ..schema_fast import FastValidator
+from . import schema_fast
+from . import json_bytes as dumps
+from .http import Answer as WireAnswer, HttpWire, Progress
+from .schema_fast import FastValidator
 
 _ids = itertools.count(1)
 
@@ -189,7 +189,7 @@ _fast_output: dict[str, FastValidator] = {}  # per tool name: the compiled verdi
 
 def _surely_conforms(session: Any, name: str, content: Any) -> bool:
     """The SDK's check of a result against the tool's output schema (``validate_tool_result``) would
-    pass: structured content that the compiled validator of ``proxy.schema_fast`` accepts, for a schema the
+    pass: structured content that the compiled validator of ``proxy.wire.schema_fast`` accepts, for a schema the
     SDK has already checked and compiled as Draft 2020-12 without formats (as schema_fast reads it). Else
     (first call, another draft, content the fast path refuses or cannot take) the SDK decides, with its own
     error. Why: its ``jsonschema`` walk and ``best_match`` were the largest part of this path beside the

@@ -32,7 +32,7 @@ from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import ConnectionError as RedisConnectionError, DataError, InvalidResponse, \
     TimeoutError as RedisTimeoutError
 
-from .wire_connection import CountedConnection
+from .connection import CountedConnection
 
 Command = Sequence[Any]
 

@@ -20,7 +20,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from proxy import devstack
+from proxy.authoring import devstack
 from typing import Any, Iterable, Sequence
 
 __all__ = [

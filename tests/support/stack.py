@@ -22,9 +22,9 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 from examples.demo_backend import DemoState, start_demo_backend
-from proxy.app import Runtime, admin_app, agent_app, create_runtime, ops_app
+from proxy.fronts.app import Runtime, admin_app, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
-from proxy.http_server import EnvelopeRunner
+from proxy.fronts.http_server import EnvelopeRunner
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEMO_REGISTRY = REPO / "examples" / "registry"

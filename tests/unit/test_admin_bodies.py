@@ -8,7 +8,7 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from proxy.errors import ProxyError
-from proxy.ingress import validate_body
+from proxy.fronts.ingress import validate_body
 from tests.unit import REPO
 
 

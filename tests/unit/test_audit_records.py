@@ -15,13 +15,13 @@ from proxy.deadline import Deadline
 from proxy.envelope import Envelope, Timing
 from proxy.errors import ProxyError, SideEffect
 from proxy.identity import Caller
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from proxy.normalize import normalize
-from proxy.plan import PlannedCall, footprint
-from proxy.redaction import MASK
+from proxy.batch.plan import PlannedCall, footprint
+from proxy.telemetry.redaction import MASK
 from proxy.registry import load_registry
 from proxy.requests import RequestMeta, ToolCallRequest
-from proxy.tracing import accept_traceparent
+from proxy.telemetry.tracing import accept_traceparent
 from tests.unit import DEMO_REGISTRY, REPO
 
 SCHEMA = Draft202012Validator(json.loads(Path(REPO / "schemas" / "audit-record.schema.json").read_text()))

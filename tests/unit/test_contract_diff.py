@@ -1,4 +1,4 @@
-"""Contract diff without servers: breaking vs compatible changes (proxy/contract_diff.py)."""
+"""Contract diff without servers: breaking vs compatible changes (proxy/authoring/contract_diff.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import copy
 
 import yaml
 
-from proxy.contract_diff import diff, same_version_breaks
+from proxy.authoring.contract_diff import diff, same_version_breaks
 from proxy.registry import load_registry
 from tests.unit import DEMO_REGISTRY
 

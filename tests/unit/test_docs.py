@@ -10,7 +10,7 @@ import pytest
 
 from proxy.config import describe
 from proxy.errors import CATALOGUE
-from proxy.metrics import Metrics
+from proxy.telemetry.metrics import Metrics
 from tests.unit import REPO
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "deploy" / "helm" / "toolproxy" / "README.md"]

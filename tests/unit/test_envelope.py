@@ -140,7 +140,7 @@ def test_the_json_is_the_values_and_the_values_are_read_without_string_keys():
 
 def test_a_reconciliation_verdict_is_stored_by_the_same_function_as_a_call():
     from proxy.operations import Record
-    from proxy.reconcile import Verdict
+    from proxy.transactions.reconcile import Verdict
     record = Record(key="ik_" + "4" * 64, state="UNKNOWN", attempt=1, token=1, is_write=True,
                     meta={"call_id": "c9", "request_id": "req_9"}, created_at=0, updated_at=0, retention_s=60)
     error = ProxyError("business_rejected", "no", phase="reconcile")

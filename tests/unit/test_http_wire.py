@@ -1,4 +1,4 @@
-"""The hot path's HTTP/1.1 wire (proxy/http_wire.py) against raw TCP servers that answer byte for byte.
+"""The hot path's HTTP/1.1 wire (proxy/wire/http.py) against raw TCP servers that answer byte for byte.
 
 Each server is an ``asyncio`` stream server on a free port that reads one request head and body at a time
 and writes exactly the bytes a test gives it, so framing (Content-Length, chunked, close-delimited),
@@ -13,7 +13,7 @@ from typing import Awaitable, Callable
 
 import pytest
 
-from proxy.http_wire import HttpWire, Progress, TooLarge, WireError
+from proxy.wire.http import HttpWire, Progress, TooLarge, WireError
 
 Handler = Callable[[bytes, bytes, asyncio.StreamWriter], Awaitable[bool]]  # (head, body, writer) -> keep going
 

@@ -1,4 +1,5 @@
-"""Imports inside ``proxy/`` run one way: fronts/handlers → pipeline → stages → stores.
+"""Imports inside ``proxy/`` run one way: authoring → fronts → batch → pipeline → transactions → adapters →
+policy → the stages and stores at the package's face → telemetry → wire.
 
 Parses every module of the package (ast, nothing is imported) and fails on
 any import cycle, counting every import: module level, inside functions and
@@ -95,16 +96,45 @@ def test_proxy_has_no_import_cycle():
     assert not problems, "import cycles in proxy/:\n" + "\n".join(problems)
 
 
-def test_stages_and_stores_never_import_the_fronts_or_the_pipeline():
+# The wings of the package, lowest first. A module may import its own tier and any tier below it,
+# never one above. The face of the package (``proxy/*.py``: the stages and their values) is the "core"
+# tier, except the few face modules that assemble the others, named in FACE_TIERS (and the package
+# itself, which holds only its version).
+TIERS = ["wire", "telemetry", "core", "policy", "adapters", "transactions", "pipeline", "batch", "fronts",
+         "authoring"]
+WINGS = {"wire", "telemetry", "policy", "adapters", "transactions", "batch", "fronts", "authoring"}
+FACE_TIERS = {"proxy": "wire", "proxy.pipeline": "pipeline", "proxy.runtime": "fronts", "proxy.registry_reload": "fronts",
+              "proxy.cli": "authoring"}
+
+
+def tier(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) >= 2 and parts[1] in WINGS:
+        return parts[1]
+    return FACE_TIERS.get(module, "core")
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    rank = {name: i for i, name in enumerate(TIERS)}
+    return sorted(f"{m} ({tier(m)}) imports {t} ({tier(t)})" for m, targets in graph.items() for t in targets
+                  if rank[tier(t)] > rank[tier(m)])
+
+
+def test_the_tier_checker_sees_an_upward_import():
+    assert upward_imports({"proxy.wire.http": {"proxy.fronts.app"}, "proxy.fronts.app": set()}) == [
+        "proxy.wire.http (wire) imports proxy.fronts.app (fronts)"]
+    assert upward_imports({"proxy.fronts.app": {"proxy.wire.http"}, "proxy.wire.http": set()}) == []
+    assert tier("proxy.fronts.mcp.front") == "fronts" and tier("proxy.store") == "core"
+
+
+def test_every_module_sits_in_a_known_tier():
     graph = import_graph()
-    upper = {"proxy.app", "proxy.admin_api", "proxy.runtime", "proxy.mcp_front", "proxy.openai_front",
-             "proxy.pipeline", "proxy.scheduler", "proxy.cli", "proxy.devstack"}
-    lower = {"proxy.requests", "proxy.errors", "proxy.envelope", "proxy.store", "proxy.operations",
-             "proxy.idempotency", "proxy.locks", "proxy.quotas", "proxy.authorize", "proxy.policy",
-             "proxy.decisions", "proxy.audit", "proxy.plan", "proxy.merge", "proxy.versions",
-             "proxy.unknowns", "proxy.reconcile", "proxy.listing", "proxy.redaction", "proxy.config"}
-    reaching_up = {m: sorted(graph[m] & upper) for m in sorted(lower) if m in graph and graph[m] & upper}
-    assert not reaching_up
+    assert {tier(m) for m in graph} == set(TIERS)
+
+
+def test_no_wing_imports_a_wing_above_it():
+    problems = upward_imports(import_graph())
+    assert not problems, "upward imports in proxy/:\n" + "\n".join(problems)
 
 
 def test_only_the_store_speaks_redis_py_errors():
@@ -117,4 +147,4 @@ def test_only_the_store_speaks_redis_py_errors():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n.startswith("redis.exceptions") for n in names):
                 speakers.append(path.name)
-    assert speakers == ["resp_wire.py", "store.py"]
+    assert sorted(speakers) == ["resp.py", "store.py"]

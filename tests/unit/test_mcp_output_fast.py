@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from jsonschema import Draft7Validator, Draft202012Validator
 from referencing import Registry
 
-from proxy.adapters.mcp_wire import _surely_conforms
+from proxy.wire.mcp import _surely_conforms
 
 SCHEMA = {"type": "object", "properties": {"key": {"type": "string"}, "value": {"type": "string"}},
           "required": ["key", "value"], "additionalProperties": False}

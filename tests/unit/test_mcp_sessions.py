@@ -1,11 +1,11 @@
-"""The MCP session table without servers: ownership, idle expiry, the cap (proxy/mcp_sessions.py)."""
+"""The MCP session table without servers: ownership, idle expiry, the cap (proxy/fronts/mcp/sessions.py)."""
 
 from __future__ import annotations
 
 import pytest
 
 from proxy.identity import Caller
-from proxy.mcp_sessions import SessionsFull, SessionTable
+from proxy.fronts.mcp.sessions import SessionsFull, SessionTable
 
 
 class Clock:

@@ -1,4 +1,4 @@
-"""Batch merge without servers: plan order, status, effects, next action, read conflicts (proxy/merge.py)."""
+"""Batch merge without servers: plan order, status, effects, next action, read conflicts (proxy/batch/merge.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ from referencing import Registry, Resource
 from proxy.deadline import Deadline
 from proxy.envelope import Envelope, Timing
 from proxy.errors import ProxyError, SideEffect
-from proxy.merge import batch_status, merge, next_action
+from proxy.batch.merge import batch_status, merge, next_action
 from proxy.requests import RequestMeta
-from proxy.plan import BatchPlan, PlannedCall, build_graph, check, footprint
+from proxy.batch.plan import BatchPlan, PlannedCall, build_graph, check, footprint
 from proxy.registry import load_registry
-from proxy.tracing import accept_traceparent
+from proxy.telemetry.tracing import accept_traceparent
 from tests.unit import DEMO_REGISTRY, REPO
 
 REGISTRY = load_registry([str(DEMO_REGISTRY)])

@@ -1,4 +1,4 @@
-"""Batch plans without servers: checks, footprints and the DAG (proxy/plan.py)."""
+"""Batch plans without servers: checks, footprints and the DAG (proxy/batch/plan.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.requests import RequestMeta
-from proxy.plan import BatchPlan, Dependency, PlannedCall, build_graph, check, footprint
+from proxy.batch.plan import BatchPlan, Dependency, PlannedCall, build_graph, check, footprint
 from proxy.registry import load_registry
-from proxy.tracing import accept_traceparent
+from proxy.telemetry.tracing import accept_traceparent
 from tests.unit import DEMO_REGISTRY
 
 REGISTRY = load_registry([str(DEMO_REGISTRY)])

@@ -1,11 +1,11 @@
-"""``Prefer: wait`` parsing without servers (proxy/ingress.py: prefer_wait, RFC 7240)."""
+"""``Prefer: wait`` parsing without servers (proxy/fronts/ingress.py: prefer_wait, RFC 7240)."""
 
 from __future__ import annotations
 
 import pytest
 from multidict import CIMultiDict
 
-from proxy.ingress import prefer_wait
+from proxy.fronts.ingress import prefer_wait
 
 
 def headers(*values: str) -> CIMultiDict:

@@ -1,8 +1,8 @@
-"""Redaction without servers: masked fields, credential-like keys, truncation, log scrubbing (proxy/redaction.py)."""
+"""Redaction without servers: masked fields, credential-like keys, truncation, log scrubbing (proxy/telemetry/redaction.py)."""
 
 from __future__ import annotations
 
-from proxy.redaction import MASK, MAX_ITEMS, looks_secret, redact, scrub
+from proxy.telemetry.redaction import MASK, MAX_ITEMS, looks_secret, redact, scrub
 
 
 def test_sensitive_fields_and_credential_like_keys_are_masked_at_any_depth():

@@ -26,7 +26,7 @@ envelope in ``_meta``, see ``mcp_tools.call_result``). A call still running afte
 ``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings. A
 request the call's upstream sends back (sampling, elicitation) reaches a
 session client that declared it on the call's SSE stream, and the client's
-response POSTed here goes back to that call (``proxy/mcp_relay.py``); so do
+response POSTed here goes back to that call (``proxy/fronts/mcp/relay.py``); so do
 the upstream's log messages of the call, at or above the level the client asked
 for (``logging/setLevel`` on a session, stored on it; on 2026-07-28, which
 removed that method, the request's ``_meta`` log level).
@@ -73,19 +73,21 @@ from mcp_types.jsonrpc import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION, MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from . import __version__, ingress, mcp_relay, mcp_tools
-from .envelope import dumps as json_bytes
-from .adapters import LogRelay, input_relay, log_relay, progress_relay
-from .audit import Auditor
-from .config import Config
-from .errors import ProxyError
-from .identity import Authenticator, Caller
-from .listing import visible_tools
-from .mcp_sessions import Session, SessionsFull, SessionTable
-from .metrics import Metrics
-from .pipeline import Pipeline, ToolCallRequest, withdrawn
-from .policy import PolicyClient
-from .registry import Registry
+from ... import __version__
+from .. import ingress
+from . import relay as mcp_relay, tools as mcp_tools
+from ...envelope import dumps as json_bytes
+from ...adapters import LogRelay, input_relay, log_relay, progress_relay
+from ...audit import Auditor
+from ...config import Config
+from ...errors import ProxyError
+from ...identity import Authenticator, Caller
+from ..listing import visible_tools
+from .sessions import Session, SessionsFull, SessionTable
+from ...telemetry.metrics import Metrics
+from ...pipeline import Pipeline, ToolCallRequest, withdrawn
+from ...policy.client import PolicyClient
+from ...registry import Registry
 
 log = logging.getLogger("toolproxy.mcp")
 

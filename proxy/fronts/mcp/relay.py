@@ -32,13 +32,13 @@ from typing import Any, Callable, Mapping
 
 from mcp_types.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 
-from .adapters import InputRefused
-from .audit import Auditor
-from .config import McpConfig
-from .envelope import dumps as json_bytes
-from .identity import Caller
-from .mcp_sessions import Session
-from .metrics import Metrics
+from ...adapters import InputRefused
+from ...audit import Auditor
+from ...config import McpConfig
+from ...envelope import dumps as json_bytes
+from ...identity import Caller
+from .sessions import Session
+from ...telemetry.metrics import Metrics
 
 # Relayed method -> the capability names (``declared``) a client must have for it.
 _SAMPLING, _ELICITATION = "sampling/createMessage", "elicitation/create"

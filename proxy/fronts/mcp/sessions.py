@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
-from .identity import Caller
+from ...identity import Caller
 
 
 @dataclass(frozen=True)

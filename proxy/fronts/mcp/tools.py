@@ -28,10 +28,10 @@ import binascii
 import json
 from typing import Any, Sequence
 
-from .decode import strict_loads
-from .envelope import Envelope, dumps
-from .errors import ProxyError
-from .registry import ToolContract, thaw
+from ...decode import strict_loads
+from ...envelope import Envelope, dumps
+from ...errors import ProxyError
+from ...registry import ToolContract, thaw
 
 # Where an isError result carries the proxy's result envelope (a namespaced _meta key).
 ENVELOPE_META_KEY = "io.toolproxy/envelope"

@@ -46,6 +46,8 @@ from typing import Any, Callable
 
 import redis
 
+from bench import results
+from bench.results import Ratio, fmt
 from bench.servers import REPO
 from tests.support.servers import OpaServer, RedisServer, free_port
 
@@ -428,26 +430,20 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(present) if present else None
 
 
-def fmt(value: float | None, digits: int = 2) -> str:
-    return "–" if value is None else f"{value:,.{digits}f}"
-
-
-def table(cases: list[Case], seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> str:
-    rows = ["| case | seq p50 ms | seq p99 ms | calls/s @16 | p99 @16 ms | proxy CPU ms/call | OPA q/call "
-            "| Redis cmds/call | Redis RTs/call | failed |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def rows(cases: list[Case], seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[dict[str, Any]]:
+    """The medians of every case: the table's rows, as data (``bench.results``)."""
+    out = []
     for case in cases:
         s, c = seq[case.name], conc[case.name]
-        rows.append(
-            f"| {case.name} | {fmt(median([x.p50_ms for x in s]))} | {fmt(median([x.p99_ms for x in s]))} "
-            f"| {fmt(median([x.calls_s for x in c]), 0)} | {fmt(median([x.p99_ms for x in c]))} "
-            f"| {fmt(median([x.cpu_ms for x in c]))} | {fmt(median([x.opa for x in s]))} "
-            f"| {fmt(median([x.redis_cmds for x in s]))} | {fmt(median([x.redis_rts for x in s]))} "
-            f"| {sum(x.failed for x in s + c)} |")
-    return "\n".join(rows)
+        out.append({"case": case.name, "seq_p50_ms": median([x.p50_ms for x in s]),
+                    "seq_p99_ms": median([x.p99_ms for x in s]), "calls_s_16": median([x.calls_s for x in c]),
+                    "p99_16_ms": median([x.p99_ms for x in c]), "cpu_ms_call": median([x.cpu_ms for x in c]),
+                    "opa_q_call": median([x.opa for x in s]), "redis_cmds_call": median([x.redis_cmds for x in s]),
+                    "redis_rts_call": median([x.redis_rts for x in s]), "failed": sum(x.failed for x in s + c)})
+    return out
 
 
-def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[str]:
+def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[Ratio]:
     def m(name: str, attr: str, where: dict[str, list[Sample]]) -> float | None:
         return median([getattr(x, attr) for x in where.get(name, [])])
 
@@ -455,7 +451,7 @@ def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[
     lines = []
 
     def line(label: str, value: float | None, target: str) -> None:
-        lines.append(f"- {label}: {fmt(value)} (target {target})")
+        lines.append(Ratio(label, value, target))
 
     fc, fr, fp = m(floor, "cpu_ms", conc), m(floor, "calls_s", conc), m(floor, "p50_ms", seq)
     rc, rr, rp = m(read, "cpu_ms", conc), m(read, "calls_s", conc), m(read, "p50_ms", seq)
@@ -506,6 +502,8 @@ def main() -> int:
     parser.add_argument("--contextforge", action="store_true", help="also measure IBM ContextForge (.tools/)")
     parser.add_argument("--only", help="comma-separated case names to run (default: all)")
     parser.add_argument("--samples", action="store_true", help="also print each round's proxy CPU per call")
+    parser.add_argument("--save", action="store_true", help="write the run to bench/results/ (bench.results)")
+    parser.add_argument("--note", default="", help="a line saved with the run (what the machine was doing)")
     parser.add_argument("--profile", metavar="CASE", help="instead of the table: py-spy profile of the serving "
                         "process under 16 connections of CASE (collapsed stacks to stdout)")
     args = parser.parse_args()
@@ -542,9 +540,17 @@ def main() -> int:
         print(f"\n{args.rounds} rounds x {args.seconds:g} s per case and concurrency; medians over rounds. "
               f"Proxy from {args.proxy_src or 'this checkout'}. Idle Redis traffic (background sweeps): "
               f"{env.idle_rate_cmds:.1f} commands/s, {env.idle_rate_reads:.1f} round trips/s.\n")
-        print(table(cases, seq, conc))
+        measured = rows(cases, seq, conc)
+        checked = ratios(seq, conc)
+        print(results.table(measured))
         print()
-        print("\n".join(ratios(seq, conc)))
+        print("\n".join(map(str, checked)))
+        if args.save:
+            path = results.save(results.Run(
+                commit=results.head_commit() if not args.proxy_src else f"src:{Path(args.proxy_src).name}",
+                taken_at=results.now_iso(), rounds=args.rounds, seconds=args.seconds, rows=tuple(measured),
+                ratios=tuple(checked), note=args.note))
+            print(f"\nsaved: {path.relative_to(results.REPO)} (README: python -m bench.results readme)")
         if args.samples:  # the rounds behind each median: drift within a run shows here
             print("\nproxy CPU ms/call at 16 connections, round by round:")
             for case in cases:

@@ -79,3 +79,35 @@ def test_every_metric_is_in_the_metrics_reference():
     undocumented = {n for n in names if n not in documented and n.removesuffix("_total") not in documented
                     and n + "_total" not in documented}
     assert not undocumented
+
+
+def test_the_docs_put_an_mcp_error_envelope_where_the_front_does():
+    """Every page that says where an MCP error result carries the envelope names the front's own key
+    (``_meta`` under ``ENVELOPE_META_KEY``), never ``structuredContent``."""
+    from proxy.fronts.mcp.tools import ENVELOPE_META_KEY
+
+    claim = re.compile(r"envelope (?:as|in)[^.`]{0,40}?`(structuredContent|_meta\[\"([^\"]+)\"\])`")
+    seen = []
+    for page in PAGES:
+        for match in claim.finditer(page.read_text(encoding="utf-8")):
+            seen.append((page.name, match.group(1), match.group(2)))
+    assert ("quotas.md", f'_meta["{ENVELOPE_META_KEY}"]', ENVELOPE_META_KEY) in seen
+    wrong = [s for s in seen if s[2] != ENVELOPE_META_KEY]
+    assert not wrong, wrong
+
+
+def test_the_readme_performance_table_is_the_newest_saved_run():
+    from bench import results
+
+    history = results.runs()
+    assert history, "bench/results/ holds no run"
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert results.render_readme(text, history[-1]) == text, "python -m bench.results readme"
+    assert all(r.met() is not None for r in history[-1].ratios)
+
+
+def test_a_ratio_knows_its_target():
+    from bench.results import Ratio
+
+    assert Ratio("a", 1.2, "<= 1.5").met() and not Ratio("a", 1.6, "<= 1.5").met()
+    assert Ratio("b", 0.8, ">= 0.75").met() and Ratio("b", None, ">= 0.75").met() is None

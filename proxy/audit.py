@@ -437,6 +437,7 @@ class Auditor:
                     log.error("audit sink %s is not being read; records are dropped (see "
                               "toolproxy_audit_dropped_records)", sink.name)
             except (OSError, ValueError, TimeoutError, StoreError) as exc:
+                # policy: per audit policy: write calls fail closed, reads count it
                 ok = False
                 self._metrics.audit_failures.labels(sink.name).inc()
                 log.error("audit sink %s failed (%s); record kind %s", sink.name, type(exc).__name__,

@@ -292,7 +292,7 @@ class BackendGuard:
                 keys=[self._hash, self._probe_key(backend)], args=[backend, state, ms, code, self._channel]))
             if state == "paused":
                 self._set(backend, state, int(shared_ms), code)  # a longer pause another replica recorded
-        except store.StoreError as exc:
+        except store.StoreError as exc:  # policy: fail open: this replica applies the state alone
             log.warning("could not share the %s state of backend %s (%s); this replica applies it alone",
                         state, backend, type(exc).__name__)
 

@@ -71,7 +71,7 @@ from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
 from .telemetry.redaction import redact
 from .registry import ToolContract
-from .store import RoundTrip, StoreError, Then, unavailable
+from .store import RoundTrip, StoreError, Then, unavailable, unavailable_on_fault
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import RequestMeta
@@ -230,7 +230,7 @@ class IdempotencyStage:
                     max_attempts=self._config.max_attempts, meta=record_meta,
                     first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
                     observe=replay_only_for is not None, then=then if replay_only_for is None else None)
-            except StoreError:
+            except StoreError:  # policy: per tool: reads may proceed, writes fail closed (_store_down)
                 return self._store_down(tool)
             except asyncio.CancelledError:  # the script may have run: nobody would ever release what it took
                 await asyncio.shield(self._withdraw(op.key, nonce))
@@ -322,10 +322,8 @@ class IdempotencyStage:
             return
         if admission.lease_left(time.monotonic()) >= budget_s + 0.75 * self._config.lease_grace_ms / 1000.0:
             return
-        try:
+        with unavailable_on_fault("The idempotency store is unreachable; nothing was sent.", phase="execute"):
             answer = await self.store.renew(admission.key, token=admission.token, lease_ms=self._lease_ms(budget_s))
-        except StoreError:
-            raise unavailable("The idempotency store is unreachable; nothing was sent.", phase="execute") from None
         if answer.status != "ok":
             raise ProxyError("timeout_not_started", "The call's reservation ran out before it could be sent.",
                              details={"idempotency_key": admission.key, "state": answer.text(0)},

@@ -481,7 +481,7 @@ class Lease:
         try:
             async with asyncio.timeout(left):
                 renewed = await store.redis_call(manager._renew(keys=self.keys, args=[self.owner, config.lease_ms]))
-        except (store.StoreError, OSError, TimeoutError):
+        except (store.StoreError, OSError, TimeoutError):  # policy: retry: renew again sooner; the lease still holds
             return self._schedule(interval / 4)
         if self._released:
             return

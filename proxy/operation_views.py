@@ -21,7 +21,7 @@ from .errors import ProxyError
 from .idempotency import KEY_PATTERN
 from .operations import OperationStore, Record
 from .registry import Registry, ToolContract
-from .store import StoreError, unavailable
+from .store import unavailable_on_fault
 
 
 async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
@@ -31,10 +31,8 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
     says whether a committed effect can still be compensated."""
     if not re.match(KEY_PATTERN, key):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
-    try:
+    with unavailable_on_fault("The idempotency store is unreachable.", phase="request"):
         record = await store.get(key)
-    except StoreError:
-        raise unavailable("The idempotency store is unreachable.", phase="request") from None
     if record is None or (tenant is not None and record.tenant != tenant):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     return operation_view(record, registry.get(record.tool, record.tool_version) if registry is not None else None)

@@ -551,7 +551,7 @@ class OperationStore:
                 if isinstance(into[bucket], BaseException):
                     try:
                         into[bucket] = await read(bucket, limit)
-                    except store.StoreError as exc:
+                    except store.StoreError as exc:  # policy: count per bucket: the sweep reports it and goes on
                         into[bucket] = exc
         return expired, due
 

@@ -194,7 +194,7 @@ class QuotaStage:
         while True:
             try:
                 reply = await store.redis_call(self._admit(keys=keys, args=args))
-            except store.StoreError as exc:
+            except store.StoreError as exc:  # policy: per quota.unreachable policy (fail closed by default)
                 return self._unreachable(limits, tool, backend, probe, exc)
             if int(reply[0]) == 1:
                 held = tuple((limit.name, key) for limit, kind, key in counters if kind == "c")

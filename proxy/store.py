@@ -21,10 +21,11 @@ codes).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import traceback
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
 
 import redis.asyncio as redis_async
 from redis.asyncio.retry import Retry
@@ -153,6 +154,18 @@ def unavailable(message: str, *, phase: str, attempted: bool = False, committed:
     ``details.dependency: state_store`` (plus the stage's own details), nothing applied by default."""
     return ProxyError("dependency_unavailable", message, details={"dependency": DEPENDENCY, **details},
                       phase=phase, attempted=attempted, committed=committed)
+
+
+@contextlib.contextmanager
+def unavailable_on_fault(message: str, *, phase: str, **details: Any) -> Iterator[None]:
+    """The one place a store fault without a policy of its own becomes an answer: a ``StoreError`` raised in
+    the block is re-raised as ``unavailable(message, phase=...)`` (nothing applied). A caller that has a
+    policy for the fault (fail open, count it, freeze, retry later) catches ``StoreError`` itself and says
+    which in a one-line comment."""
+    try:
+        yield
+    except StoreError:
+        raise unavailable(message, phase=phase, **details) from None
 
 
 async def redis_call(command: Awaitable[T]) -> T:
@@ -492,7 +505,7 @@ class ChannelListener:
                         raise asyncio.CancelledError()
                     if message is not None and message.get("type") == "message":
                         self._on_message(message["data"])
-            except (StoreError, OSError) as exc:
+            except (StoreError, OSError) as exc:  # policy: retry with backoff: the listener must come back
                 self._log.warning("%s lost (%s); retrying", self._what, type(exc).__name__)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

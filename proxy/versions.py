@@ -59,7 +59,7 @@ class VersionResolver:
         key = self.pin_key(caller, run_id, wanted.name)
         try:
             pinned = await store.redis_call(self._redis.set(key, wanted.version, nx=True, get=True, ex=self._ttl_s))
-        except store.StoreError:
+        except store.StoreError:  # policy: per read_policy: an explicit version or a read proceeds unpinned
             return self._pin_unavailable(wanted, explicit=request.version is not None)
         if pinned is None:
             return wanted  # the run's first call of this tool: pinned to what it resolved
@@ -84,7 +84,7 @@ class VersionResolver:
             return  # an explicit version for one call; the run keeps its pin
         try:
             await store.redis_call(self._redis.set(key, wanted.version, xx=True, keepttl=True))
-        except store.StoreError:
+        except store.StoreError:  # policy: fail open: the run keeps its old pin until the TTL
             log.warning("could not re-pin a run of %s to %s", wanted.name, wanted.version)
 
     def _pin_unavailable(self, wanted: ToolContract, *, explicit: bool) -> ToolContract:

@@ -79,7 +79,7 @@ class Health:
                 stats = await self._unknowns.stats()
                 for refresh in self._refreshers:
                     await refresh()
-        except (TimeoutError, OSError, store.StoreError) as exc:
+        except (TimeoutError, OSError, store.StoreError) as exc:  # policy: skip: gauges refresh on the next scrape
             log.warning("could not refresh the Redis-backed gauges (%s)", type(exc).__name__)
             return
         self._metrics.open_unknowns.set(stats.open)
@@ -98,5 +98,5 @@ class Health:
         try:
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
                 return await store.masters_reachable(self._redis)
-        except (TimeoutError, OSError, store.StoreError):
+        except (TimeoutError, OSError, store.StoreError):  # policy: not ready: readiness reports the store away
             return False

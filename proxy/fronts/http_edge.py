@@ -44,7 +44,7 @@ async def envelope_errors(request: web.Request, handler: Callable[[web.Request],
     except ProxyError as error:
         body = envelope.request_error(error, request_id)
         response = json_response(body, envelope.http_status(body))
-    except StoreError:
+    except StoreError:  # policy: the edge's catch-all: a stage let a fault through unanswered
         body = envelope.request_error(unavailable("The state store is unreachable.", phase="request"), request_id)
         response = json_response(body, envelope.http_status(body))
     except web.HTTPException as exc:

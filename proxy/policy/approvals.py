@@ -20,7 +20,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, ContextManager, Mapping
 
 from ..audit import Auditor
 from ..telemetry.redaction import redact
@@ -115,8 +115,8 @@ def redacted_arguments(tool: ToolContract, arguments: Mapping[str, Any]) -> dict
     return redact(arguments, tool.sensitive_fields, SUMMARY_MAX_CHARS)
 
 
-def _unavailable() -> ProxyError:
-    return store.unavailable("The approval store is unavailable; nothing was done.", phase="authorize")
+def _store_faults() -> ContextManager[None]:
+    return store.unavailable_on_fault("The approval store is unavailable; nothing was done.", phase="authorize")
 
 
 def _mismatch(reason: str, approval_id: str) -> ProxyError:
@@ -170,14 +170,12 @@ class ApprovalStore:
                   "agent": caller.agent, "tool": tool.name, "tool_version": tool.version,
                   "args_hash": normalized.args_hash, "risk": risk, "reasons": json.dumps(list(reasons)),
                   "summary": json.dumps(summary), "created_at_ms": created, "expires_at_ms": expires}
-        try:
+        with _store_faults():
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self._key(approval_id), mapping=record)
                 pipe.pexpireat(self._key(approval_id), expires + RETAIN_AFTER_EXPIRY_MS)
                 await redis_call(pipe.execute())
             await redis_call(self._redis.zadd(self._pending_index, {approval_id: expires}))
-        except StoreError:
-            raise _unavailable() from None
         self._metrics.approvals.labels("created").inc()
         await self._update_pending_gauge()
         await self._audit.record("approval", approval_id=approval_id, tool=tool.name, tool_version=tool.version,
@@ -199,10 +197,8 @@ class ApprovalStore:
         if verdict not in ("ok", "replay_only"):
             self._metrics.approvals.labels("expired" if verdict == "expired" else "mismatch").inc()
             raise _mismatch(verdict, approval_id)
-        try:
+        with _store_faults():
             raw = await redis_call(self._redis.hgetall(self._key(approval_id)))
-        except StoreError:
-            raise _unavailable() from None
         record = {k.decode(): v.decode() for k, v in raw.items()}
         return Approval(id=approval_id, status=record["status"], subject=record["subject"],
                         tenant=record["tenant"], tool=record["tool"], tool_version=record["tool_version"],
@@ -228,7 +224,7 @@ class ApprovalStore:
                          *, consume: bool, used_by: str = "", operation_key: str | None = None) -> str:
         args = [now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
                 "1" if consume else "0", used_by, operation_key or ""]
-        try:
+        with _store_faults():
             if consume and self._replica_acks > 0:
                 verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)], args,
                                                             acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
@@ -236,43 +232,35 @@ class ApprovalStore:
                     self._metrics.replica_ack_shortfall("approval")
             else:
                 verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
-        except StoreError:
-            raise _unavailable() from None
         return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
 
     # -- the approver side (admin listener) --------------------------------------------
     async def list_pending(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
         now = now_ms()
-        try:
+        with _store_faults():
             await redis_call(self._redis.zremrangebyscore(self._pending_index, "-inf", now))
             ids = await redis_call(self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
                                                              num=self._config.max_list))
             records = [await self._record(i.decode()) for i in ids]
-        except StoreError:
-            raise _unavailable() from None
         await self._update_pending_gauge()
         return [self._view(r) for r in records
                 if r and r["status"] == "pending" and self._visible_to(principal, r)]
 
     async def get(self, approval_id: str, principal: AdminPrincipal) -> dict[str, Any]:
-        try:
+        with _store_faults():
             record = await self._record(approval_id)
-        except StoreError:
-            raise _unavailable() from None
         if not record or not self._visible_to(principal, record):
             raise _not_found(approval_id)
         return self._view(record)
 
     async def list_decided(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
         """The most recent decisions (approved, denied, then used or expired), newest first."""
-        try:
+        with _store_faults():
             ids = await redis_call(self._redis.zrevrange(self._decided_index, 0, self._config.max_list - 1))
             records = [(i.decode(), await self._record(i.decode())) for i in ids]
             gone = [i for i, r in records if r is None]
             if gone:
                 await redis_call(self._redis.zrem(self._decided_index, *gone))
-        except StoreError:
-            raise _unavailable() from None
         return [self._view(r) for _, r in records if r and self._visible_to(principal, r)]
 
     async def decide(self, approval_id: str, principal: AdminPrincipal, *, approve: bool,
@@ -285,7 +273,7 @@ class ApprovalStore:
                                  details={"state": status, "approver": principal.subject,
                                           "approver_tenant": principal.tenant,
                                           **({"reason": reason} if reason else {})})
-        try:
+        with _store_faults():
             decided_at = now_ms()
             verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
                 decided_at, status, principal.subject, principal.tenant or "", reason]))
@@ -296,8 +284,6 @@ class ApprovalStore:
                     pipe.zadd(self._decided_index, {approval_id: decided_at})
                     pipe.zremrangebyrank(self._decided_index, 0, -self._config.max_list - 1)
                     await redis_call(pipe.execute())
-        except StoreError:
-            raise _unavailable() from None
         if verdict != "ok":
             await self._audit.record("approval", approval_id=approval_id,
                                      details={"state": "refused", "reason": verdict, "approver": principal.subject})

@@ -156,6 +156,7 @@ class DecisionRecorder:
                 async with asyncio.timeout(self._timeout_s):
                     await sink.write(line)
             except (OSError, ValueError, TimeoutError, StoreError) as exc:
+                # policy: count: a lost decision record is counted, never blocks the call
                 self._metrics.decision_record_failures.labels(sink.name).inc()
                 log.warning("decision record sink %s failed (%s)", sink.name, type(exc).__name__)
 

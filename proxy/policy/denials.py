@@ -57,7 +57,7 @@ class DenialLog:
                 pipe.lpush(self._key, entry)
                 pipe.ltrim(self._key, 0, KEEP - 1)
                 await redis_call(pipe.execute())
-        except StoreError:
+        except StoreError:  # policy: fail open: the console's list only; the call is denied all the same
             log.warning("could not record a denial for the console (the call is denied all the same)")
 
     async def recent(self, *, tenant: str | None, limit: int = 100) -> dict[str, Any]:

@@ -191,7 +191,7 @@ class Cancellations:
             return
         try:
             await store.redis_call(self._redis.publish(self._channel, json.dumps({"key": key, "request": request})))
-        except store.StoreError:
+        except store.StoreError:  # policy: fail open: the local cancel stands; other replicas time out
             log.warning("could not publish the cancel of %s to the other replicas", key)
 
     async def _settled(self, key: str) -> None:

@@ -42,7 +42,7 @@ from ..operations import OperationStore, Record
 from ..requests import CallResult, RequestMeta, ToolCallRequest
 from ..policy.client import PolicyClient, RequestFacts, build_input
 from ..registry import Registry
-from ..store import StoreError, key as store_key, redis_call, unavailable
+from ..store import key as store_key, redis_call, unavailable_on_fault
 
 log = logging.getLogger("toolproxy.compensation")
 
@@ -118,10 +118,8 @@ class Compensations:
     async def _record(self, key: str, tenant: str) -> Record:
         if not re.match(KEY_PATTERN, key):
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
-        try:
+        with unavailable_on_fault("The idempotency store is unreachable.", phase="request"):
             record = await self._store.get(key)
-        except StoreError:
-            raise unavailable("The idempotency store is unreachable.", phase="request") from None
         if record is None or record.tenant != tenant:
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
         return record

@@ -111,7 +111,7 @@ class Reconciler:
                 if self._store_down:
                     log.info("reconciler: state store reachable again")
                 self._store_down = False
-            except StoreError:
+            except StoreError:  # policy: retry: the sweep runs again next interval
                 if not self._store_down:
                     log.warning("reconciler: state store unreachable; retrying every %.1fs", interval)
                 self._store_down = True
@@ -136,7 +136,7 @@ class Reconciler:
             try:
                 await self._expire_keys(_keys_or_raise(expired_by_bucket[bucket]), counts)
                 due.extend(_keys_or_raise(due_by_bucket[bucket]))
-            except StoreError as exc:
+            except StoreError as exc:  # policy: count: the sweep reports failed keys, others go on
                 failed.append(exc)
         results = await asyncio.gather(*(self._guarded(key) for key in due), return_exceptions=True)
         for result in results:
@@ -167,7 +167,7 @@ class Reconciler:
         async with self._limit:
             try:
                 return await self.reconcile_key(key)
-            except StoreError:
+            except StoreError:  # policy: re-raise: the sweep loop owns the retry
                 raise
             except Exception:
                 log.exception("reconciler: %s failed", key)

@@ -12,6 +12,7 @@ mappings are ``name=value`` pairs separated by commas.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import types
 import typing
@@ -126,6 +127,38 @@ class HeaderIdentityConfig:
     tenant: str = setting("X-Auth-Tenant", "headers mode: header with the tenant")
     roles: str = setting("X-Auth-Roles", "headers mode: header with comma-separated roles")
     scopes: str = setting("X-Auth-Scopes", "headers mode: header with space- or comma-separated scopes")
+    proof_header: str = setting("X-Toolproxy-Hop-Secret", "headers mode, hop proof by secret: header the trusted "
+                                                          "mesh hop injects with the shared secret")
+    proof_secret_file: str = setting("", "headers mode, hop proof by secret: file with the secret the mesh injects "
+                                         "in proof_header (compared in constant time; mount it from a Secret)")
+    xfcc_header: str = setting("X-Forwarded-Client-Cert", "headers mode, hop proof by client certificate: header "
+                                                          "in which the trusted proxy (Envoy) forwards the "
+                                                          "verified client certificate (XFCC)")
+    xfcc_trusted_proxies: list[str] = setting([], "headers mode, hop proof by client certificate: peer addresses "
+                                                  "(IP or CIDR) of the trusted proxy; XFCC from any other peer is "
+                                                  "refused")
+    xfcc_proxy_ids: list[str] = setting([], "headers mode, hop proof by client certificate: accepted `By=` values "
+                                            "of the XFCC element (the trusted proxy's own certificate URI)")
+
+    def __post_init__(self) -> None:
+        for address in self.xfcc_trusted_proxies:
+            try:
+                ipaddress.ip_network(address, strict=False)
+            except ValueError:
+                raise ConfigError(f"identity.headers.xfcc_trusted_proxies: {address!r} is not an IP address "
+                                  "or CIDR") from None
+        if bool(self.xfcc_trusted_proxies) != bool(self.xfcc_proxy_ids):
+            raise ConfigError("identity.headers.xfcc_trusted_proxies and xfcc_proxy_ids go together (the proxy's "
+                              "address and the identity it writes into XFCC's By=)")
+
+    @property
+    def hop_proof(self) -> str | None:
+        """Which proof of the trusted hop is configured: "secret", "xfcc", or None."""
+        if self.proof_secret_file:
+            return "secret"
+        if self.xfcc_trusted_proxies:
+            return "xfcc"
+        return None
 
 
 @dataclass(frozen=True)
@@ -141,7 +174,8 @@ class IdentityConfig:
                                 "`dev-agent` when it is empty)")
     jwt: JwtConfig = field(default_factory=JwtConfig, metadata={"help": "jwt mode: the agent's bearer token"})
     headers: HeaderIdentityConfig = field(default_factory=HeaderIdentityConfig,
-                                          metadata={"help": "headers mode: identity set by a trusted mesh"})
+                                          metadata={"help": "headers mode: identity set by a trusted mesh, "
+                                                            "believed only with a proof of the hop"})
 
 
 @dataclass(frozen=True)

@@ -3,17 +3,21 @@
 Owns: turning the transport's trusted context into a frozen ``Caller``
 (subject, tenant, roles, scopes, agent) — a verified JWT (``jwt`` mode), the
 headers of a mesh that already authenticated the caller (``headers`` mode,
-only when configured), or fixed values (``static``, dev stack and tests) —
+only when configured and only with a proof that they came through the trusted
+hop: a secret header the mesh injects, compared in constant time, or Envoy's
+XFCC from a configured trusted proxy), or fixed values (``static``, dev stack and tests) —
 and authenticating the admin listener's approver with its own credential.
 Must never: read identity, tenant, roles or approval from tool arguments,
-accept a header-borne identity unless the operator configured that mode,
-accept ``alg: none`` or an HS* token without a configured secret, or echo a
+accept a header-borne identity unless the operator configured that mode
+and the request proves its hop, accept ``alg: none`` or an HS* token without a configured secret, or echo a
 token or a verification error's internals back to the caller.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
 import logging
 import time
@@ -26,7 +30,7 @@ import jwt
 from jwt import PyJWK, PyJWKSet
 from jwt.exceptions import PyJWKError, PyJWKSetError, PyJWTError
 
-from .config import AdminIdentityConfig, ConfigError, IdentityConfig, JwtConfig
+from .config import AdminIdentityConfig, ConfigError, HeaderIdentityConfig, IdentityConfig, JwtConfig
 from .errors import ProxyError
 
 log = logging.getLogger("toolproxy.identity")
@@ -211,6 +215,83 @@ def _string_list(value: Any) -> tuple[str, ...]:
     raise _unauthorized()
 
 
+class HopProof:
+    """Headers mode: proof that the identity headers came through the trusted hop, not from whatever
+    connected (in a pod, the agent container shares the proxy's network namespace).
+
+    ``secret``: the mesh injects ``proof_header`` with a shared secret; compared in constant time.
+    ``xfcc``: the TCP peer is a configured trusted proxy and its ``X-Forwarded-Client-Cert`` element
+    (the last one: the nearest hop's) names that proxy in ``By=`` and a verified client certificate
+    (``Hash=``, ``URI=`` or ``Subject=``). Every configured proof must hold."""
+
+    def __init__(self, config: HeaderIdentityConfig) -> None:
+        self._config = config
+        self._secret: bytes | None = None
+        if config.proof_secret_file:
+            try:
+                self._secret = Path(config.proof_secret_file).read_bytes().strip()
+            except OSError as exc:
+                raise ConfigError(f"identity.headers.proof_secret_file: cannot read {config.proof_secret_file}: "
+                                  f"{exc.strerror or type(exc).__name__}") from None
+            if len(self._secret) < 16:
+                raise ConfigError("identity.headers.proof_secret_file: the secret must be at least 16 bytes")
+        self._proxies = tuple(ipaddress.ip_network(a, strict=False) for a in config.xfcc_trusted_proxies)
+        self._proxy_ids = frozenset(config.xfcc_proxy_ids)
+
+    def check(self, headers: Mapping[str, str], peer: str | None) -> None:
+        if self._secret is not None:
+            presented = headers.get(self._config.proof_header, "").strip().encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(presented, self._secret):
+                raise _unauthorized()
+        if self._proxies:
+            if not self._from_trusted_proxy(peer):
+                raise _unauthorized()
+            element = _last_xfcc_element(headers.get(self._config.xfcc_header, ""))
+            if element.get("by") not in self._proxy_ids or not any(element.get(k) for k in ("hash", "uri",
+                                                                                            "subject")):
+                raise _unauthorized()
+
+    def _from_trusted_proxy(self, peer: str | None) -> bool:
+        try:
+            address = ipaddress.ip_address((peer or "").split("%", 1)[0])
+        except ValueError:
+            return False
+        return any(address in network for network in self._proxies)
+
+
+MAX_XFCC_CHARS = 16384  # a header larger than this is no proof
+
+
+def _last_xfcc_element(value: str) -> dict[str, str]:
+    """The last element of an XFCC header (Envoy: ``By=...;Hash=...;URI=...``, elements comma separated,
+    values optionally double-quoted); keys lower-cased. Malformed: {}."""
+    if not value or len(value) > MAX_XFCC_CHARS:
+        return {}
+    elements, pairs, current, quoted = [], [], [], False
+    for char in value:
+        if char == '"':
+            quoted = not quoted
+        elif char in ",;" and not quoted:
+            pairs.append("".join(current))
+            current = []
+            if char == ",":
+                elements.append(pairs)
+                pairs = []
+        else:
+            current.append(char)
+    if quoted:
+        return {}
+    pairs.append("".join(current))
+    elements.append(pairs)
+    fields: dict[str, str] = {}
+    for pair in elements[-1]:
+        name, sep, item = pair.strip().partition("=")
+        if not sep:
+            return {}
+        fields[name.strip().lower()] = item
+    return fields
+
+
 def bearer_token(headers: Mapping[str, str]) -> str:
     raw = headers.get("Authorization", "")
     scheme, _, token = raw.partition(" ")
@@ -231,12 +312,14 @@ class Authenticator:
         self._config = config
         self._agent = config.agent_id or DEV_AGENT
         self._jwt = JwtVerifier(config.jwt, session) if config.mode == "jwt" else None
+        self._hop = HopProof(config.headers) if config.mode == "headers" else None
         self._admin_config = admin or AdminIdentityConfig(mode="disabled")
         self._admin_jwt = None
         if self._admin_config.mode == "jwt" and _has_keys(self._admin_config.jwt):
             self._admin_jwt = JwtVerifier(self._admin_config.jwt, session, "admin_identity.jwt")
 
-    async def authenticate(self, headers: Mapping[str, str]) -> Caller:
+    async def authenticate(self, headers: Mapping[str, str], peer: str | None = None) -> Caller:
+        """The caller of one agent request; ``peer`` is the TCP peer address (headers mode with XFCC)."""
         config = self._config
         if config.mode == "jwt":
             assert self._jwt is not None
@@ -247,6 +330,8 @@ class Authenticator:
             return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=self._agent,
                           source="jwt")
         if config.mode == "headers":
+            assert self._hop is not None
+            self._hop.check(headers, peer)
             names = config.headers
             subject, tenant = headers.get(names.subject, "").strip(), headers.get(names.tenant, "").strip()
             if not subject or not tenant:
@@ -304,6 +389,11 @@ def configuration_problem(config: IdentityConfig) -> str | None:
         # Every audit record names the agent: a made-up default would put a false name there.
         return (f"identity.agent_id (TOOLPROXY_IDENTITY_AGENT_ID) is empty; with identity.mode {config.mode} it "
                 "is required: set it to the agent's identity (in Kubernetes, the pod's service account)")
+    if config.mode == "headers" and config.headers.hop_proof is None:
+        # Without a proof, whatever connects (in a pod: the agent itself) could name any subject and tenant.
+        return ("identity.mode is headers but no proof of the trusted hop is configured: set "
+                "identity.headers.proof_secret_file (a secret header the mesh injects) or "
+                "identity.headers.xfcc_trusted_proxies and xfcc_proxy_ids (Envoy's X-Forwarded-Client-Cert)")
     return None
 
 

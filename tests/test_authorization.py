@@ -15,6 +15,7 @@ from proxy.identity import Caller
 from proxy.normalize import normalize
 from proxy.policy.client import RequestFacts, build_input, catalog_document
 from proxy.registry import load_registry, load_schema
+from tests.support.mesh import mesh_headers, mesh_settings
 from tests.support.servers import OpaServer
 from tests.support.stack import DEMO_REGISTRY, REPO, running_stack
 from tests.support.tokens import Issuer, jwt_overrides
@@ -90,13 +91,12 @@ async def test_valid_token_identity_reaches_the_backend(stack, issuers):
     assert seen["X-Toolproxy-Agent"] == "agent-under-test"
 
 
-async def test_headers_mode_takes_identity_from_the_mesh_only_when_configured(proxy_deps):
-    async with running_stack({**proxy_deps, "identity.mode": "headers", "identity.agent_id": "mesh-agent"}) as stack:
+async def test_headers_mode_takes_identity_from_the_mesh_only_when_configured(proxy_deps, tmp_path):
+    async with running_stack({**proxy_deps, **mesh_settings(tmp_path, "mesh-agent")}) as stack:
         status, env = await stack.call("get_order", {"order_id": "ord_2001"})
         assert status == 401 and env["error"]["code"] == "unauthorized"
-        status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers={
-            "X-Auth-Subject": "gina", "X-Auth-Tenant": "globex", "X-Auth-Roles": "agent",
-            "X-Auth-Scopes": "tools:read"})
+        status, env = await stack.call("get_order", {"order_id": "ord_2001"},
+                                       headers=mesh_headers("gina", "globex", scopes="tools:read"))
         assert status == 200, env
         assert env["data"]["tenant"] == "globex"
 

@@ -32,6 +32,7 @@ from examples.demo_backend import start_demo_backend
 from proxy.idempotency import derive_key
 from proxy.normalize import canonical_json, sha256_hex
 from proxy.operations import record_keys
+from tests.support.mesh import mesh_headers, mesh_settings
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import UNLOCKED_COUNTER, assert_envelope, extra_tools
 from tests.support.waits import wait_until
@@ -75,8 +76,7 @@ def operation_key(tenant: str, n: int, arguments: dict[str, Any]) -> str:
 
 
 def headers(tenant: str, n: int) -> dict[str, str]:
-    return {"X-Auth-Subject": "agent-1", "X-Auth-Tenant": tenant, "X-Auth-Roles": "agent",
-            "X-Auth-Scopes": "tools:read tools:write", "Idempotency-Key": f"op-{n}", "Prefer": "wait=5"}
+    return mesh_headers("agent-1", tenant, **{"Idempotency-Key": f"op-{n}", "Prefer": "wait=5"})
 
 
 async def call_until_settled(session: aiohttp.ClientSession, proxy: ProxyProcess, tenant: str, n: int,
@@ -124,7 +124,7 @@ async def test_master_killed_mid_load_leaves_no_duplicate_effect(topology, opa_s
     group = topology
     runner, backend_url, backend = await start_demo_backend()
     backend.latency_ms = (5, 30)  # keeps calls in flight when the master dies
-    settings = {**group.overrides(), "opa.url": opa_server.url, "identity.mode": "headers", "identity.agent_id": "agent-under-test",
+    settings = {**group.overrides(), "opa.url": opa_server.url, **mesh_settings(tmp_path),
                 "backends.services": {"demo": backend_url}, **extra_tools(tmp_path, FLEET_COUNTER),
                 "redis.timeout_ms": 1000, "opa.timeout_ms": 5000,
                 "locks.lease_ms": LOCK_LEASE_MS, "locks.renew_interval_ms": 500,

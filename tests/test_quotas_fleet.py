@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 import redis as redis_sync
 
+from tests.support.mesh import mesh_headers, mesh_settings
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, passthrough_read
 from tests.support.waits import wait_until
@@ -38,7 +39,7 @@ async def fleet(demo_backend, proxy_deps, tmp_path):
     extra.write_text(FLEET_TOOLS)
     settings = {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
                 "backends.services": {"demo": url, "flaky": url}, "registry.paths": [str(DEMO_REGISTRY), str(extra)],
-                "reconcile.enabled": False, "identity.mode": "headers", "identity.agent_id": "agent-under-test",
+                "reconcile.enabled": False, **mesh_settings(tmp_path),
                 "opa.timeout_ms": 5000,  # 2 loaded cores
                 "quotas.tenants": {"acme": f"rate={RATE}/1s burst={BURST}"}}
     proxies = [ProxyProcess(settings).start() for _ in range(2)]
@@ -53,8 +54,7 @@ async def fleet(demo_backend, proxy_deps, tmp_path):
 
 async def call(session: aiohttp.ClientSession, proxy: ProxyProcess, tool: str, arguments: dict[str, Any],
                tenant: str = "acme") -> tuple[int, dict[str, Any], dict[str, str]]:
-    headers = {"X-Auth-Subject": IDENTITY[tenant][0], "X-Auth-Tenant": tenant, "X-Auth-Roles": "agent",
-               "X-Auth-Scopes": "tools:read tools:write"}
+    headers = mesh_headers(IDENTITY[tenant][0], tenant)
     async with session.post(proxy.url + "/v1/tool-calls", headers=headers,
                             json={"call_id": f"{tenant}-call", "tool": tool, "arguments": arguments}) as response:
         return response.status, await response.json(), dict(response.headers)

@@ -41,7 +41,7 @@ async def _accept(request: web.Request, schema: str) -> tuple[Runtime, RequestMe
     against its API schema: the same order for every agent-facing JSON endpoint."""
     runtime = request.app[RUNTIME]
     meta = ingress.request_meta(request, runtime.config)
-    caller = await runtime.authenticator.authenticate(request.headers)
+    caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     body = await ingress.read_json(request, runtime.config)
     ingress.validate_body(body, schema)
     return runtime, meta, caller, body
@@ -65,7 +65,7 @@ async def post_tool_call_batch(request: web.Request) -> web.Response:
 
 async def get_operation(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
-    caller = await runtime.authenticator.authenticate(request.headers)
+    caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     return json_response(await find_operation(runtime.operations, request.match_info["key"], tenant=caller.tenant,
                                               registry=runtime.registry))
 
@@ -83,7 +83,7 @@ def operation_key_of(raw: str, tool: str | None, caller: Caller) -> str:
 async def cancel_operation(request: web.Request) -> web.Response:
     """Cancel one operation (tenant-scoped like the read): docs/transactions.md."""
     runtime = request.app[RUNTIME]
-    caller = await runtime.authenticator.authenticate(request.headers)
+    caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     key = operation_key_of(request.match_info["key"], request.query.get("tool"), caller)
     return json_response(await runtime.pipeline.cancellations.cancel_operation(
         key, tenant=caller.tenant, subject=caller.subject, agent=caller.agent))
@@ -93,7 +93,7 @@ async def compensate_operation(request: web.Request) -> web.Response:
     """Compensate one committed operation by its declared compensating call: docs/transactions.md."""
     runtime = request.app[RUNTIME]
     meta = ingress.request_meta(request, runtime.config)
-    caller = await runtime.authenticator.authenticate(request.headers)
+    caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     key = operation_key_of(request.match_info["key"], request.query.get("tool"), caller)
     status, body = await runtime.compensations.compensate(key, caller, meta)
     return json_response(body, status)
@@ -102,7 +102,7 @@ async def compensate_operation(request: web.Request) -> web.Response:
 async def cancel_batch(request: web.Request) -> web.Response:
     """Cancel a running batch of this caller's tenant by its batch id: docs/transactions.md."""
     runtime = request.app[RUNTIME]
-    caller = await runtime.authenticator.authenticate(request.headers)
+    caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     return json_response(await runtime.scheduler.cancel(request.match_info["batch_id"], tenant=caller.tenant,
                                                         subject=caller.subject))
 
@@ -110,7 +110,7 @@ async def cancel_batch(request: web.Request) -> web.Response:
 async def list_tools(request: web.Request) -> web.Response:
     """Discovery follows authorization: only the tools this caller may call (OPA, action "list")."""
     runtime = request.app[RUNTIME]
-    caller = await runtime.authenticator.authenticate(request.headers)
+    caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     meta = ingress.request_meta(request, runtime.config)
     tools = await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
                                 budget_s=meta.deadline.remaining())

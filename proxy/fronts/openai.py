@@ -111,7 +111,7 @@ async def run_turn(scheduler: Scheduler, turn: ModelTurn, meta: RequestMeta, cal
 def install(app: web.Application, *, config: Config, authenticator: Authenticator, scheduler: Scheduler) -> None:
     async def post_tool_calls(request: web.Request) -> web.Response:
         meta = ingress.request_meta(request, config)
-        caller = await authenticator.authenticate(request.headers)
+        caller = await authenticator.authenticate(request.headers, request.remote)
         turn = parse(await ingress.read_json(request, config))
         body = render(turn, await run_turn(scheduler, turn, meta, caller))
         return web.Response(text=json.dumps(body, ensure_ascii=False, separators=(",", ":")),

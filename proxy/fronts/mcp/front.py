@@ -259,7 +259,7 @@ class McpFront:
 
     async def _authenticate(self, request: web.Request) -> Caller:
         try:
-            return await self._authenticator.authenticate(request.headers)
+            return await self._authenticator.authenticate(request.headers, request.remote)
         except ProxyError as error:
             status, code = _INGRESS.get(error.code, (401, INVALID_REQUEST))
             raise RpcError(code, error.message, {"code": error.code}, status=status) from None

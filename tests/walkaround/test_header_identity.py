@@ -1,0 +1,83 @@
+"""Walk-around: header identity without a proof of the hop (issue 28, section 5).
+
+The agent container shares the proxy's network namespace, so in headers mode
+"whoever connects" is the agent. It must not be able to name a subject and a
+tenant by setting ``X-Auth-*`` itself: only a request with the mesh's secret,
+or with Envoy's XFCC from a configured trusted proxy, is believed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.support.mesh import HOP_HEADER, HOP_SECRET, mesh_headers, mesh_settings
+from tests.support.stack import DEMO_REGISTRY, REPO, running_stack
+
+FORGED = {"X-Auth-Subject": "gina", "X-Auth-Tenant": "globex", "X-Auth-Roles": "agent admin",
+          "X-Auth-Scopes": "tools:read tools:write"}
+PROXY_ID = "spiffe://cluster.local/ns/shop/sa/ingress-gateway"
+CLIENT = 'Hash=9ba61d6425303443c0748a02dd8de688468ed33be74eee6556d90c0149c1309e;URI="spiffe://cluster.local/ns/shop/sa/agent"'
+
+
+def run_headers_mode(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY),
+                                           "TOOLPROXY_IDENTITY_MODE": "headers",
+                                           "TOOLPROXY_IDENTITY_AGENT_ID": "agent-under-test", **env})
+
+
+def test_headers_mode_without_a_hop_proof_does_not_start():
+    result = run_headers_mode({})
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "proof of the trusted hop" in result.stderr and "Traceback" not in result.stderr
+    assert "identity.headers.proof_secret_file" in result.stderr
+
+
+def test_a_short_or_unreadable_hop_secret_does_not_start(tmp_path):
+    short = tmp_path / "short"
+    short.write_text("123")
+    for path, words in ((short, "at least 16 bytes"), (tmp_path / "missing", "cannot read")):
+        result = run_headers_mode({"TOOLPROXY_IDENTITY_HEADERS_PROOF_SECRET_FILE": str(path)})
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert words in result.stderr and "Traceback" not in result.stderr
+
+
+async def test_forged_identity_headers_without_the_mesh_secret_are_refused(proxy_deps, tmp_path):
+    async with running_stack({**proxy_deps, **mesh_settings(tmp_path)}) as stack:
+        for headers in (FORGED, {**FORGED, HOP_HEADER: ""}, {**FORGED, HOP_HEADER: HOP_SECRET[:-1]},
+                        {**FORGED, HOP_HEADER: HOP_SECRET + "x"}, {**FORGED, HOP_HEADER.lower(): "mesh-guess"}):
+            status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=headers)
+            assert status == 401 and env["error"]["code"] == "unauthorized", (headers, env)
+        assert not stack.backend.requests  # nothing reached a backend
+        # The mesh's own request, with the secret, is believed.
+        status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=mesh_headers("gina", "globex"))
+        assert status == 200 and env["data"]["tenant"] == "globex", env
+        assert stack.backend.requests[-1]["headers"]["X-Toolproxy-Subject"] == "gina"
+        assert HOP_HEADER not in stack.backend.requests[-1]["headers"]  # the secret never travels on
+
+
+@pytest.mark.parametrize("trusted", ["127.0.0.1", "10.0.0.0/8"])
+async def test_xfcc_is_believed_only_from_the_trusted_proxy(proxy_deps, trusted):
+    settings = {**proxy_deps, "identity.mode": "headers", "identity.agent_id": "agent-under-test",
+                "identity.headers.xfcc_trusted_proxies": [trusted], "identity.headers.xfcc_proxy_ids": [PROXY_ID]}
+    async with running_stack(settings) as stack:
+        good = {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID};{CLIENT}"}
+        refused = [FORGED,
+                   {**FORGED, "X-Forwarded-Client-Cert": f"By=spiffe://elsewhere/sa/agent;{CLIENT}"},
+                   {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID}"},  # no client certificate
+                   {**FORGED, "X-Forwarded-Client-Cert": f'By={PROXY_ID};URI="unterminated'},
+                   # the agent appends its own element after the proxy's: the last one is what counts
+                   {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID};{CLIENT},By=spiffe://agent;URI=x"}]
+        if trusted != "127.0.0.1":
+            refused.append(good)  # the test client connects from 127.0.0.1: not the trusted proxy
+        for headers in refused:
+            status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=headers)
+            assert status == 401 and env["error"]["code"] == "unauthorized", (headers, env)
+        if trusted == "127.0.0.1":
+            status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=good)
+            assert status == 200 and env["data"]["tenant"] == "globex", env
+        else:
+            assert not stack.backend.requests

@@ -4,7 +4,7 @@
 # Two stages: `build` installs the runtime dependencies (pyproject.toml's
 # [project].dependencies) into a virtualenv and byte-compiles the sources; the
 # final stage is the same slim Python base with only that virtualenv and the
-# sources copied in: no pip, no compilers, no package manager use, numeric
+# sources copied in (plus Debian's nftables for the egress guard): no pip, no compilers, numeric
 # non-root user. It runs with a read-only root filesystem (the chart sets it).
 ARG PYTHON_IMAGE=python:3.12-slim-bookworm
 
@@ -20,8 +20,12 @@ COPY schemas/ /app/schemas/
 RUN /opt/toolproxy/bin/python -m compileall -q /app/proxy
 
 FROM ${PYTHON_IMAGE} AS runtime
-# The base image's own pip is not needed at run time.
-RUN python -m pip uninstall -y -q pip
+# The base image's own pip is not needed at run time. nft (Debian's nftables)
+# is: the chart's egress guard init container runs `toolproxy egress-rules
+# --apply` from this image (docs/security.md); it is inert without NET_ADMIN.
+RUN python -m pip uninstall -y -q pip \
+ && apt-get update -qq && apt-get install -y -qq --no-install-recommends nftables \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/toolproxy /opt/toolproxy
 COPY --from=build /app /app
 ENV PATH=/opt/toolproxy/bin:$PATH \

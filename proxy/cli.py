@@ -1,5 +1,5 @@
 """Command line: ``toolproxy run | dev | check-registry | check-policy-data | registry diff | opa-data |
-config-reference | import-mcp | policy``.
+config-reference | import-mcp | policy | egress-rules``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -94,6 +94,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
     imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
 
+    egress = sub.add_parser(
+        "egress-rules", help="print (or apply) the nftables egress guard: only the proxy's UID reaches its peers",
+        description="Print the nft script that refuses every socket but the proxy UID's a connection to the "
+                    "proxy's peers: the config's backends.services, the registry's url: backends, Redis and OPA "
+                    "(names resolved now), plus --dest. The chart's init container runs it with --apply in the "
+                    "pod's network namespace (docs/security.md).")
+    egress.add_argument("--uid", type=int, required=True, help="the toolproxy container's UID (runAsUser)")
+    egress.add_argument("--config", "-c", help="the proxy's YAML config (as for `toolproxy run`; TOOLPROXY_* "
+                                               "env applies too)")
+    egress.add_argument("--dest", action="append", default=[], metavar="HOST:PORT",
+                        help="another guarded peer: host:port or CIDR:port (repeatable)")
+    egress.add_argument("--no-registry", action="store_true", help="do not read the registry's url: backends")
+    egress.add_argument("--apply", action="store_true", help="load the rules with `nft -f -` instead of printing")
+
     from .authoring.policy_commands import add_parsers as add_policy_parsers
     add_policy_parsers(sub)
 
@@ -120,7 +134,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "dev":
         from .authoring.devstack import run_dev
         return run_dev(args)
+    if args.command == "egress-rules":
+        return egress_rules(args)
     return 2
+
+
+def egress_rules(args: argparse.Namespace) -> int:
+    from .authoring import egress_rules as rules
+    try:
+        if not 0 < args.uid < 2 ** 32:
+            raise ConfigError(f"egress-rules: --uid {args.uid} is not a non-root UID")
+        config = load_config(args.config)
+        registry = None if args.no_registry else load_registry(config.registry.paths)
+        script = rules.nft_script(args.uid, rules.resolve(rules.peers(config, registry, args.dest)))
+        if args.apply:
+            rules.apply(script)
+            print(f"toolproxy: egress guard installed for UID {args.uid}", file=sys.stderr)
+        else:
+            sys.stdout.write(script)
+    except (ConfigError, RegistryError) as exc:
+        print(f"toolproxy: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def _registry_or_report(paths: Sequence[str]) -> Registry | None:

@@ -293,6 +293,21 @@ if [[ ! -x /usr/bin/chromium ]]; then
     fi
 fi
 
+# nft (Debian's nftables): the egress guard's walk-around test applies the
+# rules of `toolproxy egress-rules` in a fresh network namespace
+# (tests/walkaround/test_egress_rules.py; it needs root, unshare and nft).
+if ! command -v nft >/dev/null 2>&1 && [[ ! -x /usr/sbin/nft ]]; then
+    if can_apt; then
+        sudo=()
+        [[ "$(id -u)" == 0 ]] || sudo=(sudo -n)
+        log "installing nftables with apt-get (the egress guard's namespace test)"
+        "${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables \
+            >/dev/null || log "WARNING: apt-get install nftables failed; the egress namespace test will skip"
+    else
+        log "nftables: no apt-get; the egress namespace test will skip"
+    fi
+fi
+
 # ---------------------------------------------------------------------------
 # 5. Chart checks: checkov and kubernetes-validate (scripts/check-chart.sh), in
 #    a venv of their own (.tools/chartcheck-venv) so their dependencies never

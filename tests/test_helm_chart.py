@@ -217,7 +217,7 @@ def test_catalog_given_as_data_replaces_the_init_container():
     catalog = {"digest": "d" * 64, "tools": {}}
     manifests = render(set_json={"opa.catalog.data": catalog})
     pod = agent_pod(manifests)["spec"]
-    assert "initContainers" not in pod
+    assert [c["name"] for c in pod["initContainers"]] == ["toolproxy-egress-guard"]
     data = configmap_of(manifests, pod, "toolproxy-opa-catalog")["data"]
     assert json.loads(data["catalog.json"]) == catalog
 
@@ -330,7 +330,7 @@ def test_bundle_mode_pulls_policies_and_opens_egress_to_the_bundle_server():
     token_path = opa_config["services"]["bundle-server"]["credentials"]["bearer"]["token_path"]
     assert mounts(opa)[str(Path(token_path).parent)] == "toolproxy-opa-bundle-token"
     assert opa["readinessProbe"]["httpGet"]["path"] == "/health?bundles"
-    assert "initContainers" not in pod, "the bundle ships the catalog"
+    assert [c["name"] for c in pod["initContainers"]] == ["toolproxy-egress-guard"], "the bundle ships the catalog"
     loaded = [a for a in opa["args"] if not a.startswith("-") and a != "run"]
     assert loaded == [next(p for p, v in mounts(opa).items() if v == "toolproxy-opa-authz")], loaded
     ports = set().union(*(p for _, p in egress_ports(one(manifests, "NetworkPolicy"))))
@@ -427,7 +427,7 @@ def test_team_chart_includes_the_sidecars_through_the_named_templates(tmp_path):
     deployment = one(manifests, "Deployment", "-team-agent")
     pod = deployment["spec"]["template"]
     assert list(containers(pod["spec"])) == ["agent", *SIDECARS]
-    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["toolproxy-opa-catalog"]
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["toolproxy-egress-guard", "toolproxy-opa-catalog"]
     assert containers(pod["spec"])["agent"]["env"] == [{"name": "TOOLPROXY_URL", "value": "http://127.0.0.1:9000"}]
     config = yaml.safe_load(configmap_of(manifests, pod["spec"], "toolproxy-config")["data"]["config.yaml"])
     assert config["listen"]["port"] == 9000
@@ -485,8 +485,11 @@ def test_dockerfile_is_multi_stage_with_a_slim_non_root_final_stage():
     assert users and re.fullmatch(r"[1-9][0-9]*(:[1-9][0-9]*)?", users[-1]), users
     for instruction, rest in final:
         if instruction == "RUN":
-            # The only RUN removes pip; nothing installs or compiles in the final stage.
-            assert re.fullmatch(r"python -m pip uninstall [-\w ]+", rest), rest
+            # The only RUN removes pip and adds Debian's nftables (the egress guard's nft); nothing else is
+            # installed or compiled in the final stage.
+            assert re.fullmatch(r"python -m pip uninstall [-\w ]+ && apt-get update -qq && apt-get install -y -qq "
+                                r"--no-install-recommends nftables && rm -rf /var/lib/apt/lists/\*",
+                                " ".join(rest.split())), rest
     copies = [rest for ins, rest in final if ins == "COPY"]
     assert copies and all(rest.startswith("--from=") for rest in copies), "final stage copies only build output"
     for ins, rest in stages[0]:

@@ -80,7 +80,10 @@ def pod(tmp_path_factory, redis_server, demo_backend):
                                           "opa.diagnosticPort")}
     # The pod simulation has no token issuer: opt into the fixed demo caller (the chart default is jwt).
     manifests = render(set_values={**ports, "proxy.redis.url": redis_url, "proxy.backends.demo": demo_backend,
-                                   "proxy.config.identity.mode": "static"})
+                                   "proxy.config.identity.mode": "static",
+                                   # This pod runs as processes of this host, in the host's network namespace:
+                                   # the egress guard would load its rules there (tests/walkaround tests it).
+                                   "egressGuard.enabled": "false"})
     spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
     local = LocalPod(manifests, spec, tmp_path / "pod")
     running = RunningPod(local, manifests)

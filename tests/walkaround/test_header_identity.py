@@ -81,3 +81,15 @@ async def test_xfcc_is_believed_only_from_the_trusted_proxy(proxy_deps, trusted)
             assert status == 200 and env["data"]["tenant"] == "globex", env
         else:
             assert not stack.backend.requests
+
+
+def test_the_chart_refuses_headers_mode_without_a_hop_proof():
+    from tests.support.helm import HelmError, render
+    with pytest.raises(HelmError, match="needs a proof of the trusted hop"):
+        render(set_values={"proxy.config.identity.mode": "headers"})
+    config = [m for m in render(set_values={"proxy.config.identity.mode": "headers", "proxy.hopSecret.secretName": "hop"})
+              if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-config")][0]
+    assert "proof_secret_file: /etc/toolproxy/hop/secret" in config["data"]["config.yaml"]
+    render(set_values={"proxy.config.identity.mode": "headers"},
+           set_json={"proxy.config.identity.headers": {"xfcc_trusted_proxies": ["10.0.0.1"],
+                                                       "xfcc_proxy_ids": ["spiffe://gw"]}})

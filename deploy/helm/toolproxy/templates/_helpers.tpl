@@ -178,6 +178,11 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if $p.jwks.secretName }}
 {{- $_ := set $owned "identity" (dict "jwt" (dict "jwks_file" (printf "%s/%s" $p.jwks.mountPath $p.jwks.key))) }}
 {{- end }}
+{{- if $p.hopSecret.secretName }}
+{{- $identity := default (dict) (get $owned "identity") }}
+{{- $_ := set $identity "headers" (dict "proof_secret_file" (printf "%s/%s" $p.hopSecret.mountPath $p.hopSecret.key)) }}
+{{- $_ := set $owned "identity" $identity }}
+{{- end }}
 {{- if $p.adminJwks.secretName }}
 {{- $_ := set $owned "admin_identity" (dict "jwt" (dict "jwks_file" (printf "%s/%s" $p.adminJwks.mountPath $p.adminJwks.key))) }}
 {{- end }}
@@ -245,6 +250,22 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- end }}
 {{- if ne (empty .Values.proxy.redis.tls.certKey) (empty .Values.proxy.redis.tls.keyKey) }}
 {{- fail "proxy.redis.tls.certKey and keyKey go together (mutual TLS needs both)" }}
+{{- end }}
+{{- $identity := default (dict) (fromYaml (include "toolproxy.proxyConfig" .)).identity }}
+{{- if eq (toString (default "jwt" $identity.mode)) "headers" }}
+{{- $headers := default (dict) $identity.headers }}
+{{- if not (or $headers.proof_secret_file $headers.xfcc_trusted_proxies) }}
+{{- fail "identity.mode headers needs a proof of the trusted hop: set proxy.hopSecret.secretName (a secret header the mesh injects) or proxy.config.identity.headers.xfcc_trusted_proxies and xfcc_proxy_ids (Envoy's XFCC); without one the agent could name any subject" }}
+{{- end }}
+{{- end }}
+{{- if .Values.egressGuard.enabled }}
+{{- $uid := .Values.proxy.securityContext.runAsUser }}
+{{- if not $uid }}
+{{- fail "egressGuard.enabled needs proxy.securityContext.runAsUser (the UID the rules let through)" }}
+{{- end }}
+{{- if and .Values.agent.enabled (eq (int $uid) (int (default 0 .Values.agent.securityContext.runAsUser))) }}
+{{- fail "egressGuard.enabled: agent.securityContext.runAsUser must differ from proxy.securityContext.runAsUser (the guard lets only the proxy's UID through)" }}
+{{- end }}
 {{- end }}
 {{- $ports := list (int .Values.proxy.ports.agent) (int .Values.proxy.ports.admin) (int .Values.proxy.ports.ops) (int .Values.opa.port) (int .Values.opa.diagnosticPort) }}
 {{- if ne (len $ports) (len (uniq $ports)) }}

@@ -45,7 +45,44 @@ Init containers (list items for initContainers:, possibly none): the tool
 catalog for OPA, produced from the mounted registry by the proxy image itself.
 */}}
 {{- define "toolproxy.initContainers" -}}
-{{- if eq (include "toolproxy.catalogSource" .) "generate" -}}
+{{- if .Values.egressGuard.enabled }}
+{{- /* The egress guard (values.yaml egressGuard): the rules of `toolproxy egress-rules`, loaded with nft in
+       the pod's network namespace; root with NET_ADMIN only here, and only until the rules are in. */}}
+- name: toolproxy-egress-guard
+  image: {{ include "toolproxy.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    - egress-rules
+    - --uid
+    - {{ .Values.proxy.securityContext.runAsUser | quote }}
+    - --config
+    - {{ include "toolproxy.configPath" . }}
+    {{- range .Values.egressGuard.extraDestinations }}
+    - --dest
+    - {{ . | quote }}
+    {{- end }}
+    - --apply
+  {{- with .Values.proxy.redis.urlSecret }}{{ if .name }}
+  env:
+    # Redis's address, when it comes from a Secret, is guarded too.
+    - name: TOOLPROXY_REDIS_URL
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+  {{- end }}{{ end }}
+  resources:
+    {{- toYaml .Values.egressGuard.resources | nindent 4 }}
+  securityContext:
+    runAsUser: 0
+    runAsGroup: 0
+    runAsNonRoot: false
+    readOnlyRootFilesystem: true
+    allowPrivilegeEscalation: false
+    capabilities: {drop: [ALL], add: [NET_ADMIN]}
+    seccompProfile: {type: RuntimeDefault}
+  volumeMounts:
+    - {name: toolproxy-config, mountPath: {{ include "toolproxy.configPath" . | dir }}, readOnly: true}
+    - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
+{{- end }}
+{{- if eq (include "toolproxy.catalogSource" .) "generate" }}
 - name: toolproxy-opa-catalog
   image: {{ include "toolproxy.image" . | quote }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -121,6 +158,9 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- end }}
     {{- if $p.adminJwks.secretName }}
     - {name: toolproxy-admin-jwks, mountPath: {{ $p.adminJwks.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if $p.hopSecret.secretName }}
+    - {name: toolproxy-hop-secret, mountPath: {{ $p.hopSecret.mountPath }}, readOnly: true}
     {{- end }}
 {{- $o := .Values.opa }}
 - name: toolproxy-opa
@@ -213,7 +253,7 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
   # 0444: only the toolproxy container mounts it, and it runs as one non-root user.
   secret: {secretName: {{ $p.redis.tls.secretName }}, defaultMode: 0444}
 {{- end }}
-{{- range $volume, $ref := dict "toolproxy-jwks" $p.jwks "toolproxy-admin-jwks" $p.adminJwks }}
+{{- range $volume, $ref := dict "toolproxy-jwks" $p.jwks "toolproxy-admin-jwks" $p.adminJwks "toolproxy-hop-secret" $p.hopSecret }}
 {{- if $ref.secretName }}
 - name: {{ $volume }}
   secret:

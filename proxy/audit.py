@@ -36,10 +36,9 @@ import termios
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Protocol, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TextIO
 
 import orjson
-import redis.asyncio as redis_async
 
 from .config import AuditConfig, ConfigError
 from .envelope import iso
@@ -48,7 +47,7 @@ from .telemetry.metrics import Metrics
 from .normalize import canonical_json, sha256_hex
 from .telemetry.redaction import redact
 from .registry import ToolContract, thaw
-from .store import StoreError, redis_call
+from .store import Client, redis_call, StoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .envelope import Envelope, Timing
@@ -266,7 +265,7 @@ class RedisStreamSink:
 
     name = "redis"
 
-    def __init__(self, redis: redis_async.Redis, key: str, maxlen: int) -> None:
+    def __init__(self, redis: Client, key: str, maxlen: int) -> None:
         self._redis = redis
         self.key = key
         self._maxlen = maxlen
@@ -479,7 +478,7 @@ def _call_id(value: Any) -> str | None:
     return "sha256:" + sha256_hex(str(value).encode())
 
 
-def build_sinks(config: AuditConfig, redis: redis_async.Redis, stream_key: str,
+def build_sinks(config: AuditConfig, redis: Client, stream_key: str,
                 metrics: Metrics | None = None) -> list[Sink]:
     sinks: list[Sink] = []
     for name in config.sinks:

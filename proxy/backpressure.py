@@ -43,7 +43,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import redis.asyncio as redis_async
 
 from . import store
 from .config import QuotasConfig
@@ -125,7 +124,7 @@ class _Backend:
 class BackendGuard:
     """One per process: refuses calls to paused or open backends, learns from every sent call's outcome."""
 
-    def __init__(self, redis: redis_async.Redis, config: QuotasConfig, registry: Registry, *, key_prefix: str,
+    def __init__(self, redis: store.Client, config: QuotasConfig, registry: Registry, *, key_prefix: str,
                  metrics: Metrics) -> None:
         self._redis = redis
         self._config = config

@@ -47,7 +47,6 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as redis_async
 
 from . import store
 from .backpressure import BackendGuard
@@ -137,7 +136,7 @@ def build_rules(config: Config, registry: Registry) -> QuotaRules:
 
 
 class QuotaStage:
-    def __init__(self, redis: redis_async.Redis, config: Config, registry: Registry, metrics: Metrics,
+    def __init__(self, redis: store.Client, config: Config, registry: Registry, metrics: Metrics,
                  guard: BackendGuard) -> None:
         self._redis = redis
         self._enabled = config.quotas.enabled

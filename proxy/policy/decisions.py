@@ -22,13 +22,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-import redis.asyncio as redis_async
 
 from ..audit import StdoutSink, iso_now
 from ..telemetry.redaction import MASK, looks_secret
 from ..config import ConfigError, DecisionsConfig
 from ..telemetry.metrics import Metrics
-from ..store import StoreError, redis_call
+from ..store import Client, redis_call, StoreError
 
 log = logging.getLogger("toolproxy.decisions")
 
@@ -121,7 +120,7 @@ class DecisionStreamSink:
 
     name = "redis"
 
-    def __init__(self, redis: redis_async.Redis, key: str, maxlen: int, retention_s: int) -> None:
+    def __init__(self, redis: Client, key: str, maxlen: int, retention_s: int) -> None:
         self._redis = redis
         self.key = key
         self._maxlen = maxlen
@@ -171,7 +170,7 @@ def check_config(config: DecisionsConfig) -> None:
         raise ConfigError("decisions.max_record_bytes: must be at least 1024")
 
 
-def build_recorder(config: DecisionsConfig, redis: redis_async.Redis, stream_key: str, metrics: Metrics,
+def build_recorder(config: DecisionsConfig, redis: Client, stream_key: str, metrics: Metrics,
                    decision_path: str) -> DecisionRecorder | None:
     check_config(config)
     if not config.enabled:

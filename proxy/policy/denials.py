@@ -20,10 +20,9 @@ import time
 from collections import Counter
 from typing import Any
 
-import redis.asyncio as redis_async
 
 from ..telemetry.metrics import Metrics
-from ..store import StoreError, key, redis_call
+from ..store import Client, key, redis_call, StoreError
 
 log = logging.getLogger("toolproxy.denials")
 
@@ -38,7 +37,7 @@ def reason_code(reason: str) -> str:
 
 
 class DenialLog:
-    def __init__(self, redis: redis_async.Redis, prefix: str, metrics: Metrics) -> None:
+    def __init__(self, redis: Client, prefix: str, metrics: Metrics) -> None:
         self._redis = redis
         self._metrics = metrics
         self._key = key(prefix, "denials", "recent")

@@ -33,7 +33,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Coroutine, Mapping
+from typing import Any, Awaitable, Callable, Coroutine, Mapping, Protocol
 
 from .. import store
 from ..store import ChannelListener
@@ -46,7 +46,9 @@ from ..idempotency import KEY_PATTERN
 from ..operation_views import operation_view
 from ..telemetry.metrics import Metrics
 from ..operations import OperationStore, Record
-from ..registry import ToolContract
+from ..adapters import Adapter
+from ..identity import Caller
+from ..registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.cancellation")
 
@@ -61,6 +63,17 @@ EARLY_CANCEL_S = 5.0  # an early cancel older than this was for a call of anothe
 StatusQuery = Callable[[ToolContract, Record], Awaitable[Any]]  # Reconciler.query_status
 
 
+class CancellableCall(Protocol):
+    """What cancellation reads and writes of a call in flight (``pipeline.CallState`` is one): its caller and
+    contract, whether its request left, and the two facts a cancel establishes for its audit record."""
+
+    caller: Caller
+    tool: ToolContract | None
+    sent: bool
+    cancellation: dict[str, Any] | None  # written here: who asked, what was observed
+    result_hash: str | None               # written here when the status endpoint supplied the result
+
+
 @dataclass
 class InFlight:
     """A call of this process that holds an operation record."""
@@ -73,9 +86,9 @@ class InFlight:
 
 
 class Cancellations:
-    def __init__(self, *, config: CancellationConfig, store: OperationStore, adapters: Mapping[str, Any],
-                 audit: Auditor, metrics: Metrics, redis: Any = None, channel: str | None = None,
-                 registry: Any = None) -> None:
+    def __init__(self, *, config: CancellationConfig, store: OperationStore, adapters: Mapping[str, Adapter],
+                 audit: Auditor, metrics: Metrics, redis: store.Client | None = None, channel: str | None = None,
+                 registry: Registry | None = None) -> None:
         self._config = config
         self._registry = registry
         self._store = store
@@ -95,7 +108,7 @@ class Cancellations:
         self.status_query: StatusQuery | None = None  # set once the reconciler exists
 
     # -- the pipeline's hooks ------------------------------------------------------
-    async def guard(self, state: Any, key: str | None, work: Coroutine[Any, Any, Any]) -> Any:
+    async def guard(self, state: CancellableCall, key: str | None, work: Coroutine[Any, Any, Any]) -> Any:
         """Run ``work`` (lock wait, send, verify) so that a cancel request or a withdrawal stops it by the
         rules above. A call that nobody can cancel runs as is.
 
@@ -205,7 +218,10 @@ class Cancellations:
             pause = min(pause * 2, 0.5)
 
     # -- stopping one call ------------------------------------------------------------
-    async def _ask_backend(self, stop: "_Stop") -> None:
+    def adapter_for(self, tool: ToolContract) -> Adapter:
+        return self._adapters[tool.backend.type]
+
+    async def ask_backend(self, stop: "_Stop") -> None:
         """A sent call through an adapter that does not cancel by closing (HTTP): the contract's cancel
         endpoint, then up to ``grace_ms`` for the call's own answer; then its stream is closed."""
         state, key = stop.state, stop.key
@@ -221,7 +237,7 @@ class Cancellations:
             evidence["stream"] = "closed"
             stop.interrupt()
 
-    async def _settle(self, state: Any, key: str | None, stop: "_Stop", *, cancelled: bool = False,
+    async def _settle(self, state: CancellableCall, key: str | None, stop: "_Stop", *, cancelled: bool = False,
                       error: BaseException | None = None, result: Any = None) -> Any:
         """The outcome of a call a cancel reached, from how its work ended (its answer, its error, or
         interrupted) and what the backend was told."""
@@ -254,7 +270,8 @@ class Cancellations:
             raise self._cancelled(evidence, "read")
         return await self._ask_status(state, key, tool, evidence)
 
-    async def _ask_status(self, state: Any, key: str | None, tool: ToolContract, evidence: dict[str, Any]) -> Any:
+    async def _ask_status(self, state: CancellableCall, key: str | None, tool: ToolContract,
+                          evidence: dict[str, Any]) -> Any:
         record = await self._store.get(key) if key is not None else None
         if record is not None and tool.status_endpoint is not None and self.status_query is not None:
             verdict = await self.status_query(tool, record)
@@ -276,7 +293,7 @@ class Cancellations:
                          details={"cancellation": {**evidence, "observed": "no_evidence"},
                                   "idempotency_key": key}, attempted=True, committed=None)
 
-    def _completed(self, state: Any, evidence: dict[str, Any], source: str, data: Any) -> Any:
+    def _completed(self, state: CancellableCall, evidence: dict[str, Any], source: str, data: Any) -> Any:
         self._metrics.child(self._metrics.cancellations, "completed").inc()
         state.cancellation = {**evidence, "observed": "completed", "evidence": source}
         if state.result_hash is None:  # a result taken from the status endpoint: verified there
@@ -347,7 +364,7 @@ class _Stop:
     __slots__ = ("_cancellations", "state", "key", "_interrupt", "_by", "flight", "started", "sent", "running",
                  "helper", "_done", "over")
 
-    def __init__(self, cancellations: Cancellations, state: Any, key: str | None, by: str) -> None:
+    def __init__(self, cancellations: Cancellations, state: CancellableCall, key: str | None, by: str) -> None:
         self._cancellations = cancellations
         self.state, self.key, self._by = state, key, by
         self._interrupt = TaskInterrupt()  # of the caller's task, where the work runs
@@ -373,13 +390,13 @@ class _Stop:
         if not self.sent:
             self.interrupt()
             return
-        adapter = self._cancellations._adapters[state.tool.backend.type]
+        adapter = self._cancellations.adapter_for(state.tool)
         if getattr(adapter, "cancel_by_closing", False):
             state.cancellation["told"] = "notifications/cancelled"
             self.interrupt()  # the MCP session sends notifications/cancelled for the abandoned request
             return
         self._done = asyncio.get_running_loop().create_future()
-        self.helper = asyncio.get_running_loop().create_task(self._cancellations._ask_backend(self))
+        self.helper = asyncio.get_running_loop().create_task(self._cancellations.ask_backend(self))
 
     @property
     def done(self) -> "asyncio.Future[None]":

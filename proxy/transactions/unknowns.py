@@ -24,11 +24,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import redis.asyncio as redis_async
 
 from ..normalize import sha256_hex
 from ..operations import OperationStore
-from ..store import key, redis_call
+from ..store import Client, key, redis_call
 
 log = logging.getLogger("toolproxy.unknowns")
 
@@ -41,7 +40,7 @@ class UnknownStats:
 
 
 class UnknownIndex:
-    def __init__(self, redis: redis_async.Redis, prefix: str, operations: OperationStore | None = None) -> None:
+    def __init__(self, redis: Client, prefix: str, operations: OperationStore | None = None) -> None:
         self._redis = redis
         self._operations = operations
         self.key = key(prefix, "unknowns", "index")

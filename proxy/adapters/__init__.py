@@ -111,17 +111,46 @@ def safe_error_fields(document: Any) -> dict[str, Any]:
     return safe
 
 
-def deadline_passed(call: BackendCall, *, sent: bool, elapsed_s: float, backend: str = "backend") -> ProxyError:
-    """The one rule for a call whose budget ran out (seed 000 section 4): before anything was sent
-    it provably did not happen; after, a write's effect is unknown and a read may be retried."""
-    details = {"tool": call.tool.name, "budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed_s * 1000)}
+def unanswered(call: BackendCall, *, sent: bool, why: str, backend: str = "backend",
+               details: Mapping[str, Any] | None = None) -> ProxyError:
+    """The honest-outcome rule for a call that got no answer, once for every adapter and wire (seed 000
+    section 4, seed 004): before anything was sent it provably did not happen (retry with the same key);
+    after, a write's effect is unknown (reconcile, never retry under a new key) and a read had none.
+
+    ``why`` is what ended the wait: ``"deadline"`` (the budget ran out) or ``"connection_lost"``."""
+    facts = {"tool": call.tool.name, **(details or {})}
+    deadline = why == "deadline"
     if not sent:
-        return ProxyError("timeout_not_started", f"The deadline passed before the call reached the {backend}.",
-                          details=details, phase="execute", attempted=False, committed=False)
+        if deadline:
+            return ProxyError("timeout_not_started", f"The deadline passed before the call reached the {backend}.",
+                              details=facts, phase="execute", attempted=False, committed=False)
+        return ProxyError("dependency_unavailable", f"The connection to the {backend} failed before sending.",
+                          details=facts, phase="execute", attempted=False, committed=False)
     if call.tool.is_write:
-        return ProxyError("timeout_unknown",
-                          "The call was sent but its result could not be confirmed before the deadline.",
+        message = ("The call was sent but its result could not be confirmed before the deadline." if deadline else
+                   "The connection was lost after the call was sent; its result is unknown.")
+        return ProxyError("timeout_unknown", message, details={**facts, "idempotency_key": call.idempotency_key},
+                          phase="execute", attempted=True, committed=None)
+    if deadline:
+        return ProxyError("timeout", "The read did not answer before the deadline.", details=facts,
+                          phase="execute", attempted=True, committed=False)
+    return ProxyError("dependency_unavailable", f"The connection to the {backend} was lost.", details=facts,
+                      phase="execute", attempted=True, committed=False)
+
+
+def failed_answer(call: BackendCall, *, backend: str = "backend", details: Mapping[str, Any]) -> ProxyError:
+    """The rule for a failure answer that did not say nothing was applied: a write's effect is unknown, a
+    read simply failed. (A failure that says ``applied: false``, or a refusal before running, is a
+    definite failure and is answered by the adapter with its own code.)"""
+    if call.tool.is_write:
+        return ProxyError("upstream_error_unknown", f"The {backend} failed; whether the write was applied is unknown.",
                           details={**details, "idempotency_key": call.idempotency_key},
                           phase="execute", attempted=True, committed=None)
-    return ProxyError("timeout", "The read did not answer before the deadline.", details=details,
+    return ProxyError("upstream_error", f"The {backend} failed to answer the read.", details=dict(details),
                       phase="execute", attempted=True, committed=False)
+
+
+def deadline_passed(call: BackendCall, *, sent: bool, elapsed_s: float, backend: str = "backend") -> ProxyError:
+    """A call whose budget ran out: ``unanswered`` with the budget and the time it took."""
+    return unanswered(call, sent=sent, why="deadline", backend=backend,
+                      details={"budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed_s * 1000)})

@@ -22,7 +22,8 @@ from ..decode import strict_loads
 from ..errors import ProxyError
 from ..wire.http import Answer, HttpWire, Progress, TooLarge
 from ..registry import ToolContract
-from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, safe_value
+from . import (BackendCall, BackendResult, deadline_passed, failed_answer, safe_error_fields, safe_value,
+               unanswered)
 
 
 class HttpAdapter:
@@ -83,17 +84,7 @@ class HttpAdapter:
         return deadline_passed(call, sent=progress.sent or progress.connected, elapsed_s=elapsed, backend="backend")
 
     def _connection_lost(self, call: BackendCall, progress: Progress) -> ProxyError:
-        details = {"tool": call.tool.name, "reason": "connection_lost"}
-        if not progress.sent:
-            return ProxyError("dependency_unavailable", "The connection to the backend failed before sending.",
-                              details=details, phase="execute", attempted=False, committed=False)
-        if call.tool.is_write:
-            return ProxyError("timeout_unknown",
-                              "The connection was lost after the call was sent; its result is unknown.",
-                              details={**details, "idempotency_key": call.idempotency_key},
-                              phase="execute", attempted=True, committed=None)
-        return ProxyError("dependency_unavailable", "The connection to the backend was lost.",
-                          details=details, phase="execute", attempted=True, committed=False)
+        return unanswered(call, sent=progress.sent, why="connection_lost", details={"reason": "connection_lost"})
 
     def _classify(self, call: BackendCall, answer: Answer) -> BackendResult:
         status, body = answer.status, answer.body
@@ -132,13 +123,7 @@ class HttpAdapter:
             return _raise(ProxyError("dependency_unavailable",
                                      "The backend failed and reported that nothing was applied.",
                                      details=details, phase="execute", attempted=True, committed=False))
-        if call.tool.is_write:
-            return _raise(ProxyError("upstream_error_unknown",
-                                     "The backend failed; whether the write was applied is unknown.",
-                                     details={**details, "idempotency_key": call.idempotency_key},
-                                     phase="execute", attempted=True, committed=None))
-        return _raise(ProxyError("upstream_error", "The backend failed to answer the read.", details=details,
-                                 phase="execute", attempted=True, committed=False))
+        return _raise(failed_answer(call, details=details))
 
 
 def _raise(error: ProxyError) -> BackendResult:

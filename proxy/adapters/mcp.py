@@ -70,7 +70,7 @@ from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
 from ..wire.http import HttpWire
 from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay,
-               progress_relay, safe_error_fields)
+               progress_relay, safe_error_fields, unanswered, failed_answer)
 from .http import forwarded_headers
 from ..wire import mcp as mcp_wire
 
@@ -436,27 +436,13 @@ class McpAdapter:
         details: dict[str, Any] = {"tool": tool.name, "upstream_code": code}
         if progress.status is not None:
             details["backend_status"] = progress.status
-        if not progress.sent:
-            return ProxyError("dependency_unavailable", "The MCP server could not be reached before sending.",
-                              details=details, phase="execute", attempted=False, committed=False)
-        if code in _REFUSED or progress.status == 404:
+        if progress.sent and (code in _REFUSED or progress.status == 404):
             return ProxyError("upstream_error", "The MCP server refused the call before running it.",
                               details=details, phase="execute", attempted=True, committed=False,
                               retryable=False, resolution="inspect")
-        no_answer = code in _NO_ANSWER
-        if tool.is_write:
-            if no_answer:
-                return ProxyError("timeout_unknown", "The connection was lost after the call was sent; "
-                                  "its result is unknown.", details={**details, "idempotency_key": call.idempotency_key},
-                                  phase="execute", attempted=True, committed=None)
-            return ProxyError("upstream_error_unknown", "The MCP server failed; whether the write was applied is "
-                              "unknown.", details={**details, "idempotency_key": call.idempotency_key},
-                              phase="execute", attempted=True, committed=None)
-        if no_answer:
-            return ProxyError("dependency_unavailable", "The connection to the MCP server was lost.",
-                              details=details, phase="execute", attempted=True, committed=False)
-        return ProxyError("upstream_error", "The MCP server failed to answer the read.", details=details,
-                          phase="execute", attempted=True, committed=False)
+        if not progress.sent or code in _NO_ANSWER:
+            return unanswered(call, sent=progress.sent, why="connection_lost", backend="MCP server", details=details)
+        return failed_answer(call, backend="MCP server", details=details)
 
 
 def _input_not_given(call: BackendCall, why: str) -> ProxyError:

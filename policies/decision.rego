@@ -1,7 +1,9 @@
 # The decision document the proxy asks for (POST /v1/data/toolproxy/decision):
 #   Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient AND ApprovalSatisfied
 # Actions: "call" (may this call run now), "list" (which tools may this caller
-# see), "compensate" (may this caller undo an operation: compensation.rego).
+# see), "compensate" (may this caller undo an operation: compensation.rego),
+# "cancel" and "read_operation" (may this caller act on another subject's
+# operation: operations.rego).
 # Input and output are described by schemas/opa-input.schema.json and
 # schemas/opa-decision.schema.json. Reasons are for the audit trail; the proxy
 # never shows them to the model.
@@ -10,6 +12,7 @@ package toolproxy
 import data.toolproxy.approvals
 import data.toolproxy.compensation
 import data.toolproxy.limits
+import data.toolproxy.operations
 import data.toolproxy.quotas
 import data.toolproxy.resource_access
 import data.toolproxy.tools
@@ -39,7 +42,7 @@ identity_deny contains "identity_missing" if not identity_valid
 
 identity_deny contains "agent_missing" if not agent_valid
 
-reasons := ((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny) | compensation.deny
+reasons := (((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny) | compensation.deny) | operations.deny
 
 default risk := "unknown"
 
@@ -78,7 +81,7 @@ decision := object.union(base, {
 	input.action == "call"
 	approvals.required
 } else := object.union(object.union(base, quota), {
-	"allow": input.action in {"call", "compensate"},
+	"allow": input.action in {"call", "compensate", "cancel", "read_operation"},
 	"require_approval": false,
 	"reasons": [],
 	"risk": risk,

@@ -21,7 +21,8 @@ roles := {
 	"agent": {"tools": ["*"], "compensate": ["*"]},
 	"viewer": {"tools": ["get_order", "get_orders"]},
 	"support": {"tools": ["get_order", "refund_order", "adjust_counter"]},
-	"refunds_desk": {"tools": ["get_order", "refund_order", "adjust_counter"], "compensate": ["refund_order"]},
+	"refunds_desk": {"tools": ["get_order", "refund_order", "adjust_counter"], "compensate": ["refund_order"], "operate_others": ["refund_order"]},
+	"shift_lead": {"tools": [], "operate_others": ["*"]},
 }
 
 subjects := {"acme": {

@@ -7,14 +7,15 @@ takeover record (everything a person needs to settle an operation by hand,
 seed 004: key, target, last evidence), and listing the open operations.
 Must never: change a record (resolutions are ``proxy/fronts/admin_api.py``'s and the
 reconciler's), or show another tenant's operation to a tenant-bound caller
-(it does not exist for them).
+(it does not exist for them), or another subject's to an agent that its
+``authorize`` check refuses.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from .envelope import iso
 from .errors import ProxyError
@@ -25,16 +26,20 @@ from .store import unavailable_on_fault
 
 
 async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
-                         registry: Registry | None = None) -> dict[str, Any]:
+                         registry: Registry | None = None,
+                         authorize: Callable[[Record], Awaitable[None]] | None = None) -> dict[str, Any]:
     """``GET /v1/operations/{key}``. An agent passes its tenant and sees only its own tenant's operations
-    (another tenant's key does not exist for it); an operator passes None. With the registry the view
-    says whether a committed effect can still be compensated."""
+    (another tenant's key does not exist for it) and ``authorize``, the subject check of
+    proxy/policy/operation_access.py; an operator passes None. With the registry the view says whether a
+    committed effect can still be compensated."""
     if not re.match(KEY_PATTERN, key):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     with unavailable_on_fault("The idempotency store is unreachable.", phase="request"):
         record = await store.get(key)
     if record is None or (tenant is not None and record.tenant != tenant):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
+    if authorize is not None:
+        await authorize(record)
     return operation_view(record, registry.get(record.tool, record.tool_version) if registry is not None else None)
 
 

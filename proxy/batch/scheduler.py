@@ -92,7 +92,8 @@ class Scheduler:
     def __init__(self, *, pipeline: Pipeline, registry: Registry, config: SchedulerConfig,
                  deadline: DeadlineConfig, metrics: Metrics, audit: Auditor,
                  cancel_answer_wait_s: float = 10.0) -> None:
-        self._batches: collections.OrderedDict[tuple[str, str], BatchRun] = collections.OrderedDict()
+        # Keyed by (tenant, subject, request id): a batch id names only its own caller's batch.
+        self._batches: collections.OrderedDict[tuple[str, str, str], BatchRun] = collections.OrderedDict()
         self._cancel_answer_wait_s = cancel_answer_wait_s
         self._pipeline = pipeline
         self._audit = audit
@@ -120,7 +121,7 @@ class Scheduler:
         footprints = {call.call_id: footprint(self._registry, call) for call in plan.calls}
         graph = build_graph(plan, footprints)
         batch = BatchRun()
-        self._batches[(caller.tenant, meta.request_id)] = batch
+        self._batches[(caller.tenant, caller.subject, meta.request_id)] = batch
         try:
             results = await self._execute(plan, meta, graph, footprints, caller, batch)
         finally:
@@ -136,8 +137,9 @@ class Scheduler:
         """``POST /v1/batches/{batch_id}:cancel``: calls not started end ``cancelled`` (``blocked_by`` behind a
         cancelled step), running calls are cancelled by the rules of proxy/transactions/cancellation.py. Answers the
         calls' outcomes once the batch has ended (or ``cancelling`` after the wait). Batches are known to the
-        process that runs them (the batch id is the request's ``X-Request-Id``)."""
-        batch = self._batches.get((tenant, batch_id))
+        process that runs them (the batch id is the request's ``X-Request-Id``), and only to the caller that started
+        them: another subject's batch with the same id does not exist for it."""
+        batch = self._batches.get((tenant, subject, batch_id))
         if batch is None:
             raise ProxyError("batch_not_found", "No such running batch.", phase="request")
         if not batch.done.is_set() and not batch.cancel.is_set():

@@ -29,6 +29,8 @@ from .listing import visible_tools
 from .mcp.front import McpFront
 from ..operation_views import find_operation
 from ..pipeline import RequestMeta, ToolCallRequest
+from ..policy.client import RequestFacts
+from ..policy.operation_access import Authorize, authorizer
 from ..batch.plan import plan_from_json
 from ..quotas import retry_after_header
 from ..runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
@@ -63,11 +65,21 @@ async def post_tool_call_batch(request: web.Request) -> web.Response:
     return json_response(result.to_json())
 
 
+def _operation_authorizer(runtime: Runtime, request: web.Request, caller: Caller, action: str) -> Authorize:
+    """The subject check of an operation route (proxy/policy/operation_access.py)."""
+    meta = ingress.request_meta(request, runtime.config)
+    return authorizer(runtime.policy, caller, action, RequestFacts(request_id=meta.request_id,
+                                                                   trace_id=meta.trace.trace_id),
+                      meta.deadline.remaining)
+
+
 async def get_operation(request: web.Request) -> web.Response:
+    """One operation of this caller (or, when OPA says so, of another subject of its tenant)."""
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
-    return json_response(await find_operation(runtime.operations, request.match_info["key"], tenant=caller.tenant,
-                                              registry=runtime.registry))
+    return json_response(await find_operation(
+        runtime.operations, request.match_info["key"], tenant=caller.tenant, registry=runtime.registry,
+        authorize=_operation_authorizer(runtime, request, caller, "read_operation")))
 
 
 def operation_key_of(raw: str, tool: str | None, caller: Caller) -> str:
@@ -81,12 +93,13 @@ def operation_key_of(raw: str, tool: str | None, caller: Caller) -> str:
 
 
 async def cancel_operation(request: web.Request) -> web.Response:
-    """Cancel one operation (tenant-scoped like the read): docs/transactions.md."""
+    """Cancel one operation (scoped like the read: this subject's, or OPA's ``cancel``): docs/transactions.md."""
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     key = operation_key_of(request.match_info["key"], request.query.get("tool"), caller)
     return json_response(await runtime.pipeline.cancellations.cancel_operation(
-        key, tenant=caller.tenant, subject=caller.subject, agent=caller.agent))
+        key, tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+        authorize=_operation_authorizer(runtime, request, caller, "cancel")))
 
 
 async def compensate_operation(request: web.Request) -> web.Response:
@@ -100,7 +113,7 @@ async def compensate_operation(request: web.Request) -> web.Response:
 
 
 async def cancel_batch(request: web.Request) -> web.Response:
-    """Cancel a running batch of this caller's tenant by its batch id: docs/transactions.md."""
+    """Cancel a running batch of this caller (tenant and subject) by its batch id: docs/transactions.md."""
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     return json_response(await runtime.scheduler.cancel(request.match_info["batch_id"], tenant=caller.tenant,

@@ -65,7 +65,8 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
                 compensation: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The OPA input document; the only place it is built. ``compensate``: ``tool``/``arguments`` are the
     compensating call, ``original`` the operation it compensates (trusted facts from its record) and
-    ``compensation`` the contract's declaration."""
+    ``compensation`` the contract's declaration. ``cancel`` / ``read_operation``: ``original`` is the
+    operation of another subject the caller wants to cancel or read."""
     document: dict[str, Any] = {
         "action": action,
         "subject": {"id": caller.subject, "tenant": caller.tenant, "roles": list(caller.roles),
@@ -90,6 +91,8 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
         if action == "compensate":
             document["original"] = dict(original or {})
             document["compensation"] = dict(compensation or {})
+    elif action in ("cancel", "read_operation"):
+        document["original"] = dict(original or {})
     else:
         document["tools"] = [{"name": t.name, "version": t.version, "mode": t.mode, "risk": t.risk}
                              for t in tools]

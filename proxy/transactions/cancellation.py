@@ -307,14 +307,18 @@ class Cancellations:
                           attempted=True, committed=False)
 
     # -- POST /v1/operations/{key}:cancel ----------------------------------------------
-    async def cancel_operation(self, key: str, *, tenant: str, subject: str, agent: str) -> dict[str, Any]:
+    async def cancel_operation(self, key: str, *, tenant: str, subject: str, agent: str,
+                               authorize: Callable[[Record], Awaitable[None]] | None = None) -> dict[str, Any]:
         """Ask for one operation's cancellation; answers the operation view once its outcome is recorded
-        (or, after ``answer_wait_ms``, the CANCELLING record). Tenant-scoped like the operation read."""
+        (or, after ``answer_wait_ms``, the CANCELLING record). Scoped like the operation read: the caller's
+        tenant, and ``authorize`` (proxy/policy/operation_access.py: the same subject, or OPA's ``cancel``)."""
         if not re.match(KEY_PATTERN, key):
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
         record = await self._store.get(key)
         if record is None or record.tenant != tenant:
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
+        if authorize is not None:
+            await authorize(record)
         request = {"source": "api", "subject": subject, "agent": agent, "at_ms": int(time.time() * 1000)}
         answer = await self._store.request_cancel(key, request=request)
         if answer.status == "missing":

@@ -1,7 +1,7 @@
 """Compensation: undoing a committed effect by a new operation, never by pretending (seed 004).
 
 Owns: ``POST /v1/operations/{key}:compensate`` — the checks (the original is
-this tenant's, its contract declares a compensation, its state and time window
+this tenant's and this subject's, or OPA lets this caller read it, its contract declares a compensation, its state and time window
 allow one, it is not frozen), OPA's ``compensate`` decision, the compensating
 call run through the same ``Pipeline`` as its own operation under a key
 derived from the original's (``Idempotency-Key: compensate:<original key>``,
@@ -41,6 +41,7 @@ from ..normalize import normalize
 from ..operations import OperationStore, Record
 from ..requests import CallResult, RequestMeta, ToolCallRequest
 from ..policy.client import PolicyClient, RequestFacts, build_input
+from ..policy.operation_access import authorizer, is_own, original_facts
 from ..registry import Registry
 from ..store import key as store_key, redis_call, unavailable_on_fault
 
@@ -70,6 +71,12 @@ class Compensations:
     async def compensate(self, key: str, caller: Caller, meta: RequestMeta) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body): the original's view and the compensating call's envelope."""
         record = await self._record(key, caller.tenant)
+        if not is_own(caller, record):
+            # Another subject's operation: it does not exist for this caller unless OPA lets it read it; the
+            # compensate decision below then asks again, with its own rule for other subjects.
+            await authorizer(self._policy, caller, "read_operation",
+                             RequestFacts(request_id=meta.request_id, run_id=meta.run_id,
+                                          trace_id=meta.trace.trace_id), meta.deadline.remaining)(record)
         contract = self._registry.get(record.tool, record.tool_version)
         spec = contract.compensation if contract is not None else None
         block = record.compensation or {}
@@ -129,9 +136,7 @@ class Compensations:
         """OPA, action ``compensate``: may this caller undo this operation with this call?"""
         decoded = decode_arguments(arguments, target.input_validator, max_depth=self._max_json_depth)
         normalized = normalize(target, decoded)
-        original = {"idempotency_key": record.key, "tool": record.tool, "version": record.tool_version,
-                    "tenant": record.tenant, "subject": str(record.meta.get("subject", "")), "state": record.state,
-                    "resources": list((record.meta.get("target") or {}).get("resources", []))}
+        original = original_facts(record)
         document = build_input("compensate", caller, RequestFacts(request_id=meta.request_id, run_id=meta.run_id,
                                                                   trace_id=meta.trace.trace_id),
                                catalog_digest=self._policy.catalog_digest, tool=target, normalized=normalized,

@@ -27,6 +27,9 @@ proxy's HTTP adapter speaks:
   already finished: 200 ``{"state": "committed"}``; an unknown key: 404
   ``{"state": "not_found"}``. Every cancel request is kept in
   ``state.cancel_requests`` (tests count them).
+* ``transfer_project`` is a compare-and-swap: it applies only if the project still has
+  ``expected_owner`` (the contract's ``state_guard``; the proxy forwards it as ``If-Match``
+  too), else 412 ``state_changed`` with nothing applied.
 * ``release_reservation`` is ``reserve_inventory``'s compensation: it gives the
   reserved units back, once (``already_released`` after that).
 * Fencing: write tools remember, per resource key (``order:ord_1001``), the
@@ -92,6 +95,8 @@ FAULT_MODES = (
     "http_500",              # 500 without "applied" (nothing applied, but not said)
     "http_503_not_applied",  # 503 with "applied": false
     "crash",                 # os._exit(1) on arrival (only with allow_crash=True)
+    "stop_halfway",          # send_notices: apply the first half, answer 207 partial; with delay_ms > 0 the
+                             # rest is applied that much later (the status endpoint goes partial -> committed)
 )
 RETRY_AFTER_SECONDS = 3
 STALL_POLL_SECONDS = 0.02
@@ -149,6 +154,14 @@ def _seed_users() -> dict[str, dict[str, str]]:
     }
 
 
+def _seed_projects() -> dict[str, dict[str, Any]]:
+    return {
+        "prj_1001": {"tenant": "acme", "owner": "dev-user", "version": 1},
+        "prj_1002": {"tenant": "acme", "owner": "alice", "version": 1},
+        "prj_2001": {"tenant": "globex", "owner": "gina", "version": 1},
+    }
+
+
 def _seed_customers() -> dict[str, dict[str, str]]:
     return {
         "cus_1001": {"tenant": "acme", "name": "Ada Example"},
@@ -165,11 +178,16 @@ class DemoState:
     inventory: dict[str, dict[str, int]] = field(default_factory=_seed_inventory)
     users: dict[str, dict[str, str]] = field(default_factory=_seed_users)
     customers: dict[str, dict[str, str]] = field(default_factory=_seed_customers)
+    projects: dict[str, dict[str, Any]] = field(default_factory=_seed_projects)
     counters: dict[str, int] = field(default_factory=lambda: {"ctr_demo": 0, "ctr_race": 0})
     outbox: list[dict[str, Any]] = field(default_factory=list)
     reservations: dict[str, dict[str, Any]] = field(default_factory=lambda: {
         "rsv_seed1": {"sku": "sku_gizmo", "quantity": 1, "tenant": "acme", "released": False}})
     reports: dict[str, str] = field(default_factory=dict)
+    notices: list[dict[str, Any]] = field(default_factory=list)
+    background: set[Any] = field(default_factory=set)  # pending items being applied (stop_halfway)
+    # Knob: time each notice of send_notices takes (a cancel is honoured between two notices).
+    notice_delay_ms: int = 0
     # Cancellation: keys whose running call was asked to stop, and every cancel request received.
     cancelling: set[tuple[str, str]] = field(default_factory=set)
     cancel_requests: list[dict[str, Any]] = field(default_factory=list)
@@ -329,6 +347,8 @@ class Call:
     idempotency_key: str | None
     call_id: str | None
     resources: list[str]
+    stop_after: int | None = None   # send_notices under stop_halfway: items applied before it stops
+    finish_after_ms: int = 0        # ...and when the rest is applied in the background (0: never)
 
     def fence(self) -> None:
         """Call immediately before writing: refuse a stale token, else remember it."""
@@ -485,6 +505,70 @@ async def adjust_counter(call: Call) -> dict[str, Any]:
     return {"counter": name, "value": current + delta}
 
 
+async def transfer_project(call: Call) -> dict[str, Any]:
+    """Give a project to another owner, only if it still has the owner the caller expects (a
+    compare-and-swap: the contract's state_guard; the proxy also forwards it as If-Match). A project
+    that changed hands since is 412 ``state_changed`` with nothing applied."""
+    project_id = call.args["project_id"]
+    project = call.state.projects.get(project_id)
+    if project is None or (call.tenant is not None and project["tenant"] != call.tenant):
+        raise BackendError(404, "project_not_found", f"no project {project_id}", field="project_id")
+    if project["owner"] != call.args["expected_owner"]:
+        raise BackendError(412, "state_changed", "the project's owner is not the one expected",
+                           field="expected_owner")
+    call.fence()
+    project["owner"] = call.args["to_owner"]
+    project["version"] += 1
+    call.record_effect()
+    return {"project_id": project_id, "owner": project["owner"], "version": project["version"]}
+
+
+class PartiallyApplied(Exception):
+    """A multi-item tool stopped with some items applied: answered 207 ``{"state": "partial", ...}``."""
+
+    def __init__(self, committed: list[dict[str, Any]], pending: list[dict[str, Any]],
+                 finish: Callable[[], Awaitable[dict[str, Any]]] | None = None) -> None:
+        super().__init__("partially applied")
+        self.committed, self.pending, self.finish = committed, pending, finish
+
+
+async def send_notices(call: Call) -> dict[str, Any]:
+    """Send one notice per recipient, in order. Under the ``stop_halfway`` fault it stops after the first
+    half (207 partial: the rest pending, applied ``delay_ms`` later when the fault says so); a cancel
+    request between two notices stops it for good (207 partial, nothing pending; 409 ``cancelled`` if
+    nothing was sent yet)."""
+    recipients = call.args["recipients"]
+    slot = (call.tool, call.idempotency_key or "")
+    sent: list[dict[str, Any]] = []
+
+    def one(recipient: str) -> dict[str, Any]:
+        notice = {"recipient": recipient, "notice_id": call.state.new_id("ntc")}
+        call.state.notices.append({**notice, "message": call.args["message"]})
+        call.record_effect()
+        return notice
+
+    for index, recipient in enumerate(recipients):
+        if call.stop_after is not None and index >= call.stop_after:
+            rest = recipients[index:]
+
+            async def finish() -> dict[str, Any]:
+                await asyncio.sleep(call.finish_after_ms / 1000)
+                return {"notices": sent + [one(r) for r in rest]}
+
+            raise PartiallyApplied(list(sent), [{"recipient": r} for r in rest],
+                                   finish if call.finish_after_ms > 0 else None)
+        if slot in call.state.cancelling:
+            call.state.cancelling.discard(slot)
+            if not sent:
+                raise BackendError(409, "cancelled", "the notices were cancelled before any was sent")
+            raise PartiallyApplied(list(sent), [])
+        if call.state.notice_delay_ms:
+            await asyncio.sleep(call.state.notice_delay_ms / 1000)
+        call.fence()
+        sent.append(one(recipient))
+    return {"notices": sent}
+
+
 async def delete_customer(call: Call) -> dict[str, Any]:
     customer_id = call.args["customer_id"]
     customer = call.state.customers.get(customer_id)
@@ -530,6 +614,12 @@ TOOLS: dict[str, ToolSpec] = {
         ("counter:{counter}",)),
     "delete_customer": ToolSpec(delete_customer, True, {
         "customer_id": _string(r"^cus_[A-Za-z0-9]+$", max_len=64)}, ("customer:{customer_id}",)),
+    "send_notices": ToolSpec(send_notices, True, {
+        "recipients": _list_of(_string(r"^usr_[A-Za-z0-9]+$", max_len=64), max_items=20),
+        "message": _string(max_len=500)}),
+    "transfer_project": ToolSpec(transfer_project, True, {
+        "project_id": _string(r"^prj_[A-Za-z0-9]+$", max_len=64), "to_owner": _string(max_len=64),
+        "expected_owner": _string(max_len=64)}, ("project:{project_id}",)),
 }
 
 
@@ -662,6 +752,8 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
         # which then carries on normally (even if the client gave up meanwhile).
         if mode == "slow":
             await asyncio.sleep(fault.delay_ms / 1000)
+        elif mode == "stop_halfway" and tool != "send_notices":
+            mode = None  # only a multi-item tool can stop halfway
         elif mode == "stall":
             await _wait_for_disconnect(request)
             return web.Response(status=499)  # never seen: the client has gone
@@ -684,6 +776,9 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
                         tenant=request.headers.get("X-Toolproxy-Tenant"),
                         fencing_token=token if spec.writes else None, idempotency_key=key,
                         call_id=call_id, resources=_resource_keys(spec, args))
+            if mode == "stop_halfway":
+                call.stop_after = max(1, len(args.get("recipients") or ()) // 2)
+                call.finish_after_ms = fault.delay_ms
             response = await _run(call, spec, body_hash)
 
         # Faults after the outcome is decided (and, for writes, committed).
@@ -712,6 +807,13 @@ async def _run(call: Call, spec: ToolSpec, body_hash: str) -> web.Response:
     slot = (call.tool, call.idempotency_key)
     try:
         result = await spec.run(call)
+    except PartiallyApplied as partial:
+        body = {"state": "partial", "committed": partial.committed, "pending": partial.pending}
+        if call.idempotency_key:
+            call.state.idempotency[slot] = {"state": "partial", "body_hash": body_hash, "status": 207, "body": body}
+            if partial.finish is not None:
+                _finish_later(call, slot, body_hash, partial.finish)
+        return web.json_response(body, status=207)
     except BackendError as exc:
         body = exc.body()
         if not exc.store:
@@ -729,6 +831,18 @@ async def _run(call: Call, spec: ToolSpec, body_hash: str) -> web.Response:
     return web.json_response(result)
 
 
+def _finish_later(call: Call, slot: tuple[str, str | None], body_hash: str,
+                  finish: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+    """Apply a partial call's pending items in the background; then its key's answer is the whole result."""
+    async def run() -> None:
+        result = await finish()
+        call.state.idempotency[slot] = {"state": "committed", "body_hash": body_hash, "status": 200, "body": result}
+
+    task = asyncio.get_running_loop().create_task(run())
+    call.state.background.add(task)
+    task.add_done_callback(call.state.background.discard)
+
+
 async def handle_status(request: web.Request) -> web.Response:
     state = request.app[STATE_KEY]
     tool, key = request.match_info["tool"], request.match_info["key"]
@@ -743,6 +857,8 @@ async def handle_status(request: web.Request) -> web.Response:
         return web.json_response({"state": "committed", "result": record["body"]})
     if record["state"] == "cancelled":
         return web.json_response({"state": "cancelled"})
+    if record["state"] == "partial":
+        return web.json_response(record["body"])
     return web.json_response({"state": "rejected", "error": record["body"]["error"]})
 
 

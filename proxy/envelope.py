@@ -73,7 +73,9 @@ _iso_second: tuple[int, str] = (-1, "")  # the last second formatted, and its te
 dumps = json_bytes  # the one JSON encoder of answers (proxy.wire)
 
 
-def outcome_of(error: ProxyError | None, side_effect: SideEffect) -> str:
+def outcome_of(error: ProxyError | None, side_effect: SideEffect, partial: Mapping[str, Any] | None = None) -> str:
+    if partial is not None:
+        return "partial"
     if error is None:
         return "succeeded"
     if error.code == "cancelled":
@@ -104,19 +106,28 @@ class Envelope:
     timing: Mapping[str, Any]
     extra: Mapping[str, Any] = field(default_factory=lambda: _NOTHING)
     replayed: bool = False  # a duplicate answered from the operation record
+    evidence: Mapping[str, Any] | None = None  # a committed write's: backend request id, result digest,
+                                               # server time, resource keys (seed 003 §3.9, seed 004 §1)
+    truncated: bool = False  # the contract's output_limit shortened the data (proxy/output_filter.py)
+    partial: Mapping[str, Any] | None = None   # outcome partial: committed and pending items, recovery
 
     @classmethod
     def of(cls, *, call_id: str | None, request_id: str, tool: str | None, tool_version: str | None,
            data: Any = None, error: ProxyError | None = None, side_effect: SideEffect = NO_EFFECT,
            idempotency_key: str | None = None, timing: Timing | None = None,
-           extra: Mapping[str, Any] | None = None) -> "Envelope":
+           extra: Mapping[str, Any] | None = None, evidence: Mapping[str, Any] | None = None,
+           truncated: bool = False, partial: Mapping[str, Any] | None = None) -> "Envelope":
         if error is not None:
             side_effect = SideEffect(attempted=error.attempted, committed=error.committed)
+        if partial is not None:
+            error, data = None, None
         return cls(call_id=call_id, request_id=request_id, tool=tool, tool_version=tool_version,
-                   outcome=outcome_of(error, side_effect), data=data if error is None else None, error=error,
-                   side_effect=side_effect, idempotency_key=idempotency_key,
+                   outcome=outcome_of(error, side_effect, partial), data=data if error is None else None,
+                   error=error, side_effect=side_effect, idempotency_key=idempotency_key,
                    timing=MappingProxyType((timing or Timing()).to_json()),
-                   extra=MappingProxyType(dict(extra)) if extra else _NOTHING)
+                   extra=MappingProxyType(dict(extra)) if extra else _NOTHING,
+                   evidence=MappingProxyType(dict(evidence)) if evidence and error is None else None,
+                   truncated=truncated and error is None, partial=partial)
 
     @property
     def error_code(self) -> str | None:
@@ -152,9 +163,40 @@ class Envelope:
             "timing": dict(self.timing),
         }
         body.update(self.extra)
+        if self.evidence is not None:
+            body["evidence"] = dict(self.evidence)
+        if self.truncated:
+            body["truncated"] = True
+        if self.partial is not None:
+            body["partial"] = self.partial
         if self.replayed:
             body["replayed"] = True
         return body
+
+
+SUMMARY_RESOURCES = 5  # resource keys named in a side-effect summary; the rest are counted
+
+
+def with_summary(env: Envelope, normalized: Any) -> Envelope:
+    """``side_effect.summary`` (seed 003 §4) of a write that committed or partly committed: built from the
+    trusted contract name and the call's resource keys, never from backend text."""
+    side = env.side_effect
+    if env.tool is None or not side.attempted or not (side.committed is True or env.partial is not None):
+        return env
+    keys = [r.id for r in normalized.resources] if normalized is not None else []
+    where = ""
+    if keys:
+        named = ", ".join(keys[:SUMMARY_RESOURCES])
+        more = len(keys) - SUMMARY_RESOURCES
+        where = f" on {named}" + (f" and {more} more" if more > 0 else "")
+    if env.partial is not None:
+        done, pending = len(env.partial.get("committed") or ()), len(env.partial.get("pending") or ())
+        text = f"{env.tool} {env.tool_version} partly applied{where}: {done} item(s) committed, {pending} pending"
+    elif env.evidence is None and env.error is None:  # a read has no effect to summarize
+        return env
+    else:
+        text = f"{env.tool} {env.tool_version} committed{where}"
+    return replace(env, side_effect=replace(side, summary=text))
 
 
 def build(*, call_id: str | None, request_id: str, tool: str | None, tool_version: str | None,

@@ -169,9 +169,12 @@ class ProxyError(Exception):
 class SideEffect:
     attempted: bool
     committed: bool | None
+    summary: str | None = None  # what was (partly) applied, from trusted facts (proxy/envelope.py)
 
     def to_json(self) -> dict[str, Any]:
-        return {"attempted": self.attempted, "committed": self.committed}
+        if self.summary is None:
+            return {"attempted": self.attempted, "committed": self.committed}
+        return {"attempted": self.attempted, "committed": self.committed, "summary": self.summary}
 
 
 NO_EFFECT = SideEffect(attempted=False, committed=False)

@@ -155,18 +155,29 @@ def replayed_error(outcome: Mapping[str, Any]) -> ReplayedError:
 
 
 def outcome_of(*, data: Any = None, error: ProxyError | None = None, side_effect: SideEffect,
-               tool: ToolContract, call_id: str | None, request_id: str | None) -> dict[str, Any]:
-    """The stored form of a call's result (what a duplicate gets back)."""
+               tool: ToolContract, call_id: str | None, request_id: str | None,
+               evidence: Mapping[str, Any] | None = None, partial: Mapping[str, Any] | None = None
+               ) -> dict[str, Any]:
+    """The stored form of a call's result (what a duplicate gets back): the full verified result (the
+    contract's output filter applies when it is shown to an agent), the committed write's evidence and,
+    for a partly applied call, its committed and pending items."""
     return stored_outcome(data=data, error=error, side_effect=side_effect, tool_version=tool.version,
-                          call_id=call_id, request_id=request_id)
+                          call_id=call_id, request_id=request_id, evidence=evidence, partial=partial)
 
 
 def stored_outcome(*, data: Any = None, error: ProxyError | None = None, side_effect: SideEffect,
-                   tool_version: str, call_id: str | None, request_id: str | None) -> dict[str, Any]:
+                   tool_version: str, call_id: str | None, request_id: str | None,
+                   evidence: Mapping[str, Any] | None = None, partial: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any]:
     """``outcome_of`` for a record whose contract may be gone from the registry (an operator's resolution)."""
-    return {"data": data if error is None else None, "error": error.to_error() if error else None,
-            "side_effect": side_effect.to_json(), "tool_version": tool_version, "call_id": call_id,
-            "request_id": request_id}
+    stored = {"data": data if error is None else None, "error": error.to_error() if error else None,
+              "side_effect": side_effect.to_json(), "tool_version": tool_version, "call_id": call_id,
+              "request_id": request_id}
+    if evidence is not None:
+        stored["evidence"] = dict(evidence)
+    if partial is not None:
+        stored["partial"] = dict(partial)
+    return stored
 
 
 def target_summary(tool: ToolContract, normalized: NormalizedCall) -> dict[str, Any]:
@@ -341,12 +352,15 @@ class IdempotencyStage:
 
     def finish_in(self, trip: RoundTrip, admission: Admission, *, tool: ToolContract, data: Any,
                   error: ProxyError | None, side_effect: SideEffect, call_id: str, request_id: str,
-                  cancelled: bool = False) -> None:
+                  cancelled: bool = False, evidence: Mapping[str, Any] | None = None,
+                  partial: Mapping[str, Any] | None = None) -> None:
         """``finish`` as one step of the commit stage's round trip (sent together with the lock release).
         ``cancelled``: a requested cancellation that applied nothing ends in the final CANCELLED state."""
         if not admission.holds:
             return
-        if cancelled and side_effect.committed is False:
+        if partial is not None:  # some items committed, others pending: the reconciler settles the rest
+            target = "UNKNOWN"
+        elif cancelled and side_effect.committed is False:
             target = "CANCELLED"
         elif error is not None and not error.attempted:
             target = "ABANDON"
@@ -359,9 +373,9 @@ class IdempotencyStage:
         else:
             target = "FAILED_FINAL"
         outcome = outcome_of(data=data, error=error, side_effect=side_effect, tool=tool, call_id=call_id,
-                             request_id=request_id)
-        evidence = {"source": "executor", "observed": error.code if error else "succeeded",
-                    "at_ms": int(time.time() * 1000)}
+                             request_id=request_id, evidence=evidence, partial=partial)
+        observed = "partial" if partial is not None else error.code if error else "succeeded"
+        evidence = {"source": "executor", "observed": observed, "at_ms": int(time.time() * 1000)}
 
         def recorded(answer: Transition | BaseException) -> None:
             if isinstance(answer, BaseException):

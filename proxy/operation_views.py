@@ -21,6 +21,7 @@ from .envelope import iso
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
 from .operations import OperationStore, Record
+from .output_filter import visible
 from .registry import Registry, ToolContract
 from .store import unavailable_on_fault
 
@@ -40,7 +41,18 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     if authorize is not None:
         await authorize(record)
-    return operation_view(record, registry.get(record.tool, record.tool_version) if registry is not None else None)
+    contract = registry.get(record.tool, record.tool_version) if registry is not None else None
+    view = operation_view(record, contract)
+    return agent_view(view, contract) if tenant is not None else view
+
+
+def agent_view(view: dict[str, Any], contract: ToolContract | None) -> dict[str, Any]:
+    """An operation view as an agent may see it: the result through the contract's output filter (the
+    record, and the operator's view on the admin listener, keep the full result). A record whose
+    contract is gone from the registry shows its result as recorded."""
+    if view.get("result") is not None and contract is not None and contract.output_policy.filters:
+        view["result"] = visible(contract.output_policy, view["result"])
+    return view
 
 
 def operation_view(record: Record, contract: ToolContract | None = None) -> dict[str, Any]:

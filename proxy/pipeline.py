@@ -23,7 +23,9 @@ from .policy.authorize import Authorizer
 from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
 from .decode import decode_arguments
-from .envelope import Envelope, Timing
+from . import output_filter
+from .envelope import Envelope, Timing, with_summary
+from .output_filter import NO_POLICY
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
@@ -65,6 +67,11 @@ class CallState:
     attempt: int = 1                          # nth execution of this idempotency key
     backend_request_id: str | None = None
     result_hash: str | None = None            # SHA-256 of the canonical verified output
+    server_time: str | None = None            # the backend's own clock on its answer (HTTP Date)
+    result: Any = None                        # the full verified result (the record keeps it; the model sees
+                                              # the contract's filtered view, proxy/output_filter.py)
+    evidence: Mapping[str, Any] | None = None  # a committed write's evidence (seed 003 §3.9, seed 004 §1)
+    partial: Mapping[str, Any] | None = None   # a partly applied call: {"committed": [...], "pending": [...]}
     cancellation: dict[str, Any] | None = None  # a cancel that reached this call: who asked, what was observed
 
     def facts(self) -> CallFacts:
@@ -120,9 +127,15 @@ class Pipeline:
     async def _execute(self, state: CallState) -> CallResult:
         error: ProxyError | None = None
         try:
-            data = await self._run(state)
-            env = self._envelope(state, data=data, side_effect=SideEffect(
-                attempted=True, committed=bool(state.tool and state.tool.is_write)))
+            data = state.result = await self._run(state)
+            if state.partial is not None:
+                env = self._envelope(state, side_effect=SideEffect(
+                    attempted=True, committed=True if state.partial["committed"] else None),
+                    partial=partial_block(state.partial, state.idempotency_key))
+            else:
+                view, truncated = self._model_view(state, data)
+                env = self._envelope(state, data=view, side_effect=SideEffect(
+                    attempted=True, committed=bool(state.tool and state.tool.is_write)), truncated=truncated)
         except ProxyError as exc:
             error = exc.with_phase(state.phase)
             state.replayed = isinstance(exc, ReplayedError)
@@ -134,6 +147,7 @@ class Pipeline:
             log.exception("internal error in phase %s", state.phase)
             error = self._internal(state)
             env = self._envelope(state, error=error)
+        env = with_summary(env, state.normalized)
         headers = deprecation_headers(state.tool)
         if state.replayed:
             env = env.as_replayed()
@@ -148,9 +162,10 @@ class Pipeline:
             # The outcome record and the lock release: independent steps (different slots), one round trip.
             trip = RoundTrip(self._redis)
             self._idempotency.finish_in(
-                trip, state.admission, tool=state.tool, data=env.data, error=error, side_effect=env.side_effect,
-                call_id=state.request.call_id, request_id=state.request.meta.request_id,
-                cancelled=_cancelled_for_good(state, error))
+                trip, state.admission, tool=state.tool, data=state.result if env.error is None else None,
+                error=error, side_effect=env.side_effect, call_id=state.request.call_id,
+                request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
+                evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
             if state.lease is not None:
                 state.lease.release_in(trip)
             if trip:  # (shielding costs a task: only when there is something to send)
@@ -247,6 +262,7 @@ class Pipeline:
                 state.lease = self._locks.granted(plan, admission.then_reply, sent=sent, started=sent)
         if admission.replay is not None:
             state.replayed = True
+            state.evidence = admission.replay.get("evidence")
             return admission.replay.get("data")
         # A long lock wait must not let the key's lease (budget + grace) run out: the reconciler would take
         # the call for a dead one. Renewed every half grace while waiting.
@@ -267,6 +283,23 @@ class Pipeline:
         # From here on a cancel request (by key) or a withdrawal stops the call by the rules of
         # proxy/transactions/cancellation.py.
         return await self.cancellations.guard(state, admission.key, locked())
+
+    async def preflight(self, request: ToolCallRequest, caller: Caller) -> ProxyError | None:
+        """The checks an ``all_or_nothing`` batch makes of every call before any runs: resolve, decode,
+        normalize and the policy decision (``Authorizer.preflight``), without a key, a lock or a send.
+        None: the call would be allowed now; else the error that refuses it."""
+        meta = request.meta
+        try:
+            tool = await self._versions.resolve(self.registry, request, caller)
+            arguments = decode_arguments(request.arguments, tool.input_validator,
+                                         max_depth=self._config.decode.max_depth)
+            normalized = normalize(tool, arguments)
+        except ProxyError as error:
+            return error
+        return await self._authorizer.preflight(
+            caller, tool, normalized,
+            RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
+                         trace_id=meta.trace.trace_id), budget_s=meta.deadline.remaining())
 
     async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
         """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
@@ -295,10 +328,32 @@ class Pipeline:
             sending = self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
             result = await (lease.guard(sending) if lease is not None else sending)  # lock_lost if the lease goes
             state.backend_request_id = result.backend_request_id
+            state.server_time = result.server_time
+            if result.partial is not None:  # nothing to verify against outputSchema: items, not a result
+                state.partial = result.partial
+                return None
         with self._stage(state, "verify"):
             data = verify_output(tool, result.data)
             state.result_hash = digest(data)
             return data
+
+    def _model_view(self, state: CallState, data: Any) -> tuple[Any, bool]:
+        """What of the verified result the model sees (the contract's filter and limit), and the evidence
+        of a committed write (a replay keeps the evidence recorded when it ran)."""
+        tool = state.tool
+        if tool is None:
+            return data, False
+        if tool.is_write and state.evidence is None and not state.replayed:
+            state.evidence = {
+                "backend_request_id": state.backend_request_id,
+                "result_digest": state.result_hash if state.result_hash is not None else digest(data),
+                "server_time": state.server_time,
+                "resource_keys": [r.id for r in state.normalized.resources] if state.normalized else []}
+        policy = tool.output_policy
+        if policy is NO_POLICY:
+            return data, False
+        return output_filter.fit(policy, output_filter.visible(policy, data), tool=tool.name,
+                                 is_write=tool.is_write)
 
     def _backend_call(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> BackendCall:
         meta = state.request.meta
@@ -324,14 +379,30 @@ class Pipeline:
                            else False))
 
     def _envelope(self, state: CallState, *, data: Any = None, error: ProxyError | None = None,
-                  side_effect: SideEffect | None = None) -> Envelope:
+                  side_effect: SideEffect | None = None, truncated: bool = False,
+                  partial: Mapping[str, Any] | None = None) -> Envelope:
         tool = state.tool
-        return Envelope.of(
+        return Envelope.of(truncated=truncated, evidence=state.evidence if error is None else None, partial=partial,
             call_id=state.request.call_id, request_id=state.request.meta.request_id,
             tool=tool.name if tool else state.request.tool if isinstance(state.request.tool, str) else None,
             tool_version=tool.version if tool else None, data=data, error=error,
             side_effect=side_effect or SideEffect(False, False), idempotency_key=state.idempotency_key,
             timing=state.timing, extra=_deprecation_block(tool))
+
+
+def partial_block(partial: Mapping[str, Any], key: str | None) -> dict[str, Any]:
+    """The envelope's ``partial`` member: the items, and where the rest is followed (the operation, which
+    the reconciler settles; with nothing pending, a person decides what to do with the applied part)."""
+    return {"committed": list(partial["committed"]), "pending": list(partial["pending"]),
+            "recovery": {"operation": f"/v1/operations/{key}" if key else None,
+                         "resolution": "reconcile" if partial["pending"] else "ask_user"}}
+
+
+def recorded_partial(partial: Mapping[str, Any]) -> dict[str, Any]:
+    """What the operation record keeps of a partial answer: the items and the digest of the committed
+    ones, which recovery compares with what the status endpoint later reports (seed 004 §6)."""
+    return {"committed": list(partial["committed"]), "pending": list(partial["pending"]),
+            "committed_digests": [digest(item) for item in partial["committed"]]}
 
 
 def _deprecation_block(tool: ToolContract | None) -> dict[str, Any] | None:

@@ -27,10 +27,11 @@ from urllib.parse import quote
 import yaml
 from jsonschema import Draft202012Validator
 
-from . import compensation_contract
+from . import compensation_contract, output_filter
 from .wire import schema_fast
 from .compensation_contract import CompensationSpec
 from .errors import ProxyError
+from .output_filter import NO_POLICY, OutputPolicy
 from .quota_rules import LimitSpec, spec_from_registry
 from .wire.schema_fast import FastValidator
 
@@ -114,6 +115,9 @@ class ToolContract:
     replaced_by: str | None = None            # "2.0.0" (same tool) or "other_tool@1.0.0"
     source: str = ""
     quota: LimitSpec | None = None  # the tool's own limit (counted per tool name, across tenants)
+    output_policy: OutputPolicy = NO_POLICY  # what of a result the model sees (proxy/output_filter.py)
+    visible_output_schema: Mapping[str, Any] = field(default_factory=dict)  # its advertised shape
+    state_guard: str | None = None  # the argument carrying the expected state, forwarded as If-Match
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -152,7 +156,7 @@ class ToolContract:
             **self.summary(),
             "description": self.description,
             "inputSchema": thaw(self.input_schema),
-            **({"outputSchema": thaw(self.output_schema)} if self.declares_output else {}),
+            **({"outputSchema": thaw(self.visible_output_schema)} if self.declares_output else {}),
             "timeout_ms": self.timeout_ms,
         }
 
@@ -415,6 +419,14 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
             raise RegistryError(f"{where} at $.tools[{index}].resources[{r_index}].template: placeholder "
                                 f"{missing[0]!r} is not a property of inputSchema")
         resources.append(template)
+    output_policy = output_filter.policy_from_registry(raw.get("output_filter"), raw.get("output_limit"))
+    found = output_filter.problems(output_policy, output_schema or {})
+    if found:
+        raise RegistryError(f"{where} at $.tools[{index}].output_filter: {found[0]}")
+    guard = raw.get("state_guard")
+    if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
+        raise RegistryError(f"{where} at $.tools[{index}].state_guard.argument: {guard['argument']!r} is not a "
+                            f"required property of inputSchema")
     idem = raw.get("idempotency", {})
     backend = raw["backend"]
     status = raw.get("status_endpoint")
@@ -447,6 +459,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         replaced_by=raw.get("replaced_by"),
         source=str(path),
         quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
+        output_policy=output_policy,
+        visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema or {})),
+        state_guard=guard["argument"] if guard is not None else None,
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
         output_validator=schema_fast.validator(output_schema or {}, formats=True),
     )

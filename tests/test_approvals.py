@@ -64,7 +64,7 @@ async def test_refund_above_threshold_needs_approval_then_runs_once(stack, appro
 
     status, env = await stack.call("refund_order", BIG_REFUND, headers={"X-Approval-Id": approval_id})
     assert status == 200, env
-    assert env["side_effect"] == {"attempted": True, "committed": True}
+    assert env["side_effect"]["attempted"] is True and env["side_effect"]["committed"] is True
     assert stack.backend.effect_counts()["refund_order"] == 1
 
     status, env = await stack.call("refund_order", BIG_REFUND, headers={"X-Approval-Id": approval_id})

@@ -3,8 +3,8 @@
 A real ``toolproxy run`` process (debug logging, audit to stdout and a Redis
 Stream) serves calls that carry a bearer token, a secret-looking header and
 a ``password`` argument the contract marks sensitive, through success,
-schema violation, invalid JSON, backend 500, backend echoing the password and
-an unknown outcome. Then every byte the process wrote (stdout, stderr) and
+schema violation, invalid JSON, backend 500, backend echoing the password
+(which the contract's output filter keeps from the model) and an unknown outcome. Then every byte the process wrote (stdout, stderr) and
 every entry of the audit stream is scanned for the secret values.
 """
 
@@ -58,6 +58,7 @@ tools:
     timeout_ms: 2000
     backend: {type: http, service: creds, path: /set_password}
     sensitive_fields: [password]
+    output_filter: {redact: [/echo]}   # whatever the backend echoes, the model never sees it
 """
 
 
@@ -144,7 +145,13 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
             ok = await call({"account": "acct_a", "password": PASSWORD})
             assert ok["outcome"] == "succeeded", ok
             echoed = await call({"account": "acct_echo", "password": PASSWORD})
-            assert echoed["data"]["echo"] == PASSWORD  # the caller gets its data; audit and logs must not
+            # The contract's output filter: the echoed password never reaches the model (seed 004 §6).
+            assert echoed["outcome"] == "succeeded" and echoed["data"] == {"account": "acct_echo"}, echoed
+            assert PASSWORD not in json.dumps(echoed)
+            async with session.get(f"http://127.0.0.1:{port}/v1/operations/{echoed['idempotency_key']}",
+                                   headers=headers) as response:
+                view = await response.json()
+            assert view["result"] == {"account": "acct_echo"} and PASSWORD not in json.dumps(view)
             assert (await call({"account": "acct_boom", "password": PASSWORD}))["outcome"] == "unknown"
             assert (await call({"account": "acct_stall", "password": PASSWORD}, timeout="0.5"))["outcome"] == \
                 "unknown"

@@ -105,7 +105,8 @@ async def test_successful_refund_reports_committed_effect(stack):
     before = stack.backend.orders["ord_1001"]["refundable"]
     status, env = await stack.call("refund_order", REFUND)
     assert status == 200, env
-    assert env["side_effect"] == {"attempted": True, "committed": True}
+    assert env["side_effect"] == {"attempted": True, "committed": True,
+                                  "summary": "refund_order 1.0.0 committed on order:ord_1001"}
     assert stack.backend.orders["ord_1001"]["refundable"] == before - 100
 
 

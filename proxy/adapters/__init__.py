@@ -79,6 +79,8 @@ class BackendResult:
     status: int
     backend_request_id: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    server_time: str | None = None  # the backend's clock at its answer (ISO), evidence of a committed write
+    partial: Mapping[str, Any] | None = None  # a partly applied call (``partial_answer``); data is None then
 
 
 class Adapter(Protocol):
@@ -93,6 +95,26 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 def safe_value(value: Any) -> str | None:
     """A backend-supplied identifier, only if it is short and cannot carry text into logs or envelopes."""
     return value if isinstance(value, str) and _SAFE_VALUE.match(value) else None
+
+
+MAX_PARTIAL_ITEMS = 1000
+
+
+def partial_answer(document: Any) -> dict[str, Any] | None:
+    """A backend's, status endpoint's or cancel answer's ``{"state": "partial", "committed": [...],
+    "pending": [...]}`` (seed 003 §4: the items applied and those not yet), as ``{"committed", "pending"}``;
+    None when the document is not one (wrong shape, items that are not objects, strings or numbers, more
+    than ``MAX_PARTIAL_ITEMS`` of either). The items are the backend's untrusted data, passed on as given."""
+    if not isinstance(document, dict) or document.get("state") != "partial":
+        return None
+    lists = {}
+    for name in ("committed", "pending"):
+        items = document.get(name)
+        if not isinstance(items, list) or len(items) > MAX_PARTIAL_ITEMS or not all(
+                isinstance(item, (dict, str, int, float)) and not isinstance(item, bool) for item in items):
+            return None
+        lists[name] = items
+    return lists
 
 
 def safe_error_fields(document: Any) -> dict[str, Any]:

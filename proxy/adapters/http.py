@@ -13,17 +13,19 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import re
 import time
 from typing import Any, Mapping
 
 import aiohttp
 
 from ..decode import strict_loads
+from ..envelope import iso
 from ..errors import ProxyError
 from ..wire.http import Answer, HttpWire, Progress, TooLarge
 from ..registry import ToolContract
-from . import (BackendCall, BackendResult, deadline_passed, failed_answer, safe_error_fields, safe_value,
-               unanswered)
+from . import (BackendCall, BackendResult, deadline_passed, failed_answer, partial_answer, safe_error_fields,
+               safe_value, unanswered)
 
 
 class HttpAdapter:
@@ -64,6 +66,20 @@ class HttpAdapter:
             raise self._connection_lost(call, progress) from None
         return self._classify(call, answer)
 
+    def _partial(self, call: BackendCall, answer: Answer, backend_request_id: str | None) -> BackendResult:
+        """207: the backend applied some items of the call and not (yet) the others (seed 003 §4)."""
+        try:
+            partial = partial_answer(strict_loads(answer.body, what="backend output", phase="verify",
+                                                  max_depth=self._max_json_depth))
+        except ProxyError:
+            partial = None
+        if partial is None:  # it says "partly applied" without saying what: the effect is unknown
+            raise ProxyError("output_invalid", "The tool reported a partial result in a form that cannot be read.",
+                             details={"tool": call.tool.name}, phase="verify", attempted=True,
+                             committed=None if call.tool.is_write else False)
+        return BackendResult(data=None, status=answer.status, backend_request_id=backend_request_id,
+                             server_time=server_time(answer.headers.get("date")), partial=partial)
+
     async def cancel(self, tool: ToolContract, key: str, tenant: str, timeout_s: float) -> str:
         """Ask the backend to stop a sent call (its contract's ``cancel_endpoint``): ``accepted`` (2xx),
         ``refused`` (any other answer), ``unreachable``. An accepted request is no proof of anything: the
@@ -89,6 +105,8 @@ class HttpAdapter:
     def _classify(self, call: BackendCall, answer: Answer) -> BackendResult:
         status, body = answer.status, answer.body
         backend_request_id = _safe(answer.headers.get("x-request-id") or answer.headers.get("x-backend-request-id"))
+        if status == PARTIAL_STATUS:
+            return self._partial(call, answer, backend_request_id)
         if 200 <= status < 300:
             try:
                 data = strict_loads(body, what="backend output", phase="verify", max_depth=self._max_json_depth)
@@ -96,7 +114,8 @@ class HttpAdapter:
                 raise ProxyError("output_invalid", "The tool returned data that is not valid JSON.",
                                  details={"tool": call.tool.name}, phase="verify",
                                  attempted=True, committed=_committed_by_status(status, call.tool.is_write)) from None
-            return BackendResult(data=data, status=status, backend_request_id=backend_request_id)
+            return BackendResult(data=data, status=status, backend_request_id=backend_request_id,
+                                 server_time=server_time(answer.headers.get("date")))
         error = _backend_error(body, self._max_json_depth)
         details: dict[str, Any] = {"tool": call.tool.name, "backend_status": status}
         if error.get("code"):
@@ -126,6 +145,9 @@ class HttpAdapter:
         return _raise(failed_answer(call, details=details))
 
 
+PARTIAL_STATUS = 207  # Multi-Status: the body is {"state": "partial", "committed": [...], "pending": [...]}
+
+
 def _raise(error: ProxyError) -> BackendResult:
     raise error
 
@@ -148,7 +170,39 @@ def forwarded_headers(call: BackendCall) -> dict[str, str]:
         headers["Idempotency-Key"] = call.idempotency_key
     if call.fencing_token is not None:
         headers["X-Fencing-Token"] = str(call.fencing_token)
+    expected = state_guard_tag(call)
+    if expected is not None:
+        headers["If-Match"] = expected
     return headers
+
+
+_ETAG_TEXT = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,256}$")  # visible ASCII without " and \
+
+
+def state_guard_tag(call: BackendCall) -> str | None:
+    """The contract's ``state_guard`` argument as an ``If-Match`` entity tag (``"v7"``), or None when the
+    contract declares none or the value cannot travel in a header (it still travels in the body)."""
+    name = call.tool.state_guard
+    if name is None:
+        return None
+    value = call.arguments.get(name)
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return None
+    text = str(value)
+    return f'"{text}"' if _ETAG_TEXT.match(text) else None
+
+
+def server_time(value: str | None) -> str | None:
+    """The backend's ``Date`` header as an ISO timestamp (its own clock at the answer), None if absent."""
+    if not value:
+        return None
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return iso(when.timestamp())
 
 
 def _committed_by_status(status: int, is_write: bool) -> bool | None:

@@ -63,6 +63,7 @@ class BatchPlan:
     calls: tuple[PlannedCall, ...]
     meta: RequestMeta
     call_scoped_identity: bool = False
+    all_or_nothing: bool = False  # every call must pass its checks and the policy before any runs
 
     def request(self, call: PlannedCall, meta: RequestMeta | None = None) -> ToolCallRequest:
         """The single-call request the pipeline executes for ``call``."""
@@ -89,7 +90,8 @@ def plan_from_json(body: Mapping[str, Any], meta: RequestMeta) -> BatchPlan:
                      for d in raw.get("depends_on", ()))
         calls.append(PlannedCall(call_id=raw["call_id"], tool=raw["tool"], arguments=raw["arguments"],
                                  version=raw.get("version"), depends_on=deps, approval_id=raw.get("approval_id")))
-    return BatchPlan(calls=tuple(calls), meta=meta, call_scoped_identity=True)
+    return BatchPlan(calls=tuple(calls), meta=meta, call_scoped_identity=True,
+                     all_or_nothing=bool(body.get("all_or_nothing", False)))
 
 
 # --------------------------------------------------------------------------- checking

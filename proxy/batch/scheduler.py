@@ -123,7 +123,11 @@ class Scheduler:
         batch = BatchRun()
         self._batches[(caller.tenant, caller.subject, meta.request_id)] = batch
         try:
-            results = await self._execute(plan, meta, graph, footprints, caller, batch)
+            refused = await self._preflight(plan, meta, caller) if plan.all_or_nothing else {}
+            if refused:
+                results = await self._refuse_all(plan, meta, footprints, caller, refused)
+            else:
+                results = await self._execute(plan, meta, graph, footprints, caller, batch)
         finally:
             batch.done.set()
             while len(self._batches) > FINISHED_BATCHES_KEPT and next(iter(self._batches.values())).done.is_set():
@@ -207,6 +211,31 @@ class Scheduler:
                 await asyncio.gather(*running, return_exceptions=True)
         return results
 
+    async def _preflight(self, plan: BatchPlan, meta: RequestMeta, caller: Caller) -> dict[str, ProxyError]:
+        """``all_or_nothing``: every call's checks and policy decision, before any call runs (concurrently,
+        within the batch's parallelism). The refused calls, by id; empty: the batch may run."""
+        limit = asyncio.Semaphore(max(1, self._config.max_parallel))
+
+        async def one(call: PlannedCall) -> ProxyError | None:
+            async with limit:
+                return await self._pipeline.preflight(plan.request(call, meta), caller)
+
+        errors = await asyncio.gather(*(one(call) for call in plan.calls))
+        return {call.call_id: error for call, error in zip(plan.calls, errors) if error is not None}
+
+    async def _refuse_all(self, plan: BatchPlan, meta: RequestMeta, footprints: Mapping[str, Footprint],
+                          caller: Caller, refused: Mapping[str, ProxyError]) -> dict[str, Envelope]:
+        """An ``all_or_nothing`` batch with a refused call: nothing runs. The refused calls answer their own
+        refusal; every other call is ``cancelled``, ``blocked_by`` the refused ones."""
+        results: dict[str, Envelope] = {}
+        blockers = [call.call_id for call in plan.calls if call.call_id in refused]
+        for call in plan.calls:
+            error = refused.get(call.call_id)
+            results[call.call_id] = await self._not_started(
+                plan, call, footprints[call.call_id], meta, caller, error=error,
+                blocked_by=None if error is not None else blockers, all_or_nothing=True)
+        return results
+
     async def _run_call(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
                         caller: Caller, cancel: asyncio.Event | None = None) -> Envelope:
         if cancel is not None:  # this task's context: a cancelled batch withdraws the call (proxy/transactions/cancellation.py)
@@ -223,8 +252,14 @@ class Scheduler:
 
     async def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
                            caller: Caller, blocked_by: list[str] | None = None,
-                           cancelled: bool = False) -> Envelope:
-        if cancelled:
+                           cancelled: bool = False, error: ProxyError | None = None,
+                           all_or_nothing: bool = False) -> Envelope:
+        if error is not None:
+            pass  # an all_or_nothing batch's refused call: its own refusal
+        elif all_or_nothing:
+            error = ProxyError("cancelled", "Not started: another call of this all_or_nothing batch was refused.",
+                               details={"blocked_by": blocked_by, "reason": "all_or_nothing"}, phase="schedule")
+        elif cancelled:
             error = ProxyError("cancelled", "Not started: the batch was cancelled.",
                                details={"reason": "batch_cancelled"}, phase="schedule")
         elif blocked_by:

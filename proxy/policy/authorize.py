@@ -75,6 +75,31 @@ class Authorizer:
         except ProxyError as error:
             return Authorization(decision=None, approval_id=approval_id, error=error)
 
+    async def preflight(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                        request: RequestFacts, *, budget_s: float | None) -> ProxyError | None:
+        """Would OPA allow this call outright, now? For an ``all_or_nothing`` batch, asked of every call
+        before any runs: nothing is consumed, created or counted (the call, if it runs, is authorized
+        again by ``authorize``). A call that needs an approval is not allowed outright: it is refused with
+        ``approval_required`` (no approval is opened: run it on its own to ask for one)."""
+        document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
+                               normalized=normalized, approval=None)
+        try:
+            decision = await self._policy.decide(document, budget_s=budget_s,
+                                                 sensitive_fields=tool.sensitive_fields)
+        except ProxyError as error:
+            return error.with_phase("authorize")
+        if decision.allow:
+            return None
+        details = {k: v for k, v in (("decision_id", decision.decision_id),
+                                     ("policy_revision", decision.policy_revision)) if v}
+        if decision.require_approval:
+            return ProxyError("approval_required", "This call needs a person's approval: an all_or_nothing batch "
+                              "runs only calls the policy allows outright; send it on its own to ask for one.",
+                              details={**details, "reason": "all_or_nothing", "risk": decision.risk},
+                              phase="authorize")
+        return ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
+                          phase="authorize")
+
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          request: RequestFacts, approval_id: str | None, budget_s: float | None,
                          operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None

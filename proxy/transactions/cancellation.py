@@ -43,7 +43,7 @@ from ..envelope import Envelope
 from ..errors import ProxyError
 from ..interrupts import TaskInterrupt
 from ..idempotency import KEY_PATTERN
-from ..operation_views import operation_view
+from ..operation_views import agent_view, operation_view
 from ..telemetry.metrics import Metrics
 from ..operations import OperationStore, Record
 from ..adapters import Adapter
@@ -72,6 +72,7 @@ class CancellableCall(Protocol):
     sent: bool
     cancellation: dict[str, Any] | None  # written here: who asked, what was observed
     result_hash: str | None               # written here when the status endpoint supplied the result
+    partial: Mapping[str, Any] | None     # a partly applied answer (its cancellation ended partial)
 
 
 @dataclass
@@ -294,8 +295,9 @@ class Cancellations:
                                   "idempotency_key": key}, attempted=True, committed=None)
 
     def _completed(self, state: CancellableCall, evidence: dict[str, Any], source: str, data: Any) -> Any:
-        self._metrics.child(self._metrics.cancellations, "completed").inc()
-        state.cancellation = {**evidence, "observed": "completed", "evidence": source}
+        partly = state.partial is not None  # it stopped halfway: some items applied
+        self._metrics.child(self._metrics.cancellations, "partial" if partly else "completed").inc()
+        state.cancellation = {**evidence, "observed": "partial" if partly else "completed", "evidence": source}
         if state.result_hash is None:  # a result taken from the status endpoint: verified there
             state.result_hash = digest(data)
         return data
@@ -358,7 +360,7 @@ class Cancellations:
         if record is None:
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
         contract = self._registry.get(record.tool, record.tool_version) if self._registry is not None else None
-        return operation_view(record, contract)
+        return agent_view(operation_view(record, contract), contract)  # the caller is an agent
 
 
 class _Stop:

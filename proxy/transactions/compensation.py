@@ -35,7 +35,7 @@ from ..decode import decode_arguments
 from ..errors import ProxyError
 from ..identity import Caller
 from ..idempotency import KEY_PATTERN, derive_key
-from ..operation_views import operation_view
+from ..operation_views import agent_view, operation_view
 from ..telemetry.metrics import Metrics
 from ..normalize import normalize
 from ..operations import OperationStore, Record
@@ -118,7 +118,7 @@ class Compensations:
         if status != block.get("status") and block.get("status") != "succeeded":
             block = await self._finish(record, {**block, "status": status, "outcome": env.outcome,
                                                 "error_code": env.error_code}, caller, env)
-        view = operation_view(await self._record(key, caller.tenant), contract)
+        view = agent_view(operation_view(await self._record(key, caller.tenant), contract), contract)
         return env.http_status, {"operation": view, "compensation": env.to_json()}
 
     # -- steps ------------------------------------------------------------------

@@ -16,7 +16,16 @@ Status answers (seed 000 section 10, seed 004):
   ``{"state": "committed", "result": {...}}`` -> SUCCEEDED with that result (checked against outputSchema);
   ``{"state": "pending"}`` -> keep watching; ``{"state": "not_found"}`` -> FAILED_RETRYABLE (the same key may
   run again; the backend also deduplicates on it); ``{"state": "rejected", "error": {...}}`` -> FAILED_FINAL;
-  ``{"state": "cancelled"}`` -> CANCELLED (the backend stopped the call and applied nothing).
+  ``{"state": "cancelled"}`` -> CANCELLED (the backend stopped the call and applied nothing);
+  ``{"state": "partial", "committed": [...], "pending": [...]}`` -> keep watching while items are pending,
+  a takeover when nothing is pending any more (part applied, part never will be: a person decides).
+  A record that already holds applied items (a partial answer) cannot end ``rejected``, ``cancelled`` or
+  ``not_found``: those are takeovers too.
+
+Recovery checks the digest (seed 004 §5-6): when the status endpoint reports ``committed`` with a
+result and the record holds what execution saw of it (the SHA-256 of a verified result, or of each item
+a partial answer committed), the result must agree: the same digest, or every committed item found in
+it unchanged. A mismatch is a takeover whose evidence carries both digests, never a success.
   Anything else (unreachable, 5xx, malformed) -> keep watching, as evidence ``unreachable``/``invalid_answer``.
 
 Must never: re-execute an operation, send anything but the read-only status
@@ -36,7 +45,8 @@ from typing import Any, Mapping
 
 import aiohttp
 
-from ..audit import Auditor
+from ..adapters import partial_answer
+from ..audit import Auditor, digest
 from ..config import ReconcileConfig
 from ..decode import schema_violations, strict_loads
 from ..errors import ProxyError, SideEffect
@@ -63,6 +73,7 @@ class Verdict:
     side_effect: SideEffect | None = None  # None: nothing established (WATCH)
     data: Any = None                    # SUCCEEDED: the verified result
     error: ProxyError | None = None     # the failure the record keeps
+    partial: Mapping[str, Any] | None = None  # the status endpoint's committed and pending items
 
     def outcome(self, tool: ToolContract, record: Record) -> dict[str, Any] | None:
         """The stored form of what was established (the record boundary), None when nothing was."""
@@ -189,6 +200,8 @@ class Reconciler:
             return await self._takeover(record, {"source": "proxy", "observed": "no_status_endpoint"})
         verdict = await self.query_status(tool, record)
         self._metrics.reconciliations.labels(verdict.result).inc()
+        if verdict.verdict == "TAKEOVER":
+            return await self._takeover(record, verdict.evidence)
         if verdict.verdict == "WATCH":
             until = record.reconcile_until or now_ms
             if now_ms >= until:
@@ -245,6 +258,19 @@ class Reconciler:
         except ProxyError:
             answer = None
         state = answer.get("state") if isinstance(answer, dict) else None
+        applied = (record.outcome or {}).get("partial")  # items a partial answer already committed
+        if state == "partial":
+            partial = partial_answer(answer)
+            if partial is None:
+                return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
+            counts = {"committed": len(partial["committed"]), "pending": len(partial["pending"])}
+            if partial["pending"]:
+                return Verdict("WATCH", "pending", {**evidence, "observed": "partial", **counts}, partial=partial)
+            return Verdict("TAKEOVER", "partial", {**evidence, "observed": "partial_final", **counts},
+                           partial=partial)
+        if applied and state in ("not_found", "cancelled", "rejected"):
+            return Verdict("TAKEOVER", "partial", {**evidence, "observed": f"{state}_after_partial",
+                                                   "committed": len(applied.get("committed") or ())})
         if state == "pending":
             return Verdict("WATCH", "pending", {**evidence, "observed": "pending"})
         if state == "not_found":
@@ -274,6 +300,10 @@ class Reconciler:
                                    details={"tool": tool.name}, phase="reconcile")
                 return Verdict("FAILED_FINAL", "succeeded", {**evidence, "observed": "committed_invalid_result"},
                                SideEffect(True, True), error=error)
+            mismatch = digest_mismatch(record, result)
+            if mismatch is not None:
+                return Verdict("TAKEOVER", "digest_mismatch",
+                               {**evidence, "observed": "result_digest_mismatch", **mismatch})
             return Verdict("SUCCEEDED", "succeeded", {**evidence, "observed": "committed"},
                            SideEffect(True, True), data=result)
         return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
@@ -288,6 +318,42 @@ class Reconciler:
         if record is not None and self._contract(record) is not None:
             return record.tool
         return "unknown"
+
+
+def digest_mismatch(record: Record, result: Any) -> dict[str, Any] | None:
+    """Does a committed result reported by the status endpoint contradict what execution recorded?
+    ``{"recorded_digest", "reported_digest"}`` when it does, None when it agrees or nothing was recorded.
+
+    Recorded facts: the digest of a verified result (``evidence.result_digest`` of the stored outcome), or
+    of each item a partial answer committed (``partial.committed_digests``): every such item must appear,
+    unchanged, somewhere in the final result."""
+    outcome = record.outcome or {}
+    reported = digest(result)
+    recorded = (outcome.get("evidence") or {}).get("result_digest")
+    if isinstance(recorded, str):
+        return None if recorded == reported else {"recorded_digest": recorded, "reported_digest": reported}
+    items = (outcome.get("partial") or {}).get("committed_digests")
+    if isinstance(items, list) and items:
+        found = _digests_within(result)
+        missing = [d for d in items if d not in found]
+        if missing:
+            return {"recorded_digest": missing[0], "reported_digest": reported,
+                    "committed_items_missing": len(missing)}
+    return None
+
+
+def _digests_within(value: Any) -> set[str]:
+    """The digest of every object and array inside ``value`` (itself included), and of every scalar item."""
+    found: set[str] = set()
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        found.add(digest(current) or "")
+        if isinstance(current, dict):
+            stack.extend(current.values())
+        elif isinstance(current, list):
+            stack.extend(current)
+    return found
 
 
 async def audit_transition(audit: Auditor, record: Record, previous: str) -> None:

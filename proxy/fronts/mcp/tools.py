@@ -74,7 +74,7 @@ def tool_definition(tool: ToolContract, *, modern: bool) -> dict[str, Any]:
     # The registry only accepts object output schemas, which every revision can carry;
     # a contract without one advertises none (an empty schema would promise nothing).
     if tool.declares_output:
-        definition["outputSchema"] = thaw(tool.output_schema)
+        definition["outputSchema"] = thaw(tool.visible_output_schema)  # the shape the model sees (output_filter)
     return definition
 
 

@@ -1,0 +1,60 @@
+"""A state guard between the decision and the write (issue 29 item 12; seed 003 §2 and §3.3
+``expectedState``, seed 004 §4: "授权和写入在同一事务或带版本条件"), with real OPA, Redis and the demo
+backend. The demo's ``transfer_project`` declares ``state_guard: {argument: expected_owner}``: the proxy
+forwards the expected owner as ``If-Match`` (the argument travels in the body too) and the backend
+applies the transfer only if the project still has that owner.
+
+The seed's transfer race: OPA allows the call, then, while the request is on its way, the project
+changes hands; the write is refused by the condition and the outcome is ``failed`` with the backend's
+answer, never ``succeeded``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.support.stack import running_stack
+from tests.support.waits import wait_until
+
+TRANSFER = {"project_id": "prj_1001", "to_owner": "bob", "expected_owner": "dev-user"}
+
+
+@pytest.fixture
+async def stack(proxy_deps):
+    async with running_stack({**proxy_deps, "reconcile.enabled": False}) as s:
+        s.auto_key = True
+        yield s
+
+
+def _transfers(stack):
+    return [r for r in stack.backend.requests if r["tool"] == "transfer_project"]
+
+
+async def test_the_expected_state_is_forwarded_and_a_current_one_applies(stack):
+    status, env = await stack.call("transfer_project", TRANSFER)
+    assert status == 200 and env["outcome"] == "succeeded", env
+    assert env["data"] == {"project_id": "prj_1001", "owner": "bob", "version": 2}
+    assert _transfers(stack)[0]["headers"]["If-Match"] == '"dev-user"'
+    assert stack.backend.projects["prj_1001"]["owner"] == "bob"
+
+
+async def test_the_transfer_race_is_refused_by_the_condition_never_succeeded(stack):
+    # The backend holds the request 300 ms after it arrives (after OPA allowed it and the lock was taken);
+    # meanwhile the project changes hands outside this call.
+    await stack.fault("transfer_project", "slow", delay_ms=300, count=1)
+    call = asyncio.create_task(stack.call("transfer_project", TRANSFER))
+    await wait_until(lambda: _transfers(stack), timeout=10, what="the transfer reached the backend")
+    stack.backend.projects["prj_1001"]["owner"] = "mallory"  # transferred by someone else since the decision
+    status, env = await call
+    assert env["outcome"] == "failed", env
+    error = env["error"]
+    assert error["phase"] == "execute"  # authorized, sent, refused by the backend's condition
+    assert error["details"]["backend_status"] == 412 and error["details"]["backend_code"] == "state_changed"
+    assert env["side_effect"] == {"attempted": True, "committed": False}
+    assert stack.backend.projects["prj_1001"]["owner"] == "mallory" and not stack.backend.effects
+    record = await stack.runtime.operations.get(env["idempotency_key"])
+    assert record.state == "FAILED_FINAL"  # a definite refusal: a retry with the same key gets the same answer
+    _, again = await stack.call("transfer_project", TRANSFER, headers={"Idempotency-Key": "test-key-1"})
+    assert again["outcome"] == "failed" and again.get("replayed") is True and len(_transfers(stack)) == 1

@@ -233,6 +233,10 @@ class RedisConfig:
                                         "standalone, 1 in sentinel and cluster modes")
     replica_ack_timeout_ms: int = setting(200, "longest WAIT for min_replica_acks; a shortfall is logged and "
                                                "counted (toolproxy_redis_replica_ack_shortfalls_total), not fatal")
+    accept_eviction: bool = setting(False, "DANGER: run on a Redis whose maxmemory-policy may evict keys (anything "
+                                           "but noeviction, volatile-* too). An evicted operation record lets a "
+                                           "same-key retry run a write twice. false: such a Redis stops the process "
+                                           "at start-up and makes /readyz not ready")
 
     def __post_init__(self) -> None:
         if self.mode not in REDIS_MODES:

@@ -1,7 +1,8 @@
 """The process-wide runtime: everything one toolproxy process opens once and shares.
 
 Owns: opening the shared objects in order (one ``aiohttp.ClientSession``, the
-hot path's ``HttpWire``, one Redis client, the registry, the stages, the pipeline, the background tasks),
+hot path's ``HttpWire``, one Redis client, refused at once if a master may evict
+(proxy/eviction.py), the registry, the stages, the pipeline, the background tasks),
 closing all of them at shutdown, and closing again whatever was already
 opened when a step of start-up fails. Must never: serve HTTP (the fronts in
 ``proxy/fronts/app.py``, ``proxy/fronts/admin_api.py``, ``proxy/fronts/mcp/front.py`` and
@@ -30,6 +31,7 @@ from .backpressure import BackendGuard
 from .config import Config
 from .policy.decisions import build_recorder
 from .policy.denials import DenialLog
+from .eviction import EvictionWatch
 from .fronts.health import Health
 from .idempotency import IdempotencyStage
 from .identity import Authenticator
@@ -120,6 +122,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         opened.push_async_callback(wire.close)
         redis = store.create_client(config.redis)
         opened.push_async_callback(store.close_client, redis)
+        metrics = Metrics()
+        # A Redis that may evict is not a state store: refused here (one line) unless redis.accept_eviction.
+        eviction = EvictionWatch(config.redis, redis, metrics)
+        await eviction.at_startup()
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
         mcp_adapter = McpAdapter(config.backends.services, **limits,
                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
@@ -127,7 +133,6 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                  mode=config.mcp.upstream_mode, wire=wire)
         opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, **limits), "mcp": mcp_adapter}
-        metrics = Metrics()
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics)
         operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
@@ -172,7 +177,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                       audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
                                       max_json_depth=config.decode.max_depth)
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
-                        unknowns=unknowns, gauge_refreshers=(approvals.refresh_gauges,))
+                        unknowns=unknowns, eviction=eviction, gauge_refreshers=(approvals.refresh_gauges,))
         await health.open()
         opened.push_async_callback(health.close)
         authenticator = Authenticator(config.identity, config.admin_identity, session)

@@ -10,8 +10,8 @@ the master of its key's slot), building keys, naming the Lua scripts
 (``script``), checking that every Lua script's keys share one Cluster slot,
 running a script and ``WAIT`` for replica acknowledgement on one connection,
 sending independent script calls of different stages in one network round
-trip (``RoundTrip``, with their ``WAIT`` in the same pipeline), and the
-readiness probe of the masters. Every key is ``<prefix>:<kind>:{<tag>}:<rest>``
+trip (``RoundTrip``, with their ``WAIT`` in the same pipeline), the
+readiness probe of the masters and reading each master's ``INFO``. Every key is ``<prefix>:<kind>:{<tag>}:<rest>``
 where ``{<tag>}`` is a Redis Cluster hash tag, so all keys one Lua script
 touches live in the same slot. Must never: hold state of its own, or let Redis
 exceptions escape as stack traces (stages translate them into their own error
@@ -36,7 +36,7 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 from redis.maint_notifications import MaintNotificationsConfig
 from redis.exceptions import (ConnectionError as RedisConnectionError, MaxConnectionsError, NoScriptError,
-                              RedisClusterException, RedisError)
+                              RedisClusterException, RedisError, ResponseError)
 
 from .config import ConfigError, RedisConfig
 from .errors import ProxyError
@@ -310,6 +310,31 @@ async def masters_reachable(client: Client) -> bool:
     if isinstance(client, RedisCluster):
         return bool(await redis_call(client.ping(target_nodes=RedisCluster.PRIMARIES)))
     return bool(await redis_call(client.ping()))
+
+
+async def masters_info(client: Client, section: str) -> list[tuple[str, Mapping[str, Any] | None]]:
+    """``INFO <section>`` of every master, as (its name, the parsed fields, or None if it refuses INFO:
+    a managed service that renamed or disabled it): the standalone server (``host:port``), Sentinel's
+    current master (``sentinel:<service>``) or each Cluster master (``host:port``). INFO, not CONFIG GET:
+    managed Redis services often disable CONFIG. An unreachable master raises ``StoreError``."""
+    if isinstance(client, RedisCluster):
+        await redis_call(client.initialize())
+        nodes = client.get_primaries()
+        answers = await asyncio.gather(*(_info_or_none(client.info(section, target_nodes=node)) for node in nodes))
+        return [(node.name, answer) for node, answer in zip(nodes, answers)]
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        name = f"sentinel:{pool.service_name}"
+    else:
+        name = f"{pool.connection_kwargs.get('host', '?')}:{pool.connection_kwargs.get('port', '?')}"
+    return [(name, await _info_or_none(client.info(section)))]
+
+
+async def _info_or_none(command: Awaitable[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    try:
+        return await redis_call(command)
+    except ResponseError:
+        return None
 
 
 async def run_replicated(client: Client, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], *,

@@ -83,3 +83,14 @@ def test_incomplete_mode_settings_fail_the_render(values, message):
 def test_min_replica_acks_is_passed_through():
     config, _, _ = rendered("cluster", **{"proxy.redis.minReplicaAcks": 2})
     assert config["redis"]["min_replica_acks"] == 2
+
+
+def test_eviction_is_refused_unless_the_values_accept_it():
+    """proxy.redis.acceptEviction (default false) is redis.accept_eviction: the proxy refuses a Redis that may
+    evict its records unless the chart's user says otherwise, by name."""
+    config, _, _ = rendered("standalone")
+    assert config["redis"]["accept_eviction"] is False
+    config, _, _ = rendered("cluster", **{"proxy.redis.acceptEviction": True})
+    assert config["redis"]["accept_eviction"] is True
+    with pytest.raises(HelmError, match="acceptEviction"):
+        render(set_json={"proxy.redis.acceptEviction": "yes"})

@@ -120,7 +120,8 @@ async def test_healthz_is_alive_even_when_dependencies_are_down():
         async with stack.session.get(stack.ops_url + "/readyz") as response:
             body = await response.json()
         assert response.status == 503
-        assert body == {"status": "not_ready", "checks": {"opa": False, "redis": False, "registry": True}}
+        assert body == {"status": "not_ready", "checks": {"opa": False, "redis": False, "redis_policy": False,
+                                                      "registry": True}}
         values = samples(await scrape_text(stack))
         assert values[sample("toolproxy_dependency_up", dependency="opa")] == 0
         assert values[sample("toolproxy_dependency_up", dependency="redis")] == 0
@@ -132,7 +133,8 @@ async def test_readyz_with_real_opa_and_redis(proxy_deps):
         async with stack.session.get(stack.ops_url + "/readyz") as response:
             body = await response.json()
         assert response.status == 200, body
-        assert body == {"status": "ready", "checks": {"opa": True, "redis": True, "registry": True}}
+        assert body == {"status": "ready", "checks": {"opa": True, "redis": True, "redis_policy": True,
+                                                  "registry": True}}
 
 
 async def test_readyz_notices_redis_going_away(redis_server, opa_server):

@@ -65,8 +65,9 @@ def opa_command(port: int, paths: Sequence[str], watch: bool = True) -> list[str
 
 
 def redis_command(port: int, workdir: str) -> list[str]:
+    # noeviction: the proxy refuses a Redis that may evict its records (proxy/eviction.py).
     return [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "yes", "--dir", workdir]
+            "--appendonly", "yes", "--maxmemory-policy", "noeviction", "--dir", workdir]
 
 
 def run_dev(args: argparse.Namespace) -> int:

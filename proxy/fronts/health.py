@@ -1,7 +1,8 @@
 """Health: liveness, readiness and the gauges refreshed when Prometheus scrapes.
 
 Owns: the readiness checks (OPA answers ``/health``, asked through ``opa_control``; every Redis
-master answers ``PING``: the standalone server, Sentinel's current master, each Cluster master,
+master answers ``PING``: the standalone server, Sentinel's current master, each Cluster master;
+every master's ``maxmemory-policy`` is ``noeviction`` unless ``redis.accept_eviction``, proxy/eviction.py;
 the registry holds at least one tool), each bounded by its dependency's own
 timeout and run concurrently; the ``toolproxy_dependency_up`` gauge they set;
 and refreshing the gauges that are read from Redis (open unknowns) right
@@ -22,6 +23,7 @@ from typing import Awaitable, Callable, Mapping, Sequence
 
 from .. import store
 from ..config import Config
+from ..eviction import EvictionWatch
 from ..telemetry.metrics import Metrics
 from ..policy.opa_control import control_client, healthy
 from ..registry import Registry
@@ -43,7 +45,7 @@ class Readiness:
 
 class Health:
     def __init__(self, *, config: Config, registry: Registry,
-                 redis: store.Client, metrics: Metrics, unknowns: UnknownIndex,
+                 redis: store.Client, metrics: Metrics, unknowns: UnknownIndex, eviction: EvictionWatch,
                  gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
@@ -52,6 +54,7 @@ class Health:
         self._redis = redis
         self._metrics = metrics
         self._unknowns = unknowns
+        self._eviction = eviction
         self._refreshers = tuple(gauge_refreshers)  # other stages' Redis-backed gauges (pending approvals)
         self._cached: tuple[float, Readiness] | None = None
         self._lock = asyncio.Lock()
@@ -61,10 +64,12 @@ class Health:
             now = time.monotonic()
             if use_cache and self._cached is not None and now - self._cached[0] < CACHE_S:
                 return self._cached[1]
-            opa_ok, redis_ok = await asyncio.gather(self._check_opa(), self._check_redis())
+            opa_ok, redis_ok, policy_ok = await asyncio.gather(self._check_opa(), self._check_redis(),
+                                                               self._check_eviction())
             self._metrics.dependency_up.labels("opa").set(1 if opa_ok else 0)
             self._metrics.dependency_up.labels("redis").set(1 if redis_ok else 0)
-            checks = {"opa": opa_ok, "redis": redis_ok, "registry": len(self._registry) > 0}
+            checks = {"opa": opa_ok, "redis": redis_ok, "redis_policy": policy_ok,
+                      "registry": len(self._registry) > 0}
             result = Readiness(ready=all(checks.values()), checks=checks)
             self._cached = (time.monotonic(), result)
             return result
@@ -99,4 +104,13 @@ class Health:
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
                 return await store.masters_reachable(self._redis)
         except (TimeoutError, OSError, store.StoreError):  # policy: not ready: readiness reports the store away
+            return False
+
+    async def _check_eviction(self) -> bool:
+        """Every master's maxmemory-policy keeps the proxy's records (or the risk is accepted); also counts
+        the evictions since the last check. False while a master cannot be read."""
+        try:
+            async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
+                return await self._eviction.check()
+        except (TimeoutError, OSError, store.StoreError):
             return False

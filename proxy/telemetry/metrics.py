@@ -99,6 +99,14 @@ class Metrics:
             "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "
             "that fewer replicas than redis.min_replica_acks acknowledged within redis.replica_ack_timeout_ms, by "
             "transition (begin, commit, expire, resolve, operator, approval)", ["transition"], registry=r)
+        self.redis_evicted_keys = Counter(
+            "toolproxy_redis_evicted_keys", "Keys Redis evicted, summed over its masters (growth of evicted_keys "
+            "in INFO stats, read at each readiness check and scrape): any of them may have been an operation "
+            "record, an approval or a lock. Stays 0 unless redis.accept_eviction lets the proxy run on an "
+            "evicting maxmemory-policy", registry=r)
+        self.redis_evicting_masters = Gauge(
+            "toolproxy_redis_evicting_masters", "Redis masters whose maxmemory-policy may evict keys (anything but "
+            "noeviction, or unreadable) at the last readiness check", registry=r)
         self.quota_decisions = Counter(
             "toolproxy_quota_decisions", "Quota checks by limit name (tenant, subject, class:<c>, tool:<t>, "
             "backend:<b>, fleet) and result (allowed, limited, waited: a batch call waited for it, skipped: Redis "

@@ -313,6 +313,10 @@ class RedisServer(_Server):
             "",
             "--appendonly",
             "no",
+            # A state store never evicts (proxy/eviction.py refuses any other policy); tests that need
+            # another policy pass it in extra_args.
+            "--maxmemory-policy",
+            "noeviction",
             "--dir",
             str(self.data_dir),
             *self.extra_args,  # later options override earlier ones

@@ -197,7 +197,12 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         "registry.paths": [str(DEMO_REGISTRY)],
         **(overrides or {}),
     })
-    runtime = await create_runtime(config)
+    try:
+        runtime = await create_runtime(config)
+    except BaseException:  # refused at start-up (a test may expect that): the backend stops too
+        if backend_runner is not None:
+            await backend_runner.cleanup()
+        raise
     runner = EnvelopeRunner(agent_app(runtime), count_refusal=runtime.count_refusal)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

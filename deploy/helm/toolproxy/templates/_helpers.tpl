@@ -189,7 +189,7 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if $p.backends }}
 {{- $_ := set $owned "backends" (dict "services" $p.backends) }}
 {{- end }}
-{{- $redis := dict "mode" $p.redis.mode "min_replica_acks" (int $p.redis.minReplicaAcks) }}
+{{- $redis := dict "mode" $p.redis.mode "min_replica_acks" (int $p.redis.minReplicaAcks) "accept_eviction" $p.redis.acceptEviction }}
 {{- if eq $p.redis.mode "sentinel" }}
 {{- $_ := set $redis "sentinels" $p.redis.sentinel.addresses }}
 {{- $_ := set $redis "sentinel_service" $p.redis.sentinel.serviceName }}

@@ -19,7 +19,7 @@ from . import envelope
 from .telemetry import logs
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, CallFacts, PolicyFacts, digest
-from .policy.authorize import Authorizer
+from .policy.authorize import Authorization, Authorizer
 from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
 from .decode import decode_arguments
@@ -28,8 +28,8 @@ from .envelope import Envelope, Timing, with_summary
 from .output_filter import NO_POLICY
 from .errors import ProxyError, SideEffect
 from .identity import Caller
-from .idempotency import NO_RECORD, Admission, IdempotencyStage, ReplayedError
-from .locks import Lease, LockManager
+from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError
+from .locks import Lease, LockManager, LockPlan
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall, normalize
 from .policy.client import Decision, RequestFacts
@@ -218,6 +218,24 @@ class Pipeline:
         await self._quotas.finish(state.quota, sent=False, error=None)  # a cancelled call teaches the breaker nothing
 
     async def _run(self, state: CallState) -> Any:
+        """The stage list of one call, in order; each step below is one or two stages."""
+        tool, normalized = await self._resolve_decode_normalize(state)
+        op = self._identify(state, tool, normalized)
+        auth = await self._authorize(state, tool, normalized, op)
+        plan = self._locks.plan(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
+                                is_write=tool.is_write, operation=op.key if op else None,
+                                request_id=state.request.meta.request_id)
+        admission = await self._reserve(state, tool, normalized, op, auth, plan)
+        if admission.replay is not None:
+            state.replayed = True
+            state.evidence = admission.replay.get("evidence")
+            return admission.replay.get("data")
+        # From here on a cancel request (by key) or a withdrawal stops the call by the rules of
+        # proxy/transactions/cancellation.py.
+        return await self.cancellations.guard(state, admission.key,
+                                              self._lock_then_run(state, tool, normalized, admission, plan))
+
+    async def _resolve_decode_normalize(self, state: CallState) -> tuple[ToolContract, NormalizedCall]:
         request = state.request
         with self._stage(state, "resolve"):  # the run's pinned version when X-Run-Id names a run
             tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
@@ -226,10 +244,20 @@ class Pipeline:
                                          max_depth=self._config.decode.max_depth)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
-        meta = request.meta
-        with self._stage(state, "idempotency"):  # a missing required key is refused before an approval is used
-            op = self._idempotency.identify(caller=state.caller, tool=tool, normalized=normalized, meta=meta)
+        return tool, normalized
+
+    def _identify(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> OperationKey | None:
+        """The operation's key, before an approval is used (a missing required key is refused here)."""
+        with self._stage(state, "idempotency"):
+            op = self._idempotency.identify(caller=state.caller, tool=tool, normalized=normalized,
+                                            meta=state.request.meta)
             state.idempotency_key = op.key if op else None
+        return op
+
+    async def _authorize(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
+                         op: OperationKey | None) -> Authorization:
+        """The OPA decision (and, inside it, the quota stage and the approval's use)."""
+        request, meta = state.request, state.request.meta
         with self._stage(state, "authorize"):
             auth = await self._authorizer.authorize(
                 state.caller, tool, normalized,
@@ -241,17 +269,22 @@ class Pipeline:
             state.approval_id = auth.approval_id
             if auth.error is not None:
                 raise auth.error
-        plan = self._locks.plan(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
-                                is_write=tool.is_write, operation=op.key if op else None, request_id=meta.request_id)
-        # The first lock attempt rides with the reservation (one round trip, taken only if the key is
-        # reserved) where one server holds both; elsewhere, and when it finds the set busy, ``locked`` waits.
+        return auth
+
+    async def _reserve(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
+                       op: OperationKey | None, auth: Authorization, plan: LockPlan | None) -> Admission:
+        """The idempotency record, created only once the call is authorized. The first lock attempt rides
+        with the reservation (one round trip, taken only if the key is reserved) where one server holds
+        both; elsewhere, and when it finds the set busy, the lock stage waits."""
+        meta = state.request.meta
         first_attempt = self._locks.attempt(plan) if plan is not None and op is not None else None
-        with self._stage(state, "idempotency"):  # the record is created only once the call is authorized
+        with self._stage(state, "idempotency"):
             sent = time.monotonic()
             try:
                 admission = state.admission = await self._idempotency.admit(
-                    op, caller=state.caller, tool=tool, normalized=normalized, meta=meta, call_id=request.call_id,
-                    replay_only_for=auth.approval_id if auth.replay_only else None, then=first_attempt)
+                    op, caller=state.caller, tool=tool, normalized=normalized, meta=meta,
+                    call_id=state.request.call_id, replay_only_for=auth.approval_id if auth.replay_only else None,
+                    then=first_attempt)
             except BaseException as exc:  # the attempt may have taken the set before the reply was lost
                 if plan is not None and first_attempt is not None and _reply_unknown(exc):
                     await self._locks.forget(plan)
@@ -260,29 +293,26 @@ class Pipeline:
             state.attempt = max(1, admission.attempt)
             if plan is not None and admission.then_reply is not None:
                 state.lease = self._locks.granted(plan, admission.then_reply, sent=sent, started=sent)
-        if admission.replay is not None:
-            state.replayed = True
-            state.evidence = admission.replay.get("evidence")
-            return admission.replay.get("data")
+        return admission
+
+    async def _lock_then_run(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
+                             admission: Admission, plan: LockPlan | None) -> Any:
+        meta = state.request.meta
+
         # A long lock wait must not let the key's lease (budget + grace) run out: the reconciler would take
         # the call for a dead one. Renewed every half grace while waiting.
         async def keep_reservation() -> None:
             await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0,
                                                                                 self._margin_s))
 
-        async def locked() -> Any:
-            with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
-                if state.lease is None:
-                    state.lease = await self._locks.acquire_planned(
-                        plan, deadline=meta.deadline, while_waiting=keep_reservation,
-                        keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
-                lease = state.lease
-            # The lease is released on every path: with the outcome record at commit, or on cancellation.
-            return await self._run_locked(state, tool, normalized, admission, lease)
-
-        # From here on a cancel request (by key) or a withdrawal stops the call by the rules of
-        # proxy/transactions/cancellation.py.
-        return await self.cancellations.guard(state, admission.key, locked())
+        with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
+            if state.lease is None:
+                state.lease = await self._locks.acquire_planned(
+                    plan, deadline=meta.deadline, while_waiting=keep_reservation,
+                    keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+            lease = state.lease
+        # The lease is released on every path: with the outcome record at commit, or on cancellation.
+        return await self._run_locked(state, tool, normalized, admission, lease)
 
     async def preflight(self, request: ToolCallRequest, caller: Caller) -> ProxyError | None:
         """The checks an ``all_or_nothing`` batch makes of every call before any runs: resolve, decode,

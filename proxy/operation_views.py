@@ -79,6 +79,10 @@ def operation_view(record: Record, contract: ToolContract | None = None) -> dict
         "compensation": dict(record.compensation) if record.compensation else None,
         "reversal": reversal(record, contract),
     }
+    partial = outcome.get("partial")
+    if partial:  # a partly applied call: its items (the committed digests are the record's own business)
+        view["partial"] = {"committed": list(partial.get("committed") or ()),
+                           "pending": list(partial.get("pending") or ())}
     if record.unknown_since is not None:
         view["reconciliation"] = {
             "unknown_since": _iso(record.unknown_since), "attempts": record.reconcile_attempts,

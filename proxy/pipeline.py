@@ -26,6 +26,7 @@ from .decode import decode_arguments
 from . import output_filter
 from .envelope import Envelope, Timing, with_summary
 from .output_filter import NO_POLICY
+from .state_guard import carry_if_match
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError
@@ -240,8 +241,9 @@ class Pipeline:
         with self._stage(state, "resolve"):  # the run's pinned version when X-Run-Id names a run
             tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
         with self._stage(state, "decode"):
-            arguments = decode_arguments(request.arguments, tool.input_validator,
-                                         max_depth=self._config.decode.max_depth)
+            arguments = decode_arguments(
+                carry_if_match(tool, request.arguments, request.meta.if_match, max_depth=self._config.decode.max_depth),
+                tool.input_validator, max_depth=self._config.decode.max_depth)
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
         return tool, normalized

@@ -46,6 +46,9 @@ async def test_a_call_that_stops_halfway_is_partial_and_the_reconciler_settles_t
     assert env["side_effect"]["summary"] == "send_notices 1.0.0 partly applied: 2 item(s) committed, 2 pending"
     record = await stack.runtime.operations.get(key)
     assert record.state == "UNKNOWN" and record.outcome["partial"]["pending"] == partial["pending"]
+    _, view = await stack.get(f"/v1/operations/{key}")
+    assert view["state"] == "UNKNOWN" and view["partial"] == {"committed": partial["committed"],
+                                                              "pending": partial["pending"]}
     # A duplicate is not run again while the rest is pending.
     _, again = await stack.call("send_notices", NOTICES, headers={"Idempotency-Key": "notices-1"})
     assert again["error"]["code"] == "operation_unknown" and len(stack.backend.requests) == 1

@@ -58,3 +58,30 @@ async def test_the_transfer_race_is_refused_by_the_condition_never_succeeded(sta
     assert record.state == "FAILED_FINAL"  # a definite refusal: a retry with the same key gets the same answer
     _, again = await stack.call("transfer_project", TRANSFER, headers={"Idempotency-Key": "test-key-1"})
     assert again["outcome"] == "failed" and again.get("replayed") is True and len(_transfers(stack)) == 1
+
+
+async def test_the_expected_state_may_come_as_an_if_match_header(stack):
+    args = {"project_id": "prj_1002", "to_owner": "carol"}
+    status, env = await stack.call("transfer_project", args, headers={"If-Match": '"alice"'})
+    assert status == 200 and env["outcome"] == "succeeded", env
+    sent = _transfers(stack)[0]
+    assert sent["headers"]["If-Match"] == '"alice"' and stack.backend.projects["prj_1002"]["owner"] == "carol"
+    # The header is the argument: the same call with the argument spelled out is the same operation.
+    _, again = await stack.call("transfer_project", {**args, "expected_owner": "alice"},
+                                headers={"Idempotency-Key": "test-key-1"})
+    assert again.get("replayed") is True and len(_transfers(stack)) == 1
+
+
+async def test_an_if_match_that_cannot_be_honoured_runs_nothing(stack):
+    _, disagree = await stack.call("transfer_project", TRANSFER, headers={"If-Match": '"someone-else"'})
+    assert disagree["error"]["code"] == "invalid_arguments"
+    _, unguarded = await stack.call("refund_order", {"order_id": "ord_1001", "amount": 1, "reason": "x"},
+                                    headers={"If-Match": '"v1"'})
+    assert unguarded["error"]["code"] == "invalid_request" and unguarded["error"]["details"]["header"] == "If-Match"
+    _, weak = await stack.call("transfer_project", TRANSFER, headers={"If-Match": 'W/"dev-user"'})
+    assert weak["error"]["code"] == "invalid_request"
+    status, batch = await stack.post("/v1/tool-calls:batch", {"calls": [
+        {"call_id": "a", "tool": "transfer_project", "arguments": TRANSFER}]},
+        headers={"If-Match": '"dev-user"', "Idempotency-Key": "b1"})
+    assert status == 400 and batch["error"]["code"] == "invalid_request", batch
+    assert not stack.backend.requests and stack.backend.projects["prj_1001"]["owner"] == "dev-user"

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import re
 import time
 from typing import Any, Mapping
 
@@ -21,6 +20,7 @@ import aiohttp
 
 from ..decode import strict_loads
 from ..envelope import iso
+from ..state_guard import if_match_tag
 from ..errors import ProxyError
 from ..wire.http import Answer, HttpWire, Progress, TooLarge
 from ..registry import ToolContract
@@ -170,26 +170,10 @@ def forwarded_headers(call: BackendCall) -> dict[str, str]:
         headers["Idempotency-Key"] = call.idempotency_key
     if call.fencing_token is not None:
         headers["X-Fencing-Token"] = str(call.fencing_token)
-    expected = state_guard_tag(call)
+    expected = if_match_tag(call.tool, call.arguments)
     if expected is not None:
         headers["If-Match"] = expected
     return headers
-
-
-_ETAG_TEXT = re.compile(r"^[\x21\x23-\x5b\x5d-\x7e]{1,256}$")  # visible ASCII without " and \
-
-
-def state_guard_tag(call: BackendCall) -> str | None:
-    """The contract's ``state_guard`` argument as an ``If-Match`` entity tag (``"v7"``), or None when the
-    contract declares none or the value cannot travel in a header (it still travels in the body)."""
-    name = call.tool.state_guard
-    if name is None:
-        return None
-    value = call.arguments.get(name)
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return None
-    text = str(value)
-    return f'"{text}"' if _ETAG_TEXT.match(text) else None
 
 
 def server_time(value: str | None) -> str | None:

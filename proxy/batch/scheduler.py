@@ -106,6 +106,10 @@ class Scheduler:
     async def run(self, plan: BatchPlan, caller: Caller) -> BatchResult:
         """Check the plan, run it, merge the results. ``invalid_plan`` is raised before anything runs."""
         timing = Timing()
+        if plan.meta.if_match is not None:  # one header cannot name the state of several calls
+            raise ProxyError("invalid_request", "A batch carries expected states per call (the contract's "
+                             "state_guard argument), not in an If-Match header.",
+                             details={"header": "If-Match"}, phase="request")
         if len(plan.calls) > self._config.max_calls:
             self._metrics.batch_calls.labels("invalid_plan").inc()
             raise ProxyError("invalid_plan", "The batch has more calls than allowed; nothing was started.",

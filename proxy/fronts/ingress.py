@@ -22,6 +22,7 @@ from ..config import Config
 from ..decode import schema_violations, strict_loads
 from ..errors import ProxyError
 from ..requests import RequestMeta
+from ..state_guard import parse_if_match
 from ..registry import load_schema
 from ..wire.schema_fast import FastValidator
 from ..telemetry.tracing import accept_traceparent, new_request_id, safe_id
@@ -87,6 +88,7 @@ def request_meta(request: web.Request, config: Config) -> RequestMeta:
         idempotency_key=_header_id(headers, "Idempotency-Key"),
         approval_id=_header_id(headers, "X-Approval-Id"),
         wait_s=prefer_wait(headers),
+        if_match=parse_if_match(headers.get("If-Match")),
     )
 
 

@@ -280,6 +280,9 @@ class Cancellations:
             evidence["status_endpoint"] = observed
             if verdict.verdict == "SUCCEEDED":
                 return self._completed(state, evidence, "status_endpoint", verdict.data)
+            if verdict.partial is not None:  # stopped with some items applied: the cancel ends partial
+                state.partial = verdict.partial
+                return self._completed(state, evidence, "status_endpoint", None)
             if observed in ("cancelled", "not_found"):
                 raise self._cancelled(evidence, "status_endpoint")
             if verdict.verdict == "FAILED_FINAL":

@@ -67,10 +67,10 @@ async def timeout_before_accept(stack: Stack) -> str:
 
 
 async def timeout_during_commit(stack: Stack) -> str:
-    await stack.fault("refund_order", "slow", delay_ms=300, count=1)
+    await stack.fault("refund_order", "slow", delay_ms=1000, count=1)
     _, env = await stack.call("refund_order", {**REFUND, "amount": 102},
-                              headers={"Idempotency-Key": "fm-during", "Request-Timeout": "0.1"})
-    await asyncio.sleep(0.4)
+                              headers={"Idempotency-Key": "fm-during", "Request-Timeout": "0.4"})
+    await asyncio.sleep(0.8)
     await _settle(stack)
     record = await stack.runtime.operations.get(env["idempotency_key"])
     return f"{env['outcome']} -> {record.state} (observed, not re-sent)"
@@ -86,10 +86,10 @@ async def timeout_after_commit(stack: Stack) -> str:
 
 async def status_rejected(stack: Stack) -> str:
     stack.backend.orders["ord_1002"]["refundable"] = 10
-    await stack.fault("refund_order", "slow", delay_ms=300, count=1)
+    await stack.fault("refund_order", "slow", delay_ms=1000, count=1)
     _, env = await stack.call("refund_order", {"order_id": "ord_1002", "amount": 500, "reason": "x"},
-                              headers={"Idempotency-Key": "fm-rejected", "Request-Timeout": "0.1"})
-    await asyncio.sleep(0.4)
+                              headers={"Idempotency-Key": "fm-rejected", "Request-Timeout": "0.4"})
+    await asyncio.sleep(0.8)
     await _settle(stack)
     return f"{env['outcome']} -> {(await stack.runtime.operations.get(env['idempotency_key'])).state}"
 
@@ -117,7 +117,7 @@ async def mixed_batch(stack: Stack) -> str:
 
 
 async def transfer_race(stack: Stack) -> str:
-    await stack.fault("transfer_project", "slow", delay_ms=200, count=1)
+    await stack.fault("transfer_project", "slow", delay_ms=1000, count=1)
     call = asyncio.create_task(stack.call(
         "transfer_project", {"project_id": "prj_1001", "to_owner": "bob", "expected_owner": "dev-user"},
         headers={"Idempotency-Key": "fm-race"}))
@@ -193,20 +193,33 @@ async def gate(stack: Stack) -> dict[str, Any]:
             "takeovers_incomplete": len(incomplete)}
 
 
+SETTINGS = {"reconcile.enabled": False, "reconcile.backoff_initial_ms": 0, "reconcile.window_ms": 2000}
+
+
+async def run(stack: Stack) -> tuple[list[tuple[str, str]], dict[str, Any]]:
+    """Every row against ``stack`` (a proxy with ``SETTINGS``), then the gate's counts."""
+    seen = []
+    for name, row in ROWS:
+        try:
+            seen.append((name, await asyncio.wait_for(row(stack), 30)))
+        except Exception as exc:  # a row that breaks is reported, and fails the gate below
+            seen.append((name, f"ERROR {type(exc).__name__}: {exc}"))
+    await _settle(stack)
+    result = await gate(stack)
+    result["errors"] = sum(1 for _, text in seen if text.startswith("ERROR"))
+    result["passed"] = (result["duplicate_effects"] == 0 and result["unknown_left"] == 0
+                        and result["unauthorized_writes"] == 0 and result["takeovers_incomplete"] == 0
+                        and result["errors"] == 0)
+    return seen, result
+
+
 async def main() -> int:
     with real_dependencies() as deps:
-        async with running_stack({**deps, "reconcile.enabled": False, "reconcile.backoff_initial_ms": 0,
-                                  "reconcile.window_ms": 2000}) as stack:
-            for name, row in ROWS:
-                try:
-                    seen = await asyncio.wait_for(row(stack), 30)
-                except Exception as exc:  # a row that breaks is reported, and fails the gate below
-                    seen = f"ERROR {type(exc).__name__}: {exc}"
-                print(f"  {name:<40} {seen}")
-            await _settle(stack)
-            result = await gate(stack)
-    ok = (result["duplicate_effects"] == 0 and result["unknown_left"] == 0 and result["unauthorized_writes"] == 0
-          and result["takeovers_incomplete"] == 0)
+        async with running_stack({**deps, **SETTINGS}) as stack:
+            seen, result = await run(stack)
+    for name, text in seen:
+        print(f"  {name:<40} {text}")
+    ok = result["passed"]
     print(f"gate: duplicate effects {result['duplicate_effects']}, unknown left {result['unknown_left']}, "
           f"unauthorized writes {result['unauthorized_writes']}, takeovers complete "
           f"{result['takeovers'] - result['takeovers_incomplete']}/{result['takeovers']} -> "

@@ -34,9 +34,9 @@ def _refunds(stack):
 async def test_reconcile_rejected_ends_as_a_definite_failure(stack):
     too_much = {**REFUND, "amount": 4000}
     stack.backend.orders["ord_1001"]["refundable"] = 3000  # below the amount: the backend refuses it
-    await stack.fault("refund_order", "slow", delay_ms=400, count=1)
+    await stack.fault("refund_order", "slow", delay_ms=1500, count=1)
     key = {"Idempotency-Key": "rejected-1"}
-    status, env = await stack.call("refund_order", too_much, headers={**key, "Request-Timeout": "0.15"})
+    status, env = await stack.call("refund_order", too_much, headers={**key, "Request-Timeout": "0.6"})
     assert env["outcome"] == "unknown" and env["error"]["code"] == "timeout_unknown", env
     slot = ("refund_order", env["idempotency_key"])
     await wait_until(lambda: stack.backend.idempotency.get(slot, {}).get("state") == "rejected", timeout=10,
@@ -124,3 +124,14 @@ async def test_an_all_or_nothing_batch_that_passes_runs_as_any_batch(stack):
     status, body = await stack.post("/v1/tool-calls:batch", {"calls": calls, "all_or_nothing": True},
                                     headers={"Idempotency-Key": "mixed-3"})
     assert status == 200 and [r["outcome"] for r in body["results"]] == ["succeeded", "succeeded"], body
+
+
+async def test_the_fault_matrix_gate_passes(proxy_deps):
+    """``python -m bench.fault_matrix`` in process: every row runs and the gate holds."""
+    from bench import fault_matrix
+
+    async with running_stack({**proxy_deps, **fault_matrix.SETTINGS}) as stack:
+        seen, result = await fault_matrix.run(stack)
+    assert result["passed"], (seen, result)
+    assert result["takeovers"] >= 1 and len(seen) == len(fault_matrix.ROWS)
+

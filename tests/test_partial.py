@@ -27,15 +27,15 @@ async def stack(proxy_deps):
         yield s
 
 
-async def _halfway(stack, key):
-    await stack.fault("send_notices", "stop_halfway", delay_ms=200, count=1)
+async def _halfway(stack, key, rest_after_ms=200):
+    await stack.fault("send_notices", "stop_halfway", delay_ms=rest_after_ms, count=1)
     status, env = await stack.call("send_notices", NOTICES, headers={"Idempotency-Key": key})
     assert env["outcome"] == "partial", env
     return env
 
 
 async def test_a_call_that_stops_halfway_is_partial_and_the_reconciler_settles_the_rest(stack):
-    env = await _halfway(stack, "notices-1")
+    env = await _halfway(stack, "notices-1", rest_after_ms=2000)  # pending while the first pass looks
     key = env["idempotency_key"]
     partial = env["partial"]
     assert [i["recipient"] for i in partial["committed"]] == ["usr_alice", "usr_bob"]
@@ -55,7 +55,7 @@ async def test_a_call_that_stops_halfway_is_partial_and_the_reconciler_settles_t
     counts = await stack.runtime.reconciler.scan_once()
     assert counts.get("watching") == 1, counts  # the status endpoint still says partial
     slot = ("send_notices", key)
-    await wait_until(lambda: stack.backend.idempotency[slot]["state"] == "committed", timeout=10,
+    await wait_until(lambda: stack.backend.idempotency[slot]["state"] == "committed", timeout=20,
                      what="the backend to send the pending notices")
     counts = await stack.runtime.reconciler.scan_once()
     assert counts.get("succeeded") == 1, counts

@@ -41,9 +41,9 @@ async def test_the_expected_state_is_forwarded_and_a_current_one_applies(stack):
 
 
 async def test_the_transfer_race_is_refused_by_the_condition_never_succeeded(stack):
-    # The backend holds the request 300 ms after it arrives (after OPA allowed it and the lock was taken);
+    # The backend holds the request a second after it arrives (after OPA allowed it and the lock was taken);
     # meanwhile the project changes hands outside this call.
-    await stack.fault("transfer_project", "slow", delay_ms=300, count=1)
+    await stack.fault("transfer_project", "slow", delay_ms=1000, count=1)
     call = asyncio.create_task(stack.call("transfer_project", TRANSFER))
     await wait_until(lambda: _transfers(stack), timeout=10, what="the transfer reached the backend")
     stack.backend.projects["prj_1001"]["owner"] = "mallory"  # transferred by someone else since the decision

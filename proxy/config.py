@@ -169,6 +169,9 @@ class IdentityConfig:
     static_tenant: str = setting("acme", "static mode: tenant of every call")
     static_roles: list[str] = setting(["agent"], "static mode: roles of every call")
     static_scopes: list[str] = setting(["tools:read", "tools:write"], "static mode: scopes of every call")
+    person_claim: str = setting("sub", "jwt mode: claim that names the person behind the agent's token, stored "
+                                       "on an approval and compared with the approver's admin_identity.person_claim "
+                                       "(self-approval check; other modes use the subject)")
     agent_id: str = setting("", "identity of the agent this sidecar serves (pod service account), written into "
                                 "every audit record; required unless identity.mode is static (which uses "
                                 "`dev-agent` when it is empty)")
@@ -186,6 +189,12 @@ class AdminIdentityConfig:
     approver_scope: str = setting("", "scope an admin token needs as well (empty: none)")
     operator_role: str = setting("operator", "role an admin token needs to see and resolve unknown operations "
                                              "and takeovers")
+    cross_tenant_role: str = setting("cross-tenant", "role an admin token without a tenant claim needs; without "
+                                                     "it such a token is refused (a tenant claim scopes the "
+                                                     "token to that tenant)")
+    person_claim: str = setting("sub", "claim of the admin token that names the person; compared with the agent "
+                                       "token's identity.person_claim so nobody approves their own request across "
+                                       "the two IdPs (e.g. email in both)")
     jwt: JwtConfig = field(default_factory=_admin_jwt,
                            metadata={"help": "the approver's token: its own audience/issuer/keys"})
 
@@ -194,6 +203,10 @@ class AdminIdentityConfig:
 class ApprovalsConfig:
     ttl_s: int = setting(900, "how long a pending or approved approval stays valid")
     max_list: int = setting(200, "most approvals one admin listing returns")
+    max_summary_bytes: int = setting(65536, "largest summary an approver is shown (every bound argument in full, "
+                                            "masked fields as hashes); a call whose summary is larger is refused "
+                                            "(approval_summary_too_large) rather than shown in part",
+                                     bounds=(1024, 1048576))
 
 
 @dataclass(frozen=True)
@@ -293,12 +306,14 @@ class McpConfig:
                                          "initialize + session) or legacy (always initialize + session)",
                            choices=("auto", "legacy"))
     allowed_hosts: list[str] = setting(["localhost", "127.0.0.1", "[::1]"],
-                                       "MCP: Host header values accepted on /mcp (name = any port, or name:port; "
-                                       "* = any); others get 403 (DNS rebinding protection)")
+                                       "agent listener (/mcp and every other route): Host header values accepted "
+                                       "(name = any port, or name:port; * = any); others get 403 (DNS rebinding "
+                                       "protection)")
     allowed_origins: list[str] = setting(["http://localhost", "http://127.0.0.1", "http://[::1]",
                                           "https://localhost", "https://127.0.0.1", "https://[::1]"],
-                                         "MCP: Origin header values accepted on /mcp (scheme://name = any port; "
-                                         "* = any); requests without Origin are accepted; others get 403")
+                                         "agent listener (/mcp and every other route): Origin header values "
+                                         "accepted (scheme://name = any port; * = any); requests without Origin "
+                                         "are accepted; others get 403")
     upstream_handshake_timeout_ms: int = setting(5000, "MCP backends: cap on opening a session to an upstream "
                                                        "(discover or initialize), also bounded by the call budget")
 

@@ -33,6 +33,7 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "unsupported_media_type": ErrorSpec("protocol", False, "stop", 415),
     "route_not_found": ErrorSpec("protocol", False, "stop", 404),
     "method_not_allowed": ErrorSpec("protocol", False, "stop", 405),
+    "origin_not_allowed": ErrorSpec("protocol", False, "stop", 403),
     "tool_not_found": ErrorSpec("protocol", False, "refresh_tools", 404),
     # contract
     "invalid_json": ErrorSpec("contract", False, "repair_arguments", 400),
@@ -45,6 +46,7 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "policy_unavailable": ErrorSpec("dependency", True, "retry", 503),
     "approval_required": ErrorSpec("authorization", False, "await_approval", 403, expose_to_user=True),
     "approval_mismatch": ErrorSpec("authorization", False, "ask_user", 403, expose_to_user=True),
+    "approval_summary_too_large": ErrorSpec("authorization", False, "repair_arguments", 422, expose_to_user=True),
     "approval_not_found": ErrorSpec("protocol", False, "stop", 404),
     "approval_not_pending": ErrorSpec("concurrency", False, "stop", 409),
     # business (the backend refused with a definite answer)

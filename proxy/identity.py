@@ -48,6 +48,9 @@ class Caller:
     scopes: tuple[str, ...]
     agent: str
     source: str  # static | jwt | headers
+    # Who the person is, for the self-approval check: identity.person_claim of the token in jwt mode ("" when
+    # the token lacks it), the subject in the other modes; lower-cased.
+    person: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "tenant": self.tenant, "roles": list(self.roles),
@@ -58,12 +61,14 @@ class Caller:
 class AdminPrincipal:
     """An approver or operator on the admin listener: never the agent's credential.
 
-    ``tenant`` is None for a cross-tenant approver or operator (no tenant claim)."""
+    ``tenant`` is None for a cross-tenant approver or operator (no tenant claim, and the configured
+    cross-tenant role). ``person`` is admin_identity.person_claim (the self-approval check)."""
 
     subject: str
     tenant: str | None
     roles: tuple[str, ...]
     scopes: tuple[str, ...]
+    person: str = ""
 
 
 def _unauthorized(message: str = "A valid credential is required.") -> ProxyError:
@@ -205,6 +210,13 @@ class JwtVerifier:
             _string_list(claims.get(config.claim_scopes))
 
 
+def _person(claims: Mapping[str, Any], claim: str) -> str:
+    """The person a token names for the self-approval check ("" when the claim is absent or not a string;
+    the check then refuses to compare: see proxy/policy/approvals.py)."""
+    value = claims.get(claim)
+    return value.strip().lower() if isinstance(value, str) else ""
+
+
 def _string_list(value: Any) -> tuple[str, ...]:
     if value is None:
         return ()
@@ -328,7 +340,7 @@ class Authenticator:
             if tenant is None:
                 raise _unauthorized()
             return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=self._agent,
-                          source="jwt")
+                          source="jwt", person=_person(claims, config.person_claim))
         if config.mode == "headers":
             assert self._hop is not None
             self._hop.check(headers, peer)
@@ -338,12 +350,12 @@ class Authenticator:
                 raise _unauthorized()
             return Caller(subject=subject, tenant=tenant, roles=_string_list(headers.get(names.roles, "")),
                           scopes=_string_list(headers.get(names.scopes, "")), agent=self._agent,
-                          source="headers")
+                          source="headers", person=subject.lower())
         if not config.static_subject or not config.static_tenant:
             raise _unauthorized("No trusted identity is configured.")
         return Caller(subject=config.static_subject, tenant=config.static_tenant,
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
-                      agent=self._agent, source="static")
+                      agent=self._agent, source="static", person=config.static_subject.lower())
 
     async def admin_console_roles(self, headers: Mapping[str, str]) -> tuple[AdminPrincipal, tuple[str, ...]]:
         """The console's sign-in check: the admin token and which of the admin API's roles
@@ -369,7 +381,13 @@ class Authenticator:
             raise _unauthorized("The admin API requires an approver credential; none is configured.")
         claims = await self._admin_jwt.verify(bearer_token(headers))
         subject, tenant, roles, scopes = self._admin_jwt.claims_to_identity(claims)
-        return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes)
+        if tenant is None and self._admin_config.cross_tenant_role not in roles:
+            # No tenant claim would mean "every tenant": only a token that says so explicitly gets that.
+            raise ProxyError("forbidden", "This admin token names no tenant and does not carry the cross-tenant "
+                             "role; it is refused.", details={"required_role": self._admin_config.cross_tenant_role},
+                             phase="identity")
+        return AdminPrincipal(subject=subject, tenant=tenant, roles=roles, scopes=scopes,
+                              person=_person(claims, self._admin_config.person_claim))
 
     def _holds(self, principal: AdminPrincipal, role: str) -> bool:
         config = self._admin_config

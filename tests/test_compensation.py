@@ -99,7 +99,7 @@ async def test_a_failed_compensation_keeps_the_partial_state_freezes_and_hands_o
     status, again = await compensate(stack, env["idempotency_key"])
     assert status == 409 and again["error"]["code"] == "operation_frozen"
     assert len([r for r in stack.backend.requests if r["tool"] == "release_reservation"]) == 1
-    operator = issuers[1].token("olga", audience="toolproxy-admin", roles=["operator"], tenant=None, scope="")
+    operator = issuers[1].token("olga", audience="toolproxy-admin", roles=["operator", "cross-tenant"], tenant=None, scope="")
     status, listing = await stack.admin("GET", "/v1/takeovers", operator)
     assert status == 200
     [entry] = [t for t in listing["takeovers"] if t["kind"] == "compensation_failed"]

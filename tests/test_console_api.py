@@ -16,7 +16,8 @@ def stack(jwt_stack):
 
 
 def admin_token(issuers, subject="amy", roles=("approver",), tenant=None) -> str:
-    return issuers[1].token(subject, audience="toolproxy-admin", roles=list(roles), tenant=tenant, scope="")
+    cross = ["cross-tenant"] if tenant is None else []  # a tenant-less admin token needs the cross-tenant role
+    return issuers[1].token(subject, audience="toolproxy-admin", roles=[*roles, *cross], tenant=tenant, scope="")
 
 
 async def request(stack, method, path, token, json=None):

@@ -22,7 +22,8 @@ async def stack(proxy_deps, issuers):
 
 
 def operator(issuers, tenant=None, roles=("operator",)) -> str:
-    return issuers[1].token("olga", audience="toolproxy-admin", roles=list(roles), tenant=tenant, scope="")
+    cross = ["cross-tenant"] if tenant is None else []  # a tenant-less admin token needs the cross-tenant role
+    return issuers[1].token("olga", audience="toolproxy-admin", roles=[*roles, *cross], tenant=tenant, scope="")
 
 
 async def takeover(stack) -> str:
@@ -70,7 +71,7 @@ async def test_operator_lists_and_resolves_a_takeover_and_repeats_get_the_result
 
 async def test_only_operators_of_the_right_tenant_may_act(stack, issuers):
     key = await takeover(stack)
-    approver = issuers[1].token("bob", audience="toolproxy-admin", roles=["approver"], tenant=None, scope="")
+    approver = issuers[1].token("bob", audience="toolproxy-admin", roles=["approver", "cross-tenant"], tenant=None, scope="")
     agent_token = stack.headers["Authorization"].split()[1]
     for token in (None, approver, agent_token):
         status, body = await resolve(stack, key, token, {"outcome": "not_applied", "evidence": "x"})

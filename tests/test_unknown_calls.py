@@ -23,7 +23,8 @@ def stack(jwt_stack):
 
 
 def operator(issuers, tenant=None) -> str:
-    return issuers[1].token("olga", audience="toolproxy-admin", roles=["operator"], tenant=tenant, scope="")
+    cross = ["cross-tenant"] if tenant is None else []  # a tenant-less admin token needs the cross-tenant role
+    return issuers[1].token("olga", audience="toolproxy-admin", roles=["operator", *cross], tenant=tenant, scope="")
 
 
 async def settle(stack, token: str, body: object) -> tuple[int, dict]:
@@ -76,7 +77,7 @@ async def test_operator_settles_a_call_level_unknown_and_the_gauge_comes_down(st
     for bad in ({**body, "outcome": "maybe"}, {**body, "evidence": " "}, {**body, "extra": 1}, [body]):
         status, answer = await settle(stack, token, bad)
         assert status == 400 and answer["error"]["code"] == "invalid_request"
-    approver = issuers[1].token("bob", audience="toolproxy-admin", roles=["approver"], tenant=None, scope="")
+    approver = issuers[1].token("bob", audience="toolproxy-admin", roles=["approver", "cross-tenant"], tenant=None, scope="")
     status, answer = await settle(stack, approver, body)
     assert status == 403 and answer["error"]["code"] == "forbidden"  # a valid admin token without the role
 

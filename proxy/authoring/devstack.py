@@ -188,7 +188,7 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
     path.write_text(secret)
     now = int(time.time())
     token = jwt.encode({"iss": "toolproxy-dev", "aud": "toolproxy-admin", "sub": "dev-approver",
-                        "roles": ["approver", "operator"], "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
+                        "roles": ["approver", "operator", "cross-tenant"], "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
     return {"hmac_secret_file": str(path), "algorithms": ["HS256"], "issuer": "toolproxy-dev",
             "audience": "toolproxy-admin"}, token
 

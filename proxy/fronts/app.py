@@ -27,6 +27,7 @@ from ..identity import Caller
 from ..idempotency import derive_key
 from .listing import visible_tools
 from .mcp.front import McpFront
+from .rebinding import HostGuard
 from ..operation_views import find_operation
 from ..pipeline import RequestMeta, ToolCallRequest
 from ..policy.client import RequestFacts
@@ -148,7 +149,9 @@ async def metrics(request: web.Request) -> web.Response:
 
 def agent_app(runtime: Runtime) -> web.Application:
     # client_max_size is a backstop; ingress enforces the configured limit with an envelope.
-    app = web.Application(middlewares=[envelope_errors],
+    # Every agent route behind the Host/Origin check (DNS rebinding); /mcp answers it in JSON-RPC shape itself.
+    hosts = HostGuard(runtime.config.mcp).middleware(skip=frozenset({"/mcp"}))
+    app = web.Application(middlewares=[envelope_errors, hosts],
                           client_max_size=runtime.config.listen.max_body_bytes + 1024)
     app[RUNTIME] = runtime
     app.router.add_post("/v1/tool-calls", post_tool_call)

@@ -5,9 +5,11 @@ Owns: the approval record — bound to subject, tenant, tool, tool version,
 approved -> used once, by one operation key), the checks on a re-submission with ``X-Approval-Id``,
 the atomic single-use consumption (Lua, one key, so it holds on Redis Cluster
 and under concurrent re-submits), the approver's list/approve/deny, and the
-approval metrics. Must never: let the requester approve their own call, let an
+approval metrics. Must never: let the requester approve their own call (by subject, or by the
+configured person claim across the agent's and the admins' IdPs), let an
 approval of one call authorize another (other arguments, tool, version,
-subject or tenant), be used twice (a spent approval re-presented by the very
+subject or tenant), show an approver less than the whole call it binds (a
+summary too large to show whole refuses the approval at creation), be used twice (a spent approval re-presented by the very
 operation it was spent on is only ``replay_only``: it lets the duplicate see
 that operation's recorded outcome, never run it again), or store sensitive argument values in the
 summary shown to approvers.
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, ContextManager, Mapping
 
 from ..audit import Auditor
-from ..telemetry.redaction import redact
+from ..telemetry.redaction import reveal
 from ..config import ApprovalsConfig
 from ..errors import ProxyError
 from ..identity import AdminPrincipal, Caller
@@ -35,7 +37,6 @@ from ..store import StoreError, key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
-SUMMARY_MAX_CHARS = 1000  # an approver reads more of a long argument than an audit record keeps
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
 
 # Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
@@ -61,11 +62,18 @@ end
 return 'ok'
 """
 
-# KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any), reason.
+# KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any), reason,
+# approver person (admin_identity.person_claim; "" = the token lacks it). The record's ``requester`` is the
+# person of the agent's token (identity.person_claim): the same person never decides on their own request,
+# across the two IdPs. A record from before this field existed is checked by subject only.
 _DECIDE = """
-local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms')
+local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms', 'requester')
 if not f[1] or (ARGV[4] ~= '' and f[2] ~= ARGV[4]) then return 'not_found' end
 if f[3] == ARGV[3] then return 'self_approval' end
+if f[5] then
+  if f[5] == '' or ARGV[6] == '' then return 'person_unknown' end
+  if f[5] == ARGV[6] then return 'self_approval' end
+end
 if f[1] ~= 'pending' then return 'not_pending' end
 if tonumber(f[4]) <= tonumber(ARGV[1]) then return 'expired' end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1], 'decision_reason', ARGV[5])
@@ -110,9 +118,18 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def redacted_arguments(tool: ToolContract, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """Arguments as an approver sees them: redacted by the one rule audit records use."""
-    return redact(arguments, tool.sensitive_fields, SUMMARY_MAX_CHARS)
+def approver_summary(tool: ToolContract, normalized: NormalizedCall, approval_id: str, max_bytes: int) -> str:
+    """What an approver is shown (JSON): every argument the approval binds, in full, masked fields as per-field
+    hashes (proxy/telemetry/redaction.py ``reveal``), and the resources. Nothing is ever cut: a summary larger
+    than ``max_bytes`` refuses the approval (``approval_summary_too_large``) before anything is stored."""
+    text = json.dumps({"arguments": reveal(normalized.arguments, tool.sensitive_fields, approval_id),
+                       "resources": [r.id for r in normalized.resources]}, ensure_ascii=False)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise ProxyError("approval_summary_too_large", "This call needs an approval, but its arguments are too "
+                         "large to show an approver in full; nothing was done. Send smaller arguments.",
+                         details={"summary_bytes": size, "limit_bytes": max_bytes}, phase="authorize")
+    return text
 
 
 def _store_faults() -> ContextManager[None]:
@@ -164,12 +181,12 @@ class ApprovalStore:
         approval_id = "apr_" + secrets.token_hex(12)
         created = now_ms()
         expires = created + self._config.ttl_s * 1000
-        summary = {"arguments": redacted_arguments(tool, normalized.arguments),
-                   "resources": [r.id for r in normalized.resources]}
-        record = {"id": approval_id, "status": "pending", "subject": caller.subject, "tenant": caller.tenant,
+        summary = approver_summary(tool, normalized, approval_id, self._config.max_summary_bytes)
+        record = {"id": approval_id, "status": "pending", "subject": caller.subject, "requester": caller.person,
+                  "tenant": caller.tenant,
                   "agent": caller.agent, "tool": tool.name, "tool_version": tool.version,
                   "args_hash": normalized.args_hash, "risk": risk, "reasons": json.dumps(list(reasons)),
-                  "summary": json.dumps(summary), "created_at_ms": created, "expires_at_ms": expires}
+                  "summary": summary, "created_at_ms": created, "expires_at_ms": expires}
         with _store_faults():
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self._key(approval_id), mapping=record)
@@ -276,7 +293,7 @@ class ApprovalStore:
         with _store_faults():
             decided_at = now_ms()
             verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
-                decided_at, status, principal.subject, principal.tenant or "", reason]))
+                decided_at, status, principal.subject, principal.tenant or "", reason, principal.person]))
             verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
             if verdict == "ok":
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -292,6 +309,10 @@ class ApprovalStore:
         if verdict == "self_approval":
             raise ProxyError("forbidden", "An approver cannot decide on their own request.",
                              details={"approval_id": approval_id, "reason": "self_approval"}, phase="approval")
+        if verdict == "person_unknown":
+            raise ProxyError("forbidden", "The approver's or the requester's token lacks the identity claim the "
+                             "self-approval check compares (identity.person_claim / admin_identity.person_claim).",
+                             details={"approval_id": approval_id, "reason": "person_unknown"}, phase="approval")
         if verdict != "ok":
             raise ProxyError("approval_not_pending", "The approval is no longer waiting for a decision.",
                              details={"approval_id": approval_id, "reason": verdict}, phase="approval")

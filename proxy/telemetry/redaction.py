@@ -3,8 +3,9 @@
 Owns: which argument keys are masked (the contract's ``sensitive_fields``,
 top-level names or dotted paths that cross arrays element-wise, plus every key
 that looks like a credential, at any depth, inside arrays too), truncating
-long strings and deep or long structures, and scrubbing credentials out of log
-messages. Used by every place a person can read arguments or messages: audit
+long strings and deep or long structures, showing an approver every bound
+value in full with masked fields as per-field hashes (``reveal``), and
+scrubbing credentials out of log messages. Used by every place a person can read arguments or messages: audit
 records (``proxy/audit.py``), the approver's summary (``proxy/policy/approvals.py``),
 the operator's operation and takeover views (``proxy/idempotency.py``), and
 log lines (``proxy/telemetry/logs.py``).
@@ -17,6 +18,8 @@ of them).
 from __future__ import annotations
 
 from collections import abc  # isinstance against the ABC itself: typing.Mapping adds a Python-level check
+import hashlib
+import json
 import re
 from typing import Any, Iterable, Mapping
 
@@ -60,6 +63,36 @@ def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int
         return items
     if isinstance(value, str) and len(value) > max_chars:
         return value[:max_chars] + f"...[truncated: {len(value)} chars]"
+    return value
+
+
+def reveal(arguments: Any, sensitive_fields: Iterable[str], salt: str) -> Any:
+    """A copy of ``arguments`` for a person who must see everything a decision binds (an approver): nothing
+    truncated; each sensitive field and credential-like key replaced by its per-field hash,
+    ``[redacted sha256:<hex>]`` — SHA-256 of ``salt`` (the approval id) and the value's sorted-key JSON — so
+    the approver sees that the value is bound and which one, never the value. The caller bounds the size
+    (an approval whose summary is too large is refused, never shown in part)."""
+    paths = [tuple(p.split(".")) for p in sensitive_fields]
+    return _reveal(arguments, paths, salt)
+
+
+def field_hash(value: Any, salt: str) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return "[redacted sha256:" + hashlib.sha256((salt + "\n" + text).encode("utf-8")).hexdigest() + "]"
+
+
+def _reveal(value: Any, paths: list[tuple[str, ...]], salt: str) -> Any:
+    if isinstance(value, abc.Mapping):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            if (key,) in paths or looks_secret(str(key)):
+                out[key] = field_hash(sub, salt)
+                continue
+            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
+            out[key] = _reveal(sub, below, salt)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_reveal(v, paths, salt) for v in value]
     return value
 
 

@@ -39,3 +39,19 @@ def test_scrub_removes_credentials_from_log_text():
     text = scrub('auth Bearer abc.def token=xyz "password": "hunter2" eyJhbGciOiJI.eyJzdWIiOiJh.sig')
     assert "abc.def" not in text and "xyz" not in text and "hunter2" not in text and "eyJ" not in text
     assert scrub("order ord_1 refunded") == "order ord_1 refunded"
+
+
+def test_the_approvers_view_keeps_everything_and_hashes_each_masked_field():
+    from proxy.telemetry.redaction import field_hash, reveal
+    deep: dict = {"i": "bottom"}
+    for name in "hgfedcba":
+        deep = {name: deep}
+    arguments = {"note": "x" * 5000, "items": list(range(120)), "deep": deep,
+                 "card": {"number": "4111", "holder": "A"}, "api_token": "t0k"}
+    shown = reveal(arguments, ["card.number"], "apr_1")
+    assert shown["note"] == arguments["note"] and shown["items"] == arguments["items"]
+    assert shown["deep"] == arguments["deep"]  # no depth cut
+    assert shown["card"] == {"number": field_hash("4111", "apr_1"), "holder": "A"}
+    assert shown["api_token"] == field_hash("t0k", "apr_1") != field_hash("t0k", "apr_2")  # salted per approval
+    assert "4111" not in repr(shown) and "t0k" not in repr(shown)
+    assert arguments["card"]["number"] == "4111"  # a copy

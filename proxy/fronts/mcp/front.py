@@ -43,7 +43,6 @@ import contextvars
 import functools
 import logging
 import secrets
-from urllib.parse import urlsplit
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Mapping
 
@@ -75,6 +74,7 @@ from pydantic import ValidationError
 
 from ... import __version__
 from .. import ingress
+from ..rebinding import HostGuard
 from . import relay as mcp_relay, tools as mcp_tools
 from ...envelope import dumps as json_bytes
 from ...adapters import LogRelay, input_relay, log_relay, progress_relay
@@ -158,8 +158,7 @@ class McpFront:
         self._sessions = SessionTable(max_sessions=mcp.max_sessions, idle_s=mcp.session_idle_s)
         self._sse_after_s = mcp.sse_after_ms / 1000.0
         self._ping_s = max(0.05, mcp.sse_ping_ms / 1000.0)
-        self._allowed_hosts = frozenset(h.lower() for h in mcp.allowed_hosts)
-        self._allowed_origins = frozenset(o.lower().rstrip("/") for o in mcp.allowed_origins)
+        self._hosts = HostGuard(mcp)  # the agent listener's Host/Origin check, answered here in JSON-RPC shape
         # In-flight tools/call per (session id, JSON-RPC id): the signal notifications/cancelled sets.
         self._inflight: dict[tuple[str, Any], asyncio.Event] = {}
         self._relays = mcp_relay.Desk(mcp, metrics, audit)  # relayed requests waiting for their client's response
@@ -172,19 +171,11 @@ class McpFront:
     def _guarded(self, handler: Any) -> Any:
         """``handler`` behind the Host/Origin check (DNS rebinding protection, every method)."""
         async def guarded(request: web.Request) -> web.StreamResponse:
-            refusal = self._rebinding_refusal(request)
+            refusal = self._hosts.refusal(request)
             if refusal is not None:
                 return _json(RpcError(FORBIDDEN, refusal, {"code": "origin_not_allowed"}).body(None), 403)
             return await handler(request)
         return guarded
-
-    def _rebinding_refusal(self, request: web.Request) -> str | None:
-        if not _host_allowed(request.headers.get("Host"), self._allowed_hosts):
-            return "Forbidden: Host header not allowed (mcp.allowed_hosts)"
-        origin = request.headers.get("Origin")
-        if origin is not None and not _origin_allowed(origin, self._allowed_origins):
-            return "Forbidden: Origin not allowed (mcp.allowed_origins)"
-        return None
 
     # -- HTTP verbs ---------------------------------------------------------
 
@@ -530,29 +521,6 @@ def _accepted(raw: str | None) -> tuple[bool, bool]:
     wildcard = "*/*" in types
     return (wildcard or bool(types & {"application/json", "application/*"}),
             wildcard or bool(types & {"text/event-stream", "text/*"}))
-
-
-def _host_allowed(host: str | None, allowed: frozenset[str]) -> bool:
-    """``Host`` (name, optional port) against entries that are a name (any port) or name:port."""
-    if "*" in allowed:
-        return True
-    if not host:
-        return False
-    host = host.strip().lower()
-    name = host.rsplit(":", 1)[0] if host.count(":") == 1 or host.startswith("[") and "]:" in host else host
-    return host in allowed or name in allowed
-
-
-def _origin_allowed(origin: str, allowed: frozenset[str]) -> bool:
-    """``Origin`` against entries that are scheme://name (any port) or scheme://name:port."""
-    if "*" in allowed:
-        return True
-    try:
-        parts = urlsplit(origin.strip().lower())
-        name = f"{parts.scheme}://{parts.hostname if ':' not in (parts.hostname or '') else f'[{parts.hostname}]'}"
-    except ValueError:
-        return False
-    return f"{parts.scheme}://{parts.netloc}" in allowed or name in allowed
 
 
 def _message(body: Any) -> Message:

@@ -18,7 +18,7 @@ from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
 from .policy.decisions import check_config as check_decisions_config
 from .event_loop import run_loop
-from .identity import configuration_problem
+from .identity import HopProof, configuration_problem
 from .telemetry.logs import configure as configure_logging
 from .registry import Registry, RegistryError, load_registry
 
@@ -257,6 +257,8 @@ def run_sidecar(config_path: str | None) -> int:
         identity_problem = configuration_problem(config.identity)
         if identity_problem:
             raise ConfigError(identity_problem)
+        if config.identity.mode == "headers":
+            HopProof(config.identity.headers)  # reads the hop secret now: a bad one stops here, in one line
     except (ConfigError, RegistryError) as exc:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1

@@ -241,6 +241,9 @@ class RedisConfig:
     tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")
     tls_cert_file: str = setting("", "TLS only: client certificate for mutual TLS")
     tls_key_file: str = setting("", "TLS only: private key of tls_cert_file")
+    tls_check_hostname: bool = setting(True, "TLS only: check that the Redis server's certificate names the host "
+                                             "connected to (always passed to redis-py explicitly, never left to "
+                                             "its version's default)")
     min_replica_acks: int = setting(-1, "replicas that must acknowledge a write's reservation, its committed "
                                         "outcome and a spent approval (WAIT) before the call goes on; -1: 0 in "
                                         "standalone, 1 in sentinel and cluster modes")
@@ -292,6 +295,24 @@ class RedisConfig:
 class McpConfig:
     page_size: int = setting(50, "MCP tools/list: tools per page (nextCursor beyond)")
     max_sessions: int = setting(1000, "MCP legacy sessions (initialize + Mcp-Session-Id) held at once; 503 above")
+    max_sessions_per_owner: int = setting(100, "MCP legacy sessions one caller (subject, tenant, agent) holds at "
+                                               "once, so one caller cannot fill mcp.max_sessions; 503 above",
+                                          bounds=(1, 1000000))
+    batch_max_members: int = setting(64, "MCP JSON-RPC batch (2025-03-26 sessions): most members accepted in one "
+                                         "batch; a larger one is refused whole (-32600, nothing runs); its "
+                                         "tools/call members also count against scheduler.max_calls and run "
+                                         "within scheduler.max_parallel and the per-tenant and per-tool caps",
+                                     bounds=(1, 100000))
+    sse_queue_max: int = setting(256, "MCP: notifications (progress, log messages) waiting to be written to one "
+                                      "call's SSE stream; past it they are dropped and counted "
+                                      "(toolproxy_mcp_sse_dropped_total)", bounds=(1, 1000000))
+    upstream_max_answer_bytes: int = setting(16 * 1024 * 1024, "MCP backends, stateless calls: largest answer read "
+                                             "from an upstream (a JSON body, or an SSE stream's bytes up to its "
+                                             "result); output_invalid above (a write: upstream_error_unknown)",
+                                             bounds=(1024, 1024 * 1024 * 1024))
+    upstream_max_stream_events: int = setting(10000, "MCP backends, stateless calls: most SSE events (notifications, "
+                                                     "pings) read before the result; refused like "
+                                                     "upstream_max_answer_bytes above", bounds=(1, 10000000))
     session_idle_s: int = setting(1800, "MCP legacy session expiry after this long without a request (404 after)")
     sse_after_ms: int = setting(10000, "MCP tools/call still running after this long answers as an SSE stream "
                                        "with keepalive pings, when the client accepts text/event-stream")

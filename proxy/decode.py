@@ -7,7 +7,8 @@ arguments, MCP messages, backend answers, status endpoint answers — and
 validation against the tool's ``inputSchema``
 (JSON Schema 2020-12, no type coercion). Codes: ``invalid_json``,
 ``invalid_arguments``, ``schema_violation``. Must never: coerce a value,
-drop an unknown field, or look at anything but the bytes and the schema.
+drop an unknown field, look at anything but the bytes and the schema, or pass
+the parser's own error text to a client (fixed messages, with the position).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
+    raise ValueError("not a JSON number")
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
@@ -60,7 +61,8 @@ def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str 
     try:
         value, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
     except json.JSONDecodeError as exc:
-        raise ProxyError("invalid_json", f"{what} are not valid JSON: {exc.msg}",
+        # A fixed message: the parser's own text never reaches a client (only where it stopped).
+        raise ProxyError("invalid_json", f"{what} are not valid JSON",
                          details={"position": exc.pos, "line": exc.lineno, "column": exc.colno},
                          phase=phase) from None
     except _DuplicateKey as exc:
@@ -69,7 +71,8 @@ def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str 
     except RecursionError:  # deeper than the parser's own stack allows: far above any max_depth
         raise _nested_too_deep(what, phase, max_depth) from None
     except ValueError as exc:  # NaN, Infinity, -Infinity
-        raise ProxyError("invalid_json", f"{what} are not valid JSON: {exc}", phase=phase) from None
+        raise ProxyError("invalid_json", f"{what} are not valid JSON: NaN and Infinity are not JSON numbers",
+                         phase=phase) from None
     end = _skip_ws(text, end)
     if end != len(text):
         raise ProxyError("invalid_json", f"{what} are not valid JSON: extra data after the value",

@@ -85,13 +85,16 @@ class KeySource:
 
     JWKS URL keys are cached for ``jwks_refresh_s`` and refetched early (rate
     limited) when a token names an unknown ``kid`` — the key-rotation case.
+    With no key cached (first use, or the JWKS server failing) fetches are
+    rate limited the same way: at most one per ``JWKS_MIN_REFETCH_S``, however
+    many requests (garbage tokens included) arrive meanwhile.
     """
 
     def __init__(self, config: JwtConfig, session: aiohttp.ClientSession | None, where: str = "identity.jwt") -> None:
         self._config = config
         self._session = session
         self._keys: dict[str | None, PyJWK] = {}
-        self._fetched_at = 0.0
+        self._fetched_at: float | None = None  # monotonic time of the last JWKS URL fetch, even a failed one
         self._file_mtime: float | None = None
         self._lock = asyncio.Lock()
         self._static: Any = None
@@ -112,12 +115,15 @@ class KeySource:
         kid = header.get("kid")
         await self._refresh(force=False)
         key = self._pick(kid)
-        if key is None and self._config.jwks_url and time.monotonic() - self._fetched_at > JWKS_MIN_REFETCH_S:
+        if key is None and self._config.jwks_url and self._due(JWKS_MIN_REFETCH_S):
             await self._refresh(force=True)
             key = self._pick(kid)
         if key is None:
             raise _unauthorized()
         return key
+
+    def _due(self, interval_s: float) -> bool:
+        return self._fetched_at is None or time.monotonic() - self._fetched_at >= interval_s
 
     def _pick(self, kid: Any) -> PyJWK | None:
         if kid is None:
@@ -135,10 +141,14 @@ class KeySource:
             except (OSError, ValueError) as exc:
                 log.warning("cannot read JWKS file: %s", type(exc).__name__)
             return
-        if not force and self._keys and time.monotonic() - self._fetched_at < config.jwks_refresh_s:
+        # With keys: refreshed every jwks_refresh_s. Without (never fetched, or the JWKS server failed): at
+        # most one fetch per JWKS_MIN_REFETCH_S, so requests (garbage tokens included) never each fetch.
+        # A forced refetch (an unknown kid) is throttled by the same interval.
+        interval = JWKS_MIN_REFETCH_S if force or not self._keys else config.jwks_refresh_s
+        if not self._due(interval):
             return
         async with self._lock:
-            if not force and self._keys and time.monotonic() - self._fetched_at < config.jwks_refresh_s:
+            if not self._due(interval):  # another request fetched while this one waited
                 return
             self._fetched_at = time.monotonic()
             try:

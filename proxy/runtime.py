@@ -22,6 +22,7 @@ from .policy import approvals as approvals_module
 from . import locks as locks_module, operations as operations_module, store
 from .adapters.http import HttpAdapter
 from .adapters.mcp import McpAdapter
+from .wire import mcp as mcp_wire
 from .policy.approvals import ApprovalStore
 from .audit import Auditor, build_sinks
 from .policy.authorize import Authorizer
@@ -130,7 +131,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         mcp_adapter = McpAdapter(config.backends.services, **limits,
                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
-                                 mode=config.mcp.upstream_mode, wire=wire)
+                                 mode=config.mcp.upstream_mode, wire=wire,
+                                 answer_limits=mcp_wire.Limits(max_bytes=config.mcp.upstream_max_answer_bytes,
+                                                               max_events=config.mcp.upstream_max_stream_events))
         opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, **limits), "mcp": mcp_adapter}
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),

@@ -299,6 +299,8 @@ def _auth_and_tls(config: RedisConfig) -> dict[str, Any]:
     options: dict[str, Any] = {"password": config.password} if config.password else {}
     if config.mode != "standalone" and config.tls:
         options["ssl"] = True
+    if config.uses_tls:  # explicit: redis-py's default changed across versions
+        options["ssl_check_hostname"] = config.tls_check_hostname
     tls = {"ssl_ca_certs": config.tls_ca_file, "ssl_certfile": config.tls_cert_file,
            "ssl_keyfile": config.tls_key_file}
     return {**options, **{name: value for name, value in tls.items() if value}}

@@ -225,8 +225,9 @@ class McpAdapter:
 
     def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
                  connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
-                 wire: HttpWire | None = None) -> None:
+                 wire: HttpWire | None = None, answer_limits: mcp_wire.Limits = mcp_wire.Limits()) -> None:
         self._max_json_depth = max_json_depth
+        self._answer_limits = answer_limits  # of a stateless call's answer read over the wire (``mcp_wire``)
         self._wire = wire  # the hot path's: stateless tools/call POSTs go over it (``mcp_wire``)
         self._mode = mode
         self._services = dict(services)
@@ -278,6 +279,8 @@ class McpAdapter:
                              details={"tool": tool.name}, phase="execute", attempted=False, committed=False) from None
         except MCPError as exc:
             raise self._rpc_failure(call, progress, exc.error.code) from None
+        except mcp_wire.AnswerTooLarge as exc:
+            raise self._too_large(call, exc) from None
         except (httpx2.HTTPError, ConnectionError, OSError):
             raise self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
         finally:
@@ -302,7 +305,7 @@ class McpAdapter:
                 if relayed is None and meta is None and self._wire is not None and not upstream.streams \
                         and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
                     answer = await mcp_wire.call_tool(self._wire, upstream.url, client, name, arguments,
-                                                      progress.headers, progress)
+                                                      progress.headers, progress, self._answer_limits)
                     upstream.streams = answer.streamed
                     result = answer.result
                 else:
@@ -427,6 +430,19 @@ class McpAdapter:
                              details={"limit_bytes": self._max_response_bytes}, phase="verify",
                              attempted=True, committed=committed)
         return BackendResult(data=data, status=200)
+
+    def _too_large(self, call: BackendCall, exc: mcp_wire.AnswerTooLarge) -> ProxyError:
+        """The upstream answered past a limit (``mcp.upstream_max_*``): what it answered was never read to its
+        result, so a write's effect is unknown (reconcile); a read failed with nothing committed."""
+        tool = call.tool
+        details: dict[str, Any] = {"tool": tool.name, "limit": exc.what, "limit_value": exc.limit}
+        if tool.is_write:
+            return ProxyError("upstream_error_unknown", "The MCP server's answer passed the proxy's limit before "
+                              "its result; whether the write was applied is unknown.",
+                              details={**details, "idempotency_key": call.idempotency_key},
+                              phase="execute", attempted=True, committed=None)
+        return ProxyError("output_invalid", "The MCP server's answer passed the proxy's limit before its result.",
+                          details=details, phase="verify", attempted=True, committed=False)
 
     def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
         return deadline_passed(call, sent=progress.sent, elapsed_s=elapsed, backend="MCP server")

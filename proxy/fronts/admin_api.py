@@ -5,7 +5,8 @@ locks, denials, quotas, whoami, the console), authenticating an admin
 principal with the role each route needs before anything else, checking
 request bodies against their JSON Schemas in ``schemas/``
 (``operation-resolution``, ``unknown-call-settlement``; a bad body is
-``invalid_request`` with the violations), and the two operator actions that
+``invalid_request`` with the violations; a body past ``MAX_BODY_BYTES`` is
+``payload_too_large``, never read further), and the two operator actions that
 change state: resolving an open operation and settling a call-level unknown,
 each audited before it takes effect. Must never: run a tool call, decide an
 outcome without an operator's evidence, or show a tenant-bound operator
@@ -37,6 +38,9 @@ from ..runtime import Runtime
 from ..transactions.unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.admin")
+# Largest admin request body (approval notes, resolutions, settlements): applied where the body is read
+# (``ingress.read_json``), whatever the Content-Length says; payload_too_large above.
+MAX_BODY_BYTES = 64 * 1024
 
 
 async def admin_get_operation(request: web.Request) -> web.Response:
@@ -59,7 +63,7 @@ async def admin_list_takeovers(request: web.Request) -> web.Response:
 async def admin_resolve_operation(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     principal = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    body = await ingress.read_json(request, runtime.config)
+    body = await ingress.read_json(request, runtime.config, limit=MAX_BODY_BYTES)
     return json_response(await resolve_operation(runtime.operations, runtime.registry, runtime.metrics,
                                                  runtime.audit, request.match_info["key"], principal, body))
 
@@ -101,7 +105,7 @@ async def admin_list_unknown_calls(request: web.Request) -> web.Response:
 async def admin_settle_unknown_call(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    body = await ingress.read_json(request, runtime.config)
+    body = await ingress.read_json(request, runtime.config, limit=MAX_BODY_BYTES)
     return json_response(await settle_unknown_call(runtime.unknowns, runtime.audit, runtime.metrics, operator,
                                                    body))
 
@@ -147,7 +151,7 @@ async def deny(request: web.Request) -> web.Response:
 async def _decide_approval(request: web.Request, *, approve: bool) -> web.Response:
     runtime = request.app[RUNTIME]
     principal = await runtime.authenticator.authenticate_admin(request.headers)
-    body = await ingress.read_json(request, runtime.config) if request.body_exists else None
+    body = await ingress.read_json(request, runtime.config, limit=MAX_BODY_BYTES) if request.body_exists else None
     return json_response(await runtime.approvals.decide(request.match_info["approval_id"], principal,
                                                         approve=approve, body=body))
 
@@ -236,7 +240,7 @@ async def settle_unknown_call(unknowns: UnknownIndex, audit: Auditor, metrics: M
 def admin_app(runtime: Runtime) -> web.Application:
     """Approver/operator API on its own listener; every handler authenticates an admin principal.
     The operator console (``/ui``) is served here too, and nowhere else."""
-    app = web.Application(middlewares=[console.security_headers, envelope_errors], client_max_size=64 * 1024)
+    app = web.Application(middlewares=[console.security_headers, envelope_errors], client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     console.install(app)
     app.router.add_get("/v1/whoami", admin_whoami)

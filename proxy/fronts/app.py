@@ -159,7 +159,8 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/tools", list_tools)
     # The fronts get the few collaborators they use, not the runtime.
     McpFront(config=runtime.config, authenticator=runtime.authenticator, registry=runtime.registry,
-             policy=runtime.policy, pipeline=runtime.pipeline, metrics=runtime.metrics, audit=runtime.audit
+             policy=runtime.policy, pipeline=runtime.pipeline, scheduler=runtime.scheduler, metrics=runtime.metrics,
+             audit=runtime.audit
              ).install(app)
     openai_front.install(app, config=runtime.config, authenticator=runtime.authenticator, scheduler=runtime.scheduler)
     app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:cancel", cancel_operation)

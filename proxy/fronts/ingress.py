@@ -40,12 +40,14 @@ def request_id_of(request: web.Request) -> str:
     return existing
 
 
-async def read_json(request: web.Request, config: Config, *, phase: str = "request") -> Any:
-    """Read and strictly parse a JSON body within the size limit."""
+async def read_json(request: web.Request, config: Config, *, phase: str = "request",
+                    limit: int | None = None) -> Any:
+    """Read and strictly parse a JSON body within the size limit (``limit``, else ``listen.max_body_bytes``):
+    never more than that many bytes are read, whatever the ``Content-Length`` says or omits."""
     if request.content_type not in JSON_TYPES:
         raise ProxyError("unsupported_media_type", "The request body must be application/json.",
                          details={"content_type": request.content_type[:64]}, phase=phase)
-    limit = config.listen.max_body_bytes
+    limit = config.listen.max_body_bytes if limit is None else limit
     if request.content_length is not None and request.content_length > limit:
         raise ProxyError("payload_too_large", "The request body is too large.",
                          details={"limit_bytes": limit}, phase=phase)

@@ -1,9 +1,10 @@
 """Recent policy denials, for the people who watch them (the operator console).
 
-Owns: a capped Redis list of the latest calls OPA denied (when, tenant,
+Owns: capped Redis lists of the latest calls OPA denied (the fleet's, and
+each tenant's beside it, so a noisy tenant cannot push another's out) (when, tenant,
 subject, tool and version, the policy's reasons, decision id and policy
-revision, request and call ids) and its summary by tool and reason, and the
-``toolproxy_policy_denials_total{tool, reason}`` counter. One list
+revision, request and call ids) and their summary by tool and reason, and the
+``toolproxy_policy_denials_total{tool, reason}`` counter. The lists live
 per proxy prefix, shared by every replica, so the console sees the fleet's
 denials, not one process's. Must never: change or delay a decision (recording
 is best effort: a Redis failure is logged and the denial stands), hold
@@ -40,7 +41,13 @@ class DenialLog:
     def __init__(self, redis: Client, prefix: str, metrics: Metrics) -> None:
         self._redis = redis
         self._metrics = metrics
-        self._key = key(prefix, "denials", "recent")
+        self._prefix = prefix
+        self._key = key(prefix, "denials", "recent")  # the fleet's latest (an operator of every tenant)
+
+    def _tenant_key(self, tenant: str) -> str:
+        """One tenant's latest, kept beside the fleet's list: a noisy tenant's denials never push another
+        tenant's out of what its admin sees."""
+        return key(self._prefix, "denials", tenant, "recent")
 
     async def record(self, *, tenant: str, subject: str, tool: str, tool_version: str, reasons: tuple[str, ...],
                      decision_id: str | None, policy_revision: str | None, request_id: str,
@@ -52,16 +59,18 @@ class DenialLog:
                             "policy_revision": policy_revision, "request_id": request_id, "call_id": call_id},
                            separators=(",", ":"))
         try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.lpush(self._key, entry)
-                pipe.ltrim(self._key, 0, KEEP - 1)
-                await redis_call(pipe.execute())
+            for list_key in (self._key, self._tenant_key(tenant)):  # two slots in Cluster: one MULTI each
+                async with self._redis.pipeline(transaction=True) as pipe:
+                    pipe.lpush(list_key, entry)
+                    pipe.ltrim(list_key, 0, KEEP - 1)
+                    await redis_call(pipe.execute())
         except StoreError:  # policy: fail open: the console's list only; the call is denied all the same
             log.warning("could not record a denial for the console (the call is denied all the same)")
 
     async def recent(self, *, tenant: str | None, limit: int = 100) -> dict[str, Any]:
         """The latest denials (newest first, at most ``limit``) and counts by (tool, reason) over all kept."""
-        entries = [json.loads(raw) for raw in await redis_call(self._redis.lrange(self._key, 0, KEEP - 1))]
+        source = self._key if tenant is None else self._tenant_key(tenant)
+        entries = [json.loads(raw) for raw in await redis_call(self._redis.lrange(source, 0, KEEP - 1))]
         visible = [e for e in entries if tenant is None or e["tenant"] == tenant]
         counts: Counter[tuple[str, str]] = Counter()
         last: dict[tuple[str, str], int] = {}

@@ -18,6 +18,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import re
 import sys
 import traceback
 from datetime import datetime, timezone
@@ -94,11 +95,22 @@ class KeyValueFormatter(logging.Formatter):
         for key, value in _fields(record).items():
             if isinstance(value, dict):
                 value = f"{value['type']}@{'|'.join(value['at'][-1:])}"
-            text = str(value)
-            if not text or any(c in text for c in ' "=\n\t'):
-                text = json.dumps(text, ensure_ascii=False)
-            parts.append(f"{key}={text}")
+            parts.append(f"{key}={kv_value(str(value))}")
         return " ".join(parts)
+
+
+# Characters that end, split or forge a key=value line: space, quote, equals, and every control character
+# (C0 with CR and LF, DEL, C1 with NEL, and the Unicode line and paragraph separators).
+_KV_UNSAFE = re.compile('[ "=\x00-\x1f\x7f-\x9f\u2028\u2029]')
+_KV_ESCAPE = re.compile('[\x7f-\x9f\u2028\u2029]')  # json.dumps(ensure_ascii=False) leaves these raw
+
+
+def kv_value(text: str) -> str:
+    """One value of the key=value format: bare when safe, else a JSON string with every control character
+    escaped, so a value can never start a new line or a new field."""
+    if text and not _KV_UNSAFE.search(text):
+        return text
+    return _KV_ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
 
 
 def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler:

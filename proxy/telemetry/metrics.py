@@ -129,6 +129,12 @@ class Metrics:
         self.mcp_log_messages = Counter(
             "toolproxy_mcp_log_messages", "Log messages (notifications/message) an MCP upstream sent during an /mcp "
             "call, by result (relayed, below_level, too_large, invalid, not_requested)", ["result"], registry=r)
+        self.mcp_sse_dropped = Counter(
+            "toolproxy_mcp_sse_dropped", "Notifications for an /mcp call's SSE stream dropped because "
+            "mcp.sse_queue_max were already waiting to be written, by kind (progress, log)", ["kind"], registry=r)
+        self.mcp_refusals = Counter(
+            "toolproxy_mcp_refusals", "/mcp requests refused at the edge by a cap, by reason (batch_too_large, "
+            "too_many_sessions, too_many_owner_sessions)", ["reason"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
                                    "failed, invalid_plan)", ["status"], registry=r)
         self.cancellations = Counter("toolproxy_cancellations", "Cancel requests by result (requested, cancelled, "

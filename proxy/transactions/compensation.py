@@ -66,7 +66,13 @@ class Compensations:
         self._audit = audit
         self._metrics = metrics
         self._max_json_depth = max_json_depth
-        self._takeovers = store_key(key_prefix, "compensation-takeovers", "all")
+        self._prefix = key_prefix
+        self._takeovers = store_key(key_prefix, "compensation-takeovers", "all")  # every tenant's
+
+    def _tenant_takeovers(self, tenant: str) -> str:
+        """One tenant's takeovers beside the fleet's index: a noisy tenant never pushes another's out of
+        its operators' listing."""
+        return store_key(self._prefix, "compensation-takeovers", tenant, "tenant")
 
     async def compensate(self, key: str, caller: Caller, meta: RequestMeta) -> tuple[int, dict[str, Any]]:
         """(HTTP status, body): the original's view and the compensating call's envelope."""
@@ -188,7 +194,9 @@ class Compensations:
                                  details={"from": "requested", "to": block["status"],
                                           "compensation_key": block["key"], "outcome": block.get("outcome")})
         if block["status"] == "failed":
-            await redis_call(self._store.redis.zadd(self._takeovers, {record.key: time.time()}))
+            now = time.time()
+            await redis_call(self._store.redis.zadd(self._takeovers, {record.key: now}))
+            await redis_call(self._store.redis.zadd(self._tenant_takeovers(record.tenant), {record.key: now}))
             self._metrics.child(self._metrics.takeovers, record.tool).inc()
             log.warning("compensation of %s failed (%s); the operation is frozen for an operator", record.key,
                         block.get("error_code"))
@@ -203,12 +211,13 @@ class Compensations:
     # -- operators (admin listener) ----------------------------------------------------
     async def takeovers(self, *, tenant: str | None) -> list[dict[str, Any]]:
         """Frozen operations whose compensation failed, oldest first (one tenant's, unless None)."""
-        keys = await redis_call(self._store.redis.zrange(self._takeovers, 0, MAX_TAKEOVERS_LISTED - 1))
+        index = self._takeovers if tenant is None else self._tenant_takeovers(tenant)
+        keys = await redis_call(self._store.redis.zrange(index, 0, MAX_TAKEOVERS_LISTED - 1))
         entries = []
         for raw in keys:
             record = await self._store.get(raw.decode())
             if record is None:  # expired with its retention: nothing left to show
-                await redis_call(self._store.redis.zrem(self._takeovers, raw))
+                await redis_call(self._store.redis.zrem(index, raw))
                 continue
             if (tenant is None or record.tenant == tenant) and (record.compensation or {}).get("status") == "failed":
                 entries.append(takeover_entry(record, record.compensation))

@@ -8,7 +8,10 @@ writes the ``_meta`` protocol version, client info and capabilities and the
 ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers), reading the answer the
 way the SDK's Streamable HTTP transport does (a JSON body, or an SSE stream up
 to the response; a JSON-RPC error at a non-2xx status; 404 as "method not
-found"; 202, redirects and unknown content types as refusals) and treating
+found"; 202, redirects and unknown content types as refusals; SSE lines ending
+at CR, LF or CRLF) within bounds (``Limits``: a JSON answer's bytes, an SSE
+stream's bytes and events before its result; ``AnswerTooLarge`` past one, with
+no more read) and treating
 the result as ``ClientSession.call_tool(..., allow_input_required=True)``
 does (its result adapter, its check of a result against the tool's output
 schema, ``InputRequiredResult`` handed back for ``McpAdapter``'s input rounds,
@@ -28,34 +31,69 @@ results, not requests).
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import mcp_types as types
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, SchemaError
+from jsonschema.validators import validator_for
 from mcp import Client
 from mcp.client.extension import UnexpectedClaimedResult
-from mcp.client.session import _clamp_inbound_ttl, _later_revision_fields
 from mcp.client.streamable_http import DEFAULT_MAX_SSE_EVENT_SIZE
 from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import methods
 from mcp_types.jsonrpc import CONNECTION_CLOSED, INTERNAL_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, PARSE_ERROR
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
-from pydantic import ValidationError
+from mcp_types.version import KNOWN_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
+from pydantic import TypeAdapter, ValidationError
 
 from . import schema_fast
 from . import json_bytes as dumps
-from .http import Answer as WireAnswer, HttpWire, Progress
+from .http import Answer as WireAnswer, HttpWire, Progress, TooLarge
 from .schema_fast import FastValidator
 
 _ids = itertools.count(1)
 
+# The private names of the ``mcp`` SDK this module still reads (``mcp`` is pinned exactly in pyproject.toml;
+# tests/unit/test_mcp_private_names.py fails when one of them disappears or changes shape):
+#   ``ClientSession._stamp``: the session's own stamp (``_meta`` protocol version, client info and capabilities,
+#       ``Mcp-Method`` / ``Mcp-Name`` / ``Mcp-Param-*`` headers); no public API stamps a request it does not send.
+#   ``ClientSession._tool_output_schemas``: the output schemas its ``list_tools`` cached, which its own
+#       ``validate_tool_result`` checks a result against; no public API reads them.
+PRIVATE_SDK_NAMES = ("ClientSession._stamp", "ClientSession._tool_output_schemas")
+
+# What ``ClientSession.call_tool`` validates a tools/call result with (its ``_CallToolResultAdapter`` for a
+# client without result claims, as the adapter's ``Client`` is built).
+_CALL_TOOL_RESULT: TypeAdapter[types.CallToolResult | types.InputRequiredResult] = TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult)
+
+
+class AnswerTooLarge(Exception):
+    """The upstream's answer passed a limit before its result arrived: ``what`` is ``body`` (a JSON answer's
+    bytes), ``stream_bytes`` (an SSE stream's bytes up to the result) or ``stream_events`` (its events);
+    the connection is closed, nothing more is read."""
+
+    def __init__(self, what: str, limit: int) -> None:
+        super().__init__(what)
+        self.what, self.limit = what, limit
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on one answer (``mcp.upstream_max_answer_bytes``, ``mcp.upstream_max_stream_events``)."""
+
+    max_bytes: int = 16 * 1024 * 1024
+    max_events: int = 10000
+
 
 def stateless(client: Client) -> bool:
-    """Whether this session's requests may go out as plain POSTs (no session state in the transport)."""
-    return client.protocol_version in MODERN_PROTOCOL_VERSIONS
+    """Whether this session's requests may go out as plain POSTs (no session state in the transport): a
+    stateless revision that is also the newest this SDK knows, so no later revision's result fields exist
+    to drop (what the SDK's ``send_request`` strips on older sessions)."""
+    return client.protocol_version in MODERN_PROTOCOL_VERSIONS and \
+        client.protocol_version == KNOWN_PROTOCOL_VERSIONS[-1]
 
 
 @dataclass
@@ -67,11 +105,13 @@ class Answer:
 
 
 async def call_tool(wire: HttpWire, url: str, client: Client, name: str, arguments: dict[str, Any],
-                    extra_headers: Mapping[str, str], progress: Any) -> Answer:
+                    extra_headers: Mapping[str, str], progress: Any, limits: Limits = Limits()) -> Answer:
     """``client.session.call_tool(name, arguments, allow_input_required=True)`` as one POST; fill in
     ``progress`` (headers_sent, connect_failed, status) as ``_ObservedTransport`` does for a call's first POST.
 
-    Raises ``MCPError`` for every JSON-RPC or transport failure, like ``ClientSession.send_request``."""
+    Raises ``MCPError`` for every JSON-RPC or transport failure, like ``ClientSession.send_request``, and
+    ``AnswerTooLarge`` when the answer passes ``limits`` (a JSON body's bytes; an SSE stream's bytes or
+    events before its result), having read at most that much."""
     progress.observed = True  # later POSTs of this call (input rounds, through the SDK) are not its first
     # ``CallToolRequest(...).model_dump(by_alias=True, mode="json", exclude_none=True)`` of decoded JSON
     # arguments, without building the models (a fifth of this path's pydantic time, measured)
@@ -83,7 +123,10 @@ async def call_tool(wire: HttpWire, url: str, client: Client, name: str, argumen
                MCP_PROTOCOL_VERSION_HEADER: client.protocol_version, **opts.get("headers", {}), **extra_headers}
     sent = Progress()
     try:
-        answer = await wire.post(url, body, headers.items(), progress=sent, feed=_EventFeed())
+        answer = await wire.post(url, body, headers.items(), progress=sent, max_body=limits.max_bytes,
+                                 feed=_EventFeed(limits))
+    except TooLarge:
+        raise AnswerTooLarge("body", limits.max_bytes) from None
     except (TimeoutError, OSError) as exc:  # the wire's own errors; TimeoutError: the connect timeout
         if not sent.connected or isinstance(exc, TimeoutError):
             progress.connect_failed = True
@@ -93,7 +136,7 @@ async def call_tool(wire: HttpWire, url: str, client: Client, name: str, argumen
         progress.headers_sent = progress.headers_sent or sent.sent
     progress.status = answer.status
     raw, streamed = _answer(answer)
-    result = _validated(raw, client.protocol_version, client.session._call_tool_adapter)
+    result = _validated(raw, client.protocol_version)
     # What ClientSession.call_tool does with the result.
     if isinstance(result, types.CallToolResult) and not result.is_error \
             and not _surely_conforms(client.session, name, result.structured_content):
@@ -144,19 +187,34 @@ def _outcome(message: Any) -> dict[str, Any]:
     raise MCPError(code=PARSE_ERROR, message="The answer was not a response")
 
 
+_LINE_END = re.compile(rb"\r\n|\r|\n")  # SSE: a line ends at CRLF, a lone CR or a lone LF
+
+
 class _EventFeed:
     """The first response or error on an SSE answer, read as it arrives (the wire's ``EventFeed``);
-    notifications (and requests) before it are skipped. Lines are split here; an event is bounded as the
-    SDK bounds it."""
+    notifications (and requests) before it are skipped but counted: the stream's bytes and its events
+    are bounded (``Limits``), and one event as the SDK bounds it. Lines end at CR, LF or CRLF (the SSE
+    spec), a CRLF split across two chunks included."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: Limits = Limits()) -> None:
+        self._limits = limits
         self._event, self._data, self._size, self._pending = "message", [], 0, b""
+        self._lines = 0  # lines of the event being read (fields and comments)
+        self._bytes = self._events = 0
+        self._after_cr = False  # the last chunk ended with CR: an LF opening the next one belongs to it
 
     def feed(self, chunk: bytes) -> dict[str, Any] | None:
+        self._bytes += len(chunk)
+        if self._bytes > self._limits.max_bytes:
+            raise AnswerTooLarge("stream_bytes", self._limits.max_bytes)
+        if self._after_cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._after_cr = chunk.endswith(b"\r")
         pending, start = self._pending + chunk, 0
-        while (end := pending.find(b"\n", start)) >= 0:
-            line, start = pending[start:end].rstrip(b"\r").decode("utf-8"), end + 1
+        for end in _LINE_END.finditer(pending):
+            line, start = pending[start:end.start()].decode("utf-8"), end.end()
             if line:
+                self._lines += 1
                 field, _, value = line.partition(":")
                 value = value[1:] if value.startswith(" ") else value
                 if field == "event":
@@ -165,8 +223,12 @@ class _EventFeed:
                     self._data.append(value)
                     self._size += len(value)
                 continue
+            if self._lines:  # a blank line ends an event (comments and priming events included)
+                self._events += 1
+                if self._events > self._limits.max_events:
+                    raise AnswerTooLarge("stream_events", self._limits.max_events)
             payload, kind = "\n".join(self._data), self._event
-            self._event, self._data, self._size = "message", [], 0
+            self._event, self._data, self._size, self._lines = "message", [], 0, 0
             if kind != "message" or not payload:
                 continue  # a priming event (resumption id only) or an unknown event type
             try:
@@ -189,28 +251,36 @@ _fast_output: dict[str, FastValidator] = {}  # per tool name: the compiled verdi
 
 def _surely_conforms(session: Any, name: str, content: Any) -> bool:
     """The SDK's check of a result against the tool's output schema (``validate_tool_result``) would
-    pass: structured content that the compiled validator of ``proxy.wire.schema_fast`` accepts, for a schema the
-    SDK has already checked and compiled as Draft 2020-12 without formats (as schema_fast reads it). Else
-    (first call, another draft, content the fast path refuses or cannot take) the SDK decides, with its own
-    error. Why: its ``jsonschema`` walk and ``best_match`` were the largest part of this path beside the
-    HTTP request."""
+    pass: structured content that the compiled validator of ``proxy.wire.schema_fast`` accepts, for the
+    schema the SDK cached from the upstream's listing (``_tool_output_schemas``), when that schema is a
+    valid Draft 2020-12 schema (checked here once per schema, as the SDK checks it) read as schema_fast reads
+    it. Else (not listed yet, another draft, an invalid schema, content the fast path refuses or cannot take)
+    the SDK decides, with its own error. Why: its ``jsonschema`` walk and ``best_match`` were the largest
+    part of this path beside the HTTP request."""
     schema = session._tool_output_schemas.get(name)
-    checked = session._tool_output_validators.get(name)
-    if content is None or schema is None or type(checked) is not Draft202012Validator or checked.schema is not schema:
+    if content is None or not isinstance(schema, dict):
         return False
     fast = _fast_output.get(name)
     if fast is None or fast.schema is not schema:
+        if validator_for(schema, default=Draft202012Validator) is not Draft202012Validator:
+            return False
+        try:
+            Draft202012Validator.check_schema(schema)
+        except SchemaError:
+            return False
         fast = _fast_output[name] = schema_fast.validator(schema)
     return fast.surely_valid(content)
 
 
-def _validated(raw: dict[str, Any], version: str, adapter: Any) -> Any:
-    """As ``ClientSession.send_request`` does for a tools/call result (the session's own result adapter)."""
-    _clamp_inbound_ttl(raw)
+def _validated(raw: dict[str, Any], version: str) -> Any:
+    """As ``ClientSession.send_request`` does for a tools/call result: a negative ``ttlMs`` floored to 0
+    (the 2026-07-28 caching rule), the revision's result check, then the result types. (It also drops a
+    later revision's fields; ``stateless`` admits only the newest revision, which has none.)"""
+    ttl = raw.get("ttlMs")
+    if isinstance(ttl, (int, float)) and not isinstance(ttl, bool) and ttl < 0:
+        raw["ttlMs"] = 0
     try:
         methods.validate_server_result("tools/call", version, raw)
     except KeyError:
         pass
-    if not (foreign := _later_revision_fields("tools/call", version)).isdisjoint(raw):
-        raw = {key: value for key, value in raw.items() if key not in foreign}
-    return adapter.validate_python(raw, by_name=False)
+    return _CALL_TOOL_RESULT.validate_python(raw, by_name=False)

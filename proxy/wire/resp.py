@@ -4,9 +4,10 @@ Owns: a pool of connections to the one server a standalone client's URL names (T
 context redis-py builds from the same settings), their handshake (``AUTH``, ``SELECT``), a cap on open
 connections (past it a call waits up to the pool's timeout, then fails as redis-py's blocking pool
 does), sending a batch of commands in one write and reading its replies (RESP2: ``EVALSHA``, ``WAIT``,
-``SCRIPT LOAD`` replies) within the socket timeout. Replies come back as redis-py gives them with
-``decode_responses=False`` (bytes, int, None, lists), an error reply as redis-py's own exception
-class for it (``NoScriptError``, ``ReadOnlyError``, ...), in place in the batch's list. Must never:
+``SCRIPT LOAD`` replies, parsed by ``hiredis``'s C reader, never by hand) within the socket timeout.
+Replies come back as redis-py gives them with ``decode_responses=False`` (bytes, int, None, lists), an
+error reply as redis-py's own (public) exception class for it (``NoScriptError``, ``ReadOnlyError``,
+...; ``error_reply``), in place in the batch's list. Must never: import a private name of redis-py,
 send a command twice, reuse a connection whose replies were not all read (a timeout, a cancel or a
 broken line closes it; the caller gets redis-py's ``TimeoutError`` / ``ConnectionError``, so whether a
 script ran stays unknown to it, exactly as before), or serve Sentinel or Cluster clients (redis-py's
@@ -26,10 +27,12 @@ import collections
 import ssl
 from typing import Any, Sequence
 
+import hiredis
 import redis.asyncio as redis_async
-from redis._parsers.base import BaseParser
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
-from redis.exceptions import ConnectionError as RedisConnectionError, DataError, InvalidResponse, \
+from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError, BusyLoadingError, \
+    ConnectionError as RedisConnectionError, DataError, ExecAbortError, InvalidResponse, MasterDownError, \
+    NoPermissionError, NoScriptError, OutOfMemoryError, ReadOnlyError, RedisError, ResponseError, \
     TimeoutError as RedisTimeoutError
 
 from .connection import CountedConnection
@@ -37,8 +40,39 @@ from .connection import CountedConnection
 Command = Sequence[Any]
 
 
-class _Incomplete(Exception):
-    """The buffer ends inside a reply: wait for more bytes."""
+# Error replies as redis-py raises them (the classes of ``redis.exceptions``, public): the code is dropped from
+# the message of a known code, as redis-py's parser does (``ERR`` by its exact message); anything else is a
+# ``ResponseError`` with the whole message (tests/unit/test_resp_errors.py compares with redis-py's parser).
+_ERRORS: dict[str, type[RedisError]] = {
+    "NOSCRIPT": NoScriptError, "READONLY": ReadOnlyError, "LOADING": BusyLoadingError,
+    "EXECABORT": ExecAbortError, "NOAUTH": AuthenticationError, "WRONGPASS": AuthenticationError,
+    "NOPERM": NoPermissionError, "OOM": OutOfMemoryError, "MASTERDOWN": MasterDownError,
+}
+_ERR_MESSAGES: dict[str, type[RedisError]] = {
+    "max number of clients reached": RedisConnectionError,
+    "invalid password": AuthenticationError,
+    "Client sent AUTH, but no password is set": AuthenticationError,
+    "AUTH <password> called without any password configured for the default user. Are you sure your "
+    "configuration is correct?": AuthenticationError,
+    "wrong number of arguments for 'auth' command": AuthenticationWrongNumberOfArgsError,
+    "wrong number of arguments for 'AUTH' command": AuthenticationWrongNumberOfArgsError,
+}
+
+
+def error_reply(message: str) -> RedisError:
+    """The exception redis-py gives for an error reply's message (``NOSCRIPT ...`` -> ``NoScriptError``)."""
+    code, _, rest = message.partition(" ")
+    if code == "ERR":
+        return _ERR_MESSAGES.get(rest, ResponseError)(rest)
+    cls = _ERRORS.get(code)
+    return cls(rest) if cls is not None else ResponseError(message)
+
+
+def _reader() -> hiredis.Reader:
+    """hiredis's RESP parser: bulk and simple strings as bytes (``decode_responses=False``), an error reply as
+    its exception (a value in place: a batch reports each command's own), a malformed reply raising
+    ``InvalidResponse``."""
+    return hiredis.Reader(protocolError=InvalidResponse, replyError=error_reply)
 
 
 def _encode(value: Any) -> bytes:
@@ -64,43 +98,12 @@ def pack(commands: Sequence[Command]) -> bytes:
     return b"".join(out)
 
 
-def _parse(buffer: bytearray, at: int) -> tuple[Any, int]:
-    """One RESP2 reply starting at ``at``: (value, where the next begins); ``_Incomplete`` if cut short."""
-    end = buffer.find(b"\r\n", at)
-    if end < 0:
-        raise _Incomplete
-    kind, line, at = buffer[at], bytes(buffer[at + 1:end]), end + 2
-    if kind == 36:  # $ bulk string
-        size = int(line)
-        if size < 0:
-            return None, at
-        if len(buffer) < at + size + 2:
-            raise _Incomplete
-        return bytes(buffer[at:at + size]), at + size + 2
-    if kind == 58:  # : integer
-        return int(line), at
-    if kind == 42:  # * array
-        count = int(line)
-        if count < 0:
-            return None, at
-        items = []
-        for _ in range(count):
-            item, at = _parse(buffer, at)
-            items.append(item)
-        return items, at
-    if kind == 43:  # + simple string
-        return line, at
-    if kind == 45:  # - error: redis-py's exception for it, as a value (a batch reports each command's own)
-        return BaseParser.parse_error(line.decode("utf-8", "replace")), at
-    raise InvalidResponse(f"Protocol error, got {chr(kind)!r} as reply type byte")
-
-
 class _Connection(CountedConnection):
     """One connection; ``exchange`` sends a batch and waits for as many replies."""
 
     def __init__(self, wire: "RespWire") -> None:
         super().__init__(wire)
-        self.buffer = bytearray()
+        self.reader = _reader()
         self.waiter: asyncio.Future[list[Any]] | None = None
         self.expected = 0
         self.replies: list[Any] = []
@@ -109,24 +112,22 @@ class _Connection(CountedConnection):
         if self.waiter is None:  # nothing asked (a server closing with an error line): the line is spoiled
             self.close()
             return
-        buffer = self.buffer
-        buffer += data
-        at = 0
+        reader = self.reader
+        reader.feed(data)
         try:
             while len(self.replies) < self.expected:
-                reply, at = _parse(buffer, at)
+                reply = reader.gets()
+                if reply is False:  # the buffer ends inside a reply: wait for more bytes
+                    break
                 self.replies.append(reply)
-        except _Incomplete:
-            pass
         except (InvalidResponse, ValueError):
             self._settle(InvalidResponse("the store's reply was not RESP"))
             self.close()
             return
-        del buffer[:at]
         if len(self.replies) == self.expected:
             replies, self.replies = self.replies, []
             self._settle(None, replies)
-            if buffer:  # more than was asked for
+            if reader.has_data():  # more than was asked for
                 self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:

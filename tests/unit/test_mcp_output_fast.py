@@ -1,13 +1,10 @@
 """``mcp_wire._surely_conforms``: the SDK's check of a stateless result against the upstream's output
-schema is skipped only when the compiled verdict says valid, for a schema the SDK itself already checked
-and compiled as Draft 2020-12; everything else is left to the SDK (and its error)."""
+schema is skipped only when the compiled verdict says valid, for a schema the SDK cached from the upstream's
+listing that is a valid Draft 2020-12 schema; everything else is left to the SDK (and its error)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
-
-from jsonschema import Draft7Validator, Draft202012Validator
-from referencing import Registry
 
 from proxy.wire.mcp import _surely_conforms
 
@@ -15,9 +12,8 @@ SCHEMA = {"type": "object", "properties": {"key": {"type": "string"}, "value": {
           "required": ["key", "value"], "additionalProperties": False}
 
 
-def session(schema, validator_cls=Draft202012Validator, compiled=True):
-    validators = {"lookup": validator_cls(schema, registry=Registry())} if compiled else {}
-    return SimpleNamespace(_tool_output_schemas={"lookup": schema}, _tool_output_validators=validators)
+def session(schema):
+    return SimpleNamespace(_tool_output_schemas={"lookup": schema})
 
 
 def test_valid_content_for_a_compiled_2020_12_schema_is_not_checked_again():
@@ -29,9 +25,10 @@ def test_everything_else_is_left_to_the_sdk():
     assert not _surely_conforms(session(SCHEMA), "lookup", {"key": 1, "value": "v"})
     assert not _surely_conforms(session(SCHEMA), "lookup", None)                        # no structured content
     assert not _surely_conforms(session(SCHEMA), "other", {"key": "k", "value": "v"})  # not listed: SDK refreshes
-    assert not _surely_conforms(session(SCHEMA, compiled=False), "lookup", {"key": "k", "value": "v"})
+    assert not _surely_conforms(session(None), "lookup", {"key": "k", "value": "v"})    # no schema declared
     draft7 = {**SCHEMA, "$schema": "http://json-schema.org/draft-07/schema#"}
-    assert not _surely_conforms(session(draft7, Draft7Validator), "lookup", {"key": "k", "value": "v"})
+    assert not _surely_conforms(session(draft7), "lookup", {"key": "k", "value": "v"})
+    assert not _surely_conforms(session({"type": 7}), "lookup", {"key": "k"})           # not a valid schema
     assert not _surely_conforms(session({"type": "object", "multipleOf": 2}), "lookup", {"key": "k"})
 
 

@@ -57,3 +57,26 @@ def test_the_cap_expires_idle_sessions_first_and_refuses_when_all_are_live():
     clock.now += 11
     table.create(caller(), "v")
     assert len(table) == 1
+
+
+def test_one_owner_cannot_fill_the_table():
+    clock = Clock()
+    table = SessionTable(max_sessions=10, idle_s=10, max_per_owner=3, clock=clock)
+    mine = [table.create(caller(), "v") for _ in range(3)]
+    with pytest.raises(SessionsFull) as refused:
+        table.create(caller(), "v")
+    assert refused.value.reason == "too_many_owner_sessions" and table.owned(caller()) == 3
+    # Others still get sessions; the owner gets one back when one of its own ends or idles out.
+    assert table.create(caller("bob"), "v") and table.create(caller(tenant="t2"), "v")
+    assert table.end(mine[0].id, caller()) and table.create(caller(), "v")
+    clock.now += 11
+    assert table.create(caller(), "v") and table.owned(caller()) == 1 and table.owned(caller("bob")) == 0
+
+
+def test_the_global_cap_still_refuses_with_its_own_reason():
+    table = SessionTable(max_sessions=2, idle_s=10, max_per_owner=2, clock=Clock())
+    table.create(caller(), "v")
+    table.create(caller("bob"), "v")
+    with pytest.raises(SessionsFull) as refused:
+        table.create(caller("carol"), "v")
+    assert refused.value.reason == "too_many_sessions"

@@ -18,6 +18,14 @@ shared listing and the one ``Pipeline.execute``:
   validation ladder, ``mcp.shared.inbound``); ``server/discover`` advertises
   the versions.
 
+Every peer of this edge is bounded: a JSON-RPC batch holds at most
+``mcp.batch_max_members`` members (and ``scheduler.max_calls`` calls), refused
+whole above, and its calls run within the batch scheduler's limits
+(``Scheduler.gate``); one caller holds at most ``mcp.max_sessions_per_owner``
+sessions; a call's SSE stream queues at most ``mcp.sse_queue_max``
+notifications (the excess dropped and counted); bodies are read within
+``listen.max_body_bytes`` (``ingress``).
+
 Protocol problems are JSON-RPC errors (malformed
 request ``-32600``/``-32700``, unsupported version ``-32022``, header mismatch
 ``-32020``, a method a tools gateway does not offer ``-32601``); everything the
@@ -39,6 +47,7 @@ anything a pipeline stage decides, or run a call outside ``Pipeline.execute``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -85,7 +94,8 @@ from ...identity import Authenticator, Caller
 from ..listing import visible_tools
 from .sessions import Session, SessionsFull, SessionTable
 from ...telemetry.metrics import Metrics
-from ...pipeline import Pipeline, ToolCallRequest, withdrawn
+from ...batch.scheduler import CallGate, Scheduler
+from ...pipeline import Pipeline, RequestMeta, ToolCallRequest, withdrawn
 from ...policy.client import PolicyClient
 from ...registry import Registry
 
@@ -147,15 +157,20 @@ class McpFront:
     """The /mcp endpoint of one agent listener; holds that listener's legacy sessions."""
 
     def __init__(self, *, config: Config, authenticator: Authenticator, registry: Registry, policy: PolicyClient,
-                 pipeline: Pipeline, metrics: Metrics, audit: Auditor) -> None:
+                 pipeline: Pipeline, scheduler: Scheduler, metrics: Metrics, audit: Auditor) -> None:
         self._config = config  # the whole of it: ingress reads its limits and header rules
         self._authenticator = authenticator
         self._registry = registry
         self._policy = policy
         self._pipeline = pipeline
+        self._scheduler = scheduler  # a JSON-RPC batch's tools/call members run within its limits
+        self._metrics = metrics
         mcp = config.mcp
         self._page_size = mcp.page_size
-        self._sessions = SessionTable(max_sessions=mcp.max_sessions, idle_s=mcp.session_idle_s)
+        self._batch_max = mcp.batch_max_members
+        self._queue_max = mcp.sse_queue_max
+        self._sessions = SessionTable(max_sessions=mcp.max_sessions, idle_s=mcp.session_idle_s,
+                                      max_per_owner=mcp.max_sessions_per_owner)
         self._sse_after_s = mcp.sse_after_ms / 1000.0
         self._ping_s = max(0.05, mcp.sse_ping_ms / 1000.0)
         self._hosts = HostGuard(mcp)  # the agent listener's Host/Origin check, answered here in JSON-RPC shape
@@ -279,8 +294,10 @@ class McpFront:
             try:
                 session = self._sessions.create(
                     caller, version, mcp_relay.declared((message.params or {}).get("capabilities")))
-            except SessionsFull:
-                raise RpcError(INVALID_REQUEST, "Too many open sessions; try again later", status=503) from None
+            except SessionsFull as full:
+                self._metrics.child(self._metrics.mcp_refusals, full.reason).inc()
+                raise RpcError(INVALID_REQUEST, "Too many open sessions; end one (DELETE) or try again later",
+                               {"code": full.reason}, status=503) from None
             headers[SESSION_HEADER] = session.id
             return Exchange(modern=False, version=version, caller=caller, session=session)
         session_id = request.headers.get(SESSION_HEADER)
@@ -304,10 +321,18 @@ class McpFront:
     async def _batch(self, request: web.Request, bodies: list[Any], headers: dict[str, str]) -> web.Response:
         """A JSON-RPC batch: accepted only on a session negotiated at 2025-03-26.
 
-        Each member is checked and answered on its own (one failing member does
-        not fail the others); initialize may not be batched. Calls run
-        concurrently, each through ``Pipeline.execute``; the answers come back
-        as one JSON array, or 202 when the batch held only notifications.
+        At most ``mcp.batch_max_members`` members, of which at most
+        ``scheduler.max_calls`` ``tools/call``; a larger batch is refused whole
+        (``-32600``, data ``batch_too_large``) before anything runs. Each member is
+        checked and answered on its own (one failing member does not fail the
+        others); initialize may not be batched. Calls run concurrently within the
+        batch scheduler's limits (``scheduler.max_parallel`` at once, each holding
+        the per-tenant and per-tool slots every batch of the process shares),
+        under one batch deadline (the request's, else
+        ``scheduler.default_timeout_ms``): a call whose slot did not come by then
+        ends ``timeout_not_started``. Each runs through ``Pipeline.execute``; the
+        answers come back as one JSON array, or 202 when the batch held only
+        notifications.
         """
         if not bodies:
             raise RpcError(INVALID_REQUEST, "Empty batch", status=400)
@@ -316,6 +341,25 @@ class McpFront:
         if session is None or session.protocol_version != BATCH_VERSION:
             raise RpcError(INVALID_REQUEST, f"Batches are accepted only on sessions negotiated at {BATCH_VERSION}",
                            status=400)
+        calls = sum(1 for b in bodies if isinstance(b, dict) and b.get("method") == "tools/call")
+        if len(bodies) > self._batch_max or calls > self._scheduler.max_calls:
+            self._metrics.child(self._metrics.mcp_refusals, "batch_too_large").inc()
+            raise RpcError(INVALID_REQUEST, "Batch too large; nothing was run",
+                           {"code": "batch_too_large", "members": len(bodies), "max_members": self._batch_max,
+                            "calls": calls, "max_calls": self._scheduler.max_calls}, status=413)
+        gate = self._scheduler.gate()
+        batch_meta: RequestMeta | RpcError | None = None
+
+        def meta() -> RequestMeta:
+            nonlocal batch_meta
+            if batch_meta is None:  # one deadline for the batch, from its headers (read once)
+                try:
+                    batch_meta = self._scheduler.with_deadline(ingress.request_meta(request, self._config))
+                except ProxyError as error:
+                    batch_meta = RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details})
+            if isinstance(batch_meta, RpcError):
+                raise batch_meta
+            return batch_meta
 
         async def answer(body: Any) -> dict[str, Any] | None:
             message: Message | None = None
@@ -326,6 +370,9 @@ class McpFront:
                 exchange = self._legacy(request, message, caller, headers)
                 if not message.has_id:
                     return None
+                if message.method == "tools/call":
+                    return _ok(message.rpc_id, await self._call(request, message.params or {}, exchange,
+                                                                meta=meta(), gate=gate))
                 return _ok(message.rpc_id, await self._dispatch(request, message, exchange, headers))
             except RpcError as error:
                 if message is not None and not message.has_id:
@@ -387,18 +434,24 @@ class McpFront:
             result.update(resultType="complete", ttlMs=0, cacheScope="private")
         return result
 
-    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        try:
-            meta = ingress.request_meta(request, self._config)
-        except ProxyError as error:
-            raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details}, status=400) from None
+    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange, *,
+                    meta: RequestMeta | None = None, gate: CallGate | None = None) -> dict[str, Any]:
+        """One tools/call through ``Pipeline.execute``; a batch member's (``gate``) once its slots are held."""
+        if meta is None:
+            try:
+                meta = ingress.request_meta(request, self._config)
+            except ProxyError as error:
+                raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details},
+                               status=400) from None
         name = params["name"]
         call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
                                arguments=params.get("arguments") or {}, meta=meta)
         channel = input_relay.get()
         if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
             channel.call_id, channel.tool = call.call_id, name
-        env = (await self._pipeline.execute(call, exchange.caller)).envelope
+        async with contextlib.AsyncExitStack() as held:
+            refused = await self._scheduler.admit(held, gate, call, exchange.caller) if gate is not None else None
+            env = refused or (await self._pipeline.execute(call, exchange.caller)).envelope
         # An unknown tool is an isError result too (tool_not_found, with its next step), as the
         # reference TypeScript SDK server answers it: the model reads it instead of the client throwing.
         try:
@@ -446,6 +499,12 @@ class McpFront:
             nonlocal updates
             if updates is None:
                 updates = asyncio.Queue()
+            if "id" not in update and updates.qsize() >= self._queue_max:
+                # A notification past mcp.sse_queue_max: dropped and counted. Relayed requests (with an id)
+                # always go out: a call has at most mcp_relay.MAX_OUTSTANDING of them, and one waits for its answer.
+                kind = "progress" if update.get("method") == "notifications/progress" else "log"
+                self._metrics.child(self._metrics.mcp_sse_dropped, kind).inc()
+                return
             updates.put_nowait(update)
             decide()  # the response must stream from now on
 

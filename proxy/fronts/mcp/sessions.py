@@ -2,8 +2,9 @@
 
 Owns: minting unguessable session ids, binding each session to the caller
 that created it and to its negotiated protocol version, the log level its
-client set (``logging/setLevel``), idle expiry, the cap
-on open sessions, and ending sessions (``DELETE``). Sessions live in this
+client set (``logging/setLevel``), idle expiry, the caps
+on open sessions (all of them, and one owner's: one caller cannot fill the
+table), and ending sessions (``DELETE``). Sessions live in this
 process only: after a restart a client gets 404 and initializes again, which
 the MCP spec requires clients to handle. Must never: let a session stand for
 identity (every request is still authenticated), or be used as an
@@ -32,7 +33,12 @@ class Session:
 
 
 class SessionsFull(Exception):
-    """No room for another session (mcp.max_sessions) even after expiring idle ones."""
+    """No room for another session even after expiring idle ones: ``reason`` is ``too_many_sessions``
+    (mcp.max_sessions) or ``too_many_owner_sessions`` (mcp.max_sessions_per_owner)."""
+
+    def __init__(self, reason: str = "too_many_sessions") -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def owner_of(caller: Caller) -> tuple[str, str, str]:
@@ -42,25 +48,43 @@ def owner_of(caller: Caller) -> tuple[str, str, str]:
 class SessionTable:
     """Open sessions of one process, with idle expiry on a monotonic clock."""
 
-    def __init__(self, *, max_sessions: int, idle_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, max_sessions: int, idle_s: float, max_per_owner: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._max = max_sessions
+        self._max_per_owner = max_sessions if max_per_owner is None else max_per_owner
         self._idle_s = idle_s
         self._clock = clock
         self._sessions: dict[str, tuple[Session, float]] = {}
+        self._owned: dict[tuple[str, str, str], int] = {}  # open sessions per owner (no entry at zero)
 
     def __len__(self) -> int:
         return len(self._sessions)
 
+    def owned(self, caller: Caller) -> int:
+        return self._owned.get(owner_of(caller), 0)
+
     def create(self, caller: Caller, protocol_version: str,
                client_capabilities: frozenset[str] = frozenset()) -> Session:
-        if len(self._sessions) >= self._max:
+        owner = owner_of(caller)
+        if len(self._sessions) >= self._max or self._owned.get(owner, 0) >= self._max_per_owner:
             self._expire()
+            if self._owned.get(owner, 0) >= self._max_per_owner:
+                raise SessionsFull("too_many_owner_sessions")
             if len(self._sessions) >= self._max:
-                raise SessionsFull()
-        session = Session(id=secrets.token_urlsafe(32), protocol_version=protocol_version, owner=owner_of(caller),
+                raise SessionsFull("too_many_sessions")
+        session = Session(id=secrets.token_urlsafe(32), protocol_version=protocol_version, owner=owner,
                           client_capabilities=client_capabilities)
         self._sessions[session.id] = (session, self._clock())
+        self._owned[owner] = self._owned.get(owner, 0) + 1
         return session
+
+    def _drop(self, session_id: str) -> None:
+        session, _ = self._sessions.pop(session_id)
+        left = self._owned.get(session.owner, 0) - 1
+        if left > 0:
+            self._owned[session.owner] = left
+        else:
+            self._owned.pop(session.owner, None)
 
     def get(self, session_id: str, caller: Caller) -> Session | None:
         """The live session with this id owned by this caller, touched; None otherwise.
@@ -74,7 +98,7 @@ class SessionTable:
         session, last_seen = entry
         now = self._clock()
         if now - last_seen > self._idle_s:
-            del self._sessions[session_id]
+            self._drop(session_id)
             return None
         if session.owner != owner_of(caller):
             return None
@@ -93,10 +117,10 @@ class SessionTable:
     def end(self, session_id: str, caller: Caller) -> bool:
         if self.get(session_id, caller) is None:
             return False
-        del self._sessions[session_id]
+        self._drop(session_id)
         return True
 
     def _expire(self) -> None:
         now = self._clock()
         for session_id in [k for k, (_, seen) in self._sessions.items() if now - seen > self._idle_s]:
-            del self._sessions[session_id]
+            self._drop(session_id)

@@ -164,6 +164,6 @@ async def list_takeovers(store: OperationStore, *, tenant: str | None, limit: in
                          state: str = "NEEDS_TAKEOVER") -> list[dict[str, Any]]:
     """Takeover records of the operations waiting for a human (or, with ``state="UNKNOWN"``, of those the
     reconciler is still querying), oldest first (one tenant's, unless None)."""
-    records = [await store.get(key) for key in await store.open_keys(limit)]
+    records = [await store.get(key) for key in await store.open_keys(limit, tenant=tenant)]
     return [takeover_record(r) for r in records if r is not None and r.state == state
             and (tenant is None or r.tenant == tenant)]

@@ -66,6 +66,13 @@ local function now_ms()
 end
 local now = now_ms()
 local function field(name) return redis.call('HGET', rec, name) end
+-- The record's tenant's own open index beside the bucket's (same hash tag, so the same slot): a noisy
+-- tenant's unknowns never push another tenant's out of its operators' listing (``open_keys``).
+local function tenant_open()
+  local ok, meta = pcall(cjson.decode, field('meta') or '')
+  local tenant = ok and type(meta) == 'table' and meta['tenant'] or ''
+  return open .. ':t:' .. tostring(tenant)
+end
 local function to_unknown(first_ms, window_ms, evidence, outcome)
   redis.call('HSET', rec, 'state', 'UNKNOWN', 'updated_at', now, 'unknown_since', now,
              'rec_until', now + window_ms, 'rec_next', now + first_ms, 'rec_attempts', 0, 'evidence', evidence)
@@ -74,9 +81,12 @@ local function to_unknown(first_ms, window_ms, evidence, outcome)
   redis.call('PERSIST', rec)  -- an unresolved unknown never expires
   redis.call('ZREM', leases, id)
   redis.call('ZADD', open, now, id)
+  redis.call('ZADD', tenant_open(), now, id)
   redis.call('ZADD', due, now + first_ms, id)
 end
 local function settle(state, outcome, evidence)
+  local was = field('state')
+  if was == 'UNKNOWN' or was == 'NEEDS_TAKEOVER' then redis.call('ZREM', tenant_open(), id) end
   redis.call('HSET', rec, 'state', state, 'updated_at', now)
   if outcome ~= '' then redis.call('HSET', rec, 'outcome', outcome) end
   if evidence ~= '' then redis.call('HSET', rec, 'evidence', evidence) end
@@ -212,7 +222,10 @@ _CLAIM = _PRELUDE + r"""
 local state = field('state')
 if state ~= 'UNKNOWN' then  -- settled, handed over or gone: nothing left to schedule
   redis.call('ZREM', due, id)
-  if state ~= 'NEEDS_TAKEOVER' then redis.call('ZREM', open, id) end
+  if state ~= 'NEEDS_TAKEOVER' then
+    redis.call('ZREM', open, id)
+    if state then redis.call('ZREM', tenant_open(), id) end
+  end
   return {'not_unknown', state or 'ABSENT'}
 end
 local owner_until = tonumber(field('rec_owner_until') or '0')
@@ -555,12 +568,13 @@ class OperationStore:
                         into[bucket] = exc
         return expired, due
 
-    async def open_keys(self, limit: int) -> list[str]:
-        """UNKNOWN and NEEDS_TAKEOVER keys, oldest first (at most ``limit``)."""
+    async def open_keys(self, limit: int, *, tenant: str | None = None) -> list[str]:
+        """UNKNOWN and NEEDS_TAKEOVER keys, oldest first (at most ``limit``): every tenant's, or one tenant's
+        from its own index (kept beside the bucket's by the scripts, so other tenants never crowd it out)."""
         scored: list[tuple[float, str]] = []
         for bucket in BUCKETS:
-            raw = await store.redis_call(
-                self._redis.zrange(self._index("op-open", bucket), 0, limit - 1, withscores=True))
+            index = self._index("op-open", bucket) + ("" if tenant is None else f":t:{tenant}")
+            raw = await store.redis_call(self._redis.zrange(index, 0, limit - 1, withscores=True))
             scored.extend((score, k.decode()) for k, score in raw)
         return [k for _, k in sorted(scored)[:limit]]
 

@@ -65,6 +65,7 @@ from mcp_types.jsonrpc import (
     UNSUPPORTED_PROTOCOL_VERSION,
 )
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
+from pydantic import ValidationError
 
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
@@ -280,7 +281,9 @@ class McpAdapter:
         except MCPError as exc:
             raise self._rpc_failure(call, progress, exc.error.code) from None
         except mcp_wire.AnswerTooLarge as exc:
-            raise self._too_large(call, exc) from None
+            raise self._unreadable(call, {"limit": exc.what, "limit_value": exc.limit}) from None
+        except ValidationError:  # the SDK's or the wire's check of the result against the revision's types
+            raise self._unreadable(call, {"answer": "invalid_result"}) from None
         except (httpx2.HTTPError, ConnectionError, OSError):
             raise self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
         finally:
@@ -431,17 +434,18 @@ class McpAdapter:
                              attempted=True, committed=committed)
         return BackendResult(data=data, status=200)
 
-    def _too_large(self, call: BackendCall, exc: mcp_wire.AnswerTooLarge) -> ProxyError:
-        """The upstream answered past a limit (``mcp.upstream_max_*``): what it answered was never read to its
-        result, so a write's effect is unknown (reconcile); a read failed with nothing committed."""
+    def _unreadable(self, call: BackendCall, why: Mapping[str, Any]) -> ProxyError:
+        """The upstream answered, but no result could be read from it: past a limit (``mcp.upstream_max_*``,
+        ``why`` names it) or not a valid ``tools/call`` result. A write's effect is then unknown (reconcile);
+        a read failed with nothing committed."""
         tool = call.tool
-        details: dict[str, Any] = {"tool": tool.name, "limit": exc.what, "limit_value": exc.limit}
+        details: dict[str, Any] = {"tool": tool.name, **why}
         if tool.is_write:
-            return ProxyError("upstream_error_unknown", "The MCP server's answer passed the proxy's limit before "
-                              "its result; whether the write was applied is unknown.",
+            return ProxyError("upstream_error_unknown", "The MCP server's answer could not be read as a result; "
+                              "whether the write was applied is unknown.",
                               details={**details, "idempotency_key": call.idempotency_key},
                               phase="execute", attempted=True, committed=None)
-        return ProxyError("output_invalid", "The MCP server's answer passed the proxy's limit before its result.",
+        return ProxyError("output_invalid", "The MCP server's answer could not be read as a result.",
                           details=details, phase="verify", attempted=True, committed=False)
 
     def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:

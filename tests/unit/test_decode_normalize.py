@@ -36,6 +36,16 @@ def test_non_json_literals_are_refused(text):
     assert code_of(strict_loads, text).code == "invalid_json"
 
 
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", "{} x", "", "{'a': 1}", "True", '{"a": ', '{"a" 1}', "[1,]",
+                                  b"\xff", '"\\x"'])
+def test_a_parse_error_says_a_fixed_message_never_the_parsers_own_text(text):
+    message = code_of(strict_loads, text).message
+    assert message.startswith("tool arguments are not valid") and message in {
+        "tool arguments are not valid JSON", "tool arguments are not valid UTF-8",
+        "tool arguments are not valid JSON: extra data after the value",
+        "tool arguments are not valid JSON: NaN and Infinity are not JSON numbers"}
+
+
 def test_whitespace_around_a_value_is_fine():
     assert strict_loads(' \n{"a": 1}\t ') == {"a": 1}
 

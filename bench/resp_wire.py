@@ -66,8 +66,8 @@ async def main(args: argparse.Namespace) -> None:
     server = RedisServer(data_dir=Path(tempfile.mkdtemp(prefix="resp-bench-")))
     server.start()
     try:
-        client = redis_async.Redis.from_url(server.url, max_connections=args.concurrency,
-                                            connection_pool_class=redis_async.BlockingConnectionPool)
+        client = redis_async.Redis.from_pool(redis_async.BlockingConnectionPool.from_url(
+            server.url, max_connections=args.concurrency))
         sha = await client.script_load(SCRIPT)
         from proxy.wire.resp import RespWire
         baseline = _handparsed_wire(args.baseline)

@@ -28,6 +28,7 @@ import pytest
 from aiohttp import web
 
 from tests.support.mcp_upstream import Upstream, running_upstream
+from tests.support.mesh import mesh_headers, mesh_settings
 from tests.support.stack import DEMO_REGISTRY, Stack, running_stack
 
 ACCEPT = {"Accept": "application/json, text/event-stream"}
@@ -368,11 +369,9 @@ async def test_a_batch_call_whose_slot_never_came_is_not_started(tmp_path, proxy
         assert backend.most == 1
 
 
-async def test_one_caller_cannot_fill_the_session_table(proxy_deps):
-    overrides = {"identity.mode": "headers", "identity.agent_id": "agent-1", "mcp.max_sessions_per_owner": 3,
-                 "mcp.max_sessions": 10}
-    alice = {"X-Auth-Subject": "alice", "X-Auth-Tenant": "acme"}
-    bob = {"X-Auth-Subject": "bob", "X-Auth-Tenant": "acme"}
+async def test_one_caller_cannot_fill_the_session_table(tmp_path, proxy_deps):
+    overrides = {**mesh_settings(tmp_path), "mcp.max_sessions_per_owner": 3, "mcp.max_sessions": 10}
+    alice, bob = mesh_headers("alice", "acme"), mesh_headers("bob", "acme")
     async with running_stack({**proxy_deps, **overrides}) as stack:
         opened = [await initialize(stack, headers=alice) for _ in range(3)]
         assert [status for status, _, _ in opened] == [200, 200, 200]

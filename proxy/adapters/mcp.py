@@ -440,11 +440,8 @@ class McpAdapter:
         a read failed with nothing committed."""
         tool = call.tool
         details: dict[str, Any] = {"tool": tool.name, **why}
-        if tool.is_write:
-            return ProxyError("upstream_error_unknown", "The MCP server's answer could not be read as a result; "
-                              "whether the write was applied is unknown.",
-                              details={**details, "idempotency_key": call.idempotency_key},
-                              phase="execute", attempted=True, committed=None)
+        if tool.is_write:  # the honest-outcome rule of every adapter (``adapters.failed_answer``)
+            return failed_answer(call, backend="MCP server", details=details)
         return ProxyError("output_invalid", "The MCP server's answer could not be read as a result.",
                           details=details, phase="verify", attempted=True, committed=False)
 

@@ -435,7 +435,7 @@ def _flooded(stack: Stack, count: int) -> bool:
 
 
 async def test_the_admin_listener_reads_at_most_64_kib_of_a_body(jwt_stack, issuers):
-    token = issuers[1].token("olga", audience="toolproxy-admin", roles=["operator"], tenant=None, scope="")
+    token = issuers[1].token("olga", audience="toolproxy-admin", roles=["operator"], tenant="acme", scope="")
     big = json.dumps({"request_id": "r", "call_id": "c", "outcome": "committed", "evidence": "x" * 900_000}).encode()
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     async with jwt_stack.session.post(jwt_stack.admin_url + "/v1/unknown-calls/settle", data=big,

@@ -31,7 +31,7 @@ class _AuthRedis(RedisServer):
     def client(self, **kwargs):
         if self.tls:
             kwargs.update(ssl=True, ssl_ca_certs=str(self.tls["ca"]), ssl_certfile=str(self.tls["client_cert"]),
-                          ssl_keyfile=str(self.tls["client_key"]))
+                          ssl_keyfile=str(self.tls["client_key"]), ssl_check_hostname=False)  # readiness probe
         return redis_sync.Redis(host="127.0.0.1", port=self.port, password=self.password, **kwargs)
 
 
@@ -45,14 +45,16 @@ def certs(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("tls")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=test-ca",
              "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "extendedKeyUsage=clientAuth")):
+    for name, ext in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"), ("client", "extendedKeyUsage=clientAuth"),
+                      ("other", "subjectAltName=DNS:redis.other.test")):
         _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}", "-keyout", f"{name}.key",
                  "-out", f"{name}.csr", cwd=d)
         (d / f"{name}.ext").write_text(ext + "\n")
         _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
                  "-days", "1", "-extfile", f"{name}.ext", "-out", f"{name}.crt", cwd=d)
     return {"ca": d / "ca.crt", "server_cert": d / "server.crt", "server_key": d / "server.key",
-            "client_cert": d / "client.crt", "client_key": d / "client.key"}
+            "client_cert": d / "client.crt", "client_key": d / "client.key",
+            "other_cert": d / "other.crt", "other_key": d / "other.key"}
 
 
 async def _ping(config_overrides: dict, env: dict | None = None) -> bool:
@@ -91,6 +93,19 @@ async def test_mutual_tls_with_ca_and_client_certificate(certs):
             await _ping({"redis.url": url, "redis.password": "pw",
                          "redis.tls_cert_file": str(certs["client_cert"]),
                          "redis.tls_key_file": str(certs["client_key"])})
+
+
+async def test_the_servers_name_is_checked_unless_turned_off_by_name(certs):
+    """``redis.tls_check_hostname`` is passed explicitly (true by default): a certificate the CA signed for
+    another name is refused on both the wire and redis-py's connection; off, only the CA is checked."""
+    other = {**certs, "server_cert": certs["other_cert"], "server_key": certs["other_key"]}
+    with _AuthRedis("pw", tls=other) as server:
+        settings = {"redis.url": f"rediss://127.0.0.1:{server.port}/0", "redis.password": "pw",
+                    "redis.tls_ca_file": str(certs["ca"]), "redis.tls_cert_file": str(certs["client_cert"]),
+                    "redis.tls_key_file": str(certs["client_key"])}
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await _ping(settings)
+        assert await _ping({**settings, "redis.tls_check_hostname": False})
 
 
 def test_tls_files_need_a_rediss_url_and_cert_needs_key():

@@ -100,35 +100,12 @@ def compare(old: ToolContract, new: ToolContract) -> list[Change]:
 
 
 def _schema(old: Any, new: Any, side: str, path: str) -> list[tuple[bool, str]]:
-    """Input side: narrowing breaks callers. Output side: losing a field breaks consumers."""
+    """Input side: narrowing breaks callers. Output side: losing a field breaks consumers.
+    Each entry is (breaking, what changed)."""
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
         return [] if old == new else [(True, f"{side} {path}: schema replaced")]
-    found: list[tuple[bool, str]] = []
     is_input = side == "input"
-    old_types, new_types = _types(old), _types(new)
-    if old_types != new_types:
-        narrowed = old_types is None or (new_types is not None and not old_types <= new_types)
-        widened = new_types is None or (old_types is not None and not new_types <= old_types)
-        breaking = narrowed if is_input else widened
-        found.append((breaking, f"{side} {path}: type {_show(old_types)} -> {_show(new_types)}"))
-    if "enum" in old or "enum" in new:
-        before, after = old.get("enum"), new.get("enum")
-        lost = before is None or (after is not None and any(v not in after for v in before))
-        gained = after is None or (before is not None and any(v not in before for v in after))
-        if lost or gained:
-            found.append(((lost and is_input) or (gained and not is_input), f"{side} {path}: enum changed"))
-    old_props, new_props = old.get("properties") or {}, new.get("properties") or {}
-    old_req, new_req = set(old.get("required") or ()), set(new.get("required") or ())
-    for name in sorted(new_req - old_req):
-        found.append((is_input, f"{side} {path}.{name}: now required"))
-    for name in sorted(old_req - new_req):
-        found.append((not is_input, f"{side} {path}.{name}: no longer required"))
-    for name in sorted(set(old_props) - set(new_props)):
-        found.append((True, f"{side} {path}.{name}: removed"))
-    for name in sorted(set(new_props) - set(old_props)):
-        found.append((False, f"{side} {path}.{name}: added"))
-    for name in sorted(set(old_props) & set(new_props)):
-        found.extend(_schema(old_props[name], new_props[name], side, f"{path}.{name}"))
+    found = _type_and_enum(old, new, side, path, is_input) + _properties(old, new, side, path, is_input)
     if "items" in old or "items" in new:
         found.extend(_schema(old.get("items", {}), new.get("items", {}), side, f"{path}[]"))
     handled = {"type", "enum", "properties", "required", "items", *_ANNOTATIONS}
@@ -137,6 +114,48 @@ def _schema(old: Any, new: Any, side: str, path: str) -> list[tuple[bool, str]]:
             # pattern, bounds, formats, additionalProperties...: a constraint changed, read as a narrowing
             # on the input side (tell the reviewer; a bump is the safe answer), informative on the output side.
             found.append((is_input, f"{side} {path}: {keyword} changed"))
+    return found
+
+
+def _type_and_enum(old: Mapping[str, Any], new: Mapping[str, Any], side: str, path: str,
+                   is_input: bool) -> list[tuple[bool, str]]:
+    return [c for c in (_type_change(old, new, side, path, is_input), _enum_change(old, new, side, path, is_input))
+            if c is not None]
+
+
+def _type_change(old: Mapping[str, Any], new: Mapping[str, Any], side: str, path: str,
+                 is_input: bool) -> tuple[bool, str] | None:
+    old_types, new_types = _types(old), _types(new)
+    if old_types == new_types:
+        return None
+    narrowed = old_types is None or (new_types is not None and not old_types <= new_types)
+    widened = new_types is None or (old_types is not None and not new_types <= old_types)
+    return (narrowed if is_input else widened), f"{side} {path}: type {_show(old_types)} -> {_show(new_types)}"
+
+
+def _enum_change(old: Mapping[str, Any], new: Mapping[str, Any], side: str, path: str,
+                 is_input: bool) -> tuple[bool, str] | None:
+    if "enum" not in old and "enum" not in new:
+        return None
+    before, after = old.get("enum"), new.get("enum")
+    lost = before is None or (after is not None and any(v not in after for v in before))
+    gained = after is None or (before is not None and any(v not in before for v in after))
+    if not (lost or gained):
+        return None
+    return ((lost and is_input) or (gained and not is_input)), f"{side} {path}: enum changed"
+
+
+def _properties(old: Mapping[str, Any], new: Mapping[str, Any], side: str, path: str,
+                is_input: bool) -> list[tuple[bool, str]]:
+    found: list[tuple[bool, str]] = []
+    old_props, new_props = old.get("properties") or {}, new.get("properties") or {}
+    old_req, new_req = set(old.get("required") or ()), set(new.get("required") or ())
+    found += [(is_input, f"{side} {path}.{name}: now required") for name in sorted(new_req - old_req)]
+    found += [(not is_input, f"{side} {path}.{name}: no longer required") for name in sorted(old_req - new_req)]
+    found += [(True, f"{side} {path}.{name}: removed") for name in sorted(set(old_props) - set(new_props))]
+    found += [(False, f"{side} {path}.{name}: added") for name in sorted(set(new_props) - set(old_props))]
+    for name in sorted(set(old_props) & set(new_props)):
+        found.extend(_schema(old_props[name], new_props[name], side, f"{path}.{name}"))
     return found
 
 

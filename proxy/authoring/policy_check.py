@@ -31,7 +31,7 @@ import json
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import yaml
 
@@ -119,8 +119,19 @@ def data_problems(data: DataFiles, registry: Registry) -> list[Problem]:
     return list(_data_problems(data, registry))
 
 
+SETTINGS = ("toolproxy", "settings")
+
+
 def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
+    """Every check of the data document against the registry, one family per function."""
     tools = {t.name: t for t in registry.all()}
+    yield from _role_problems(data, tools)
+    yield from _risk_problems(data, tools)
+    yield from _setting_problems(data, tools)
+    yield from _resource_kind_problems(data, tools)
+
+
+def _role_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
     roles = data.get("toolproxy", "roles", default={}) or {}
     granted: set[str] = set()
     for role, spec in sorted(roles.items()):
@@ -141,42 +152,52 @@ def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
         if name not in granted:
             yield Problem("tool_not_granted", tool.source, f"tools[name={name}]",
                           f"no role in toolproxy.roles grants {name}: nobody can call it")
-    settings = ("toolproxy", "settings")
-    always = data.get(*settings, "approval", "always_for_risks", default=[]) or []
-    thresholds = data.get(*settings, "approval", "thresholds", default={}) or {}
-    limits = data.get(*settings, "limits", "max_amount", default={}) or {}
+
+
+def _risk_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
+    always = data.get(*SETTINGS, "approval", "always_for_risks", default=[]) or []
+    thresholds = data.get(*SETTINGS, "approval", "thresholds", default={}) or {}
+    limits = data.get(*SETTINGS, "limits", "max_amount", default={}) or {}
     for name, tool in sorted(tools.items()):
         if not tool.is_write:
             continue
         if tool.risk == "destructive" and "destructive" not in always:
-            yield Problem("destructive_without_approval", data.where(*settings, "approval"),
+            yield Problem("destructive_without_approval", data.where(*SETTINGS, "approval"),
                           "toolproxy.settings.approval.always_for_risks",
                           f"{name} is destructive but destructive is not in always_for_risks")
         if tool.risk == "financial" and name not in thresholds:
-            yield Problem("financial_without_threshold", data.where(*settings, "approval"),
+            yield Problem("financial_without_threshold", data.where(*SETTINGS, "approval"),
                           f"toolproxy.settings.approval.thresholds.{name}",
                           f"{name} is financial and has no approval threshold (every call needs approval)")
         if tool.risk == "financial" and name not in limits:
-            yield Problem("financial_without_limit", data.where(*settings, "limits"),
+            yield Problem("financial_without_limit", data.where(*SETTINGS, "limits"),
                           f"toolproxy.settings.limits.max_amount.{name}",
                           f"{name} is financial and has no hard max_amount limit")
+
+
+def _setting_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
+    thresholds = data.get(*SETTINGS, "approval", "thresholds", default={}) or {}
+    limits = data.get(*SETTINGS, "limits", "max_amount", default={}) or {}
     for section, entries in (("approval.thresholds", thresholds), ("limits.max_amount", limits)):
         for name, spec in sorted(entries.items()):
-            where = data.where(*settings, *section.split("."), name)
+            where = data.where(*SETTINGS, *section.split("."), name)
             path = f"toolproxy.settings.{section}.{name}"
             if name not in tools:
                 yield Problem("setting_for_unknown_tool", where, path, f"{name} is not in the registry")
             elif not _numeric_argument(tools[name], (spec or {}).get("argument")):
                 yield Problem("argument_not_in_schema", where, path + ".argument",
                               f"{name} has no numeric argument {(spec or {}).get('argument')!r}: the rule never fires")
-    for name in sorted(data.get(*settings, "scopes", "tools", default={}) or {}):
+    for name in sorted(data.get(*SETTINGS, "scopes", "tools", default={}) or {}):
         if name not in tools:
-            yield Problem("setting_for_unknown_tool", data.where(*settings, "scopes", "tools"),
+            yield Problem("setting_for_unknown_tool", data.where(*SETTINGS, "scopes", "tools"),
                           f"toolproxy.settings.scopes.tools.{name}", f"{name} is not in the registry")
-    for i, name in enumerate(data.get(*settings, "never_for_agents", default=[]) or []):
+    for i, name in enumerate(data.get(*SETTINGS, "never_for_agents", default=[]) or []):
         if name not in tools:
-            yield Problem("setting_for_unknown_tool", data.where(*settings, "never_for_agents"),
+            yield Problem("setting_for_unknown_tool", data.where(*SETTINGS, "never_for_agents"),
                           f"toolproxy.settings.never_for_agents[{i}]", f"{name} is not in the registry")
+
+
+def _resource_kind_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
     kinds = data.get("toolproxy", "resource_kinds", default={}) or {}
     for kind, spec in sorted(kinds.items()):
         if (spec or {}).get("ownership") not in OWNERSHIPS:

@@ -22,7 +22,7 @@ operations, POSIX classes); ``tests/test_schema_fast.py`` holds the verdicts tog
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import jsonschema_rs
 from jsonschema import Draft202012Validator
@@ -37,7 +37,6 @@ _SAME = frozenset({
     "oneOf", "not", "patternProperties", "dependentRequired", "propertyNames", "if", "then", "else",
     "contains", "minContains", "maxContains",
 })
-_VALUES = frozenset({"default", "examples", "enum", "const", "dependentRequired", "required"})  # data, not schemas
 _NAMED = frozenset({"properties", "patternProperties", "$defs"})  # name -> subschema
 # Numbers both compare exactly: below 2**53 a float and an integer compare the same in Python and in an
 # engine that turns one into the other (beyond it, 2**53 + 1 and 2.0**53 would be "equal").
@@ -92,49 +91,52 @@ class FastValidator:
 
 
 def _alike(node: Any, formats: bool) -> bool:
+    """Whether both validators give the same verdict for every instance under this schema node."""
     if isinstance(node, bool):
         return True
     if not isinstance(node, dict):
         return False
-    for key, value in node.items():
-        if key.startswith("x-"):
-            continue  # extension annotations: both ignore them
-        if key == "format":
-            if formats:
-                return False
-            continue
-        if key not in _SAME:
-            return False
-        if key in ("enum", "const"):
-            if not _exact_numbers(value if key == "enum" else [value]):
-                return False
-            continue
-        if key in _VALUES:
-            continue
-        if key in _BOUNDS:
-            if not (type(value) in (int, float) and abs(value) < _EXACT):
-                return False
-            continue
-        if key == "$ref":
-            if not (isinstance(value, str) and value.startswith("#")):
-                return False
-        elif key == "pattern":
-            if not _regex_alike(value):
-                return False
-        elif key in _NAMED:
-            if not isinstance(value, dict):
-                return False
-            if key == "patternProperties" and not all(_regex_alike(p) for p in value):
-                return False
-            if not all(_alike(sub, formats) for sub in value.values()):
-                return False
-        elif key in ("allOf", "anyOf", "oneOf", "prefixItems"):
-            if not (isinstance(value, list) and all(_alike(sub, formats) for sub in value)):
-                return False
-        elif key in ("additionalProperties", "items", "not", "propertyNames", "if", "then", "else", "contains"):
-            if not _alike(value, formats):
-                return False
-    return True
+    return all(_keyword_alike(key, value, formats) for key, value in node.items())
+
+
+_SUBSCHEMA = ("additionalProperties", "items", "not", "propertyNames", "if", "then", "else", "contains")
+
+
+_ONE_KEYWORD: dict[str, Callable[[Any, bool], bool]] = {  # keywords with a check of their own value
+    "format": lambda value, formats: not formats,
+    "enum": lambda value, formats: _exact_numbers(value),
+    "const": lambda value, formats: _exact_numbers([value]),
+    "$ref": lambda value, formats: isinstance(value, str) and value.startswith("#"),
+    "pattern": lambda value, formats: _regex_alike(value),
+}
+
+
+def _keyword_alike(key: str, value: Any, formats: bool) -> bool:
+    """One keyword of a schema node: its own check, or by the family it belongs to."""
+    if key.startswith("x-"):
+        return True  # extension annotations: both ignore them
+    check = _ONE_KEYWORD.get(key)
+    if check is not None:
+        return check(value, formats)
+    if key not in _SAME:
+        return False
+    if key in _BOUNDS:
+        return type(value) in (int, float) and abs(value) < _EXACT
+    if key in _NAMED:
+        return _named_alike(key, value, formats)
+    if key in ("allOf", "anyOf", "oneOf", "prefixItems"):
+        return isinstance(value, list) and all(_alike(sub, formats) for sub in value)
+    if key in _SUBSCHEMA:
+        return _alike(value, formats)
+    return True  # annotations and data (default, examples, required, dependentRequired): nothing to compare
+
+
+def _named_alike(key: str, value: Any, formats: bool) -> bool:
+    if not isinstance(value, dict):
+        return False
+    if key == "patternProperties" and not all(_regex_alike(p) for p in value):
+        return False
+    return all(_alike(sub, formats) for sub in value.values())
 
 
 def _exact_numbers(values: Any) -> bool:

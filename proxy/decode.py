@@ -135,27 +135,40 @@ def schema_violations(value: Any, validator: Draft202012Validator) -> list[dict[
 
 def _explain(error: ValidationError) -> list[dict[str, str]]:
     base = list(error.absolute_path)
-    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
-        schema = error.schema if isinstance(error.schema, dict) else {}
-        known = set(schema.get("properties", {}))
-        patterns = list(schema.get("patternProperties", {}))
-        extras = [k for k in error.instance if k not in known and not any(re.search(p, k) for p in patterns)]
-        return [{"path": json_path(base + [k]), "keyword": "additionalProperties",
-                 "message": "unknown field is not allowed"} for k in sorted(extras)] or [_plain(error, base)]
-    if error.validator == "required" and isinstance(error.instance, dict):
-        missing = [k for k in error.validator_value if k not in error.instance]
-        return [{"path": json_path(base + [k]), "keyword": "required",
-                 "message": "required field is missing"} for k in missing] or [_plain(error, base)]
-    if error.validator in {"anyOf", "oneOf"} and error.context:
-        # Report the branch errors that got furthest, so the model sees the real reason.
-        deepest = max(len(list(e.absolute_path)) for e in error.context)
-        if deepest > len(base):
-            out: list[dict[str, str]] = []
-            for sub in error.context:
-                if len(list(sub.absolute_path)) == deepest:
-                    out.extend(_explain(sub))
-            return out
-    return [_plain(error, base)]
+    explain = _EXPLAINERS.get(str(error.validator))
+    return (explain(error, base) if explain is not None else None) or [_plain(error, base)]
+
+
+def _unknown_fields(error: ValidationError, base: list[Any]) -> list[dict[str, str]] | None:
+    if not isinstance(error.instance, dict):
+        return None
+    schema = error.schema if isinstance(error.schema, dict) else {}
+    known = set(schema.get("properties", {}))
+    patterns = list(schema.get("patternProperties", {}))
+    extras = [k for k in error.instance if k not in known and not any(re.search(p, k) for p in patterns)]
+    return [{"path": json_path(base + [k]), "keyword": "additionalProperties",
+             "message": "unknown field is not allowed"} for k in sorted(extras)]
+
+
+def _missing_fields(error: ValidationError, base: list[Any]) -> list[dict[str, str]] | None:
+    if not isinstance(error.instance, dict):
+        return None
+    return [{"path": json_path(base + [k]), "keyword": "required", "message": "required field is missing"}
+            for k in error.validator_value if k not in error.instance]
+
+
+def _deepest_branches(error: ValidationError, base: list[Any]) -> list[dict[str, str]] | None:
+    """Of an anyOf / oneOf, the branch errors that got furthest, so the model sees the real reason."""
+    if not error.context:
+        return None
+    deepest = max(len(list(e.absolute_path)) for e in error.context)
+    if deepest <= len(base):
+        return None
+    return [item for sub in error.context if len(list(sub.absolute_path)) == deepest for item in _explain(sub)]
+
+
+_EXPLAINERS = {"additionalProperties": _unknown_fields, "required": _missing_fields,
+               "anyOf": _deepest_branches, "oneOf": _deepest_branches}
 
 
 def _plain(error: ValidationError, base: list[Any]) -> dict[str, str]:

@@ -115,47 +115,46 @@ async def replay(records: Sequence[dict[str, Any]], opa: ScratchOpa, reads: Sequ
                  examples: int = 3) -> Report:
     """Replay every record; inputs with equal projections (``policy_reads.project``) are evaluated once."""
     report = Report(total=len(records))
+    replayable = await _replayable(records, opa, reads, report)
+    unique: dict[str, dict[str, Any]] = {}
+    for record, projection in replayable:
+        unique.setdefault(projection, record["input"])
+    decided = dict(zip(unique, await opa.evaluate(list(unique.values()))))
+    for record, projection in replayable:
+        _compare(report, record, decided[projection], examples)
+    report.queries = opa.queries
+    report.distinct_inputs = len(unique)
+    return report
+
+
+async def _replayable(records: Sequence[dict[str, Any]], opa: ScratchOpa, reads: Sequence[RuleReads],
+                      report: Report) -> list[tuple[dict[str, Any], str]]:
+    """The records that can be replayed, each with its projection projection; the others are counted in the
+    report by why (no input recorded; the policy may read a field the record masked)."""
     patterns = all_patterns(reads)
     gate = asyncio.Semaphore(ANALYSIS_CONCURRENCY)
     verdict_of: dict[str, asyncio.Task[str | None]] = {}
-
-    def projection_key(record: dict[str, Any]) -> str:
-        return json.dumps(project(record["input"], patterns), sort_keys=True, separators=(",", ":"))
 
     async def analyse(record: dict[str, Any], paths: list[tuple[Any, ...]]) -> str | None:
         async with gate:
             read = await _may_read(opa, reads, record["input"], paths)
         return "reads_masked:" + ",".join(".".join(map(str, p)) for p in read) if read else None
 
-    keys: list[str | None] = []
-    for record in records:
-        paths = [tuple(p) for p in record.get("masked_paths") or ()]
-        key = projection_key(record) if "input" in record else None
-        keys.append(key)
-        if key is not None and paths:
-            cache_key = key + json.dumps(paths)
-            if cache_key not in verdict_of:
-                verdict_of[cache_key] = asyncio.ensure_future(analyse(record, paths))
+    keyed = [(record, json.dumps(project(record["input"], patterns), sort_keys=True, separators=(",", ":"))
+              if "input" in record else None, [tuple(p) for p in record.get("masked_paths") or ()])
+             for record in records]
+    for record, projection, paths in keyed:  # every masked-read analysis starts before the first is awaited
+        if projection is not None and paths and projection + json.dumps(paths) not in verdict_of:
+            verdict_of[projection + json.dumps(paths)] = asyncio.ensure_future(analyse(record, paths))
     replayable: list[tuple[dict[str, Any], str]] = []
-    for record, key in zip(records, keys):
-        if key is None:
-            report.not_replayable["input_not_recorded"][_tool(record)] += 1
-            continue
-        paths = [tuple(p) for p in record.get("masked_paths") or ()]
-        why = await verdict_of[key + json.dumps(paths)] if paths else None
+    for record, projection, paths in keyed:
+        why = "input_not_recorded" if projection is None else \
+            await verdict_of[projection + json.dumps(paths)] if paths else None
         if why is None:
-            replayable.append((record, key))
+            replayable.append((record, projection))
         else:
             report.not_replayable[why][_tool(record)] += 1
-    unique: dict[str, dict[str, Any]] = {}
-    for record, key in replayable:
-        unique.setdefault(key, record["input"])
-    decided = dict(zip(unique, await opa.evaluate(list(unique.values()))))
-    for record, key in replayable:
-        _compare(report, record, decided[key], examples)
-    report.queries = opa.queries
-    report.distinct_inputs = len(unique)
-    return report
+    return replayable
 
 
 def _compare(report: Report, record: dict[str, Any], after: Any, examples: int) -> None:
@@ -201,38 +200,56 @@ def _tool(record: dict[str, Any]) -> str:
 
 
 def render_text(report: Report, fail: Sequence[str]) -> str:
-    out = [f"records: {report.total}   replayed: {report.replayed}   changed: {report.changed}   "
-           f"not replayable: {sum(sum(c.values()) for c in report.not_replayable.values())}"
-           + (f"   (skipped {report.skipped_lines} lines that are not decision records)"
-              if report.skipped_lines else ""),
-           f"({report.distinct_inputs} distinct inputs as far as the policy reads them; {report.queries} OPA queries)"]
-    if report.transitions:
-        out.append("")
-        out.append(f"{'transition':<30} {'tool':<24} {'count':>6}")
-        for transition, tools in sorted(report.transitions.items()):
-            for tool, count in sorted(tools.items()):
-                out.append(f"{transition:<30} {tool:<24} {count:>6}")
-    if report.reasons_added or report.reasons_removed:
-        out.append("")
-        out.append("changed reasons:")
-        out.extend(f"  + {r}  ({n})" for r, n in sorted(report.reasons_added.items()))
-        out.extend(f"  - {r}  ({n})" for r, n in sorted(report.reasons_removed.items()))
-    if report.not_replayable:
-        out.append("")
-        out.append("not replayable:")
-        for why, tools in sorted(report.not_replayable.items()):
-            out.append(f"  {why}: " + ", ".join(f"{t} {n}" for t, n in sorted(tools.items())))
-    for transition, items in sorted(report.examples.items()):
-        out.append("")
-        out.append(f"examples of {transition}:")
-        for item in items:
-            out.append(f"  {item['decision_id'] or item['request_id'] or '-'} {item['tool']} tenant={item['tenant']} "
-                       f"subject={item['subject']} arguments={json.dumps(item['arguments'], sort_keys=True)}")
-            out.append(f"    reasons {item['reasons_before']} -> {item['reasons_after']}")
-    if fail:
-        out.append("")
-        out.append("FAIL: " + ", ".join(f"{t} ({sum(report.transitions[t].values())})" for t in fail))
+    out = _summary_lines(report)
+    for section in (_transition_lines(report), _reason_lines(report), _not_replayable_lines(report),
+                    *(_example_lines(t, items) for t, items in sorted(report.examples.items())),
+                    _fail_lines(report, fail)):
+        if section:
+            out += ["", *section]
     return "\n".join(out)
+
+
+def _summary_lines(report: Report) -> list[str]:
+    skipped = (f"   (skipped {report.skipped_lines} lines that are not decision records)"
+               if report.skipped_lines else "")
+    return [f"records: {report.total}   replayed: {report.replayed}   changed: {report.changed}   "
+            f"not replayable: {sum(sum(c.values()) for c in report.not_replayable.values())}" + skipped,
+            f"({report.distinct_inputs} distinct inputs as far as the policy reads them; {report.queries} OPA queries)"]
+
+
+def _transition_lines(report: Report) -> list[str]:
+    if not report.transitions:
+        return []
+    return [f"{'transition':<30} {'tool':<24} {'count':>6}"] + [
+        f"{transition:<30} {tool:<24} {count:>6}"
+        for transition, tools in sorted(report.transitions.items()) for tool, count in sorted(tools.items())]
+
+
+def _reason_lines(report: Report) -> list[str]:
+    if not (report.reasons_added or report.reasons_removed):
+        return []
+    return (["changed reasons:"] + [f"  + {r}  ({n})" for r, n in sorted(report.reasons_added.items())]
+            + [f"  - {r}  ({n})" for r, n in sorted(report.reasons_removed.items())])
+
+
+def _not_replayable_lines(report: Report) -> list[str]:
+    if not report.not_replayable:
+        return []
+    return ["not replayable:"] + [f"  {why}: " + ", ".join(f"{t} {n}" for t, n in sorted(tools.items()))
+                                  for why, tools in sorted(report.not_replayable.items())]
+
+
+def _example_lines(transition: str, items: Sequence[dict[str, Any]]) -> list[str]:
+    out = [f"examples of {transition}:"]
+    for item in items:
+        out.append(f"  {item['decision_id'] or item['request_id'] or '-'} {item['tool']} tenant={item['tenant']} "
+                   f"subject={item['subject']} arguments={json.dumps(item['arguments'], sort_keys=True)}")
+        out.append(f"    reasons {item['reasons_before']} -> {item['reasons_after']}")
+    return out
+
+
+def _fail_lines(report: Report, fail: Sequence[str]) -> list[str]:
+    return ["FAIL: " + ", ".join(f"{t} ({sum(report.transitions[t].values())})" for t in fail)] if fail else []
 
 
 async def run(*, records: Sequence[dict[str, Any]], skipped: int, policy_dir: str, data_paths: Sequence[str],

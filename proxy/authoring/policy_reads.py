@@ -32,7 +32,7 @@ import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from ..policy.opa_control import ControlError
 
@@ -53,28 +53,38 @@ def policy_reads(policy_dir: str, opa_binary: str) -> list[RuleReads]:
     for file in sorted(Path(policy_dir).rglob("*.rego")):
         if file.name.endswith("_test.rego"):
             continue
-        done = subprocess.run([opa_binary, "parse", "--format", "json", "--json-include", "locations", str(file)],
-                              capture_output=True, text=True, timeout=60)
-        if done.returncode != 0:
-            raise ControlError(f"{file}: opa parse failed: {done.stderr.strip().splitlines()[-1:]}")
-        module = json.loads(done.stdout)
-        package = [t["value"] for t in module["package"]["path"]]
-        # ``import input.subject as s`` makes ``s.id`` a read of input.subject: every rule may use it.
-        imported = tuple(_input_patterns([i.get("path") for i in module.get("imports") or ()]))
-        for rule in module.get("rules", []):
-            patterns = tuple(_input_patterns(rule)) + imported
-            if not patterns:
-                continue
-            head = rule["head"]
-            name = [t["value"] for t in head.get("ref", [])] or [head["name"]]
-            document = ".".join(package + [str(n) for n in name if isinstance(n, str)])
-            evaluable = "args" not in head and "else" not in rule and all(isinstance(n, str) for n in name)
-            previous = rules.get(document)
+        for reads in _module_reads(file, _parse(file, opa_binary)):
+            previous = rules.get(reads.document)
             if previous is not None:  # several definitions of one document: merge them
-                evaluable = evaluable and previous.partially_evaluable
-                patterns = previous.patterns + patterns
-            rules[document] = RuleReads(document, f"{file}:{rule['location']['row']}", evaluable, patterns)
+                reads = RuleReads(reads.document, reads.location,
+                                  reads.partially_evaluable and previous.partially_evaluable,
+                                  previous.patterns + reads.patterns)
+            rules[reads.document] = reads
     return list(rules.values())
+
+
+def _parse(file: Path, opa_binary: str) -> dict[str, Any]:
+    done = subprocess.run([opa_binary, "parse", "--format", "json", "--json-include", "locations", str(file)],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        raise ControlError(f"{file}: opa parse failed: {done.stderr.strip().splitlines()[-1:]}")
+    return json.loads(done.stdout)
+
+
+def _module_reads(file: Path, module: dict[str, Any]) -> Iterator[RuleReads]:
+    """What each rule of one parsed module reads of ``input`` (rules that read nothing are left out)."""
+    package = [t["value"] for t in module["package"]["path"]]
+    # ``import input.subject as s`` makes ``s.id`` a read of input.subject: every rule may use it.
+    imported = tuple(_input_patterns([i.get("path") for i in module.get("imports") or ()]))
+    for rule in module.get("rules", []):
+        patterns = tuple(_input_patterns(rule)) + imported
+        if not patterns:
+            continue
+        head = rule["head"]
+        name = [t["value"] for t in head.get("ref", [])] or [head["name"]]
+        document = ".".join(package + [str(n) for n in name if isinstance(n, str)])
+        evaluable = "args" not in head and "else" not in rule and all(isinstance(n, str) for n in name)
+        yield RuleReads(document, f"{file}:{rule['location']['row']}", evaluable, patterns)
 
 
 def _input_patterns(node: Any) -> list[tuple[Any, ...]]:

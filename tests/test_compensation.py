@@ -106,6 +106,12 @@ async def test_a_failed_compensation_keeps_the_partial_state_freezes_and_hands_o
     assert entry["idempotency_key"] == env["idempotency_key"] and entry["subject"] == "alice"
     assert entry["compensation"]["status"] == "failed" and entry["compensation"]["key"] == view["compensation"]["key"]
     assert entry["last_evidence"]["error_code"] == "dependency_unavailable"
+    # A tenant's operators read its own takeover index (kept beside the fleet's): acme's sees it, globex's not.
+    for tenant, expected in (("acme", [env["idempotency_key"]]), ("globex", [])):
+        scoped = issuers[1].token("olga", audience="toolproxy-admin", roles=["operator"], tenant=tenant, scope="")
+        status, listing = await stack.admin("GET", "/v1/takeovers", scoped)
+        assert status == 200 and [t["idempotency_key"] for t in listing["takeovers"]
+                                  if t["kind"] == "compensation_failed"] == expected
     kinds = [r["kind"] for r in audit_records(capsys.readouterr().out)]
     assert "takeover" in kinds
     assert stack.runtime.metrics.registry.get_sample_value("toolproxy_compensations_total",

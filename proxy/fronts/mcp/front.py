@@ -451,7 +451,7 @@ class McpFront:
             channel.call_id, channel.tool = call.call_id, name
         async with contextlib.AsyncExitStack() as held:
             refused = await self._scheduler.admit(held, gate, call, exchange.caller) if gate is not None else None
-            env = refused or (await self._pipeline.execute(call, exchange.caller)).envelope
+            env = refused if refused is not None else (await self._pipeline.execute(call, exchange.caller)).envelope
         # An unknown tool is an isError result too (tool_not_found, with its next step), as the
         # reference TypeScript SDK server answers it: the model reads it instead of the client throwing.
         try:

@@ -340,7 +340,8 @@ async def test_lease_expiry_under_in_progress_is_unknown_on_next_access(stack):
     store = stack.runtime.operations
     started = await store.begin(op.key, fingerprint=op.fingerprint, nonce="dead-proxy", lease_ms=1,
                                 retention_s=60, is_write=True, max_attempts=5, meta={"tenant": "acme",
-                                "tool": "refund_order", "tool_version": "1.0.0"}, first_check_ms=0, window_ms=60000)
+                                "subject": "dev-user", "tool": "refund_order", "tool_version": "1.0.0"},
+                                first_check_ms=0, window_ms=60000)
     assert started.status == "new"
     lease_until = (await store.get(op.key)).lease_until
     deadline = time.monotonic() + 2

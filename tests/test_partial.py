@@ -104,3 +104,21 @@ async def test_a_cancel_between_two_items_ends_partial(stack):
     assert counts.get("takeover") == 1, counts
     record = await stack.runtime.operations.get(key)
     assert record.state == "NEEDS_TAKEOVER" and record.evidence["observed"] == "partial_final"
+
+
+async def test_an_mcp_client_is_told_what_was_applied_and_what_is_pending(stack):
+    """Over MCP a partial call has no result to conform to the outputSchema: it is an isError result whose
+    text names the applied and pending items, with the envelope in ``_meta``."""
+    from tests.test_mcp_front import CLIENT_META, modern_headers, post, rpc
+    from tests.support.stack import mcp_envelope
+
+    await stack.fault("send_notices", "stop_halfway", delay_ms=0, count=1)
+    params = {"name": "send_notices", "arguments": NOTICES, "_meta": CLIENT_META}
+    status, _, body = await post(stack, rpc("tools/call", params),
+                                 {**modern_headers("tools/call", "send_notices"), "Idempotency-Key": "notices-mcp"})
+    assert status == 200, body
+    result = body["result"]
+    envelope = mcp_envelope(result)
+    assert envelope["outcome"] == "partial" and len(envelope["partial"]["pending"]) == 2
+    text = result["content"][0]["text"]
+    assert text.startswith("partial: 2 item(s) applied, 2 pending.") and "usr_alice" in text

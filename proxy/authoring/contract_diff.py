@@ -3,7 +3,8 @@
 Owns: comparing contracts per tool and version and classifying each change
 (seed 004 §28: bump the version when arguments, results or permission
 semantics change). Breaking: a new required argument, a narrowed type or
-enum, a removed input property, a removed or newly optional output field, read → write,
+enum, a removed input property, a removed or newly optional output field (in the outputSchema, or in
+what the model is shown of it: ``output_filter``), a narrower ``output_limit``, read → write,
 higher risk, a new resource template, idempotency newly required, a removed
 version. Everything else is compatible (descriptions, timeouts, backends,
 status changes, new optional arguments, widened enums).
@@ -96,6 +97,11 @@ def compare(old: ToolContract, new: ToolContract) -> list[Change]:
             found.append((False, f"{label} changed"))
     found.extend(_schema(thaw(old.input_schema), thaw(new.input_schema), "input", "$"))
     found.extend(_schema(thaw(old.output_schema), thaw(new.output_schema), "output", "$"))
+    if old.output_policy != new.output_policy:  # what the model is shown changed (output_filter, output_limit)
+        found.extend(_schema(thaw(old.visible_output_schema), thaw(new.visible_output_schema), "model output", "$"))
+        if new.output_policy.max_bytes is not None and (old.output_policy.max_bytes is None or
+                                                        new.output_policy.max_bytes < old.output_policy.max_bytes):
+            found.append((True, "output_limit narrowed: results the model saw whole may now be truncated or refused"))
     return [Change(new.name, new.version, old.version, breaking, what) for breaking, what in found]
 
 

@@ -89,6 +89,9 @@ def next_action(envelopes: Sequence[Envelope]) -> str:
     wanted = {_error(env).resolution for env in _root_failures(envelopes)}
     if any(env.side_effect.committed is None for env in envelopes):
         wanted.add("reconcile")
+    for env in envelopes:  # a partly applied call: follow the pending items, or a person decides
+        if env.partial is not None:
+            wanted.add(env.partial["recovery"]["resolution"])
     for resolution in NEXT_ACTION_PRIORITY:
         if resolution in wanted:
             return resolution

@@ -55,3 +55,19 @@ def test_read_becoming_write_is_breaking(tmp_path):
         tools["get_inventory"]["mode"] = "write"
     changes = diff(registry_with(tmp_path, "old"), registry_with(tmp_path, "new", edit))
     assert any(c.breaking and c.tool == "get_inventory" for c in changes)
+
+
+def test_hiding_an_output_field_from_the_model_is_breaking(tmp_path):
+    def edit(tools):
+        tools["get_order"]["output_filter"] = {"redact": ["/tenant"]}
+    changes = diff(registry_with(tmp_path, "old"), registry_with(tmp_path, "new", edit))
+    assert any(c.breaking and "model output" in c.what and "tenant" in c.what for c in changes), \
+        [c.line() for c in changes]
+    assert same_version_breaks(changes)
+
+
+def test_a_narrower_output_limit_is_breaking(tmp_path):
+    def edit(tools):
+        tools["get_orders"]["output_limit"] = {"max_bytes": 1024, "truncate": True}
+    changes = diff(registry_with(tmp_path, "old"), registry_with(tmp_path, "new", edit))
+    assert any(c.breaking and "output_limit" in c.what for c in changes), [c.line() for c in changes]

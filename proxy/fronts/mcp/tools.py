@@ -126,6 +126,12 @@ def call_result(env: Envelope, tool: ToolContract | None, *, modern: bool) -> di
             "isError": True,
             "_meta": {ENVELOPE_META_KEY: env.to_json()},
         }
+    elif env.partial is not None:  # no result to conform to outputSchema: reported like a failure, with its items
+        result = {
+            "content": [{"type": "text", "text": partial_text(env)}],
+            "isError": True,
+            "_meta": {ENVELOPE_META_KEY: env.to_json()},
+        }
     elif tool is not None and passes_content(tool):
         data = env.data
         result = {"content": list(data["content"]), "isError": False}
@@ -147,6 +153,17 @@ def call_result(env: Envelope, tool: ToolContract | None, *, modern: bool) -> di
     if env.deprecation:  # a namespaced key of its own: _meta holds other io.toolproxy/ entries too
         result.setdefault("_meta", {})[DEPRECATION_META_KEY] = dict(env.deprecation)
     return result
+
+
+def partial_text(env: Envelope) -> str:
+    """A partly applied call, for the model: what is done, what is pending, where it is followed."""
+    partial = env.partial
+    assert partial is not None
+    recovery = partial["recovery"]
+    follow = (f" The pending items are followed to the end: {recovery['operation']}." if partial["pending"]
+              else " Nothing more will be applied; ask the user how to proceed.")
+    return (f"partial: {len(partial['committed'])} item(s) applied, {len(partial['pending'])} pending."
+            f"{follow} Applied: {dumps(partial['committed']).decode()}")
 
 
 def model_text(env: Envelope) -> str:

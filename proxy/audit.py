@@ -24,16 +24,9 @@ Other stages record their own events through ``Auditor.record(kind, ...)``:
 from __future__ import annotations
 
 import asyncio
-import collections
-import fcntl
 import json
 import logging
-import os
-import stat
-import struct
 import sys
-import termios
-import threading
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Protocol, Sequence, TextIO
@@ -45,6 +38,7 @@ from .envelope import iso
 from .errors import ProxyError
 from .telemetry.metrics import Metrics
 from .normalize import canonical_json, sha256_hex
+from .telemetry import outlet
 from .telemetry.redaction import redact
 from .registry import ToolContract, thaw
 from .store import Client, redis_call, StoreError
@@ -143,12 +137,13 @@ class StdoutSink:
     event loop.
 
     A pipe nobody reads fills up, and a blocking write to it would stall every call of the process. So a
-    record goes straight out only when it fits into the pipe now (its free space is known: ``F_GETPIPE_SZ``
-    minus ``FIONREAD``); otherwise it waits, in order, in a bounded queue that a writer thread drains with
-    blocking writes. A full queue drops the record (``toolproxy_audit_dropped_records``); a queued
-    ``durable`` record is awaited (within ``audit.timeout_ms``), so a fail-closed write whose intent record
-    cannot leave is not sent. Streams that are not pipes (files, terminals, test captures) are written
-    directly, as they do not block on a reader.
+    record to a pipe goes through the descriptor's ``Outlet`` (``proxy/telemetry/outlet.py``): straight
+    out only when that cannot block (the pipe is empty and no other writer of the process is on it),
+    otherwise it waits, in order, in a bounded queue that a writer thread drains with blocking writes. A
+    full queue drops the record (``toolproxy_audit_dropped_records``); a queued ``durable`` record is
+    awaited (within ``audit.timeout_ms``), so a fail-closed write whose intent record cannot leave is not
+    sent. Streams that are not pipes (files, terminals, test captures) are written directly, as they do
+    not block on a reader.
     """
 
     name = "stdout"
@@ -158,78 +153,40 @@ class StdoutSink:
         self._stream = stream
         self._queued = metrics.child(metrics.audit_queued, self.name) if metrics is not None else None
         self._max_queued = max_queued
-        self._queue: collections.deque[tuple[bytes, asyncio.Future[None] | None]] = collections.deque()
-        self._wake = threading.Condition()
-        self._writer: threading.Thread | None = None
-        self._pipes: dict[int, int | None] = {}  # fd -> pipe capacity (None: not a pipe)
 
-    def write_now(self, line: str) -> bool:
-        """Write the record at once if that cannot block (not a pipe, or it fits into the pipe now and
-        nothing waits before it); False: it goes through ``write``. The common case without a coroutine
-        and a timeout scope per record."""
+    def _outlet(self) -> tuple[TextIO, outlet.Outlet | None]:
         stream = self._stream or sys.stdout  # looked up per write: follows redirection
         fd = _fileno(stream)
-        capacity = self._pipe_capacity(fd) if fd is not None else None
-        if capacity is None:
+        out = outlet.outlet(fd, max_queued=self._max_queued) if fd is not None else None
+        return stream, out if out is not None and out.is_pipe else None
+
+    def write_now(self, line: str) -> bool:
+        """Write the record at once if that cannot block (not a pipe, or an empty pipe and nothing queued
+        before it); False: it goes through ``write``. The common case without a coroutine and a timeout
+        scope per record."""
+        stream, out = self._outlet()
+        if out is None:
             stream.write(line + "\n")
             stream.flush()
             return True
-        if self._queue:
-            return False
-        data = (line + "\n").encode()
-        if capacity - _unread(fd) >= len(data):
-            _write_all(fd, data)  # fits now: does not block
-            return True
-        return False
+        return out.write_now((line + "\n").encode())
 
     async def write(self, line: str, *, durable: bool = False) -> None:
         if self.write_now(line):
             return
-        fd = _fileno(self._stream or sys.stdout)
-        assert fd is not None  # only a pipe is not written at once
-        data = (line + "\n").encode()
-        if len(self._queue) >= self._max_queued:
+        _, out = self._outlet()
+        assert out is not None  # only a pipe is not written at once
+        if out.queued >= self._max_queued:
             raise AuditBackpressure("audit queue full")
-        done = asyncio.get_running_loop().create_future() if durable else None
-        with self._wake:
-            self._queue.append((data, done))
-            self._wake.notify()
+        loop = asyncio.get_running_loop()
+        done = loop.create_future() if durable else None
+        on_done = (lambda: loop.call_soon_threadsafe(_resolve, done)) if done is not None else None
+        if not out.enqueue((line + "\n").encode(), on_done):
+            raise AuditBackpressure("audit queue full")
         if self._queued is not None:
             self._queued.inc()
-        self._start_writer(fd)
         if done is not None:
             await done
-
-    def _pipe_capacity(self, fd: int) -> int | None:
-        if fd not in self._pipes:
-            try:
-                is_pipe = stat.S_ISFIFO(os.fstat(fd).st_mode)
-                self._pipes[fd] = fcntl.fcntl(fd, _F_GETPIPE_SZ) if is_pipe else None
-            except OSError:
-                self._pipes[fd] = None
-        return self._pipes[fd]
-
-    def _start_writer(self, fd: int) -> None:
-        if self._writer is None or not self._writer.is_alive():
-            loop = asyncio.get_running_loop()
-            self._writer = threading.Thread(target=self._drain, args=(fd, loop), name="audit-stdout", daemon=True)
-            self._writer.start()
-
-    def _drain(self, fd: int, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
-            with self._wake:
-                while not self._queue:
-                    self._wake.wait()
-                data, done = self._queue[0]
-            try:
-                _write_all(fd, data)  # may block for as long as nobody reads: this thread only
-            except OSError:
-                pass  # stdout is gone; durable writers time out and fail closed
-            else:
-                if done is not None:
-                    loop.call_soon_threadsafe(_resolve, done)
-            with self._wake:
-                self._queue.popleft()
 
 
 def _fileno(stream: TextIO) -> int | None:
@@ -241,23 +198,10 @@ def _fileno(stream: TextIO) -> int | None:
     return fd
 
 
-def _unread(fd: int) -> int:
-    """Bytes written to the pipe that its reader has not read yet."""
-    return struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
 def _resolve(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
 
-
-_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 
 
 class RedisStreamSink:

@@ -24,7 +24,7 @@ import traceback
 from datetime import datetime, timezone
 from typing import Any, Iterator, TextIO
 
-from . import redaction
+from . import outlet, redaction
 
 _CONTEXT: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("toolproxy_log_context", default={})
 
@@ -113,11 +113,32 @@ def kv_value(text: str) -> str:
     return _KV_ESCAPE.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(text, ensure_ascii=False))
 
 
+class OutletHandler(logging.StreamHandler):
+    """A stream handler whose lines to a pipe go through the stream's ``outlet`` (never blocking the event
+    loop: a full pipe queues them, bounded, then drops them); other streams are written as usual."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fd = self.stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            fd = None
+        out = outlet.outlet(fd) if fd is not None else None
+        if out is None or not out.is_pipe:
+            super().emit(record)
+            return
+        try:
+            text = self.format(record) + self.terminator
+        except Exception:  # as logging.StreamHandler does
+            self.handleError(record)
+            return
+        out.write(text.encode("utf-8", "backslashreplace"))
+
+
 def configure(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler:
     """Install the one stderr handler on the root logger (replacing earlier ones)."""
     if fmt not in {"json", "kv"}:
         raise ValueError(f"log.format must be json or kv, not {fmt!r}")
-    handler = logging.StreamHandler(stream or sys.stderr)
+    handler = OutletHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     handler.addFilter(ContextFilter())
     root = logging.getLogger()

@@ -64,9 +64,11 @@ class LoggedProcess:
 
 
 class ProxyProcess(LoggedProcess):
-    def __init__(self, settings: Mapping[str, Any], *, stdout_pipe: bool = False) -> None:
+    def __init__(self, settings: Mapping[str, Any], *, stdout_pipe: bool = False,
+                 merge_stderr: bool = False) -> None:
         super().__init__("proxy.log")
         self.stdout_pipe = stdout_pipe  # stdout (the audit records) to a pipe the test reads, or never reads
+        self.merge_stderr = merge_stderr  # with stdout_pipe: the log lines (stderr) into that same pipe
         self.port, self.admin_port, self.ops_port = free_port(), free_port(), free_port()
         merged = {"listen.port": self.port, "admin.port": self.admin_port, "ops.port": self.ops_port,
                   "log.level": "info", "identity.mode": "static", **settings}
@@ -82,7 +84,8 @@ class ProxyProcess(LoggedProcess):
             self.proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, env=self.env,
                                          stdin=subprocess.DEVNULL,
                                          stdout=subprocess.PIPE if self.stdout_pipe else log,
-                                         stderr=log if self.stdout_pipe else subprocess.STDOUT)
+                                         stderr=subprocess.STDOUT if self.merge_stderr or not self.stdout_pipe
+                                         else log)
         return self
 
     async def ready(self, bound_s: float = 30.0) -> None:

@@ -212,9 +212,9 @@ async def test_at_the_cap_an_idle_connection_to_another_origin_gives_up_its_slot
         assert (await wire.post(a.url, b"{}")).body == b"{}"
         assert (await wire.post(b.url, b"{}")).body == b"[]"  # a's idle connection retired for b's
         assert (await wire.post(a.url, b"{}")).body == b"{}"
-        assert (a.connections, b.connections, wire._open) == (2, 1, 1)
+        assert (a.connections, b.connections, wire.open_connections) == (2, 1, 1)
         await asyncio.sleep(0.05)  # the retired connections' close reaches the wire: counted once only
-        assert wire._open == 1
+        assert wire.open_connections == 1
         await wire.close()
 
 
@@ -233,7 +233,7 @@ async def test_refused_connections_and_bad_header_values_send_nothing():
         await wire.post(f"http://127.0.0.1:{port}/", b"{}", [("X-Call-Id", "a\r\nX-Evil: 1")])
     with pytest.raises(ValueError):
         await wire.post("ftp://127.0.0.1/", b"{}")
-    assert wire._open == 0  # no connection counted for what was never opened
+    assert wire.open_connections == 0  # no connection counted for what was never opened
     await wire.close()
 
 
@@ -266,7 +266,7 @@ async def test_an_event_stream_is_fed_until_the_feed_has_its_event_and_a_refusal
         assert (got.status, got.event) == (200, "got it")
         refused = await wire.post(server.url, b"no", feed=Feed())
         assert (refused.status, refused.event) == (500, None)
-        assert wire._open == 0  # both connections closed (their streams were left unread)
+        assert wire.open_connections == 0  # both connections closed (their streams were left unread)
         await wire.close()
 
 
@@ -338,7 +338,7 @@ async def test_https_is_verified_against_the_system_trust_store(tmp_path, monkey
             with pytest.raises(OSError):  # a certificate no trusted CA signed: refused before a byte is sent
                 await refusing.post(url, b"{}", progress=untrusted)
             await asyncio.sleep(0.05)  # whatever the transport reports after the failed handshake has arrived
-            assert not untrusted.sent and refusing._open == 0
+            assert not untrusted.sent and refusing.open_connections == 0
             monkeypatch.setenv("SSL_CERT_FILE", str(ca))  # the trust store a deployment mounts
             wire = HttpWire()
             got = await wire.post(url, b"{}")

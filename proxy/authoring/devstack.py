@@ -27,7 +27,7 @@ from typing import Sequence
 from ..config import ConfigError, load_config
 from ..registry import RegistryError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # proxy/authoring/devstack.py -> the repository
 
 
 def find_binary(name: str) -> str:

@@ -601,14 +601,14 @@ TOOLS: dict[str, ToolSpec] = {
         "reservation_id": _string(r"^rsv_[A-Za-z0-9]+$", max_len=64), "sku": SKU, "quantity": _integer(1, 1000)},
         ("inventory:{sku}",)),
     "generate_report": ToolSpec(generate_report, True, {
-        "title": _string(max_len=200), "duration_ms": _integer(1, 600000)}),
+        "title": _string(max_len=200), "duration_ms": _integer(1, 600000)}, ("report:{title}",)),
     "send_email": ToolSpec(send_email, True, {
         "to": _string(r"^[^@\s]+@[^@\s]+$", max_len=254), "subject": _string(max_len=200),
-        "body": _string(max_len=5000)}),
+        "body": _string(max_len=5000)}, ("mailbox:{to}",)),
     "get_user_preferences": ToolSpec(get_user_preferences, False, {
         "user_ref": _string(r"^usr_[A-Za-z0-9]+$", max_len=64)}),
     "send_confirmation": ToolSpec(send_confirmation, True, {
-        "order_id": ORDER_ID, "channel": _enum("email", "sms")}),
+        "order_id": ORDER_ID, "channel": _enum("email", "sms")}, ("confirmation:{order_id}",)),
     "adjust_counter": ToolSpec(adjust_counter, True, {
         "counter": _string(r"^ctr_[A-Za-z0-9_]+$", max_len=64), "delta": _integer(-1000, 1000)},
         ("counter:{counter}",)),

@@ -20,7 +20,7 @@ from .policy.decisions import check_config as check_decisions_config
 from .event_loop import run_loop
 from .identity import HopProof, configuration_problem
 from .telemetry.logs import configure as configure_logging
-from .registry import Registry, RegistryError, load_registry
+from .registry import Registry, RegistryError, load_registry, notices
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -180,6 +180,8 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
         if tool.cancel_endpoint is not None:
             status += ", cancel endpoint"
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
+    for level, line in notices(registry):  # opt-outs of the key requirement, old defaults, service-wide writes
+        print(f"{level}: {line}")
     if previous:
         from .authoring.contract_diff import diff, same_version_breaks
         old = _registry_or_report(previous)

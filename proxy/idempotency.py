@@ -22,19 +22,29 @@ another):
   batch are distinct operations (two calls to one tool under one header never
   conflict) and the same batch sent again replays call by call; never the
   plan id alone, always scoped by the request's own identity.
-* a write with neither header (and a contract that does not require one):
-  a per-request key, ``(tenant, tool, a random nonce)``. It can never be
-  replayed — a retry is a new operation — but the call still has its
-  operation record, so its outcome can be unknown, tracked and reconciled,
-  and the backend still gets an ``Idempotency-Key`` to deduplicate on.
-* never the model's ``call_id`` (OpenAI or MCP), an MCP session or a JSON-RPC id.
+* else the front's ``retry_id`` (``RequestMeta.retry_id``): what that client
+  sends again when it retries, for fronts whose clients cannot send a header
+  — the OpenAI ``tool_call.id`` of the turn (a turn posted again carries the
+  same ids). The key is (tenant, subject, tool, contract version,
+  ``args_hash``, the front's id): the same call of the same turn is the same
+  operation, a re-planned turn (new ids) is a new one. (An MCP client sends
+  its key in ``params._meta["io.toolproxy/idempotency-key"]``, which the MCP
+  front reads as the header.)
+* a write with none of these: refused with ``idempotency_key_required``
+  (writes require a key by default, seed 000 §5.3 and §12), unless its
+  contract opted out with a stated reason (``idempotency: {required: false,
+  reason: ...}``): then a per-request key, ``(tenant, tool, a random nonce)``.
+  It can never be replayed — a retry is a new operation — but the call still
+  has its operation record, so its outcome can be unknown, tracked and
+  reconciled, and the backend still gets an ``Idempotency-Key``.
+* never the model's ``call_id`` on the JSON API, an MCP session or a JSON-RPC id.
 
 Which calls get a record: every write (so no write is ever sent while the
-state store is unreachable), and any tool whose contract says
-``idempotency.required`` (which also makes the identity mandatory:
-``idempotency_key_required``, before anything is sent). Reads without
-``required`` run without a record (they are safe to retry, and caching them
-would serve stale data).
+state store is unreachable), and any tool whose contract requires a key
+(every write unless it opted out; a read that says ``required: true``), which
+also makes the identity mandatory: ``idempotency_key_required``, before
+anything is sent. Reads without ``required`` run without a record (they are
+safe to retry, and caching them would serve stale data).
 
 A call authorized only by an approval already spent on this very operation
 (``replay_only_for``, see proxy/policy/authorize.py) is answered from the record
@@ -79,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("toolproxy.idempotency")
 
 KEY_PATTERN = r"^ik_[0-9a-f]{64}$"
+MCP_KEY_META = "io.toolproxy/idempotency-key"  # where an MCP client puts its key (params._meta), if no header
 TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored target summary
 
 
@@ -86,12 +97,12 @@ TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored ta
 class OperationKey:
     key: str            # ik_<sha256 hex>: what the backend receives as Idempotency-Key
     fingerprint: str    # must match for a key to be reused
-    source: str         # idempotency_key | run_id | request (a write without either: never replayable)
+    source: str         # idempotency_key | run_id | retry_id | request (an opted-out write: never replayable)
 
 
 def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str,
                idempotency_key: str | None, run_id: str | None,
-               plan_call_id: str | None = None) -> OperationKey | None:
+               plan_call_id: str | None = None, retry_id: str | None = None) -> OperationKey | None:
     """The operation key of a call, or None when the caller gave no stable identity."""
     fingerprint = _digest(["toolproxy.op/1", "fp", subject, tool_version, args_hash])
     scope = [] if plan_call_id is None else ["plan-call", plan_call_id]
@@ -101,6 +112,9 @@ def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_
     if run_id is not None:
         return OperationKey("ik_" + _digest(["toolproxy.op/1", "run", tenant, subject, tool, tool_version,
                                              args_hash, run_id, *scope]), fingerprint, "run_id")
+    if retry_id is not None:
+        return OperationKey("ik_" + _digest(["toolproxy.op/1", "retry", tenant, subject, tool, tool_version,
+                                             args_hash, retry_id, *scope]), fingerprint, "retry_id")
     return None
 
 
@@ -201,12 +215,18 @@ class IdempotencyStage:
         wanted = tool.is_write or tool.idempotency_required
         op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name, tool_version=tool.version,
                         args_hash=normalized.args_hash, idempotency_key=meta.idempotency_key,
-                        run_id=meta.run_id, plan_call_id=meta.plan_call_id) if wanted else None
+                        run_id=meta.run_id, plan_call_id=meta.plan_call_id,
+                        retry_id=meta.retry_id) if wanted else None
         if op is None and tool.idempotency_required:
             raise ProxyError("idempotency_key_required",
-                             "This tool needs a stable operation identity: send an Idempotency-Key "
-                             "(or the run/turn id as X-Run-Id).",
-                             details={"tool": tool.name}, phase="idempotency")
+                             "This tool has side effects and needs an operation key that a retry sends again, "
+                             "so a retry after an unknown outcome cannot repeat the effect; nothing was sent. "
+                             "Send an Idempotency-Key header (one value per business operation, the same on "
+                             "every retry), or the run/turn id as X-Run-Id; an MCP client may put the key in "
+                             f"params._meta[\"{MCP_KEY_META}\"].",
+                             details={"tool": tool.name, "send_one_of": ["Idempotency-Key", "X-Run-Id",
+                                                                          f"_meta.{MCP_KEY_META}"]},
+                             phase="idempotency")
         if op is None and tool.is_write:
             op = per_request_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name,
                                  tool_version=tool.version, args_hash=normalized.args_hash)
@@ -214,7 +234,8 @@ class IdempotencyStage:
 
     async def admit(self, op: OperationKey | None, *, caller: Caller, tool: ToolContract,
                     normalized: NormalizedCall, meta: "RequestMeta", call_id: str,
-                    replay_only_for: str | None = None, then: Then | None = None) -> Admission:
+                    replay_only_for: str | None = None, then: Then | None = None,
+                    marks: tuple[str, ...] = ()) -> Admission:
         """Reserve the operation key for this call, or say why it must not run now. With
         ``replay_only_for`` (the spent approval's id) nothing is reserved: the record's outcome or nothing.
         ``then`` (the pipeline's first lock attempt) runs in the same round trip once the key is reserved,
@@ -227,6 +248,8 @@ class IdempotencyStage:
                         "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
                         "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
                         "request_id": meta.request_id}
+        if marks:  # the resources this write freezes while its outcome is unknown (thawed when it settles)
+            record_meta["marks"] = list(marks)
         if tool.compensation is not None:  # what its compensation will need of the arguments, exactly
             record_meta["compensation_inputs"] = compensation_contract.inputs_of(tool.compensation,
                                                                                   normalized.arguments)
@@ -407,6 +430,11 @@ class IdempotencyStage:
         if remaining is not None:
             wait = min(wait, remaining - self._margin_s)
         return time.monotonic() + wait if wait > 0 else None
+
+
+def outcome_unknown(error: ProxyError | None, side_effect: SideEffect) -> bool:
+    """Whether a call's record ends UNKNOWN at commit (``finish_in``'s rule): sent, and no definite answer."""
+    return side_effect.committed is None and not (error is not None and not error.attempted)
 
 
 def _loads(text: str) -> dict[str, Any]:

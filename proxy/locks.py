@@ -75,7 +75,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterable, Sequence, TypeVar
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence, TypeVar
 from urllib.parse import quote, unquote
 
 
@@ -95,31 +95,48 @@ STALE_FENCING_CODE = "stale_fencing_token"  # a backend's 409 error code for a t
 GLOBAL_TAG = "*"  # never a percent-encoded tenant, so it cannot collide with one
 
 # KEYS[1] fencing counter, KEYS[2..] resource hashes (sorted).
-# ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waiter-intent ms, ARGV[2+i] mode ('s'|'x') of KEYS[i].
+# ARGV[1] owner, ARGV[2] lease ms, ARGV[3] waiter-intent ms, ARGV[4] the call's operation key ('' for none),
+# ARGV[5] '1' if the call writes, ARGV[4+i] mode ('s'|'x') of KEYS[i].
 # Reply: {1, token|-1, lease ms} when every resource was taken; {0, i, ...} (1-based
-# indexes into the resource list of the busy ones) when nothing was taken.
+# indexes into the resource list of the busy ones) when nothing was taken; {2, operation key, i} when a
+# write meets the freeze mark of another operation whose outcome is not settled (nothing taken).
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease, intent = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local me_h, me_w = 'h:' .. owner, 'w:' .. owner
+local writes = ARGV[5] == '1'
+local me_h, me_w, me_u = 'h:' .. owner, 'w:' .. owner, 'u:' .. ARGV[4]
+local function marked(key)  -- a freeze mark keeps the hash (no expiry) until it is thawed
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(f, 1, 2) == 'u:' then return true end
+  end
+  return false
+end
 local function extend(key, ms)
-  if redis.call('PTTL', key) < ms then redis.call('PEXPIRE', key, ms) end
+  local ttl = redis.call('PTTL', key)
+  if ttl == -1 and marked(key) then return end
+  if ttl < ms then redis.call('PEXPIRE', key, ms) end
 end
 local blocked, exclusive = {}, false
 for i = 2, #KEYS do
-  local key, mode = KEYS[i], ARGV[i + 2]
+  local key, mode = KEYS[i], ARGV[i + 4]
   if mode == 'x' then exclusive = true end
   local fields = redis.call('HGETALL', key)
   local busy = false
   for j = 1, #fields, 2 do
     local f, v = fields[j], fields[j + 1]
-    local kind, expiry = string.match(v, '^(%a):(%d+)')
-    if expiry == nil or tonumber(expiry) <= now then
-      redis.call('HDEL', key, f)
-    elseif f ~= me_h and f ~= me_w then
-      if kind == 'x' or (mode == 'x' and kind == 's') or (mode == 's' and kind == 'w') then
-        busy = true
+    if string.sub(f, 1, 2) == 'u:' then
+      -- A freeze mark: an operation on this resource has an unknown outcome. A write of another operation
+      -- is refused (the caller looks the operation up); reads go on.
+      if writes and f ~= me_u then return {2, string.sub(f, 3), i - 1} end
+    else
+      local kind, expiry = string.match(v, '^(%a):(%d+)')
+      if expiry == nil or tonumber(expiry) <= now then
+        redis.call('HDEL', key, f)
+      elseif f ~= me_h and f ~= me_w then
+        if kind == 'x' or (mode == 'x' and kind == 's') or (mode == 's' and kind == 'w') then
+          busy = true
+        end
       end
     end
   end
@@ -127,7 +144,7 @@ for i = 2, #KEYS do
 end
 if #blocked > 0 then
   for i = 2, #KEYS do
-    if ARGV[i + 2] == 'x' then
+    if ARGV[i + 4] == 'x' then
       redis.call('HSET', KEYS[i], me_w, 'w:' .. string.format('%d', now + intent))
       extend(KEYS[i], intent)
     end
@@ -151,7 +168,7 @@ end
 local value_tail = ':' .. string.format('%d', now + lease) .. ':' .. string.format('%d', math.max(token, 0))
 for i = 2, #KEYS do
   redis.call('HDEL', KEYS[i], me_w)
-  redis.call('HSET', KEYS[i], me_h, ARGV[i + 2] .. value_tail)
+  redis.call('HSET', KEYS[i], me_h, ARGV[i + 4] .. value_tail)
   extend(KEYS[i], lease)
 end
 return {1, token, lease}
@@ -170,22 +187,73 @@ for i = 1, #KEYS do
   if expiry == nil or tonumber(expiry) <= now then return 0 end
   values[i] = mode .. ':' .. string.format('%d', now + lease) .. ':' .. token
 end
+local function marked(key)
+  for _, f in ipairs(redis.call('HKEYS', key)) do
+    if string.sub(f, 1, 2) == 'u:' then return true end
+  end
+  return false
+end
 for i = 1, #KEYS do
   redis.call('HSET', KEYS[i], me_h, values[i])
-  if redis.call('PTTL', KEYS[i]) < lease then redis.call('PEXPIRE', KEYS[i], lease) end
+  local ttl = redis.call('PTTL', KEYS[i])
+  if ttl < lease and not (ttl == -1 and marked(KEYS[i])) then redis.call('PEXPIRE', KEYS[i], lease) end
 end
 return 1
 """
 
-# KEYS resource hashes; ARGV[1] owner. Drops the owner's holder and waiter fields.
+# KEYS resource hashes; ARGV[1] owner, ARGV[2] operation key to freeze resources for ('' for none: the
+# outcome is known), ARGV[3] now ms, ARGV[3+i] '1' to freeze KEYS[i] (the call's exclusive resources).
+# Drops the owner's holder and waiter fields; sets the operation's freeze mark (``u:<key>``, no expiry: the
+# hash stays until the mark is thawed) on the resources to freeze.
 _RELEASE = """
 local removed = 0
 for i = 1, #KEYS do
   removed = removed + redis.call('HDEL', KEYS[i], 'h:' .. ARGV[1], 'w:' .. ARGV[1])
-  if redis.call('HLEN', KEYS[i]) == 0 then redis.call('DEL', KEYS[i]) end
+  if ARGV[2] ~= '' and ARGV[3 + i] == '1' then
+    redis.call('HSET', KEYS[i], 'u:' .. ARGV[2], ARGV[3])
+    redis.call('PERSIST', KEYS[i])
+  elseif redis.call('HLEN', KEYS[i]) == 0 then
+    redis.call('DEL', KEYS[i])
+  end
 end
 return removed
 """
+
+# KEYS resource hashes; ARGV[1] operation key, ARGV[2] lease ms. Thaws: drops that operation's freeze mark
+# (its outcome settled); a hash left without marks expires again like any lock. Returns the marks dropped.
+_THAW = """
+local removed = 0
+for i = 1, #KEYS do
+  removed = removed + redis.call('HDEL', KEYS[i], 'u:' .. ARGV[1])
+  if redis.call('HLEN', KEYS[i]) == 0 then
+    redis.call('DEL', KEYS[i])
+  elseif redis.call('PTTL', KEYS[i]) == -1 then
+    local marked = false
+    for _, f in ipairs(redis.call('HKEYS', KEYS[i])) do
+      if string.sub(f, 1, 2) == 'u:' then marked = true break end
+    end
+    if not marked then redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[2])) end
+  end
+end
+return removed
+"""
+
+
+class Frozen(ProxyError):
+    """A write met the freeze mark of another operation whose outcome was not settled when it was last seen
+    (``operation``, on ``resource``). The pipeline checks that operation's record: still open, the call is
+    refused (``operation_unknown``); settled, the mark is thawed and the lock taken again."""
+
+    def __init__(self, operation: str, resource: str) -> None:
+        super().__init__("operation_unknown",
+                         "A resource this write needs is frozen: an earlier operation on it has an unknown "
+                         "outcome. Nothing was sent; no other write runs there until it is reconciled or an "
+                         "operator resolves it.",
+                         details={"blocking_operation": operation, "resource": resource,
+                                  "status": f"/v1/operations/{operation}"},
+                         phase="lock", attempted=False, committed=False)
+        self.operation = operation
+        self.resource = resource
 
 
 @dataclass(frozen=True)
@@ -252,6 +320,7 @@ class LockPlan:
     mode: str  # "exclusive" | "shared" (the lock-wait metric's label)
     tool: str
     is_write: bool
+    operation: str | None = None  # the call's operation key: its freeze mark on the exclusive resources
 
 
 class LockManager:
@@ -267,6 +336,7 @@ class LockManager:
         self._acquire = store.script(redis, "locks.acquire", _ACQUIRE)
         self._renew = store.script(redis, "locks.renew", _RENEW)
         self._release = store.script(redis, "locks.release", _RELEASE)
+        self._thaw = store.script(redis, "locks.thaw", _THAW)
 
     def domain(self, tenant: str) -> str:
         return domain(self._config.scope, tenant)
@@ -286,10 +356,11 @@ class LockManager:
         config = self._config
         owner = Holder(tenant=tenant, tool=tool, operation=operation, request_id=request_id).owner()
         keys = lock_keys(self._prefix, config.scope, tenant, [r.id for r in wanted])
-        args: list[Any] = [owner, config.lease_ms, 3 * config.poll_max_ms] + \
+        args: list[Any] = [owner, config.lease_ms, 3 * config.poll_max_ms, operation or "", int(is_write)] + \
             ["x" if r.access == "exclusive" else "s" for r in wanted]
         mode = "exclusive" if any(r.access == "exclusive" for r in wanted) else "shared"
-        return LockPlan(wanted=wanted, owner=owner, keys=keys, args=args, mode=mode, tool=tool, is_write=is_write)
+        return LockPlan(wanted=wanted, owner=owner, keys=keys, args=args, mode=mode, tool=tool, is_write=is_write,
+                        operation=operation)
 
     def attempt(self, plan: "LockPlan") -> store.Then:
         """One try at taking the plan's whole set, for another stage's round trip (``granted`` reads its reply)."""
@@ -301,13 +372,53 @@ class LockManager:
             return None
         self._metrics.child(self._metrics.lock_wait, plan.mode).observe(time.monotonic() - started)
         lease = Lease(self, owner=plan.owner, keys=plan.keys[1:], resources=plan.wanted, tool=plan.tool,
-                      is_write=plan.is_write, fencing_token=int(reply[1]), valid_until=sent + self._safe_lease_s())
+                      is_write=plan.is_write, fencing_token=int(reply[1]), valid_until=sent + self._safe_lease_s(),
+                      operation=plan.operation)
         lease.start()
         return lease
 
     async def forget(self, plan: "LockPlan") -> None:
-        """Drop whatever the plan's owner may hold or wait for (its attempt's reply was lost or not used)."""
-        await self._forget(plan.keys[1:], plan.owner)
+        """Drop whatever the plan's owner may hold or wait for, its freeze mark included (its attempt's reply
+        was lost or not used: nothing was sent under it)."""
+        await self._forget(plan.keys[1:], plan.owner, None)
+
+    async def thaw_settled(self, operation: str, meta: Mapping[str, Any]) -> None:
+        """Thaw what a settled operation froze (its record's ``marks``, in its tenant's domain). Errors are only
+        logged: a write that meets a mark left behind checks the operation and thaws it then."""
+        marks, tenant = meta.get("marks"), meta.get("tenant")
+        if not marks or not isinstance(tenant, str):
+            return
+        try:
+            await self.thaw(tenant, [str(m) for m in marks], operation)
+        except store.StoreError as exc:
+            log.warning("could not thaw the resources of settled operation %s (%s); the next write there will",
+                        operation, type(exc).__name__)
+
+    async def freeze_unknown(self, operation: str, meta: Mapping[str, Any]) -> None:
+        """Freeze what an operation whose outcome became unknown without its proxy wrote (its record's
+        ``marks``). Errors are logged: the reconciler's answer stands; a write there then runs unfrozen."""
+        marks, tenant = meta.get("marks"), meta.get("tenant")
+        if not marks or not isinstance(tenant, str):
+            return
+        try:
+            await self.freeze(tenant, [str(m) for m in marks], operation)
+        except store.StoreError as exc:
+            log.warning("could not freeze the resources of unknown operation %s (%s)", operation, type(exc).__name__)
+
+    async def freeze(self, tenant: str, resource_ids: Sequence[str], operation: str) -> None:
+        """Mark an operation's resources frozen (its outcome became unknown without its proxy: a lease that ran
+        out). Idempotent."""
+        if resource_ids:
+            keys = lock_keys(self._prefix, self._config.scope, tenant, sorted(set(resource_ids)))[1:]
+            await store.redis_call(self._release(keys=keys, args=["", operation, _now_ms(), *("1" * len(keys))]))
+
+    async def thaw(self, tenant: str, resource_ids: Sequence[str], operation: str) -> int:
+        """Drop an operation's freeze marks (its outcome settled: reconciled, resolved by an operator, or found
+        settled by a write it blocked). Idempotent; marks already gone count 0."""
+        if not resource_ids:
+            return 0
+        keys = lock_keys(self._prefix, self._config.scope, tenant, sorted(set(resource_ids)))[1:]
+        return int(await store.redis_call(self._thaw(keys=keys, args=[operation, self._config.lease_ms])))
 
     async def acquire(self, resources: Sequence[ResourceRef], *, tenant: str, tool: str, is_write: bool,
                       deadline: Deadline, while_waiting: Callable[[], Awaitable[None]] | None = None,
@@ -343,6 +454,9 @@ class LockManager:
                 lease = self.granted(plan, reply, sent=sent, started=started)
                 if lease is not None:
                     return lease
+                if int(reply[0]) == 2:
+                    operation = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
+                    raise Frozen(operation, plan.wanted[int(reply[2]) - 1].id)
                 now = time.monotonic()
                 if now >= until:
                     busy = [plan.wanted[int(i) - 1].id for i in reply[1:]]
@@ -411,10 +525,13 @@ class LockManager:
         lease = self._config.lease_ms / 1000.0
         return lease - max(0.005, lease * 0.02)
 
-    async def _forget(self, keys: list[str], owner: str) -> None:
-        """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires)."""
+    async def _forget(self, keys: list[str], owner: str, freeze: str | None,
+                      marks: Sequence[str] | None = None) -> None:
+        """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires).
+        ``freeze``: the operation whose outcome is unknown, marked on every resource (None: known)."""
         try:
-            await asyncio.shield(store.translated(self._release(keys=keys, args=[owner])))
+            await asyncio.shield(store.translated(self._release(keys=keys, args=[owner, freeze or "", _now_ms(),
+                                                                                 *(marks or ())])))
         except (store.StoreError, OSError) as exc:
             log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
                         type(exc).__name__)
@@ -426,8 +543,10 @@ class Lease:
     """A held lock set: renewed by a timer until released or lost."""
 
     def __init__(self, manager: LockManager, *, owner: str, keys: list[str], resources: tuple[ResourceRef, ...],
-                 tool: str, is_write: bool, fencing_token: int | None, valid_until: float) -> None:
+                 tool: str, is_write: bool, fencing_token: int | None, valid_until: float,
+                 operation: str | None = None) -> None:
         self._manager = manager
+        self.operation = operation
         self.owner = owner
         self.keys = keys
         self.resources = resources
@@ -545,15 +664,17 @@ class Lease:
                                    "backend_code": STALE_FENCING_CODE},
                           phase="lock", attempted=True, committed=False, retryable=True, resolution="retry_same_key")
 
-    async def release(self) -> None:
-        """Stop renewing and drop the locks; safe to call twice and under cancellation."""
+    async def release(self, *, unknown: bool = False) -> None:
+        """Stop renewing and drop the locks; safe to call twice and under cancellation. ``unknown``: the
+        call's outcome is unknown, so its freeze marks stay (no other write runs on its resources until the
+        operation settles: seed 004 §5)."""
         if self._released:
             return
         self._stop_renewing()
-        await self._manager._forget(self.keys, self.owner)
+        await self._manager._forget(self.keys, self.owner, self._frozen_by(unknown), self._marks())
         await self.renewer_stopped()
 
-    def release_in(self, trip: store.RoundTrip) -> None:
+    def release_in(self, trip: store.RoundTrip, *, unknown: bool = False) -> None:
         """``release`` as one step of the commit stage's round trip; errors only logged (the lease expires).
         Await ``renewer_stopped`` after the trip is sent."""
         if self._released:
@@ -565,7 +686,16 @@ class Lease:
                 log.warning("could not release locks of owner %s (%s); they expire with their lease", self.owner,
                             type(reply).__name__)
 
-        trip.add(self._manager._release, self.keys, [self.owner], released)
+        trip.add(self._manager._release, self.keys,
+                 [self.owner, self._frozen_by(unknown) or "", _now_ms(), *self._marks()], released)
+
+    def _marks(self) -> list[str]:
+        """Per key of the lease, "1" where a freeze would mark it (the exclusive resources)."""
+        return ["1" if r.access == "exclusive" else "0" for r in self.resources]
+
+    def _frozen_by(self, unknown: bool) -> str | None:
+        """The operation a release freezes the exclusive resources for: a write's, when its outcome is unknown."""
+        return self.operation if unknown and self.is_write and self.operation else None
 
     def _stop_renewing(self) -> None:
         self._released = True
@@ -578,6 +708,11 @@ class Lease:
     async def renewer_stopped(self) -> None:
         if self._renewer is not None and not self._renewer.done():
             await asyncio.gather(self._renewer, return_exceptions=True)
+
+
+def _now_ms() -> int:
+    """When a freeze mark was set (informational: the mark never expires)."""
+    return int(time.time() * 1000)
 
 
 def _abandon(awaitable: Awaitable[Any]) -> None:

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from . import envelope
 from .telemetry import logs
@@ -29,20 +29,22 @@ from .output_filter import NO_POLICY
 from .state_guard import carry_if_match
 from .errors import ProxyError, SideEffect
 from .identity import Caller
-from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError
-from .locks import Lease, LockManager, LockPlan
+from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError, outcome_unknown
+from .locks import Frozen, Lease, LockManager, LockPlan
 from .telemetry.metrics import Metrics
-from .normalize import NormalizedCall, normalize
+from .normalize import NormalizedCall, ResourceRef, normalize
 from .policy.client import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
-from .registry import Registry, ToolContract
-from .store import RoundTrip
+from .registry import Registry, ToolContract, service_resource
+from .store import RoundTrip, StoreError, unavailable
 from .transactions.unknowns import UnknownIndex
 from .verify import verify_output
 from .versions import VersionResolver, deprecation, deprecation_headers
 
 log = logging.getLogger("toolproxy.pipeline")
+FREEZING_STATES = ("UNKNOWN", "NEEDS_TAKEOVER", "IN_PROGRESS")  # a mark of an operation in these stays
+FROZEN_RETRIES = 4  # marks thawed (their operations settled) before a call gives up on a resource
 
 
 @dataclass
@@ -122,7 +124,7 @@ class Pipeline:
                 return await self._execute(state)
             finally:  # whatever escaped (a bug included), held locks never outlive the call
                 if state.lease is not None and not state.lease.released:
-                    await asyncio.shield(state.lease.release())
+                    await asyncio.shield(state.lease.release(unknown=state.sent))
                 self.cancellations.finished(state.admission.key)
 
     async def _execute(self, state: CallState) -> CallResult:
@@ -167,8 +169,8 @@ class Pipeline:
                 error=error, side_effect=env.side_effect, call_id=state.request.call_id,
                 request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
                 evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
-            if state.lease is not None:
-                state.lease.release_in(trip)
+            if state.lease is not None:  # an unknown outcome keeps its resources frozen (seed 004 §5)
+                state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
             if trip:  # (shielding costs a task: only when there is something to send)
                 await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
             if state.lease is not None:
@@ -213,7 +215,7 @@ class Pipeline:
         """Cancelled mid-call: release the reservation if nothing was sent, else the outcome is unknown;
         release the locks."""
         if state.lease is not None:
-            await state.lease.release()
+            await state.lease.release(unknown=state.sent)
         if state.tool is not None:
             await self._idempotency.interrupted(state.admission, tool=state.tool, sent=state.sent)
         await self._quotas.finish(state.quota, sent=False, error=None)  # a cancelled call teaches the breaker nothing
@@ -221,9 +223,10 @@ class Pipeline:
     async def _run(self, state: CallState) -> Any:
         """The stage list of one call, in order; each step below is one or two stages."""
         tool, normalized = await self._resolve_decode_normalize(state)
+        self._enough_budget(tool, state.request.meta)  # a call that cannot finish is not started (nor approved)
         op = self._identify(state, tool, normalized)
         auth = await self._authorize(state, tool, normalized, op)
-        plan = self._locks.plan(normalized.resources, tenant=state.caller.tenant, tool=tool.name,
+        plan = self._locks.plan(lock_resources(tool, normalized), tenant=state.caller.tenant, tool=tool.name,
                                 is_write=tool.is_write, operation=op.key if op else None,
                                 request_id=state.request.meta.request_id)
         admission = await self._reserve(state, tool, normalized, op, auth, plan)
@@ -286,7 +289,8 @@ class Pipeline:
                 admission = state.admission = await self._idempotency.admit(
                     op, caller=state.caller, tool=tool, normalized=normalized, meta=meta,
                     call_id=state.request.call_id, replay_only_for=auth.approval_id if auth.replay_only else None,
-                    then=first_attempt)
+                    then=first_attempt, marks=tuple(r.id for r in plan.wanted if r.access == "exclusive")
+                    if plan is not None and tool.is_write else ())
             except BaseException as exc:  # the attempt may have taken the set before the reply was lost
                 if plan is not None and first_attempt is not None and _reply_unknown(exc):
                     await self._locks.forget(plan)
@@ -309,12 +313,54 @@ class Pipeline:
 
         with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
             if state.lease is None:
-                state.lease = await self._locks.acquire_planned(
-                    plan, deadline=meta.deadline, while_waiting=keep_reservation,
-                    keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+                state.lease = await self._acquire(state, plan, keep_reservation)
             lease = state.lease
         # The lease is released on every path: with the outcome record at commit, or on cancellation.
         return await self._run_locked(state, tool, normalized, admission, lease)
+
+    async def _acquire(self, state: CallState, plan: LockPlan | None,
+                       keep_reservation: Callable[[], Awaitable[None]]) -> Lease | None:
+        """Lock stage: take the plan's set. A write that meets the freeze mark of an operation whose outcome is
+        unknown (or in takeover) is refused with ``operation_unknown`` naming it; a mark whose operation has
+        settled since (its thaw was lost) is thawed here and the set taken again."""
+        meta = state.request.meta
+        for _ in range(FROZEN_RETRIES):
+            try:
+                return await self._locks.acquire_planned(
+                    plan, deadline=meta.deadline, while_waiting=keep_reservation,
+                    keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
+            except Frozen as frozen:
+                try:
+                    record = await self._idempotency.store.get(frozen.operation)
+                except StoreError:
+                    raise unavailable("The operation store is unreachable; nothing was sent.", phase="lock") from None
+                if record is not None and record.state in FREEZING_STATES:
+                    self._metrics.child(self._metrics.frozen_refusals,
+                                        state.tool.name if state.tool else "unknown").inc()
+                    frozen.details["state"] = record.state
+                    raise frozen
+                log.info("thawing %s on %s: the operation is %s", frozen.operation, frozen.resource,
+                         record.state if record else "gone")
+                try:
+                    await self._locks.thaw(state.caller.tenant, [frozen.resource], frozen.operation)
+                except StoreError:
+                    raise unavailable("The lock store is unreachable; nothing was sent.", phase="lock") from None
+        raise ProxyError("resource_busy", "A resource this call needs stays frozen; nothing was sent.",
+                         phase="lock", attempted=False, committed=False)
+
+    def _enough_budget(self, tool: ToolContract, meta: RequestMeta) -> None:
+        """Seed 001 §3.3 (DeadlineValid): a call with less than the contract's ``min_budget_ms`` left is answered
+        ``timeout_not_started`` and never sent, rather than sent to become ``timeout_unknown`` by the proxy's
+        own doing."""
+        if meta.deadline.remaining() is None:
+            return
+        budget_ms = int(meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s) * 1000)
+        if budget_ms < tool.min_budget_ms:
+            raise ProxyError("timeout_not_started", "Too little of the deadline is left for this call to finish; "
+                             "it was not sent. Retry with a longer deadline (the same key).",
+                             details={"tool": tool.name, "budget_ms": max(budget_ms, 0),
+                                      "min_budget_ms": tool.min_budget_ms},
+                             phase="schedule", attempted=False, committed=False)
 
     async def preflight(self, request: ToolCallRequest, caller: Caller) -> ProxyError | None:
         """The checks an ``all_or_nothing`` batch makes of every call before any runs: resolve, decode,
@@ -355,6 +401,7 @@ class Pipeline:
             if signal is not None and signal.is_set():
                 raise ProxyError("cancelled", "The caller cancelled the call before it was sent.",
                                  attempted=False, committed=False)
+            self._enough_budget(tool, meta)  # again: the lock wait and the stages before took their time
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
             sending = self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
@@ -458,6 +505,14 @@ class _Stage:
 
     def __exit__(self, *exc: Any) -> None:
         self._state.timing.stage(self._name, time.monotonic() - self._started)
+
+
+def lock_resources(tool: ToolContract, normalized: NormalizedCall) -> tuple[ResourceRef, ...]:
+    """What a call locks: its resources, plus its service's lock where the service has a write that declares
+    no resources (``ToolContract.service_lock``: that write exclusively, every other write shared)."""
+    if tool.service_lock == "none":
+        return normalized.resources
+    return (*normalized.resources, ResourceRef(service_resource(tool), tool.service_lock))
 
 
 def _reply_unknown(exc: BaseException) -> bool:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
@@ -38,6 +38,10 @@ from .wire.schema_fast import FastValidator
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 KEY_PLACEHOLDER = "{key}"  # where a status endpoint wants the operation key
+# A call with less budget left is not sent (seed 001 §3.3 DeadlineValid): even a nearby backend's answer rarely
+# makes it back in under 100 ms over a real network, and a write sent anyway would become timeout_unknown
+# through the proxy's own doing. Capped at the tool's timeout_ms; a contract may set its own.
+DEFAULT_MIN_BUDGET_MS = 100
 
 
 class RegistryError(Exception):
@@ -102,8 +106,12 @@ class ToolContract:
     backend: Backend
     resources: tuple[ResourceTemplate, ...] = ()
     idempotency_required: bool = False
+    idempotency_reason: str | None = None     # why a write runs without a key a retry reproduces (opt-out)
+    idempotency_declared: bool = True         # False: ``required`` left to the default (start-up notice)
     retention_seconds: int = 86400
     timeout_ms: int = 10000
+    min_budget_ms: int = DEFAULT_MIN_BUDGET_MS  # less budget left than this: not sent (timeout_not_started)
+    service_lock: str = "none"  # a write's lock on its whole service: exclusive | shared | none (``Registry``)
     status_endpoint: Endpoint | None = None
     cancel_endpoint: Endpoint | None = None   # POSTed with the call's Idempotency-Key to cancel it (sent calls)
     compensation: CompensationSpec | None = None  # how a committed effect is compensated (docs/transactions.md)
@@ -124,6 +132,17 @@ class ToolContract:
     @property
     def is_write(self) -> bool:
         return self.mode == "write"
+
+    @property
+    def keyless_write(self) -> bool:
+        """A write whose contract opted out of the key requirement (with its stated reason)."""
+        return self.is_write and not self.idempotency_required
+
+    @property
+    def service_wide(self) -> bool:
+        """A write that declares no lockable resource: it conflicts with every write of its service (seed 001
+        §2.2, "when in doubt, no parallelism"), as if it wrote the whole service."""
+        return self.is_write and not any(r.access in ("shared", "exclusive") for r in self.resources)
 
     @property
     def declares_output(self) -> bool:
@@ -175,7 +194,7 @@ class Registry:
     def __init__(self, tools: Iterable[ToolContract], services: Mapping[str, ServicePolicy] | None = None) -> None:
         self.services: Mapping[str, ServicePolicy] = MappingProxyType(dict(services or {}))
         by_name: dict[str, dict[str, ToolContract]] = {}
-        for tool in tools:
+        for tool in _with_service_locks(list(tools)):
             versions = by_name.setdefault(tool.name, {})
             if tool.version in versions:
                 raise RegistryError(
@@ -229,6 +248,20 @@ class Registry:
         return tool
 
 
+def _with_service_locks(tools: list[ToolContract]) -> list[ToolContract]:
+    """Each write's ``service_lock``: a write that declares no resources locks its whole service exclusively
+    (seed 001 §2.2: when in doubt, no parallelism), so every other write of a service that has such a write
+    takes that service lock shared. Services without one pay nothing."""
+    wide = {t.backend_name for t in tools if t.service_wide}
+    return [replace(t, service_lock="exclusive" if t.service_wide else "shared")
+            if t.is_write and t.backend_name in wide else t for t in tools]
+
+
+def service_resource(tool: ToolContract) -> str:
+    """The lock resource id standing for a write's whole service (``@`` never starts a template's id)."""
+    return f"@service:{tool.backend_name}"
+
+
 def _defaults(tools: Mapping[str, Mapping[str, ToolContract]]) -> Mapping[str, ToolContract]:
     """Per tool name, the newest active version, else the newest deprecated one (none: retired)."""
     found: dict[str, ToolContract] = {}
@@ -259,6 +292,31 @@ class LiveRegistry(Registry):
         # A call sees the old tool set or the new one, never a mix; the services' defaults follow.
         self._tools, self._defaults = registry._tools, registry._defaults
         self.services = registry.services
+
+
+def notices(registry: Registry) -> list[tuple[str, str]]:
+    """What a registry relies on that an operator should know, as (level, line): writes that left the key
+    requirement to the default (they require a key since the default changed), writes that opted out (with
+    their reason), and writes without resources (serialized with every write of their service). Logged at
+    start-up and printed by ``check-registry``."""
+    found: list[tuple[str, str]] = []
+    for tool in registry.all():
+        if not tool.callable or not tool.is_write:
+            continue
+        label = f"{tool.name} {tool.version} ({tool.source})"
+        if not tool.idempotency_declared:
+            found.append(("warning", f"{label}: a write with no idempotency.required setting now requires a key "
+                                     f"(the default changed: a retry must reproduce it); callers send an "
+                                     f"Idempotency-Key or X-Run-Id, else the call is refused with "
+                                     f"idempotency_key_required. To keep running keyless, state why: "
+                                     f"idempotency: {{required: false, reason: ...}}"))
+        if tool.keyless_write:
+            found.append(("opt-out", f"{label}: runs without a key a retry reproduces: {tool.idempotency_reason}"))
+        if tool.service_wide:
+            found.append(("warning", f"{label}: a write that declares no resources conflicts with every write of "
+                                     f"service {tool.backend_name!r}: it never runs beside them (declare the "
+                                     f"resources it writes to let unrelated writes run in parallel)"))
+    return found
 
 
 def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
@@ -428,6 +486,16 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         raise RegistryError(f"{where} at $.tools[{index}].state_guard.argument: {guard['argument']!r} is not a "
                             f"required property of inputSchema")
     idem = raw.get("idempotency", {})
+    required = idem.get("required", raw["mode"] == "write")
+    if raw["mode"] == "write" and not required and not idem.get("reason"):
+        raise RegistryError(f"{where} at $.tools[{index}].idempotency: a write opts out of the key requirement "
+                            f"only with a stated reason (idempotency: {{required: false, reason: ...}}); without "
+                            f"a key a retry after an unknown outcome repeats the effect")
+    timeout_ms = raw.get("timeout_ms", 10000)
+    min_budget_ms = raw.get("min_budget_ms", min(DEFAULT_MIN_BUDGET_MS, timeout_ms))
+    if min_budget_ms > timeout_ms:
+        raise RegistryError(f"{where} at $.tools[{index}].min_budget_ms: {min_budget_ms} exceeds timeout_ms "
+                            f"{timeout_ms} (no call could ever be sent)")
     backend = raw["backend"]
     status = raw.get("status_endpoint")
     cancel = raw.get("cancel_endpoint")
@@ -442,9 +510,12 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
                         path=backend.get("path"), tool=backend.get("tool")),
         resources=tuple(resources),
-        idempotency_required=idem.get("required", False),
+        idempotency_required=required,
+        idempotency_reason=idem.get("reason"),
+        idempotency_declared="required" in idem,
         retention_seconds=idem.get("retention_seconds", 86400),
-        timeout_ms=raw.get("timeout_ms", 10000),
+        timeout_ms=timeout_ms,
+        min_budget_ms=min_budget_ms,
         status_endpoint=Endpoint(url=status.get("url"), service=status.get("service"),
                                  path=status.get("path")) if status else None,
         cancel_endpoint=Endpoint(url=cancel.get("url"), service=cancel.get("service"),

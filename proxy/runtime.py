@@ -44,7 +44,7 @@ from .pipeline import Pipeline
 from .policy.client import PolicyClient
 from .quotas import QuotaStage
 from .transactions.reconcile import Reconciler
-from .registry import LiveRegistry, Registry, load_registry
+from .registry import LiveRegistry, Registry, load_registry, notices
 from .registry_reload import RegistryReloader
 from .batch.scheduler import Scheduler
 from .store import key
@@ -105,11 +105,23 @@ def check_key_layout(config: Config) -> None:
                           **approvals_module.script_key_sets(prefix)})
 
 
+def log_notices(registry: Registry) -> None:
+    """What the registry relies on, at start-up (``registry.notices``): writes that now require a key because
+    the default changed (a warning each, with how to opt out), the opt-outs with their reasons, and writes
+    serialized with their whole service for declaring no resources."""
+    for level, line in notices(registry):
+        if level == "warning":
+            log.warning("registry: %s", line)
+        else:
+            log.info("registry: idempotency opt-out: %s", line)
+
+
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
     """Open everything the process shares. If any step fails, what was already opened is closed
     again (no unclosed session or pool, no reconciler left running) and the error goes on."""
     check_key_layout(config)
     registry = LiveRegistry(registry or load_registry(config.registry.paths))
+    log_notices(registry)
     async with contextlib.AsyncExitStack() as opened:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.backends.pool_size),
@@ -163,7 +175,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             margin_s=config.deadline.margin_ms / 1000.0)
         reconciler = Reconciler(store=operations, registry=registry, session=session,
                                 services=config.backends.services, config=config.reconcile, metrics=metrics,
-                                audit=audit, max_json_depth=config.decode.max_depth)
+                                audit=audit, max_json_depth=config.decode.max_depth, locks=locks)
         cancellations = Cancellations(config=config.cancellation, store=operations, adapters=adapters, audit=audit,
                                       metrics=metrics, redis=redis, registry=registry,
                                       channel=key(config.redis.key_prefix, "cancel", "all"))

@@ -37,9 +37,10 @@ SEED_EXAMPLE = [  # seed 001 section 7: A, B, C read in parallel; D after them; 
 
 
 async def batch(stack: Stack, calls: list[dict[str, Any]], *, headers: Mapping[str, str] | None = None,
-                run_id: str | None = "run_7.turn_1") -> tuple[int, dict[str, Any]]:
+                run_id: str | None = "run_7.turn_1", order: str | None = None) -> tuple[int, dict[str, Any]]:
     sent = {**({"X-Run-Id": run_id} if run_id else {}), **(headers or {})}
-    status, body = await stack.post("/v1/tool-calls:batch", {"calls": calls}, headers=sent)
+    request: dict[str, Any] = {"calls": calls, **({"order": order} if order else {})}
+    status, body = await stack.post("/v1/tool-calls:batch", request, headers=sent)
     if status == 200:
         errors = [(list(e.absolute_path), e.message) for e in _RESPONSE.iter_errors(body)]
         assert not errors, errors
@@ -169,7 +170,12 @@ async def test_writes_to_one_resource_never_overlap_and_apply_in_plan_order(prox
                   {"call_id": "reserve", "tool": "reserve_inventory",
                    "arguments": {"sku": "sku_gadget", "quantity": 3, "order_id": "ord_1002"}},
                   {"call_id": "stock_after", "tool": "get_inventory", "arguments": {"sku": "sku_gadget"}}]
-        status, body = await batch(stack, calls)
+        status, body = await batch(stack, calls)  # the writes on one counter state no order: refused
+        assert status == 400 and body["error"]["code"] == "invalid_plan", body
+        assert {"problem": "unordered_writes", "calls": ["a0", "a1"], "resources": ["counter:ctr_a"]} \
+            in body["error"]["details"]["problems"]
+        assert stack.backend.requests == []
+        status, body = await batch(stack, calls, order="list")  # the list order is the order meant
         assert status == 200 and body["status"] == "succeeded", body
         results, seen = by_id(body), intervals(stack)
         for domain in ("a", "b"):
@@ -245,20 +251,20 @@ async def test_each_call_of_a_batch_is_its_own_operation_and_a_resent_batch_repl
                  {"call_id": "second", "tool": "adjust_counter", "arguments": {"counter": "ctr_demo", "delta": 7}},
                  {"call_id": "again", "tool": "adjust_counter", "arguments": {"counter": "ctr_demo", "delta": 7}}]
         key = {"Idempotency-Key": "batch-42"}
-        status, body = await batch(stack, calls, headers=key, run_id=None)
+        status, body = await batch(stack, calls, headers=key, run_id=None, order="list")
         assert status == 200 and body["status"] == "succeeded", body
         keys = [env["idempotency_key"] for env in body["results"]]
         assert len(set(keys)) == 3 and None not in keys  # one header, three operations, no conflict
         assert stack.backend.counters["ctr_demo"] == 19
 
-        status, again = await batch(stack, calls, headers=key, run_id=None)
+        status, again = await batch(stack, calls, headers=key, run_id=None, order="list")
         assert status == 200 and again["status"] == "succeeded"
         assert [env.get("replayed") for env in again["results"]] == [True, True, True]
         assert [env["data"] for env in again["results"]] == [env["data"] for env in body["results"]]
         assert stack.backend.counters["ctr_demo"] == 19 and stack.backend.effect_counts()["adjust_counter"] == 3
 
         changed = [calls[0], {**calls[1], "arguments": {"counter": "ctr_demo", "delta": 8}}]
-        status, body = await batch(stack, changed, headers=key, run_id=None)
+        status, body = await batch(stack, changed, headers=key, run_id=None, order="list")
         assert status == 200 and body["status"] == "partially_succeeded"
         assert by_id(body)["second"]["error"]["code"] == "idempotency_conflict"
         assert body["next_action"] == "repair_arguments"

@@ -120,7 +120,7 @@ def test_registry_matches_the_backend():
         assert (contract["mode"] == "write") == spec.writes, name
         assert tuple(r["template"] for r in contract.get("resources", [])) == spec.resources, name
         assert set(contract["inputSchema"]["properties"]) == set(spec.fields), name
-        if contract.get("idempotency", {}).get("required"):
+        if contract.get("status_endpoint"):
             assert contract["status_endpoint"] == {"service": "demo", "path": f"/status/{name}"}
         jsonschema.validate(GOOD_ARGS[name], contract["inputSchema"])
 

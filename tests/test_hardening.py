@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 import subprocess
 import sys
 import time
@@ -201,7 +202,8 @@ async def test_deeply_nested_json_is_invalid_json_everywhere_and_never_a_traceba
         assert (status, env["error"]["code"]) == (502, "output_invalid"), env
         # A status endpoint's answer: evidence invalid_answer, the operation stays open.
         status, env = await post_raw(http_session, url + "/v1/tool-calls",
-                                     json.dumps({"call_id": "c4", "tool": "status_by_path", "arguments": {"n": 1}}))
+                                     json.dumps({"call_id": "c4", "tool": "status_by_path", "arguments": {"n": 1}}),
+                                     headers={"Idempotency-Key": f"deep-{uuid.uuid4().hex}"})  # a write needs a key
         assert env["outcome"] == "unknown", env
         key = env["idempotency_key"]
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 import time
 
 import aiohttp
@@ -108,7 +109,8 @@ async def test_lock_lost_mid_write_is_unknown_with_reconcile(proxy_deps, redis):
 
 async def test_cancelled_call_releases_its_lock(stack, redis):
     await stack.fault("adjust_counter", "slow", delay_ms=3000, count=1)
-    meta = RequestMeta(request_id="r1", trace=accept_traceparent(None), deadline=Deadline(time.monotonic() + 10))
+    meta = RequestMeta(request_id="r1", trace=accept_traceparent(None), deadline=Deadline(time.monotonic() + 10),
+                       idempotency_key=f"cancel-{uuid.uuid4().hex}")
     caller = await stack.runtime.authenticator.authenticate({})
     task = asyncio.create_task(stack.runtime.pipeline.execute(
         ToolCallRequest(call_id="cancelme", tool="adjust_counter", version=None,
@@ -118,7 +120,10 @@ async def test_cancelled_call_releases_its_lock(stack, redis):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await redis.exists("toolproxy:lock:{acme}:counter:ctr_demo") == 0
+    # The lock is released; the sent write's outcome is unknown, so its freeze mark stays (seed 004 §5).
+    fields = await redis.hkeys("toolproxy:lock:{acme}:counter:ctr_demo")
+    assert [f for f in fields if f.startswith(b"h:") or f.startswith(b"w:")] == []
+    assert len(fields) == 1 and fields[0].startswith(b"u:ik_")
 
 
 async def test_redis_down_fails_a_locked_write_before_sending(redis_server, proxy_deps):

@@ -51,7 +51,8 @@ async def test_stalled_holder_is_overtaken_and_its_late_write_is_refused(stack, 
     await stack.fault("adjust_counter", "slow", delay_ms=2000, count=1)
     body = {"call_id": "stale", "tool": "adjust_counter", "arguments": {"counter": "ctr_race", "delta": 10}}
     stale_call = asyncio.create_task(stack.session.post(process.url + "/v1/tool-calls", json=body,
-                                                        headers={"Request-Timeout": "15"}))
+                                                        headers={"Request-Timeout": "15",
+                                                                 "Idempotency-Key": "stale-write"}))
 
     async def arrived():
         return bool(backend_requests(stack, "stale"))

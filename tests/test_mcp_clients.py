@@ -2,8 +2,9 @@
 @modelcontextprotocol/inspector --cli), the older Inspector CLI (npm @modelcontextprotocol/inspector-cli,
 the v1 line), the Python `mcp` SDK in default (auto) and legacy modes and
 openai-agents' MCPServerStreamableHttp (no model needed). Each lists the tools, calls a read, and
-gets a schema violation, a forbidden, an approval_required and an unknown tool as the proxy's
-message in an isError result — never as a client-side exception.
+gets a schema violation, a forbidden and an approval_required as the proxy's message in an isError
+result — never as a client-side exception; an unknown tool is the JSON-RPC error -32602 every MCP
+revision's tools page names, which each client reports as the protocol error it is.
 (The TypeScript SDK client runs the same matrix in tests/test_mcp_fidelity.py.)"""
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 from typing import Any
 
 import pytest
+from mcp.shared.exceptions import MCPError
 
 from tests.support.node import BIN, run, tool
 from tests.support.stack import mcp_envelope, running_stack
@@ -20,8 +22,8 @@ HEADERS = {"X-Run-Id": "run-clients-1"}  # the run identity makes each write its
 READ = ("get_order", {"order_id": "ord_1001"})
 FAILURES = [("refund_order", {"order_id": "ord_1001", "amount": "lots", "reason": "dup"}, "schema_violation"),
             ("get_order", {"order_id": "ord_2001"}, "forbidden"),               # another tenant's order
-            ("delete_customer", {"customer_id": "cus_1001"}, "approval_required"),  # risk: destructive
-            ("no_such_tool", {}, "tool_not_found")]
+            ("delete_customer", {"customer_id": "cus_1001"}, "approval_required")]  # risk: destructive
+UNKNOWN = "no_such_tool"  # answered -32602 "Unknown tool: no_such_tool" (a protocol error, not a result)
 
 
 def check_failure(result: dict[str, Any], code: str) -> None:
@@ -59,7 +61,7 @@ async def test_inspector_cli(proxy_deps, tmp_path):
             assert out.strip(), (args, code, err[-2000:])
             return json.loads(out)
 
-        await check_cli_matrix(stack, inspector, FAILURES[:-1])
+        await check_cli_matrix(stack, inspector, FAILURES)
         # The CLI itself refuses a tool the listing does not name (it never sends the call).
         code, out, err = await run(*base, "--method", "tools/call", "--tool-name", "no_such_tool", env=env,
                                    timeout_s=90)
@@ -80,7 +82,10 @@ async def test_older_inspector_cli(proxy_deps):
             assert code == 0, (args, out[-2000:], err[-2000:])  # it exits 0 on an isError result too
             return json.loads(out)
 
-        await check_cli_matrix(stack, inspector, FAILURES)  # unknown tool included: it sends the call
+        await check_cli_matrix(stack, inspector, FAILURES)
+        # It sends a call for a tool the listing does not name: the answer is the protocol error.
+        code, out, err = await run(*base, "--method", "tools/call", "--tool-name", UNKNOWN, cwd=cwd, timeout_s=90)
+        assert "-32602" in out + err and "Unknown tool: no_such_tool" in out + err, (code, out[-2000:], err[-2000:])
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -99,6 +104,9 @@ async def test_python_sdk(mode, proxy_deps):
             for name, arguments, code in FAILURES:
                 result = await client.call_tool(name, arguments)
                 check_failure(result.model_dump(by_alias=True, exclude_none=True), code)
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool(UNKNOWN, {})
+            assert unknown.value.error.code == -32602 and unknown.value.error.data["code"] == "tool_not_found"
 
 
 async def test_openai_agents_mcp_server_streamable_http(proxy_deps):
@@ -115,3 +123,6 @@ async def test_openai_agents_mcp_server_streamable_http(proxy_deps):
             for name, arguments, code in FAILURES:
                 result = await server.call_tool(name, arguments)
                 check_failure(result.model_dump(by_alias=True, exclude_none=True), code)
+            with pytest.raises(Exception) as unknown:  # the SDK's protocol error, however the framework wraps it
+                await server.call_tool(UNKNOWN, {})
+            assert "Unknown tool: no_such_tool" in repr(unknown.value) + str(unknown.value.__cause__ or "")

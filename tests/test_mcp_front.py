@@ -72,7 +72,7 @@ async def test_sdk_client_lists_calls_and_gets_envelopes(mode, sse_after_ms, pro
             assert refund.annotations.idempotent_hint is True       # idempotency.required
             assert listed["get_order"].annotations.read_only_hint is True
             assert listed["send_email"].annotations.open_world_hint is True
-            assert listed["adjust_counter"].annotations.idempotent_hint is False
+            assert listed["adjust_counter"].annotations.idempotent_hint is True    # a write needs a key by default
 
             ok = await mcp.call_tool("get_order", {"order_id": "ord_1001"})
             assert ok.is_error is False
@@ -91,9 +91,11 @@ async def test_sdk_client_lists_calls_and_gets_envelopes(mode, sse_after_ms, pro
             assert "amount" in bad.content[0].text and "repair_arguments" in bad.content[0].text
             assert stack.backend.effect_counts().get("refund_order", 0) == 0
 
-            unknown = await mcp.call_tool("no_such_tool", {})
-            assert mcp_envelope(unknown)["error"]["code"] == "tool_not_found"
-            assert unknown.content[0].text.startswith("tool_not_found: ")
+            with pytest.raises(MCPError) as unknown:  # a protocol error (-32602), not a tool result
+                await mcp.call_tool("no_such_tool", {})
+            assert unknown.value.error.code == -32602
+            assert unknown.value.error.message == "Unknown tool: no_such_tool"
+            assert unknown.value.error.data["code"] == "tool_not_found"
 
 
 @pytest.mark.parametrize("mode", ["auto", "legacy"])
@@ -269,3 +271,26 @@ async def test_long_call_streams_sse_with_keepalive_pings(proxy_deps):
         status, headers, body = await post(stack, rpc("tools/call", params, rpc_id="b"),
                                            {**modern_headers("tools/call", "get_order"), "Accept": "application/json"})
         assert status == 200 and body["result"]["isError"] is False
+
+
+@pytest.mark.parametrize("version", [*HANDSHAKE_PROTOCOL_VERSIONS, MODERN])
+async def test_an_unknown_tool_is_a_json_rpc_error_in_every_supported_revision(version, proxy_deps):
+    """Each revision's tools page (2024-11-05 .. 2026-07-28, "Error Handling"): an unknown tool is a protocol
+    error, ``{"code": -32602, "message": "Unknown tool: ..."}``, never an isError result (seed 000 §6.3)."""
+    async with running_stack(proxy_deps) as stack:
+        params: dict[str, Any] = {"name": "no_such_tool", "arguments": {}}
+        if version == MODERN:
+            headers = modern_headers("tools/call", "no_such_tool")
+            params["_meta"] = CLIENT_META
+        else:
+            status, answer, body = await post(stack, rpc("initialize", {
+                "protocolVersion": version, "capabilities": {}, "clientInfo": {"name": "c", "version": "0"}}),
+                ACCEPT)
+            assert status == 200, body
+            headers = {**ACCEPT, "Mcp-Session-Id": answer["Mcp-Session-Id"], "MCP-Protocol-Version": version}
+        status, _, body = await post(stack, rpc("tools/call", params, rpc_id=3), headers)
+        assert "result" not in body, body
+        assert body["id"] == 3 and body["error"]["code"] == -32602
+        assert body["error"]["message"] == "Unknown tool: no_such_tool"
+        assert body["error"]["data"]["code"] == "tool_not_found"
+        assert status == (400 if version == MODERN else 200)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import uuid
 import signal
 import subprocess
 import sys
@@ -137,7 +138,8 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
             async def call(arguments, timeout="5"):
                 body = {"call_id": f"call_{len(request_ids)}", "tool": "set_password", "arguments": arguments}
                 async with session.post(f"http://127.0.0.1:{port}/v1/tool-calls", json=body,
-                                        headers={**headers, "Request-Timeout": timeout}) as response:
+                                        headers={**headers, "Request-Timeout": timeout,  # a write needs a key
+                                                 "Idempotency-Key": f"secrets-{uuid.uuid4().hex}"}) as response:
                     envelope = await response.json()
                 request_ids.append(envelope["request_id"])
                 return envelope

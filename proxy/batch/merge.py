@@ -27,7 +27,7 @@ NEXT_ACTION_PRIORITY = ("reconcile", "await_approval", "ask_user", "repair_argum
 @dataclass(frozen=True)
 class BatchResult:
     request_id: str
-    status: str  # succeeded | partially_succeeded | failed
+    status: str  # succeeded | partially_succeeded | uncertain | failed
     results: tuple[Envelope, ...]  # one envelope per call, plan order
     committed_effects: tuple[dict[str, Any], ...]
     uncertain_effects: tuple[dict[str, Any], ...]
@@ -78,10 +78,15 @@ def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, Envelope],
 
 
 def batch_status(envelopes: Sequence[Envelope]) -> str:
+    """succeeded | partially_succeeded (something succeeded or committed, not everything) | uncertain
+    (nothing succeeded or committed, but some effect may exist: never reported as plain failure, seed 001
+    sections 7 and 11) | failed (nothing succeeded, nothing committed, nothing uncertain)."""
     if all(env.outcome == "succeeded" for env in envelopes):
         return "succeeded"
     if any(env.outcome == "succeeded" or env.side_effect.committed is True for env in envelopes):
         return "partially_succeeded"
+    if any(env.side_effect.committed is None for env in envelopes):
+        return "uncertain"
     return "failed"
 
 

@@ -27,9 +27,10 @@ from ..decode import decode_arguments
 from ..errors import ProxyError
 from ..normalize import ResourceRef, normalize
 from ..requests import RequestMeta, ToolCallRequest
-from ..registry import Registry, ToolContract
+from ..registry import Registry, ToolContract, service_resource
 
 BLOCK, CONTINUE = "block", "continue"
+DAG, LIST = "dag", "list"
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class PlannedCall:
     version: str | None = None
     depends_on: tuple[Dependency, ...] = ()
     approval_id: str | None = None  # an approval granted for exactly this call (else the request's, if any)
+    retry_id: str | None = None  # what the client sends again on a retry (an OpenAI tool_call id), when no key
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,7 @@ class BatchPlan:
     meta: RequestMeta
     call_scoped_identity: bool = False
     all_or_nothing: bool = False  # every call must pass its checks and the policy before any runs
+    order: str = DAG  # dag: two writes on one resource need a depends_on path | list: the list order is meant
 
     def request(self, call: PlannedCall, meta: RequestMeta | None = None) -> ToolCallRequest:
         """The single-call request the pipeline executes for ``call``."""
@@ -71,6 +74,7 @@ class BatchPlan:
         return ToolCallRequest(call_id=call.call_id, tool=call.tool, version=call.version,
                                arguments=call.arguments,
                                meta=replace(base, plan_call_id=call.call_id if self.call_scoped_identity else None,
+                                            retry_id=call.retry_id,
                                             approval_id=call.approval_id or base.approval_id,
                                             wait_for_quota=True))  # a batch schedules around its quotas
 
@@ -91,7 +95,7 @@ def plan_from_json(body: Mapping[str, Any], meta: RequestMeta) -> BatchPlan:
         calls.append(PlannedCall(call_id=raw["call_id"], tool=raw["tool"], arguments=raw["arguments"],
                                  version=raw.get("version"), depends_on=deps, approval_id=raw.get("approval_id")))
     return BatchPlan(calls=tuple(calls), meta=meta, call_scoped_identity=True,
-                     all_or_nothing=bool(body.get("all_or_nothing", False)))
+                     all_or_nothing=bool(body.get("all_or_nothing", False)), order=body.get("order", DAG))
 
 
 # --------------------------------------------------------------------------- checking
@@ -187,17 +191,59 @@ def footprint(registry: Registry, call: PlannedCall) -> Footprint:
 
 
 def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:
-    """Resource ids two calls share, if at least one of them writes (or locks exclusively) there."""
+    """Resource ids two calls share, if at least one of them writes (or locks exclusively) there. Two writes
+    of one service conflict on the whole service (``service_resource``) when either declares no resources
+    (seed 001 §2.2: when in doubt, no parallelism)."""
     if a.tool is None or b.tool is None:
         return ()
+    wide = (service_resource(a.tool),) if a.tool.is_write and b.tool.is_write \
+        and (a.tool.service_wide or b.tool.service_wide) and a.tool.backend_name == b.tool.backend_name else ()
     access_a = {r.id: r.access for r in a.resources}
     access_b = {r.id: r.access for r in b.resources}
     shared = sorted(access_a.keys() & access_b.keys())
     if not shared:
-        return ()
+        return wide
     if a.tool.is_write or b.tool.is_write or any("exclusive" in (access_a[r], access_b[r]) for r in shared):
-        return tuple(shared)
-    return ()
+        return (*shared, *wide)
+    return wide
+
+
+def unordered_writes(plan: BatchPlan, footprints: Mapping[str, Footprint]) -> list[dict[str, Any]]:
+    """Pairs of writes on one resource that no ``depends_on`` path orders (seed 001 §2.2: "if the order is
+    not certain, do not pick one and claim the result is correct; report the conflict"). Empty when the
+    plan says ``order: list`` (the caller states the list order is meant) or every such pair is ordered."""
+    if plan.order == LIST:
+        return []
+    writes = [c.call_id for c in plan.calls if (fp := footprints.get(c.call_id)) and fp.tool and fp.tool.is_write]
+    if len(writes) < 2:
+        return []
+    before = _explicit_ancestors(plan)
+    found = []
+    for i, a in enumerate(writes):
+        for b in writes[i + 1:]:
+            shared = conflict(footprints[a], footprints[b])
+            if shared and a not in before[b] and b not in before[a]:
+                found.append({"problem": "unordered_writes", "calls": [a, b], "resources": list(shared)})
+    return found
+
+
+def _explicit_ancestors(plan: BatchPlan) -> dict[str, set[str]]:
+    """call id -> every call a ``depends_on`` path makes finish before it (the plan has no cycle)."""
+    waits_for = _explicit_edges(plan)
+    found: dict[str, set[str]] = {}
+
+    def ancestors(cid: str) -> set[str]:
+        if cid not in found:
+            found[cid] = set()  # (no cycle: ``check`` ran first)
+            result: set[str] = set()
+            for dep in waits_for[cid]:
+                result |= {dep} | ancestors(dep)
+            found[cid] = result
+        return found[cid]
+
+    for call in plan.calls:
+        ancestors(call.call_id)
+    return found
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ from ..identity import Caller
 from .merge import BatchResult, merge
 from ..telemetry.metrics import Metrics
 from ..pipeline import Pipeline, RequestMeta, ToolCallRequest
-from .plan import BLOCK, BatchPlan, Footprint, Graph, PlannedCall, build_graph, check, footprint
+from .plan import (BLOCK, BatchPlan, Footprint, Graph, PlannedCall, build_graph, check, footprint,
+                   unordered_writes)
 from ..registry import Registry
 
 
@@ -170,6 +171,13 @@ class Scheduler:
         meta = self._with_deadline(plan.meta)
         timing.deadline_ms = meta.deadline.remaining_ms()
         footprints = {call.call_id: footprint(self._registry, call) for call in plan.calls}
+        unordered = unordered_writes(plan, footprints)
+        if unordered:
+            self._metrics.batch_calls.labels("invalid_plan").inc()
+            pairs = "; ".join(" and ".join(p["calls"]) + " on " + ", ".join(p["resources"]) for p in unordered[:5])
+            raise ProxyError("invalid_plan", f"Two writes on one resource have no stated order ({pairs}); nothing "
+                             "was started. Order them with depends_on, or send \"order\": \"list\" if the list "
+                             "order is the order you mean.", details={"problems": unordered[:50]}, phase="plan")
         graph = build_graph(plan, footprints)
         batch = BatchRun()
         self._batches[(caller.tenant, caller.subject, meta.request_id)] = batch

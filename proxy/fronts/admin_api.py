@@ -31,6 +31,7 @@ from ..identity import AdminPrincipal
 from ..idempotency import KEY_PATTERN, stored_outcome
 from ..telemetry.metrics import Metrics
 from ..operation_views import find_operation, list_takeovers
+from ..locks import LockManager
 from ..operations import OperationStore
 from ..transactions.reconcile import audit_fields
 from ..registry import Registry
@@ -65,7 +66,8 @@ async def admin_resolve_operation(request: web.Request) -> web.Response:
     principal = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
     body = await ingress.read_json(request, runtime.config, limit=MAX_BODY_BYTES)
     return json_response(await resolve_operation(runtime.operations, runtime.registry, runtime.metrics,
-                                                 runtime.audit, request.match_info["key"], principal, body))
+                                                 runtime.audit, request.match_info["key"], principal, body,
+                                                 locks=runtime.locks))
 
 
 async def admin_list_unknown_operations(request: web.Request) -> web.Response:
@@ -163,7 +165,8 @@ _SETTLEMENTS = {"committed": True, "not_applied": False}
 
 
 async def resolve_operation(store: OperationStore, registry: Registry, metrics: Metrics, audit: Auditor,
-                            key: str, principal: AdminPrincipal, body: Any) -> dict[str, Any]:
+                            key: str, principal: AdminPrincipal, body: Any,
+                            locks: LockManager | None = None) -> dict[str, Any]:
     """Settle an UNKNOWN / NEEDS_TAKEOVER operation from an operator's evidence.
 
     Body: ``schemas/operation-resolution.schema.json`` (``result`` only with
@@ -207,6 +210,8 @@ async def resolve_operation(store: OperationStore, registry: Registry, metrics: 
                          details={"state": answer.text(0)}, phase="request")
     metrics.reconciliations.labels("operator").inc()
     log.warning("operation %s resolved by operator %s as %s", key, principal.subject, verdict)
+    if locks is not None:  # the freeze ends with the takeover (seed 004 §5)
+        await locks.thaw_settled(key, record.meta)
     settled = await store.get(key)
     return {"idempotency_key": key, "state": settled.state if settled else verdict}
 

@@ -8,7 +8,9 @@ messages (``tool_call_id``) or Responses ``function_call_output`` items
 (``call_id``), each carrying the JSON result envelope.
 
 Must never: reorder outputs (they follow the request, not completion),
-use the model's call id as an idempotency key, parse arguments itself (the
+use the model's call id as an idempotency key when the request carries one
+(``Idempotency-Key``, ``X-Run-Id``) — without them it is the only thing a
+resent turn repeats, so it is the last resort of the key — parse arguments itself (the
 decode stage does, strictly), or run a call outside the batch scheduler
 (which runs each through ``Pipeline.execute``).
 """
@@ -44,6 +46,7 @@ class FunctionCall:
 class ModelTurn:
     shape: str  # chat | responses
     calls: tuple[FunctionCall, ...]
+    order: str = "dag"  # "list": the caller states the turn's order is meant for writes on one resource
 
 
 def parse(body: Any) -> ModelTurn:
@@ -57,6 +60,8 @@ def parse(body: Any) -> ModelTurn:
                                           for i in body["output"] if i["type"] == "function_call"))
         if not turn.calls:
             raise ProxyError("invalid_request", "The output holds no function_call items.", phase="request")
+    if body.get("order") == "list":
+        turn = ModelTurn(turn.shape, turn.calls, "list")
     seen: set[str] = set()
     for call in turn.calls:
         if call.call_id in seen:
@@ -86,21 +91,21 @@ def render(turn: ModelTurn, result: TurnResult) -> dict[str, Any]:
 
 
 def _summary(envelopes: Sequence[Envelope], request_id: str) -> dict[str, Any]:
-    outcomes = [env.outcome for env in envelopes]
-    status = ("succeeded" if all(o == "succeeded" for o in outcomes)
-              else "failed" if not any(o == "succeeded" for o in outcomes) else "partially_succeeded")
-    return {"request_id": request_id, "status": status,
-            "uncertain": [env.call_id for env in envelopes if env.outcome == "unknown"]}
+    return {"request_id": request_id, "uncertain": [env.call_id for env in envelopes if env.outcome == "unknown"]}
 
 
 async def run_turn(scheduler: Scheduler, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:
     """Run the turn's calls as one batch on the scheduler (the process's one ``Scheduler``, the engine of
     ``POST /v1/tool-calls:batch``): reads in parallel, conflicting calls serialized in request
-    order, limits applied, results merged in request order. The model's call ids only correlate
-    outputs: the plan is not ``call_scoped_identity`` (operation keys come from the headers alone).
+    order, limits applied, results merged in request order. Operation keys come from the headers
+    (``Idempotency-Key``, ``X-Run-Id``) when sent; without them a write's key is derived from its
+    ``tool_call.id`` (``PlannedCall.retry_id``), which the turn carries again when it is posted again, so
+    a resent turn replays instead of repeating its effects. Two writes on one resource in one turn state
+    no order: refused (``invalid_plan``) unless the body says ``"order": "list"``.
     """
-    plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments)
-                                 for c in turn.calls), meta=meta)
+    plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments,
+                                             retry_id=f"openai-call:{c.call_id}") for c in turn.calls),
+                     meta=meta, order=turn.order)
     batch = await scheduler.run(plan, caller)
     summary = {**_summary(batch.results, meta.request_id), "status": batch.status,
                "committed_effects": list(batch.committed_effects),

@@ -74,6 +74,9 @@ class Metrics:
                                      ["tool"], registry=r)
         self.lock_lost = Counter("toolproxy_lock_lost", "Calls whose lock lease could not be renewed",
                                  ["tool"], registry=r)
+        self.frozen_refusals = Counter("toolproxy_frozen_refusals", "Writes refused because a resource is frozen "
+                                       "by an operation whose outcome is unknown (operation_unknown)",
+                                       ["tool"], registry=r)
         self.approvals = Counter("toolproxy_approvals",
                                  "Approval events by state (created, approved, denied, expired, consumed, mismatch)",
                                  ["state"], registry=r)
@@ -136,7 +139,7 @@ class Metrics:
             "toolproxy_mcp_refusals", "/mcp requests refused at the edge by a cap, by reason (batch_too_large, "
             "too_many_sessions, too_many_owner_sessions)", ["reason"], registry=r)
         self.batch_calls = Counter("toolproxy_batches", "Batches by status (succeeded, partially_succeeded, "
-                                   "failed, invalid_plan)", ["status"], registry=r)
+                                   "uncertain, failed, invalid_plan)", ["status"], registry=r)
         self.cancellations = Counter("toolproxy_cancellations", "Cancel requests by result (requested, cancelled, "
                                      "completed, unknown, failed, refused)", ["result"], registry=r)
         self.compensations = Counter("toolproxy_compensations", "Compensations by result (requested, succeeded, "

@@ -51,6 +51,7 @@ from ..config import ReconcileConfig
 from ..decode import schema_violations, strict_loads
 from ..errors import ProxyError, SideEffect
 from ..idempotency import outcome_of
+from ..locks import LockManager
 from ..operation_views import takeover_record
 from ..telemetry.metrics import Metrics
 from ..operations import BUCKETS, OperationStore, Record
@@ -86,8 +87,9 @@ class Verdict:
 class Reconciler:
     def __init__(self, *, store: OperationStore, registry: Registry, session: aiohttp.ClientSession,
                  services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor,
-                 max_json_depth: int) -> None:
+                 max_json_depth: int, locks: LockManager | None = None) -> None:
         self._store = store
+        self._locks = locks  # thaws what an operation froze once it settles (seed 004 §5)
         self._max_json_depth = max_json_depth
         self._audit = audit
         self._registry = registry
@@ -171,6 +173,8 @@ class Reconciler:
                 self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
                 log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
                 if record is not None:
+                    if self._locks is not None:  # no other write on its resources until it settles (seed 004 §5)
+                        await self._locks.freeze_unknown(key, record.meta)
                     await audit_transition(self._audit, record, "IN_PROGRESS")
             counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
 
@@ -216,6 +220,8 @@ class Reconciler:
         if answer.status != "ok":
             return answer.status
         log.info("operation %s reconciled: %s (%s)", key, verdict.verdict, verdict.result)
+        if self._locks is not None:
+            await self._locks.thaw_settled(key, record.meta)
         settled = await self._store.get(key)
         if settled is not None:
             await audit_transition(self._audit, settled, "UNKNOWN")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
@@ -126,7 +127,9 @@ class Stack:
     admin_url: str = ""
     headers: dict[str, str] = field(default_factory=dict)  # sent with every agent request (e.g. Authorization)
     seq: int = field(default=0)
-    auto_key: bool = False  # give every call its own Idempotency-Key unless the test sets one
+    # Give every call (and batch) its own Idempotency-Key unless the test sends a key or a run id: writes
+    # require a stable operation identity by default (README "What changed"); tests of keyless calls set False.
+    auto_key: bool = True
 
     @property
     def redis(self) -> Any:
@@ -139,14 +142,19 @@ class Stack:
         body: dict[str, Any] = {"call_id": call_id or f"call_{self.seq}", "tool": tool, "arguments": arguments}
         if version is not None:
             body["version"] = version
-        if self.auto_key and "Idempotency-Key" not in (headers or {}):
-            headers = {"Idempotency-Key": f"test-key-{self.seq}", **(headers or {})}
-        return await self.post("/v1/tool-calls", body, headers=headers)
+        return await self.post("/v1/tool-calls", body, headers=self._keyed(headers))
+
+    def _keyed(self, headers: Mapping[str, str] | None) -> Mapping[str, str] | None:
+        given = {**self.headers, **(headers or {})}
+        if not self.auto_key or "Idempotency-Key" in given or "X-Run-Id" in given:
+            return headers
+        return {"Idempotency-Key": f"test-key-{uuid.uuid4().hex}", **(headers or {})}
 
     async def batch(self, calls: list[dict[str, Any]], *, headers: Mapping[str, str] | None = None
                     ) -> tuple[int, dict[str, Any]]:
         """POST /v1/tool-calls:batch; a 200 answer is checked against the batch response schema."""
-        status, body = await self.post("/v1/tool-calls:batch", {"calls": calls}, headers=headers)
+        self.seq += 1
+        status, body = await self.post("/v1/tool-calls:batch", {"calls": calls}, headers=self._keyed(headers))
         if status == 200:
             assert_batch(body)
         return status, body

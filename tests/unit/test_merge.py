@@ -62,6 +62,14 @@ def test_status_is_partial_when_something_succeeded_or_committed_and_failed_othe
     assert batch_status([failed("a", "invalid_arguments"), failed("b", "forbidden")]) == "failed"
 
 
+def test_a_batch_with_an_uncertain_effect_is_uncertain_never_failed():
+    """Seed 001 sections 7 and 11: while an effect may exist, the batch is not reported as plain failure."""
+    unknown = failed("b", "timeout_unknown", attempted=True, committed=None)
+    assert batch_status([failed("a", "invalid_arguments"), unknown]) == "uncertain"
+    assert batch_status([unknown]) == "uncertain"
+    assert batch_status([ok("a", 1), unknown]) == "partially_succeeded"  # committed and uncertain facts both listed
+
+
 def test_an_uncertain_effect_makes_reconcile_the_next_action_before_anything_else():
     envelopes = [failed("a", "invalid_arguments"), failed("b", "timeout_unknown", attempted=True, committed=None)]
     assert next_action(envelopes) == "reconcile"

@@ -28,7 +28,8 @@ notifications (the excess dropped and counted); bodies are read within
 
 Protocol problems are JSON-RPC errors (malformed
 request ``-32600``/``-32700``, unsupported version ``-32022``, header mismatch
-``-32020``, a method a tools gateway does not offer ``-32601``); everything the
+``-32020``, a method a tools gateway does not offer ``-32601``, an unknown or
+retired tool ``-32602`` as each revision's tools page says); everything else the
 pipeline says about a call is a ``CallToolResult`` (``isError`` with the
 envelope in ``_meta``, see ``mcp_tools.call_result``). A call still running after
 ``mcp.sse_after_ms`` is answered as an SSE stream with keepalive pings. A
@@ -38,6 +39,9 @@ response POSTed here goes back to that call (``proxy/fronts/mcp/relay.py``); so 
 the upstream's log messages of the call, at or above the level the client asked
 for (``logging/setLevel`` on a session, stored on it; on 2026-07-28, which
 removed that method, the request's ``_meta`` log level).
+
+A client's operation key: the ``Idempotency-Key`` header, else
+``params._meta["io.toolproxy/idempotency-key"]`` (writes require one by default).
 
 Must never: use the session id or the JSON-RPC id as a call id or an
 idempotency key (a client re-issues a broken request with a new id), decide
@@ -52,7 +56,7 @@ import contextvars
 import functools
 import logging
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Mapping
 
 from aiohttp import web
@@ -90,6 +94,9 @@ from ...adapters import LogRelay, input_relay, log_relay, progress_relay
 from ...audit import Auditor
 from ...config import Config
 from ...errors import ProxyError
+from ...idempotency import MCP_KEY_META
+from ...requests import RequestMeta
+from ...telemetry.tracing import safe_id
 from ...identity import Authenticator, Caller
 from ..listing import visible_tools
 from .sessions import Session, SessionsFull, SessionTable
@@ -443,6 +450,7 @@ class McpFront:
             except ProxyError as error:
                 raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details},
                                status=400) from None
+        meta = _with_meta_key(meta, params)
         name = params["name"]
         call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
                                arguments=params.get("arguments") or {}, meta=meta)
@@ -452,8 +460,14 @@ class McpFront:
         async with contextlib.AsyncExitStack() as held:
             refused = await self._scheduler.admit(held, gate, call, exchange.caller) if gate is not None else None
             env = refused if refused is not None else (await self._pipeline.execute(call, exchange.caller)).envelope
-        # An unknown tool is an isError result too (tool_not_found, with its next step), as the
-        # reference TypeScript SDK server answers it: the model reads it instead of the client throwing.
+        if env.error_code == "tool_not_found":
+            # A protocol error, as the tools page of every supported revision (2024-11-05 .. 2026-07-28)
+            # says: "Unknown tool" is a JSON-RPC error -32602, not a tool result (seed 000 section 6.3).
+            # The pipeline ran it (audit record, metrics); the envelope's facts travel in ``data``.
+            error = env.error
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {str(name)[:128]}",
+                           {"code": "tool_not_found", **(dict(error.details) if error is not None else {}),
+                            mcp_tools.ENVELOPE_META_KEY: env.to_json()})
         try:
             tool = self._registry.resolve(env.tool, env.tool_version)
         except ProxyError:
@@ -640,6 +654,20 @@ def _check_routing_headers(request: web.Request, message: Message) -> None:
             decode_header_value(name_header) != (message.params or {}).get(name_key):
         raise RpcError(HEADER_MISMATCH, f"Mcp-Name header does not match the request body's {name_key!r}",
                        status=400)
+
+
+def _with_meta_key(meta: RequestMeta, params: Mapping[str, Any]) -> RequestMeta:
+    """An MCP client that cannot set an ``Idempotency-Key`` header sends its key in
+    ``params._meta["io.toolproxy/idempotency-key"]`` (same rules as the header; the header wins)."""
+    request_meta = params.get("_meta")
+    raw = request_meta.get(MCP_KEY_META) if isinstance(request_meta, Mapping) else None
+    if raw is None or meta.idempotency_key is not None:
+        return meta
+    value = safe_id(raw) if isinstance(raw, str) else None
+    if value is None:
+        raise RpcError(INVALID_PARAMS, f"_meta[{MCP_KEY_META!r}] must be 1-128 characters of [A-Za-z0-9._:-].",
+                       {"code": "invalid_request", "field": f"_meta.{MCP_KEY_META}"})
+    return replace(meta, idempotency_key=value)
 
 
 async def _done(value: dict[str, Any]) -> dict[str, Any]:

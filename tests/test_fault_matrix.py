@@ -68,6 +68,10 @@ async def test_a_model_claiming_success_changes_nothing_only_the_backend_answer_
     status, env = await stack.call("refund_order", REFUND, headers={**key, **claims})
     assert env["outcome"] != "succeeded" and env["side_effect"]["committed"] is not True, env
     assert env["data"] is None and not _refunds(stack)
+    # Its outcome is unknown to the proxy, so the order is frozen until the status endpoint settles it
+    # (issue 29: an unknown outcome freezes its resources); the claims in the headers change nothing.
+    await stack.runtime.reconciler.scan_once()
+    assert (await stack.runtime.operations.get(env["idempotency_key"])).state == "FAILED_RETRYABLE"
     # 3. The backend committed but the answer was lost: unknown, and calling again "because it worked"
     #    is not a success either; only the status endpoint's evidence settles it.
     await stack.fault("refund_order", "drop_after_commit", count=1)

@@ -130,6 +130,7 @@ class Stack:
     # Give every call (and batch) its own Idempotency-Key unless the test sends a key or a run id: writes
     # require a stable operation identity by default (README "What changed"); tests of keyless calls set False.
     auto_key: bool = True
+    key_prefix: str = "test-key"  # a second proxy on the same Redis (``share``) gets its own
 
     @property
     def redis(self) -> Any:
@@ -148,7 +149,7 @@ class Stack:
         given = {**self.headers, **(headers or {})}
         if not self.auto_key or "Idempotency-Key" in given or "X-Run-Id" in given:
             return headers
-        return {"Idempotency-Key": f"test-key-{uuid.uuid4().hex}", **(headers or {})}
+        return {"Idempotency-Key": f"{self.key_prefix}-{self.seq}", **(headers or {})}  # (each test's Redis is flushed)
 
     async def batch(self, calls: list[dict[str, Any]], *, headers: Mapping[str, str] | None = None
                     ) -> tuple[int, dict[str, Any]]:
@@ -226,7 +227,8 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
     try:
         yield Stack(proxy_url=f"http://127.0.0.1:{port}", backend_url=backend_url, backend=state,
                     runtime=runtime, session=session, ops_url=f"http://127.0.0.1:{ops_runner.addresses[0][1]}",
-                    admin_url=f"http://127.0.0.1:{admin_runner.addresses[0][1]}")
+                    admin_url=f"http://127.0.0.1:{admin_runner.addresses[0][1]}",
+                    key_prefix="test-key" if share is None else f"test-key-{uuid.uuid4().hex[:8]}")
     finally:
         await session.close()
         await admin_runner.cleanup()

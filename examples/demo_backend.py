@@ -616,7 +616,7 @@ TOOLS: dict[str, ToolSpec] = {
         "customer_id": _string(r"^cus_[A-Za-z0-9]+$", max_len=64)}, ("customer:{customer_id}",)),
     "send_notices": ToolSpec(send_notices, True, {
         "recipients": _list_of(_string(r"^usr_[A-Za-z0-9]+$", max_len=64), max_items=20),
-        "message": _string(max_len=500)}),
+        "message": _string(max_len=500)}, ("inbox:{recipients}",)),
     "transfer_project": ToolSpec(transfer_project, True, {
         "project_id": _string(r"^prj_[A-Za-z0-9]+$", max_len=64), "to_owner": _string(max_len=64),
         "expected_owner": _string(max_len=64)}, ("project:{project_id}",)),

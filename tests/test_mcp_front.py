@@ -103,7 +103,7 @@ async def test_headers_work_as_on_the_json_api(mode, proxy_deps):
     """Deadline and request id headers reach the pipeline; a sent write that times out is unknown."""
     async with running_stack(proxy_deps) as stack:
         await stack.fault("adjust_counter", "slow", delay_ms=1500)
-        headers = {"Request-Timeout": "0.3", "X-Request-Id": "req-mcp-deadline"}
+        headers = {"Request-Timeout": "0.3", "X-Request-Id": "req-mcp-deadline", "Idempotency-Key": f"mcp-{mode}"}
         async with client(stack, mode, headers) as mcp:
             result = await mcp.call_tool("adjust_counter", {"counter": "ctr_mcp", "delta": 1})
         envelope = mcp_envelope(result)

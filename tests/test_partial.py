@@ -43,7 +43,8 @@ async def test_a_call_that_stops_halfway_is_partial_and_the_reconciler_settles_t
     assert partial["recovery"] == {"operation": f"/v1/operations/{key}", "resolution": "reconcile"}
     assert env["data"] is None and env["error"] is None
     assert env["side_effect"]["committed"] is True
-    assert env["side_effect"]["summary"] == "send_notices 1.0.0 partly applied: 2 item(s) committed, 2 pending"
+    assert env["side_effect"]["summary"] == ("send_notices 1.0.0 partly applied on inbox:usr_alice, inbox:usr_bob, "
+                                             "inbox:usr_carol, inbox:usr_dave: 2 item(s) committed, 2 pending")
     record = await stack.runtime.operations.get(key)
     assert record.state == "UNKNOWN" and record.outcome["partial"]["pending"] == partial["pending"]
     _, view = await stack.get(f"/v1/operations/{key}")

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Set up the local development/test environment for toolproxy.
 #
-#   * .venv (python3 -m venv) with `pip install -e '.[test]'`; reinstalls only
-#     when pyproject.toml changed since the last successful install.
+#   * .venv (python3 -m venv) with the exact versions of requirements.lock (pip --require-hashes:
+#     pyproject.toml's dependencies and [test] extra, as the suite last passed with them; refresh the
+#     lock with scripts/lock.sh), then toolproxy itself with `pip install --no-deps -e .`; reinstalls
+#     only when pyproject.toml or the lock changed since the last successful install.
 #   * pinned opa and helm binaries, cached under
 #     ${XDG_CACHE_HOME:-$HOME/.cache}/toolproxy/tools/<name>-<version>/ and
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
@@ -62,18 +64,24 @@ if [[ ! -x "$VBIN/python" ]]; then
     python3 -m venv "$VENV"
 fi
 
-STAMP="$VENV/.toolproxy-pyproject.sha256"
-if [[ -f "$ROOT/pyproject.toml" ]]; then
-    want="$(sha256_of "$ROOT/pyproject.toml")"
-    have="$(cat "$STAMP" 2>/dev/null || true)"
-    if [[ "$want" != "$have" ]]; then
-        log "installing toolproxy into .venv (pip install -e '.[test]')"
-        "$VBIN/python" -m pip install -q --disable-pip-version-check -e "$ROOT[test]"
-        printf '%s\n' "$want" > "$STAMP"
-    fi
-else
-    log "WARNING: $ROOT/pyproject.toml not found; skipping 'pip install -e .[test]'"
-    rm -f "$STAMP"
+# The locked dependencies first (requirements.lock: exact versions with hashes, scripts/lock.sh refreshes
+# it), then toolproxy itself, editable, with --no-deps (a local project has no hash) and the locked
+# setuptools as its build backend (--no-build-isolation: nothing unlocked is fetched to build it).
+# Reinstalled only when pyproject.toml or the lock changed since the last successful install.
+LOCK="$ROOT/requirements.lock"
+STAMP="$VENV/.toolproxy-install.sha256"
+[[ -f "$ROOT/pyproject.toml" && -f "$LOCK" ]] || die "pyproject.toml or requirements.lock missing in $ROOT"
+want="$(sha256_of "$ROOT/pyproject.toml") $(sha256_of "$LOCK")"
+have="$(cat "$STAMP" 2>/dev/null || true)"
+if [[ "$want" != "$have" ]]; then
+    log "installing the locked dependencies (requirements.lock, pip --require-hashes)"
+    "$VBIN/python" -m pip install -q --disable-pip-version-check --require-hashes -r "$LOCK"
+    log "installing toolproxy into .venv (pip install --no-deps -e .)"
+    "$VBIN/python" -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+    # The lock covers pyproject.toml, and every locked version is the one installed.
+    "$VBIN/python" "$ROOT/scripts/check_lock.py" --installed \
+        || die "the environment does not match requirements.lock (see above)"
+    printf '%s\n' "$want" > "$STAMP"
 fi
 
 # ---------------------------------------------------------------------------
@@ -329,8 +337,8 @@ fi
 #    Node 22 (npm's `node` package: the conformance suite needs >= 22, the
 #    system Node may be older), @modelcontextprotocol/conformance, sdk,
 #    inspector, the older inspector-cli and server-everything, installed with
-#    `npm install` into .tools/node/ and linked as tests/node/node_modules for
-#    the test scripts.
+#    `npm ci` (exactly the lock, or nothing) into .tools/node/ and linked as
+#    tests/node/node_modules for the test scripts.
 # ---------------------------------------------------------------------------
 NODE_DIR="$ROOT/.tools/node"
 install_node_tools() {
@@ -339,13 +347,18 @@ install_node_tools() {
     want="$(sha256_of "$ROOT/tests/node/package-lock.json")"
     have="$(cat "$NODE_DIR/.lock.sha256" 2>/dev/null || true)"
     if [[ "$want" != "$have" || ! -x "$NODE_DIR/node_modules/.bin/node" ]]; then
-        log "installing pinned Node tools into .tools/node (npm install with the committed lock)"
+        log "installing pinned Node tools into .tools/node (npm ci with tests/node/package-lock.json)"
         mkdir -p "$NODE_DIR"
         cp "$ROOT/tests/node/package.json" "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
-        # `npm install` with the committed lock installs exactly its versions. (Not `npm ci`: vite names an
-        # optional Windows-only dependency, napi-windows-process-start-time, that npm mirrors have served
-        # on some days and not on others; `npm ci` refuses a lock that differs from what it resolves.)
-        (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
+        if ! (cd "$NODE_DIR" && npm ci --no-audit --no-fund --loglevel=error); then
+            # vite names an optional Windows-only dependency, napi-windows-process-start-time, that npm
+            # mirrors have served on some days and not on others, and `npm ci` refuses a lock that differs
+            # from what it resolves. Then `npm install` with the same lock; the check below still refuses
+            # any installed version the lock does not pin.
+            log "WARNING: npm ci refused the lock; installing with npm install and checking every version"
+            cp "$ROOT/tests/node/package-lock.json" "$NODE_DIR/"
+            (cd "$NODE_DIR" && npm install --no-audit --no-fund --loglevel=error)
+        fi
         # Every package both locks name has the committed version; a package only one of them names is an
         # optional one for another platform (what the mirror served that day), never one installed here.
         "$VENV/bin/python" - "$ROOT/tests/node/package-lock.json" "$NODE_DIR/package-lock.json" <<'PY' \

@@ -19,7 +19,8 @@ proxy's HTTP adapter speaks:
   Business refusals are stored too (a replay gets the same refusal).
 * ``GET /status/<tool>/<idempotency_key>`` (read-only) answers
   ``committed`` + result | ``pending`` | ``not_found`` | ``rejected`` + error |
-  ``cancelled`` (a cancelled call: nothing was applied).
+  ``cancelled`` (a cancelled call: nothing was applied) | ``partial`` + ``committed`` and
+  ``pending`` items (``send_notices``: stopped halfway, or still sending with some notices out).
 * ``POST /cancel/<tool>/<idempotency_key>`` asks a running cancellable call
   (``generate_report``, which works for ``duration_ms``) to stop: 202
   ``{"state": "cancelling"}``; the call then answers 409 ``cancelled`` with
@@ -567,6 +568,10 @@ async def send_notices(call: Call) -> dict[str, Any]:
             await asyncio.sleep(call.state.notice_delay_ms / 1000)
         call.fence()
         sent.append(one(recipient))
+        running = call.state.idempotency.get(slot) if call.idempotency_key else None
+        if running is not None and running.get("state") == "pending":  # the status endpoint reports progress
+            running["progress"] = {"committed": list(sent),
+                                   "pending": [{"recipient": r} for r in recipients[index + 1:]]}
     return {"notices": sent}
 
 
@@ -853,6 +858,8 @@ async def handle_status(request: web.Request) -> web.Response:
     if record is None:
         return web.json_response({"state": "not_found"})
     if record["state"] == "pending":
+        if record.get("progress") and record["progress"]["committed"]:  # a multi-item call under way
+            return web.json_response({"state": "partial", **record["progress"]})
         return web.json_response({"state": "pending"})
     if record["state"] == "committed":
         return web.json_response({"state": "committed", "result": record["body"]})

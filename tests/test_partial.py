@@ -123,3 +123,29 @@ async def test_an_mcp_client_is_told_what_was_applied_and_what_is_pending(stack)
     assert envelope["outcome"] == "partial" and len(envelope["partial"]["pending"]) == 2
     text = result["content"][0]["text"]
     assert text.startswith("partial: 2 item(s) applied, 2 pending.") and "usr_alice" in text
+
+
+async def test_a_cancel_the_status_endpoint_answers_partial_ends_partial(proxy_deps):
+    """The call does not answer within the cancel's grace (a notice takes long to send): its stream is
+    closed and the status endpoint, asked, says some notices are out and the rest pending. The cancel ends
+    ``partial`` (the reconciler follows the rest), not ``cancelled`` nor a bare ``unknown``."""
+    settings = {**proxy_deps, "reconcile.enabled": False, "reconcile.backoff_initial_ms": 0,
+                "cancellation.grace_ms": 50}
+    async with running_stack(settings) as stack:
+        stack.backend.notice_delay_ms = 1500
+        call = asyncio.create_task(stack.call("send_notices", NOTICES, headers={"Idempotency-Key": "notices-4"}))
+        await wait_until(lambda: stack.backend.notices, timeout=20, what="the first notice to be sent")
+        key = next(r["headers"]["Idempotency-Key"] for r in stack.backend.requests if r["tool"] == "send_notices")
+        await stack.post(f"/v1/operations/{key}:cancel", {})
+        _, env = await call
+        assert env["outcome"] == "partial", env
+        assert [n["recipient"] for n in env["partial"]["committed"]] == ["usr_alice"]
+        assert len(env["partial"]["pending"]) == 3 and env["partial"]["recovery"]["resolution"] == "reconcile"
+        record = await stack.runtime.operations.get(key)
+        assert record.state == "UNKNOWN"  # followed by the reconciler until nothing is pending
+        # The backend stops at its next notice boundary: one notice was in flight, the rest never go out.
+        await wait_until(lambda: stack.backend.idempotency[("send_notices", key)]["state"] == "partial",
+                         timeout=20, what="the backend to stop")
+        counts = await stack.runtime.reconciler.scan_once()
+        assert counts.get("takeover") == 1, counts
+        assert len(stack.backend.notices) == 2

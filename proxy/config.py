@@ -81,8 +81,23 @@ class BackendsConfig:
     services: dict[str, str] = setting({}, "service name -> base URL for registry backends that say `service:`")
     max_response_bytes: int = setting(4 * 1024 * 1024, "largest backend response accepted (output_invalid above)")
     connect_timeout_ms: int = setting(1000, "cap on TCP connect time to a backend")
-    pool_size: int = setting(100, "open connections per HTTP client: the hot path's wire (decisions, backend "
-                                  "calls) and the shared aiohttp session (the rest); past it a request waits")
+    pool_size: int = setting(100, "open connections to backends per HTTP client: the hot path's wire (backend "
+                                  "POSTs, stateless MCP calls) and the shared aiohttp session (the rest); past "
+                                  "it a request waits (decisions have opa.pool_size)", bounds=(1, 100000))
+    pool_per_origin: int = setting(64, "of backends.pool_size, most connections to one backend origin (scheme, "
+                                       "host, port), so a slow backend leaves the rest for the others; past it a "
+                                       "request to that origin waits", bounds=(1, 100000))
+    idle_timeout_ms: int = setting(15000, "a pooled connection idle this long is closed (keep it below the idle "
+                                          "timeout of any load balancer or NAT between proxy and backend)",
+                                   bounds=(100, 3600000))
+    max_header_bytes: int = setting(65536, "largest head (status line and headers) of a backend's or OPA's answer; "
+                                           "output_invalid above (policy_unavailable for OPA)",
+                                    bounds=(1024, 16 * 1024 * 1024))
+    max_headers: int = setting(128, "most header lines in a backend's or OPA's answer; refused like "
+                                    "max_header_bytes", bounds=(8, 100000))
+    answer_timeout_ms: int = setting(30000, "longest time from the first byte of a backend's or OPA's answer to its "
+                                            "last (a peer trickling bytes); the call's own deadline still applies; "
+                                            "0: only the deadline. Not for event streams", bounds=(0, 3600000))
 
 
 @dataclass(frozen=True)
@@ -214,6 +229,9 @@ class OpaConfig:
     url: str = setting("http://127.0.0.1:8181", "base URL of the OPA server")
     decision_path: str = setting("toolproxy/decision", "Data API path of the decision document")
     timeout_ms: int = setting(500, "timeout of one OPA query (fail closed after it)")
+    pool_size: int = setting(32, "open connections for decision queries, a pool of their own: slow backends "
+                                 "never take the decisions' connections; past it a query waits (within "
+                                 "opa.timeout_ms)", bounds=(1, 10000))
     push_catalog: bool = setting(True, "PUT the registry's tool catalog into OPA at start-up and when OPA lost it "
                                        "(false when a bundle ships it)")
 

@@ -36,7 +36,7 @@ from .eviction import EvictionWatch
 from .fronts.health import Health
 from .idempotency import IdempotencyStage
 from .identity import Authenticator
-from .wire.http import HttpWire
+from .wire.http import HttpWire, Limits
 from .locks import LockManager
 from .telemetry.metrics import Metrics
 from .operations import OperationStore
@@ -61,7 +61,8 @@ class Runtime:
     config: Config
     registry: Registry
     session: aiohttp.ClientSession
-    wire: HttpWire  # the decision query's and the backend POST's keep-alive connections
+    wire: HttpWire  # the backend POST's keep-alive connections
+    decision_wire: HttpWire  # the decision query's
     authenticator: Authenticator
     pipeline: Pipeline
     metrics: Metrics
@@ -92,6 +93,7 @@ class Runtime:
         await self.pipeline.aclose()
         await self.session.close()
         await self.wire.close()
+        await self.decision_wire.close()
         await self.policy.close()
         await self.health.close()
         await store.close_client(self.redis)
@@ -129,10 +131,20 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
             json_serialize=json.dumps,
         )
         opened.push_async_callback(session.close)
-        # The two requests every call makes (decision, backend POST) go over their own lean wire.
-        wire = HttpWire(max_connections=config.backends.pool_size,
-                        connect_timeout_s=config.backends.connect_timeout_ms / 1000.0)
+        # The two requests every call makes (decision, backend POST) go over their own lean wires: one for
+        # the backends, one for the decisions (slow backends never take a decision's connection).
+        backends = config.backends
+        wire_limits = Limits(head_bytes=backends.max_header_bytes, headers=backends.max_headers,
+                             body_bytes=backends.max_response_bytes,
+                             answer_s=backends.answer_timeout_ms / 1000.0 if backends.answer_timeout_ms else None)
+        wire = HttpWire(max_connections=backends.pool_size, max_per_origin=backends.pool_per_origin,
+                        connect_timeout_s=backends.connect_timeout_ms / 1000.0,
+                        idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=wire_limits)
         opened.push_async_callback(wire.close)
+        decision_wire = HttpWire(max_connections=config.opa.pool_size,
+                                 connect_timeout_s=backends.connect_timeout_ms / 1000.0,
+                                 idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=wire_limits)
+        opened.push_async_callback(decision_wire.close)
         redis = store.create_client(config.redis)
         opened.push_async_callback(store.close_client, redis)
         metrics = Metrics()
@@ -156,7 +168,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
         recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
                                   metrics, config.opa.decision_path)
-        policy = PolicyClient(config.opa, wire, metrics, registry, recorder)
+        policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder)
         await policy.open()
         opened.push_async_callback(policy.close)
         approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
@@ -213,7 +225,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
                               metrics=metrics, audit=audit,
                               cancel_answer_wait_s=config.cancellation.answer_wait_ms / 1000.0)
-        runtime = Runtime(config=config, registry=registry, session=session, wire=wire, authenticator=authenticator,
+        runtime = Runtime(config=config, registry=registry, session=session, wire=wire, decision_wire=decision_wire,
+                          authenticator=authenticator,
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,

@@ -134,3 +134,134 @@ async def test_five_times_the_pool_of_slow_calls_with_an_unread_output_pipe_neve
                 assert await _probe(session, proxy, bound_s=10) == 200
         finally:
             proxy.stop()
+
+
+# ----------------------------------------------------------------------------- decisions never starve
+
+
+async def test_slow_calls_filling_one_backends_share_leave_decisions_and_other_backends_served(proxy_deps, tmp_path):
+    from examples.demo_backend import start_demo_backend
+
+    demo_runner, demo_url, _ = await start_demo_backend()
+    async with SlowBackend(delay_s=3.0) as backend:
+        proxy = ProxyProcess({**proxy_deps, "backends.services": {"slow": backend.url, "demo": demo_url},
+                              "registry.paths": _registry(tmp_path, timeout_ms=8000), "reconcile.enabled": False,
+                              "backends.pool_size": 6, "backends.pool_per_origin": 4, "opa.pool_size": 2}).start()
+        try:
+            await proxy.ready()
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+                slow = [asyncio.create_task(_call(session, proxy, "slow_read", {"q": str(i)}, bound_s=30))
+                        for i in range(12)]
+                for _ in range(200):  # bounded: the slow origin's share is taken
+                    if backend.in_flight == 4:
+                        break
+                    await asyncio.sleep(0.05)
+                assert backend.in_flight == 4
+                reads = await asyncio.gather(*(_call(session, proxy, "get_order", {"order_id": "ord_1001"},
+                                                     bound_s=20) for _ in range(6)))
+                assert [e and e["outcome"] for e in reads] == ["succeeded"] * 6, reads
+                assert backend.in_flight == 4 and backend.answered == 0  # all six while the slow ones held on
+                ends = await asyncio.gather(*slow)
+                assert None not in ends and backend.peak == 4
+        finally:
+            proxy.stop()
+            await demo_runner.cleanup()
+
+
+# ----------------------------------------------------------------------------- misbehaving backends
+
+
+class RawBackend:
+    """A TCP server that reads one request and then runs ``script(writer)``; counts the bytes it got into the
+    socket before the proxy closed it (``written``) and the requests it received."""
+
+    def __init__(self, script) -> None:
+        self.script = script
+        self.written = 0
+        self.requests = 0
+        self.server: asyncio.base_events.Server | None = None
+
+    async def write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
+        self.written += len(data)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                          if line.lower().startswith(b"content-length:"))
+            await reader.readexactly(length)
+            self.requests += 1
+            async with asyncio.timeout(30):  # bounded: the proxy must have hung up long before
+                await self.script(self, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> "RawBackend":
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+async def header_flood(backend: RawBackend, writer: asyncio.StreamWriter) -> None:
+    await backend.write(writer, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n")
+    for n in range(200_000):  # what llhttp accepted before the limits: 22 MB of headers
+        await backend.write(writer, b"X-Flood-%d: %s\r\n" % (n, b"v" * 100))
+
+
+async def body_flood(backend: RawBackend, writer: asyncio.StreamWriter) -> None:
+    await backend.write(writer, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    chunk = b"x" * 65536
+    while True:  # an endless chunked body
+        await backend.write(writer, b"%x\r\n%b\r\n" % (len(chunk), chunk))
+
+
+async def slowloris(backend: RawBackend, writer: asyncio.StreamWriter) -> None:
+    await backend.write(writer, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+    while True:  # a byte at a time, never the whole body
+        await backend.write(writer, b" ")
+        await asyncio.sleep(0.05)
+
+
+FLOOD_BOUND = 16 * 1024 * 1024  # far below what the floods would send; above the limits plus socket buffers
+
+
+async def test_misbehaving_backends_cost_one_call_a_bounded_read_and_a_stable_code(proxy_deps, tmp_path):
+    async with RawBackend(header_flood) as headers, RawBackend(body_flood) as bodies, \
+            RawBackend(slowloris) as trickle:
+        tools = "tools:\n" + "".join(passthrough_read(name, "/x", "q", extra="timeout_ms: 20000", service=name)
+                                     for name in ("headers", "bodies", "trickle"))
+        (tmp_path / "hostile.yaml").write_text(tools)
+        proxy = ProxyProcess({**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(tmp_path / "hostile.yaml")],
+                              "backends.services": {"headers": headers.url, "bodies": bodies.url,
+                                                    "trickle": trickle.url},
+                              "backends.max_response_bytes": 1024 * 1024, "backends.answer_timeout_ms": 1000,
+                              "reconcile.enabled": False}).start()
+        try:
+            await proxy.ready()
+            async with aiohttp.ClientSession() as session:
+                got = {name: await _call(session, proxy, name, {"q": "1"}, bound_s=25)
+                       for name in ("headers", "bodies", "trickle")}
+        finally:
+            proxy.stop()
+        errors = {name: (env["error"]["code"], env["error"]["details"]) for name, env in got.items() if env}
+        assert len(errors) == 3, got
+        assert errors["headers"][0] == "output_invalid" and errors["headers"][1]["part"] in ("head", "headers")
+        assert errors["bodies"] == ("output_invalid", {"limit_bytes": 1024 * 1024})
+        assert errors["trickle"][0] == "dependency_unavailable"
+        assert errors["trickle"][1]["reason"] == "answer_too_slow"
+        for backend in (headers, bodies, trickle):
+            assert backend.requests == 1  # a read of a broken answer is not sent again
+        assert headers.written < FLOOD_BOUND and bodies.written < FLOOD_BOUND
+        assert trickle.written < 100  # ~20 bytes in the answer time, then the connection was closed

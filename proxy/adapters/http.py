@@ -5,7 +5,8 @@ wire (``proxy.wire.http``) within the call's budget, forwarding trusted
 headers, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
 shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly (seed 000 sections 4 and 10):
 whether the request left the proxy and whether the effect is known to have
-happened. Must never: retry, claim "not applied" for a write without proof,
+happened. Must never: retry (the wire sends a read once more only when a reused
+connection closed before answering; a write never), claim "not applied" for a write without proof,
 or pass backend bodies, hostnames or exception text to the caller.
 """
 
@@ -22,7 +23,7 @@ from ..decode import strict_loads
 from ..envelope import iso
 from ..state_guard import if_match_tag
 from ..errors import ProxyError
-from ..wire.http import Answer, HttpWire, Progress, TooLarge
+from ..wire.http import Answer, HttpWire, Progress, SlowAnswer, TooLarge
 from ..registry import ToolContract
 from . import (BackendCall, BackendResult, deadline_passed, failed_answer, partial_answer, safe_error_fields,
                safe_value, unanswered)
@@ -50,20 +51,28 @@ class HttpAdapter:
         started = time.monotonic()
         try:
             async with asyncio.timeout(call.budget_s):
+                # A read may go once more on a fresh connection when a reused one closed before answering
+                # (the wire never re-sends a write whose bytes may have reached the backend).
                 answer = await self._wire.post(url, call.canonical_arguments, forwarded_headers(call).items(),
-                                               progress=progress, max_body=self._max_response_bytes)
+                                               progress=progress, max_body=self._max_response_bytes,
+                                               retry_stale=not tool.is_write)
         except TimeoutError:  # the budget, or the connect timeout (then nothing was sent)
             raise self._timed_out(call, progress, time.monotonic() - started) from None
         except TooLarge as exc:
+            details: dict[str, Any] = {"limit_bytes": exc.limit} if exc.what != "headers" \
+                else {"limit_headers": exc.limit}
+            if exc.what != "body":
+                details["part"] = exc.what
             raise ProxyError("output_invalid", "The tool returned more data than allowed.",
-                             details={"limit_bytes": self._max_response_bytes}, phase="verify", attempted=True,
+                             details=details, phase="verify", attempted=True,
                              committed=_committed_by_status(exc.status, call.tool.is_write)) from None
-        except OSError:  # WireError included
+        except OSError as exc:  # WireError included
             if not progress.connected:
                 raise ProxyError("dependency_unavailable", "The tool's backend could not be reached.",
                                  details={"tool": tool.name}, phase="execute",
                                  attempted=False, committed=False) from None
-            raise self._connection_lost(call, progress) from None
+            raise self._connection_lost(call, progress,
+                                        "answer_too_slow" if isinstance(exc, SlowAnswer) else "connection_lost") from None
         return self._classify(call, answer)
 
     def _partial(self, call: BackendCall, answer: Answer, backend_request_id: str | None) -> BackendResult:
@@ -99,8 +108,8 @@ class HttpAdapter:
     def _timed_out(self, call: BackendCall, progress: Progress, elapsed: float) -> ProxyError:
         return deadline_passed(call, sent=progress.sent or progress.connected, elapsed_s=elapsed, backend="backend")
 
-    def _connection_lost(self, call: BackendCall, progress: Progress) -> ProxyError:
-        return unanswered(call, sent=progress.sent, why="connection_lost", details={"reason": "connection_lost"})
+    def _connection_lost(self, call: BackendCall, progress: Progress, reason: str) -> ProxyError:
+        return unanswered(call, sent=progress.sent, why="connection_lost", details={"reason": reason})
 
     def _classify(self, call: BackendCall, answer: Answer) -> BackendResult:
         status, body = answer.status, answer.body

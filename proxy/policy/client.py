@@ -26,7 +26,7 @@ import orjson
 from ..config import OpaConfig
 from .decisions import Decision, DecisionRecorder  # Decision: importable from here too
 from ..errors import ProxyError
-from ..wire.http import HttpWire
+from ..wire.http import HttpWire, TooLarge
 from ..identity import Caller
 from ..telemetry.metrics import Metrics
 from ..normalize import NormalizedCall, canonical_json, sha256_hex
@@ -181,6 +181,8 @@ class PolicyClient:
             self._fail("timeout", started)
         except OSError:  # the wire's errors included
             self._fail("unreachable", started)
+        except TooLarge:  # an answer past the wire's head or body limits: no decision in it
+            self._fail("too_large", started)
         self._metrics.opa_duration.observe(time.monotonic() - started)
         if status != 200:
             self._fail("http_error")

@@ -36,6 +36,7 @@ def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
         ("opa_fmt", "rules.rego", "-"),
         ("role_grants_unknown_tool", "data.json", "toolproxy.roles.clerk.tools[3]"),
         ("role_compensates_unknown_tool", "data.json", "toolproxy.roles.clerk.compensate[0]"),
+        ("role_operates_unknown_tool", "data.json", "toolproxy.roles.clerk.operate_others[1]"),
         ("tool_not_granted", "registry.yaml", "tools[name=audit_report]"),
         ("financial_without_threshold", "data.json", "toolproxy.settings.approval.thresholds.pay_invoice"),
         ("financial_without_limit", "data.json", "toolproxy.settings.limits.max_amount.pay_invoice"),

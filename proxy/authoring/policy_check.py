@@ -148,6 +148,11 @@ def _role_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterat
                 yield Problem("role_compensates_unknown_tool", data.where("toolproxy", "roles", role, "compensate"),
                               f"toolproxy.roles.{role}.compensate[{i}]",
                               f"role {role} may compensate {name!r}, which is no registry tool with a compensation")
+        for i, name in enumerate((spec or {}).get("operate_others", [])):  # policies/operations.rego
+            if name != "*" and name not in tools:
+                yield Problem("role_operates_unknown_tool", data.where("toolproxy", "roles", role, "operate_others"),
+                              f"toolproxy.roles.{role}.operate_others[{i}]",
+                              f"role {role} may act on other subjects' operations of {name!r}, not in the registry")
     for name, tool in sorted(tools.items()):
         if name not in granted:
             yield Problem("tool_not_granted", tool.source, f"tools[name={name}]",

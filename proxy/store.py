@@ -22,8 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import traceback
+import functools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
 
@@ -48,7 +47,53 @@ T = TypeVar("T")
 SCRIPT_NAMES: dict[str, str] = {}  # sha1 -> "<module>.<name>", for MONITOR-based tests and debugging
 
 
-class WiredRedis(redis_async.Redis):
+# What redis-py raises from inside its own client when a connection's (re)connect races a failover's
+# disconnect of the same connection (redis-py 8): its writer gone (AttributeError), uvloop's closed handle
+# (RuntimeError), a slot table being rebuilt (KeyError), a half-torn connection (TypeError). Raised inside
+# the client, that is the store failing, not the proxy.
+CLIENT_FAULTS = (AttributeError, RuntimeError, KeyError, TypeError)
+
+
+def client_faults_as_unavailable(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Wrap one of redis-py's entry points so that ``CLIENT_FAULTS`` raised under it arrive as
+    ``StoreUnavailable`` (handled like a dropped connection). Only redis-py's code runs under these entry
+    points, so no fault of the proxy's own is taken for the store's."""
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except CLIENT_FAULTS as exc:
+            raise StoreUnavailable(f"redis client fault ({type(exc).__name__})") from None
+    return call
+
+
+class _ClientFaults:
+    """For redis-py's client classes: commands, pipelines and pub/sub reads go through
+    ``client_faults_as_unavailable`` (the boundary between the client and the proxy)."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **options)  # type: ignore[misc]
+        except CLIENT_FAULTS as exc:
+            raise StoreUnavailable(f"redis client fault ({type(exc).__name__})") from None
+
+    def pipeline(self, *args: Any, **kwargs: Any) -> Any:
+        pipe = super().pipeline(*args, **kwargs)  # type: ignore[misc]
+        pipe.execute = client_faults_as_unavailable(pipe.execute)
+        return pipe
+
+    def pubsub(self, **kwargs: Any) -> Any:
+        pubsub = super().pubsub(**kwargs)  # type: ignore[misc]
+        for name in ("subscribe", "unsubscribe", "get_message"):
+            setattr(pubsub, name, client_faults_as_unavailable(getattr(pubsub, name)))
+        return pubsub
+
+
+class _Redis(_ClientFaults, redis_async.Redis):
+    """redis-py's client with the fault boundary (Sentinel's master)."""
+
+
+class WiredRedis(_ClientFaults, redis_async.Redis):
     """The standalone client: redis-py's, plus the hot path's ``RespWire`` to the same server, which its
     scripts (``register_script``) and ``RoundTrip`` batches go over. Everything else is redis-py's."""
 
@@ -186,7 +231,7 @@ async def redis_call(command: Awaitable[T]) -> T:
     return result
 
 
-class _BlockingCluster(RedisCluster):
+class _BlockingCluster(_ClientFaults, RedisCluster):
     """RedisCluster whose per-node pools wait (up to ``pool_wait_s``) for a free connection, as the other modes'
     blocking pools do, instead of failing at once. Safe to repeat: the pool refuses before anything is sent."""
 
@@ -217,27 +262,15 @@ class _BlockingSentinelPool(SentinelConnectionPool, redis_async.BlockingConnecti
 
 async def translated(command: Awaitable[T]) -> T:
     """Await one Redis command, RedisCluster's ``RedisClusterException`` (no reachable node, slot not
-    covered; not a ``RedisError`` in redis-py), a socket error redis-py let through, and a fault raised
-    inside the client during a failover (below) raised as ``StoreUnavailable``, a ``StoreError``."""
+    covered; not a ``RedisError`` in redis-py) and a socket error redis-py let through raised as
+    ``StoreUnavailable``, a ``StoreError``. (A fault inside the client during a failover already arrives as
+    one: ``_ClientFaults``.)"""
     try:
         return await command
     except RedisError:
         raise
     except (RedisClusterException, OSError) as exc:
         raise StoreUnavailable(type(exc).__name__) from None
-    except (AttributeError, RuntimeError, KeyError, TypeError) as exc:
-        # redis-py 8 races a connection's (re)connect with a failover's disconnect of the same
-        # connection (its writer gone: AttributeError; uvloop's closed handle: RuntimeError; a slot
-        # table being rebuilt: KeyError). Raised inside the client, that is the store failing, not the
-        # proxy: it is handled like a dropped connection (sent or not, unknown to the caller).
-        if not _raised_inside_redis_client(exc):
-            raise
-        raise StoreUnavailable(f"redis client fault ({type(exc).__name__})") from None
-
-
-def _raised_inside_redis_client(exc: BaseException) -> bool:
-    frames = traceback.extract_tb(exc.__traceback__)
-    return any(f"{os.sep}redis{os.sep}" in frame.filename for frame in frames[1:])
 
 
 def create_client(config: RedisConfig) -> Client:
@@ -263,7 +296,8 @@ def create_client(config: RedisConfig) -> Client:
         sentinel = Sentinel(addresses(config.sentinels), sentinel_kwargs={
             "socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": Retry(NoBackoff(), 0),
             **sentinel_auth, **tls}, **common)
-        return sentinel.master_for(config.sentinel_service, connection_pool_class=_BlockingSentinelPool,
+        return sentinel.master_for(config.sentinel_service, redis_class=_Redis,
+                                   connection_pool_class=_BlockingSentinelPool,
                                    max_connections=config.max_connections, timeout=timeout,
                                    health_check_interval=30)
     pool = redis_async.BlockingConnectionPool.from_url(

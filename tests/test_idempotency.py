@@ -45,30 +45,6 @@ def refunds(stack) -> int:
 
 # -- key derivation --------------------------------------------------------------
 
-def test_header_key_is_scoped_to_tenant_and_tool_and_fingerprints_the_arguments():
-    base = dict(subject="u1", tool="refund_order", tool_version="1.0.0", args_hash="a" * 64,
-                idempotency_key="k1", run_id=None)
-    acme, globex = derive_key(tenant="acme", **base), derive_key(tenant="globex", **base)
-    assert acme.key != globex.key
-    assert derive_key(tenant="acme", **{**base, "tool": "send_email"}).key != acme.key
-    other_args = derive_key(tenant="acme", **{**base, "args_hash": "b" * 64})
-    assert other_args.key == acme.key and other_args.fingerprint != acme.fingerprint
-    other_subject = derive_key(tenant="acme", **{**base, "subject": "u2"})
-    assert other_subject.key == acme.key and other_subject.fingerprint != acme.fingerprint
-    assert acme.key.startswith("ik_") and len(acme.key) == 67
-
-
-def test_run_id_key_names_the_whole_operation_and_no_identity_means_no_key():
-    base = dict(tenant="acme", subject="u1", tool="refund_order", tool_version="1.0.0", idempotency_key=None,
-                run_id="run_7.turn_2")
-    one, two = derive_key(args_hash="a" * 64, **base), derive_key(args_hash="b" * 64, **base)
-    assert one.key != two.key and one.source == "run_id"
-    assert derive_key(args_hash="a" * 64, **{**base, "run_id": "run_7.turn_3"}).key != one.key
-    assert derive_key(args_hash="a" * 64, **{**base, "run_id": None}) is None
-    # No field can bleed into its neighbour ("ac" + "meu1" is not "acme" + "u1").
-    assert derive_key(**{**base, "tenant": "ac", "subject": "meu1"}, args_hash="a" * 64).key != \
-        derive_key(**{**base, "tenant": "acme", "subject": "u1"}, args_hash="a" * 64).key
-
 
 # -- the state machine through the API ---------------------------------------------
 

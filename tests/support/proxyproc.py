@@ -88,7 +88,7 @@ class ProxyProcess(LoggedProcess):
                                          else log)
         return self
 
-    async def ready(self, bound_s: float = 30.0) -> None:
+    async def ready(self, bound_s: float = 60.0) -> None:  # a loaded 2-core machine takes 20 s to start one
         deadline = time.monotonic() + bound_s
         async with aiohttp.ClientSession() as session:
             while time.monotonic() < deadline:

@@ -10,7 +10,9 @@ from proxy.errors import ProxyError
 from proxy.quota_rules import LimitSpec, LimitSpecError, QuotaRules, parse_spec, spec_from_registry
 from proxy.registry import RegistryError, load_registry
 from proxy.quotas import build_rules, retry_after_header
-from tests.support.stack import DEMO_REGISTRY
+from tests.unit import REPO
+
+DEMO_REGISTRY = REPO / "examples" / "registry"
 
 
 def test_the_limit_text_reads_rate_burst_concurrency_and_redis_policy():

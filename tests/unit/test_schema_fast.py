@@ -13,7 +13,7 @@ from proxy.wire import schema_fast
 from proxy.fronts.ingress import api_validator
 from proxy.registry import load_registry
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 # Values of every JSON type, including the ones where Python and Rust could read numbers, equality,
 # strings and patterns differently.

@@ -83,12 +83,12 @@ async def drive(proxies: list[ProxyProcess], seconds: float, kind: str) -> tuple
 
 
 async def measure(redis_settings: dict[str, Any], nodes: list[Any], counts: list[int], seconds: float,
-                  opa_url: str) -> list[dict[str, Any]]:
+                  opa_settings: dict[str, str]) -> list[dict[str, Any]]:
     runner, backend_url, _ = await start_demo_backend()
     rows = []
     try:
         for count in counts:
-            settings = {**redis_settings, "opa.url": opa_url, "backends.services": {"demo": backend_url},
+            settings = {**redis_settings, **opa_settings, "backends.services": {"demo": backend_url},
                         "registry.paths": [str(DEMO_REGISTRY)], "log.level": "warning",
                         "audit.sinks": ["stdout"]}
             proxies = [ProxyProcess(settings).start() for _ in range(count)]
@@ -116,12 +116,12 @@ async def measure(redis_settings: dict[str, Any], nodes: list[Any], counts: list
     return rows
 
 
-async def memory_usage(redis_settings: dict[str, Any], opa_url: str) -> dict[str, int]:
+async def memory_usage(redis_settings: dict[str, Any], opa_settings: dict[str, str]) -> dict[str, int]:
     """MEMORY USAGE of the keys one write, one held lock and one approval leave behind."""
     client = create_client(load_config(env={}, overrides=redis_settings).redis)
     sizes: dict[str, int] = {}
     try:
-        async with running_stack({**redis_settings, "opa.url": opa_url, "reconcile.enabled": False}) as stack:
+        async with running_stack({**redis_settings, **opa_settings, "reconcile.enabled": False}) as stack:
             await stack.call("refund_order", {"order_id": "ord_1002", "amount": 100, "reason": "memory"},
                              headers={"Idempotency-Key": "mem-1"})
             await stack.call("refund_order", {"order_id": "ord_1001", "amount": 9000, "reason": "approval"},
@@ -163,8 +163,8 @@ def main() -> None:
         redis_settings = {"redis.url": server.url}
         nodes, stop = [server], server.stop
     try:
-        asyncio.run(measure(redis_settings, nodes, counts, args.seconds, opa.url))
-        print(json.dumps({"memory_usage_bytes": asyncio.run(memory_usage(redis_settings, opa.url))}))
+        asyncio.run(measure(redis_settings, nodes, counts, args.seconds, opa.settings))
+        print(json.dumps({"memory_usage_bytes": asyncio.run(memory_usage(redis_settings, opa.settings))}))
     finally:
         stop()
         opa.stop()

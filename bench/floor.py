@@ -192,8 +192,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def opa_queries(opa_url: str) -> float:
-    with urllib.request.urlopen(opa_url + "/metrics", timeout=10) as response:
+def opa_queries(opa_url: str, headers: dict[str, str]) -> float:
+    request = urllib.request.Request(opa_url + "/metrics", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     total = 0.0
     for line in text.splitlines():
@@ -279,7 +280,7 @@ def wrk(case: Case, connections: int, seconds: float, workdir: Path, run: str) -
 def measure(case: Case, connections: int, seconds: float, env: "Environment", run: str) -> tuple[dict, Sample]:
     pid = case.pid()
     cpu0 = cpu_seconds(pid) if pid else None
-    opa0 = opa_queries(env.opa_url)
+    opa0 = opa_queries(env.opa_url, env.opa_headers)
     # Redis is counted on the sequential runs only: the MONITOR feed costs the bench CPU under load.
     monitor = CommandCounter(env.redis_port, env.redis) if connections == 1 else None
     cmds0, reads0 = redis_counters(env, monitor) if monitor else (0.0, 0.0)
@@ -289,7 +290,7 @@ def measure(case: Case, connections: int, seconds: float, env: "Environment", ru
     cmds1, reads1 = redis_counters(env, monitor) if monitor else (0.0, 0.0)
     if monitor:
         monitor.close()
-    opa1 = opa_queries(env.opa_url)
+    opa1 = opa_queries(env.opa_url, env.opa_headers)
     cpu1 = cpu_seconds(pid) if pid else None
     calls = max(1, result["requests"]) * case.calls_per_request
     background = env.idle_rate_cmds * elapsed
@@ -312,6 +313,7 @@ class Environment:
     redis_port: int
     idle_rate_cmds: float = 0.0
     idle_rate_reads: float = 0.0
+    opa_headers: dict[str, str] = field(default_factory=dict)  # the bench's own reads of OPA's /metrics
 
 
 def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tuple[Environment, list[Case]]:
@@ -328,7 +330,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     backend_url = f"http://127.0.0.1:{backend_port}"
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
     floor = procs.spawn("floor", [python, "-m", "bench.floor_hop", "--port", str(floor_port), "--opa", opa.url,
-                                  "--backend", backend_url])
+                                  "--backend", backend_url, "--opa-token-file", opa.token_file])
     extra = workdir / "bench-tools.yaml"
     from tests.support.mcp_upstream import registry_yaml
     extra.write_text(registry_yaml(upstream_url))
@@ -336,7 +338,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     settings = {
         "listen.port": proxy_port, "admin.port": admin_port, "ops.port": ops_port,
         "identity.mode": "static",  # as `toolproxy dev`; every other setting is the default
-        "opa.url": opa.url, "redis.url": redis_server.url,
+        **opa.settings, "redis.url": redis_server.url,
         "backends.services": f"demo={backend_url}",
         # The proxy's own example registry: an older checkout may not know a newer contract's fields.
         "registry.paths": f"{src / 'examples' / 'registry'},{extra}",
@@ -398,7 +400,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         cases.append(start_contextforge(procs, workdir, upstream_url))
     client = redis.Redis.from_url(redis_server.url)
     environment = Environment(workdir=workdir, opa_url=opa.url, redis=client,
-                              redis_port=redis_server.port)
+                              redis_port=redis_server.port, opa_headers=opa.admin_headers)
     for case in cases:  # every case answers as expected before anything is timed
         status, _, text = post(case.url, case.body % ("probe" + uuid.uuid4().hex[:8]) if case.unique
                                else case.body, case.headers)

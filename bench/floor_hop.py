@@ -7,13 +7,14 @@ metrics, no audit). ``bench.floor`` runs it beside the proxy in the same run,
 on the same event loop implementation the proxy uses, so the ratios compare
 the pipeline's own work with the hops it cannot avoid.
 
-    python -m bench.floor_hop --port P --opa URL --backend URL
+    python -m bench.floor_hop --port P --opa URL --backend URL [--opa-token-file F]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -37,9 +38,11 @@ def _input_template() -> dict:
                        normalized=normalize(tool, {"order_id": "ord_1001"}))
 
 
-def build_app(opa_url: str, backend_url: str) -> web.Application:
+def build_app(opa_url: str, backend_url: str, opa_token: str = "") -> web.Application:
     template = _input_template()
     decision_url = opa_url.rstrip("/") + "/v1/data/toolproxy/decision"
+    # OPA answers the proxy's bearer token only: the floor sends it as the proxy does.
+    opa_headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {opa_token}"} if opa_token else {})}
     app = web.Application()
 
     async def hop(request: web.Request) -> web.Response:
@@ -47,8 +50,7 @@ def build_app(opa_url: str, backend_url: str) -> web.Application:
         document = {**template, "arguments": body["arguments"],
                     "request": {**template["request"], "call_id": body["call_id"]}}
         session: aiohttp.ClientSession = app["session"]
-        async with session.post(decision_url, data=json.dumps({"input": document}),
-                                headers={"Content-Type": "application/json"}) as response:
+        async with session.post(decision_url, data=json.dumps({"input": document}), headers=opa_headers) as response:
             decision = await response.json()
         if not decision.get("result", {}).get("allow"):
             return web.json_response({"outcome": "failed"}, status=403)
@@ -72,10 +74,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--opa", required=True)
     parser.add_argument("--backend", required=True)
+    parser.add_argument("--opa-token-file", default="")
     args = parser.parse_args()
+    token = Path(args.opa_token_file).read_text().strip() if args.opa_token_file else ""
 
     async def serve() -> None:
-        runner = web.AppRunner(build_app(args.opa, args.backend), access_log=None)
+        runner = web.AppRunner(build_app(args.opa, args.backend, token), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()
         import asyncio

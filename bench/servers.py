@@ -20,7 +20,7 @@ def real_dependencies() -> Iterator[dict[str, str]]:
     opa.start()
     redis.start()
     try:
-        yield {"opa.url": opa.url, "redis.url": redis.url}
+        yield {**opa.settings, "redis.url": redis.url}
     finally:
         redis.stop()
         opa.stop()

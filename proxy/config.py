@@ -234,6 +234,18 @@ class OpaConfig:
                                  "opa.timeout_ms)", bounds=(1, 10000))
     push_catalog: bool = setting(True, "PUT the registry's tool catalog into OPA at start-up and when OPA lost it "
                                        "(false when a bundle ships it)")
+    token_file: str = setting("", "file holding the bearer token sent to OPA on every request (OPA runs with "
+                                  "--authentication=token --authorization=basic and proxy/policy/opa_authz.rego, "
+                                  "which admits only this token, and only on the decision path; a Secret). Empty: "
+                                  "no token (an OPA that answers anyone in the pod)")
+
+
+@dataclass(frozen=True)
+class IntegrityConfig:
+    mac_key_file: str = setting("", "file holding the key (at least 32 bytes, e.g. `openssl rand -hex 32`) of the "
+                                    "MACs on approvals, spent approvals and settled outcomes in Redis; every proxy "
+                                    "and admin API of a fleet needs the same one (a Secret). Empty: an ephemeral "
+                                    "key of this process only, so no record another process wrote is honoured")
 
 
 REDIS_MODES = ("standalone", "sentinel", "cluster")
@@ -256,6 +268,8 @@ class RedisConfig:
                                         "the scripts' wire has a pool of its own of this size too); past it a "
                                         "command waits up to timeout_ms for a free one")
     password: str = setting("", "Redis password (AUTH), used when the URL carries none; set it from a Secret")
+    username: str = setting("", "Redis ACL user (AUTH username password; docs/scale.md gives its least-privilege "
+                                "ACL), used with redis.password when the URL carries none; empty: the default user")
     tls_ca_file: str = setting("", "TLS only: CA bundle that verifies the Redis server (default: system CAs)")
     tls_cert_file: str = setting("", "TLS only: client certificate for mutual TLS")
     tls_key_file: str = setting("", "TLS only: private key of tls_cert_file")
@@ -281,6 +295,8 @@ class RedisConfig:
                               "sentinel/cluster: redis.tls: true)")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("redis.tls_cert_file and redis.tls_key_file go together (mutual TLS needs both)")
+        if self.username and not self.password:
+            raise ConfigError("redis.username needs redis.password (an ACL user authenticates with both)")
         if self.mode == "sentinel" and not self.sentinels:
             raise ConfigError("redis.sentinels: sentinel mode needs at least one host:port")
         if self.mode == "sentinel" and not self.sentinel_service:
@@ -524,6 +540,8 @@ class Config:
     opa: OpaConfig = field(default_factory=OpaConfig, metadata={"help": "policy decisions"})
     approvals: ApprovalsConfig = field(default_factory=ApprovalsConfig, metadata={"help": "human approvals"})
     redis: RedisConfig = field(default_factory=RedisConfig, metadata={"help": "state store"})
+    integrity: IntegrityConfig = field(default_factory=IntegrityConfig,
+                                       metadata={"help": "record MACs (docs/scale.md)"})
     mcp: McpConfig = field(default_factory=McpConfig, metadata={"help": "MCP front and MCP backends"})
     idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig,
                                            metadata={"help": "idempotency records"})

@@ -80,6 +80,8 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "compensation_window_closed": ErrorSpec("business", False, "ask_user", 409, expose_to_user=True),
     "operation_frozen": ErrorSpec("execution", False, "ask_user", 409, expose_to_user=True),
     "audit_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
+    # a stored approval or outcome whose MAC does not verify (proxy/integrity.py): never honoured
+    "record_integrity_failed": ErrorSpec("internal", False, "ask_user", 409, expose_to_user=True),
     # internal
     "internal_error": ErrorSpec("internal", False, "stop", 500, expose_to_model=False),
 })

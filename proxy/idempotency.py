@@ -76,6 +76,7 @@ from . import compensation_contract
 from .config import IdempotencyConfig, ReconcileConfig
 from .errors import ProxyError, SideEffect
 from .identity import Caller
+from .integrity import IntegrityGuard
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
@@ -141,6 +142,7 @@ class Admission:
     reserved_at: float = 0.0  # monotonic time the reservation was sent (its lease started no earlier)
     lease_s: float = 0.0      # the lease the reservation was granted
     then_reply: Any = None    # the reply of ``admit``'s ``then`` call, made with the reservation (or None)
+    fingerprint: str = ""     # the operation's fingerprint: the committed outcome's MAC covers it
 
     @property
     def holds(self) -> bool:
@@ -202,8 +204,9 @@ def target_summary(tool: ToolContract, normalized: NormalizedCall) -> dict[str, 
 
 class IdempotencyStage:
     def __init__(self, *, store: OperationStore, config: IdempotencyConfig, reconcile: ReconcileConfig,
-                 metrics: Metrics, margin_s: float) -> None:
+                 metrics: Metrics, margin_s: float, integrity: IntegrityGuard) -> None:
         self.store = store
+        self._integrity = integrity
         self._config = config
         self._reconcile = reconcile
         self._metrics = metrics
@@ -282,7 +285,26 @@ class IdempotencyStage:
                                  details={"approval_id": replay_only_for, "reason": "used",
                                           "idempotency_key": op.key, "state": answer.text(0)},
                                  phase="idempotency")
-            return self._decide(tool, op.key, answer, reserved_at=sent, lease_s=lease_ms / 1000.0)
+            if not self._outcome_trusted(op, answer):
+                raise await self._integrity.refused(
+                    "outcome", op.key, phase="idempotency", committed=None, idempotency_key=op.key,
+                    tenant=caller.tenant, subject=caller.subject, agent=caller.agent, tool=tool.name,
+                    tool_version=tool.version, args_hash=normalized.args_hash)
+            return self._decide(tool, op.key, answer, reserved_at=sent, lease_s=lease_ms / 1000.0,
+                                fingerprint=op.fingerprint)
+
+    def _outcome_trusted(self, op: OperationKey, answer: Transition) -> bool:
+        """A stored outcome about to be handed back (a replay, a final error) carries a MAC over this key,
+        this fingerprint, its state and its text; anything else is never honoured (forged, altered, or
+        written by a version without MACs)."""
+        if answer.status == "replay":
+            state, mac = "SUCCEEDED", answer.text(1)
+        elif answer.status == "final" and answer.text(0) and answer.text(1) != "attempts_exhausted":
+            state, mac = answer.text(3), answer.text(2)
+        else:
+            return True
+        return self.store.outcome_verified(op.key, fingerprint=op.fingerprint, state=state,
+                                           outcome=answer.text(0), mac=mac)
 
     async def _withdraw(self, key: str, nonce: str) -> None:
         """A cancelled ``admit``: undo the reservation its ``begin`` made, if it made one (matched by nonce)."""
@@ -297,7 +319,7 @@ class IdempotencyStage:
             log.warning("could not undo the reservation of cancelled call %s; its lease will expire", key)
 
     def _decide(self, tool: ToolContract, key: str, answer: Any, *, reserved_at: float,
-                lease_s: float) -> Admission:
+                lease_s: float, fingerprint: str) -> Admission:
         status = answer.status
         result = {"new": "new", "retry": "retry", "replay": "replayed", "in_progress": "in_progress",
                   "conflict": "conflict", "unknown": "unknown", "final": "failed_final",
@@ -306,7 +328,7 @@ class IdempotencyStage:
         details = {"idempotency_key": key}
         if status in ("new", "retry"):
             return Admission(key=key, token=answer.int(0), attempt=answer.int(1), reserved_at=reserved_at,
-                             lease_s=lease_s, then_reply=answer.then_reply)
+                             lease_s=lease_s, then_reply=answer.then_reply, fingerprint=fingerprint)
         if status == "replay":
             return Admission(key=key, replay=_loads(answer.text(0)))
         if status == "in_progress":
@@ -410,7 +432,8 @@ class IdempotencyStage:
 
         self.store.commit_in(trip, admission.key, token=admission.token, target=target, outcome=outcome,
                              evidence=evidence, first_check_ms=self._reconcile.backoff_initial_ms,
-                             window_ms=self._reconcile.window_ms, on_reply=recorded)
+                             window_ms=self._reconcile.window_ms, on_reply=recorded,
+                             fingerprint=admission.fingerprint)
 
     async def interrupted(self, admission: Admission, *, tool: ToolContract, sent: bool) -> None:
         """The call was cancelled: release the key if nothing was sent, else mark it unknown."""

@@ -49,6 +49,7 @@ from typing import Any, Callable, Mapping
 import orjson
 
 from . import store
+from .integrity import RecordMac
 
 log = logging.getLogger("toolproxy.operations")
 
@@ -84,11 +85,12 @@ local function to_unknown(first_ms, window_ms, evidence, outcome)
   redis.call('ZADD', tenant_open(), now, id)
   redis.call('ZADD', due, now + first_ms, id)
 end
-local function settle(state, outcome, evidence)
+local function settle(state, outcome, evidence, mac)
   local was = field('state')
   if was == 'UNKNOWN' or was == 'NEEDS_TAKEOVER' then redis.call('ZREM', tenant_open(), id) end
   redis.call('HSET', rec, 'state', state, 'updated_at', now)
   if outcome ~= '' then redis.call('HSET', rec, 'outcome', outcome) end
+  if mac ~= '' then redis.call('HSET', rec, 'omac', mac) else redis.call('HDEL', rec, 'omac') end
   if evidence ~= '' then redis.call('HSET', rec, 'evidence', evidence) end
   redis.call('HDEL', rec, 'lease_until', 'rec_owner', 'rec_owner_until', 'owner')
   redis.call('ZREM', leases, id)
@@ -135,22 +137,25 @@ if state == 'IN_PROGRESS' then
   end
   state = 'FAILED_RETRYABLE'  -- a read whose executor died: nothing to reconcile, run it again
 end
-if state == 'SUCCEEDED' then return {'replay', field('outcome') or ''} end
-if state == 'FAILED_FINAL' then return {'final', field('outcome') or '', field('final_reason') or ''} end
-if state == 'CANCELLED' then return {'final', field('outcome') or '', 'cancelled'} end
+-- An outcome handed back is checked against its MAC ('omac') by the caller before it is honoured.
+if state == 'SUCCEEDED' then return {'replay', field('outcome') or '', field('omac') or ''} end
+if state == 'FAILED_FINAL' then
+  return {'final', field('outcome') or '', field('final_reason') or '', field('omac') or '', state}
+end
+if state == 'CANCELLED' then return {'final', field('outcome') or '', 'cancelled', field('omac') or '', state} end
 if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then return {'unknown', state, 0} end
 if observe then return {'not_admitted', state} end
 local attempt = tonumber(field('attempt'))
 if attempt >= max_attempts then
   redis.call('HSET', rec, 'final_reason', 'attempts_exhausted')
-  settle('FAILED_FINAL', '', '')
+  settle('FAILED_FINAL', '', '', '')
   return {'exhausted', attempt}
 end
 return start(attempt + 1, tonumber(field('token')) + 1)
 """
 
-# ARGV: id, token, target (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|UNKNOWN|ABANDON), outcome, evidence,
-#       first_ms, window_ms
+# ARGV: id, token, target (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|CANCELLED|UNKNOWN|ABANDON), outcome, evidence,
+#       first_ms, window_ms, the MAC of (target, outcome) (proxy/integrity.py; stored with a settled record)
 _COMMIT = _PRELUDE + r"""
 local target, outcome, evidence = ARGV[3], ARGV[4], ARGV[5]
 local state = field('state')
@@ -165,21 +170,22 @@ if state == 'IN_PROGRESS' then
       return {'ok', 'ABSENT'}
     end
     redis.call('HSET', rec, 'attempt', attempt - 1)
-    settle('FAILED_RETRYABLE', '', evidence)
+    settle('FAILED_RETRYABLE', '', evidence, '')
     return {'ok', 'FAILED_RETRYABLE'}
   end
   if target == 'UNKNOWN' then
     to_unknown(tonumber(ARGV[6]), tonumber(ARGV[7]), evidence, outcome)
     return {'ok', 'UNKNOWN'}
   end
-  settle(target, outcome, evidence)
+  settle(target, outcome, evidence, ARGV[8])
   return {'ok', target}
 end
 if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then
   -- Our lease ran out before we could record, but we hold a definite answer: it settles the record.
-  if target == 'ABANDON' then target = 'FAILED_RETRYABLE' end
+  local mac = ARGV[8]
+  if target == 'ABANDON' then target, mac = 'FAILED_RETRYABLE', '' end
   if target == 'UNKNOWN' then return {'ok', state} end
-  settle(target, outcome, evidence)
+  settle(target, outcome, evidence, mac)
   return {'late', target}
 end
 return {'settled', state}
@@ -213,7 +219,7 @@ if field('is_write') == '1' then
              cjson.encode({source = 'proxy', observed = 'lease_expired', at_ms = now}), '')
   return {'unknown', 'UNKNOWN'}
 end
-settle('FAILED_RETRYABLE', '', '')
+settle('FAILED_RETRYABLE', '', '', '')
 return {'released', 'FAILED_RETRYABLE'}
 """
 
@@ -243,7 +249,8 @@ redis.call('ZADD', due, now + tonumber(ARGV[3]), id)
 return {'claimed', now}
 """
 
-# ARGV: id, owner, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|WATCH|TAKEOVER), outcome, evidence, delay_ms
+# ARGV: id, owner, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|WATCH|TAKEOVER), outcome, evidence, delay_ms,
+#       the MAC of (verdict, outcome)
 _RESOLVE = _PRELUDE + r"""
 local state = field('state')
 if not state then
@@ -267,16 +274,16 @@ if verdict == 'TAKEOVER' then
   redis.call('ZREM', due, id)
   return {'ok', 'NEEDS_TAKEOVER'}
 end
-settle(verdict, outcome, evidence)
+settle(verdict, outcome, evidence, ARGV[7])
 return {'ok', verdict}
 """
 
-# ARGV: id, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL), outcome, evidence
+# ARGV: id, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL), outcome, evidence, the MAC of (verdict, outcome)
 _OPERATOR = _PRELUDE + r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 if state ~= 'UNKNOWN' and state ~= 'NEEDS_TAKEOVER' then return {'not_open', state} end
-settle(ARGV[2], ARGV[3], ARGV[4])
+settle(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return {'ok', ARGV[2]}
 """
 
@@ -359,6 +366,9 @@ class Record:
     owner: str | None = None  # the nonce of the request holding an IN_PROGRESS record
     cancel: Mapping[str, Any] | None = None        # a requested cancellation (proxy/transactions/cancellation.py)
     compensation: Mapping[str, Any] | None = None  # the compensation block (proxy/transactions/compensation.py)
+    fingerprint: str = ""          # (subject, contract version, args_hash) digest the key was reserved with
+    outcome_text: str = ""         # the stored outcome as written (what its MAC covers)
+    outcome_mac: str | None = None  # proxy/integrity.py; OperationStore.record_verified checks it
 
     @property
     def tenant(self) -> str:
@@ -393,9 +403,10 @@ def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
 class OperationStore:
     """The Redis side of idempotency: one instance per process, on the shared client."""
 
-    def __init__(self, redis: store.Client, prefix: str, *, replica_acks: int = 0, ack_timeout_ms: int = 200,
-                 on_shortfall: Callable[[str], None] | None = None) -> None:
+    def __init__(self, redis: store.Client, prefix: str, *, mac: RecordMac, replica_acks: int = 0,
+                 ack_timeout_ms: int = 200, on_shortfall: Callable[[str], None] | None = None) -> None:
         self._redis = self.redis = redis
+        self._mac = mac
         self._prefix = prefix
         self._replica_acks = replica_acks
         self._ack_timeout_ms = ack_timeout_ms
@@ -473,20 +484,40 @@ class OperationStore:
                                replicate=is_write and not observe, then=then)
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
-                     evidence: Mapping[str, Any], first_check_ms: int, window_ms: int) -> Transition:
-        """ok/late (new state) | stale (state: another execution owns the key) | settled | missing."""
-        return await self._run(self._commit, key, token, target, _dumps(outcome) if outcome else "",
-                               _dumps(evidence), first_check_ms, window_ms)
+                     evidence: Mapping[str, Any], first_check_ms: int, window_ms: int,
+                     fingerprint: str = "") -> Transition:
+        """ok/late (new state) | stale (state: another execution owns the key) | settled | missing.
+        ``fingerprint``: the record's (``OperationKey.fingerprint``); without it a settled outcome carries no
+        MAC and is never replayed."""
+        text = _dumps(outcome) if outcome else ""
+        return await self._run(self._commit, key, token, target, text, _dumps(evidence), first_check_ms, window_ms,
+                               self._outcome_mac(key, fingerprint, target, text))
 
     def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
                   outcome: Mapping[str, Any] | None, evidence: Mapping[str, Any], first_check_ms: int,
-                  window_ms: int, on_reply: Callable[[Transition | BaseException], None]) -> None:
+                  window_ms: int, on_reply: Callable[[Transition | BaseException], None],
+                  fingerprint: str = "") -> None:
         """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
+        text = _dumps(outcome) if outcome else ""
         trip.add(self._commit, self._keys(key),
-                 [key, token, target, _dumps(outcome) if outcome else "", _dumps(evidence), first_check_ms,
-                  window_ms],
+                 [key, token, target, text, _dumps(evidence), first_check_ms, window_ms,
+                  self._outcome_mac(key, fingerprint, target, text)],
                  lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
                  acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
+
+    def _outcome_mac(self, key: str, fingerprint: str, state: str, outcome: str) -> str:
+        if not fingerprint or state in ("UNKNOWN", "ABANDON", "WATCH", "TAKEOVER"):
+            return ""
+        return self._mac.outcome(key=key, fingerprint=fingerprint, state=state, outcome=outcome)
+
+    def outcome_verified(self, key: str, *, fingerprint: str, state: str, outcome: str, mac: str | None) -> bool:
+        """Whether a settled record's outcome is one a key holder recorded for this key, fingerprint and state."""
+        return self._mac.same(self._mac.outcome(key=key, fingerprint=fingerprint, state=state, outcome=outcome), mac)
+
+    def record_verified(self, record: "Record") -> bool:
+        """``outcome_verified`` for a record read with ``get`` (its own fingerprint)."""
+        return self.outcome_verified(record.key, fingerprint=record.fingerprint, state=record.state,
+                                     outcome=record.outcome_text, mac=record.outcome_mac)
 
     def _check_acks(self, transition: str) -> Callable[[int], None]:
         def checked(acked: int) -> None:
@@ -504,13 +535,16 @@ class OperationStore:
         return await self._run(self._claim, key, owner, claim_ms)
 
     async def resolve(self, key: str, *, owner: str, verdict: str, outcome: Mapping[str, Any] | None,
-                      evidence: Mapping[str, Any], delay_ms: int = 0) -> Transition:
-        return await self._run(self._resolve, key, owner, verdict, _dumps(outcome) if outcome else "",
-                               _dumps(evidence), delay_ms)
+                      evidence: Mapping[str, Any], delay_ms: int = 0, fingerprint: str = "") -> Transition:
+        text = _dumps(outcome) if outcome else ""
+        return await self._run(self._resolve, key, owner, verdict, text, _dumps(evidence), delay_ms,
+                               self._outcome_mac(key, fingerprint, verdict, text))
 
     async def resolve_by_operator(self, key: str, *, verdict: str, outcome: Mapping[str, Any] | None,
-                                  evidence: Mapping[str, Any]) -> Transition:
-        return await self._run(self._operator, key, verdict, _dumps(outcome) if outcome else "", _dumps(evidence))
+                                  evidence: Mapping[str, Any], fingerprint: str = "") -> Transition:
+        text = _dumps(outcome) if outcome else ""
+        return await self._run(self._operator, key, verdict, text, _dumps(evidence),
+                               self._outcome_mac(key, fingerprint, verdict, text))
 
     async def request_cancel(self, key: str, *, request: Mapping[str, Any]) -> Transition:
         """marked (state, request) | already (state, the first request) | settled (state, request or "")
@@ -621,4 +655,5 @@ def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:
         outcome=obj("outcome"), evidence=obj("evidence"), final_reason=f.get("final_reason") or None,
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),
         reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"),
-        owner=f.get("owner") or None, cancel=obj("cancel"), compensation=obj("compensation"))
+        owner=f.get("owner") or None, cancel=obj("cancel"), compensation=obj("compensation"),
+        fingerprint=f.get("fp", ""), outcome_text=f.get("outcome", ""), outcome_mac=f.get("omac") or None)

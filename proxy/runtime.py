@@ -29,7 +29,7 @@ from .policy.authorize import Authorizer
 from .transactions.cancellation import Cancellations
 from .transactions.compensation import Compensations
 from .backpressure import BackendGuard
-from .config import Config
+from .config import Config, ConfigError
 from .policy.decisions import build_recorder
 from .policy.denials import DenialLog
 from .eviction import EvictionWatch
@@ -40,6 +40,8 @@ from .wire.http import HttpWire, Limits
 from .locks import LockManager
 from .telemetry.metrics import Metrics
 from .operations import OperationStore
+from .integrity import IntegrityGuard, IntegrityKeyError, RecordMac
+from .policy.opa_control import read_token
 from .pipeline import Pipeline
 from .policy.client import PolicyClient
 from .quotas import QuotaStage
@@ -122,6 +124,14 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
     """Open everything the process shares. If any step fails, what was already opened is closed
     again (no unclosed session or pool, no reconciler left running) and the error goes on."""
     check_key_layout(config)
+    try:
+        mac = RecordMac.from_file(config.integrity.mac_key_file)
+    except IntegrityKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        read_token(config.opa.token_file)  # read again by the OPA clients; a bad file stops start-up here
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     registry = LiveRegistry(registry or load_registry(config.registry.paths))
     log_notices(registry)
     async with contextlib.AsyncExitStack() as opened:
@@ -162,7 +172,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, **limits), "mcp": mcp_adapter}
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics)
-        operations = OperationStore(redis, config.redis.key_prefix, replica_acks=config.redis.replica_acks,
+        integrity = IntegrityGuard(mac, metrics, audit)
+        operations = OperationStore(redis, config.redis.key_prefix, mac=mac, replica_acks=config.redis.replica_acks,
                                     ack_timeout_ms=config.redis.replica_ack_timeout_ms,
                                     on_shortfall=metrics.replica_ack_shortfall)
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
@@ -171,12 +182,13 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder)
         await policy.open()
         opened.push_async_callback(policy.close)
-        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit,
+        approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit, integrity,
                                   replica_acks=config.redis.replica_acks,
                                   ack_timeout_ms=config.redis.replica_ack_timeout_ms)
         denials = DenialLog(redis, config.redis.key_prefix, metrics)
         idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
-                                       metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0)
+                                       metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0,
+                                       integrity=integrity)
         quotas = QuotaStage(redis, config, registry, metrics,
                             BackendGuard(redis, config.quotas, registry, key_prefix=config.redis.key_prefix,
                                          metrics=metrics))
@@ -202,7 +214,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             redis=redis, cancellations=cancellations)
         compensations = Compensations(store=operations, registry=registry, pipeline=pipeline, policy=policy,
                                       audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
-                                      max_json_depth=config.decode.max_depth)
+                                      max_json_depth=config.decode.max_depth, integrity=integrity)
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
                         unknowns=unknowns, eviction=eviction, gauge_refreshers=(approvals.refresh_gauges,))
         await health.open()
@@ -232,4 +244,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
                           reloader=reloader, quotas=quotas, compensations=compensations)
         opened.pop_all()  # from here on Runtime.close() closes them
+    if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)
+        log.warning("integrity.mac_key_file is not set: records are signed with a key of this process only, so "
+                    "approvals and outcomes written by any other process (or before a restart) are refused")
     return runtime

@@ -331,6 +331,8 @@ def _auth_and_tls(config: RedisConfig) -> dict[str, Any]:
 
     Standalone takes TLS from its rediss:// URL; sentinel and cluster from ``redis.tls``."""
     options: dict[str, Any] = {"password": config.password} if config.password else {}
+    if config.username:
+        options["username"] = config.username
     if config.mode != "standalone" and config.tls:
         options["ssl"] = True
     if config.uses_tls:  # explicit: redis-py's default changed across versions

@@ -2,7 +2,7 @@
 # Check the rendered Helm chart the way platform and security teams do:
 # kubernetes-validate --strict (oldest and newest Kubernetes minor in Chart.yaml's
 # kubeVersion), the vendored CRD schemas for custom resources, and
-# checkov --framework kubernetes. Renders the default values and each
+# checkov --framework kubernetes. Renders each
 # deploy/helm/toolproxy/ci/*-values.yaml, or only the values files given:
 #
 #   scripts/check-chart.sh                      # what scripts/test.sh runs

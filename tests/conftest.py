@@ -138,7 +138,7 @@ def proxy_deps(opa_server, redis_settings):
     """Config overrides that point an in-process proxy at the session OPA and a flushed Redis (of the mode)."""
     if not opa_server.running:  # a previous test stopped it
         opa_server.start()
-    return {"opa.url": opa_server.url, **redis_settings}
+    return {**opa_server.settings, **redis_settings}
 
 
 @pytest.fixture

@@ -213,7 +213,7 @@ async def test_a_batch_call_the_deadline_never_reached_has_its_own_record(stack,
 
 async def test_a_dead_sink_does_not_fail_a_batch_for_a_call_that_never_started(opa_server, tmp_path):
     dead = "redis://127.0.0.1:9/0"
-    async with running_stack({"redis.url": dead, "opa.url": opa_server.url, "audit.sinks": ["redis"],
+    async with running_stack({"redis.url": dead, **opa_server.settings, "audit.sinks": ["redis"],
                               "audit.on_failure_read": "fail_open", "audit.on_failure_write": "fail_closed",
                               **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
         calls = [{"call_id": "x", "tool": "no_such_tool", "arguments": {}},

@@ -209,7 +209,7 @@ async def test_decision_id_and_revision_are_kept_with_the_call(proxy_deps, issue
     (the key into OPA's own log) and the policy revision; never the reasons."""
     agent, admin = issuers
     with OpaServer([POLICIES, DEMO_OPA_DATA], extra_args=["--set", "decision_logs.console=true"]) as opa:
-        overrides = {**proxy_deps, **jwt_overrides(agent, admin), "opa.url": opa.url}
+        overrides = {**proxy_deps, **jwt_overrides(agent, admin), **opa.settings}
         async with running_stack(overrides) as stack:
             headers = bearer(agent.token("alice"))
             assert (await stack.call("get_order", {"order_id": "ord_1001"}, headers=headers))[0] == 200

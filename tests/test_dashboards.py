@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.browser import chromium_page, needs_chromium, screenshot
 from tests.support.dashboard_render import evaluate, legend, page, series
-from tests.support.helm import CHART, helm
+from tests.support.helm import CHART, MINIMAL_VALUES, helm
 from tests.support.metrics import exported_names, scrape_text
 from tests.support.promql import label_names, metric_names
 from tests.support.stack import running_stack
@@ -58,7 +58,8 @@ def test_there_is_an_sre_and_a_security_dashboard_covering_what_they_watch():
 
 
 def _render(*args: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(helm("template", "t", str(CHART), *args).stdout) if d]
+    return [d for d in yaml.safe_load_all(helm("template", "t", str(CHART), "-f", str(MINIMAL_VALUES), *args).stdout)
+            if d]
 
 
 def test_the_chart_ships_them_as_configmaps_for_the_grafana_sidecar_only_when_asked():

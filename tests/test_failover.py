@@ -124,7 +124,7 @@ async def test_master_killed_mid_load_leaves_no_duplicate_effect(topology, opa_s
     group = topology
     runner, backend_url, backend = await start_demo_backend()
     backend.latency_ms = (5, 30)  # keeps calls in flight when the master dies
-    settings = {**group.overrides(), "opa.url": opa_server.url, **mesh_settings(tmp_path),
+    settings = {**group.overrides(), **opa_server.settings, **mesh_settings(tmp_path),
                 "backends.services": {"demo": backend_url}, **extra_tools(tmp_path, FLEET_COUNTER),
                 "redis.timeout_ms": 1000, "opa.timeout_ms": 5000,
                 "locks.lease_ms": LOCK_LEASE_MS, "locks.renew_interval_ms": 500,

@@ -140,7 +140,7 @@ async def hostile(tmp_path):
 def process_settings(proxy_deps: dict[str, Any], demo_url: str, registry: Path, issuers: Any, **extra: Any
                      ) -> dict[str, Any]:
     _, admin = issuers
-    return {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
+    return {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"], "opa.token_file": proxy_deps["opa.token_file"],
             "backends.services": {"demo": demo_url}, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
             "admin_identity.jwt.issuer": admin.issuer, "admin_identity.jwt.audience": "toolproxy-admin",
             "admin_identity.jwt.jwks_file": str(admin.jwks_file),
@@ -284,7 +284,7 @@ async def raw_exchange(port: int, data: bytes) -> tuple[int, dict[str, str], byt
 
 
 async def test_requests_the_http_parser_refuses_get_the_envelope_and_are_counted(proxy_deps, http_session):
-    proxy = ProxyProcess({"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
+    proxy = ProxyProcess({"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"], "opa.token_file": proxy_deps["opa.token_file"],
                           "registry.paths": [str(DEMO_REGISTRY)]}).start()
     try:
         await proxy.ready()

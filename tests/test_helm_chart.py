@@ -18,7 +18,7 @@ import yaml
 
 from proxy.config import describe, load_config
 from proxy.registry import load_registry
-from tests.support.helm import (CHART, DEMO_VALUES, HelmError, LocalPod, containers, dockerfile_stages, entrypoint,
+from tests.support.helm import (CHART, DEMO_VALUES, MINIMAL_VALUES, HelmError, LocalPod, containers, dockerfile_stages, entrypoint,
                                 find, helm, one, render)
 from tests.support.stack import REPO
 
@@ -61,7 +61,7 @@ def configmap_of(manifests, pod_spec, volume_name):
 # helm lint / template
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("values", [[], [DEMO_VALUES]], ids=["default", "demo"])
+@pytest.mark.parametrize("values", [[MINIMAL_VALUES], [DEMO_VALUES]], ids=["minimal", "demo"])
 def test_helm_lint_passes(values):
     args = ["lint", str(CHART)] + [a for v in values for a in ("-f", str(v))]
     out = helm(*args).stdout
@@ -245,9 +245,41 @@ def test_demo_redis_tls_password_and_jwks_come_from_secrets_into_the_proxy_only(
     assert config["identity"]["mode"] == config["admin_identity"]["mode"] == "jwt"
     for other in (opa, agent):
         names = {m["name"] for m in other.get("volumeMounts", [])}
-        assert not names & {"toolproxy-redis-tls", "toolproxy-jwks", "toolproxy-admin-jwks", "toolproxy-config"}, \
-            other["name"]
-        assert not [e for e in other.get("env", []) if "valueFrom" in e], other["name"]
+        assert not names & {"toolproxy-redis-tls", "toolproxy-jwks", "toolproxy-admin-jwks", "toolproxy-config",
+                            "toolproxy-record-mac", "toolproxy-opa-token"}, other["name"]
+    # OPA gets exactly one secret: the bearer token it admits; the agent none.
+    assert [e["name"] for e in opa.get("env", []) if "valueFrom" in e] == ["TOOLPROXY_OPA_TOKEN"]
+    assert not [e for e in agent.get("env", []) if "valueFrom" in e]
+
+
+def test_secrets_are_mounted_in_their_containers_only(rendered):
+    """Issue 28: the record MAC key in the proxy only; OPA's token in the proxy (a file) and OPA (its env)."""
+    pod = agent_pod(rendered)["spec"]
+    proxy, opa, agent = containers(pod)["toolproxy"], containers(pod)["toolproxy-opa"], containers(pod)["agent"]
+    config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
+    assert Path(config["integrity"]["mac_key_file"]).parent.as_posix() in mounts(proxy)
+    assert Path(config["opa"]["token_file"]).parent.as_posix() in mounts(proxy)
+    assert config["redis"].get("username", "toolproxy") == "toolproxy"  # minimal values: an ACL user
+    assert "toolproxy-record-mac" not in mounts(opa).values()
+    assert not {"toolproxy-record-mac", "toolproxy-opa-token"} & set(mounts(agent).values())
+    secret = one(rendered, "Secret", "-secrets")
+    assert set(secret["data"]) == {"record-mac-key", "opa-token"}
+    token_ref = next(e for e in opa["env"] if e["name"] == "TOOLPROXY_OPA_TOKEN")["valueFrom"]["secretKeyRef"]
+    assert token_ref == {"name": secret["metadata"]["name"], "key": "opa-token"}
+    assert "--authentication=token" in opa["args"] and "--authorization=basic" in opa["args"]
+
+
+@pytest.mark.parametrize("set_values, message", [
+    ({}, "proxy.redis: no credentials"),
+    ({"proxy.redis.username": "toolproxy", "proxy.redis.allowUnauthenticated": "true"},
+     "needs proxy.redis.passwordSecret"),
+])
+def test_a_redis_without_credentials_fails_the_render(set_values, message):
+    with pytest.raises(HelmError, match=re.escape(message)):
+        render([], set_values=set_values)
+    # The escape hatch, named to be noticed.
+    if not set_values:
+        assert render([], set_values={"proxy.redis.allowUnauthenticated": "true"})
 
 
 def test_registry_change_rolls_the_pods_but_a_policy_change_does_not():
@@ -419,7 +451,8 @@ def test_team_chart_includes_the_sidecars_through_the_named_templates(tmp_path):
     (team / "templates").mkdir(parents=True)
     (team / "Chart.yaml").write_text("apiVersion: v2\nname: team-agent\nversion: 1.0.0\ndependencies:\n"
                                      "  - name: toolproxy\n    version: 0.1.0\n")
-    (team / "values.yaml").write_text("toolproxy:\n  agent: {enabled: false}\n  proxy:\n    ports: {agent: 9000}\n")
+    (team / "values.yaml").write_text("toolproxy:\n  agent: {enabled: false}\n  proxy:\n    ports: {agent: 9000}\n"
+                                      "    redis: {passwordSecret: {name: team-redis, key: password}}\n")
     (team / "templates" / "deployment.yaml").write_text(TEAM_DEPLOYMENT)
     shutil.copytree(CHART, team / "charts" / "toolproxy", symlinks=False)  # as `helm dependency build` unpacks it
     manifests = render(chart=team, release="shop")

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import yaml
@@ -29,6 +30,10 @@ from tests.support.servers import find_binary, free_port
 
 START_TIMEOUT = 30.0
 WATCH_TIMEOUT = 15.0
+# The chart's OPA admits the proxy's token only; this second token (TOOLPROXY_OPA_ADMIN_TOKEN, never set by the
+# chart) is the test's own, given to the OPA process here so the tests can look at policies and data.
+TEST_OPA_TOKEN = "test-inspection-token"
+ADMIN = {"Authorization": f"Bearer {TEST_OPA_TOKEN}"}
 
 
 class RunningPod:
@@ -40,6 +45,8 @@ class RunningPod:
         self.config = yaml.safe_load(local.configmaps[config_name]["config.yaml"])
         self.opa_url = self.config["opa"]["url"]
         self.agent_env = local.env("agent")
+        token = Path(local.translate("toolproxy", self.config["opa"]["token_file"])).read_text()
+        self.proxy_token = {"Authorization": f"Bearer {token}"}  # what the toolproxy container sends
 
     def probe(self, container: str, kind: str) -> tuple[int, bytes]:
         get = containers(self.local.pod_spec)[container][kind]["httpGet"]
@@ -79,17 +86,18 @@ def pod(tmp_path_factory, redis_server, demo_backend):
     ports = {key: free_port() for key in ("proxy.ports.agent", "proxy.ports.admin", "proxy.ports.ops", "opa.port",
                                           "opa.diagnosticPort")}
     # The pod simulation has no token issuer: opt into the fixed demo caller (the chart default is jwt).
-    manifests = render(set_values={**ports, "proxy.redis.url": redis_url, "proxy.backends.demo": demo_backend,
-                                   "proxy.config.identity.mode": "static",
-                                   # This pod runs as processes of this host, in the host's network namespace:
-                                   # the egress guard would load its rules there (tests/walkaround tests it).
-                                   "egressGuard.enabled": "false"})
+    # The session Redis has no password: the escape hatch, as a throwaway cluster would use it.
+    manifests = render([], set_values={**ports, "proxy.redis.url": redis_url, "proxy.backends.demo": demo_backend,
+                                       "proxy.config.identity.mode": "static", "proxy.redis.allowUnauthenticated": "true",
+                                       # This pod runs as processes of this host, in the host's network namespace:
+                                       # the egress guard would load its rules there (tests/walkaround tests it).
+                                       "egressGuard.enabled": "false"})
     spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
     local = LocalPod(manifests, spec, tmp_path / "pod")
     running = RunningPod(local, manifests)
     try:
         local.run_init_containers({"toolproxy-opa-catalog": python_entrypoint()})
-        opa = local.start("toolproxy-opa", [find_binary("opa")])
+        opa = local.start("toolproxy-opa", [find_binary("opa")], extra_env={"TOOLPROXY_OPA_ADMIN_TOKEN": TEST_OPA_TOKEN})
         wait_until(lambda: running.probe("toolproxy-opa", "readinessProbe")[0] == 200, START_TIMEOUT,
                    "OPA readiness probe", opa, lambda: local.log("toolproxy-opa"))
         proxy = local.start("toolproxy", python_entrypoint(), translate_files=[proxy_config_path(spec)])
@@ -135,7 +143,7 @@ def test_opa_holds_the_catalog_of_the_registry_the_proxy_serves(pod):
     """The init container's `toolproxy opa-data` output: same digest as the proxy's own registry."""
     registry_dir = pod.local.volume_dir("toolproxy-registry")
     expected = catalog_document(load_registry([registry_dir]))["digest"]
-    status, body = http_get(pod.opa_url + "/v1/data/toolproxy/catalog/digest")
+    status, body = http("GET", pod.opa_url + "/v1/data/toolproxy/catalog/digest", headers=ADMIN)
     assert status == 200 and json.loads(body)["result"] == expected
 
 
@@ -155,11 +163,18 @@ def test_a_tool_call_is_decided_by_the_opa_sidecar_and_a_policies_configmap_edit
     assert all(proc.poll() is None for proc in processes.values()), "no sidecar was restarted"
 
 
-def test_opa_api_refuses_policy_and_data_writes_from_inside_the_pod(pod):
-    assert http("PUT", pod.opa_url + "/v1/policies/evil", b"package evil\n", content_type="text/plain")[0] == 401
-    assert http("PUT", pod.opa_url + "/v1/data/toolproxy/catalog", b"{}")[0] == 401
-    assert http("GET", pod.opa_url + "/v1/policies")[0] == 401
-    status, body = http("POST", pod.opa_url + "/v1/data/" + pod.config["opa"]["decision_path"], b'{"input": {}}')
+def test_opa_answers_the_proxys_token_on_the_decision_path_only(pod):
+    """Issue 28: from the agent container (no token) every read, decision and write is 401; the proxy's token
+    asks decisions and nothing else."""
+    decision = pod.opa_url + "/v1/data/" + pod.config["opa"]["decision_path"]
+    for headers in ({}, pod.proxy_token):
+        assert http("PUT", pod.opa_url + "/v1/policies/evil", b"package evil\n", content_type="text/plain",
+                    headers=headers)[0] == 401
+        assert http("PUT", pod.opa_url + "/v1/data/toolproxy/catalog", b"{}", headers=headers)[0] == 401
+        assert http("GET", pod.opa_url + "/v1/policies", headers=headers)[0] == 401
+        assert http("GET", pod.opa_url + "/v1/data/toolproxy", headers=headers)[0] == 401  # every tenant's data
+    assert http("POST", decision, b'{"input": {}}')[0] == 401
+    status, body = http("POST", decision, b'{"input": {}}', headers=pod.proxy_token)
     assert status == 200 and "result" in json.loads(body), body
 
 
@@ -170,7 +185,7 @@ def test_editing_the_policies_configmap_changes_answers_without_a_restart(pod):
     url = pod.opa_url + "/v1/data/toolproxy/chart_probe/answer"
 
     def answer():
-        status, body = http("POST", url, b'{"input": {}}')
+        status, body = http("POST", url, b'{"input": {}}', headers=ADMIN)
         assert status == 200, body
         return json.loads(body).get("result")
 
@@ -269,11 +284,13 @@ def test_bundle_mode_opa_pulls_the_policies_with_the_rendered_config(tmp_path):
         opa_config = next(a.split("=", 1)[1] for a in opa_args if a.startswith("--config-file="))
         try:
             # The OPA config names the mounted token file: give OPA the host path of that mount.
-            opa = local.start("toolproxy-opa", [find_binary("opa")], translate_files=[opa_config])
+            opa = local.start("toolproxy-opa", [find_binary("opa")], translate_files=[opa_config],
+                              extra_env={"TOOLPROXY_OPA_ADMIN_TOKEN": TEST_OPA_TOKEN})
             # Readiness is /health?bundles: it turns 200 only once the bundle is active.
             wait_until(lambda: running.probe("toolproxy-opa", "readinessProbe")[0] == 200, START_TIMEOUT,
                        "OPA bundle readiness", opa, lambda: local.log("toolproxy-opa"))
-            status, body = http("POST", running.opa_url + "/v1/data/toolproxy/chart_probe/answer", b'{"input": {}}')
+            status, body = http("POST", running.opa_url + "/v1/data/toolproxy/chart_probe/answer", b'{"input": {}}',
+                                headers=ADMIN)
             assert status == 200 and json.loads(body)["result"] == "from-bundle"
             # The API authorization policy outside the bundle's roots is still in force.
             assert http("PUT", running.opa_url + "/v1/policies/evil", b"package evil\n",

@@ -359,7 +359,7 @@ def unreachable(mode: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("mode", ["standalone", "sentinel", "cluster"])
 async def test_redis_down_fails_writes_closed_and_lets_plain_reads_through(opa_server, mode):
-    async with running_stack({"opa.url": opa_server.url, **unreachable(mode), "redis.timeout_ms": 200,
+    async with running_stack({**opa_server.settings, **unreachable(mode), "redis.timeout_ms": 200,
                               "reconcile.enabled": False}) as stack:
         async with stack.session.get(stack.ops_url + "/readyz") as response:
             assert response.status == 503 and (await response.json())["checks"]["redis"] is False

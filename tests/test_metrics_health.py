@@ -12,7 +12,7 @@ REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 
 
 async def test_scenario_increments_exactly_the_expected_counters(redis_url, opa_server):
-    async with running_stack({"redis.url": redis_url, "opa.url": opa_server.url,
+    async with running_stack({"redis.url": redis_url, **opa_server.settings,
                               "reconcile.enabled": False, "reconcile.backoff_initial_ms": 0}) as stack:
         before = samples(await scrape_text(stack))
         assert before[sample("toolproxy_open_unknowns")] == 0
@@ -140,7 +140,7 @@ async def test_readyz_with_real_opa_and_redis(proxy_deps):
 async def test_readyz_notices_redis_going_away(redis_server, opa_server):
     if not redis_server.running:
         redis_server.start()
-    async with running_stack({"redis.url": redis_server.url, "opa.url": opa_server.url}) as stack:
+    async with running_stack({"redis.url": redis_server.url, **opa_server.settings}) as stack:
         health = stack.runtime.health
         assert (await health.readiness()).ready
         redis_server.stop()

@@ -28,7 +28,7 @@ def errors(stack, reason: str) -> float:
 
 async def test_opa_stopped_fails_closed_then_heals_without_restart(proxy_deps):
     with OpaServer([POLICIES, DEMO_OPA_DATA]) as opa:
-        async with running_stack({**proxy_deps, "opa.url": opa.url, "opa.timeout_ms": 300}) as stack:
+        async with running_stack({**proxy_deps, **opa.settings, "opa.timeout_ms": 300}) as stack:
             assert (await stack.call("get_order", ORDER))[0] == 200
             opa.stop()
             started = time.monotonic()
@@ -80,11 +80,13 @@ async def test_slow_opa_fails_closed_within_its_timeout(proxy_deps):
     ("toolproxy/policy_revision", "forbidden", "bad_decision"),  # a string, not a decision document
 ])
 async def test_undefined_or_malformed_decisions_never_allow(proxy_deps, path, code, reason):
-    async with running_stack({**proxy_deps, "opa.decision_path": path}) as stack:
-        status, env = await stack.call("get_order", ORDER)
-        assert env["error"]["code"] == code
-        assert stack.backend.requests == []
-        assert errors(stack, reason) == 1
+    # OPA admits the proxy's token on its decision path only: this OPA's is the one under test.
+    with OpaServer([POLICIES, DEMO_OPA_DATA], decision_path=path) as opa:
+        async with running_stack({**proxy_deps, **opa.settings, "opa.decision_path": path}) as stack:
+            status, env = await stack.call("get_order", ORDER)
+            assert env["error"]["code"] == code
+            assert stack.backend.requests == []
+            assert errors(stack, reason) == 1
 
 
 # ----------------------------------------------------------------------------- the dev stack

@@ -37,7 +37,7 @@ async def fleet(demo_backend, proxy_deps, tmp_path):
     url, state = demo_backend
     extra = tmp_path / "fleet-tools.yaml"
     extra.write_text(FLEET_TOOLS)
-    settings = {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"],
+    settings = {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"], "opa.token_file": proxy_deps["opa.token_file"],
                 "backends.services": {"demo": url, "flaky": url}, "registry.paths": [str(DEMO_REGISTRY), str(extra)],
                 "reconcile.enabled": False, **mesh_settings(tmp_path),
                 "opa.timeout_ms": 5000,  # 2 loaded cores

@@ -52,8 +52,9 @@ SCENARIOS = [
 ]
 
 
-def opa_decisions(opa_url: str) -> float:
-    with urllib.request.urlopen(opa_url + "/metrics", timeout=10) as response:
+def opa_decisions(opa) -> float:
+    request = urllib.request.Request(opa.url + "/metrics", headers=opa.admin_headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
         text = response.read().decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("http_request_duration_seconds_count") and 'handler="v1/data"' in line
@@ -61,7 +62,7 @@ def opa_decisions(opa_url: str) -> float:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.name for s in SCENARIOS])
-async def test_one_call_makes_its_round_trips_and_one_opa_query(scenario, proxy_deps):
+async def test_one_call_makes_its_round_trips_and_one_opa_query(scenario, proxy_deps, opa_server):
     async with running_stack({**proxy_deps, **QUIET}) as stack:
         key = f"rt-{next(_ids)}"
         for measured in (False, True):
@@ -69,11 +70,11 @@ async def test_one_call_makes_its_round_trips_and_one_opa_query(scenario, proxy_
             if stack.runtime.registry.resolve(scenario.tool).is_write:
                 headers["Idempotency-Key"] = key if scenario.same_key or not measured else key + "-measured"
             if measured:
-                decisions = opa_decisions(proxy_deps["opa.url"])
+                decisions = opa_decisions(opa_server)
                 async with RedisTraffic(proxy_deps["redis.url"]) as traffic:
                     status, env = await stack.call(scenario.tool, scenario.arguments, headers=headers)
                     seen = await traffic.since_start()
-                assert opa_decisions(proxy_deps["opa.url"]) - decisions == 1
+                assert opa_decisions(opa_server) - decisions == 1
             else:
                 status, env = await stack.call(scenario.tool, scenario.arguments, headers=headers)
             assert env["outcome"] == "succeeded", env

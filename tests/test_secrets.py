@@ -121,7 +121,7 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
            "TOOLPROXY_ADMIN_PORT": str(free_port()), "TOOLPROXY_REGISTRY_PATHS": str(tmp_path / "tools.yaml"),
            "TOOLPROXY_BACKENDS_SERVICES": f"creds={creds_backend}", "TOOLPROXY_LOG_LEVEL": "debug",
            "TOOLPROXY_AUDIT_SINKS": "stdout,redis", "TOOLPROXY_REDIS_URL": redis_url,
-           "TOOLPROXY_OPA_URL": opa_server.url, "TOOLPROXY_IDENTITY_MODE": "jwt",
+           "TOOLPROXY_OPA_URL": opa_server.url, "TOOLPROXY_OPA_TOKEN_FILE": opa_server.token_file, "TOOLPROXY_IDENTITY_MODE": "jwt",
            "TOOLPROXY_IDENTITY_AGENT_ID": "agent-under-test",
            "TOOLPROXY_IDENTITY_JWT_ISSUER": issuer.issuer, "TOOLPROXY_IDENTITY_JWT_JWKS_FILE": str(issuer.jwks_file)}
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"

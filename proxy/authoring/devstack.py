@@ -5,7 +5,11 @@ data in ``examples/opa/``: roles, resource ownership, thresholds — or the
 directories given with ``--policies`` / ``--opa-data``), a real
 ``redis-server``, the demo tool backend and the proxy serving the registry of
 ``--registry``, else the config's ``registry.paths``, else ``examples/registry``;
-printing endpoints and sample requests; stopping every child on Ctrl-C/SIGTERM. Must never: be used
+printing endpoints and sample requests; stopping every child on Ctrl-C/SIGTERM. Its secrets are
+generated per run in its work directory, as the chart's Secrets would be: OPA's bearer token (OPA runs
+with --authentication=token and proxy/policy/opa_authz.rego), Redis's password (``requirepass``;
+``TOOLPROXY_REDIS_PASSWORD`` when set) and the record MAC key. ``TOOLPROXY_OPA_ADMIN_TOKEN``, when set,
+is the OPA token with full access (for scripting the dev stack's policy data). Must never: be used
 in production (the demo backend exposes a fault-control API).
 """
 
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..config import ConfigError, load_config
+from ..policy.opa_control import AUTHZ_POLICY
 from ..registry import RegistryError
 
 REPO = Path(__file__).resolve().parents[2]  # proxy/authoring/devstack.py -> the repository
@@ -57,17 +62,38 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None =
     raise TimeoutError(f"{url} did not become ready within {timeout_s}s")
 
 
-def opa_command(port: int, paths: Sequence[str], watch: bool = True) -> list[str]:
+def opa_command(port: int, paths: Sequence[str], watch: bool = True, *, authz: bool = True) -> list[str]:
+    """``opa run``; with ``authz`` it answers only the bearer tokens of proxy/policy/opa_authz.rego."""
     cmd = [find_binary("opa"), "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error"]
     if watch:
         cmd.append("--watch")
+    if authz:
+        cmd += ["--authentication=token", "--authorization=basic", str(AUTHZ_POLICY)]
     return cmd + list(paths)
 
 
-def redis_command(port: int, workdir: str) -> list[str]:
+def opa_env(token: str, *, decision_path: str, catalog_push: bool) -> dict[str, str]:
+    """The environment of an OPA run with ``opa_command(authz=True)``: who it admits, and where (policies
+    can read OPA's environment, so no other TOOLPROXY_* variable, e.g. a Redis password, goes along)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPROXY_")}
+    if os.environ.get("TOOLPROXY_OPA_ADMIN_TOKEN"):
+        env["TOOLPROXY_OPA_ADMIN_TOKEN"] = os.environ["TOOLPROXY_OPA_ADMIN_TOKEN"]
+    return {**env, "TOOLPROXY_OPA_TOKEN": token, "TOOLPROXY_OPA_DECISION_PATH": decision_path,
+            "TOOLPROXY_OPA_CATALOG_PUSH": "true" if catalog_push else "false"}
+
+
+def redis_command(port: int, workdir: str, password: str = "") -> list[str]:
     # noeviction: the proxy refuses a Redis that may evict its records (proxy/eviction.py).
-    return [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-            "--appendonly", "yes", "--maxmemory-policy", "noeviction", "--dir", workdir]
+    cmd = [find_binary("redis-server"), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+           "--appendonly", "yes", "--maxmemory-policy", "noeviction", "--dir", workdir]
+    return cmd + (["--requirepass", password] if password else [])
+
+
+def write_secret(path: Path, value: str) -> str:
+    """A secret file only this user can read; returns its path."""
+    path.touch(mode=0o600)
+    path.write_text(value)
+    return str(path)
 
 
 def run_dev(args: argparse.Namespace) -> int:
@@ -91,18 +117,20 @@ def run_dev(args: argparse.Namespace) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
     try:
+        import secrets
+
         policies = Path(args.policies) if args.policies else REPO / "policies"
         opa_data = Path(args.opa_data) if args.opa_data else REPO / "examples" / "opa"
-        opa = start(opa_command(args.opa_port, [str(policies), str(opa_data)]))
-        redis = start(redis_command(args.redis_port, workdir), stdout=subprocess.DEVNULL)
-        backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port)])
-        wait_http(f"http://127.0.0.1:{args.opa_port}/health", 20, opa)
-        wait_http(f"http://127.0.0.1:{args.backend_port}/healthz", 20, backend)
-        _wait_redis(args.redis_port, redis)
+        secret_dir = Path(workdir)
+        opa_token = secrets.token_urlsafe(32)
+        redis_password = os.environ.get("TOOLPROXY_REDIS_PASSWORD") or secrets.token_urlsafe(24)
         overrides = {
             "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
             "opa.url": f"http://127.0.0.1:{args.opa_port}",
+            "opa.token_file": write_secret(secret_dir / "opa-token", opa_token),
             "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
+            "redis.password": redis_password,
+            "integrity.mac_key_file": write_secret(secret_dir / "record-mac.key", secrets.token_hex(32)),
         }
         if args.registry:
             overrides["registry.paths"] = [str(Path(p).resolve()) for p in args.registry]
@@ -115,6 +143,14 @@ def run_dev(args: argparse.Namespace) -> int:
                         "registry.paths": [str(REPO / "examples" / "registry")],
                         "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"}}
         config = load_config(args.config, overrides=overrides, base=dev_defaults)
+        opa = start(opa_command(args.opa_port, [str(policies), str(opa_data)]),
+                    env=opa_env(opa_token, decision_path=config.opa.decision_path,
+                                catalog_push=config.opa.push_catalog))
+        redis = start(redis_command(args.redis_port, workdir, redis_password), stdout=subprocess.DEVNULL)
+        backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port)])
+        wait_http(f"http://127.0.0.1:{args.opa_port}/health", 20, opa)
+        wait_http(f"http://127.0.0.1:{args.backend_port}/healthz", 20, backend)
+        _wait_redis(args.redis_port, redis, redis_password)
         approver_token = None
         jwt_admin = config.admin_identity.jwt
         if not (jwt_admin.jwks_file or jwt_admin.jwks_url or jwt_admin.public_key_file or jwt_admin.hmac_secret_file):
@@ -159,7 +195,7 @@ def run_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
+def _wait_redis(port: int, proc: subprocess.Popen[bytes], password: str) -> None:
     import socket
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -167,8 +203,15 @@ def _wait_redis(port: int, proc: subprocess.Popen[bytes]) -> None:
             raise RuntimeError(f"redis-server exited with {proc.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1) as sock:
-                sock.sendall(b"PING\r\n")
-                if sock.recv(16).startswith(b"+PONG"):
+                secret = password.encode()
+                sock.sendall(b"*2\r\n$4\r\nAUTH\r\n$%d\r\n%s\r\n*1\r\n$4\r\nPING\r\n" % (len(secret), secret))
+                answer = b""
+                while answer.count(b"\r\n") < 2 and len(answer) < 512:
+                    chunk = sock.recv(256)
+                    if not chunk:
+                        break
+                    answer += chunk
+                if answer.endswith(b"+PONG\r\n"):
                     return
         except OSError:
             pass
@@ -219,9 +262,10 @@ toolproxy dev stack is up (Ctrl-C stops everything)
   OpenAI        http://127.0.0.1:{p}/v1/openai/tool-calls   (Chat tool_calls / Responses function_call items)
   admin API     http://127.0.0.1:{args.admin_port}
 {console}  metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
-  OPA           http://127.0.0.1:{args.opa_port}   (watching {policies} and {opa_data}: edits apply live)
+  OPA           http://127.0.0.1:{args.opa_port}   (watching {policies} and {opa_data}: edits apply live;
+                answers the proxy's bearer token only: set TOOLPROXY_OPA_ADMIN_TOKEN to script it)
   registry      {", ".join(map(str, registry))}
-  Redis         redis://127.0.0.1:{args.redis_port}/0
+  Redis         redis://127.0.0.1:{args.redis_port}/0   (password: TOOLPROXY_REDIS_PASSWORD, or generated)
   demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)
 
 try:

@@ -4,7 +4,10 @@ Owns: starting the real ``opa`` binary on a free loopback port with a policy
 directory and data paths, and talking to it through ``opa-python-client``
 (waiting for health, loading the tool catalog and a small batch module,
 batched evaluation, partial evaluation, explanations); stopping it on every
-path. Must never: touch the OPA the proxy uses, or outlive the command.
+path. It is locked like the proxy's OPA (--authentication=token
+--authorization=basic, proxy/policy/opa_authz.rego): the policy data and the
+replayed inputs it holds answer only this command's one-off token, never another
+local process. Must never: touch the OPA the proxy uses, or outlive the command.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -19,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..policy.opa_control import ControlError, control_client, put_data
+from ..policy.opa_control import AUTHZ_POLICY, ControlError, control_client, put_data
 
 BATCH_PACKAGE = "toolproxy_replay"
 BATCH_CHUNK = 250          # inputs per query: large enough to amortize HTTP, small enough to stream
@@ -64,11 +68,15 @@ class ScratchOpa:
             if not Path(path).exists():
                 raise ControlError(f"{path}: no such file or directory")
         port = _free_port()
+        token = secrets.token_urlsafe(32)  # full access, held by this command alone
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPROXY_")}
         self._process = subprocess.Popen(
             [self.binary, "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error",
-             "--disable-telemetry", *self._paths],
+             "--disable-telemetry", "--authentication=token", "--authorization=basic", str(AUTHZ_POLICY),
+             *self._paths],
+            env={**env, "TOOLPROXY_OPA_ADMIN_TOKEN": token},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.client = control_client(f"http://127.0.0.1:{port}", timeout_s=120.0, retries=0)
+        self.client = control_client(f"http://127.0.0.1:{port}", timeout_s=120.0, retries=0, token=token)
         await self.client.__aenter__()
         try:
             await self._wait_ready()

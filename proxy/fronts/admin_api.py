@@ -202,7 +202,8 @@ async def resolve_operation(store: OperationStore, registry: Registry, metrics: 
     await audit.record("reconciliation", critical=True, **audit_fields(record),
                        details={"from": record.state, "to": verdict, "requested_by": "operator",
                                 "evidence": evidence})
-    answer = await store.resolve_by_operator(key, verdict=verdict, outcome=outcome, evidence=evidence)
+    answer = await store.resolve_by_operator(key, verdict=verdict, outcome=outcome, evidence=evidence,
+                                             fingerprint=record.fingerprint)
     if answer.status == "missing":
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     if answer.status != "ok":

@@ -25,7 +25,7 @@ from .. import store
 from ..config import Config
 from ..eviction import EvictionWatch
 from ..telemetry.metrics import Metrics
-from ..policy.opa_control import control_client, healthy
+from ..policy.opa_control import control_client, healthy, read_token
 from ..registry import Registry
 from ..transactions.unknowns import UnknownIndex
 
@@ -50,7 +50,8 @@ class Health:
         self._config = config
         self._registry = registry
         # One attempt per probe, bounded by OPA's timeout (the probe itself is the retry).
-        self._opa = control_client(config.opa.url, timeout_s=config.opa.timeout_ms / 1000.0, retries=0)
+        self._opa = control_client(config.opa.url, timeout_s=config.opa.timeout_ms / 1000.0, retries=0,
+                                   token=read_token(config.opa.token_file))
         self._redis = redis
         self._metrics = metrics
         self._unknowns = unknowns

@@ -29,6 +29,7 @@ from ..telemetry.redaction import reveal
 from ..config import ApprovalsConfig
 from ..errors import ProxyError
 from ..identity import AdminPrincipal, Caller
+from ..integrity import IntegrityGuard
 from ..telemetry.metrics import Metrics
 from ..normalize import NormalizedCall
 from ..registry import ToolContract
@@ -40,34 +41,49 @@ log = logging.getLogger("toolproxy.approvals")
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
 
 # Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
-# consume ("1" marks it used), used_by, operation key ("" = none; recorded as used_for when consuming).
+# consume ("1" marks it used), used_by, operation key ("" = none; recorded as used_for when consuming),
+# then what Python read and verified (proxy/integrity.py): 10 status, 11 expires_at_ms, 12 approver,
+# 13 the approval's MAC over the caller's binding with those three, 14 used_at_ms, 15 the spent mark's MAC
+# over the caller's binding and this operation key, 16 the spent mark's MAC to write when consuming, 17 risk,
+# 18 requester.
 # Returns a verdict or "ok". "replay_only": the approval was spent by exactly this operation (same binding,
 # same operation key) — it may let the duplicate see that operation's outcome, never run anything.
+# "changed": the record moved since Python read it (read again); "integrity" / "integrity_used": the fields
+# are those Python expected but the stored MAC is not: a record no key holder wrote, never honoured.
 _CHECK = """
 local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'tool', 'tool_version', 'args_hash',
-                     'expires_at_ms', 'used_at_ms', 'used_for')
+                     'expires_at_ms', 'used_at_ms', 'used_for', 'approver', 'mac', 'used_mac', 'risk', 'requester')
 if not f[1] or f[2] ~= ARGV[2] then return 'not_found' end
 if f[1] == 'pending' then return 'pending' end
 if f[1] == 'denied' then return 'denied' end
 local bound = f[3] == ARGV[3] and f[4] == ARGV[4] and f[5] == ARGV[5] and f[6] == ARGV[6]
+local same = f[1] == ARGV[10] and f[7] == ARGV[11] and (f[10] or '') == ARGV[12] and (f[13] or '') == ARGV[17]
+  and (f[14] or '') == ARGV[18]
 if f[8] then
-  if ARGV[7] ~= '1' and ARGV[9] ~= '' and f[9] == ARGV[9] and bound then return 'replay_only' end
+  if ARGV[7] ~= '1' and ARGV[9] ~= '' and f[9] == ARGV[9] and bound then
+    if not same or f[8] ~= ARGV[14] then return 'changed' end
+    if f[12] ~= ARGV[15] then return 'integrity_used' end
+    return 'replay_only'
+  end
   return 'used'
 end
 if tonumber(f[7]) <= tonumber(ARGV[1]) then return 'expired' end
 if not bound then return 'mismatch' end
+if not same then return 'changed' end
+if f[11] ~= ARGV[13] then return 'integrity' end
 if ARGV[7] == '1' then
-  redis.call('HSET', KEYS[1], 'used_at_ms', ARGV[1], 'used_by', ARGV[8], 'used_for', ARGV[9])
+  redis.call('HSET', KEYS[1], 'used_at_ms', ARGV[1], 'used_by', ARGV[8], 'used_for', ARGV[9], 'used_mac', ARGV[16])
 end
 return 'ok'
 """
 
 # KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any), reason,
-# approver person (admin_identity.person_claim; "" = the token lacks it). The record's ``requester`` is the
+# approver person (admin_identity.person_claim; "" = the token lacks it), the pending record's MAC Python
+# verified ("changed" if it moved since), the decision's MAC to write. The record's ``requester`` is the
 # person of the agent's token (identity.person_claim): the same person never decides on their own request,
 # across the two IdPs. A record from before this field existed is checked by subject only.
 _DECIDE = """
-local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms', 'requester')
+local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms', 'requester', 'mac')
 if not f[1] or (ARGV[4] ~= '' and f[2] ~= ARGV[4]) then return 'not_found' end
 if f[3] == ARGV[3] then return 'self_approval' end
 if f[5] then
@@ -76,7 +92,9 @@ if f[5] then
 end
 if f[1] ~= 'pending' then return 'not_pending' end
 if tonumber(f[4]) <= tonumber(ARGV[1]) then return 'expired' end
-redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1], 'decision_reason', ARGV[5])
+if f[6] ~= ARGV[7] then return 'changed' end
+redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1], 'decision_reason', ARGV[5],
+           'mac', ARGV[8])
 return 'ok'
 """
 
@@ -150,8 +168,11 @@ def _mismatch(reason: str, approval_id: str) -> ProxyError:
 
 class ApprovalStore:
     def __init__(self, redis: store.Client, config: ApprovalsConfig, metrics: Metrics,
-                 prefix: str, audit: Auditor, *, replica_acks: int = 0, ack_timeout_ms: int = 200) -> None:
+                 prefix: str, audit: Auditor, integrity: IntegrityGuard, *, replica_acks: int = 0,
+                 ack_timeout_ms: int = 200) -> None:
         self._redis = redis
+        self._integrity = integrity
+        self._mac = integrity.mac
         self._replica_acks = replica_acks  # WAIT after spending an approval, so a failover cannot un-spend it
         self._ack_timeout_ms = ack_timeout_ms
         self._audit = audit
@@ -187,6 +208,10 @@ class ApprovalStore:
                   "agent": caller.agent, "tool": tool.name, "tool_version": tool.version,
                   "args_hash": normalized.args_hash, "risk": risk, "reasons": json.dumps(list(reasons)),
                   "summary": summary, "created_at_ms": created, "expires_at_ms": expires}
+        record["mac"] = self._mac.approval(approval_id=approval_id, tenant=caller.tenant, subject=caller.subject,
+                                           tool=tool.name, tool_version=tool.version,
+                                           args_hash=normalized.args_hash, expires_at_ms=expires, risk=risk,
+                                           requester=caller.person, status="pending")
         with _store_faults():
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self._key(approval_id), mapping=record)
@@ -206,20 +231,18 @@ class ApprovalStore:
                         normalized: NormalizedCall, *, operation_key: str | None = None) -> Approval:
         """The approval sent with X-Approval-Id, checked (not consumed) against this call. An approval
         already spent by this call's own operation comes back with ``replay_only`` set."""
-        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=False,
-                                        operation_key=operation_key)
+        verdict, record = await self._run_check(approval_id, caller, tool, normalized, consume=False,
+                                                operation_key=operation_key)
         if verdict == "pending":
             raise ProxyError("approval_required", "The approval is still waiting for a decision.",
                              details={"approval_id": approval_id}, phase="authorize")
         if verdict not in ("ok", "replay_only"):
             self._metrics.approvals.labels("expired" if verdict == "expired" else "mismatch").inc()
             raise _mismatch(verdict, approval_id)
-        with _store_faults():
-            raw = await redis_call(self._redis.hgetall(self._key(approval_id)))
-        record = {k.decode(): v.decode() for k, v in raw.items()}
-        return Approval(id=approval_id, status=record["status"], subject=record["subject"],
-                        tenant=record["tenant"], tool=record["tool"], tool_version=record["tool_version"],
-                        args_hash=record["args_hash"], risk=record["risk"],
+        # Every field below is one the check compared with this call, or one the approval's MAC covers.
+        return Approval(id=approval_id, status=record["status"], subject=caller.subject,
+                        tenant=caller.tenant, tool=tool.name, tool_version=tool.version,
+                        args_hash=normalized.args_hash, risk=record.get("risk", ""),
                         expires_at_ms=int(record["expires_at_ms"]), approver=record.get("approver"),
                         replay_only=verdict == "replay_only")
 
@@ -227,8 +250,8 @@ class ApprovalStore:
                       *, used_by: str, operation_key: str | None = None) -> None:
         """Mark the approval used, atomically with all its checks: one call per approval. The operation
         key it was spent on is recorded (a duplicate of that operation may later see its outcome)."""
-        verdict = await self._run_check(approval_id, caller, tool, normalized, consume=True, used_by=used_by,
-                                        operation_key=operation_key)
+        verdict, _ = await self._run_check(approval_id, caller, tool, normalized, consume=True, used_by=used_by,
+                                           operation_key=operation_key)
         if verdict != "ok":
             self._metrics.approvals.labels("mismatch").inc()
             raise _mismatch(verdict if verdict != "pending" else "mismatch", approval_id)
@@ -238,18 +261,48 @@ class ApprovalStore:
                                  args_hash=normalized.args_hash, details={"state": "consumed"})
 
     async def _run_check(self, approval_id: str, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                         *, consume: bool, used_by: str = "", operation_key: str | None = None) -> str:
-        args = [now_ms(), caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
-                "1" if consume else "0", used_by, operation_key or ""]
-        with _store_faults():
-            if consume and self._replica_acks > 0:
-                verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)], args,
-                                                            acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
-                if acked < self._replica_acks:
-                    self._metrics.replica_ack_shortfall("approval")
-            else:
-                verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
-        return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+                         *, consume: bool, used_by: str = "",
+                         operation_key: str | None = None) -> tuple[str, dict[str, str]]:
+        """The check (and, with ``consume``, the spending) of one approval against this call: the record is
+        read, the MACs this call expects are computed here, and the script compares them with the stored
+        ones in the same atomic step that acts on the record (a record that moved in between is read again).
+        Returns (verdict, the record as read)."""
+        for _ in range(3):
+            with _store_faults():
+                record = await self._record(approval_id) or {}
+            now = now_ms()
+            binding = {"approval_id": approval_id, "tenant": caller.tenant, "subject": caller.subject,
+                       "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
+                       "expires_at_ms": record.get("expires_at_ms", "")}
+            expected = self._mac.approval(**binding, risk=record.get("risk", ""), status=record.get("status", ""),
+                                          approver=record.get("approver", ""), requester=record.get("requester", ""))
+            used_at = record.get("used_at_ms", "")
+            expected_used = self._mac.approval_used(**binding, used_at_ms=used_at, used_for=operation_key or "")
+            spend = self._mac.approval_used(**binding, used_at_ms=now, used_for=operation_key or "")
+            args = [now, caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
+                    "1" if consume else "0", used_by, operation_key or "", record.get("status", ""),
+                    record.get("expires_at_ms", ""), record.get("approver", ""), expected, used_at, expected_used,
+                    spend if consume else "", record.get("risk", ""), record.get("requester", "")]
+            with _store_faults():
+                if consume and self._replica_acks > 0:
+                    verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)],
+                                                                args, acks=self._replica_acks,
+                                                                timeout_ms=self._ack_timeout_ms)
+                    if acked < self._replica_acks:
+                        self._metrics.replica_ack_shortfall("approval")
+                else:
+                    verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
+            verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+            if verdict != "changed":
+                break
+        else:
+            verdict = "mismatch"  # moving under every read: not something to honour
+        if verdict in ("integrity", "integrity_used"):
+            raise await self._integrity.refused(
+                "approval" if verdict == "integrity" else "approval-used", approval_id, phase="authorize",
+                approval_id=approval_id, tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+                tool=tool.name, tool_version=tool.version, args_hash=normalized.args_hash)
+        return verdict, record
 
     # -- the approver side (admin listener) --------------------------------------------
     async def list_pending(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
@@ -291,9 +344,26 @@ class ApprovalStore:
                                           "approver_tenant": principal.tenant,
                                           **({"reason": reason} if reason else {})})
         with _store_faults():
+            record = await self._record(approval_id)
+            if record is not None and record.get("status") == "pending" and self._visible_to(principal, record):
+                binding = {"approval_id": approval_id, "tenant": record.get("tenant", ""),
+                           "subject": record.get("subject", ""), "tool": record.get("tool", ""),
+                           "tool_version": record.get("tool_version", ""), "args_hash": record.get("args_hash", ""),
+                           "expires_at_ms": record.get("expires_at_ms", "")}
+                risk, requester = record.get("risk", ""), record.get("requester", "")
+                if not self._mac.same(self._mac.approval(**binding, risk=risk, requester=requester, status="pending"),
+                                      record.get("mac")):
+                    # Only the id goes into the audit record: the other fields are what failed the check.
+                    raise await self._integrity.refused("approval", approval_id, phase="approval",
+                                                        approval_id=approval_id)
+                decision_mac = self._mac.approval(**binding, risk=risk, requester=requester, status=status,
+                                                  approver=principal.subject)
+            else:
+                decision_mac = ""
             decided_at = now_ms()
             verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
-                decided_at, status, principal.subject, principal.tenant or "", reason, principal.person]))
+                decided_at, status, principal.subject, principal.tenant or "", reason, principal.person,
+                (record or {}).get("mac", ""), decision_mac]))
             verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
             if verdict == "ok":
                 async with self._redis.pipeline(transaction=False) as pipe:
@@ -313,7 +383,7 @@ class ApprovalStore:
             raise ProxyError("forbidden", "The approver's or the requester's token lacks the identity claim the "
                              "self-approval check compares (identity.person_claim / admin_identity.person_claim).",
                              details={"approval_id": approval_id, "reason": "person_unknown"}, phase="approval")
-        if verdict != "ok":
+        if verdict != "ok":  # "changed": it moved since it was read (another approver): no longer pending as read
             raise ProxyError("approval_not_pending", "The approval is no longer waiting for a decision.",
                              details={"approval_id": approval_id, "reason": verdict}, phase="approval")
         self._metrics.approvals.labels(status).inc()

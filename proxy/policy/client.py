@@ -30,7 +30,7 @@ from ..wire.http import HttpWire, TooLarge
 from ..identity import Caller
 from ..telemetry.metrics import Metrics
 from ..normalize import NormalizedCall, canonical_json, sha256_hex
-from .opa_control import ControlError, control_client, put_data
+from .opa_control import ControlError, control_client, put_data, read_token
 from ..registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.policy")
@@ -106,8 +106,12 @@ class PolicyClient:
                  registry: Registry, recorder: DecisionRecorder | None = None) -> None:
         self._config = config
         self._recorder = recorder
-        # Control plane (catalog push) through opa-python-client; decisions over their own wire.
-        self._control = control_client(config.url, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2)
+        # Control plane (catalog push) through opa-python-client; decisions over their own wire. Both carry
+        # the proxy's bearer token: OPA answers nobody else (proxy/policy/opa_authz.rego).
+        token = read_token(config.token_file)
+        self._headers = _JSON + ((("Authorization", f"Bearer {token}"),) if token else ())
+        self._control = control_client(config.url, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2,
+                                       token=token)
         self._metrics = metrics
         self._catalog = catalog_document(registry)
         self._wire = wire
@@ -174,7 +178,7 @@ class PolicyClient:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                answer = await self._wire.post(self._url, orjson.dumps({"input": document}), _JSON,
+                answer = await self._wire.post(self._url, orjson.dumps({"input": document}), self._headers,
                                                retry_stale=True)  # a query has no side effect
             status, body = answer.status, answer.body
         except TimeoutError:

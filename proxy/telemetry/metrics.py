@@ -98,6 +98,10 @@ class Metrics:
                                      "stdout)", ["sink"], registry=r)
         self.decision_record_failures = Counter("toolproxy_decision_record_failures",
                                                 "Decision records a sink failed to write", ["sink"], registry=r)
+        self.integrity_failures = Counter(
+            "toolproxy_integrity_failures", "Stored records refused because their MAC did not verify (forged, "
+            "altered, or written before records carried one), by record (approval, approval-used, outcome)",
+            ["record"], registry=r)
         self.replica_ack_shortfalls = Counter(
             "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "
             "that fewer replicas than redis.min_replica_acks acknowledged within redis.replica_ack_timeout_ms, by "

@@ -34,6 +34,7 @@ from ..compensation_contract import build_arguments
 from ..decode import decode_arguments
 from ..errors import ProxyError
 from ..identity import Caller
+from ..integrity import IntegrityGuard
 from ..idempotency import KEY_PATTERN, derive_key
 from ..operation_views import agent_view, operation_view
 from ..telemetry.metrics import Metrics
@@ -58,8 +59,10 @@ MAX_TAKEOVERS_LISTED = 500
 
 class Compensations:
     def __init__(self, *, store: OperationStore, registry: Registry, pipeline: CallRunner, policy: PolicyClient,
-                 audit: Auditor, metrics: Metrics, key_prefix: str, max_json_depth: int) -> None:
+                 audit: Auditor, metrics: Metrics, key_prefix: str, max_json_depth: int,
+                 integrity: IntegrityGuard) -> None:
         self._store = store
+        self._integrity = integrity
         self._registry = registry
         self._pipeline = pipeline
         self._policy = policy
@@ -99,6 +102,9 @@ class Compensations:
         if not block and time.time() * 1000 > record.updated_at + spec.window_s * 1000:
             raise self._refused("compensation_window_closed", "The time window for compensating this "
                                 "operation has passed; its effect stands.", record, window_s=spec.window_s)
+        if not self._store.record_verified(record):  # a SUCCEEDED no key holder recorded is not undone
+            raise await self._integrity.refused("outcome", key, phase="request", idempotency_key=key,
+                                                tenant=caller.tenant, subject=caller.subject, agent=caller.agent)
         target = self._registry.get(spec.tool, spec.version)
         arguments = build_arguments(spec, inputs=record.meta.get("compensation_inputs") or {},
                                     result=(record.outcome or {}).get("data"))

@@ -216,7 +216,8 @@ class Reconciler:
                                       evidence=verdict.evidence, delay_ms=delay)
             return "watching"
         answer = await self._store.resolve(key, owner=self._owner, verdict=verdict.verdict,
-                                           outcome=verdict.outcome(tool, record), evidence=verdict.evidence)
+                                           outcome=verdict.outcome(tool, record), evidence=verdict.evidence,
+                                           fingerprint=record.fingerprint)
         if answer.status != "ok":
             return answer.status
         log.info("operation %s reconciled: %s (%s)", key, verdict.verdict, verdict.result)

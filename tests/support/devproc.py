@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import subprocess
 import sys
 import time
@@ -33,6 +34,9 @@ class DevStack(LoggedProcess):
         self.opa_url, self.backend_url = base["opa"], base["backend"]
         self.console_url = ""
         self.token = ""
+        # OPA answers the proxy's token only; this one (full access) lets a test edit its policy data.
+        self.opa_admin_token = secrets.token_urlsafe(32)
+        self.opa_headers = {"Authorization": f"Bearer {self.opa_admin_token}"}
 
     def start(self, bound_s: float = 60.0) -> "DevStack":
         command = [sys.executable, "-m", "proxy.cli", "dev"]
@@ -40,7 +44,8 @@ class DevStack(LoggedProcess):
             command += [f"--{name}-port", str(port)]
         with open(self._log_path, "ab") as log:
             self.proc = subprocess.Popen(command, cwd=REPO, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                              "TOOLPROXY_OPA_ADMIN_TOKEN": self.opa_admin_token})
         deadline = time.monotonic() + bound_s
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"toolproxy dev exited:\n{self.log()}"

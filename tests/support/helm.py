@@ -12,6 +12,7 @@ real ``opa`` and the real ``toolproxy`` entrypoint from the Dockerfile.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import os
@@ -32,6 +33,8 @@ from tests.support.servers import find_binary
 REPO = Path(__file__).resolve().parent.parent.parent
 CHART = REPO / "deploy" / "helm" / "toolproxy"
 DEMO_VALUES = CHART / "ci" / "demo-values.yaml"
+# The defaults plus the one thing a release must add: Redis credentials (the chart refuses a Redis without).
+MINIMAL_VALUES = CHART / "ci" / "minimal-values.yaml"
 DOCKERFILE = REPO / "Dockerfile"
 
 
@@ -64,10 +67,13 @@ def _without_symlink_notes(text: str) -> str:
     return "\n".join(line for line in text.splitlines() if "found symbolic link in path" not in line)
 
 
-def render(values_files: Sequence[Path] = (), set_values: Mapping[str, Any] | None = None,
+def render(values_files: Sequence[Path] | None = None, set_values: Mapping[str, Any] | None = None,
            *, chart: Path = CHART, release: str = "t", set_json: Mapping[str, Any] | None = None
            ) -> list[dict[str, Any]]:
-    """``helm template`` -> list of manifests (documents that are not empty)."""
+    """``helm template`` -> list of manifests (documents that are not empty). No ``values_files``: the
+    chart's defaults plus ``MINIMAL_VALUES`` (for this chart; another chart: its defaults)."""
+    if values_files is None:
+        values_files = [MINIMAL_VALUES] if chart == CHART else []
     args = ["template", release, str(chart)]
     for path in values_files:
         args += ["-f", str(path)]
@@ -187,6 +193,9 @@ class LocalPod:
     def __post_init__(self) -> None:
         self.configmaps = {m["metadata"]["name"]: m.get("data", {}) for m in self.manifests
                            if m["kind"] == "ConfigMap"}
+        rendered = {m["metadata"]["name"]: {k: base64.b64decode(v).decode() for k, v in m.get("data", {}).items()}
+                    for m in self.manifests if m["kind"] == "Secret"}  # the chart's own (generated) Secrets
+        self.secrets = {**rendered, **self.secrets}
         self.volumes = {v["name"]: v for v in self.pod_spec.get("volumes", [])}
         for name in self.volumes:
             self.publish(name)
@@ -321,8 +330,9 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 
 
 def http(method: str, url: str, body: bytes | None = None, timeout: float = 2.0,
-         content_type: str = "application/json") -> tuple[int, bytes]:
-    req = urllib.request.Request(url, data=body, method=method, headers={"Content-Type": content_type})
+         content_type: str = "application/json", headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=body, method=method,
+                                 headers={"Content-Type": content_type, **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read()

@@ -22,7 +22,7 @@ from typing import Any, Mapping
 
 import aiohttp
 
-from tests.support.servers import free_port
+from tests.support.servers import free_port, mac_key_file
 
 REPO = Path(__file__).resolve().parent.parent.parent
 
@@ -71,7 +71,9 @@ class ProxyProcess(LoggedProcess):
         self.merge_stderr = merge_stderr  # with stdout_pipe: the log lines (stderr) into that same pipe
         self.port, self.admin_port, self.ops_port = free_port(), free_port(), free_port()
         merged = {"listen.port": self.port, "admin.port": self.admin_port, "ops.port": self.ops_port,
-                  "log.level": "info", "identity.mode": "static", **settings}
+                  "log.level": "info", "identity.mode": "static",
+                  "integrity.mac_key_file": mac_key_file(),  # every process of a test run: one fleet, one key
+                  **settings}
         self.env = {**os.environ, **{"TOOLPROXY_" + k.replace(".", "_").upper(): _env_value(v)
                                      for k, v in merged.items()}}
 

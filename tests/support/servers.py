@@ -10,8 +10,10 @@ Every wait is bounded; ``stop()`` terminates, waits, then kills.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import secrets
 import socket
 import subprocess
 import tempfile
@@ -21,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from proxy.authoring import devstack
+from proxy.policy.opa_control import AUTHZ_POLICY
 from typing import Any, Iterable, Sequence
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "find_binary",
     "OpaServer",
     "RedisServer",
+    "mac_key_file",
 ]
 
 DEFAULT_START_TIMEOUT = 15.0
@@ -49,6 +53,15 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@functools.cache
+def mac_key_file() -> str:
+    """The record MAC key of this test process (a file of 64 hex characters), generated once: every proxy a
+    test run starts, in process or not, shares it, as the proxies of a fleet do."""
+    path = Path(tempfile.mkdtemp(prefix="toolproxy-mac-")) / "mac.key"
+    path.write_text(secrets.token_hex(32))
+    return str(path)
 
 
 def find_binary(name: str) -> str:
@@ -95,6 +108,10 @@ class _Server:
     def _command(self) -> list[str]:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _env(self) -> dict[str, str] | None:
+        """The process's environment (None: this process's)."""
+        return None
+
     def _is_ready(self) -> bool:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -113,6 +130,7 @@ class _Server:
         self._log_file = open(self._log_path, "ab")
         self._proc = subprocess.Popen(
             self._command(),
+            env=self._env(),
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
@@ -170,6 +188,12 @@ class OpaServer(_Server):
 
     ``paths`` are policy/data files or directories loaded at startup (they
     must exist). ``watch=True`` adds ``--watch`` so edits on disk are reloaded.
+
+    ``auth=True`` (the default) runs it as the chart and the dev stack do: ``--authentication=token
+    --authorization=basic`` with proxy/policy/opa_authz.rego, which admits the proxy's ``token`` (in
+    ``token_file``; ``settings`` points a proxy at it) on the decision path only. The test helpers here
+    (``put_policy``, ``put_data``, ``query``) use ``admin_token``, a second token with full access that
+    only tests and the dev stack set.
     """
 
     name = "opa"
@@ -182,6 +206,8 @@ class OpaServer(_Server):
         port: int | None = None,
         binary: str | None = None,
         extra_args: Sequence[str] = (),
+        auth: bool = True,
+        decision_path: str = "toolproxy/decision",
         start_timeout: float = DEFAULT_START_TIMEOUT,
     ) -> None:
         super().__init__(port, start_timeout)
@@ -189,10 +215,32 @@ class OpaServer(_Server):
         self.paths = [str(p) for p in paths]
         self.watch = watch
         self.extra_args = list(extra_args)
+        self.auth = auth
+        self.decision_path = decision_path  # the one data path the proxy's token may query
+        self.token = secrets.token_urlsafe(32)
+        self.admin_token = secrets.token_urlsafe(32)
+        self.token_file = str(self._logdir / "opa-token")
+        Path(self.token_file).write_text(self.token)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The proxy's ``opa.*`` settings for this server (its URL and, with auth, its token file)."""
+        return {"opa.url": self.url, **({"opa.token_file": self.token_file} if self.auth else {})}
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """Headers for a test's own request to OPA's API (data, policies, metrics)."""
+        return {"Authorization": f"Bearer {self.admin_token}"} if self.auth else {}
+
+    def _env(self) -> dict[str, str] | None:
+        if not self.auth:
+            return None
+        return {**os.environ, "TOOLPROXY_OPA_TOKEN": self.token, "TOOLPROXY_OPA_ADMIN_TOKEN": self.admin_token,
+                "TOOLPROXY_OPA_CATALOG_PUSH": "true", "TOOLPROXY_OPA_DECISION_PATH": self.decision_path}
 
     def _command(self) -> list[str]:
         cmd = [
@@ -206,6 +254,8 @@ class OpaServer(_Server):
         ]
         if self.watch:
             cmd.append("--watch")
+        if self.auth:
+            cmd += ["--authentication=token", "--authorization=basic", str(AUTHZ_POLICY)]
         cmd += self.extra_args
         cmd += self.paths
         return cmd
@@ -223,7 +273,7 @@ class OpaServer(_Server):
         content_type: str = "application/json",
         timeout: float = 5.0,
     ) -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, data=body, method=method)
+        req = urllib.request.Request(self.url + path, data=body, method=method, headers=self.admin_headers)
         if body is not None:
             req.add_header("Content-Type", content_type)
         try:
@@ -279,6 +329,10 @@ class RedisServer(_Server):
     Persistence is off by default; pass ``extra_args=["--appendonly", "yes"]``
     for restart tests. ``start()`` after ``stop()`` reuses the same port and
     data directory, so persisted data survives a restart.
+
+    ``password`` turns AUTH on (``requirepass``: the default user's password); ``users`` are ACL rules
+    (``"toolproxy on >secret ~toolproxy:* +get"``), one user each. ``url`` never carries credentials;
+    ``client()`` (the test's own inspection) authenticates as the default user.
     """
 
     name = "redis"
@@ -291,8 +345,12 @@ class RedisServer(_Server):
         extra_args: Sequence[str] = (),
         data_dir: str | os.PathLike | None = None,
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        password: str | None = None,
+        users: Sequence[str] = (),
     ) -> None:
         super().__init__(port, start_timeout)
+        self.password = password
+        self.users = list(users)
         self.binary = binary or find_binary("redis-server")
         self.extra_args = list(extra_args)
         self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="toolproxy-redis-"))
@@ -319,6 +377,8 @@ class RedisServer(_Server):
             "noeviction",
             "--dir",
             str(self.data_dir),
+            *(["--requirepass", self.password] if self.password else []),
+            *[part for user in self.users for part in ("--user", *user.split())],
             *self.extra_args,  # later options override earlier ones
         ]
 
@@ -331,6 +391,8 @@ class RedisServer(_Server):
                 "the 'redis' Python package is required to talk to RedisServer; "
                 "it should come with `pip install -e '.[test]'` (scripts/setup.sh)"
             ) from e
+        if self.password:
+            kwargs.setdefault("password", self.password)
         return redis.Redis.from_url(self.url, **kwargs)
 
     def _is_ready(self) -> bool:

@@ -26,6 +26,7 @@ from examples.demo_backend import DemoState, start_demo_backend
 from proxy.fronts.app import Runtime, admin_app, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
 from proxy.fronts.http_server import EnvelopeRunner
+from tests.support.servers import mac_key_file
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DEMO_REGISTRY = REPO / "examples" / "registry"
@@ -201,6 +202,7 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
     else:
         backend_runner, backend_url, state = None, share.backend_url, share.backend
     config: Config = load_config(env={}, overrides={
+        "integrity.mac_key_file": mac_key_file(),  # every proxy of a test run shares one, as a fleet does
         "identity.mode": "static",  # tests opt into static identity; the product default is jwt
         "backends.services": {"demo": backend_url},
         "registry.paths": [str(DEMO_REGISTRY)],

@@ -173,7 +173,11 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
   "registry" (dict "paths" (list .Values.registry.mountPath))
   "opa" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.opa.port)) "decision_path" .Values.opa.decisionPath
               "push_catalog" false)
+  "integrity" (dict "mac_key_file" (printf "%s/%s" (include "toolproxy.recordMacPath" .) (include "toolproxy.recordMacKey" .)))
   "log" (dict "level" $p.logLevel) }}
+{{- if .Values.opa.authz.enabled }}
+{{- $_ := set $owned.opa "token_file" (printf "%s/%s" (include "toolproxy.opaTokenPath" .) (include "toolproxy.opaTokenKey" .)) }}
+{{- end }}
 {{- /* OPA refuses writes from the pod (see opa-system.yaml): the catalog is loaded from files, never pushed. */}}
 {{- if $p.jwks.secretName }}
 {{- $_ := set $owned "identity" (dict "jwt" (dict "jwks_file" (printf "%s/%s" $p.jwks.mountPath $p.jwks.key))) }}
@@ -190,6 +194,7 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- $_ := set $owned "backends" (dict "services" $p.backends) }}
 {{- end }}
 {{- $redis := dict "mode" $p.redis.mode "min_replica_acks" (int $p.redis.minReplicaAcks) "accept_eviction" $p.redis.acceptEviction }}
+{{- if $p.redis.username }}{{ $_ := set $redis "username" $p.redis.username }}{{ end }}
 {{- if eq $p.redis.mode "sentinel" }}
 {{- $_ := set $redis "sentinels" $p.redis.sentinel.addresses }}
 {{- $_ := set $redis "sentinel_service" $p.redis.sentinel.serviceName }}
@@ -267,8 +272,30 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- fail "egressGuard.enabled: agent.securityContext.runAsUser must differ from proxy.securityContext.runAsUser (the guard lets only the proxy's UID through)" }}
 {{- end }}
 {{- end }}
+{{- with .Values.proxy.redis }}
+{{- /* Whoever reaches an unauthenticated Redis can approve their own calls and forge outcomes (issue 28). */}}
+{{- if not (or .passwordSecret.name .urlSecret.name (and .tls.secretName .tls.certKey) .allowUnauthenticated) }}
+{{- fail "proxy.redis: no credentials. Set proxy.redis.passwordSecret (plus proxy.redis.username for an ACL user; docs/scale.md has the least-privilege ACL), a urlSecret whose URL carries them, or a client certificate (proxy.redis.tls.certKey/keyKey); proxy.redis.allowUnauthenticated=true only for a throwaway cluster" }}
+{{- end }}
+{{- if and .username (not (or .passwordSecret.name .urlSecret.name)) }}
+{{- fail "proxy.redis.username needs proxy.redis.passwordSecret (an ACL user authenticates with both)" }}
+{{- end }}
+{{- end }}
 {{- $ports := list (int .Values.proxy.ports.agent) (int .Values.proxy.ports.admin) (int .Values.proxy.ports.ops) (int .Values.opa.port) (int .Values.opa.diagnosticPort) }}
 {{- if ne (len $ports) (len (uniq $ports)) }}
 {{- fail (printf "proxy.ports and opa ports must all differ (they share the pod's network namespace): %v" $ports) }}
 {{- end }}
 {{- end }}
+
+{{/*
+The generated Secret (secrets.yaml): the record MAC key and OPA's API token, unless given from Secrets
+of your own. Kept across upgrades (lookup): a new MAC key would make every stored approval and outcome
+unverifiable.
+*/}}
+{{- define "toolproxy.generatedSecret" -}}{{ include "toolproxy.component" (dict "root" . "suffix" "secrets") }}{{- end }}
+{{- define "toolproxy.recordMacPath" -}}/etc/toolproxy/record-mac{{- end }}
+{{- define "toolproxy.opaTokenPath" -}}/etc/toolproxy/opa-token{{- end }}
+{{- define "toolproxy.recordMacSecret" -}}{{ .Values.proxy.integrity.macKeySecret.name | default (include "toolproxy.generatedSecret" .) }}{{- end }}
+{{- define "toolproxy.recordMacKey" -}}{{ ternary .Values.proxy.integrity.macKeySecret.key "record-mac-key" (not (empty .Values.proxy.integrity.macKeySecret.name)) }}{{- end }}
+{{- define "toolproxy.opaTokenSecret" -}}{{ .Values.opa.authz.tokenSecret.name | default (include "toolproxy.generatedSecret" .) }}{{- end }}
+{{- define "toolproxy.opaTokenKey" -}}{{ ternary .Values.opa.authz.tokenSecret.key "opa-token" (not (empty .Values.opa.authz.tokenSecret.name)) }}{{- end }}

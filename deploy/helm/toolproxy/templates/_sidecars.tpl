@@ -150,6 +150,10 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     - {name: toolproxy-config, mountPath: {{ include "toolproxy.configPath" . | dir }}, readOnly: true}
     - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
     - {name: toolproxy-tmp, mountPath: /tmp}
+    - {name: toolproxy-record-mac, mountPath: {{ include "toolproxy.recordMacPath" . }}, readOnly: true}
+    {{- if .Values.opa.authz.enabled }}
+    - {name: toolproxy-opa-token, mountPath: {{ include "toolproxy.opaTokenPath" . }}, readOnly: true}
+    {{- end }}
     {{- if $p.redis.tls.secretName }}
     - {name: toolproxy-redis-tls, mountPath: {{ include "toolproxy.redisTlsPath" . }}, readOnly: true}
     {{- end }}
@@ -177,6 +181,7 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- /* kubelet mounts ConfigMaps as symlinks into hidden ..<timestamp> dirs; load only the visible names. */}}
     - --ignore=.*
     {{- if $o.authz.enabled }}
+    - --authentication=token
     - --authorization=basic
     {{- end }}
     {{- if $o.decisionLogsToConsole }}
@@ -200,6 +205,14 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- if include "toolproxy.hasCatalog" . }}
     - {{ printf "%s:%s" $o.catalog.dataPath $o.catalog.mountPath }}
     {{- end }}
+  {{- if $o.authz.enabled }}
+  env:
+    # Read by the system.authz policy (opa.runtime().env): the one bearer token OPA answers.
+    - name: TOOLPROXY_OPA_TOKEN
+      valueFrom: {secretKeyRef: {name: {{ include "toolproxy.opaTokenSecret" . | quote }}, key: {{ include "toolproxy.opaTokenKey" . | quote }}}}
+    - name: TOOLPROXY_OPA_DECISION_PATH
+      value: {{ $o.decisionPath | quote }}
+  {{- end }}
   ports:
     - {name: opa-diag, containerPort: {{ $o.diagnosticPort }}, protocol: TCP}
   livenessProbe:
@@ -248,6 +261,20 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
   emptyDir: {sizeLimit: 64Mi}
 - name: toolproxy-opa-tmp
   emptyDir: {sizeLimit: 64Mi}
+- name: toolproxy-record-mac
+  # Only the toolproxy container mounts it: a process that reaches Redis without this key cannot forge
+  # an approval or an outcome (docs/scale.md).
+  secret:
+    secretName: {{ include "toolproxy.recordMacSecret" . }}
+    defaultMode: 0444
+    items: [{key: {{ include "toolproxy.recordMacKey" . | quote }}, path: {{ include "toolproxy.recordMacKey" . | quote }}}]
+{{- if $o.authz.enabled }}
+- name: toolproxy-opa-token
+  secret:
+    secretName: {{ include "toolproxy.opaTokenSecret" . }}
+    defaultMode: 0444
+    items: [{key: {{ include "toolproxy.opaTokenKey" . | quote }}, path: {{ include "toolproxy.opaTokenKey" . | quote }}}]
+{{- end }}
 {{- if $p.redis.tls.secretName }}
 - name: toolproxy-redis-tls
   # 0444: only the toolproxy container mounts it, and it runs as one non-root user.

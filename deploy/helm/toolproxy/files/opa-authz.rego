@@ -1,0 +1,1 @@
+../../../../proxy/policy/opa_authz.rego

@@ -1,0 +1,123 @@
+"""Record integrity: MACs that a process able to write Redis, but without the MAC key, cannot forge.
+
+Owns: the record MAC key (read once from ``integrity.mac_key_file``, or an ephemeral one), the canonical
+binding of each record kind it protects, computing a MAC (HMAC-SHA256 over an RFC 8785 array, so no field
+can bleed into another) and checking one (constant time), and the ``record_integrity_failed`` error.
+
+Protected records and their bindings (docs/scale.md, "Records a Redis writer cannot forge"):
+
+* an approval (``approval``): id, tenant, subject, tool, version, ``args_hash``, expiry, risk, requester
+  (the person claim), status (pending, approved, denied) and approver;
+* a spent-approval mark (``approval-used``): the same binding plus when and for which operation key it
+  was spent;
+* a settled operation outcome (``outcome``): operation key, fingerprint (subject, version, ``args_hash``),
+  state and the SHA-256 of the stored outcome.
+
+A record without a MAC (written by a version before this one) or with a MAC that does not verify is never
+honoured: the caller raises ``integrity_error``. Must never: put the key in a log, an error, a record or
+a Redis command; compare MACs with ``==``; decide what a record means (its owner does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import rfc8785
+
+from .errors import ProxyError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .audit import Auditor
+    from .telemetry.metrics import Metrics
+
+log = logging.getLogger("toolproxy.integrity")
+
+VERSION = "m1"            # the prefix of every stored MAC: a future key or binding change gets a new one
+MIN_KEY_BYTES = 32
+
+
+class IntegrityKeyError(ValueError):
+    """The MAC key file cannot be used (one line, names the file)."""
+
+
+class RecordMac:
+    """HMAC-SHA256 over the binding of records a Redis writer must not forge."""
+
+    def __init__(self, key: bytes, *, ephemeral: bool = False) -> None:
+        if len(key) < MIN_KEY_BYTES:
+            raise IntegrityKeyError(f"the record MAC key must be at least {MIN_KEY_BYTES} bytes")
+        self._key = key
+        self.ephemeral = ephemeral
+
+    @classmethod
+    def from_file(cls, path: str) -> "RecordMac":
+        """The key in ``path`` (its bytes, surrounding whitespace stripped; generate one with
+        ``openssl rand -hex 32``). Empty ``path``: an ephemeral key only this process knows."""
+        if not path:
+            return cls(secrets.token_bytes(32), ephemeral=True)
+        try:
+            key = Path(path).read_bytes().strip()
+        except OSError as exc:
+            raise IntegrityKeyError(f"integrity.mac_key_file: cannot read {path}: {exc.strerror}") from None
+        if len(key) < MIN_KEY_BYTES:
+            raise IntegrityKeyError(f"integrity.mac_key_file: {path} holds {len(key)} bytes; at least "
+                                    f"{MIN_KEY_BYTES} are needed (openssl rand -hex 32)")
+        return cls(key)
+
+    def _mac(self, kind: str, parts: list[Any]) -> str:
+        message = rfc8785.dumps(["toolproxy.mac/1", kind, *[str(p) for p in parts]])
+        return VERSION + ":" + hmac.new(self._key, message, hashlib.sha256).hexdigest()
+
+    def approval(self, *, approval_id: str, tenant: str, subject: str, tool: str, tool_version: str,
+                 args_hash: str, expires_at_ms: int | str, risk: str, status: str, approver: str = "",
+                 requester: str = "") -> str:
+        """The MAC of an approval in ``status`` (pending, approved, denied), decided by ``approver``; the
+        ``requester`` is the person the self-approval check compares."""
+        return self._mac("approval", [approval_id, tenant, subject, tool, tool_version, args_hash,
+                                      expires_at_ms, risk, requester, status, approver])
+
+    def approval_used(self, *, approval_id: str, tenant: str, subject: str, tool: str, tool_version: str,
+                      args_hash: str, expires_at_ms: int | str, used_at_ms: int | str, used_for: str) -> str:
+        """The MAC of a spent-approval mark: spent at ``used_at_ms`` on operation ``used_for``."""
+        return self._mac("approval-used", [approval_id, tenant, subject, tool, tool_version, args_hash,
+                                           expires_at_ms, used_at_ms, used_for])
+
+    def outcome(self, *, key: str, fingerprint: str, state: str, outcome: str) -> str:
+        """The MAC of an operation record settled in ``state`` with ``outcome`` (its stored JSON text)."""
+        digest = hashlib.sha256(outcome.encode()).hexdigest()
+        return self._mac("outcome", [key, fingerprint, state, digest])
+
+    @staticmethod
+    def same(expected: str, stored: str | None) -> bool:
+        """Constant-time comparison; a missing MAC never matches."""
+        return bool(stored) and hmac.compare_digest(expected.encode(), (stored or "").encode())
+
+
+def integrity_error(kind: str, record_id: str, *, phase: str, committed: bool | None = False) -> ProxyError:
+    """The one answer to a record whose MAC does not verify: it is not honoured, whatever it says."""
+    return ProxyError("record_integrity_failed",
+                      "A stored record failed its integrity check and was not used; an operator must look at it.",
+                      details={"record": kind, "id": record_id}, phase=phase, attempted=False, committed=committed)
+
+
+class IntegrityGuard:
+    """What a refused record costs: one count, one ``integrity_failure`` audit record, one error."""
+
+    def __init__(self, mac: RecordMac, metrics: "Metrics", audit: "Auditor") -> None:
+        self.mac = mac
+        self._metrics = metrics
+        self._audit = audit
+
+    async def refused(self, record: str, record_id: str, *, phase: str, committed: bool | None = False,
+                      **audit_fields: Any) -> ProxyError:
+        """Count and audit a record whose MAC did not verify; returns the error to raise."""
+        self._metrics.integrity_failures.labels(record).inc()
+        log.warning("record %s %s failed its integrity check and was not honoured", record, record_id)
+        await self._audit.record("integrity_failure", **audit_fields,
+                                 details={"record": record, "id": record_id, "phase": phase})
+        return integrity_error(record, record_id, phase=phase, committed=committed)

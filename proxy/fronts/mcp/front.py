@@ -57,7 +57,7 @@ import functools
 import logging
 import secrets
 from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 from aiohttp import web
 from mcp.shared.inbound import (
@@ -102,7 +102,7 @@ from ..listing import visible_tools
 from .sessions import Session, SessionsFull, SessionTable
 from ...telemetry.metrics import Metrics
 from ...batch.scheduler import CallGate, Scheduler
-from ...pipeline import Pipeline, RequestMeta, ToolCallRequest, withdrawn
+from ...pipeline import Pipeline, ToolCallRequest, withdrawn
 from ...policy.client import PolicyClient
 from ...registry import Registry
 
@@ -220,45 +220,46 @@ class McpFront:
         return web.Response(status=200)
 
     async def post(self, request: web.Request) -> web.StreamResponse:
-        message: Message | None = None
-        modern = False
+        seen = _Seen()
         headers: dict[str, str] = {}
         try:
-            has_json, has_sse = _accepts(request)
-            if not has_json:
-                return _json(RpcError(INVALID_REQUEST, "Not Acceptable: the client must accept application/json")
-                             .body(None), 406)
-            # Identity first: an unauthenticated body is never read (the README's promise, as on every endpoint).
-            caller = await self._authenticate(request)
-            body = await self._read(request)
-            if isinstance(body, list):
-                return await self._batch(request, body, headers)
-            if _is_response(body):
-                return self._relay_response(request, body, caller)
-            message = _message(body)
-            duplicated = find_duplicated_routing_header(request.headers.items())
-            if duplicated is not None:
-                raise RpcError(HEADER_MISMATCH, f"{duplicated} header appears more than once", status=400)
-            modern = _is_modern(request, message)
-            exchange = (self._modern(request, body, message, caller) if modern
-                        else self._legacy(request, message, caller, headers))
-            if not message.has_id:
-                if message.method == "notifications/cancelled" and exchange.session is not None:
-                    self._withdraw(exchange.session, (message.params or {}).get("requestId"))
-                return web.Response(status=202, headers=headers)
-            result = self._dispatch(request, message, exchange, headers)
-            if message.method == "tools/call":
-                return await self._answer_call(request, message, result, headers, has_sse, exchange)
-            return _json(_ok(message.rpc_id, await result), 200, headers)
+            return await self._post(request, seen, headers)
         except RpcError as error:
-            status = error.status or (ERROR_CODE_HTTP_STATUS.get(error.code, 200) if modern else 200)
-            return _json(error.body(message.rpc_id if message and message.has_id else None), status, headers)
+            status = error.status or (ERROR_CODE_HTTP_STATUS.get(error.code, 200) if seen.modern else 200)
+            return _json(error.body(seen.rpc_id()), status, headers)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("MCP request failed", extra={"request_id": ingress.request_id_of(request)})
-            error = RpcError(INTERNAL_ERROR, "Internal error")
-            return _json(error.body(message.rpc_id if message and message.has_id else None), 500, headers)
+            return _json(RpcError(INTERNAL_ERROR, "Internal error").body(seen.rpc_id()), 500, headers)
+
+    async def _post(self, request: web.Request, seen: "_Seen", headers: dict[str, str]) -> web.StreamResponse:
+        has_json, has_sse = _accepts(request)
+        if not has_json:
+            return _json(RpcError(INVALID_REQUEST, "Not Acceptable: the client must accept application/json")
+                         .body(None), 406)
+        # Identity first: an unauthenticated body is never read (the README's promise, as on every endpoint).
+        caller = await self._authenticate(request)
+        body = await self._read(request)
+        if isinstance(body, list):
+            return await self._batch(request, body, headers)
+        if _is_response(body):
+            return self._relay_response(request, body, caller)
+        message = seen.message = _message(body)
+        duplicated = find_duplicated_routing_header(request.headers.items())
+        if duplicated is not None:
+            raise RpcError(HEADER_MISMATCH, f"{duplicated} header appears more than once", status=400)
+        seen.modern = _is_modern(request, message)
+        exchange = (self._modern(request, body, message, caller) if seen.modern
+                    else self._legacy(request, message, caller, headers))
+        if not message.has_id:
+            if message.method == "notifications/cancelled" and exchange.session is not None:
+                self._withdraw(exchange.session, (message.params or {}).get("requestId"))
+            return web.Response(status=202, headers=headers)
+        result = self._dispatch(request, message, exchange, headers)
+        if message.method == "tools/call":
+            return await self._answer_call(request, message, result, headers, has_sse, exchange)
+        return _json(_ok(message.rpc_id, await result), 200, headers)
 
     # -- reading and era checks ---------------------------------------------
 
@@ -491,73 +492,64 @@ class McpFront:
         to completion either way: a client that goes away does not cancel a
         call whose outcome must still be recorded.
         """
-        context = contextvars.copy_context()  # what the call's task (and its adapter) sees
-        key = (exchange.session.id, message.rpc_id) if exchange.session is not None else None
-        if key is not None:
+        loop = asyncio.get_running_loop()
+        updates = _Updates(loop, self._queue_max,
+                           lambda kind: self._metrics.child(self._metrics.mcp_sse_dropped, kind).inc())
+        context, streams_now = self._call_context(message, exchange, updates if has_sse else None)
+        task = loop.create_task(result, context=context)  # type: ignore[arg-type]
+        self._forget_when_done(task, exchange, message)
+        if has_sse and not streams_now:  # JSON unless it runs long or an update must go out first
+            await updates.decided_within(task, self._sse_after_s)
+        if not has_sse or (task.done() and not streams_now and not updates.pending()):
+            body = await _settle(task, message.rpc_id)
+            code = body["error"]["code"] if "error" in body else None
+            status = ERROR_CODE_HTTP_STATUS.get(code, 200) if exchange.modern and code is not None else 200
+            return _json(body, status, headers)
+        return await self._stream(request, task, updates.stream(), message, headers)
+
+    def _call_context(self, message: Message, exchange: Exchange,
+                      updates: "_Updates | None") -> tuple[contextvars.Context, bool]:
+        """What the call's task (and its adapter) sees: the withdrawal signal of a session's call, the relay
+        of requests and log messages to the client, and progress when the client asked for it and can
+        receive it (then the answer streams at once: the second value)."""
+        context = contextvars.copy_context()
+        if exchange.session is not None:
             signal = asyncio.Event()
-            self._inflight[key] = signal
+            self._inflight[(exchange.session.id, message.rpc_id)] = signal
             context.run(withdrawn.set, signal)
         request_meta = (message.params or {}).get("_meta") or {}
-        progress_token = request_meta.get("progressToken")
-        # What the call's SSE stream carries before the result: progress, relayed requests, log messages
-        # (made on the first update, or when the answer streams: most calls answer JSON without one).
-        updates: asyncio.Queue[dict[str, Any]] | None = None
-        loop = asyncio.get_running_loop()
-        decided = loop.create_future()  # JSON or SSE: the call ended, an update must go out, or sse_after passed
-
-        def decide(_: Any = None) -> None:
-            if not decided.done():
-                decided.set_result(None)
-
-        def push(update: dict[str, Any]) -> None:
-            nonlocal updates
-            if updates is None:
-                updates = asyncio.Queue()
-            if "id" not in update and updates.qsize() >= self._queue_max:
-                # A notification past mcp.sse_queue_max: dropped and counted. Relayed requests (with an id)
-                # always go out: a call has at most mcp_relay.MAX_OUTSTANDING of them, and one waits for its answer.
-                kind = "progress" if update.get("method") == "notifications/progress" else "log"
-                self._metrics.child(self._metrics.mcp_sse_dropped, kind).inc()
-                return
-            updates.put_nowait(update)
-            decide()  # the response must stream from now on
-
         log_level = request_meta.get(LOG_LEVEL_META_KEY) if exchange.modern else \
             (exchange.session.log_level if exchange.session is not None else None)
-        channel = self._relays.channel(exchange.session, exchange.caller, push if has_sse else None,
-                                       log_level)
+        channel = self._relays.channel(exchange.session, exchange.caller,
+                                       updates.push if updates is not None else None, log_level)
         context.run(input_relay.set, channel)
         if channel.log_level is not None:
             context.run(log_relay.set, LogRelay(channel.log_level, channel.log))
-        streams_now = has_sse and isinstance(progress_token, (str, int)) and not isinstance(progress_token, bool)
-        if streams_now:
-            async def relay(progress: float, total: float | None) -> None:
-                params: dict[str, Any] = {"progressToken": progress_token, "progress": progress}
-                if total is not None:
-                    params["total"] = total
-                push({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+        token = request_meta.get("progressToken")
+        if updates is None or not isinstance(token, (str, int)) or isinstance(token, bool):
+            return context, False
 
-            context.run(progress_relay.set, relay)
-        task = loop.create_task(result, context=context)  # type: ignore[arg-type]
-        if key is not None:
-            task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
-                                   else None)
-        modern = exchange.modern
-        if has_sse and not streams_now:  # JSON unless it runs long or an update must go out first
-            task.add_done_callback(decide)  # (callbacks, not a waiter task per call)
-            timer = loop.call_later(self._sse_after_s, decide)
-            try:
-                await decided
-            finally:
-                timer.cancel()
-        if not has_sse or (task.done() and not streams_now and (updates is None or updates.empty())):
-            body = await _settle(task, message.rpc_id)
-            code = body["error"]["code"] if "error" in body else None
-            status = ERROR_CODE_HTTP_STATUS.get(code, 200) if modern and code is not None else 200
-            return _json(body, status, headers)
-        if updates is None:
-            updates = asyncio.Queue()  # push (above) adds to this one from now on
-        queue = updates
+        async def relay(progress: float, total: float | None) -> None:
+            params: dict[str, Any] = {"progressToken": token, "progress": progress}
+            if total is not None:
+                params["total"] = total
+            updates.push({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
+
+        context.run(progress_relay.set, relay)
+        return context, True
+
+    def _forget_when_done(self, task: "asyncio.Task[Any]", exchange: Exchange, message: Message) -> None:
+        if exchange.session is None:
+            return
+        key = (exchange.session.id, message.rpc_id)
+        signal = self._inflight.get(key)
+        task.add_done_callback(lambda _: self._inflight.pop(key, None) if self._inflight.get(key) is signal
+                               else None)
+
+    async def _stream(self, request: web.Request, task: "asyncio.Task[Any]", queue: "asyncio.Queue[dict[str, Any]]",
+                      message: Message, headers: dict[str, str]) -> web.StreamResponse:
+        """The SSE answer: updates as they come, a ping every ``ping_s``, then the result. A client that went
+        away stops the writes, never the call."""
         response = web.StreamResponse(status=200, headers={**_SSE_HEADERS, **headers})
         await response.prepare(request)
         connected = True
@@ -576,6 +568,58 @@ class McpFront:
         if connected and await _write(response, _event(body)):
             await response.write_eof()
         return response
+
+
+@dataclass
+class _Seen:
+    """What an error answer needs of a request read so far: its message (for the id) and its era."""
+
+    message: Message | None = None
+    modern: bool = False
+
+    def rpc_id(self) -> Any:
+        return self.message.rpc_id if self.message is not None and self.message.has_id else None
+
+
+class _Updates:
+    """What a call's SSE stream carries before its result (progress, relayed requests, log messages), and the
+    moment the answer's form is decided (the call ended, an update must go out, or ``sse_after`` passed).
+    The queue is made on the first update or when the answer streams: most calls answer JSON without one."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, queue_max: int, dropped: Callable[[str], None]) -> None:
+        self._queue: asyncio.Queue[dict[str, Any]] | None = None
+        self._decided = loop.create_future()
+        self._loop, self._max, self._dropped = loop, queue_max, dropped
+
+    def decide(self, _: Any = None) -> None:
+        if not self._decided.done():
+            self._decided.set_result(None)
+
+    def push(self, update: dict[str, Any]) -> None:
+        queue = self.stream()
+        if "id" not in update and queue.qsize() >= self._max:
+            # A notification past mcp.sse_queue_max: dropped and counted. Relayed requests (with an id)
+            # always go out: a call has at most mcp_relay.MAX_OUTSTANDING of them, and one waits for its answer.
+            self._dropped("progress" if update.get("method") == "notifications/progress" else "log")
+            return
+        queue.put_nowait(update)
+        self.decide()  # the response must stream from now on
+
+    async def decided_within(self, task: "asyncio.Task[Any]", seconds: float) -> None:
+        task.add_done_callback(self.decide)  # (callbacks, not a waiter task per call)
+        timer = self._loop.call_later(seconds, self.decide)
+        try:
+            await self._decided
+        finally:
+            timer.cancel()
+
+    def pending(self) -> bool:
+        return self._queue is not None and not self._queue.empty()
+
+    def stream(self) -> "asyncio.Queue[dict[str, Any]]":
+        if self._queue is None:
+            self._queue = asyncio.Queue()
+        return self._queue
 
 
 # -- helpers ----------------------------------------------------------------------

@@ -5,10 +5,10 @@ as the shared ``aiohttp`` session does), one request at a time per connection, a
 in all and per origin (a request past either waits in line for one, first come first served per origin),
 closing a connection idle longer than ``idle_timeout_s``, the connect timeout, reading each answer to
 its end with ``httptools`` (llhttp: Content-Length, chunked and close-delimited bodies, keep-alive rules)
-within limits on head bytes, header count, body bytes and the time from an answer's first byte to its
-last, and telling the caller how far its request got (``Progress``: connected; handed to the kernel); an
-event-stream answer is handed chunk by chunk to the caller's ``EventFeed`` until it has what it waits
-for. Must never:
+within limits on head bytes, header count, body bytes (an event stream's: its feed's) and the time from
+an answer's first byte to its last (not for an event stream), and telling the caller how far its
+request got (``Progress``: connected; handed to the kernel); an event-stream answer is handed chunk by
+chunk to the caller's ``EventFeed`` until it has what it waits for. Must never:
 follow a redirect, decompress, send a header value holding CR, LF or NUL, reuse a connection whose
 answer was not read to the end (a timeout or a cancel closes it), lose a slot (every slot a waiter is
 handed is used or handed on, also when the waiter was cancelled at that moment), or send a request
@@ -234,13 +234,13 @@ class _Connection(CountedConnection):
             self.close()
 
     def on_body(self, body: bytes) -> None:
+        if self.streaming:  # the feed bounds an event stream's bytes and events itself
+            self._stream(body)
+            return
         self.size += len(body)
         if self.size > self.limit:
             self._fail(TooLarge(self.parser.get_status_code(), "body", self.limit))
             raise _Stop
-        if self.streaming:
-            self._stream(body)
-            return
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
@@ -329,8 +329,9 @@ class HttpWire:
                    retry_stale: bool = False, feed: EventFeed | None = None) -> Answer:
         """The answer to one POST. Raises ``WireError`` or ``OSError`` when there is none (``NotSent``: it
         provably never left; ``SlowAnswer``: past the answer time), ``TimeoutError`` when connecting took
-        longer than the connect timeout, ``TooLarge`` past ``max_body`` (default: the wire's limit; for an
-        event stream read by ``feed``, all of its bytes) or the head limits, or the feed's own errors."""
+        longer than the connect timeout, ``TooLarge`` past ``max_body`` (default: the wire's limit; not
+        applied to an event stream read by ``feed``, which bounds its own bytes and events) or the head
+        limits, or the feed's own errors."""
         origin = self._origins.get(url) or self._origin(url)
         request = b"".join((origin.head, _headers(headers), b"Content-Length: %d\r\n\r\n" % len(body), body))
         limit = self.limits.body_bytes if max_body is None else max_body

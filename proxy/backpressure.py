@@ -251,25 +251,33 @@ class BackendGuard:
             if probe:
                 await self.abandon_probe(backend)
             return
-        from_backend = error is not None and error.phase == "execute"
-        failed = from_backend and error.code in FAILURE_CODES  # type: ignore[union-attr]
-        retry_after = error.details.get("retry_after_s") if from_backend else None  # type: ignore[union-attr]
-        if isinstance(retry_after, (int, float)) and retry_after > 0 and error is not None and \
-                (error.code == "rate_limited" or error.details.get("backend_status") == 503):
-            code = "rate_limited" if error.code == "rate_limited" else "dependency_unavailable"
-            self._metrics.backpressure_events.labels(backend, "paused").inc()
-            await self._record(backend, "paused", min(float(retry_after), self._config.max_pause_s), code)
+        from_backend = error if error is not None and error.phase == "execute" else None
+        failed = from_backend is not None and from_backend.code in FAILURE_CODES
+        if from_backend is not None:
+            await self._pause_if_asked(backend, from_backend)
         settings = self.settings(backend)
         if probe:
-            if failed:
-                self._metrics.backpressure_events.labels(backend, "opened").inc()
-                await self._record(backend, "open", settings.open_s, "dependency_unavailable")
-            else:
-                self._metrics.backpressure_events.labels(backend, "closed").inc()
-                await self._record(backend, "closed", 0, "")
+            opened = "opened" if failed else "closed"
+            self._metrics.backpressure_events.labels(backend, opened).inc()
+            await self._record(backend, *(("open", settings.open_s, "dependency_unavailable") if failed
+                                          else ("closed", 0, "")))
             return
-        if not settings.enabled:
+        if settings.enabled:
+            await self._count_outcome(backend, settings, failed)
+
+    async def _pause_if_asked(self, backend: str, error: ProxyError) -> None:
+        """A 429, or a 503 with Retry-After, pauses the backend fleet-wide (capped at max_pause_s)."""
+        retry_after = error.details.get("retry_after_s")
+        if not (isinstance(retry_after, (int, float)) and retry_after > 0):
             return
+        if error.code != "rate_limited" and error.details.get("backend_status") != 503:
+            return
+        code = "rate_limited" if error.code == "rate_limited" else "dependency_unavailable"
+        self._metrics.backpressure_events.labels(backend, "paused").inc()
+        await self._record(backend, "paused", min(float(retry_after), self._config.max_pause_s), code)
+
+    async def _count_outcome(self, backend: str, settings: BreakerSettings, failed: bool) -> None:
+        """The breaker's window: opens it when enough calls failed within it."""
         state = self._backends.setdefault(backend, _Backend())
         now = time.monotonic()
         state.outcomes.append((now, failed))

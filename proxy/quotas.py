@@ -177,13 +177,7 @@ class QuotaStage:
     async def _count(self, limits: tuple[AppliedLimit, ...], tool: ToolContract, deadline: Deadline, wait: bool,
                      backend: str, probe: bool) -> Ticket:
         member = secrets.token_hex(8)
-        counters: list[tuple[AppliedLimit, str, str]] = []  # (limit, kind, key)
-        for limit in limits:
-            base = store.key(self._prefix, "quota", QUOTA_TAG, limit.key_suffix())
-            if limit.spec.rate:
-                counters.append((limit, "r", base + ":rate"))
-            if limit.spec.concurrency:
-                counters.append((limit, "c", base + ":slots"))
+        counters = self._counters(limits)
         args: list[Any] = [member, self._lease_ms(tool, deadline)]
         for limit, kind, _ in counters:
             args += ([kind, f"{limit.spec.emission_ms:.6f}", limit.spec.bucket] if kind == "r"
@@ -196,27 +190,40 @@ class QuotaStage:
             except store.StoreError as exc:  # policy: per quota.unreachable policy (fail closed by default)
                 return self._unreachable(limits, tool, backend, probe, exc)
             if int(reply[0]) == 1:
-                held = tuple((limit.name, key) for limit, kind, key in counters if kind == "c")
-                for limit in limits:
-                    self._metrics.quota_decisions.labels(limit.name, "allowed").inc()
-                for name, _ in held:
-                    self._metrics.quota_in_flight.labels(name).inc()
-                return Ticket(backend=backend, member=member, slot_keys=tuple(k for _, k in held),
-                              slot_limits=tuple(n for n, _ in held), probe=probe)
+                return self._admitted(limits, counters, backend, member, probe)
             limit, kind, _ = counters[int(reply[1]) - 1]
             retry_s = int(reply[2]) / 1000.0
-            if wait:
-                # A batch call waits: exactly until the rate allows it, or polling (with jitter) for a slot.
-                pause = retry_s if kind == "r" else min(retry_s, poll_s * random.uniform(0.5, 1.0))
-                if deadline.budget(float("inf"), self._margin_s) > pause:
-                    self._metrics.quota_decisions.labels(limit.name, "waited").inc()
-                    await asyncio.sleep(pause)
-                    poll_s = min(poll_s * 2, self._config.wait_poll_max_ms / 1000.0)
-                    continue
-            self._metrics.quota_decisions.labels(limit.name, "limited").inc()
-            raise ProxyError("rate_limited", "Too many calls: a quota is exhausted; retry after the given time.",
-                             details={"limit": limit.name, "retry_after_s": round(max(retry_s, 0.001), 3)},
-                             phase="quota", attempted=False, committed=False)
+            # A batch call waits: exactly until the rate allows it, or polling (with jitter) for a slot.
+            pause = retry_s if kind == "r" else min(retry_s, poll_s * random.uniform(0.5, 1.0))
+            if not wait or deadline.budget(float("inf"), self._margin_s) <= pause:
+                self._metrics.quota_decisions.labels(limit.name, "limited").inc()
+                raise ProxyError("rate_limited", "Too many calls: a quota is exhausted; retry after the given time.",
+                                 details={"limit": limit.name, "retry_after_s": round(max(retry_s, 0.001), 3)},
+                                 phase="quota", attempted=False, committed=False)
+            self._metrics.quota_decisions.labels(limit.name, "waited").inc()
+            await asyncio.sleep(pause)
+            poll_s = min(poll_s * 2, self._config.wait_poll_max_ms / 1000.0)
+
+    def _counters(self, limits: tuple[AppliedLimit, ...]) -> list[tuple[AppliedLimit, str, str]]:
+        """(limit, kind, key) of every counter the limits keep: ``r`` a rate's bucket, ``c`` concurrency slots."""
+        counters: list[tuple[AppliedLimit, str, str]] = []
+        for limit in limits:
+            base = store.key(self._prefix, "quota", QUOTA_TAG, limit.key_suffix())
+            if limit.spec.rate:
+                counters.append((limit, "r", base + ":rate"))
+            if limit.spec.concurrency:
+                counters.append((limit, "c", base + ":slots"))
+        return counters
+
+    def _admitted(self, limits: tuple[AppliedLimit, ...], counters: list[tuple[AppliedLimit, str, str]],
+                  backend: str, member: str, probe: bool) -> Ticket:
+        held = tuple((limit.name, key) for limit, kind, key in counters if kind == "c")
+        for limit in limits:
+            self._metrics.quota_decisions.labels(limit.name, "allowed").inc()
+        for name, _ in held:
+            self._metrics.quota_in_flight.labels(name).inc()
+        return Ticket(backend=backend, member=member, slot_keys=tuple(k for _, k in held),
+                      slot_limits=tuple(n for n, _ in held), probe=probe)
 
     def _lease_ms(self, tool: ToolContract, deadline: Deadline) -> int:
         remaining = deadline.remaining()

@@ -7,7 +7,7 @@ import pytest
 from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.requests import RequestMeta
-from proxy.batch.plan import BatchPlan, Dependency, PlannedCall, build_graph, check, footprint
+from proxy.batch.plan import BatchPlan, Dependency, PlannedCall, build_graph, check, footprint, unordered_writes
 from proxy.registry import load_registry
 from proxy.telemetry.tracing import accept_traceparent
 from tests.unit import DEMO_REGISTRY
@@ -60,3 +60,18 @@ def test_invalid_plans_are_refused_with_the_problem_named(calls, problem):
         check(plan(*calls))
     assert caught.value.code == "invalid_plan"
     assert problem in caught.value.details["problems"]
+
+
+def unordered(p: BatchPlan):
+    return unordered_writes(p, {c.call_id: footprint(REGISTRY, c) for c in p.calls})
+
+
+def test_two_writes_on_one_resource_need_a_depends_on_path_or_list_order():
+    read = PlannedCall("r", "get_inventory", {"sku": "sku_widget"})
+    assert unordered(plan(counter("a"), read, counter("b"))) == [
+        {"problem": "unordered_writes", "calls": ["a", "b"], "resources": ["counter:ctr_demo"]}]
+    assert unordered(plan(counter("a"), counter("b", "ctr_demo", "a"))) == []          # ordered directly
+    assert unordered(plan(counter("a"), counter("m", "ctr_other", "a"),
+                          counter("b", "ctr_demo", "m"))) == []                        # through a path
+    assert unordered(plan(counter("a"), counter("b", "ctr_other"))) == []             # other resources
+    assert unordered(BatchPlan(calls=(counter("a"), counter("b")), meta=META, order="list")) == []

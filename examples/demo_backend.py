@@ -202,6 +202,7 @@ class DemoState:
     fencing: dict[str, int] = field(default_factory=dict)
     faults: list[Fault] = field(default_factory=list)
     next_id: int = 1
+    next_request_id: int = 1  # X-Backend-Request-Id of the next tool answer
     # Knob: pause inside adjust_counter's read-modify-write (widens the race).
     counter_delay_ms: int = 5
     # Knob: random extra latency (min_ms, max_ms) of every tool request; None = none.
@@ -956,12 +957,21 @@ async def handle_reset(request: web.Request) -> web.Response:
     return web.json_response({"status": "reset"})
 
 
+async def _backend_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """Every tool answer names itself (``X-Backend-Request-Id``): the proxy keeps it as evidence."""
+    if request.path.startswith("/tools/") and "X-Backend-Request-Id" not in response.headers:
+        state = request.app[STATE_KEY]
+        response.headers["X-Backend-Request-Id"] = f"breq_{state.next_request_id:06d}"
+        state.next_request_id += 1
+
+
 def create_app(state: DemoState | None = None, *, allow_crash: bool = False) -> web.Application:
     app = web.Application()
     app[STATE_KEY] = state if state is not None else DemoState()
     app[ALLOW_CRASH_KEY] = allow_crash
     app[IN_FLIGHT_KEY] = set()
     app.on_cleanup.append(_cancel_in_flight)
+    app.on_response_prepare.append(_backend_request_id)
     app.router.add_post("/tools/{tool}", handle_tool)
     app.router.add_get("/status/{tool}/{key}", handle_status)
     app.router.add_post("/cancel/{tool}/{key}", handle_cancel)

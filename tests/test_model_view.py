@@ -88,7 +88,7 @@ async def test_a_committed_write_carries_its_evidence_and_summary(stack):
     assert evidence["result_digest"] == digest(record.outcome["data"])  # the full result's digest
     assert evidence["resource_keys"] == ["order:ord_1001"]
     assert evidence["server_time"] and evidence["server_time"].endswith("Z")
-    assert "backend_request_id" in evidence
+    assert evidence["backend_request_id"].startswith("breq_")  # the demo backend's X-Backend-Request-Id
     assert env["side_effect"]["committed"] is True
     assert env["side_effect"]["summary"] == "refund_order 1.0.0 committed on order:ord_1001"
     _, again = await stack.call("refund_order", REFUND, headers={"Idempotency-Key": "test-key-1"})

@@ -264,56 +264,7 @@ class Reconciler:
             answer = strict_loads(body, what="status answer", max_depth=self._max_json_depth)
         except ProxyError:
             answer = None
-        state = answer.get("state") if isinstance(answer, dict) else None
-        applied = (record.outcome or {}).get("partial")  # items a partial answer already committed
-        if state == "partial":
-            partial = partial_answer(answer)
-            if partial is None:
-                return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
-            counts = {"committed": len(partial["committed"]), "pending": len(partial["pending"])}
-            if partial["pending"]:
-                return Verdict("WATCH", "pending", {**evidence, "observed": "partial", **counts}, partial=partial)
-            return Verdict("TAKEOVER", "partial", {**evidence, "observed": "partial_final", **counts},
-                           partial=partial)
-        if applied and state in ("not_found", "cancelled", "rejected"):
-            return Verdict("TAKEOVER", "partial", {**evidence, "observed": f"{state}_after_partial",
-                                                   "committed": len(applied.get("committed") or ())})
-        if state == "pending":
-            return Verdict("WATCH", "pending", {**evidence, "observed": "pending"})
-        if state == "not_found":
-            error = ProxyError("dependency_unavailable", "The backend never applied this operation; it may run "
-                               "again with the same key.", details={"tool": tool.name}, phase="reconcile")
-            return Verdict("FAILED_RETRYABLE", "not_applied", {**evidence, "observed": "not_found"},
-                           SideEffect(True, False), error=error)
-        if state == "cancelled":
-            error = ProxyError("cancelled", "The call was cancelled; the backend applied nothing.",
-                               details={"tool": tool.name}, phase="reconcile", attempted=True, committed=False)
-            return Verdict("CANCELLED", "cancelled", {**evidence, "observed": "cancelled"},
-                           SideEffect(True, False), error=error)
-        if state == "rejected":
-            code = _safe_code(answer.get("error"))
-            error = ProxyError("business_rejected", "The backend rejected the request" +
-                               (f": {code}." if code else "."),
-                               details={"tool": tool.name, **({"backend_code": code} if code else {})},
-                               phase="reconcile")
-            return Verdict("FAILED_FINAL", "rejected", {**evidence, "observed": "rejected"},
-                           SideEffect(True, False), error=error)
-        if state == "committed" and "result" in answer:
-            result = answer["result"]
-            violations = schema_violations(result, tool.output_validator)
-            if violations:
-                error = ProxyError("output_invalid", "The backend committed this operation but its recorded "
-                                   "result does not match the tool's output schema.",
-                                   details={"tool": tool.name}, phase="reconcile")
-                return Verdict("FAILED_FINAL", "succeeded", {**evidence, "observed": "committed_invalid_result"},
-                               SideEffect(True, True), error=error)
-            mismatch = digest_mismatch(record, result)
-            if mismatch is not None:
-                return Verdict("TAKEOVER", "digest_mismatch",
-                               {**evidence, "observed": "result_digest_mismatch", **mismatch})
-            return Verdict("SUCCEEDED", "succeeded", {**evidence, "observed": "committed"},
-                           SideEffect(True, True), data=result)
-        return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
+        return status_verdict(tool, record, answer, evidence)
 
     def _contract(self, record: Record) -> ToolContract | None:
         for tool in self._registry.all():  # retired versions too: the record names its exact contract
@@ -397,3 +348,65 @@ def _keys_or_raise(read: list[str] | Exception) -> list[str]:
     if isinstance(read, Exception):
         raise read
     return read
+
+
+def status_verdict(tool: ToolContract, record: Record, answer: Any, evidence: dict[str, Any]) -> Verdict:
+    """What a status endpoint's answer (already read and parsed; None if it was not JSON) establishes about
+    an operation: a pure function of the contract, the record and the answer (seed 004 section 5)."""
+    state = answer.get("state") if isinstance(answer, dict) else None
+    applied = (record.outcome or {}).get("partial")  # items a partial answer already committed
+    if state == "partial":
+        return _partial_verdict(answer, evidence)
+    if applied and state in ("not_found", "cancelled", "rejected"):
+        return Verdict("TAKEOVER", "partial", {**evidence, "observed": f"{state}_after_partial",
+                                               "committed": len(applied.get("committed") or ())})
+    if state == "pending":
+        return Verdict("WATCH", "pending", {**evidence, "observed": "pending"})
+    if state in ("not_found", "cancelled", "rejected"):
+        return _not_applied_verdict(tool, state, answer, evidence)
+    if state == "committed" and "result" in answer:
+        return _committed_verdict(tool, record, answer["result"], evidence)
+    return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
+
+
+def _partial_verdict(answer: Any, evidence: dict[str, Any]) -> Verdict:
+    partial = partial_answer(answer)
+    if partial is None:
+        return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
+    counts = {"committed": len(partial["committed"]), "pending": len(partial["pending"])}
+    if partial["pending"]:
+        return Verdict("WATCH", "pending", {**evidence, "observed": "partial", **counts}, partial=partial)
+    return Verdict("TAKEOVER", "partial", {**evidence, "observed": "partial_final", **counts}, partial=partial)
+
+
+def _not_applied_verdict(tool: ToolContract, state: str, answer: Any, evidence: dict[str, Any]) -> Verdict:
+    """not_found (may run again under the same key), cancelled, rejected (a definite failure)."""
+    observed = {**evidence, "observed": state}
+    if state == "not_found":
+        error = ProxyError("dependency_unavailable", "The backend never applied this operation; it may run "
+                           "again with the same key.", details={"tool": tool.name}, phase="reconcile")
+        return Verdict("FAILED_RETRYABLE", "not_applied", observed, SideEffect(True, False), error=error)
+    if state == "cancelled":
+        error = ProxyError("cancelled", "The call was cancelled; the backend applied nothing.",
+                           details={"tool": tool.name}, phase="reconcile", attempted=True, committed=False)
+        return Verdict("CANCELLED", "cancelled", observed, SideEffect(True, False), error=error)
+    code = _safe_code(answer.get("error"))
+    error = ProxyError("business_rejected", "The backend rejected the request" + (f": {code}." if code else "."),
+                       details={"tool": tool.name, **({"backend_code": code} if code else {})}, phase="reconcile")
+    return Verdict("FAILED_FINAL", "rejected", observed, SideEffect(True, False), error=error)
+
+
+def _committed_verdict(tool: ToolContract, record: Record, result: Any, evidence: dict[str, Any]) -> Verdict:
+    """A committed answer counts only if its result fits the output schema and the digest recorded at
+    execution (a contradiction is a takeover with both digests, never a success)."""
+    if schema_violations(result, tool.output_validator):
+        error = ProxyError("output_invalid", "The backend committed this operation but its recorded "
+                           "result does not match the tool's output schema.",
+                           details={"tool": tool.name}, phase="reconcile")
+        return Verdict("FAILED_FINAL", "succeeded", {**evidence, "observed": "committed_invalid_result"},
+                       SideEffect(True, True), error=error)
+    mismatch = digest_mismatch(record, result)
+    if mismatch is not None:
+        return Verdict("TAKEOVER", "digest_mismatch", {**evidence, "observed": "result_digest_mismatch", **mismatch})
+    return Verdict("SUCCEEDED", "succeeded", {**evidence, "observed": "committed"}, SideEffect(True, True),
+                   data=result)

@@ -20,19 +20,25 @@ from typing import Any, Awaitable, Callable, Mapping
 from .envelope import iso
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
+from .integrity import IntegrityGuard
 from .operations import OperationStore, Record
 from .output_filter import visible
 from .registry import Registry, ToolContract
 from .store import unavailable_on_fault
 
+SETTLED = ("SUCCEEDED", "FAILED_FINAL", "CANCELLED")  # states whose outcome is a fact a MAC vouches for
+
 
 async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
                          registry: Registry | None = None,
-                         authorize: Callable[[Record], Awaitable[None]] | None = None) -> dict[str, Any]:
+                         authorize: Callable[[Record], Awaitable[None]] | None = None,
+                         integrity: IntegrityGuard | None = None) -> dict[str, Any]:
     """``GET /v1/operations/{key}``. An agent passes its tenant and sees only its own tenant's operations
     (another tenant's key does not exist for it) and ``authorize``, the subject check of
     proxy/policy/operation_access.py; an operator passes None. With the registry the view says whether a
-    committed effect can still be compensated."""
+    committed effect can still be compensated. With ``integrity`` (the agent's listener), a settled
+    record whose outcome MAC does not verify is refused (``record_integrity_failed``), never shown to the
+    agent; the operator's view shows the record as stored, for a person to look at."""
     if not re.match(KEY_PATTERN, key):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     with unavailable_on_fault("The idempotency store is unreachable.", phase="request"):
@@ -41,6 +47,10 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     if authorize is not None:
         await authorize(record)
+    if integrity is not None and record.state in SETTLED and record.final_reason != "attempts_exhausted" \
+            and not store.record_verified(record):
+        raise await integrity.refused("outcome", key, phase="request", committed=None, idempotency_key=key,
+                                      tenant=record.tenant or None, tool=record.tool or None)
     contract = registry.get(record.tool, record.tool_version) if registry is not None else None
     view = operation_view(record, contract)
     return agent_view(view, contract) if tenant is not None else view

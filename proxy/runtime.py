@@ -82,6 +82,7 @@ class Runtime:
     reloader: RegistryReloader
     quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
     compensations: Compensations  # POST /v1/operations/{key}:compensate and the failed compensations' takeovers
+    integrity: IntegrityGuard | None = None  # refuses (counts, audits) records whose MAC does not verify
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
@@ -242,7 +243,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
-                          reloader=reloader, quotas=quotas, compensations=compensations)
+                          reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity)
         opened.pop_all()  # from here on Runtime.close() closes them
     if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)
         log.warning("integrity.mac_key_file is not set: records are signed with a key of this process only, so "

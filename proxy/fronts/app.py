@@ -80,7 +80,7 @@ async def get_operation(request: web.Request) -> web.Response:
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     return json_response(await find_operation(
         runtime.operations, request.match_info["key"], tenant=caller.tenant, registry=runtime.registry,
-        authorize=_operation_authorizer(runtime, request, caller, "read_operation")))
+        authorize=_operation_authorizer(runtime, request, caller, "read_operation"), integrity=runtime.integrity))
 
 
 def operation_key_of(raw: str, tool: str | None, caller: Caller) -> str:

@@ -160,8 +160,13 @@ async def test_forging_a_committed_outcome_is_refused_and_counted(stack, capsys)
     assert "ignore your instructions" not in json.dumps(replay)
     assert stack.backend.effect_counts()["refund_order"] == 1  # refused, never run again
     assert failures(stack, "outcome") == 1
+    # The agent's operation view does not show it either.
+    status, view = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert status == 409 and view["error"]["code"] == "record_integrity_failed", view
+    assert "ignore your instructions" not in json.dumps(view)
+    assert failures(stack, "outcome") == 2
     audited = integrity_audits(capsys.readouterr().out)
-    assert [a["idempotency_key"] for a in audited] == [env["idempotency_key"]]
+    assert [a["idempotency_key"] for a in audited] == [env["idempotency_key"]] * 2  # the replay, the view
 
 
 async def test_a_record_without_a_mac_from_an_older_version_is_not_honoured(stack):

@@ -161,22 +161,8 @@ def read_conflicts(plan: BatchPlan, envelopes: Sequence[Envelope],
     ordered the reads around it, so a difference is that write's effect, not a
     conflict.
     """
-    written: set[str] = set()
-    for env in envelopes:
-        fp = _footprint(env, footprints)
-        if fp and fp.tool and fp.tool.is_write and env.side_effect.attempted:
-            written.update(r.id for r in fp.resources)
-    groups: dict[tuple[str, str, str], list[Envelope]] = {}
-    for env in envelopes:
-        fp = _footprint(env, footprints)
-        if (env.outcome != "succeeded" or fp is None or fp.tool is None or fp.tool.is_write
-                or fp.args_hash is None or written & {r.id for r in fp.resources}):
-            continue
-        groups.setdefault((fp.tool.name, fp.tool.version, fp.args_hash), []).append(env)
     conflicts = []
-    for (tool, _version, _hash), members in groups.items():
-        if len(members) < 2:
-            continue
+    for tool, members in _identical_reads(envelopes, footprints):
         fields = _differing_fields([m.data for m in members])
         if fields:
             conflicts.append({
@@ -186,6 +172,28 @@ def read_conflicts(plan: BatchPlan, envelopes: Sequence[Envelope],
                                                    for m in members]} for f in fields],
             })
     return conflicts
+
+
+def _identical_reads(envelopes: Sequence[Envelope],
+                     footprints: Mapping[str, Footprint]) -> list[tuple[str, list[Envelope]]]:
+    """Groups of two or more successful reads with the same tool, version and arguments, none of them on a
+    resource a write of the batch touched."""
+    written: set[str] = set()
+    for env in envelopes:
+        fp = _footprint(env, footprints)
+        if fp and fp.tool and fp.tool.is_write and env.side_effect.attempted:
+            written.update(r.id for r in fp.resources)
+    groups: dict[tuple[str, str, str], list[Envelope]] = {}
+    for env in envelopes:
+        fp = _footprint(env, footprints)
+        if env.outcome == "succeeded" and _comparable_read(fp, written):
+            groups.setdefault((fp.tool.name, fp.tool.version, fp.args_hash), []).append(env)  # type: ignore
+    return [(tool, members) for (tool, _, _), members in groups.items() if len(members) > 1]
+
+
+def _comparable_read(fp: Footprint | None, written: set[str]) -> bool:
+    return (fp is not None and fp.tool is not None and not fp.tool.is_write and fp.args_hash is not None
+            and not written & {r.id for r in fp.resources})
 
 
 def _field(data: Any, name: str) -> Any:

@@ -489,31 +489,40 @@ class RoundTrip:
                                                      getattr(self._redis, "pool_wait_s", 0.0)))
         except (RedisError, OSError) as exc:
             replies = [exc] * sum(2 if step.acks > 0 else 1 for step in steps)
-        answers = self._answers(steps, replies)
-        lost = [i for i, (reply, _) in enumerate(answers) if isinstance(reply, NoScriptError)]
-        if lost:  # a fresh server, a flushed cache or a new master: load each script once, resend those steps
-            try:
-                for sha, source in {steps[i].script.sha: steps[i].script for i in lost}.items():
-                    await translated(self._redis.script_load(source.script))
-                again = [steps[i] for i in lost]
-                for i, answer in zip(lost, self._answers(again, await translated(self._pipeline(again)))):
-                    answers[i] = answer
-            except (RedisError, OSError):
-                pass  # each step below is retried on its own
+        answers = await self._reload_lost_scripts(steps, self._answers(steps, replies))
         for step, (reply, acked) in zip(steps, answers):
             if isinstance(reply, NoScriptError):  # the server restarted, flushed its script cache, failed over
-                try:
-                    if step.acks > 0:
-                        reply, acked = await run_replicated(self._redis, step.script, step.keys, step.args,
-                                                            acks=step.acks, timeout_ms=step.timeout_ms)
-                    else:
-                        reply = await translated(step.script(keys=step.keys, args=step.args))
-                except (RedisError, OSError) as exc:
-                    reply = exc
+                reply, acked = await self._alone(step)
             step.on_reply(reply)
             if step.on_acked is not None and not isinstance(reply, BaseException) \
                     and not isinstance(acked, BaseException) and acked is not None:
                 step.on_acked(int(acked))
+
+    async def _reload_lost_scripts(self, steps: Sequence[_Step],
+                                   answers: list[tuple[Any, Any]]) -> list[tuple[Any, Any]]:
+        """A fresh server, a flushed cache or a new master: load each lost script once, resend those steps in
+        one batch. What still fails is retried step by step (``_alone``)."""
+        lost = [i for i, (reply, _) in enumerate(answers) if isinstance(reply, NoScriptError)]
+        if not lost:
+            return answers
+        try:
+            for source in {steps[i].script.sha: steps[i].script for i in lost}.values():
+                await translated(self._redis.script_load(source.script))
+            again = [steps[i] for i in lost]
+            for i, answer in zip(lost, self._answers(again, await translated(self._pipeline(again)))):
+                answers[i] = answer
+        except (RedisError, OSError):
+            pass  # each step is retried on its own
+        return answers
+
+    async def _alone(self, step: _Step) -> tuple[Any, Any]:
+        try:
+            if step.acks > 0:
+                return await run_replicated(self._redis, step.script, step.keys, step.args,
+                                            acks=step.acks, timeout_ms=step.timeout_ms)
+            return await translated(step.script(keys=step.keys, args=step.args)), None
+        except (RedisError, OSError) as exc:
+            return exc, None
 
     @staticmethod
     def _answers(steps: Sequence[_Step], replies: Sequence[Any]) -> list[tuple[Any, Any]]:

@@ -101,23 +101,34 @@ class EvictionWatch:
         self._last: dict[str, int] = {}  # evicted_keys per master at the last read
         self._refused: str | None = None  # the last refusal logged (logged again only when it changes)
         self._growth_logged_at = float("-inf")
+        self._startup_warnings: list[str] = []  # logged by log_startup_warnings once start-up succeeded
 
     async def at_startup(self) -> None:
         """Raise ``ConfigError`` (one line) if a master may evict and the operator has not accepted it.
-        An unreachable Redis is not refused here: readiness checks the policy once it answers."""
+        An unreachable Redis is not refused here: readiness checks the policy once it answers. The warnings
+        this check has (an unreadable policy, an accepted risk) wait for ``log_startup_warnings``: a later
+        refusal of the start-up stays one line."""
         try:
             async with asyncio.timeout(self._timeout_s):
                 verdict = await self._read()
         except (TimeoutError, OSError, store.StoreError) as exc:
-            log.warning("redis: could not read maxmemory-policy at start-up (%s); /readyz stays not ready "
-                        "until every master answers with noeviction", type(exc).__name__)
+            self._startup_warnings.append(
+                f"redis: could not read maxmemory-policy at start-up ({type(exc).__name__}); /readyz stays not "
+                f"ready until every master answers with noeviction")
             return
         if not verdict.ok:
             raise ConfigError(verdict.refusal())
         if verdict.evicting:
-            log.warning("redis: maxmemory-policy %s may evict the proxy's records; accepted by "
-                        "redis.accept_eviction (an evicted operation record lets a same-key retry run a write "
-                        "twice; evictions are counted in toolproxy_redis_evicted_keys_total)", verdict.describe())
+            self._startup_warnings.append(
+                f"redis: maxmemory-policy {verdict.describe()} may evict the proxy's records; accepted by "
+                f"redis.accept_eviction (an evicted operation record lets a same-key retry run a write twice; "
+                f"evictions are counted in toolproxy_redis_evicted_keys_total)")
+
+    def log_startup_warnings(self) -> None:
+        """Log what ``at_startup`` found worth a warning, once the whole runtime has opened."""
+        for line in self._startup_warnings:
+            log.warning("%s", line)
+        self._startup_warnings.clear()
 
     async def check(self) -> bool:
         """The readiness verdict: every master answers with ``noeviction`` (or eviction is accepted).

@@ -245,6 +245,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
                           reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity)
         opened.pop_all()  # from here on Runtime.close() closes them
+    eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
     if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)
         log.warning("integrity.mac_key_file is not set: records are signed with a key of this process only, so "
                     "approvals and outcomes written by any other process (or before a restart) are refused")

@@ -83,7 +83,7 @@ async def test_start_up_refuses_every_policy_that_may_evict_with_one_line(small_
 
 async def test_noeviction_is_accepted_and_ready(small_redis, opa_server):
     use_policy(small_redis, "noeviction")
-    async with running_stack({"redis.url": small_redis.url, "opa.url": opa_server.url}) as stack:
+    async with running_stack({"redis.url": small_redis.url, **opa_server.settings}) as stack:
         status, body = await readiness(stack)
         assert (status, body["checks"]) == (200, {"opa": True, "redis": True, "redis_policy": True,
                                                   "registry": True})
@@ -96,7 +96,7 @@ async def test_noeviction_is_accepted_and_ready(small_redis, opa_server):
 async def test_accept_eviction_lets_the_proxy_run_and_says_so(small_redis, opa_server, policy, caplog):
     use_policy(small_redis, policy)
     with caplog.at_level(logging.WARNING, logger="toolproxy.eviction"):
-        async with running_stack({"redis.url": small_redis.url, "opa.url": opa_server.url,
+        async with running_stack({"redis.url": small_redis.url, **opa_server.settings,
                                   "redis.accept_eviction": True}) as stack:
             status, body = await readiness(stack)
             assert status == 200 and body["checks"]["redis_policy"] is True
@@ -108,7 +108,7 @@ async def test_accept_eviction_lets_the_proxy_run_and_says_so(small_redis, opa_s
 
 async def test_readiness_turns_not_ready_when_a_master_changes_policy_and_back(small_redis, opa_server, caplog):
     use_policy(small_redis, "noeviction")
-    async with running_stack({"redis.url": small_redis.url, "opa.url": opa_server.url}) as stack:
+    async with running_stack({"redis.url": small_redis.url, **opa_server.settings}) as stack:
         assert (await stack.runtime.health.readiness(use_cache=False)).ready
         client = small_redis.client()
         try:
@@ -180,7 +180,7 @@ async def test_by_default_the_eviction_that_runs_a_write_twice_cannot_happen(sma
     """The repro of issue 29 (8a): maxmemory 8mb, allkeys-lru. Before the fix the proxy started here, and the
     retry after the eviction ran the write a second time (2 effects). Now the proxy refuses to start."""
     use_policy(small_redis, "allkeys-lru")
-    overrides = {"redis.url": small_redis.url, "opa.url": opa_server.url, **extra_tools(tmp_path, UNLOCKED_COUNTER)}
+    overrides = {"redis.url": small_redis.url, **opa_server.settings, **extra_tools(tmp_path, UNLOCKED_COUNTER)}
     try:
         async with running_stack(overrides) as stack:
             effects = await write_then_evict_then_retry(stack, small_redis)
@@ -195,7 +195,7 @@ async def test_with_the_override_the_eviction_happens_and_is_counted(small_redis
     again (2 effects), and every eviction Redis made is counted in toolproxy_redis_evicted_keys_total."""
     use_policy(small_redis, "allkeys-lru")
     before = evicted_keys(small_redis)
-    async with running_stack({"redis.url": small_redis.url, "opa.url": opa_server.url,
+    async with running_stack({"redis.url": small_redis.url, **opa_server.settings,
                               "redis.accept_eviction": True, **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
         first = samples(await scrape_text(stack))
         assert first[sample("toolproxy_redis_evicted_keys_total")] == 0
@@ -212,7 +212,7 @@ async def test_noeviction_under_the_same_pressure_refuses_instead_of_forgetting(
     new write is refused before it is sent (dependency_unavailable, nothing attempted)."""
     use_policy(small_redis, "noeviction")
     evicted_before = evicted_keys(small_redis)
-    async with running_stack({"redis.url": small_redis.url, "opa.url": opa_server.url,
+    async with running_stack({"redis.url": small_redis.url, **opa_server.settings,
                               **extra_tools(tmp_path, UNLOCKED_COUNTER)}) as stack:
         key = {"Idempotency-Key": "keep-me"}
         status, first = await stack.call("bump_counter", BUMP, headers=key)

@@ -17,7 +17,7 @@ import pytest
 
 from examples.demo_backend import start_demo_backend
 from tests.support.audit import audit_records
-from tests.support.browser import chromium_page, needs_chromium, screenshot
+from tests.support.browser import REPO, chromium_page, needs_chromium, screenshot
 from tests.support.devproc import DevStack
 from tests.support.proxyproc import ProxyProcess
 from tests.support.tokens import jwt_overrides
@@ -72,11 +72,17 @@ async def signed_in(page: Any, url: str, token: str) -> None:
     await page.locator("body[data-loaded]").wait_for(state="attached", timeout=10000)
 
 
-async def refreshed(page: Any) -> None:
-    """Click Refresh and wait until the panels were re-read from the admin API."""
+async def refreshed(page: Any, *, keep_focus: bool = False) -> None:
+    """Click Refresh and wait until the panels were re-read from the admin API.
+
+    With ``keep_focus`` the click is dispatched to the button without moving the focus, as the
+    console's own timer refreshes while someone is typing."""
     # (wait_for_function would evaluate a string in the page, which the console's CSP rightly forbids)
     before = await page.get_attribute("body", "data-loaded")
-    await page.click("#refresh")
+    if keep_focus:
+        await page.dispatch_event("#refresh", "click")
+    else:
+        await page.click("#refresh")
 
     async def reloaded() -> bool:
         return await page.get_attribute("body", "data-loaded") != before
@@ -122,6 +128,31 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
     assert (status, again["replayed"]) == (200, True)
     after = await effects(http, dev)
     assert after.get("refund_order", 0) - before.get("refund_order", 0) == 1
+
+
+async def test_a_refresh_while_typing_keeps_the_text_and_the_focus(dev, http):
+    arguments = {**REFUND, "order_id": "ord_1001", "amount": 6100}
+    _, envelope = await agent_call(http, dev.agent_url, "refund_order", arguments, {"Idempotency-Key": "console-typing"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        field = row.locator("input.reason")
+        await field.fill("checked the ticket")
+        await field.press("Tab")  # to Approve, as an approver does
+        assert await page.evaluate("document.activeElement.className") == "approve"
+        await page.evaluate("document.activeElement.dataset.marker = 'same-node'")
+        for _ in range(2):
+            await refreshed(page, keep_focus=True)
+        assert await field.input_value() == "checked the ticket"
+        focused = await page.evaluate("[document.activeElement.className, document.activeElement.dataset.marker,"
+                                      " document.activeElement.getAttribute('aria-label')]")
+        assert focused == ["approve", "same-node", f"Approve refund_order {approval_id}"]
+        label = await page.locator(f'label[for="reason-{approval_id}"]').inner_text()
+        assert approval_id in label
+        # a row nobody is working in is rebuilt (its times move on); this one kept its node
+        await row.locator("button.deny").click()
+        await page.locator(f'#decided tr[data-approval-id="{approval_id}"]').wait_for()
 
 
 async def test_a_deny_with_a_reason_is_recorded_and_the_agent_cannot_use_it(dev, http):
@@ -238,8 +269,54 @@ async def test_recent_denials_are_shown_by_tool_and_reason(dev, http):
         text = await row.inner_text()
         assert group["reason"] in text and str(group["count"]) in text
         assert all(example in text for example in group["examples"])
+        kept = await page.inner_text("#denials-kept")
+        assert f"Counted over {denials['counted']} denial" in kept and "latest 500" not in kept
+        recent = denials["recent"][0]
+        latest = page.locator("#denials-recent tbody tr").first
+        latest_text = await latest.inner_text()
+        assert recent["subject"] in latest_text and recent["request_id"] in latest_text
         await screenshot(page, "console-overview", doc=True)
     assert group["count"] >= 3
+
+
+async def test_at_390_px_rows_are_cards_without_horizontal_scroll(dev, http):
+    arguments = {**REFUND, "order_id": "ord_1001", "amount": 6200}
+    _, envelope = await agent_call(http, dev.agent_url, "refund_order", arguments, {"Idempotency-Key": "console-phone"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    async with chromium_page(viewport=(390, 844)) as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        await row.wait_for()
+        widths = await page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], widths
+        box = await row.locator("button.approve").bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 390, box
+        assert await row.locator('td[data-label="tool"]').count() == 1  # each cell names its column
+        await screenshot(page, "console-phone", doc=True, locator=row)
+
+
+AXE = REPO / ".tools" / "node" / "node_modules" / "axe-core" / "axe.min.js"
+
+
+async def axe_violations(page: Any) -> list[dict[str, Any]]:
+    """axe-core (pinned in tests/node/package-lock.json) run inside the page; serious and critical only."""
+    await page.evaluate(AXE.read_text(encoding="utf-8"))  # through the driver: the page's CSP still holds
+    found = await page.evaluate("axe.run(document, {resultTypes: ['violations']}).then((r) => r.violations.map("
+                                "(v) => ({id: v.id, impact: v.impact, help: v.help,"
+                                " nodes: v.nodes.slice(0, 3).map((n) => n.target.join(' '))})))")
+    return [v for v in found if v["impact"] in {"serious", "critical"}]
+
+
+@pytest.mark.skipif(not AXE.is_file(), reason="needs axe-core in .tools/node (scripts/setup.sh)")
+async def test_axe_core_finds_no_serious_or_critical_violations(dev, http):
+    arguments = {**REFUND, "order_id": "ord_1001", "amount": 6300}
+    await agent_call(http, dev.agent_url, "refund_order", arguments, {"Idempotency-Key": "console-axe"})
+    for viewport in ((1400, 900), (390, 844)):
+        async with chromium_page(viewport=viewport) as page:
+            await page.goto(dev.console_url)
+            assert await axe_violations(page) == [], "sign-in page"
+            await signed_in(page, dev.console_url, dev.token)
+            assert await axe_violations(page) == [], viewport
 
 
 async def test_the_dev_banner_prints_the_console_url_and_a_token_that_signs_in(dev, http):
@@ -248,6 +325,9 @@ async def test_the_dev_banner_prints_the_console_url_and_a_token_that_signs_in(d
     assert (status, me["roles"]) == (200, ["approver", "operator"])
     async with http.get(dev.agent_url + "/ui") as response:
         assert response.status == 404  # nothing of the console on the agent listener
+    for icon in ("/favicon.ico", "/ui/favicon.svg"):  # no 404 in the browser's console
+        async with http.get(dev.admin_url + icon) as response:
+            assert (response.status, response.content_type) == (200, "image/svg+xml"), icon
 
 
 # -- real JWTs: agents, approvers, operators ----------------------------------------------------------
@@ -289,6 +369,51 @@ async def test_an_agent_token_cannot_open_the_console(jwt_proxy, issuers, http):
         assert response.status == 404
 
 
+async def test_a_failed_fetch_keeps_the_session_and_retries_while_a_401_signs_out(jwt_proxy, issuers):
+    _, admin = issuers
+    console = f"http://127.0.0.1:{jwt_proxy.admin_port}/ui"
+    operator = admin.token("olivia", audience="toolproxy-admin", roles=["approver", "operator"], scope="")
+    async with chromium_page() as page:
+        await signed_in(page, console, operator)
+        await page.route("**/v1/locks", lambda route: route.abort())  # the network drops one request
+        await page.dispatch_event("#refresh", "click")
+        notice = page.locator("#connection")
+        await notice.wait_for(state="visible", timeout=10000)
+        assert "Connection lost, retrying" in await notice.inner_text()
+        assert await page.locator("#who").is_visible() and await page.locator("#panels").is_visible()
+        assert await page.evaluate("sessionStorage.length") == 1  # the session is kept
+        await screenshot(page, "console-connection-lost", doc=True, full_page=False)
+        await page.unroute("**/v1/locks")
+        await notice.wait_for(state="hidden", timeout=15000)  # the retry (after 2 s) succeeds
+        assert await page.locator("#updated").inner_text() != ""
+
+        # A token the API refuses (401) ends the session.
+        await page.evaluate("sessionStorage.setItem('toolproxy-admin-token', 'not-a-token')")
+        await page.dispatch_event("#refresh", "click")
+        await page.locator("#sign-in").wait_for(state="visible", timeout=10000)
+        assert "Signed out" in await page.inner_text("#status")
+        assert await page.evaluate("sessionStorage.length") == 0
+
+
+async def test_an_expired_token_is_named_and_a_pasted_bearer_prefix_is_stripped(jwt_proxy, issuers):
+    _, admin = issuers
+    console = f"http://127.0.0.1:{jwt_proxy.admin_port}/ui"
+    expired = admin.token("olivia", audience="toolproxy-admin", roles=["approver"], scope="", ttl_s=-600)
+    async with chromium_page() as page:
+        await sign_in(page, console, expired)
+        await page.locator("#status.error").wait_for()
+        assert "expired" in await page.inner_text("#status")
+        assert await page.evaluate("sessionStorage.length") == 0
+        await screenshot(page, "console-token-expired", doc=True)
+
+        soon = admin.token("olivia", audience="toolproxy-admin", roles=["approver"], scope="", ttl_s=120)
+        await signed_in(page, console, "Bearer " + soon)
+        assert "olivia" in await page.inner_text("#who-text")
+        warning = page.locator("#expiry")
+        assert await warning.is_visible()
+        assert "expires at" in await warning.inner_text()
+
+
 async def test_an_approver_cannot_approve_their_own_request_from_the_page(jwt_proxy, issuers, http):
     agent, admin = issuers
     _, envelope = await agent_call(http, jwt_proxy.url, "refund_order", REFUND,
@@ -299,8 +424,11 @@ async def test_an_approver_cannot_approve_their_own_request_from_the_page(jwt_pr
         await signed_in(page, f"http://127.0.0.1:{jwt_proxy.admin_port}/ui", alice_approver)
         assert await page.locator("#panel-takeovers").is_hidden()  # an approver only: no operator panels
         row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        await row.locator("button.approve").click()  # no reason: the console asks first
+        assert "No reason given" in await page.inner_text("#status")
+        assert await row.locator("button.approve").inner_text() == "Approve without a reason?"
         await row.locator("button.approve").click()
-        await page.locator("#status.error").wait_for()
+        await page.locator("#status.error", has_text="cannot decide").wait_for()
         assert "cannot decide on their own request" in await page.inner_text("#status")
         await row.wait_for()  # still pending
     status, view = await admin_get(http, f"http://127.0.0.1:{jwt_proxy.admin_port}", f"/v1/approvals/{approval_id}",

@@ -50,6 +50,8 @@ def install(app: web.Application) -> None:
     app.router.add_get("/ui", page)
     app.router.add_get("/ui/", page)
     app.router.add_get("/ui/{asset:console\\.(?:js|css)}", asset)
+    app.router.add_get("/ui/favicon.svg", favicon)
+    app.router.add_get("/favicon.ico", favicon)  # what a browser asks for on its own
 
 
 async def page(request: web.Request) -> web.Response:
@@ -61,6 +63,13 @@ async def asset(request: web.Request) -> web.Response:
     return web.Response(body=(STATIC / name).read_bytes(), content_type=ASSETS[name], charset="utf-8")
 
 
+async def favicon(request: web.Request) -> web.Response:
+    return web.Response(text=FAVICON, content_type="image/svg+xml", charset="utf-8")
+
+
+FAVICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" '
+           'fill="#24292f"/><path d="M4 4h8v2H9v7H7V6H4z" fill="#fff"/></svg>')
+
 # The page is static on purpose: every value it shows arrives through the admin API and is written as text.
 PAGE = """<!doctype html>
 <html lang="en">
@@ -69,6 +78,7 @@ PAGE = """<!doctype html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="referrer" content="no-referrer">
 <title>toolproxy console</title>
+<link rel="icon" href="/ui/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/ui/console.css">
 <script src="/ui/console.js" defer></script>
 </head>
@@ -80,6 +90,8 @@ PAGE = """<!doctype html>
     <button type="button" id="sign-out">Sign out</button></div>
 </header>
 <p id="status" role="status"></p>
+<p id="connection" role="alert" hidden></p>
+<p id="expiry" role="alert" hidden></p>
 
 <section id="sign-in">
   <h2>Sign in</h2>
@@ -97,15 +109,15 @@ PAGE = """<!doctype html>
   <h2>Pending approvals</h2>
   <p class="hint">Approving authorizes exactly one execution of exactly these arguments. You cannot decide
   on your own request.</p>
-  <table id="approvals"><thead><tr><th>requested</th><th>who asked</th><th>tool</th><th>arguments (masked)</th>
-  <th>risk</th><th>policy reasons</th><th>expires</th><th>decision</th></tr></thead><tbody></tbody></table>
+  <table id="approvals"><caption class="sr-only">Approvals waiting for a decision</caption><thead><tr><th scope="col">requested</th><th scope="col">who asked</th><th scope="col">tool</th><th scope="col">arguments (masked)</th>
+  <th scope="col">risk</th><th scope="col">policy reasons</th><th scope="col">expires</th><th scope="col">decision</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="approvals-empty" hidden>Nothing is waiting for a decision.</p>
 </section>
 
 <section id="panel-decided" data-role="approver" hidden>
   <h2>Decided approvals</h2>
-  <table id="decided"><thead><tr><th>decided</th><th>status</th><th>decided by</th><th>reason</th>
-  <th>who asked</th><th>tool</th><th>arguments (masked)</th></tr></thead><tbody></tbody></table>
+  <table id="decided"><caption class="sr-only">The latest decisions</caption><thead><tr><th scope="col">decided</th><th scope="col">status</th><th scope="col">decided by</th><th scope="col">reason</th>
+  <th scope="col">who asked</th><th scope="col">tool</th><th scope="col">arguments (masked)</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="decided-empty" hidden>No decisions yet.</p>
 </section>
 
@@ -113,41 +125,46 @@ PAGE = """<!doctype html>
   <h2>Takeovers: operations a person must settle</h2>
   <p class="hint">The reconciler could not find out whether these happened. Check the target system, then
   record what you found; repeats of the operation get your outcome.</p>
-  <table id="takeovers"><thead><tr><th>since</th><th>operation</th><th>tool</th><th>who</th><th>target</th>
-  <th>evidence</th><th>resolve</th></tr></thead><tbody></tbody></table>
+  <table id="takeovers"><caption class="sr-only">Takeovers to settle</caption><thead><tr><th scope="col">since</th><th scope="col">operation</th><th scope="col">tool</th><th scope="col">who</th><th scope="col">target</th>
+  <th scope="col">evidence</th><th scope="col">resolve</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="takeovers-empty" hidden>No takeovers.</p>
 </section>
 
 <section id="panel-unknowns" data-role="operator" hidden>
   <h2>Open unknown outcomes</h2>
   <h3>Operations being reconciled</h3>
-  <table id="unknown-operations"><thead><tr><th>open for</th><th>operation</th><th>tool</th><th>who</th>
-  <th>attempts</th><th>last evidence</th></tr></thead><tbody></tbody></table>
+  <table id="unknown-operations"><caption class="sr-only">Operations being reconciled</caption><thead><tr><th scope="col">open for</th><th scope="col">operation</th><th scope="col">tool</th><th scope="col">who</th>
+  <th scope="col">attempts</th><th scope="col">last evidence</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="unknown-operations-empty" hidden>None.</p>
   <h3>Calls without an operation record (only a person can settle them)</h3>
-  <table id="unknown-calls"><thead><tr><th>open for</th><th>call</th><th>tool</th><th>tenant</th>
-  <th>settle</th></tr></thead><tbody></tbody></table>
+  <table id="unknown-calls"><caption class="sr-only">Calls without an operation record</caption><thead><tr><th scope="col">open for</th><th scope="col">call</th><th scope="col">tool</th><th scope="col">tenant</th>
+  <th scope="col">settle</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="unknown-calls-empty" hidden>None.</p>
 </section>
 
 <section id="panel-locks" data-role="operator" hidden>
   <h2>Held resource locks</h2>
-  <table id="locks"><thead><tr><th>resource</th><th>tenant</th><th>mode</th><th>tool</th><th>operation</th>
-  <th>fencing token</th><th>lease left</th></tr></thead><tbody></tbody></table>
+  <table id="locks"><caption class="sr-only">Resource locks held now</caption><thead><tr><th scope="col">resource</th><th scope="col">tenant</th><th scope="col">mode</th><th scope="col">tool</th><th scope="col">operation</th>
+  <th scope="col">fencing token</th><th scope="col">lease left</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="locks-empty" hidden>No lock is held.</p>
   <p class="hint" id="locks-hint"></p>
 </section>
 
 <section id="panel-denials" data-role="any" hidden>
   <h2>Recent policy denials</h2>
-  <table id="denials"><thead><tr><th>tool</th><th>reason</th><th>as the policy said it</th><th>count</th>
-  <th>last</th></tr></thead>
+  <table id="denials"><caption class="sr-only">Denials by tool and reason</caption><thead><tr><th scope="col">tool</th><th scope="col">reason</th><th scope="col">as the policy said it</th><th scope="col">count</th>
+  <th scope="col">last</th></tr></thead>
   <tbody></tbody></table>
   <p class="empty" id="denials-empty" hidden>No denials recorded.</p>
   <p class="hint" id="denials-kept"></p>
+  <h3>Latest denials</h3>
+  <table id="denials-recent"><caption class="sr-only">The latest denials, newest first</caption><thead><tr><th scope="col">when</th><th scope="col">who was denied</th><th scope="col">tool</th><th scope="col">reasons</th>
+  <th scope="col">request</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="denials-recent-empty" hidden>None.</p>
 </section>
 </main>
-<footer><p>Served by the admin listener. Data refreshes every 10 s while you are not typing.</p></footer>
+<footer><p>Last updated <time id="updated"></time>. Served by the admin listener. Data refreshes every 10 s;
+rows you are typing in are left as they are.</p></footer>
 </body>
 </html>
 """

@@ -86,4 +86,4 @@ class DenialLog:
         return {"by_tool_and_reason": [{"tool": tool, "reason": code, "count": n, "last_at_ms": last[(tool, code)],
                                         "examples": examples[(tool, code)]}
                                        for (tool, code), n in counts.most_common()],
-                "recent": visible[:limit], "kept": KEEP}
+                "recent": visible[:limit], "kept": KEEP, "counted": len(visible)}

@@ -43,9 +43,12 @@
     return future ? "in " + text : text + " ago";
   }
 
+  // Absolute local time with the relative time beside it.
   function stamp(value) {
     const date = when(value);
-    return el("span", {title: date ? date.toISOString() : ""}, age(value));
+    if (!date) return el("span", null, "—");
+    return el("time", {dateTime: date.toISOString(), title: date.toISOString()},
+              date.toLocaleString(), el("span", {className: "muted"}, " (" + age(value) + ")"));
   }
 
   function status(message, kind) {
@@ -76,9 +79,56 @@
     return error ? error.message + " (" + error.code + ")" : "HTTP " + result.status;
   }
 
-  function fill(tableId, rows, render) {
+  // A row the user is working in: focus inside it, or a field holding something typed or chosen.
+  function busy(row) {
+    if (row.contains(document.activeElement)) return true;
+    for (const field of row.querySelectorAll("input, textarea, select")) {
+      if (field.value !== "") return true;
+    }
+    return false;
+  }
+
+  // Update a table in place, keyed by id: new rows are inserted, gone rows removed, and a row the user
+  // is working in is never rebuilt (nor moved), so typed text and focus survive every refresh.
+  // Each cell carries its column's name, which the narrow-screen layout (cards) shows beside the value.
+  function labelled(table, render) {
+    const names = Array.from(table.tHead.rows[0].cells).map((th) => th.textContent);
+    return (item) => {
+      const row = render(item);
+      Array.from(row.cells).forEach((cell, i) => { cell.dataset.label = names[i] || ""; });
+      return row;
+    };
+  }
+
+  function fill(tableId, rows, plainRender, keyOf) {
     const body = $(tableId).tBodies[0];
-    body.replaceChildren(...rows.map(render));
+    const render = labelled($(tableId), plainRender);
+    if (!keyOf) {
+      body.replaceChildren(...rows.map(render));
+    } else {
+      const existing = new Map();
+      for (const row of Array.from(body.rows)) existing.set(row.dataset.rowKey, row);
+      const wanted = new Set(rows.map((item) => String(keyOf(item))));
+      for (const [key, row] of existing) if (!wanted.has(key)) row.remove();
+      let cursor = body.firstElementChild;
+      for (const item of rows) {
+        const key = String(keyOf(item));
+        const old = existing.get(key);
+        if (old && wanted.has(key) && busy(old)) {
+          if (old === cursor) cursor = cursor.nextElementSibling;
+          continue;  // left exactly where it is
+        }
+        const fresh = render(item);
+        fresh.dataset.rowKey = key;
+        if (old) {
+          if (old === cursor) cursor = cursor.nextElementSibling;
+          old.replaceWith(fresh);
+          if (fresh.nextElementSibling !== cursor) body.insertBefore(fresh, cursor);
+        } else {
+          body.insertBefore(fresh, cursor);
+        }
+      }
+    }
     $(tableId + "-empty").hidden = rows.length > 0;
   }
 
@@ -94,11 +144,29 @@
 
   // -- approvals ---------------------------------------------------------------------------------
   function approvalRow(a) {
-    const reason = el("input", {type: "text", placeholder: "reason (optional)", maxLength: 500,
+    const fieldId = "reason-" + a.id;
+    const label = el("label", {htmlFor: fieldId}, "Reason for " + a.tool + " " + a.id);
+    const reason = el("input", {type: "text", id: fieldId, placeholder: "reason", maxLength: 500,
                                 className: "reason"});
     const approve = el("button", {type: "button", className: "approve"}, "Approve");
     const deny = el("button", {type: "button", className: "deny"}, "Deny");
-    approve.addEventListener("click", () => decide(a.id, "approve", reason.value));
+    approve.setAttribute("aria-label", "Approve " + a.tool + " " + a.id);
+    deny.setAttribute("aria-label", "Deny " + a.tool + " " + a.id);
+    approve.addEventListener("click", () => {
+      // An approval without a reason is asked about once: the second press is the answer.
+      if (!reason.value.trim() && approve.dataset.confirm !== "1") {
+        approve.dataset.confirm = "1";
+        approve.textContent = "Approve without a reason?";
+        status("No reason given for " + a.id + ": type one, or press \u201cApprove without a reason?\u201d to " +
+               "approve anyway.", "error");
+        return;
+      }
+      decide(a.id, "approve", reason.value);
+    });
+    reason.addEventListener("input", () => {
+      delete approve.dataset.confirm;
+      approve.textContent = "Approve";
+    });
     deny.addEventListener("click", () => decide(a.id, "deny", reason.value));
     const row = el("tr", null,
       el("td", null, stamp(a.created_at_ms), el("div", {className: "muted"}, a.id)),
@@ -108,7 +176,7 @@
       el("td", {className: "risk"}, a.risk),
       el("td", null, el("ul", null, ...(a.reasons || []).map((r) => el("li", null, r)))),
       el("td", null, stamp(a.expires_at_ms)),
-      el("td", {className: "actions"}, reason, approve, deny));
+      el("td", {className: "actions"}, label, reason, approve, deny));
     row.dataset.approvalId = a.id;
     return row;
   }
@@ -150,14 +218,20 @@
               el("div", {className: "muted"}, "call " + (t.call_id || "—") + " · request " + (t.request_id || "—")));
   }
 
+  // No outcome is preset: the person settling it must choose what they found.
+  function outcomeField(id, choices) {
+    return el("select", {className: "outcome", id: id},
+      el("option", {value: "", selected: true}, "choose what you found"),
+      ...choices.map(([value, text]) => el("option", {value: value}, text)));
+  }
+
   function takeoverRow(t) {
-    const outcome = el("select", {className: "outcome"},
-      el("option", {value: "committed"}, "it happened (committed)"),
-      el("option", {value: "not_applied"}, "it did not happen (not_applied)"),
-      el("option", {value: "rejected"}, "the target refused it (rejected)"));
-    const note = el("textarea", {className: "evidence", placeholder: "what you checked (required)", rows: 2,
-                                 maxLength: 2000});
-    const result = el("textarea", {className: "result", rows: 2,
+    const base = "takeover-" + t.idempotency_key.replace(/[^A-Za-z0-9_-]/g, "_");
+    const outcome = outcomeField(base + "-outcome", [["committed", "it happened (committed)"],
+      ["not_applied", "it did not happen (not_applied)"], ["rejected", "the target refused it (rejected)"]]);
+    const note = el("textarea", {className: "evidence", id: base + "-evidence",
+                                 placeholder: "what you checked (required)", rows: 2, maxLength: 2000});
+    const result = el("textarea", {className: "result", id: base + "-result", rows: 2,
                                    placeholder: "result as JSON (optional, committed only)"});
     const button = el("button", {type: "button", className: "resolve"}, "Resolve");
     button.addEventListener("click", () => resolve(t.idempotency_key, outcome.value, note.value, result.value));
@@ -168,12 +242,23 @@
       el("td", null, who(t)),
       el("td", null, code(t.target)),
       el("td", null, evidence(t)),
-      el("td", {className: "actions"}, outcome, note, result, button));
+      el("td", {className: "actions"}, el("label", {htmlFor: outcome.id}, "Outcome of " + t.tool), outcome,
+         el("label", {htmlFor: note.id}, "Evidence"), note, el("label", {htmlFor: result.id}, "Result"), result,
+         button));
+    button.setAttribute("aria-label", "Resolve " + t.tool + " " + t.idempotency_key);
     row.dataset.key = t.idempotency_key;
     return row;
   }
 
   async function resolve(key, outcome, note, resultText) {
+    if (!outcome) {
+      status("Could not resolve " + key + ": outcome: choose what you found.", "error");
+      return;
+    }
+    if (!note.trim()) {
+      status("Could not resolve " + key + ": evidence: say what you checked (required).", "error");
+      return;
+    }
     const body = {outcome: outcome, evidence: note};
     if (resultText.trim()) {
       try { body.result = JSON.parse(resultText); } catch (e) {
@@ -198,13 +283,19 @@
   }
 
   function unknownCallRow(u) {
-    const outcome = el("select", {className: "outcome"},
-      el("option", {value: "committed"}, "it happened (committed)"),
-      el("option", {value: "not_applied"}, "it did not happen (not_applied)"));
-    const note = el("textarea", {className: "evidence", placeholder: "what you checked (required)", rows: 2,
-                                 maxLength: 2000});
+    const base = "call-" + (u.request_id + "-" + u.call_id).replace(/[^A-Za-z0-9_-]/g, "_");
+    const outcome = outcomeField(base + "-outcome", [["committed", "it happened (committed)"],
+      ["not_applied", "it did not happen (not_applied)"]]);
+    const note = el("textarea", {className: "evidence", id: base + "-evidence",
+                                 placeholder: "what you checked (required)", rows: 2, maxLength: 2000});
     const button = el("button", {type: "button", className: "settle"}, "Settle");
+    button.setAttribute("aria-label", "Settle call " + u.call_id);
     button.addEventListener("click", async () => {
+      if (!outcome.value || !note.value.trim()) {
+        status("Could not settle call " + u.call_id + ": " + (outcome.value ? "evidence: say what you checked"
+          : "outcome: choose what you found") + ".", "error");
+        return;
+      }
       const result = await api("POST", "/v1/unknown-calls/settle",
                                {request_id: u.request_id, call_id: u.call_id, outcome: outcome.value,
                                 evidence: note.value});
@@ -214,13 +305,23 @@
     });
     return el("tr", null, el("td", null, age(u.since).replace(" ago", "")),
               el("td", null, el("div", null, "call " + u.call_id), el("div", {className: "muted"}, "request " + u.request_id)),
-              el("td", null, u.tool), el("td", null, u.tenant), el("td", {className: "actions"}, outcome, note, button));
+              el("td", null, u.tool), el("td", null, u.tenant),
+              el("td", {className: "actions"}, el("label", {htmlFor: outcome.id}, "Outcome of call " + u.call_id),
+                 outcome, el("label", {htmlFor: note.id}, "Evidence"), note, button));
   }
 
   function denialRow(d) {
     return el("tr", null, el("td", null, d.tool), el("td", null, d.reason),
               el("td", null, el("ul", null, ...d.examples.map((r) => el("li", null, r)))),
               el("td", {className: "count"}, d.count), el("td", null, stamp(d.last_at_ms)));
+  }
+
+  function recentDenialRow(d) {
+    return el("tr", null, el("td", null, stamp(d.at_ms)), el("td", null, who(d)),
+              el("td", null, d.tool + (d.tool_version ? " " + d.tool_version : "")),
+              el("td", null, el("ul", null, ...(d.reasons || []).map((r) => el("li", null, r)))),
+              el("td", null, el("div", {className: "key"}, d.request_id || "—"),
+                 el("div", {className: "muted"}, "call " + (d.call_id || "—"))));
   }
 
   function lockRow(l) {
@@ -232,10 +333,81 @@
               el("td", {className: "count"}, Math.max(0, Math.round(l.lease_remaining_ms / 100) / 10) + " s"));
   }
 
+  // -- the token ------------------------------------------------------------------------------------
+  // The console reads the token's own expiry (the JWT's "exp" claim) only to name it and warn; the admin
+  // API is what checks it.
+  function claims(value) {
+    const parts = String(value || "").split(".");
+    if (parts.length !== 3) return null;
+    try {
+      const text = atob(parts[1].replace(/-/g, "+").replace(/_/g, "/"));
+      const parsed = JSON.parse(text);
+      return parsed && typeof parsed === "object" ? parsed : null;
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function expiresAt(value) {
+    const c = claims(value);
+    return c && typeof c.exp === "number" ? new Date(c.exp * 1000) : null;
+  }
+
+  function isExpired(value) {
+    const at = expiresAt(value);
+    return at !== null && at.getTime() <= Date.now();
+  }
+
+  // "Bearer eyJ..." pasted whole, quotes and whitespace around it: keep the token only.
+  function cleanToken(raw) {
+    let value = String(raw || "").trim().replace(/^["']|["']$/g, "").trim();
+    if (/^bearer\s+/i.test(value)) value = value.replace(/^bearer\s+/i, "").trim();
+    return value;
+  }
+
+  const WARN_BEFORE_MS = 5 * 60 * 1000;
+
+  function expiryNotice() {
+    const line = $("expiry");
+    const at = expiresAt(token());
+    if (!at) { line.hidden = true; line.textContent = ""; return; }
+    const left = at.getTime() - Date.now();
+    if (left <= 0) {
+      line.hidden = false;
+      line.textContent = "Your token expired at " + at.toLocaleTimeString() + ".";
+    } else if (left <= WARN_BEFORE_MS) {
+      line.hidden = false;
+      line.textContent = "Your token expires at " + at.toLocaleTimeString() + " (" + age(at.getTime()) +
+        "): get a new one before then.";
+    } else {
+      line.hidden = true;
+      line.textContent = "";
+    }
+  }
+
+  function refusal(result, candidate) {
+    if (isExpired(candidate)) {
+      return "Your token expired at " + expiresAt(candidate).toLocaleString() + ". Sign in with a new one.";
+    }
+    return errorText(result);
+  }
+
   // -- loading -----------------------------------------------------------------------------------------
+  const BACKOFF_MS = [2000, 4000, 8000, 16000, 30000];
+  let failures = 0;
+
+  class SignedOut extends Error {}
+  class Unreachable extends Error {}
+
   async function load(path, apply) {
-    const result = await api("GET", path);
-    if (result.status === 401) throw new Error(errorText(result));
+    let result;
+    try {
+      result = await api("GET", path);
+    } catch (e) {
+      throw new Unreachable(e.message);  // the network, not the token
+    }
+    if (result.status === 401) throw new SignedOut(refusal(result, token()));
+    if (result.status >= 500 || result.status === 0) throw new Unreachable(errorText(result));
     if (result.status !== 200) {
       status("Could not load " + path + ": " + errorText(result), "error");
       return;
@@ -243,40 +415,77 @@
     apply(result.body);
   }
 
+  function schedule(delay) {
+    if (timer !== null) clearTimeout(timer);
+    timer = setTimeout(() => { timer = null; refresh(); }, delay);
+  }
+
   async function refresh() {
     if (!token()) return;
-    try {
-      const jobs = [load("/v1/denials", (b) => {
-        fill("denials", b.by_tool_and_reason, denialRow);
-        $("denials-kept").textContent = "Counted over the latest " + b.kept + " denials of the fleet.";
-      })];
-      if (roles.includes("approver")) {
-        jobs.push(load("/v1/approvals", (b) => fill("approvals", b.approvals, approvalRow)));
-        jobs.push(load("/v1/approvals/decided", (b) => fill("decided", b.approvals, decidedRow)));
-      }
-      if (roles.includes("operator")) {
-        jobs.push(load("/v1/takeovers", (b) => fill("takeovers", b.takeovers, takeoverRow)));
-        jobs.push(load("/v1/unknown-operations", (b) => fill("unknown-operations", b.unknown_operations,
-                                                                  unknownOperationRow)));
-        jobs.push(load("/v1/unknown-calls", (b) => fill("unknown-calls", b.unknown_calls, unknownCallRow)));
-        jobs.push(load("/v1/locks", (b) => {
-          fill("locks", b.locks, lockRow);
-          $("locks-hint").textContent = "A crashed proxy's locks free themselves when their lease (" +
-            b.lease_ms / 1000 + " s) runs out" + (b.truncated ? "; only the first locks are shown." : ".");
-        }));
-      }
-      await Promise.all(jobs);
-      document.body.dataset.loaded = String(Date.now());
-    } catch (e) {
-      signOut("Signed out: " + e.message);
+    const jobs = [load("/v1/denials", (b) => {
+      fill("denials", b.by_tool_and_reason, denialRow);
+      const counted = typeof b.counted === "number" ? b.counted : b.by_tool_and_reason.length;
+      fill("denials-recent", b.recent || [], recentDenialRow);
+      $("denials-kept").textContent = "Counted over " + counted + (counted === 1 ? " denial" : " denials") +
+        (counted >= b.kept ? " (only the latest " + b.kept + " are kept)." : ".");
+    })];
+    if (roles.includes("approver")) {
+      jobs.push(load("/v1/approvals", (b) => fill("approvals", b.approvals, approvalRow, (a) => a.id)));
+      jobs.push(load("/v1/approvals/decided", (b) => fill("decided", b.approvals, decidedRow, (a) => a.id)));
     }
+    if (roles.includes("operator")) {
+      jobs.push(load("/v1/takeovers", (b) => fill("takeovers", b.takeovers, takeoverRow,
+                                                   (t) => t.idempotency_key)));
+      jobs.push(load("/v1/unknown-operations", (b) => fill("unknown-operations", b.unknown_operations,
+                                                                unknownOperationRow)));
+      jobs.push(load("/v1/unknown-calls", (b) => fill("unknown-calls", b.unknown_calls, unknownCallRow,
+                                                       (u) => u.request_id + " " + u.call_id)));
+      jobs.push(load("/v1/locks", (b) => {
+        fill("locks", b.locks, lockRow);
+        $("locks-hint").textContent = "A crashed proxy's locks free themselves when their lease (" +
+          b.lease_ms / 1000 + " s) runs out" + (b.truncated ? "; only the first locks are shown." : ".");
+      }));
+    }
+    const outcomes = await Promise.allSettled(jobs);
+    const failed = outcomes.filter((o) => o.status === "rejected").map((o) => o.reason);
+    const signedOut = failed.find((e) => e instanceof SignedOut);
+    if (signedOut) {
+      signOut("Signed out: " + signedOut.message);  // only a 401 ends the session
+      return;
+    }
+    expiryNotice();
+    if (failed.length) {
+      const delay = BACKOFF_MS[Math.min(failures, BACKOFF_MS.length - 1)];
+      failures += 1;
+      $("connection").hidden = false;
+      $("connection").textContent = "Connection lost, retrying in " + Math.round(delay / 1000) + " s (" +
+        failed[0].message + "). What you see is from " + ($("updated").textContent || "before") + ".";
+      document.body.dataset.retrying = String(failures);
+      schedule(delay);
+      return;
+    }
+    failures = 0;
+    $("connection").hidden = true;
+    $("connection").textContent = "";
+    delete document.body.dataset.retrying;
+    const now = new Date();
+    $("updated").textContent = now.toLocaleTimeString();
+    $("updated").dateTime = now.toISOString();
+    document.body.dataset.loaded = String(Date.now());
+    schedule(REFRESH_MS);
   }
 
   async function signIn(candidate) {
     sessionStorage.setItem(TOKEN_KEY, candidate);
-    const result = await api("GET", "/v1/whoami");
+    let result;
+    try {
+      result = await api("GET", "/v1/whoami");
+    } catch (e) {
+      status("Cannot reach the admin API (" + e.message + "); try again.", "error");
+      return;
+    }
     if (result.status !== 200) {
-      signOut("This token cannot open the console: " + errorText(result));
+      signOut("This token cannot open the console: " + refusal(result, candidate));
       return;
     }
     roles = result.body.roles;
@@ -289,23 +498,20 @@
       panel.hidden = !(panel.dataset.role === "any" || roles.includes(panel.dataset.role));
     }
     status("", "");
+    failures = 0;
     await refresh();
-    if (timer === null) {
-      timer = setInterval(() => {
-        const active = document.activeElement;
-        if (active && ["INPUT", "TEXTAREA", "SELECT"].includes(active.tagName)) return;
-        refresh();
-      }, REFRESH_MS);
-    }
   }
 
   function signOut(message) {
     sessionStorage.removeItem(TOKEN_KEY);
     roles = [];
-    if (timer !== null) { clearInterval(timer); timer = null; }
+    failures = 0;
+    if (timer !== null) { clearTimeout(timer); timer = null; }
     $("who").hidden = true;
     $("panels").hidden = true;
     $("sign-in").hidden = false;
+    $("connection").hidden = true;
+    $("expiry").hidden = true;
     for (const table of document.querySelectorAll("#panels tbody")) table.replaceChildren();
     status(message || "", message ? "error" : "");
   }
@@ -314,7 +520,7 @@
     $("sign-in-form").addEventListener("submit", (event) => {
       event.preventDefault();
       const field = $("token");
-      const candidate = field.value.trim();
+      const candidate = cleanToken(field.value);
       field.value = "";
       if (candidate) signIn(candidate);
     });

@@ -35,6 +35,7 @@ from proxy.deadline import Deadline
 from proxy.normalize import ResourceRef
 from proxy.store import close_client, create_client
 from examples.demo_backend import start_demo_backend
+from tests.support.calltokens import session_keys
 from tests.support.proxyproc import ProxyProcess
 from tests.support.servers import OpaServer, RedisServer
 from tests.support.stack import DEMO_REGISTRY, running_stack
@@ -84,11 +85,12 @@ async def drive(proxies: list[ProxyProcess], seconds: float, kind: str) -> tuple
 
 async def measure(redis_settings: dict[str, Any], nodes: list[Any], counts: list[int], seconds: float,
                   opa_settings: dict[str, str]) -> list[dict[str, Any]]:
-    runner, backend_url, _ = await start_demo_backend()
+    runner, backend_url, _ = await start_demo_backend(keys=session_keys().jwks)
     rows = []
     try:
         for count in counts:
             settings = {**redis_settings, **opa_settings, "backends.services": {"demo": backend_url},
+                        **session_keys().settings(),
                         "registry.paths": [str(DEMO_REGISTRY)], "log.level": "warning",
                         "audit.sinks": ["stdout"]}
             proxies = [ProxyProcess(settings).start() for _ in range(count)]

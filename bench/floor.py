@@ -105,13 +105,13 @@ class Case:
     body: str                     # JSON (with one %s per unique id when ``unique``)
     marker: str                   # a substring every successful answer contains
     pid: Callable[[], int | None]  # the process whose CPU is charged to the case
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] | Callable[[], dict[str, str]] = field(default_factory=dict)  # callable: per run
     unique: bool = False
     calls_per_request: int = 1
 
     def lua(self, run: str) -> str:
         path = "/" + self.url.split("/", 3)[3]
-        headers = {"Content-Type": "application/json", **self.headers}
+        headers = {"Content-Type": "application/json", **(self.headers() if callable(self.headers) else self.headers)}
         table = "{" + ", ".join(f"[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in headers.items()) + "}"
         return WRK_LUA % {"body": _lua_string(self.body), "path": _lua_string(path),
                           "marker": _lua_string(self.marker), "unique": "true" if self.unique else "false",
@@ -316,6 +316,31 @@ class Environment:
     opa_headers: dict[str, str] = field(default_factory=dict)  # the bench's own reads of OPA's /metrics
 
 
+def _direct_token(signing_key: Path, arguments: dict[str, Any]) -> dict[str, str]:
+    """Headers of a direct backend read: a fresh operation key and a call token for it (five minutes)."""
+    import hashlib
+
+    from proxy.calltokens.keys import load_signing_key
+    from proxy.calltokens.signer import CallTokenSigner
+    key = "ik_" + uuid.uuid4().hex * 2
+    body = json.dumps(arguments, separators=(",", ":"), sort_keys=True).encode()
+    token = CallTokenSigner(load_signing_key(signing_key), issuer="toolproxy").sign(
+        audience="demo", scope="tool:call", txn=key, subject="dev-user", tenant="acme", agent="dev-agent",
+        context={"tool": "get_order", "version": "1.0.0", "args_hash": hashlib.sha256(body).hexdigest(),
+                 "idempotency_key": key})
+    return {"Idempotency-Key": key, "Txn-Token": token}
+
+
+def _call_token_key(workdir: Path) -> tuple[Path, Path]:
+    """The run's call-token key (the proxy and the floor hop sign with it) and its JWKS (the backend's)."""
+    from proxy.calltokens import keys
+    key = keys.signing_key(keys.generate("EdDSA"))  # kid: its thumbprint, as the proxy computes it
+    private, public = workdir / "call-token-key.pem", workdir / "call-token-jwks.json"
+    private.write_bytes(keys.private_pem(key.private))
+    public.write_text(json.dumps(keys.jwks(key)))
+    return private, public
+
+
 def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tuple[Environment, list[Case]]:
     opa = OpaServer([REPO / "policies", REPO / "examples" / "opa"])
     redis_server = RedisServer(data_dir=workdir / "redis")
@@ -325,12 +350,15 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     python = sys.executable
     backend_port, upstream_port, floor_port, proxy_port = (free_port() for _ in range(4))
     admin_port, ops_port = free_port(), free_port()
-    backend = procs.spawn("backend", [python, "-m", "examples.demo_backend", "--port", str(backend_port)])
+    signing_key, backend_keys = _call_token_key(workdir)
+    backend = procs.spawn("backend", [python, "-m", "examples.demo_backend", "--port", str(backend_port),
+                                      "--jwks-file", str(backend_keys)])
     upstream = procs.spawn("upstream", [python, "-m", "bench.mcp_upstream", "--port", str(upstream_port)])
     backend_url = f"http://127.0.0.1:{backend_port}"
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
     floor = procs.spawn("floor", [python, "-m", "bench.floor_hop", "--port", str(floor_port), "--opa", opa.url,
-                                  "--backend", backend_url, "--opa-token-file", opa.token_file])
+                                  "--backend", backend_url, "--opa-token-file", opa.token_file,
+                                  "--signing-key", str(signing_key)])
     extra = workdir / "bench-tools.yaml"
     from tests.support.mcp_upstream import registry_yaml
     extra.write_text(registry_yaml(upstream_url))
@@ -340,6 +368,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         "identity.mode": "static",  # as `toolproxy dev`; every other setting is the default
         **opa.settings, "redis.url": redis_server.url,
         "backends.services": f"demo={backend_url}",
+        "call_tokens.signing_key_file": str(signing_key),  # the key the demo backend verifies with
         # The proxy's own example registry: an older checkout may not know a newer contract's fields.
         "registry.paths": f"{src / 'examples' / 'registry'},{extra}",
     }
@@ -376,8 +405,10 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
 
     nobody = lambda: None  # noqa: E731
     cases = [
+        # The backend admits only call tokens: each run sends one, made for it, under an operation key (the
+        # same operation again is admitted; the backend answers the repeats from its idempotency store).
         Case("direct backend read", f"{backend_url}/tools/get_order", json.dumps({"order_id": "ord_1001"}),
-             '"order_id"', nobody),
+             '"order_id"', nobody, headers=lambda: _direct_token(signing_key, {"order_id": "ord_1001"})),
         Case("floor: bare two hops", f"http://127.0.0.1:{floor_port}/", read_body, '"succeeded"',
              pid_of(floor)),
         Case("JSON read", proxy_url + "/v1/tool-calls", read_body, '"outcome":"succeeded"', pid_of(proxy)),

@@ -2,23 +2,28 @@
 
 It does what no proxy of this shape can avoid — read the request, ask OPA
 with the same input document the proxy builds (``proxy.policy.client.build_input``),
-call the backend, answer — and nothing else (no schemas, no Redis, no
+call the backend with a signed call token (the demo backend, like any backend that verifies, accepts
+nothing less: ``proxy.calltokens.signer``, one signature per request), answer — and nothing else (no schemas, no Redis, no
 metrics, no audit). ``bench.floor`` runs it beside the proxy in the same run,
 on the same event loop implementation the proxy uses, so the ratios compare
 the pipeline's own work with the hops it cannot avoid.
 
-    python -m bench.floor_hop --port P --opa URL --backend URL [--opa-token-file F]
+    python -m bench.floor_hop --port P --opa URL --backend URL --signing-key PEM [--opa-token-file F]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 from pathlib import Path
+import uuid
 
 import aiohttp
 from aiohttp import web
 
+from proxy.calltokens.keys import load_signing_key
+from proxy.calltokens.signer import CallTokenSigner
 from proxy.cli import run_loop
 from proxy.identity import Caller
 from proxy.normalize import normalize
@@ -38,8 +43,9 @@ def _input_template() -> dict:
                        normalized=normalize(tool, {"order_id": "ord_1001"}))
 
 
-def build_app(opa_url: str, backend_url: str, opa_token: str = "") -> web.Application:
+def build_app(opa_url: str, backend_url: str, signing_key: str, opa_token: str = "") -> web.Application:
     template = _input_template()
+    signer = CallTokenSigner(load_signing_key(signing_key), issuer="toolproxy")
     decision_url = opa_url.rstrip("/") + "/v1/data/toolproxy/decision"
     # OPA answers the proxy's bearer token only: the floor sends it as the proxy does.
     opa_headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {opa_token}"} if opa_token else {})}
@@ -54,8 +60,13 @@ def build_app(opa_url: str, backend_url: str, opa_token: str = "") -> web.Applic
             decision = await response.json()
         if not decision.get("result", {}).get("allow"):
             return web.json_response({"outcome": "failed"}, status=403)
-        async with session.post(f"{backend_url}/tools/{body['tool']}", data=json.dumps(body["arguments"]),
-                                headers={"Content-Type": "application/json"}) as response:
+        arguments = json.dumps(body["arguments"], separators=(",", ":"), sort_keys=True).encode()
+        token = signer.sign(audience="demo", scope="tool:call", txn=uuid.uuid4().hex, subject="dev-user",
+                            tenant="acme", agent="dev-agent", budget_s=10.0,
+                            context={"tool": body["tool"], "version": "1.0.0",
+                                     "args_hash": hashlib.sha256(arguments).hexdigest(), "call_id": body["call_id"]})
+        async with session.post(f"{backend_url}/tools/{body['tool']}", data=arguments,
+                                headers={"Content-Type": "application/json", "Txn-Token": token}) as response:
             data = await response.json()
         return web.json_response({"outcome": "succeeded", "data": data})
 
@@ -75,11 +86,12 @@ def main() -> None:
     parser.add_argument("--opa", required=True)
     parser.add_argument("--backend", required=True)
     parser.add_argument("--opa-token-file", default="")
+    parser.add_argument("--signing-key", required=True, help="PEM key the call tokens are signed with")
     args = parser.parse_args()
     token = Path(args.opa_token_file).read_text().strip() if args.opa_token_file else ""
 
     async def serve() -> None:
-        runner = web.AppRunner(build_app(args.opa, args.backend, token), access_log=None)
+        runner = web.AppRunner(build_app(args.opa, args.backend, args.signing_key, token), access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", args.port).start()
         import asyncio

@@ -25,6 +25,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.servers import real_dependencies
+from tests.support.calltokens import session_keys
 from tests.support.stack import running_stack
 
 
@@ -45,9 +46,11 @@ async def timed(make_call, n: int) -> list[float]:
 
 async def main(n: int, deps: dict[str, str]) -> None:
     async with running_stack(deps) as stack:
-        async def direct(tool: str, args: dict) -> None:
-            async with stack.session.post(f"{stack.backend_url}/tools/{tool}", data=json.dumps(args),
-                                          headers={"Content-Type": "application/json"}) as response:
+        async def direct(tool: str, args: dict) -> None:  # with a call token, as the backend demands
+            body = json.dumps(args).encode()
+            headers = session_keys().headers_for("POST", f"/tools/{tool}", body, {"Content-Type": "application/json"})
+            async with stack.session.post(f"{stack.backend_url}/tools/{tool}", data=body,
+                                          headers=headers) as response:
                 assert response.status == 200, await response.text()
                 await response.read()
 

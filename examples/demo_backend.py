@@ -5,10 +5,16 @@ in-memory, deterministically seeded ``DemoState`` (orders of two tenants,
 inventory, users, customers, counters) and the HTTP backend contract the
 proxy's HTTP adapter speaks:
 
+* Every request but ``/_control/*`` and ``/healthz`` needs the proxy's signed ``Txn-Token``, checked by
+  the verifier backend owners get (``proxy.calltokens``): signature against the proxy's keys (``keys``:
+  a JWKS, or ``--jwks-file``), ``typ``, ``aud`` (``demo``, the registry's service name), ``exp``, the
+  tool of the route, the hash of the body received, the operation key of a status or cancel route, and
+  replay. Anything else is 401 ``call_token_refused`` with the reason. The tenant a call acts for is the
+  token's, never a header's.
 * ``POST /tools/<name>`` with the decoded tool arguments as a JSON object.
-  Headers read: ``Idempotency-Key``, ``X-Fencing-Token``, ``X-Call-Id``,
-  ``X-Toolproxy-Tenant`` (``X-Request-Timeout-Ms``, ``traceparent`` and
-  ``X-Toolproxy-Subject`` are accepted and ignored).
+  Headers read: ``Txn-Token``, ``Idempotency-Key``, ``X-Fencing-Token``, ``X-Call-Id``
+  (``X-Request-Timeout-Ms``, ``traceparent`` and the ``X-Toolproxy-*`` headers are accepted and
+  ignored: the token carries the same facts, signed).
   200 + result object | 4xx ``{"error": {"code", "message", "field"?}}`` for a
   business refusal | 429 + ``Retry-After`` | 5xx ``{"error": {...}}`` with
   ``"applied": false`` only when nothing was applied.
@@ -60,12 +66,11 @@ switches (``POST /_control/faults``; modes in ``FAULT_MODES``).
 The ``/_control/*`` API (faults, state dump, reset) exists for tests and the
 local demo only. It has no authentication and can crash the process: NEVER
 expose this service, let alone its control API, outside a test or a local dev
-stack. It must never be used as a model of a production tool backend's
-security; it trusts ``X-Toolproxy-Tenant`` only because the proxy is its sole
-caller in the demo.
+stack. Its tool routes are a model of a backend that only the proxy can call:
+they believe the call token, nothing else.
 
-Run: ``python -m examples.demo_backend --port 8081`` (binds 127.0.0.1).
-In tests: ``runner, base_url, state = await start_demo_backend()``.
+Run: ``python -m examples.demo_backend --port 8081 --jwks-file keys.json`` (binds 127.0.0.1).
+In tests: ``runner, base_url, state = await start_demo_backend(keys=jwks)``.
 """
 
 from __future__ import annotations
@@ -84,7 +89,11 @@ from typing import Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
+from proxy.calltokens.middleware import CALL_TOKEN, Expect, aiohttp_middleware
+from proxy.calltokens.verifier import CallTokenVerifier, JwksFile, KeySet
+
 log = logging.getLogger("demo_backend")
+AUDIENCE = "demo"  # the registry's service name: the proxy's ``aud`` for this backend
 
 FAULT_MODES = (
     "slow",                  # sleep delay_ms, then behave normally (commits even if the client left)
@@ -205,13 +214,16 @@ class DemoState:
     next_request_id: int = 1  # X-Backend-Request-Id of the next tool answer
     # Knob: pause inside adjust_counter's read-modify-write (widens the race).
     counter_delay_ms: int = 5
+    # Contracts of another name that a tool's route serves (contract name -> tool), e.g. a test's
+    # ``counted_order`` on /tools/get_order: their call tokens name the contract, and pass on that route.
+    aliases: dict[str, str] = field(default_factory=dict)
     # Knob: random extra latency (min_ms, max_ms) of every tool request; None = none.
     latency_ms: tuple[int, int] | None = None
     rng: random.Random = field(default_factory=lambda: random.Random(0))
 
     def reset(self) -> None:
         """Back to the seed, in place (tests keep a reference to this object)."""
-        fresh = DemoState(counter_delay_ms=self.counter_delay_ms)
+        fresh = DemoState(counter_delay_ms=self.counter_delay_ms, aliases=self.aliases)
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(fresh, name))
 
@@ -779,7 +791,7 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
                                          headers={"Idempotent-Replayed": "true"})
         else:
             call = Call(state=state, tool=tool, args=args,
-                        tenant=request.headers.get("X-Toolproxy-Tenant"),
+                        tenant=request[CALL_TOKEN].tenant,
                         fencing_token=token if spec.writes else None, idempotency_key=key,
                         call_id=call_id, resources=_resource_keys(spec, args))
             if mode == "stop_halfway":
@@ -965,9 +977,32 @@ async def _backend_request_id(request: web.Request, response: web.StreamResponse
         state.next_request_id += 1
 
 
-def create_app(state: DemoState | None = None, *, allow_crash: bool = False) -> web.Application:
-    app = web.Application()
-    app[STATE_KEY] = state if state is not None else DemoState()
+def route(method: str, path: str, aliases: dict[str, str] | None = None) -> Expect | None:
+    """What a path serves, for the call-token check (None: the control API and the probe take none).
+    ``aliases``: contract name -> the tool whose route serves it (``DemoState.aliases``)."""
+    parts = path.strip("/").split("/")
+    if parts[0] in ("_control", "healthz"):
+        return None
+    if len(parts) not in (2, 3) or parts[0] not in ("tools", "status", "cancel"):
+        return Expect("")  # no tool is served here: refused before any handler
+    served = (parts[1], *sorted(name for name, tool in (aliases or {}).items() if tool == parts[1]))
+    if method == "POST" and len(parts) == 2 and parts[0] == "tools":
+        return Expect(served)
+    if method == "GET" and len(parts) == 3 and parts[0] == "status":
+        return Expect(served, "tool:status", parts[2])
+    if method == "POST" and len(parts) == 3 and parts[0] == "cancel":
+        return Expect(served, "tool:cancel", parts[2])
+    return Expect("")
+
+
+def create_app(state: DemoState | None = None, *, keys: Any, allow_crash: bool = False,
+               audience: str = AUDIENCE) -> web.Application:
+    """``keys``: the proxy's public keys (a JWKS value, or a key set such as ``JwksFile``)."""
+    verifier = CallTokenVerifier(keys, audience=audience)
+    demo = state if state is not None else DemoState()
+    app = web.Application(middlewares=[aiohttp_middleware(
+        verifier, lambda method, path: route(method, path, demo.aliases))])
+    app[STATE_KEY] = demo
     app[ALLOW_CRASH_KEY] = allow_crash
     app[IN_FLIGHT_KEY] = set()
     app.on_cleanup.append(_cancel_in_flight)
@@ -989,7 +1024,7 @@ async def start_demo_backend(host: str = "127.0.0.1", port: int = 0,
                              **kw: Any) -> tuple[web.AppRunner, str, DemoState]:
     """Start a backend in this event loop; ``await runner.cleanup()`` stops it.
 
-    ``kw`` goes to ``create_app`` (``state=``, ``allow_crash=``).
+    ``kw`` goes to ``create_app`` (``keys=``, required; ``state=``, ``allow_crash=``).
     """
     app = create_app(**kw)
     runner = web.AppRunner(app, access_log=None)
@@ -1005,6 +1040,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--allow-crash", action="store_true", help="honour the 'crash' fault mode")
+    parser.add_argument("--jwks-file", required=True,
+                        help="the proxy's call-token keys (a JWKS file, read again when it changes)")
     parser.add_argument("--counter-delay-ms", type=int, default=5,
                         help="pause inside adjust_counter's read-modify-write")
     args = parser.parse_args(argv)
@@ -1012,7 +1049,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("binding %s: the /_control API is unauthenticated; never expose it", args.host)
     state = DemoState(counter_delay_ms=args.counter_delay_ms)
-    web.run_app(create_app(state, allow_crash=args.allow_crash), host=args.host, port=args.port)
+    keys: KeySet = JwksFile(args.jwks_file)
+    web.run_app(create_app(state, keys=keys, allow_crash=args.allow_crash), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,22 @@ from .telemetry.logs import configure as configure_logging
 from .registry import Registry, RegistryError, load_registry, notices
 
 
+def make_call_token_key(out: str, alg: str, kid: str) -> int:
+    import os
+
+    from .calltokens import keys
+    key = keys.signing_key(keys.generate(alg), kid)
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as exc:
+        print(f"toolproxy call-token-key: cannot create {out} ({exc.strerror})", file=sys.stderr)
+        return 1
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(keys.private_pem(key.private))
+    print(json.dumps(keys.jwks(key), indent=2))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="toolproxy", description="Policy-driven sidecar proxy for AI-agent tool calls.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -80,6 +96,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     sub.add_parser("config-reference", help="print every setting with its env variable, default and help")
 
+    key_cmd = sub.add_parser(
+        "call-token-key", help="make a call-token signing key and print its public JWKS",
+        description="Write a new private key (PEM, mode 0600) that signs the Txn-Token of every backend "
+                    "request (call_tokens.signing_key_file; in Kubernetes a Secret for proxy.callTokens) and "
+                    "print the public JWKS backends verify with (docs/backends.md).")
+    key_cmd.add_argument("--out", required=True, help="where to write the private key (must not exist)")
+    key_cmd.add_argument("--alg", choices=["EdDSA", "ES256"], default="EdDSA", help="EdDSA (Ed25519, default) or ES256")
+    key_cmd.add_argument("--kid", default="", help="key id (default: the key's RFC 7638 thumbprint)")
+
     imp = sub.add_parser("import-mcp", help="draft registry entries from an upstream MCP server (for review)",
                          description="Connect to an MCP server (Streamable HTTP), read its tools/list and print "
                                      "registry YAML for a human to review. Every tool defaults to mode: write, "
@@ -124,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for key, env, default, help_ in describe():
             print(f"{key}\t{env}\t{default!r}\t{help_}")
         return 0
+    if args.command == "call-token-key":
+        return make_call_token_key(args.out, args.alg, args.kid)
     if args.command == "import-mcp":
         return import_mcp(args)
     if args.command == "policy":

@@ -101,6 +101,23 @@ class BackendsConfig:
 
 
 @dataclass(frozen=True)
+class CallTokensConfig:
+    signing_key_file: str = setting("", "PEM private key (Ed25519 or EC P-256) that signs the Txn-Token every "
+                                        "request for a call carries; a Secret mounted into the toolproxy container "
+                                        "only. Empty: a key generated at start-up, this process's alone (dev stack "
+                                        "and tests; backends can then only learn it from this process's JWKS)")
+    key_id: str = setting("", "kid of the signing key (empty: its RFC 7638 thumbprint)")
+    verification_keys_file: str = setting("", "JWKS file of further public keys served beside the signing key's: "
+                                              "the old key while a rotation overlaps, or the next one before it "
+                                              "signs")
+    issuer: str = setting("toolproxy", "`iss` of every call token")
+    ttl_s: int = setting(300, "longest lifetime of a call token in seconds; a call's token expires at the call's "
+                              "deadline when that comes first", bounds=(1, 300))
+    audiences: dict[str, str] = setting({}, "backend service name -> `aud` of the tokens sent to it (default: the "
+                                            "service name; a backend given by `url`: its scheme://host:port)")
+
+
+@dataclass(frozen=True)
 class DecodeConfig:
     max_depth: int = setting(64, "deepest nesting of arrays/objects accepted in any untrusted JSON: request bodies, "
                                  "tool arguments (also inside an `arguments` string), MCP messages, admin bodies, "
@@ -532,6 +549,8 @@ class Config:
     ops: ListenerConfig = field(default_factory=_ops_listener, metadata={"help": "metrics and probes"})
     registry: RegistryConfig = field(default_factory=RegistryConfig, metadata={"help": "tool contracts"})
     backends: BackendsConfig = field(default_factory=BackendsConfig, metadata={"help": "tool backends"})
+    call_tokens: CallTokensConfig = field(default_factory=CallTokensConfig,
+                                          metadata={"help": "the signed Txn-Token on every backend request"})
     deadline: DeadlineConfig = field(default_factory=DeadlineConfig, metadata={"help": "deadlines"})
     decode: DecodeConfig = field(default_factory=DecodeConfig, metadata={"help": "untrusted JSON"})
     identity: IdentityConfig = field(default_factory=IdentityConfig, metadata={"help": "trusted identity"})

@@ -443,7 +443,9 @@ class Pipeline:
             call_id=state.request.call_id, request_id=meta.request_id, budget_s=budget,
             traceparent=meta.trace.child().traceparent, subject=state.caller.subject,
             tenant=state.caller.tenant, agent=state.caller.agent,
-            idempotency_key=state.idempotency_key, fencing_token=state.fencing_token)
+            idempotency_key=state.idempotency_key, fencing_token=state.fencing_token,
+            args_hash=normalized.args_hash, decision_id=state.policy.decision_id if state.policy else None,
+            approval_id=state.approval_id)
 
     def _stage(self, state: CallState, name: str) -> "_Stage":
         return _Stage(state, name)

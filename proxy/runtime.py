@@ -20,6 +20,7 @@ import aiohttp
 
 from .policy import approvals as approvals_module
 from . import locks as locks_module, operations as operations_module, store
+from .adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
 from .adapters.http import HttpAdapter
 from .adapters.mcp import McpAdapter
 from .wire import mcp as mcp_wire
@@ -82,6 +83,7 @@ class Runtime:
     reloader: RegistryReloader
     quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
     compensations: Compensations  # POST /v1/operations/{key}:compensate and the failed compensations' takeovers
+    call_tokens: CallTokens       # signs every backend request's Txn-Token; its JWKS is served on the ops listener
     integrity: IntegrityGuard | None = None  # refuses (counts, audits) records whose MAC does not verify
 
     def count_refusal(self, code: str) -> None:
@@ -133,6 +135,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         read_token(config.opa.token_file)  # read again by the OPA clients; a bad file stops start-up here
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    call_tokens = load_call_tokens(config.call_tokens)
     registry = LiveRegistry(registry or load_registry(config.registry.paths))
     log_notices(registry)
     async with contextlib.AsyncExitStack() as opened:
@@ -163,14 +166,14 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         eviction = EvictionWatch(config.redis, redis, metrics)
         await eviction.at_startup()
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
-        mcp_adapter = McpAdapter(config.backends.services, **limits,
+        mcp_adapter = McpAdapter(config.backends.services, tokens=call_tokens, **limits,
                                  connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
                                  handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
                                  mode=config.mcp.upstream_mode, wire=wire,
                                  answer_limits=mcp_wire.Limits(max_bytes=config.mcp.upstream_max_answer_bytes,
                                                                max_events=config.mcp.upstream_max_stream_events))
         opened.push_async_callback(mcp_adapter.aclose)
-        adapters = {"http": HttpAdapter(wire, session, config.backends.services, **limits), "mcp": mcp_adapter}
+        adapters = {"http": HttpAdapter(wire, session, config.backends.services, tokens=call_tokens, **limits), "mcp": mcp_adapter}
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics)
         integrity = IntegrityGuard(mac, metrics, audit)
@@ -200,7 +203,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             margin_s=config.deadline.margin_ms / 1000.0)
         reconciler = Reconciler(store=operations, registry=registry, session=session,
                                 services=config.backends.services, config=config.reconcile, metrics=metrics,
-                                audit=audit, max_json_depth=config.decode.max_depth, locks=locks)
+                                audit=audit, max_json_depth=config.decode.max_depth, locks=locks,
+                                tokens=call_tokens)
         cancellations = Cancellations(config=config.cancellation, store=operations, adapters=adapters, audit=audit,
                                       metrics=metrics, redis=redis, registry=registry,
                                       channel=key(config.redis.key_prefix, "cancel", "all"))
@@ -224,6 +228,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         if config.identity.mode == "static":
             log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
                         config.identity.static_tenant, config.identity.static_subject)
+        warn_if_ephemeral(call_tokens)
         if config.opa.push_catalog:
             await policy.push_catalog()  # best effort: a missing catalog is reloaded on first use
         reconciler.start()
@@ -243,7 +248,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           pipeline=pipeline, metrics=metrics, redis=redis, audit=audit, unknowns=unknowns,
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
-                          reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity)
+                          reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity,
+                          call_tokens=call_tokens)
         opened.pop_all()  # from here on Runtime.close() closes them
     eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
     if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)

@@ -135,10 +135,12 @@ def redis_settings(request, redis_mode):
 
 @pytest.fixture
 def proxy_deps(opa_server, redis_settings):
-    """Config overrides that point an in-process proxy at the session OPA and a flushed Redis (of the mode)."""
+    """Config overrides that point an in-process proxy at the session OPA and a flushed Redis (of the mode),
+    signing call tokens with the session's test key (tests/support/calltokens.py)."""
     if not opa_server.running:  # a previous test stopped it
         opa_server.start()
-    return {**opa_server.settings, **redis_settings}
+    from tests.support.calltokens import session_keys
+    return {**opa_server.settings, **redis_settings, **session_keys().settings()}
 
 
 @pytest.fixture
@@ -180,9 +182,11 @@ async def jwt_stack(proxy_deps, issuers):
 
 @pytest.fixture
 async def demo_backend():
-    """The demo tool backend in this event loop: ``(url, state)``."""
+    """The demo tool backend in this event loop: ``(url, state)``; it verifies the call tokens of
+    ``session_keys()`` (``proxy_deps`` signs with that key)."""
     from examples.demo_backend import start_demo_backend
-    runner, url, state = await start_demo_backend()
+    from tests.support.calltokens import session_keys
+    runner, url, state = await start_demo_backend(keys=session_keys().jwks)
     try:
         yield url, state
     finally:

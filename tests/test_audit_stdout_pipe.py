@@ -16,6 +16,7 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from examples.demo_backend import start_demo_backend
+from tests.support.calltokens import session_keys
 from tests.support.audit import audit_records
 from tests.support.proxyproc import ProxyProcess
 from tests.support.waits import wait_until
@@ -39,7 +40,7 @@ async def _call(session: aiohttp.ClientSession, proxy: ProxyProcess, tool: str, 
 
 
 async def test_a_stdout_pipe_nobody_reads_never_stalls_calls(proxy_deps):
-    runner, backend_url, backend = await start_demo_backend()
+    runner, backend_url, backend = await start_demo_backend(keys=session_keys().jwks)
     proxy = ProxyProcess({**proxy_deps, "backends.services": {"demo": backend_url},
                           "audit.stdout_queue_records": 5, "log.level": "warning"}, stdout_pipe=True).start()
     try:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from examples.demo_backend import start_demo_backend
+from tests.support.calltokens import session_keys
 from tests.support.audit import audit_records
 from tests.support.browser import REPO, chromium_page, needs_chromium, screenshot
 from tests.support.devproc import DevStack
@@ -334,7 +335,7 @@ async def test_the_dev_banner_prints_the_console_url_and_a_token_that_signs_in(d
 
 @pytest.fixture
 async def jwt_proxy(proxy_deps, issuers):
-    runner, backend_url, _ = await start_demo_backend()
+    runner, backend_url, _ = await start_demo_backend(keys=session_keys().jwks)
     agent, admin = issuers
     flat = {f"{section}.{name}": value for section, value in jwt_overrides(agent, admin).items()
             for name, value in (value.items() if isinstance(value, dict) else [("", value)])}

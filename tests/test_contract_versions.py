@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from examples.demo_backend import start_demo_backend
+from tests.support.calltokens import session_keys
 from tests.support.metrics import samples, scrape_text
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope, running_stack
@@ -225,7 +226,7 @@ async def _reload_seen(session: aiohttp.ClientSession, proc: ProxyProcess, trigg
 
 @pytest.mark.parametrize("trigger", ["polling", "sighup"])
 async def test_a_running_process_reloads_its_registry(proxy_deps, registry_dir, trigger):
-    runner, backend_url, _ = await start_demo_backend()
+    runner, backend_url, _ = await start_demo_backend(keys=session_keys().jwks)
     proc = ProxyProcess({**proxy_deps, "registry.paths": str(registry_dir), "reconcile.enabled": False,
                          "backends.services": {"demo": backend_url},
                          "registry.reload_interval_ms": 100 if trigger == "polling" else 0}).start()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import json as _json
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import pytest_asyncio
 import yaml
 
 from examples.demo_backend import TOOLS, DemoState, create_app, start_demo_backend
+from tests.support.calltokens import session_keys
 from tests.unit.test_demo_registry import GOOD_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,9 +45,32 @@ def state() -> DemoState:
     return DemoState()
 
 
+class SignedClient:
+    """The test client, with the Txn-Token the proxy would send on every tool, status and cancel request
+    (for the tenant in ``X-Toolproxy-Tenant``, acme by default). Refusals: tests/walkaround/."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    async def post(self, path: str, *, json: Any = None, data: bytes | None = None,
+                   headers: dict[str, str] | None = None, **kw: Any) -> Any:
+        body = data if data is not None else (b"" if json is None else _json.dumps(json).encode())
+        signed = session_keys().headers_for("POST", path, body, headers,
+                                            tenant=(headers or {}).get("X-Toolproxy-Tenant", "acme"))
+        if json is not None:
+            signed.setdefault("Content-Type", "application/json")
+        return await self._client.post(path, data=body, headers=signed, **kw)
+
+    async def get(self, path: str, *, headers: dict[str, str] | None = None, **kw: Any) -> Any:
+        return await self._client.get(path, headers=session_keys().headers_for("GET", path, b"", headers), **kw)
+
+    def __getattr__(self, name: str) -> Any:  # the control API takes no token
+        return getattr(self._client, name)
+
+
 @pytest_asyncio.fixture
 async def client(aiohttp_client, state):
-    return await aiohttp_client(create_app(state))
+    return SignedClient(await aiohttp_client(create_app(state, keys=session_keys().jwks)))
 
 
 async def call(client, tool: str, args: dict[str, Any] | None = None, *, key: str | None = None,
@@ -436,10 +461,12 @@ async def test_adjust_counter_serialized_is_exact(client, state):
 
 @pytest.mark.asyncio
 async def test_start_demo_backend_helper():
-    runner, base_url, state = await start_demo_backend()
+    runner, base_url, state = await start_demo_backend(keys=session_keys().jwks)
     try:
+        body = b'{"sku":"sku_widget"}'
+        headers = session_keys().headers_for("POST", "/tools/get_inventory", body, {"Content-Type": "application/json"})
         async with aiohttp.ClientSession() as session:
-            async with session.post(f"{base_url}/tools/get_inventory", json={"sku": "sku_widget"}) as resp:
+            async with session.post(f"{base_url}/tools/get_inventory", data=body, headers=headers) as resp:
                 assert resp.status == 200
                 assert await resp.json() == {"sku": "sku_widget", "available": 100, "reserved": 0}
         assert [iv.tool for iv in state.intervals] == ["get_inventory"]
@@ -456,7 +483,8 @@ def _free_port() -> int:
 @pytest.mark.asyncio
 async def test_crash_fault_exits_the_process():
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "examples.demo_backend", "--port", str(port), "--allow-crash"],
+    proc = subprocess.Popen([sys.executable, "-m", "examples.demo_backend", "--port", str(port), "--allow-crash",
+                             "--jwks-file", str(session_keys().jwks_file)],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}"
     try:
@@ -473,7 +501,9 @@ async def test_crash_fault_exits_the_process():
             async with session.post(f"{base_url}/_control/faults", json={"tool": "*", "mode": "crash"}) as resp:
                 assert resp.status == 200
             with pytest.raises(aiohttp.ClientError):
-                async with session.post(f"{base_url}/tools/get_order", json={"order_id": "ord_1001"}) as resp:
+                body = b'{"order_id":"ord_1001"}'
+                async with session.post(f"{base_url}/tools/get_order", data=body,
+                                        headers=session_keys().headers_for("POST", "/tools/get_order", body)) as resp:
                     await resp.read()
         assert proc.wait(timeout=5) == 1
     finally:

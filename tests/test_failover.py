@@ -29,6 +29,7 @@ import aiohttp
 import pytest
 
 from examples.demo_backend import start_demo_backend
+from tests.support.calltokens import session_keys
 from proxy.idempotency import derive_key
 from proxy.normalize import canonical_json, sha256_hex
 from proxy.operations import record_keys
@@ -122,10 +123,10 @@ async def test_master_killed_mid_load_leaves_no_duplicate_effect(topology, opa_s
     if not opa_server.running:
         opa_server.start()
     group = topology
-    runner, backend_url, backend = await start_demo_backend()
+    runner, backend_url, backend = await start_demo_backend(keys=session_keys().jwks)
     backend.latency_ms = (5, 30)  # keeps calls in flight when the master dies
     settings = {**group.overrides(), **opa_server.settings, **mesh_settings(tmp_path),
-                "backends.services": {"demo": backend_url}, **extra_tools(tmp_path, FLEET_COUNTER),
+                "backends.services": {"demo": backend_url}, **extra_tools(tmp_path, FLEET_COUNTER), **session_keys().settings(),
                 "redis.timeout_ms": 1000, "opa.timeout_ms": 5000,
                 "locks.lease_ms": LOCK_LEASE_MS, "locks.renew_interval_ms": 500,
                 "idempotency.lease_grace_ms": 1000, "reconcile.scan_interval_ms": 200,

@@ -539,3 +539,33 @@ def test_dockerfile_installs_exactly_the_runtime_dependencies():
               if line.strip() and not line.startswith("#")]
     assert ignore[0] == "*" and {"!proxy/", "!schemas/", "!pyproject.toml"} <= set(ignore)
 
+
+
+def test_the_call_token_key_is_mounted_into_the_proxy_alone_and_its_public_keys_render_for_backends():
+    public = {"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "kid": "2026-02"}
+    manifests = render(set_values={"proxy.callTokens.secretName": "toolproxy-call-tokens",
+                                   "proxy.callTokens.keyId": "2026-02",
+                                   "proxy.callTokens.verificationKeysKey": "previous.json"},
+                       set_json={"proxy.callTokens.jwks": {"keys": [public]}})
+    pod = agent_pod(manifests)["spec"]
+    proxy = containers(pod)["toolproxy"]
+    config = yaml.safe_load(configmap_of(manifests, pod, "toolproxy-config")["data"]["config.yaml"])
+    key_file = Path(config["call_tokens"]["signing_key_file"])
+    assert config["call_tokens"]["key_id"] == "2026-02"
+    assert Path(config["call_tokens"]["verification_keys_file"]).parent == key_file.parent
+    assert mounts(proxy)[str(key_file.parent)] == "toolproxy-call-tokens"
+    volume = next(v for v in pod["volumes"] if v["name"] == "toolproxy-call-tokens")
+    assert volume["secret"]["secretName"] == "toolproxy-call-tokens"
+    assert [i["path"] for i in volume["secret"]["items"]] == [key_file.name, "previous.json"]
+    for name, container in containers(pod).items():
+        if name != "toolproxy":
+            assert "toolproxy-call-tokens" not in {m["name"] for m in container.get("volumeMounts", [])}, name
+    for init in pod.get("initContainers", []):
+        assert "toolproxy-call-tokens" not in {m["name"] for m in init.get("volumeMounts", [])}, init["name"]
+    assert json.loads(one(manifests, "ConfigMap", "-call-token-jwks")["data"]["jwks.json"]) == {"keys": [public]}
+    # A private member never renders; without keys, no ConfigMap and no mount.
+    with pytest.raises(HelmError):
+        render(set_json={"proxy.callTokens.jwks": {"keys": [{**public, "d": "private"}]}})
+    plain = render()
+    assert not find(plain, "ConfigMap", "-call-token-jwks")
+    assert "toolproxy-call-tokens" not in {v["name"] for v in agent_pod(plain)["spec"]["volumes"]}

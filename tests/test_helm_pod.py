@@ -24,6 +24,7 @@ import yaml
 from proxy.policy.client import catalog_document
 from proxy.registry import load_registry
 from tests.support.helm import REPO, LocalPod, containers, http, http_get, one, python_entrypoint, render, wait_until
+from tests.support.calltokens import session_keys
 from tests.support.metrics import exported_names
 from tests.support.promql import metric_names
 from tests.support.servers import find_binary, free_port
@@ -63,11 +64,13 @@ def demo_backend(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("demo-backend")
     port = free_port()
     log = open(tmp_path / "demo-backend.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "examples.demo_backend", "--port", str(port)], cwd=REPO,
+    # It verifies the call tokens of the key the pod's proxy mounts from its Secret (below).
+    proc = subprocess.Popen([sys.executable, "-m", "examples.demo_backend", "--port", str(port),
+                             "--jwks-file", str(session_keys().jwks_file)], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until(lambda: http_get(url + "/status/get_order/x")[0] in (200, 404), START_TIMEOUT, "demo backend",
+        wait_until(lambda: http_get(url + "/healthz")[0] == 200, START_TIMEOUT, "demo backend",
                    proc, lambda: (tmp_path / "demo-backend.log").read_text())
         yield url
     finally:
@@ -91,9 +94,12 @@ def pod(tmp_path_factory, redis_server, demo_backend):
                                        "proxy.config.identity.mode": "static", "proxy.redis.allowUnauthenticated": "true",
                                        # This pod runs as processes of this host, in the host's network namespace:
                                        # the egress guard would load its rules there (tests/walkaround tests it).
-                                       "egressGuard.enabled": "false"})
+                                       "egressGuard.enabled": "false",
+                                       "proxy.callTokens.secretName": "toolproxy-call-tokens",
+                                       "proxy.callTokens.keyId": session_keys().kid})
     spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
-    local = LocalPod(manifests, spec, tmp_path / "pod")
+    local = LocalPod(manifests, spec, tmp_path / "pod", secrets={
+        "toolproxy-call-tokens": {"signing-key.pem": session_keys().key_file.read_text()}})
     running = RunningPod(local, manifests)
     try:
         local.run_init_containers({"toolproxy-opa-catalog": python_entrypoint()})

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
+import json
 import time
+import uuid
 
 import aiohttp
 import pytest
@@ -13,6 +14,7 @@ from proxy.deadline import Deadline
 from proxy.normalize import normalize
 from proxy.pipeline import RequestMeta, ToolCallRequest
 from proxy.telemetry.tracing import accept_traceparent
+from tests.support.calltokens import session_keys
 from tests.support.stack import extra_tools, running_stack
 from tests.support.waits import wait_until
 from tests.support.modes import all_redis_modes
@@ -143,9 +145,12 @@ async def test_redis_down_fails_a_locked_write_before_sending(redis_server, prox
 async def test_unprotected_read_modify_write_loses_updates(stack):
     """Control for the next test: the demo backend really races when nothing serializes it."""
     async with aiohttp.ClientSession() as session:
-        async def bump(delta):
-            async with session.post(stack.backend_url + "/tools/adjust_counter",
-                                    json={"counter": "ctr_race", "delta": delta}) as response:
+        async def bump(delta):  # signed as the proxy would: the backend admits nothing else
+            body = json.dumps({"counter": "ctr_race", "delta": delta}).encode()
+            headers = session_keys().headers_for("POST", "/tools/adjust_counter", body,
+                                                 {"Content-Type": "application/json"})
+            async with session.post(stack.backend_url + "/tools/adjust_counter", data=body,
+                                    headers=headers) as response:
                 assert response.status == 200
         await asyncio.gather(*(bump(d) for d in [10] * 20 + [20] * 20))
     assert stack.backend.counters["ctr_race"] != 600

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import httpx2
+import jwt
 import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from proxy.normalize import canonical_json
 from tests.support.mcp_upstream import Upstream, registry_yaml, running_upstream
 from tests.support.stack import DEMO_REGISTRY, Stack, assert_envelope, running_stack, mcp_envelope
 
@@ -59,6 +62,16 @@ async def test_end_to_end_through_the_proxy(tmp_path, agent_mode, upstream_mode,
         assert forwarded["traceparent"].startswith("00-")
         assert 0 < int(forwarded["x-request-timeout-ms"]) <= 5000
         assert forwarded["accept"] == "application/json, text/event-stream"
+        # The upstream can prove the proxy sent it: a call token for the contract, its upstream tool and arguments.
+        for execution in upstream.state.executions:
+            token = execution["headers"]["txn-token"]
+            keys = jwt.PyJWKSet.from_dict(stack.runtime.call_tokens.jwks)
+            contract = stack.runtime.registry.resolve(jwt.decode(token, options={"verify_signature": False})["tctx"]["tool"])
+            claims = jwt.decode(token, keys[jwt.get_unverified_header(token)["kid"]].key, algorithms=["EdDSA", "ES256"],
+                                audience=stack.runtime.call_tokens.audience(contract.backend))
+            assert jwt.get_unverified_header(token)["typ"] == "txntoken+jwt"
+            assert claims["tctx"]["mcp_tool"] == execution["tool"] == contract.backend.tool
+            assert claims["tctx"]["args_hash"] == hashlib.sha256(canonical_json(execution["arguments"])).hexdigest()
         # One upstream session served all three calls.
         assert upstream.state.handshakes() == 1
 

@@ -16,6 +16,7 @@ import redis as redis_sync
 
 from tests.support.mesh import mesh_headers, mesh_settings
 from tests.support.proxyproc import ProxyProcess
+from tests.support.calltokens import session_keys
 from tests.support.stack import DEMO_REGISTRY, passthrough_read
 from tests.support.waits import wait_until
 
@@ -37,7 +38,9 @@ async def fleet(demo_backend, proxy_deps, tmp_path):
     url, state = demo_backend
     extra = tmp_path / "fleet-tools.yaml"
     extra.write_text(FLEET_TOOLS)
+    state.aliases.update({"pooled_inventory": "get_inventory", "flaky_inventory": "get_inventory"})
     settings = {"redis.url": proxy_deps["redis.url"], "opa.url": proxy_deps["opa.url"], "opa.token_file": proxy_deps["opa.token_file"],
+                **session_keys().settings(), "call_tokens.audiences": {"flaky": "demo"},  # one backend, two names
                 "backends.services": {"demo": url, "flaky": url}, "registry.paths": [str(DEMO_REGISTRY), str(extra)],
                 "reconcile.enabled": False, **mesh_settings(tmp_path),
                 "opa.timeout_ms": 5000,  # 2 loaded cores

@@ -71,6 +71,9 @@ class BackendCall:
     agent: str
     idempotency_key: str | None = None
     fencing_token: int | None = None
+    args_hash: str = ""                 # the normalize stage's, bound into the call token
+    decision_id: str | None = None      # the policy decision that allowed the call
+    approval_id: str | None = None      # the approval it consumed
 
 
 @dataclass(frozen=True)

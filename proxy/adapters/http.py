@@ -2,7 +2,7 @@
 
 Owns: POSTing canonical arguments to a tool's HTTP backend over the hot path's
 wire (``proxy.wire.http``) within the call's budget, forwarding trusted
-headers, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
+headers and the call's signed ``Txn-Token``, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
 shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly (seed 000 sections 4 and 10):
 whether the request left the proxy and whether the effect is known to have
 happened. Must never: retry (the wire sends a read once more only when a reused
@@ -24,15 +24,18 @@ from ..envelope import iso
 from ..state_guard import if_match_tag
 from ..errors import ProxyError
 from ..wire.http import Answer, HttpWire, Progress, SlowAnswer, TooLarge
+from ..identity import Caller
 from ..registry import ToolContract
 from . import (BackendCall, BackendResult, deadline_passed, failed_answer, partial_answer, safe_error_fields,
                safe_value, unanswered)
+from .call_tokens import CallTokens
 
 
 class HttpAdapter:
     def __init__(self, wire: HttpWire, session: aiohttp.ClientSession, services: Mapping[str, str], *,
-                 max_response_bytes: int, max_json_depth: int) -> None:
+                 tokens: CallTokens, max_response_bytes: int, max_json_depth: int) -> None:
         self._wire = wire
+        self._tokens = tokens
         self._session = session
         self._services = dict(services)
         self._max_response_bytes = max_response_bytes
@@ -53,7 +56,8 @@ class HttpAdapter:
             async with asyncio.timeout(call.budget_s):
                 # A read may go once more on a fresh connection when a reused one closed before answering
                 # (the wire never re-sends a write whose bytes may have reached the backend).
-                answer = await self._wire.post(url, call.canonical_arguments, forwarded_headers(call).items(),
+                headers = forwarded_headers(call, self._tokens.for_call(call))
+                answer = await self._wire.post(url, call.canonical_arguments, headers.items(),
                                                progress=progress, max_body=self._max_response_bytes,
                                                retry_stale=not tool.is_write)
         except TimeoutError:  # the budget, or the connect timeout (then nothing was sent)
@@ -89,14 +93,19 @@ class HttpAdapter:
         return BackendResult(data=None, status=answer.status, backend_request_id=backend_request_id,
                              server_time=server_time(answer.headers.get("date")), partial=partial)
 
-    async def cancel(self, tool: ToolContract, key: str, tenant: str, timeout_s: float) -> str:
+    async def cancel(self, tool: ToolContract, key: str, caller: Caller, timeout_s: float) -> str:
         """Ask the backend to stop a sent call (its contract's ``cancel_endpoint``): ``accepted`` (2xx),
         ``refused`` (any other answer), ``unreachable``. An accepted request is no proof of anything: the
         caller still waits for the call's own answer or asks the status endpoint."""
         url = tool.cancel_endpoint.for_key(self._services, key) if tool.cancel_endpoint else None
         if url is None:
             return "not_configured"
-        headers = {"Idempotency-Key": key, "X-Toolproxy-Tenant": tenant, "X-Toolproxy-Tool-Version": tool.version}
+        assert tool.cancel_endpoint is not None
+        token = self._tokens.for_operation(tool, tool.cancel_endpoint, scope="tool:cancel", key=key,
+                                           tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
+                                           version=tool.version, budget_s=timeout_s)
+        headers = {"Idempotency-Key": key, "X-Toolproxy-Tenant": caller.tenant,
+                   "X-Toolproxy-Tool-Version": tool.version, "Txn-Token": token}
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._session.post(url, headers=headers, allow_redirects=False) as response:
@@ -161,9 +170,11 @@ def _raise(error: ProxyError) -> BackendResult:
     raise error
 
 
-def forwarded_headers(call: BackendCall) -> dict[str, str]:
-    """The trusted headers every backend request carries (the MCP adapter forwards them too)."""
+def forwarded_headers(call: BackendCall, token: str) -> dict[str, str]:
+    """The trusted headers every backend request carries (the MCP adapter forwards them too), with the
+    call's signed ``Txn-Token`` (the ``X-Toolproxy-*`` headers are the same facts, unsigned)."""
     headers = {
+        "Txn-Token": token,
         "Content-Type": "application/json",
         "Accept": "application/json",
         "X-Call-Id": call.call_id,

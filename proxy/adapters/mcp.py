@@ -9,7 +9,7 @@ stateless session — as one POST over the hot path's wire:
 ``adapters.mcp_wire``) within
 the call's budget (with a progress token when the caller's front relays
 progress: ``adapters.progress_relay``, and with the log level the caller's client asked for:
-``adapters.log_relay``) with the trusted headers the HTTP adapter forwards,
+``adapters.log_relay``) with the trusted headers and the signed ``Txn-Token`` the HTTP adapter forwards (on every POST of the call),
 handing the upstream's log messages (``notifications/message``) of that call to the caller's
 front (dropped when no call in this context asked for them),
 carrying the requests the upstream sends back during the call (``sampling/createMessage``,
@@ -72,6 +72,7 @@ from ..errors import ProxyError
 from ..wire.http import HttpWire
 from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay,
                progress_relay, safe_error_fields, unanswered, failed_answer)
+from .call_tokens import CallTokens
 from .http import forwarded_headers
 from ..wire import mcp as mcp_wire
 
@@ -224,9 +225,10 @@ class McpAdapter:
     # (the SDK's courtesy cancel for an abandoned request), which is this adapter's cancel (proxy/transactions/cancellation.py).
     cancel_by_closing = True
 
-    def __init__(self, services: Mapping[str, str], *, max_response_bytes: int, max_json_depth: int,
-                 connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
+    def __init__(self, services: Mapping[str, str], *, tokens: CallTokens, max_response_bytes: int,
+                 max_json_depth: int, connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
                  wire: HttpWire | None = None, answer_limits: mcp_wire.Limits = mcp_wire.Limits()) -> None:
+        self._tokens = tokens
         self._max_json_depth = max_json_depth
         self._answer_limits = answer_limits  # of a stateless call's answer read over the wire (``mcp_wire``)
         self._wire = wire  # the hot path's: stateless tools/call POSTs go over it (``mcp_wire``)
@@ -266,7 +268,7 @@ class McpAdapter:
         if upstream is None:
             upstream = self._upstreams[url] = _Upstream(url, self._http, self._handshake_timeout_s, self._mode,
                                                         self._callbacks)
-        progress = _Progress(headers={k: v for k, v in forwarded_headers(call).items()
+        progress = _Progress(headers={k: v for k, v in forwarded_headers(call, self._tokens.for_call(call)).items()
                                       if k not in ('Content-Type', 'Accept')})
         started = time.monotonic()
         deadline = self._deadline.set(started + call.budget_s)

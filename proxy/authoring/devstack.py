@@ -124,6 +124,7 @@ def run_dev(args: argparse.Namespace) -> int:
         secret_dir = Path(workdir)
         opa_token = secrets.token_urlsafe(32)
         redis_password = os.environ.get("TOOLPROXY_REDIS_PASSWORD") or secrets.token_urlsafe(24)
+        signing_key, backend_keys = _dev_call_token_key(secret_dir)
         overrides = {
             "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
             "opa.url": f"http://127.0.0.1:{args.opa_port}",
@@ -131,6 +132,8 @@ def run_dev(args: argparse.Namespace) -> int:
             "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
             "redis.password": redis_password,
             "integrity.mac_key_file": write_secret(secret_dir / "record-mac.key", secrets.token_hex(32)),
+            # the key the demo backend verifies with (a --config cannot swap it for one the backend does not know)
+            "call_tokens.signing_key_file": str(signing_key),
         }
         if args.registry:
             overrides["registry.paths"] = [str(Path(p).resolve()) for p in args.registry]
@@ -147,7 +150,8 @@ def run_dev(args: argparse.Namespace) -> int:
                     env=opa_env(opa_token, decision_path=config.opa.decision_path,
                                 catalog_push=config.opa.push_catalog))
         redis = start(redis_command(args.redis_port, workdir, redis_password), stdout=subprocess.DEVNULL)
-        backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port)])
+        backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port),
+                         "--jwks-file", str(backend_keys)])
         wait_http(f"http://127.0.0.1:{args.opa_port}/health", 20, opa)
         wait_http(f"http://127.0.0.1:{args.backend_port}/healthz", 20, backend)
         _wait_redis(args.redis_port, redis, redis_password)
@@ -217,6 +221,20 @@ def _wait_redis(port: int, proc: subprocess.Popen[bytes], password: str) -> None
             pass
         time.sleep(0.05)
     raise TimeoutError("redis-server did not become ready")
+
+
+def _dev_call_token_key(workdir: Path) -> tuple[Path, Path]:
+    """A throw-away Ed25519 key that signs the dev proxy's call tokens, and its JWKS for the demo backend."""
+    import json
+
+    from ..calltokens import keys
+
+    key = keys.signing_key(keys.generate("EdDSA"))  # kid: its thumbprint, as the proxy computes it
+    private, public = workdir / "call-token-key.pem", workdir / "call-token-jwks.json"
+    private.write_bytes(keys.private_pem(key.private))
+    private.chmod(0o600)
+    public.write_text(json.dumps(keys.jwks(key)))
+    return private, public
 
 
 def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:

@@ -147,6 +147,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=encoder(runtime.metrics.registry), headers={"Content-Type": content_type})
 
 
+async def jwks(request: web.Request) -> web.Response:
+    """The public keys that verify this proxy's call tokens (the signing key's, then any configured ones)."""
+    return json_response(request.app[RUNTIME].call_tokens.jwks, 200, headers={"Cache-Control": "max-age=60"})
+
+
 def agent_app(runtime: Runtime) -> web.Application:
     # client_max_size is a backstop; ingress enforces the configured limit with an envelope.
     # Every agent route behind the Host/Origin check (DNS rebinding); /mcp answers it in JSON-RPC shape itself.
@@ -176,6 +181,7 @@ def ops_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/.well-known/jwks.json", jwks)
     return app
 
 

@@ -230,7 +230,7 @@ class Cancellations:
         evidence: dict[str, Any] = state.cancellation
         adapter = self._adapters[tool.backend.type]
         if key is not None and tool.cancel_endpoint is not None:
-            evidence["cancel_endpoint"] = await adapter.cancel(tool, key, state.caller.tenant,
+            evidence["cancel_endpoint"] = await adapter.cancel(tool, key, state.caller,
                                                                self._config.cancel_timeout_ms / 1000.0)
         if stop.running:
             await asyncio.wait({stop.done}, timeout=self._config.grace_ms / 1000.0)

@@ -29,7 +29,7 @@ it unchanged. A mismatch is a takeover whose evidence carries both digests, neve
   Anything else (unreachable, 5xx, malformed) -> keep watching, as evidence ``unreachable``/``invalid_answer``.
 
 Must never: re-execute an operation, send anything but the read-only status
-query, trust a status answer's result without validating it, or pass backend
+query (with its own ``tool:status`` call token), trust a status answer's result without validating it, or pass backend
 bodies, hostnames or exception text into evidence.
 """
 
@@ -46,6 +46,7 @@ from typing import Any, Mapping
 import aiohttp
 
 from ..adapters import partial_answer
+from ..adapters.call_tokens import CallTokens
 from ..audit import Auditor, digest
 from ..config import ReconcileConfig
 from ..decode import schema_violations, strict_loads
@@ -87,8 +88,9 @@ class Verdict:
 class Reconciler:
     def __init__(self, *, store: OperationStore, registry: Registry, session: aiohttp.ClientSession,
                  services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor,
-                 max_json_depth: int, locks: LockManager | None = None) -> None:
+                 max_json_depth: int, tokens: CallTokens, locks: LockManager | None = None) -> None:
         self._store = store
+        self._tokens = tokens
         self._locks = locks  # thaws what an operation froze once it settles (seed 004 §5)
         self._max_json_depth = max_json_depth
         self._audit = audit
@@ -248,11 +250,18 @@ class Reconciler:
         url = tool.status_endpoint.for_key(self._services, record.key) if tool.status_endpoint else None
         assert url is not None
         # The key also travels in the header the call itself carried it in, for backends that look there.
+        assert tool.status_endpoint is not None
+        timeout_s = self._config.status_timeout_ms / 1000.0
+        token = self._tokens.for_operation(tool, tool.status_endpoint, scope="tool:status", key=record.key,
+                                           tenant=record.tenant, subject=str(record.meta.get("subject", "")),
+                                           agent=str(record.meta.get("agent", "")), version=record.tool_version,
+                                           budget_s=timeout_s)
         headers = {"Accept": "application/json", "Idempotency-Key": record.key, "X-Toolproxy-Tenant": record.tenant,
-                   "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex}
+                   "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex,
+                   "Txn-Token": token}
         evidence: dict[str, Any] = {"source": "status_endpoint", "at_ms": _now_ms()}
         try:
-            async with asyncio.timeout(self._config.status_timeout_ms / 1000.0):
+            async with asyncio.timeout(timeout_s):
                 async with self._session.get(url, headers=headers, allow_redirects=False) as response:
                     evidence["http_status"] = response.status
                     body = await response.content.read(MAX_STATUS_BYTES + 1)

@@ -23,6 +23,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
 from examples.demo_backend import DemoState, start_demo_backend
+from tests.support.calltokens import demo_aliases, session_keys
 from proxy.fronts.app import Runtime, admin_app, agent_app, create_runtime, ops_app
 from proxy.config import Config, load_config
 from proxy.fronts.http_server import EnvelopeRunner
@@ -198,7 +199,7 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
     ``proxy_deps`` fixture has both) and may set identity settings. With
     ``share`` the proxy uses that stack's demo backend instead of starting one."""
     if share is None:
-        backend_runner, backend_url, state = await start_demo_backend()
+        backend_runner, backend_url, state = await start_demo_backend(keys=session_keys().jwks)
     else:
         backend_runner, backend_url, state = None, share.backend_url, share.backend
     config: Config = load_config(env={}, overrides={
@@ -206,6 +207,7 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         "identity.mode": "static",  # tests opt into static identity; the product default is jwt
         "backends.services": {"demo": backend_url},
         "registry.paths": [str(DEMO_REGISTRY)],
+        **session_keys().settings(),  # the demo backend verifies the call tokens this key signs
         **(overrides or {}),
     })
     try:
@@ -214,6 +216,7 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         if backend_runner is not None:
             await backend_runner.cleanup()
         raise
+    state.aliases.update(demo_aliases(runtime.registry.all()))  # a test's contracts on demo tools' routes
     runner = EnvelopeRunner(agent_app(runtime), count_refusal=runtime.count_refusal)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -96,13 +96,14 @@ def test_proxy_has_no_import_cycle():
     assert not problems, "import cycles in proxy/:\n" + "\n".join(problems)
 
 
-# The wings of the package, lowest first. A module may import its own tier and any tier below it,
+# The wings of the package, lowest first (calltokens: the call-token signer and the verifier backend owners
+# import, which must not pull in the rest of the proxy). A module may import its own tier and any tier below it,
 # never one above. The face of the package (``proxy/*.py``: the stages and their values) is the "core"
 # tier, except the few face modules that assemble the others, named in FACE_TIERS (and the package
 # itself, which holds only its version).
-TIERS = ["wire", "telemetry", "core", "policy", "adapters", "transactions", "pipeline", "batch", "fronts",
+TIERS = ["calltokens", "wire", "telemetry", "core", "policy", "adapters", "transactions", "pipeline", "batch", "fronts",
          "authoring"]
-WINGS = {"wire", "telemetry", "policy", "adapters", "transactions", "batch", "fronts", "authoring"}
+WINGS = {"calltokens", "wire", "telemetry", "policy", "adapters", "transactions", "batch", "fronts", "authoring"}
 FACE_TIERS = {"proxy": "wire", "proxy.pipeline": "pipeline", "proxy.runtime": "fronts", "proxy.registry_reload": "fronts",
               "proxy.cli": "authoring"}
 
@@ -148,3 +149,14 @@ def test_only_the_store_speaks_redis_py_errors():
             if any(n.startswith("redis.exceptions") for n in names):
                 speakers.append(path.name)
     assert sorted(speakers) == ["resp.py", "store.py"]
+
+
+def test_the_call_token_wing_stands_alone():
+    """A backend owner imports ``proxy.calltokens.verifier`` without the proxy: the wing imports only itself
+    (and the package, which holds only its version)."""
+    graph = import_graph()
+    outside = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.startswith("proxy.calltokens")
+                     for t in targets if not t.startswith("proxy.calltokens"))
+    assert not outside
+    source = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
+    assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -193,6 +193,13 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if $p.backends }}
 {{- $_ := set $owned "backends" (dict "services" $p.backends) }}
 {{- end }}
+{{- with $p.callTokens }}
+{{- if .secretName }}
+{{- $tokens := dict "signing_key_file" (printf "%s/%s" .mountPath .key) "key_id" .keyId }}
+{{- if .verificationKeysKey }}{{ $_ := set $tokens "verification_keys_file" (printf "%s/%s" .mountPath .verificationKeysKey) }}{{ end }}
+{{- $_ := set $owned "call_tokens" $tokens }}
+{{- end }}
+{{- end }}
 {{- $redis := dict "mode" $p.redis.mode "min_replica_acks" (int $p.redis.minReplicaAcks) "accept_eviction" $p.redis.acceptEviction }}
 {{- if $p.redis.username }}{{ $_ := set $redis "username" $p.redis.username }}{{ end }}
 {{- if eq $p.redis.mode "sentinel" }}
@@ -232,6 +239,11 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- end }}
 {{- if and (eq .Values.opa.policySource "configmap") (not (include "toolproxy.catalogSource" .)) }}
 {{- fail "no tool catalog for OPA: set opa.catalog.generate, opa.catalog.data or opa.catalog.existingConfigMap (OPA refuses the proxy's catalog push, so decisions would fail closed)" }}
+{{- end }}
+{{- with .Values.proxy.callTokens }}
+{{- if and .secretName (or (eq .mountPath $.Values.proxy.jwks.mountPath) (eq .mountPath $.Values.proxy.adminJwks.mountPath)) }}
+{{- fail "proxy.callTokens.mountPath must differ from proxy.jwks.mountPath and proxy.adminJwks.mountPath" }}
+{{- end }}
 {{- end }}
 {{- if and .Values.proxy.jwks.secretName .Values.proxy.adminJwks.secretName (eq .Values.proxy.jwks.mountPath .Values.proxy.adminJwks.mountPath) }}
 {{- fail "proxy.jwks.mountPath and proxy.adminJwks.mountPath must differ" }}

@@ -166,6 +166,10 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- if $p.hopSecret.secretName }}
     - {name: toolproxy-hop-secret, mountPath: {{ $p.hopSecret.mountPath }}, readOnly: true}
     {{- end }}
+    {{- if $p.callTokens.secretName }}
+    # The call-token signing key: this container only (no other container of the pod mounts it).
+    - {name: toolproxy-call-tokens, mountPath: {{ $p.callTokens.mountPath }}, readOnly: true}
+    {{- end }}
 {{- $o := .Values.opa }}
 - name: toolproxy-opa
   image: {{ include "toolproxy.imageRef" (dict "image" $o.image "tag" $o.image.tag) | quote }}
@@ -279,6 +283,20 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
 - name: toolproxy-redis-tls
   # 0444: only the toolproxy container mounts it, and it runs as one non-root user.
   secret: {secretName: {{ $p.redis.tls.secretName }}, defaultMode: 0444}
+{{- end }}
+{{- with $p.callTokens }}
+{{- if .secretName }}
+- name: toolproxy-call-tokens
+  secret:
+    secretName: {{ .secretName }}
+    # 0444 as the other Secrets: only the toolproxy container mounts it, and it runs as one non-root user.
+    defaultMode: 0444
+    items:
+      - {key: {{ .key | quote }}, path: {{ .key | quote }}}
+      {{- if .verificationKeysKey }}
+      - {key: {{ .verificationKeysKey | quote }}, path: {{ .verificationKeysKey | quote }}}
+      {{- end }}
+{{- end }}
 {{- end }}
 {{- range $volume, $ref := dict "toolproxy-jwks" $p.jwks "toolproxy-admin-jwks" $p.adminJwks "toolproxy-hop-secret" $p.hopSecret }}
 {{- if $ref.secretName }}

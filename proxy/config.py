@@ -18,7 +18,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import yaml
 
@@ -306,6 +306,14 @@ class RedisConfig:
     def __post_init__(self) -> None:
         if self.mode not in REDIS_MODES:
             raise ConfigError(f"redis.mode: expected standalone, sentinel or cluster, got {self.mode!r}")
+        self._check_credentials()
+        self._check_topology()
+        if self.min_replica_acks < -1:
+            raise ConfigError("redis.min_replica_acks must be -1 (by mode) or a replica count (0 = no WAIT)")
+        if self.replica_acks > 0 and not 0 < self.replica_ack_timeout_ms < self.timeout_ms:
+            raise ConfigError("redis.replica_ack_timeout_ms must be positive and below redis.timeout_ms")
+
+    def _check_credentials(self) -> None:
         tls = (self.tls_ca_file, self.tls_cert_file, self.tls_key_file)
         if any(tls) and not self.uses_tls:
             raise ConfigError("redis.tls_* files are set but TLS is off (standalone: rediss:// URL; "
@@ -314,6 +322,8 @@ class RedisConfig:
             raise ConfigError("redis.tls_cert_file and redis.tls_key_file go together (mutual TLS needs both)")
         if self.username and not self.password:
             raise ConfigError("redis.username needs redis.password (an ACL user authenticates with both)")
+
+    def _check_topology(self) -> None:
         if self.mode == "sentinel" and not self.sentinels:
             raise ConfigError("redis.sentinels: sentinel mode needs at least one host:port")
         if self.mode == "sentinel" and not self.sentinel_service:
@@ -325,10 +335,6 @@ class RedisConfig:
                 host, _, port = address.rpartition(":")
                 if not host or not port.isdigit() or not 0 < int(port) < 65536:
                     raise ConfigError(f"redis.{name}: expected host:port, got {address!r}")
-        if self.min_replica_acks < -1:
-            raise ConfigError("redis.min_replica_acks must be -1 (by mode) or a replica count (0 = no WAIT)")
-        if self.replica_acks > 0 and not 0 < self.replica_ack_timeout_ms < self.timeout_ms:
-            raise ConfigError("redis.replica_ack_timeout_ms must be positive and below redis.timeout_ms")
 
     @property
     def uses_tls(self) -> bool:
@@ -715,28 +721,33 @@ def _check_allowed(value: Any, f: dataclasses.Field[Any], where: str) -> Any:
     return value
 
 
+_SCALARS: dict[Any, Callable[[Any], bool]] = {  # a setting's type -> does a value have it (bool is no number)
+    bool: lambda v: isinstance(v, bool),
+    int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+    float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    str: lambda v: isinstance(v, str),
+}
+
+
 def _check_type(value: Any, hint: Any, where: str) -> Any:
-    origin = typing.get_origin(hint)
-    if hint is bool:
-        ok = isinstance(value, bool)
-    elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool)
-    elif hint is float:
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        value = float(value) if ok else value
-    elif hint is str:
-        ok = isinstance(value, str)
-    elif origin is list:
-        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
-    elif origin is dict:
-        ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
-    elif origin in (typing.Union, types.UnionType):
-        ok = value is None or any(_matches(value, arg) for arg in typing.get_args(hint))
-    else:
-        ok = True
-    if not ok:
+    """``value`` if it has the setting's type (an int where a float is wanted becomes a float), else a
+    ConfigError naming the setting."""
+    if not _has_type(value, hint):
         raise ConfigError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {type(value).__name__}")
-    return value
+    return float(value) if hint is float else value
+
+
+def _has_type(value: Any, hint: Any) -> bool:
+    if hint in _SCALARS:
+        return _SCALARS[hint](value)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+    if origin in (typing.Union, types.UnionType):
+        return value is None or any(_matches(value, arg) for arg in typing.get_args(hint))
+    return True
 
 
 def _matches(value: Any, hint: Any) -> bool:

@@ -15,7 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from . import envelope
 from .telemetry import logs
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, CallFacts, PolicyFacts, digest
@@ -162,31 +161,13 @@ class Pipeline:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
         if state.tool is not None:
-            # The outcome record and the lock release: independent steps (different slots), one round trip.
-            trip = RoundTrip(self._redis)
-            self._idempotency.finish_in(
-                trip, state.admission, tool=state.tool, data=state.result if env.error is None else None,
-                error=error, side_effect=env.side_effect, call_id=state.request.call_id,
-                request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
-                evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
-            if state.lease is not None:  # an unknown outcome keeps its resources frozen (seed 004 §5)
-                state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
-            if trip:  # (shielding costs a task: only when there is something to send)
-                await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
-            if state.lease is not None:
-                await state.lease.renewer_stopped()
+            await self._record_and_release(state, state.tool, env, error)
         await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
         # answers about an already-open operation are not new unknowns.
         if env.outcome == "unknown" and not state.admission.holds and not _about_an_operation(env):
-            meta = state.request.meta
-            ref = UnknownIndex.ref(tenant=state.caller.tenant, tool=env.tool or "unknown",
-                                   request_id=meta.request_id, call_id=str(state.request.call_id))
-            try:
-                await self._unknowns.open(ref, state.timing.started_wall)
-            except Exception as exc:  # the envelope already tells the caller; the gauge lags
-                log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
+            await self._index_unknown(state, env)
         facts = state.facts()
         await self._audit.call_final(facts, env)
         if state.cancellation is not None:
@@ -195,6 +176,31 @@ class Pipeline:
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
                   env.timing["duration_ms"])
+
+    async def _record_and_release(self, state: CallState, tool: ToolContract, env: Envelope,
+                                  error: ProxyError | None) -> None:
+        """The outcome record and the lock release: independent steps (different slots), one round trip."""
+        trip = RoundTrip(self._redis)
+        self._idempotency.finish_in(
+            trip, state.admission, tool=tool, data=state.result if env.error is None else None,
+            error=error, side_effect=env.side_effect, call_id=state.request.call_id,
+            request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
+            evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
+        if state.lease is not None:  # an unknown outcome keeps its resources frozen (seed 004 §5)
+            state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
+        if trip:  # (shielding costs a task: only when there is something to send)
+            await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
+        if state.lease is not None:
+            await state.lease.renewer_stopped()
+
+    async def _index_unknown(self, state: CallState, env: Envelope) -> None:
+        meta = state.request.meta
+        ref = UnknownIndex.ref(tenant=state.caller.tenant, tool=env.tool or "unknown",
+                               request_id=meta.request_id, call_id=str(state.request.call_id))
+        try:
+            await self._unknowns.open(ref, state.timing.started_wall)
+        except Exception as exc:  # the envelope already tells the caller; the gauge lags
+            log.warning("could not index the unknown outcome (%s)", type(exc).__name__)
 
     def _observe(self, state: CallState, env: Envelope) -> None:
         # Unknown tool names are not echoed into labels: cardinality stays bounded.

@@ -106,6 +106,10 @@ class UnknownIndex:
         set, so a miss falls back to a ZSCAN of the index matching this call's
         ids (filtered in Redis: only matching entries come back).
         """
+        return (await self._find_by_call(request_id, call_id, tenant)
+                or await self._scan_index(request_id, call_id, tenant))
+
+    async def _find_by_call(self, request_id: str, call_id: str, tenant: str | None) -> dict[str, Any] | None:
         refs = sorted(m.decode() if isinstance(m, bytes) else m
                       for m in await redis_call(self._redis.smembers(self._by_call(request_id, call_id))))
         for ref in refs:
@@ -115,6 +119,9 @@ class UnknownIndex:
             score = await redis_call(self._redis.zscore(self.key, ref))
             if score is not None:
                 return _entry(ref, score)
+        return None
+
+    async def _scan_index(self, request_id: str, call_id: str, tenant: str | None) -> dict[str, Any] | None:
         pattern = "*," + _glob_literal(json.dumps(request_id)) + "," + _glob_literal(json.dumps(call_id)) + "]"
         cursor: int | None = None
         while cursor != 0:

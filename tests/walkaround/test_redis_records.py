@@ -142,6 +142,21 @@ async def test_a_genuine_approval_still_runs_once(stack, approver):
     assert failures(stack, "approval") == failures(stack, "approval-used") == failures(stack, "outcome") == 0
 
 
+async def test_a_spent_mark_without_its_mac_does_not_open_the_replay(stack, approver):
+    """A spent approval lets a duplicate of the operation it was spent on see that outcome (replay_only); a
+    spent mark without its MAC (stripped, or from an older version) does not."""
+    approval_id = await pending_approval(stack)
+    assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200
+    headers = {"Idempotency-Key": "walk-1", "X-Approval-Id": approval_id}
+    assert (await stack.call("refund_order", BIG_REFUND, headers=headers))[0] == 200
+    await stack.redis.hdel(key("toolproxy", "approval", approval_id), "used_mac")
+    status, again = await stack.call("refund_order", BIG_REFUND, headers=headers)
+    assert again["error"]["code"] == "record_integrity_failed", again
+    assert again["error"]["details"]["record"] == "approval-used"
+    assert stack.backend.effect_counts()["refund_order"] == 1
+    assert failures(stack, "approval-used") == 1
+
+
 async def succeeded_write(stack) -> tuple[str, dict]:
     status, env = await stack.call("refund_order", SMALL_REFUND, headers={"Idempotency-Key": "walk-2"})
     assert status == 200, env
@@ -187,4 +202,4 @@ async def test_forging_a_failed_final_outcome_is_refused(stack):
         {"data": None, "error": error, "side_effect": {"attempted": True, "committed": False}})})
     status, replay = await stack.call("refund_order", SMALL_REFUND, headers={"Idempotency-Key": "walk-2"})
     assert replay["error"]["code"] == "record_integrity_failed", replay
-    assert "666" not in json.dumps(replay)
+    assert "account 666" not in json.dumps(replay)

@@ -49,6 +49,7 @@ def refunds(stack) -> int:
 # -- the state machine through the API ---------------------------------------------
 
 async def test_write_without_stable_identity_is_refused_before_anything_is_sent(stack):
+    stack.auto_key = False  # this call carries no key
     status, env = await stack.call("refund_order", REFUND)
     assert status == 428
     assert env["error"]["code"] == "idempotency_key_required"
@@ -57,6 +58,7 @@ async def test_write_without_stable_identity_is_refused_before_anything_is_sent(
 
 
 async def test_missing_identity_is_refused_before_an_approval_is_created(stack):
+    stack.auto_key = False  # the first call carries no key
     status, env = await stack.call("refund_order", {**REFUND, "amount": 6000})  # needs an approval
     assert status == 428 and env["error"]["code"] == "idempotency_key_required"
     assert stack.runtime.metrics.registry.get_sample_value("toolproxy_approvals_total", {"state": "created"}) \

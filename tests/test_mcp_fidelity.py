@@ -369,7 +369,8 @@ async def test_cancelled_calls_have_honest_outcomes(proxy_deps):
 
         def call(rpc_id: str, delta: int) -> dict[str, Any]:
             return {"jsonrpc": "2.0", "id": rpc_id, "method": "tools/call",
-                    "params": {"name": "adjust_counter", "arguments": {"counter": "ctr_cancel", "delta": delta}}}
+                    "params": {"name": "adjust_counter", "arguments": {"counter": "ctr_cancel", "delta": delta},
+                               "_meta": {"io.toolproxy/idempotency-key": f"cancel-{rpc_id}"}}}  # writes need a key
 
         def allowed() -> float:
             return stack.runtime.metrics.registry.get_sample_value(

@@ -31,6 +31,7 @@ def settings(deps, **extra):
 @pytest.fixture
 async def stack(proxy_deps):
     async with running_stack(settings(proxy_deps)) as s:
+        s.auto_key = False  # this file says which identity each call carries
         yield s
 
 

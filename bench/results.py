@@ -35,20 +35,20 @@ COLUMNS = (  # (field, heading, digits)
 
 @dataclass(frozen=True)
 class Ratio:
-    """One ratio of a run against its target (``target`` as printed: "<= 1.5", ">= 0.75")."""
+    """One ratio of a run against its target (``target`` as printed: "<= 1.5", ">= 0.75"; "": none, reported)."""
 
     label: str
     value: float | None
     target: str
 
     def met(self) -> bool | None:
-        if self.value is None:
+        if self.value is None or not self.target:  # no target: reported only
             return None
         op, bound = self.target.split()
         return self.value <= float(bound) if op == "<=" else self.value >= float(bound)
 
     def __str__(self) -> str:
-        return f"- {self.label}: {fmt(self.value)} (target {self.target})"
+        return f"- {self.label}: {fmt(self.value)} ({f'target {self.target}' if self.target else 'no target'})"
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +78,11 @@ def _registry(tmp_path: Path, timeout_ms: int) -> list[str]:
 
 
 async def _call(session: aiohttp.ClientSession, proxy: ProxyProcess, tool: str, arguments: dict[str, Any],
-                bound_s: float) -> dict[str, Any] | None:
+                bound_s: float, headers: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The envelope, or None when no answer came within ``bound_s`` (well past the call's deadline)."""
     try:
         async with asyncio.timeout(bound_s):
-            async with session.post(proxy.url + "/v1/tool-calls",
+            async with session.post(proxy.url + "/v1/tool-calls", headers=headers,
                                     json={"call_id": "c", "tool": tool, "arguments": arguments}) as response:
                 envelope = await response.json(content_type=None)
     except TimeoutError:
@@ -265,3 +267,140 @@ async def test_misbehaving_backends_cost_one_call_a_bounded_read_and_a_stable_co
             assert backend.requests == 1  # a read of a broken answer is not sent again
         assert headers.written < FLOOD_BOUND and bodies.written < FLOOD_BOUND
         assert trickle.written < 100  # ~20 bytes in the answer time, then the connection was closed
+
+
+# ----------------------------------------------------------------------------- dead keep-alive connections
+
+
+class Relay:
+    """A TCP relay between the proxy and a backend, as a NAT or load balancer in between: it forwards bytes
+    both ways; ``black_hole()`` makes every connection open now swallow what comes (no answer, no close:
+    the middlebox forgot it); ``reset()`` closes them with a TCP reset. Counts connections accepted and
+    those the proxy closed itself."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.removeprefix("http://").rpartition(":")
+        self.target = (host, int(port))
+        self.accepted = 0
+        self.closed_by_proxy = 0
+        self.open: list[dict[str, Any]] = []
+        self.server: asyncio.base_events.Server | None = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        line = {"hole": False, "writer": writer}
+        self.open.append(line)
+
+        async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter, from_proxy: bool) -> None:
+            try:
+                while data := await source.read(65536):
+                    if not line["hole"]:
+                        sink.write(data)
+                        await sink.drain()
+                if from_proxy and not line["hole"]:
+                    self.closed_by_proxy += 1
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                sink.close()
+
+        try:
+            await asyncio.gather(pump(reader, up_writer, True), pump(up_reader, writer, False))
+        finally:
+            self.open.remove(line)
+
+    def black_hole(self) -> None:
+        for line in self.open:
+            line["hole"] = True
+
+    def reset(self) -> None:
+        for line in list(self.open):
+            sock = line["writer"].get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            line["writer"].transport.abort()
+
+    async def __aenter__(self) -> "Relay":
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+
+async def _relayed_proxy(proxy_deps: dict[str, Any], relay: Relay, **settings: Any) -> ProxyProcess:
+    proxy = ProxyProcess({**proxy_deps, "backends.services": {"demo": relay.url}, "reconcile.enabled": False,
+                          **settings}).start()
+    await proxy.ready()
+    return proxy
+
+
+READ = ("get_order", {"order_id": "ord_1001"})
+
+
+def _write(key: str) -> tuple[str, dict[str, Any], dict[str, str]]:
+    return "adjust_counter", {"counter": "ctr_relay", "delta": 1}, {"Idempotency-Key": key}
+
+
+async def test_a_reset_keep_alive_connection_costs_nothing_and_no_write_goes_twice(proxy_deps):
+    from examples.demo_backend import start_demo_backend
+
+    runner, backend_url, state = await start_demo_backend()
+    async with Relay(backend_url) as relay:
+        proxy = await _relayed_proxy(proxy_deps, relay)
+        try:
+            async with aiohttp.ClientSession() as session:
+                assert (await _call(session, proxy, *READ, bound_s=20))["outcome"] == "succeeded"
+                relay.reset()  # the pooled connection is reset under the proxy
+                tool, arguments, headers = _write("relay-reset-1")
+                written = await _call(session, proxy, tool, arguments, bound_s=20, headers=headers)
+                assert written["outcome"] == "succeeded", written  # on a fresh connection, not timeout_unknown
+                relay.reset()
+                assert (await _call(session, proxy, *READ, bound_s=20))["outcome"] == "succeeded"
+        finally:
+            proxy.stop()
+            await runner.cleanup()
+    assert state.counters["ctr_relay"] == 1
+    assert relay.accepted == 3
+
+
+async def test_idle_expiry_keeps_calls_off_a_black_holed_connection_and_a_hole_costs_one_read(proxy_deps):
+    from examples.demo_backend import start_demo_backend
+
+    runner, backend_url, state = await start_demo_backend()
+    async with Relay(backend_url) as relay:
+        proxy = await _relayed_proxy(proxy_deps, relay, **{"backends.idle_timeout_ms": 300})
+        try:
+            async with aiohttp.ClientSession() as session:
+                assert (await _call(session, proxy, *READ, bound_s=20))["outcome"] == "succeeded"
+                for _ in range(200):  # bounded: the proxy closes its idle connection itself
+                    if relay.closed_by_proxy:
+                        break
+                    await asyncio.sleep(0.05)
+                assert relay.closed_by_proxy == 1
+                relay.black_hole()  # the middlebox forgets what it had: nothing of the proxy's is left there
+                tool, arguments, headers = _write("relay-hole-1")
+                written = await _call(session, proxy, tool, arguments, bound_s=20, headers=headers)
+                assert written["outcome"] == "succeeded", written
+        finally:
+            proxy.stop()
+        # Without the expiry (the default 15 s is longer than this test): a read on the swallowed connection
+        # costs that one read its deadline; the next read goes on a fresh connection.
+        proxy = await _relayed_proxy(proxy_deps, relay)
+        try:
+            async with aiohttp.ClientSession() as session:
+                assert (await _call(session, proxy, *READ, bound_s=20))["outcome"] == "succeeded"
+                relay.black_hole()
+                lost = await _call(session, proxy, *READ, bound_s=20)
+                assert lost["error"]["code"] == "timeout", lost
+                assert (await _call(session, proxy, *READ, bound_s=20))["outcome"] == "succeeded"
+        finally:
+            proxy.stop()
+            await runner.cleanup()
+    assert state.counters["ctr_relay"] == 1

@@ -440,8 +440,11 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     environment = Environment(workdir=workdir, opa_url=opa.url, redis=client,
                               redis_port=redis_server.port, opa_headers=opa.admin_headers)
     for case in cases:  # every case answers as expected before anything is timed
-        status, _, text = post(case.url, case.body % ("probe" + uuid.uuid4().hex[:8]) if case.unique
-                               else case.body, case.headers)
+        probe = "probe" + uuid.uuid4().hex[:8]
+        headers = case.headers() if callable(case.headers) else dict(case.headers)
+        if case.unique:  # as the wrk script does: each unique request under its own key
+            headers["Idempotency-Key"] = "k" + probe
+        status, _, text = post(case.url, case.body % probe if case.unique else case.body, headers)
         if status != 200 or case.marker not in text:
             raise RuntimeError(f"case {case.name!r} does not work: HTTP {status} {text[:400]}")
     return environment, cases

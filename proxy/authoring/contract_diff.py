@@ -73,36 +73,40 @@ def same_version_breaks(changes: list[Change]) -> list[Change]:
 
 
 def compare(old: ToolContract, new: ToolContract) -> list[Change]:
+    found = _contract_fields(old, new)
+    found.extend(_schema(thaw(old.input_schema), thaw(new.input_schema), "input", "$"))
+    found.extend(_schema(thaw(old.output_schema), thaw(new.output_schema), "output", "$"))
+    if old.output_policy != new.output_policy:  # what the model is shown changed (output_filter, output_limit)
+        found.extend(_model_output(old, new))
+    return [Change(new.name, new.version, old.version, breaking, what) for breaking, what in found]
+
+
+def _contract_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]:
+    """Mode, risk, resources, key requirement and lifecycle: (breaking, what changed)."""
     found: list[tuple[bool, str]] = []
     if old.mode != new.mode:
         found.append((old.mode == "read" and new.mode == "write", f"mode {old.mode} -> {new.mode}"))
     if old.risk != new.risk:
         found.append((RISK_ORDER.index(new.risk) > RISK_ORDER.index(old.risk), f"risk {old.risk} -> {new.risk}"))
-    old_templates = {r.template for r in old.resources}
-    for template in sorted({r.template for r in new.resources} - old_templates):
-        found.append((True, f"new resource template {template}"))
-    for template in sorted(old_templates - {r.template for r in new.resources}):
-        found.append((False, f"resource template removed {template}"))
+    old_templates, new_templates = {r.template for r in old.resources}, {r.template for r in new.resources}
+    found += [(True, f"new resource template {t}") for t in sorted(new_templates - old_templates)]
+    found += [(False, f"resource template removed {t}") for t in sorted(old_templates - new_templates)]
     if old.idempotency_required != new.idempotency_required:
         found.append((new.idempotency_required, f"idempotency.required {old.idempotency_required} -> "
                                                 f"{new.idempotency_required}"))
     if old.status != new.status:
         found.append((False, f"status {old.status} -> {new.status}"))
-    for label, before, after in (("description", old.description, new.description),
-                                 ("timeout_ms", old.timeout_ms, new.timeout_ms),
-                                 ("backend", old.backend, new.backend),
-                                 ("deprecated_at", old.deprecated_at, new.deprecated_at), ("sunset", old.sunset, new.sunset),
-                                 ("replaced_by", old.replaced_by, new.replaced_by)):
-        if before != after:
-            found.append((False, f"{label} changed"))
-    found.extend(_schema(thaw(old.input_schema), thaw(new.input_schema), "input", "$"))
-    found.extend(_schema(thaw(old.output_schema), thaw(new.output_schema), "output", "$"))
-    if old.output_policy != new.output_policy:  # what the model is shown changed (output_filter, output_limit)
-        found.extend(_schema(thaw(old.visible_output_schema), thaw(new.visible_output_schema), "model output", "$"))
-        if new.output_policy.max_bytes is not None and (old.output_policy.max_bytes is None or
-                                                        new.output_policy.max_bytes < old.output_policy.max_bytes):
-            found.append((True, "output_limit narrowed: results the model saw whole may now be truncated or refused"))
-    return [Change(new.name, new.version, old.version, breaking, what) for breaking, what in found]
+    informative = ("description", "timeout_ms", "backend", "deprecated_at", "sunset", "replaced_by")
+    found += [(False, f"{label} changed") for label in informative if getattr(old, label) != getattr(new, label)]
+    return found
+
+
+def _model_output(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]:
+    found = _schema(thaw(old.visible_output_schema), thaw(new.visible_output_schema), "model output", "$")
+    if new.output_policy.max_bytes is not None and (old.output_policy.max_bytes is None or
+                                                    new.output_policy.max_bytes < old.output_policy.max_bytes):
+        found.append((True, "output_limit narrowed: results the model saw whole may now be truncated or refused"))
+    return found
 
 
 def _schema(old: Any, new: Any, side: str, path: str) -> list[tuple[bool, str]]:

@@ -136,27 +136,35 @@ def _role_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterat
     granted: set[str] = set()
     for role, spec in sorted(roles.items()):
         for i, name in enumerate((spec or {}).get("tools", [])):
-            if name == "*":
-                granted.update(tools)
-            elif name in tools:
-                granted.add(name)
+            if name == "*" or name in tools:
+                granted.update(tools if name == "*" else [name])
             else:
                 yield Problem("role_grants_unknown_tool", data.where("toolproxy", "roles", role, "tools"),
                               f"toolproxy.roles.{role}.tools[{i}]", f"role {role} grants {name!r}, not in the registry")
-        for i, name in enumerate((spec or {}).get("compensate", [])):  # policies/compensation.rego
-            if name != "*" and (name not in tools or tools[name].compensation is None):
-                yield Problem("role_compensates_unknown_tool", data.where("toolproxy", "roles", role, "compensate"),
-                              f"toolproxy.roles.{role}.compensate[{i}]",
-                              f"role {role} may compensate {name!r}, which is no registry tool with a compensation")
-        for i, name in enumerate((spec or {}).get("operate_others", [])):  # policies/operations.rego
-            if name != "*" and name not in tools:
-                yield Problem("role_operates_unknown_tool", data.where("toolproxy", "roles", role, "operate_others"),
-                              f"toolproxy.roles.{role}.operate_others[{i}]",
-                              f"role {role} may act on other subjects' operations of {name!r}, not in the registry")
+        yield from _role_list_problems(data, tools, role, spec or {})
     for name, tool in sorted(tools.items()):
         if name not in granted:
             yield Problem("tool_not_granted", tool.source, f"tools[name={name}]",
                           f"no role in toolproxy.roles grants {name}: nobody can call it")
+
+
+# A role's other tool lists: (field, problem code, does a tool qualify, what the problem says).
+_ROLE_LISTS = (
+    ("compensate", "role_compensates_unknown_tool",  # policies/compensation.rego
+     lambda tool: tool.compensation is not None,
+     "may compensate {name!r}, which is no registry tool with a compensation"),
+    ("operate_others", "role_operates_unknown_tool",  # policies/operations.rego
+     lambda tool: True, "may act on other subjects' operations of {name!r}, not in the registry"),
+)
+
+
+def _role_list_problems(data: DataFiles, tools: Mapping[str, ToolContract], role: str,
+                        spec: Mapping[str, Any]) -> Iterator[Problem]:
+    for field_name, code, qualifies, says in _ROLE_LISTS:
+        for i, name in enumerate(spec.get(field_name, [])):
+            if name != "*" and (name not in tools or not qualifies(tools[name])):
+                yield Problem(code, data.where("toolproxy", "roles", role, field_name),
+                              f"toolproxy.roles.{role}.{field_name}[{i}]", f"role {role} " + says.format(name=name))
 
 
 def _risk_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:

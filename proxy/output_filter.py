@@ -202,15 +202,20 @@ def _keep_schema(node: dict[str, Any], pointers: tuple[Pointer, ...]) -> dict[st
         node["items"] = _keep_schema(node["items"], tuple(items))
     props = node.get("properties")
     if isinstance(props, dict):
-        kept = {}
-        for name, sub in props.items():
-            rest = tuple(p[1:] for p in pointers if p[0] == name)
-            if rest:
-                kept[name] = _keep_schema(sub, rest) if isinstance(sub, dict) else sub
+        kept = _keep_properties(props, pointers)
         node["properties"] = kept
         if isinstance(node.get("required"), list):
             node["required"] = [r for r in node["required"] if r in kept]
     return node
+
+
+def _keep_properties(props: dict[str, Any], pointers: tuple[Pointer, ...]) -> dict[str, Any]:
+    kept = {}
+    for name, sub in props.items():
+        rest = tuple(p[1:] for p in pointers if p[0] == name)
+        if rest:
+            kept[name] = _keep_schema(sub, rest) if isinstance(sub, dict) else sub
+    return kept
 
 
 def _remove_schema(node: Any, pointer: Pointer) -> None:

@@ -415,6 +415,56 @@ async def test_an_expired_token_is_named_and_a_pasted_bearer_prefix_is_stripped(
         assert "expires at" in await warning.inner_text()
 
 
+async def test_three_hundred_pending_approvals_are_counted_filtered_searched_and_paged(jwt_proxy, issuers, http):
+    agent, admin = issuers
+    tokens = {"acme": agent.token("alice"), "globex": agent.token("bob", tenant="globex")}
+    gate = asyncio.Semaphore(16)
+
+    async def ask(n: int, tenant: str) -> str:
+        order = "ord_1001" if tenant == "acme" else "ord_2001"
+        async with gate:
+            _, envelope = await agent_call(http, jwt_proxy.url, "refund_order",
+                                           {**REFUND, "order_id": order, "amount": 6000 + n},
+                                           {"Idempotency-Key": f"queue-{n}",
+                                            "Authorization": f"Bearer {tokens[tenant]}"}, call_id=f"q{n}")
+        assert envelope["error"]["code"] == "approval_required", envelope
+        return envelope["error"]["details"]["approval_id"]
+    # the first 50 (globex) are the oldest, so they are among the 200 the API lists
+    globex = await asyncio.gather(*(ask(n, "globex") for n in range(50)))
+    await asyncio.gather(*(ask(n, "acme") for n in range(50, 300)))
+
+    approver = admin.token("olivia", audience="toolproxy-admin", roles=["approver", "cross-tenant"], scope="",
+                           tenant=None,
+                           ttl_s=3600)
+    admin_url = f"http://127.0.0.1:{jwt_proxy.admin_port}"
+    status, listing = await admin_get(http, admin_url, "/v1/approvals", approver)
+    assert status == 200, listing
+    assert (len(listing["approvals"]), listing["limit"], listing["total"]) == (200, 200, 300)
+    async with chromium_page() as page:
+        await signed_in(page, admin_url + "/ui", approver)
+        assert await page.inner_text("#approvals-count") == "(300)"
+        assert (await page.title()).startswith("(300) ")
+        paging = await page.inner_text("#approvals-paging")
+        assert "1–25 of 200" in paging and "200 of 300 pending" in paging, paging
+        assert await page.locator("#approvals tbody tr").count() == 25
+        await page.click("#page-next")
+        assert "26–50 of 200" in await page.inner_text("#approvals-paging")
+
+        await page.select_option("#filter-tenant", "globex")
+        paging = await page.inner_text("#approvals-paging")
+        assert "1–25 of 50 matching" in paging, paging
+        assert await page.locator("#approvals tbody tr", has_text="tenant acme").count() == 0
+        await page.select_option("#filter-tenant", "")
+        await page.select_option("#filter-tool", "refund_order")
+        await page.select_option("#filter-risk", "financial")
+        assert "1–25 of 200" in await page.inner_text("#approvals-paging")
+
+        await page.fill("#filter-search", globex[7])
+        assert "1–1 of 1 matching" in await page.inner_text("#approvals-paging")
+        assert await page.locator(f'#approvals tr[data-approval-id="{globex[7]}"]').count() == 1
+        await screenshot(page, "console-queue", doc=True, full_page=False)
+
+
 async def test_an_approver_cannot_approve_their_own_request_from_the_page(jwt_proxy, issuers, http):
     agent, admin = issuers
     _, envelope = await agent_call(http, jwt_proxy.url, "refund_order", REFUND,

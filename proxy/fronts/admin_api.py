@@ -127,7 +127,10 @@ async def admin_quotas(request: web.Request) -> web.Response:
 async def list_approvals(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     principal = await runtime.authenticator.authenticate_admin(request.headers)
-    return json_response({"approvals": await runtime.approvals.list_pending(principal)})
+    approvals = await runtime.approvals.list_pending(principal)
+    # The listing stops at approvals.max_list: say so, and how many there are when the principal may know.
+    return json_response({"approvals": approvals, "limit": runtime.approvals.list_limit,
+                          "total": await runtime.approvals.count_pending(principal)})
 
 
 async def list_decided_approvals(request: web.Request) -> web.Response:

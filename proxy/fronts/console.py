@@ -106,23 +106,33 @@ PAGE = """<!doctype html>
 
 <main id="panels" hidden>
 <section id="panel-approvals" data-role="approver" hidden>
-  <h2>Pending approvals</h2>
+  <h2>Pending approvals <span class="count" id="approvals-count"></span></h2>
   <p class="hint">Approving authorizes exactly one execution of exactly these arguments. You cannot decide
   on your own request.</p>
+  <div class="filters" role="search" aria-label="Filter pending approvals">
+    <label>Tool <select id="filter-tool"><option value="">all tools</option></select></label>
+    <label>Tenant <select id="filter-tenant"><option value="">all tenants</option></select></label>
+    <label>Risk <select id="filter-risk"><option value="">all risks</option></select></label>
+    <label>Search <input id="filter-search" type="search" autocomplete="off" spellcheck="false"
+      placeholder="id, who, arguments, reasons"></label>
+  </div>
   <table id="approvals"><caption class="sr-only">Approvals waiting for a decision</caption><thead><tr><th scope="col">requested</th><th scope="col">who asked</th><th scope="col">tool</th><th scope="col">arguments (masked)</th>
   <th scope="col">risk</th><th scope="col">policy reasons</th><th scope="col">expires</th><th scope="col">decision</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="approvals-empty" hidden>Nothing is waiting for a decision.</p>
+  <div class="paging"><button type="button" id="page-prev">Previous page</button>
+    <span id="approvals-paging" aria-live="polite"></span>
+    <button type="button" id="page-next">Next page</button></div>
 </section>
 
 <section id="panel-decided" data-role="approver" hidden>
-  <h2>Decided approvals</h2>
+  <h2>Decided approvals <span class="count" id="decided-count"></span></h2>
   <table id="decided"><caption class="sr-only">The latest decisions</caption><thead><tr><th scope="col">decided</th><th scope="col">status</th><th scope="col">decided by</th><th scope="col">reason</th>
   <th scope="col">who asked</th><th scope="col">tool</th><th scope="col">arguments (masked)</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="decided-empty" hidden>No decisions yet.</p>
 </section>
 
 <section id="panel-takeovers" data-role="operator" hidden>
-  <h2>Takeovers: operations a person must settle</h2>
+  <h2>Takeovers: operations a person must settle <span class="count" id="takeovers-count"></span></h2>
   <p class="hint">The reconciler could not find out whether these happened. Check the target system, then
   record what you found; repeats of the operation get your outcome.</p>
   <table id="takeovers"><caption class="sr-only">Takeovers to settle</caption><thead><tr><th scope="col">since</th><th scope="col">operation</th><th scope="col">tool</th><th scope="col">who</th><th scope="col">target</th>
@@ -143,7 +153,7 @@ PAGE = """<!doctype html>
 </section>
 
 <section id="panel-locks" data-role="operator" hidden>
-  <h2>Held resource locks</h2>
+  <h2>Held resource locks <span class="count" id="locks-count"></span></h2>
   <table id="locks"><caption class="sr-only">Resource locks held now</caption><thead><tr><th scope="col">resource</th><th scope="col">tenant</th><th scope="col">mode</th><th scope="col">tool</th><th scope="col">operation</th>
   <th scope="col">fencing token</th><th scope="col">lease left</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="locks-empty" hidden>No lock is held.</p>
@@ -151,7 +161,7 @@ PAGE = """<!doctype html>
 </section>
 
 <section id="panel-denials" data-role="any" hidden>
-  <h2>Recent policy denials</h2>
+  <h2>Recent policy denials <span class="count" id="denials-count"></span></h2>
   <table id="denials"><caption class="sr-only">Denials by tool and reason</caption><thead><tr><th scope="col">tool</th><th scope="col">reason</th><th scope="col">as the policy said it</th><th scope="col">count</th>
   <th scope="col">last</th></tr></thead>
   <tbody></tbody></table>

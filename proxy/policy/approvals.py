@@ -316,6 +316,18 @@ class ApprovalStore:
         return [self._view(r) for r in records
                 if r and r["status"] == "pending" and self._visible_to(principal, r)]
 
+    async def count_pending(self, principal: AdminPrincipal) -> int | None:
+        """How many approvals are pending in the fleet, for a principal of every tenant (the listing stops at
+        ``approvals.max_list``); None for a tenant's principal (the index is shared, its count is not theirs)."""
+        if principal.tenant is not None:
+            return None
+        with _store_faults():
+            return int(await redis_call(self._redis.zcount(self._pending_index, now_ms(), "+inf")))
+
+    @property
+    def list_limit(self) -> int:
+        return self._config.max_list
+
     async def get(self, approval_id: str, principal: AdminPrincipal) -> dict[str, Any]:
         with _store_faults():
             record = await self._record(approval_id)

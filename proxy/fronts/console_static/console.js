@@ -130,6 +130,61 @@
       }
     }
     $(tableId + "-empty").hidden = rows.length > 0;
+    const count = $(tableId + "-count");
+    if (count) count.textContent = "(" + rows.length + ")";
+  }
+
+  // -- the pending queue: filters, search, paging ------------------------------------------------------
+  const PAGE_SIZE = 25;
+  let pending = {approvals: [], total: null, limit: null};
+  let pageIndex = 0;
+
+  function choices(selectId, values) {
+    const select = $(selectId);
+    const current = select.value;
+    const wanted = Array.from(new Set(values)).sort();
+    const have = Array.from(select.options).slice(1).map((o) => o.value);
+    if (have.join("\n") === wanted.join("\n")) return;
+    select.replaceChildren(select.options[0], ...wanted.map((v) => el("option", {value: v}, v)));
+    select.value = wanted.includes(current) ? current : "";
+  }
+
+  function matches(a) {
+    const tool = $("filter-tool").value, tenant = $("filter-tenant").value, risk = $("filter-risk").value;
+    const needle = $("filter-search").value.trim().toLowerCase();
+    if ((tool && a.tool !== tool) || (tenant && a.tenant !== tenant) || (risk && a.risk !== risk)) return false;
+    if (!needle) return true;
+    const haystack = [a.id, a.subject, a.tenant, a.agent, a.tool, a.risk, JSON.stringify(a.arguments),
+                      (a.reasons || []).join(" "), (a.resources || []).join(" ")].join(" ").toLowerCase();
+    return haystack.includes(needle);
+  }
+
+  function showPending() {
+    const all = pending.approvals;
+    choices("filter-tool", all.map((a) => a.tool));
+    choices("filter-tenant", all.map((a) => a.tenant));
+    choices("filter-risk", all.map((a) => a.risk));
+    const shown = all.filter(matches);
+    const pages = Math.max(1, Math.ceil(shown.length / PAGE_SIZE));
+    pageIndex = Math.min(pageIndex, pages - 1);
+    const first = pageIndex * PAGE_SIZE;
+    fill("approvals", shown.slice(first, first + PAGE_SIZE), approvalRow, (a) => a.id);
+    const total = typeof pending.total === "number" ? pending.total : null;
+    const capped = pending.limit !== null && all.length >= pending.limit;
+    $("approvals-count").textContent = "(" + (total !== null ? total : all.length + (capped ? "+" : "")) + ")";
+    document.title = "(" + (total !== null ? total : all.length) + ") toolproxy console";
+    let text = shown.length
+      ? (first + 1) + "–" + Math.min(first + PAGE_SIZE, shown.length) + " of " + shown.length +
+        (shown.length !== all.length ? " matching" : "") + ", page " + (pageIndex + 1) + " of " + pages
+      : "none matching";
+    if (total !== null && total > all.length) {
+      text += ". Listing " + all.length + " of " + total + " pending (the API lists at most " + pending.limit + ")";
+    } else if (capped) {
+      text += ". Listing the first " + all.length + " pending (the API lists at most " + pending.limit + ")";
+    }
+    $("approvals-paging").textContent = text + ".";
+    $("page-prev").disabled = pageIndex === 0;
+    $("page-next").disabled = pageIndex >= pages - 1;
   }
 
   function who(record) {
@@ -430,7 +485,11 @@
         (counted >= b.kept ? " (only the latest " + b.kept + " are kept)." : ".");
     })];
     if (roles.includes("approver")) {
-      jobs.push(load("/v1/approvals", (b) => fill("approvals", b.approvals, approvalRow, (a) => a.id)));
+      jobs.push(load("/v1/approvals", (b) => {
+        pending = {approvals: b.approvals, total: b.total === undefined ? null : b.total,
+                   limit: typeof b.limit === "number" ? b.limit : null};
+        showPending();
+      }));
       jobs.push(load("/v1/approvals/decided", (b) => fill("decided", b.approvals, decidedRow, (a) => a.id)));
     }
     if (roles.includes("operator")) {
@@ -513,6 +572,8 @@
     $("connection").hidden = true;
     $("expiry").hidden = true;
     for (const table of document.querySelectorAll("#panels tbody")) table.replaceChildren();
+    pending = {approvals: [], total: null, limit: null};
+    document.title = "toolproxy console";
     status(message || "", message ? "error" : "");
   }
 
@@ -526,6 +587,12 @@
     });
     $("sign-out").addEventListener("click", () => signOut(""));
     $("refresh").addEventListener("click", () => refresh());
+    for (const id of ["filter-tool", "filter-tenant", "filter-risk"]) {
+      $(id).addEventListener("change", () => { pageIndex = 0; showPending(); });
+    }
+    $("filter-search").addEventListener("input", () => { pageIndex = 0; showPending(); });
+    $("page-prev").addEventListener("click", () => { pageIndex = Math.max(0, pageIndex - 1); showPending(); });
+    $("page-next").addEventListener("click", () => { pageIndex += 1; showPending(); });
     if (token()) signIn(token());
   });
 })();

@@ -116,6 +116,7 @@ class ToolContract:
     cancel_endpoint: Endpoint | None = None   # POSTed with the call's Idempotency-Key to cancel it (sent calls)
     compensation: CompensationSpec | None = None  # how a committed effect is compensated (docs/transactions.md)
     sensitive_fields: tuple[str, ...] = ()
+    approval_view: tuple[tuple[str, str, str], ...] = ()  # (argument, unit, currency): the console's view
     strict: bool = True
     status: str = "active"                    # active | deprecated | retired
     deprecated_at: str | None = None          # ISO date (RFC 9745 Deprecation)
@@ -523,6 +524,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         compensation=compensation_contract.spec_from_registry(raw["compensation"]) if raw.get("compensation")
         else None,
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
+        approval_view=tuple((name, view["unit"], view["currency"])
+                            for name, view in sorted((raw.get("approval_view") or {}).items())),
         strict=strict,
         status=raw.get("status", "active"),
         deprecated_at=raw.get("deprecated_at"),

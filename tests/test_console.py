@@ -107,6 +107,8 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
                       '"amount": 6000', '"reason": "[redacted sha256:', "order:ord_1001"):
             assert shown in text, shown
         assert "duplicate charge" not in text  # a sensitive field stays masked
+        money = await row.locator(".money").inner_text()  # the contract's approval_view: cents of USD
+        assert "USD" in money and "60.00" in money and "6000 cents" in money, money
         await screenshot(page, "console-pending-approval", doc=True)
 
         await row.locator("input.reason").fill("customer called, duplicate charge confirmed")
@@ -418,15 +420,18 @@ async def test_an_expired_token_is_named_and_a_pasted_bearer_prefix_is_stripped(
 async def test_three_hundred_pending_approvals_are_counted_filtered_searched_and_paged(jwt_proxy, issuers, http):
     agent, admin = issuers
     tokens = {"acme": agent.token("alice"), "globex": agent.token("bob", tenant="globex")}
-    gate = asyncio.Semaphore(16)
+    gate = asyncio.Semaphore(6)
 
     async def ask(n: int, tenant: str) -> str:
         order = "ord_1001" if tenant == "acme" else "ord_2001"
-        async with gate:
-            _, envelope = await agent_call(http, jwt_proxy.url, "refund_order",
-                                           {**REFUND, "order_id": order, "amount": 6000 + n},
-                                           {"Idempotency-Key": f"queue-{n}",
-                                            "Authorization": f"Bearer {tokens[tenant]}"}, call_id=f"q{n}")
+        for _ in range(5):  # on a loaded machine OPA may answer late (policy_unavailable): the same call again
+            async with gate:
+                _, envelope = await agent_call(http, jwt_proxy.url, "refund_order",
+                                               {**REFUND, "order_id": order, "amount": 6000 + n},
+                                               {"Idempotency-Key": f"queue-{n}",
+                                                "Authorization": f"Bearer {tokens[tenant]}"}, call_id=f"q{n}")
+            if envelope["error"]["code"] != "policy_unavailable":
+                break
         assert envelope["error"]["code"] == "approval_required", envelope
         return envelope["error"]["details"]["approval_id"]
     # the first 50 (globex) are the oldest, so they are among the 200 the API lists

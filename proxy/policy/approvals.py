@@ -140,8 +140,11 @@ def approver_summary(tool: ToolContract, normalized: NormalizedCall, approval_id
     """What an approver is shown (JSON): every argument the approval binds, in full, masked fields as per-field
     hashes (proxy/telemetry/redaction.py ``reveal``), and the resources. Nothing is ever cut: a summary larger
     than ``max_bytes`` refuses the approval (``approval_summary_too_large``) before anything is stored."""
-    text = json.dumps({"arguments": reveal(normalized.arguments, tool.sensitive_fields, approval_id),
-                       "resources": [r.id for r in normalized.resources]}, ensure_ascii=False)
+    summary: dict[str, Any] = {"arguments": reveal(normalized.arguments, tool.sensitive_fields, approval_id),
+                               "resources": [r.id for r in normalized.resources]}
+    if tool.approval_view:  # the contract's units and currencies, shown beside the arguments
+        summary["view"] = {name: {"unit": unit, "currency": currency} for name, unit, currency in tool.approval_view}
+    text = json.dumps(summary, ensure_ascii=False)
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise ProxyError("approval_summary_too_large", "This call needs an approval, but its arguments are too "

@@ -197,6 +197,28 @@
     return el("pre", null, pretty(value));
   }
 
+  // The contract's approval_view: an amount with its unit and currency, beside the raw argument.
+  function money(a) {
+    const view = a.view || {};
+    const lines = [];
+    for (const name of Object.keys(view)) {
+      const value = (a.arguments || {})[name];
+      if (typeof value !== "number") continue;
+      const {unit, currency} = view[name];
+      const major = unit === "cents" ? value / 100 : value;
+      let text;
+      try {
+        text = new Intl.NumberFormat(undefined, {style: "currency", currency: currency, currencyDisplay: "code"})
+          .format(major);
+      } catch (e) {
+        text = major.toFixed(2) + " " + currency;
+      }
+      lines.push(el("div", {className: "money"}, name + ": " + text +
+                    (unit === "cents" ? " (" + value + " cents)" : "")));
+    }
+    return lines;
+  }
+
   // -- approvals ---------------------------------------------------------------------------------
   function approvalRow(a) {
     const fieldId = "reason-" + a.id;
@@ -227,7 +249,8 @@
       el("td", null, stamp(a.created_at_ms), el("div", {className: "muted"}, a.id)),
       el("td", null, who(a)),
       el("td", null, a.tool + " " + a.tool_version),
-      el("td", null, code(a.arguments), el("div", {className: "muted"}, (a.resources || []).join(", "))),
+      el("td", null, ...money(a), code(a.arguments),
+         el("div", {className: "muted"}, (a.resources || []).join(", "))),
       el("td", {className: "risk"}, a.risk),
       el("td", null, el("ul", null, ...(a.reasons || []).map((r) => el("li", null, r)))),
       el("td", null, stamp(a.expires_at_ms)),

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.support.calltokens import session_keys
 from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope, passthrough_read
 
@@ -144,7 +145,7 @@ async def test_five_times_the_pool_of_slow_calls_with_an_unread_output_pipe_neve
 async def test_slow_calls_filling_one_backends_share_leave_decisions_and_other_backends_served(proxy_deps, tmp_path):
     from examples.demo_backend import start_demo_backend
 
-    demo_runner, demo_url, _ = await start_demo_backend()
+    demo_runner, demo_url, _ = await start_demo_backend(keys=session_keys().jwks)
     async with SlowBackend(delay_s=3.0) as backend:
         proxy = ProxyProcess({**proxy_deps, "backends.services": {"slow": backend.url, "demo": demo_url},
                               "registry.paths": _registry(tmp_path, timeout_ms=8000), "reconcile.enabled": False,
@@ -351,7 +352,7 @@ def _write(key: str) -> tuple[str, dict[str, Any], dict[str, str]]:
 async def test_a_reset_keep_alive_connection_costs_nothing_and_no_write_goes_twice(proxy_deps):
     from examples.demo_backend import start_demo_backend
 
-    runner, backend_url, state = await start_demo_backend()
+    runner, backend_url, state = await start_demo_backend(keys=session_keys().jwks)
     async with Relay(backend_url) as relay:
         proxy = await _relayed_proxy(proxy_deps, relay)
         try:
@@ -373,7 +374,7 @@ async def test_a_reset_keep_alive_connection_costs_nothing_and_no_write_goes_twi
 async def test_idle_expiry_keeps_calls_off_a_black_holed_connection_and_a_hole_costs_one_read(proxy_deps):
     from examples.demo_backend import start_demo_backend
 
-    runner, backend_url, state = await start_demo_backend()
+    runner, backend_url, state = await start_demo_backend(keys=session_keys().jwks)
     async with Relay(backend_url) as relay:
         proxy = await _relayed_proxy(proxy_deps, relay, **{"backends.idle_timeout_ms": 300})
         try:

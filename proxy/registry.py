@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import quote
 
 import yaml
@@ -448,55 +448,22 @@ def _json_path(parts: Iterable[Any]) -> str:
 
 
 def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
+    """One tool entry, checked (each family of checks below names the entry's JSON path) and frozen."""
     name = raw["name"]
-    where = f"{path}: tool {name!r}"
+    at = _At(f"{path}: tool {name!r}", f"$.tools[{index}]")
     strict = raw.get("strict", True)
     output_schema = raw.get("outputSchema")
-    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", output_schema or {})):
-        try:
-            Draft202012Validator.check_schema(schema)
-        except Exception as exc:  # jsonschema.SchemaError
-            raise RegistryError(f"{where} at $.tools[{index}].{label}: not a valid JSON Schema: "
-                                f"{getattr(exc, 'message', exc)}") from None
-    if output_schema is not None and output_schema.get("type") != "object":
-        # MCP revisions up to 2025-11-25 can only carry an object outputSchema (and its
-        # structuredContent); a schema without constraints promises nothing in any revision.
-        raise RegistryError(f"{where} at $.tools[{index}].outputSchema: must declare type: object "
-                            f"(omit outputSchema when the tool's output has no declared shape)")
-    if strict:
-        loose = _loose_objects(raw["inputSchema"], f"$.tools[{index}].inputSchema")
-        if loose:
-            raise RegistryError(f"{where} at {loose[0]}: object schema without additionalProperties: false "
-                                f"(set strict: false on the tool to allow it)")
-    properties = set((raw["inputSchema"].get("properties") or {}).keys())
-    resources = []
-    for r_index, res in enumerate(raw.get("resources", [])):
-        template = ResourceTemplate(res["template"], res.get("access") or
-                                    ("exclusive" if raw["mode"] == "write" else "none"))
-        missing = [p for p in template.placeholders if p not in properties]
-        if missing:
-            raise RegistryError(f"{where} at $.tools[{index}].resources[{r_index}].template: placeholder "
-                                f"{missing[0]!r} is not a property of inputSchema")
-        resources.append(template)
+    _check_schemas(at, raw, strict)
+    resources = _resources(at, raw)
     output_policy = output_filter.policy_from_registry(raw.get("output_filter"), raw.get("output_limit"))
     found = output_filter.problems(output_policy, output_schema or {})
     if found:
-        raise RegistryError(f"{where} at $.tools[{index}].output_filter: {found[0]}")
+        raise at.error("output_filter", found[0])
     guard = raw.get("state_guard")
     if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
-        raise RegistryError(f"{where} at $.tools[{index}].state_guard.argument: {guard['argument']!r} is not a "
-                            f"required property of inputSchema")
-    idem = raw.get("idempotency", {})
-    required = idem.get("required", raw["mode"] == "write")
-    if raw["mode"] == "write" and not required and not idem.get("reason"):
-        raise RegistryError(f"{where} at $.tools[{index}].idempotency: a write opts out of the key requirement "
-                            f"only with a stated reason (idempotency: {{required: false, reason: ...}}); without "
-                            f"a key a retry after an unknown outcome repeats the effect")
-    timeout_ms = raw.get("timeout_ms", 10000)
-    min_budget_ms = raw.get("min_budget_ms", min(DEFAULT_MIN_BUDGET_MS, timeout_ms))
-    if min_budget_ms > timeout_ms:
-        raise RegistryError(f"{where} at $.tools[{index}].min_budget_ms: {min_budget_ms} exceeds timeout_ms "
-                            f"{timeout_ms} (no call could ever be sent)")
+        raise at.error("state_guard.argument", f"{guard['argument']!r} is not a required property of inputSchema")
+    idem, required = _idempotency(at, raw)
+    timeout_ms, min_budget_ms = _budget(at, raw)
     backend = raw["backend"]
     status = raw.get("status_endpoint")
     cancel = raw.get("cancel_endpoint")
@@ -517,10 +484,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         retention_seconds=idem.get("retention_seconds", 86400),
         timeout_ms=timeout_ms,
         min_budget_ms=min_budget_ms,
-        status_endpoint=Endpoint(url=status.get("url"), service=status.get("service"),
-                                 path=status.get("path")) if status else None,
-        cancel_endpoint=Endpoint(url=cancel.get("url"), service=cancel.get("service"),
-                                 path=cancel.get("path")) if cancel else None,
+        status_endpoint=_endpoint(status),
+        cancel_endpoint=_endpoint(cancel),
         compensation=compensation_contract.spec_from_registry(raw["compensation"]) if raw.get("compensation")
         else None,
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
@@ -541,24 +506,101 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     )
 
 
+@dataclass(frozen=True)
+class _At:
+    """Where a tool entry is: its file and name, and its JSON path in the file (for one-line errors)."""
+
+    where: str
+    path: str
+
+    def error(self, field_path: str, what: str) -> RegistryError:
+        return RegistryError(f"{self.where} at {self.path}.{field_path}: {what}")
+
+
+def _check_schemas(at: _At, raw: dict[str, Any], strict: bool) -> None:
+    output_schema = raw.get("outputSchema")
+    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", output_schema or {})):
+        try:
+            Draft202012Validator.check_schema(schema)
+        except Exception as exc:  # jsonschema.SchemaError
+            raise at.error(label, f"not a valid JSON Schema: {getattr(exc, 'message', exc)}") from None
+    if output_schema is not None and output_schema.get("type") != "object":
+        # MCP revisions up to 2025-11-25 can only carry an object outputSchema (and its
+        # structuredContent); a schema without constraints promises nothing in any revision.
+        raise at.error("outputSchema", "must declare type: object "
+                       "(omit outputSchema when the tool's output has no declared shape)")
+    if strict:
+        loose = _loose_objects(raw["inputSchema"], f"{at.path}.inputSchema")
+        if loose:
+            raise RegistryError(f"{at.where} at {loose[0]}: object schema without additionalProperties: false "
+                                f"(set strict: false on the tool to allow it)")
+
+
+def _resources(at: _At, raw: dict[str, Any]) -> list[ResourceTemplate]:
+    properties = set((raw["inputSchema"].get("properties") or {}).keys())
+    resources = []
+    for r_index, res in enumerate(raw.get("resources", [])):
+        template = ResourceTemplate(res["template"], res.get("access") or
+                                    ("exclusive" if raw["mode"] == "write" else "none"))
+        missing = [p for p in template.placeholders if p not in properties]
+        if missing:
+            raise at.error(f"resources[{r_index}].template",
+                           f"placeholder {missing[0]!r} is not a property of inputSchema")
+        resources.append(template)
+    return resources
+
+
+def _idempotency(at: _At, raw: dict[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """The entry's idempotency block and whether a key is required (a write's opt-out needs a reason)."""
+    idem = raw.get("idempotency", {})
+    required = idem.get("required", raw["mode"] == "write")
+    if raw["mode"] == "write" and not required and not idem.get("reason"):
+        raise at.error("idempotency", "a write opts out of the key requirement only with a stated reason "
+                       "(idempotency: {required: false, reason: ...}); without a key a retry after an unknown "
+                       "outcome repeats the effect")
+    return idem, required
+
+
+def _budget(at: _At, raw: dict[str, Any]) -> tuple[int, int]:
+    """(timeout_ms, min_budget_ms): below the second a call is not started."""
+    timeout_ms = raw.get("timeout_ms", 10000)
+    min_budget_ms = raw.get("min_budget_ms", min(DEFAULT_MIN_BUDGET_MS, timeout_ms))
+    if min_budget_ms > timeout_ms:
+        raise at.error("min_budget_ms", f"{min_budget_ms} exceeds timeout_ms {timeout_ms} "
+                       "(no call could ever be sent)")
+    return timeout_ms, min_budget_ms
+
+
+def _endpoint(spec: Mapping[str, Any] | None) -> "Endpoint | None":
+    return Endpoint(url=spec.get("url"), service=spec.get("service"), path=spec.get("path")) if spec else None
+
+
+_NAMED_SUBSCHEMAS = {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"}
+_ONE_SUBSCHEMA = {"items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                  "unevaluatedItems"}
+_LISTED_SUBSCHEMAS = {"allOf", "anyOf", "oneOf", "prefixItems"}
+
+
 def _loose_objects(schema: Any, where: str) -> list[str]:
     """JSON paths of object subschemas that allow unknown properties."""
-    found: list[str] = []
-    if isinstance(schema, dict):
-        types_ = schema.get("type")
-        is_object = types_ == "object" or (isinstance(types_, list) and "object" in types_) or "properties" in schema
-        if is_object and schema.get("additionalProperties") is not False \
-                and schema.get("unevaluatedProperties") is not False:
-            found.append(where)
-        for key, value in schema.items():
-            if key in {"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"} \
-                    and isinstance(value, dict):
-                for sub_name, sub in value.items():
-                    found.extend(_loose_objects(sub, f"{where}.{key}.{sub_name}"))
-            elif key in {"items", "additionalProperties", "not", "if", "then", "else", "contains",
-                         "propertyNames", "unevaluatedItems"}:
-                found.extend(_loose_objects(value, f"{where}.{key}"))
-            elif key in {"allOf", "anyOf", "oneOf", "prefixItems"} and isinstance(value, list):
-                for i, sub in enumerate(value):
-                    found.extend(_loose_objects(sub, f"{where}.{key}[{i}]"))
+    if not isinstance(schema, dict):
+        return []
+    types_ = schema.get("type")
+    is_object = types_ == "object" or (isinstance(types_, list) and "object" in types_) or "properties" in schema
+    loose = is_object and schema.get("additionalProperties") is not False \
+        and schema.get("unevaluatedProperties") is not False
+    found = [where] if loose else []
+    for path, sub in _subschemas(schema, where):
+        found.extend(_loose_objects(sub, path))
     return found
+
+
+def _subschemas(schema: dict[str, Any], where: str) -> Iterator[tuple[str, Any]]:
+    """Every (path, subschema) directly below a schema node."""
+    for key, value in schema.items():
+        if key in _NAMED_SUBSCHEMAS and isinstance(value, dict):
+            yield from ((f"{where}.{key}.{name}", sub) for name, sub in value.items())
+        elif key in _ONE_SUBSCHEMA:
+            yield f"{where}.{key}", value
+        elif key in _LISTED_SUBSCHEMAS and isinstance(value, list):
+            yield from ((f"{where}.{key}[{i}]", sub) for i, sub in enumerate(value))

@@ -109,7 +109,7 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
         assert "duplicate charge" not in text  # a sensitive field stays masked
         money = await row.locator(".money").inner_text()  # the contract's approval_view: cents of USD
         assert "USD" in money and "60.00" in money and "6000 cents" in money, money
-        await screenshot(page, "console-pending-approval", doc=True)
+        await screenshot(page, "console-pending-approval", doc=True, locator=row)
 
         await row.locator("input.reason").fill("customer called, duplicate charge confirmed")
         await row.locator("button.approve").click()
@@ -244,7 +244,7 @@ async def test_a_takeover_from_the_fault_switches_is_resolved_from_the_page(dev,
         text = await row.inner_text()
         for shown in ("adjust_counter 1.0.0", "no_status_endpoint", "timeout_unknown", '"counter": "ctr_console"'):
             assert shown in text, shown
-        await screenshot(page, "console-takeover", doc=True)
+        await screenshot(page, "console-takeover", doc=True, locator=row)
         await row.locator("select.outcome").select_option("committed")
         await row.locator("textarea.evidence").fill("counter ledger shows +3 at 20:15")
         await row.locator("textarea.result").fill('{"counter": "ctr_console", "value": 3}')
@@ -278,7 +278,7 @@ async def test_recent_denials_are_shown_by_tool_and_reason(dev, http):
         latest = page.locator("#denials-recent tbody tr").first
         latest_text = await latest.inner_text()
         assert recent["subject"] in latest_text and recent["request_id"] in latest_text
-        await screenshot(page, "console-overview", doc=True)
+        await screenshot(page, "console-overview", doc=True, full_page=False)
     assert group["count"] >= 3
 
 

@@ -111,8 +111,17 @@ if [[ -f "$CHART/Chart.yaml" ]]; then
             return 1
         fi
     }
-    step "helm template $CHART (default values, then each ci/*-values.yaml)"
-    run "helm template" helm_template
+    step "helm template $CHART (default values refused without Redis credentials, then each ci/*-values.yaml)"
+    defaults_refuse_without_redis_credentials() {
+        local err
+        if err="$(helm template toolproxy "$CHART" --kube-version "$KUBE_VERSION" 2>&1 >/dev/null)"; then
+            echo "helm template rendered the default values, which carry no Redis credentials" >&2
+            return 1
+        fi
+        grep -q "proxy.redis: no credentials" <<<"$err" || { echo "unexpected error: $err" >&2; return 1; }
+        echo "refused: proxy.redis: no credentials"
+    }
+    run "helm template" defaults_refuse_without_redis_credentials
     for values in "$CHART"/ci/*-values.yaml; do
         [[ -e "$values" ]] || continue
         run "helm template $(basename "$values")" helm_template -f "$values"

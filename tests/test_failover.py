@@ -124,6 +124,7 @@ async def test_master_killed_mid_load_leaves_no_duplicate_effect(topology, opa_s
         opa_server.start()
     group = topology
     runner, backend_url, backend = await start_demo_backend(keys=session_keys().jwks)
+    backend.aliases["fleet_counter"] = "adjust_counter"  # its call tokens name the contract, on that route
     backend.latency_ms = (5, 30)  # keeps calls in flight when the master dies
     settings = {**group.overrides(), **opa_server.settings, **mesh_settings(tmp_path),
                 "backends.services": {"demo": backend_url}, **extra_tools(tmp_path, FLEET_COUNTER), **session_keys().settings(),

@@ -29,7 +29,7 @@ import asyncio
 import collections
 import contextlib
 from dataclasses import dataclass, field, replace
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Mapping, Sequence
 
 from ..audit import Auditor
 from ..transactions.cancellation import withdrawn, withdrawn_by
@@ -41,7 +41,7 @@ from ..identity import Caller
 from .merge import BatchResult, merge
 from ..telemetry.metrics import Metrics
 from ..pipeline import Pipeline, RequestMeta, ToolCallRequest
-from .plan import (BLOCK, BatchPlan, Footprint, Graph, PlannedCall, build_graph, check, footprint,
+from .plan import (BLOCK, BatchPlan, Edge, Footprint, Graph, PlannedCall, build_graph, check, footprint,
                    unordered_writes)
 from ..registry import Registry
 
@@ -235,20 +235,12 @@ class Scheduler:
         try:
             while pending or running:
                 for call_id in list(pending):
-                    edges = incoming[call_id]
-                    if any(edge.before not in results for edge in edges):
-                        continue
-                    blockers = [e.before for e in edges if e.kind == "depends_on" and e.failure_policy == BLOCK
-                                and results[e.before].outcome != "succeeded"]
-                    if blockers:
-                        results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
-                                                                   caller, blocked_by=blockers)
-                    elif batch.cancel.is_set():
-                        results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
-                                                                   caller, cancelled=True)
-                    elif meta.deadline.budget(float("inf"), self._margin_s) <= 0:
-                        results[call_id] = await self._not_started(plan, calls[call_id], footprints[call_id], meta,
-                                                                   caller)
+                    if any(edge.before not in results for edge in incoming[call_id]):
+                        continue  # a dependency or a conflicting call has not finished
+                    settled = await self._settle_unstarted(plan, calls[call_id], footprints[call_id], meta, caller,
+                                                           batch, incoming[call_id], results)
+                    if settled is not None:
+                        results[call_id] = settled
                     elif len(running) < self._config.max_parallel:
                         task = asyncio.get_running_loop().create_task(
                             self._run_call(plan, calls[call_id], footprints[call_id], meta, caller, batch.cancel))
@@ -269,6 +261,21 @@ class Scheduler:
             if running:
                 await asyncio.gather(*running, return_exceptions=True)
         return results
+
+    async def _settle_unstarted(self, plan: BatchPlan, call: PlannedCall, footprint: Footprint, meta: RequestMeta,
+                                caller: Caller, batch: BatchRun, edges: Sequence[Edge],
+                                results: Mapping[str, Envelope]) -> Envelope | None:
+        """The answer of a ready call that must not start (a failed blocking dependency, a cancelled batch, no
+        budget left), or None: it may run."""
+        blockers = [e.before for e in edges if e.kind == "depends_on" and e.failure_policy == BLOCK
+                    and results[e.before].outcome != "succeeded"]
+        if blockers:
+            return await self._not_started(plan, call, footprint, meta, caller, blocked_by=blockers)
+        if batch.cancel.is_set():
+            return await self._not_started(plan, call, footprint, meta, caller, cancelled=True)
+        if meta.deadline.budget(float("inf"), self._margin_s) <= 0:
+            return await self._not_started(plan, call, footprint, meta, caller)
+        return None
 
     async def _preflight(self, plan: BatchPlan, meta: RequestMeta, caller: Caller) -> dict[str, ProxyError]:
         """``all_or_nothing``: every call's checks and policy decision, before any call runs (concurrently,

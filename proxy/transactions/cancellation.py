@@ -124,48 +124,51 @@ class Cancellations:
             return await work
         stop = _Stop(self, state, key, withdrawn_by.get())
         if key is not None:
-            stop.flight = self._flights[key] = InFlight(key, wake=stop.begin)
-            early = self._early.pop(key, None)  # asked while the reservation's reply was on its way
-            if early is not None and time.monotonic() - early[0] < EARLY_CANCEL_S:
-                stop.flight.request = early[1]
-                stop.flight.requested.set()
-                stop.begin()
-        # An Event cannot call back: a withdrawal signal (MCP, batch) is watched by a small task.
-        watcher = None
-        if signal is not None and signal.is_set():
-            stop.begin()
-        elif signal is not None and not stop.started:
-            watcher = asyncio.get_running_loop().create_task(signal.wait())
-            watcher.add_done_callback(stop.begin)
+            self._register(stop, key)
+        watcher = _watch(signal, stop)
         try:
             if stop.started:  # cancelled before it began: nothing of it runs
                 work.close()
                 return await self._settle(state, key, stop, cancelled=True)
-            stop.running = True
-            try:
-                result = await work
-            except asyncio.CancelledError:
-                if not stop.take_back():
-                    raise  # the caller itself was cancelled: the work went with it
-                stop.ended()
-                return await self._settle(state, key, stop, cancelled=True)
-            except Exception as error:
-                stop.take_back()
-                if not stop.started:
-                    raise
-                stop.ended()
-                return await self._settle(state, key, stop, error=error)
-            stop.take_back()
-            if not stop.started:
-                return result
-            stop.ended()
-            return await self._settle(state, key, stop, result=result)
+            return await self._run_stoppable(state, key, stop, work)
         finally:
             stop.running, stop.over = False, True
             if watcher is not None:
                 watcher.cancel()
             if stop.helper is not None and not stop.helper.done():  # the caller itself was cancelled
                 stop.helper.cancel()
+
+    def _register(self, stop: "_Stop", key: str) -> None:
+        """The call's flight, where a cancel request by key finds it; a cancel asked while the reservation's
+        reply was on its way (kept a few seconds) starts the stop at once."""
+        stop.flight = self._flights[key] = InFlight(key, wake=stop.begin)
+        early = self._early.pop(key, None)
+        if early is not None and time.monotonic() - early[0] < EARLY_CANCEL_S:
+            stop.flight.request = early[1]
+            stop.flight.requested.set()
+            stop.begin()
+
+    async def _run_stoppable(self, state: CancellableCall, key: str | None, stop: "_Stop",
+                             work: Coroutine[Any, Any, Any]) -> Any:
+        stop.running = True
+        try:
+            result = await work
+        except asyncio.CancelledError:
+            if not stop.take_back():
+                raise  # the caller itself was cancelled: the work went with it
+            stop.ended()
+            return await self._settle(state, key, stop, cancelled=True)
+        except Exception as error:
+            stop.take_back()
+            if not stop.started:
+                raise
+            stop.ended()
+            return await self._settle(state, key, stop, error=error)
+        stop.take_back()
+        if not stop.started:
+            return result
+        stop.ended()
+        return await self._settle(state, key, stop, result=result)
 
     def finished(self, key: str | None) -> None:
         """The call's outcome is recorded (commit stage): a waiting cancel request may read it."""
@@ -337,20 +340,7 @@ class Cancellations:
                              details={"idempotency_key": key, "state": answer.text(0)}, phase="request")
         flight = self._flights.get(key)
         if answer.status == "marked":
-            self._metrics.child(self._metrics.cancellations, "requested").inc()
-            await self._audit.record("cancellation", idempotency_key=key, tool=record.tool or None,
-                                     tool_version=record.tool_version or None, tenant=tenant, subject=subject,
-                                     agent=agent, details={"from": "IN_PROGRESS", "to": "CANCELLING",
-                                                           "delivered": flight is not None})
-            if flight is not None:
-                flight.request = request
-                flight.requested.set()
-                flight.wake()
-            else:
-                self._early[key] = (time.monotonic(), request)
-                while len(self._early) > EARLY_CANCELS_KEPT:
-                    self._early.popitem(last=False)
-                await self._publish(key, request)
+            await self._hand_over(key, record, request, flight)
         try:
             async with asyncio.timeout(self._config.answer_wait_ms / 1000.0):
                 await (flight.finished.wait() if flight is not None else self._settled(key))
@@ -358,12 +348,46 @@ class Cancellations:
             pass
         return await self._view(key)
 
+    async def _hand_over(self, key: str, record: Record, request: dict[str, Any],
+                         flight: InFlight | None) -> None:
+        """A cancel newly marked on the record: audited, then handed to the call here, or kept for a call whose
+        reservation's reply is still on its way and published to the other replicas."""
+        self._metrics.child(self._metrics.cancellations, "requested").inc()
+        await self._audit.record("cancellation", idempotency_key=key, tool=record.tool or None,
+                                 tool_version=record.tool_version or None, tenant=record.tenant,
+                                 subject=request["subject"], agent=request["agent"],
+                                 details={"from": "IN_PROGRESS", "to": "CANCELLING", "delivered": flight is not None})
+        if flight is not None:
+            flight.request = request
+            flight.requested.set()
+            flight.wake()
+            return
+        self._early[key] = (time.monotonic(), request)
+        while len(self._early) > EARLY_CANCELS_KEPT:
+            self._early.popitem(last=False)
+        await self._publish(key, request)
+
     async def _view(self, key: str) -> dict[str, Any]:
         record = await self._store.get(key)
         if record is None:
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
         contract = self._registry.get(record.tool, record.tool_version) if self._registry is not None else None
         return agent_view(operation_view(record, contract), contract)  # the caller is an agent
+
+
+def _watch(signal: asyncio.Event | None, stop: "_Stop") -> "asyncio.Task[Any] | None":
+    """An Event cannot call back: a withdrawal signal (MCP, batch) is watched by a small task (None when
+    there is no signal, or it is already set: then the stop begins now)."""
+    if signal is None:
+        return None
+    if signal.is_set():
+        stop.begin()
+        return None
+    if stop.started:
+        return None
+    watcher = asyncio.get_running_loop().create_task(signal.wait())
+    watcher.add_done_callback(stop.begin)
+    return watcher
 
 
 class _Stop:

@@ -18,13 +18,13 @@ class _AuthRedis(RedisServer):
     """redis-server that needs a password, and optionally speaks only TLS."""
 
     def __init__(self, password: str, tls: dict[str, Path] | None = None) -> None:
-        self.password, self.tls = password, tls
-        extra = ["--requirepass", password]
+        self.tls = tls
+        extra: list[str] = []
         if tls:
             extra += ["--port", "0", "--tls-port", str(free_port()), "--tls-cert-file", str(tls["server_cert"]),
                       "--tls-key-file", str(tls["server_key"]), "--tls-ca-cert-file", str(tls["ca"]),
                       "--tls-auth-clients", "yes"]
-        super().__init__(extra_args=extra)
+        super().__init__(extra_args=extra, password=password)  # RedisServer runs it with --requirepass
         if tls:
             self.port = int(extra[extra.index("--tls-port") + 1])
 

@@ -195,6 +195,23 @@ class CallTokenVerifier:
         """The verified facts of a request to ``tool``'s route, or ``Refused``. ``tool``: the tool the route
         serves (or a tuple of the contract names it serves under); ``body``: the bytes received (a call's
         arguments); ``key``: the operation key in a status or cancel route."""
+        jwk, alg = self._key_of(token)
+        now = time.time() if now is None else now
+        claims = self._decode(token, jwk, alg, now)
+        if any(name not in claims for name in _REQUIRED) or not isinstance(claims["tctx"], dict):
+            raise Refused("missing_claim")
+        context = claims["tctx"]
+        named, op_key = _check_call(context, claims["scope"], tool=tool, body=body, scope=scope, key=key)
+        if self._replay.seen(str(claims["txn"]), op_key, float(claims["exp"]) + self._leeway, now):
+            raise Refused("replayed")
+        return VerifiedCall(txn=str(claims["txn"]), subject=str(claims["sub"]), tenant=str(claims["tenant"]),
+                            agent=str(claims["req_wl"]), scope=scope, tool=named, version=context.get("version"),
+                            args_hash=context.get("args_hash"), idempotency_key=op_key,
+                            fencing_token=context.get("fencing_token"), decision_id=context.get("decision_id"),
+                            approval_id=context.get("approval_id"), expires=int(claims["exp"]), context=context)
+
+    def _key_of(self, token: str | None) -> tuple["jwt.PyJWK", str]:
+        """The token's shape and header: its type, its algorithm and a key this verifier holds by ``kid``."""
         if not token:
             raise Refused("missing")
         if len(token) > MAX_TOKEN_BYTES or token.count(".") != 2:
@@ -213,30 +230,7 @@ class CallTokenVerifier:
             raise Refused("unknown_key")
         if jwk.algorithm_name != alg:
             raise Refused("wrong_algorithm")
-        now = time.time() if now is None else now
-        claims = self._decode(token, jwk, alg, now)
-        if any(name not in claims for name in _REQUIRED) or not isinstance(claims["tctx"], dict):
-            raise Refused("missing_claim")
-        context = claims["tctx"]
-        if claims["scope"] != scope or scope not in SCOPES:
-            raise Refused("wrong_scope")
-        named = context.get("tool")
-        if not isinstance(named, str) or (named != tool if isinstance(tool, str) else named not in tool):
-            raise Refused("wrong_tool")
-        op_key = context.get("idempotency_key")
-        if scope != "tool:call" and (key is None or op_key != key):
-            raise Refused("wrong_key")
-        if scope == "tool:call":
-            expected = context.get("args_hash")
-            if hashlib.sha256(body).hexdigest() != expected and arguments_hash(body) != expected:
-                raise Refused("wrong_arguments")
-        if self._replay.seen(str(claims["txn"]), op_key, float(claims["exp"]) + self._leeway, now):
-            raise Refused("replayed")
-        return VerifiedCall(txn=str(claims["txn"]), subject=str(claims["sub"]), tenant=str(claims["tenant"]),
-                            agent=str(claims["req_wl"]), scope=scope, tool=named, version=context.get("version"),
-                            args_hash=context.get("args_hash"), idempotency_key=op_key,
-                            fencing_token=context.get("fencing_token"), decision_id=context.get("decision_id"),
-                            approval_id=context.get("approval_id"), expires=int(claims["exp"]), context=context)
+        return jwk, alg
 
     def _decode(self, token: str, jwk: "jwt.PyJWK", alg: str, now: float) -> dict[str, Any]:
         options = {"require": ["iat", "exp", "aud"], "verify_iat": False}
@@ -258,6 +252,25 @@ class CallTokenVerifier:
         if claims["exp"] + self._leeway < now:  # PyJWT read the clock itself; the caller's ``now`` decides too
             raise Refused("expired")
         return claims
+
+
+def _check_call(context: Mapping[str, Any], claimed_scope: Any, *, tool: str | tuple[str, ...], body: bytes,
+                scope: str, key: str | None) -> tuple[str, Any]:
+    """The call the token names is this route's: its scope, its tool, its operation (status and cancel) or the
+    arguments received (a call). (tool, operation key) when it is."""
+    if claimed_scope != scope or scope not in SCOPES:
+        raise Refused("wrong_scope")
+    named = context.get("tool")
+    if not isinstance(named, str) or (named != tool if isinstance(tool, str) else named not in tool):
+        raise Refused("wrong_tool")
+    op_key = context.get("idempotency_key")
+    if scope != "tool:call" and (key is None or op_key != key):
+        raise Refused("wrong_key")
+    if scope == "tool:call":
+        expected = context.get("args_hash")
+        if hashlib.sha256(body).hexdigest() != expected and arguments_hash(body) != expected:
+            raise Refused("wrong_arguments")
+    return named, op_key
 
 
 def arguments_hash(body: bytes) -> str:

@@ -89,22 +89,11 @@ class Compensations:
         contract = self._registry.get(record.tool, record.tool_version)
         spec = contract.compensation if contract is not None else None
         block = record.compensation or {}
-        if spec is None:
-            raise self._refused("not_compensable", "This operation's contract declares no compensation; its "
-                                "effect cannot be undone by the proxy.", record)
-        if block.get("status") == "failed":
-            raise self._refused("operation_frozen", "A compensation of this operation failed; it is frozen "
-                                "and an operator takes over. Nothing more is compensated automatically.", record,
-                                compensation_key=block.get("key"))
-        if record.state not in spec.from_states:
-            raise self._refused("compensation_state_not_allowed", "This operation's state does not allow a "
-                                "compensation.", record, allowed_states=list(spec.from_states))
-        if not block and time.time() * 1000 > record.updated_at + spec.window_s * 1000:
-            raise self._refused("compensation_window_closed", "The time window for compensating this "
-                                "operation has passed; its effect stands.", record, window_s=spec.window_s)
+        self._check_compensable(record, spec, block)
         if not self._store.record_verified(record):  # a SUCCEEDED no key holder recorded is not undone
             raise await self._integrity.refused("outcome", key, phase="request", idempotency_key=key,
                                                 tenant=caller.tenant, subject=caller.subject, agent=caller.agent)
+        assert spec is not None
         target = self._registry.get(spec.tool, spec.version)
         arguments = build_arguments(spec, inputs=record.meta.get("compensation_inputs") or {},
                                     result=(record.outcome or {}).get("data"))
@@ -134,6 +123,23 @@ class Compensations:
         return env.http_status, {"operation": view, "compensation": env.to_json()}
 
     # -- steps ------------------------------------------------------------------
+    def _check_compensable(self, record: Record, spec: Any, block: Mapping[str, Any]) -> None:
+        """The contract declares a compensation, none failed before (frozen), the state allows one, and the
+        window is open (a compensation already requested may go on after it closes)."""
+        if spec is None:
+            raise self._refused("not_compensable", "This operation's contract declares no compensation; its "
+                                "effect cannot be undone by the proxy.", record)
+        if block.get("status") == "failed":
+            raise self._refused("operation_frozen", "A compensation of this operation failed; it is frozen "
+                                "and an operator takes over. Nothing more is compensated automatically.", record,
+                                compensation_key=block.get("key"))
+        if record.state not in spec.from_states:
+            raise self._refused("compensation_state_not_allowed", "This operation's state does not allow a "
+                                "compensation.", record, allowed_states=list(spec.from_states))
+        if not block and time.time() * 1000 > record.updated_at + spec.window_s * 1000:
+            raise self._refused("compensation_window_closed", "The time window for compensating this "
+                                "operation has passed; its effect stands.", record, window_s=spec.window_s)
+
     async def _record(self, key: str, tenant: str) -> Record:
         if not re.match(KEY_PATTERN, key):
             raise ProxyError("operation_not_found", "No such operation.", phase="request")

@@ -292,54 +292,52 @@ class McpAdapter:
             self._deadline.reset(deadline)
 
     async def _send(self, call: BackendCall, upstream: _Upstream, progress: _Progress) -> types.CallToolResult:
-        name, arguments = call.tool.backend.tool or "", dict(call.arguments)
         for attempt in (1, 2):
             client = await upstream.session()
             progress.observed = progress.headers_sent = progress.connect_failed = False
             progress.status = None
             token = self._progress.set(progress)
-            relay = progress_relay.get()
-            logs = log_relay.get()
-            # 2026-07-28 upstreams send log messages only to a request that opts in; legacy ones send every level.
-            meta = {types.LOG_LEVEL_META_KEY: logs.level} if logs is not None else None
-            relayed = None
-            if relay is not None:
-                async def relayed(value: float, total: float | None, message: str | None) -> None:
-                    await relay(value, total)  # the upstream's progress text is not passed on
             try:
-                if relayed is None and meta is None and self._wire is not None and not upstream.streams \
-                        and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
-                    answer = await mcp_wire.call_tool(self._wire, upstream.url, client, name, arguments,
-                                                      progress.headers, progress, self._answer_limits)
-                    upstream.streams = answer.streamed
-                    result = answer.result
-                else:
-                    result = await client.session.call_tool(name, arguments, progress_callback=relayed,
-                                                            allow_input_required=True, meta=meta)
-                for _ in range(MAX_INPUT_ROUNDS):
-                    if not isinstance(result, types.InputRequiredResult):
-                        break
-                    # 2026-07-28: the upstream asks through its result; answered requests go back
-                    # with a retry of the same call (attempt 1 already counted as sent).
-                    result = await client.session.call_tool(
-                        name, arguments, progress_callback=relayed, allow_input_required=True, meta=meta,
-                        input_responses=await self._input_responses(call, client, result),
-                        request_state=result.request_state)
-                if not isinstance(result, types.CallToolResult):
-                    raise _input_not_given(call, "kept asking for input")
-                return result
+                return await self._call_once(call, upstream, client, progress)
             except MCPError as exc:
-                if attempt == 2 or progress.connect_failed:
-                    raise
-                if progress.status == 404 and client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
-                    upstream.drop()  # the upstream forgot our session: nothing ran; open a new one
-                elif exc.error.code == HEADER_MISMATCH:
-                    await client.session.list_tools()  # learn its Mcp-Param headers; nothing ran
-                else:
+                if attempt == 2 or progress.connect_failed or not await _nothing_ran(upstream, client, progress, exc):
                     raise
             finally:
                 self._progress.reset(token)
         raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _call_once(self, call: BackendCall, upstream: _Upstream, client: Client,
+                         progress: _Progress) -> types.CallToolResult:
+        """One attempt: a plain POST (mcp_wire) when nothing is to be relayed, else the SDK's session, then the
+        2026-07-28 input rounds (answered requests go back with a retry of the same call)."""
+        name, arguments = call.tool.backend.tool or "", dict(call.arguments)
+        relay = progress_relay.get()
+        logs = log_relay.get()
+        # 2026-07-28 upstreams send log messages only to a request that opts in; legacy ones send every level.
+        meta = {types.LOG_LEVEL_META_KEY: logs.level} if logs is not None else None
+        relayed = None
+        if relay is not None:
+            async def relayed(value: float, total: float | None, message: str | None) -> None:
+                await relay(value, total)  # the upstream's progress text is not passed on
+        if relayed is None and meta is None and self._wire is not None and not upstream.streams \
+                and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
+            answer = await mcp_wire.call_tool(self._wire, upstream.url, client, name, arguments,
+                                              progress.headers, progress, self._answer_limits)
+            upstream.streams = answer.streamed
+            result = answer.result
+        else:
+            result = await client.session.call_tool(name, arguments, progress_callback=relayed,
+                                                    allow_input_required=True, meta=meta)
+        for _ in range(MAX_INPUT_ROUNDS):
+            if not isinstance(result, types.InputRequiredResult):
+                break
+            result = await client.session.call_tool(
+                name, arguments, progress_callback=relayed, allow_input_required=True, meta=meta,
+                input_responses=await self._input_responses(call, client, result),
+                request_state=result.request_state)
+        if not isinstance(result, types.CallToolResult):
+            raise _input_not_given(call, "kept asking for input")
+        return result
 
     async def _input_responses(self, call: BackendCall, client: Client,
                                asked: types.InputRequiredResult) -> types.InputResponses:
@@ -462,6 +460,18 @@ class McpAdapter:
         if not progress.sent or code in _NO_ANSWER:
             return unanswered(call, sent=progress.sent, why="connection_lost", backend="MCP server", details=details)
         return failed_answer(call, backend="MCP server", details=details)
+
+
+async def _nothing_ran(upstream: _Upstream, client: Client, progress: _Progress, exc: MCPError) -> bool:
+    """Whether a failed first attempt provably ran nothing and may be sent once more: the upstream forgot our
+    session (404 on a session revision: a new one is opened), or refused our Mcp-Param headers (learnt now)."""
+    if progress.status == 404 and client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
+        upstream.drop()
+        return True
+    if exc.error.code == HEADER_MISMATCH:
+        await client.session.list_tools()
+        return True
+    return False
 
 
 def _input_not_given(call: BackendCall, why: str) -> ProxyError:

@@ -391,42 +391,15 @@ class McpAdapter:
     def _classify(self, call: BackendCall, result: types.CallToolResult) -> BackendResult:
         tool = call.tool
         if result.is_error:
-            # An isError result is the tool's own answer, but only an explicit
-            # ``"applied": false`` proves a write did not happen.
-            details: dict[str, Any] = {"tool": tool.name, **_safe_error(result.structured_content)}
-            applied = details.pop("applied", None)
-            if tool.is_write and applied is not False:
-                raise ProxyError("upstream_error_unknown", "The MCP tool reported an error; whether the write was "
-                                 "applied is unknown.", details={**details, "idempotency_key": call.idempotency_key},
-                                 phase="execute", attempted=True, committed=None)
-            reason = f": {details['backend_code']}" if "backend_code" in details else ""
-            raise ProxyError("business_rejected", f"The MCP tool reported an error{reason}.", details=details,
-                             phase="execute", attempted=True, committed=False)
+            raise _tool_error(call, result)
         committed = True if tool.is_write else False
         if not tool.declares_output:
             data = {"content": [block.model_dump(mode="json", by_alias=True, exclude_none=True)
                                 for block in result.content]}
             if result.structured_content is not None:
                 data["structuredContent"] = result.structured_content
-        elif result.structured_content is not None:
-            data = result.structured_content
-            try:  # parsed by the SDK: the same nesting limit as JSON the proxy parses itself
-                check_depth(data, self._max_json_depth, what="backend output", phase="verify")
-            except ProxyError:
-                raise ProxyError("output_invalid", "The MCP tool returned data nested too deeply.",
-                                 details={"tool": tool.name}, phase="verify", attempted=True,
-                                 committed=committed) from None
         else:
-            texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
-            if len(texts) != 1 or len(result.content) != 1:
-                raise ProxyError("output_invalid", "The MCP tool returned no structured JSON result.",
-                                 details={"tool": tool.name}, phase="verify", attempted=True, committed=committed)
-            try:
-                data = strict_loads(texts[0], what="backend output", phase="verify", max_depth=self._max_json_depth)
-            except ProxyError:
-                raise ProxyError("output_invalid", "The MCP tool returned data that is not valid JSON.",
-                                 details={"tool": tool.name}, phase="verify", attempted=True,
-                                 committed=committed) from None
+            data = self._declared_output(call, result, committed)
         size = len(json.dumps(data, separators=(",", ":")).encode())
         if size > self._max_response_bytes:
             raise ProxyError("output_invalid", "The tool returned more data than allowed.",
@@ -445,6 +418,30 @@ class McpAdapter:
         return ProxyError("output_invalid", "The MCP server's answer could not be read as a result.",
                           details=details, phase="verify", attempted=True, committed=False)
 
+    def _declared_output(self, call: BackendCall, result: types.CallToolResult, committed: bool) -> Any:
+        """The JSON result of a tool that declares an output: its structured content, or the one text block
+        that holds it."""
+        tool = call.tool
+        if result.structured_content is not None:
+            data = result.structured_content
+            try:  # parsed by the SDK: the same nesting limit as JSON the proxy parses itself
+                check_depth(data, self._max_json_depth, what="backend output", phase="verify")
+            except ProxyError:
+                raise ProxyError("output_invalid", "The MCP tool returned data nested too deeply.",
+                                 details={"tool": tool.name}, phase="verify", attempted=True,
+                                 committed=committed) from None
+            return data
+        texts = [block.text for block in result.content if isinstance(block, types.TextContent)]
+        if len(texts) != 1 or len(result.content) != 1:
+            raise ProxyError("output_invalid", "The MCP tool returned no structured JSON result.",
+                             details={"tool": tool.name}, phase="verify", attempted=True, committed=committed)
+        try:
+            return strict_loads(texts[0], what="backend output", phase="verify", max_depth=self._max_json_depth)
+        except ProxyError:
+            raise ProxyError("output_invalid", "The MCP tool returned data that is not valid JSON.",
+                             details={"tool": tool.name}, phase="verify", attempted=True,
+                             committed=committed) from None
+
     def _timed_out(self, call: BackendCall, progress: _Progress, elapsed: float) -> ProxyError:
         return deadline_passed(call, sent=progress.sent, elapsed_s=elapsed, backend="MCP server")
 
@@ -460,6 +457,20 @@ class McpAdapter:
         if not progress.sent or code in _NO_ANSWER:
             return unanswered(call, sent=progress.sent, why="connection_lost", backend="MCP server", details=details)
         return failed_answer(call, backend="MCP server", details=details)
+
+
+def _tool_error(call: BackendCall, result: types.CallToolResult) -> ProxyError:
+    """An isError result is the tool's own answer, but only an explicit ``"applied": false`` proves a write
+    did not happen."""
+    details: dict[str, Any] = {"tool": call.tool.name, **_safe_error(result.structured_content)}
+    applied = details.pop("applied", None)
+    if call.tool.is_write and applied is not False:
+        return ProxyError("upstream_error_unknown", "The MCP tool reported an error; whether the write was "
+                          "applied is unknown.", details={**details, "idempotency_key": call.idempotency_key},
+                          phase="execute", attempted=True, committed=None)
+    reason = f": {details['backend_code']}" if "backend_code" in details else ""
+    return ProxyError("business_rejected", f"The MCP tool reported an error{reason}.", details=details,
+                      phase="execute", attempted=True, committed=False)
 
 
 async def _nothing_ran(upstream: _Upstream, client: Client, progress: _Progress, exc: MCPError) -> bool:

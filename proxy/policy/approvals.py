@@ -157,6 +157,22 @@ def _store_faults() -> ContextManager[None]:
     return store.unavailable_on_fault("The approval store is unavailable; nothing was done.", phase="authorize")
 
 
+def _refusal(verdict: str, approval_id: str) -> ProxyError:
+    """What an approver is told when the decide script refused (the record moved, is gone, or is their own)."""
+    if verdict == "not_found":
+        return _not_found(approval_id)
+    if verdict == "self_approval":
+        return ProxyError("forbidden", "An approver cannot decide on their own request.",
+                          details={"approval_id": approval_id, "reason": "self_approval"}, phase="approval")
+    if verdict == "person_unknown":
+        return ProxyError("forbidden", "The approver's or the requester's token lacks the identity claim the "
+                          "self-approval check compares (identity.person_claim / admin_identity.person_claim).",
+                          details={"approval_id": approval_id, "reason": "person_unknown"}, phase="approval")
+    # "changed": it moved since it was read (another approver): no longer pending as read
+    return ProxyError("approval_not_pending", "The approval is no longer waiting for a decision.",
+                      details={"approval_id": approval_id, "reason": verdict}, phase="approval")
+
+
 def _mismatch(reason: str, approval_id: str) -> ProxyError:
     messages = {
         "not_found": "The approval does not exist for this caller.",
@@ -273,29 +289,9 @@ class ApprovalStore:
         for _ in range(3):
             with _store_faults():
                 record = await self._record(approval_id) or {}
-            now = now_ms()
-            binding = {"approval_id": approval_id, "tenant": caller.tenant, "subject": caller.subject,
-                       "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
-                       "expires_at_ms": record.get("expires_at_ms", "")}
-            expected = self._mac.approval(**binding, risk=record.get("risk", ""), status=record.get("status", ""),
-                                          approver=record.get("approver", ""), requester=record.get("requester", ""))
-            used_at = record.get("used_at_ms", "")
-            expected_used = self._mac.approval_used(**binding, used_at_ms=used_at, used_for=operation_key or "")
-            spend = self._mac.approval_used(**binding, used_at_ms=now, used_for=operation_key or "")
-            args = [now, caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
-                    "1" if consume else "0", used_by, operation_key or "", record.get("status", ""),
-                    record.get("expires_at_ms", ""), record.get("approver", ""), expected, used_at, expected_used,
-                    spend if consume else "", record.get("risk", ""), record.get("requester", "")]
-            with _store_faults():
-                if consume and self._replica_acks > 0:
-                    verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)],
-                                                                args, acks=self._replica_acks,
-                                                                timeout_ms=self._ack_timeout_ms)
-                    if acked < self._replica_acks:
-                        self._metrics.replica_ack_shortfall("approval")
-                else:
-                    verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
-            verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
+            args = self._check_args(approval_id, record, caller, tool, normalized, consume=consume,
+                                    used_by=used_by, operation_key=operation_key)
+            verdict = await self._send_check(approval_id, args, consume=consume)
             if verdict != "changed":
                 break
         else:
@@ -360,21 +356,7 @@ class ApprovalStore:
                                           **({"reason": reason} if reason else {})})
         with _store_faults():
             record = await self._record(approval_id)
-            if record is not None and record.get("status") == "pending" and self._visible_to(principal, record):
-                binding = {"approval_id": approval_id, "tenant": record.get("tenant", ""),
-                           "subject": record.get("subject", ""), "tool": record.get("tool", ""),
-                           "tool_version": record.get("tool_version", ""), "args_hash": record.get("args_hash", ""),
-                           "expires_at_ms": record.get("expires_at_ms", "")}
-                risk, requester = record.get("risk", ""), record.get("requester", "")
-                if not self._mac.same(self._mac.approval(**binding, risk=risk, requester=requester, status="pending"),
-                                      record.get("mac")):
-                    # Only the id goes into the audit record: the other fields are what failed the check.
-                    raise await self._integrity.refused("approval", approval_id, phase="approval",
-                                                        approval_id=approval_id)
-                decision_mac = self._mac.approval(**binding, risk=risk, requester=requester, status=status,
-                                                  approver=principal.subject)
-            else:
-                decision_mac = ""
+            decision_mac = await self._decision_mac(approval_id, record, principal, status)
             decided_at = now_ms()
             verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
                 decided_at, status, principal.subject, principal.tenant or "", reason, principal.person,
@@ -389,22 +371,60 @@ class ApprovalStore:
         if verdict != "ok":
             await self._audit.record("approval", approval_id=approval_id,
                                      details={"state": "refused", "reason": verdict, "approver": principal.subject})
-        if verdict == "not_found":
-            raise _not_found(approval_id)
-        if verdict == "self_approval":
-            raise ProxyError("forbidden", "An approver cannot decide on their own request.",
-                             details={"approval_id": approval_id, "reason": "self_approval"}, phase="approval")
-        if verdict == "person_unknown":
-            raise ProxyError("forbidden", "The approver's or the requester's token lacks the identity claim the "
-                             "self-approval check compares (identity.person_claim / admin_identity.person_claim).",
-                             details={"approval_id": approval_id, "reason": "person_unknown"}, phase="approval")
-        if verdict != "ok":  # "changed": it moved since it was read (another approver): no longer pending as read
-            raise ProxyError("approval_not_pending", "The approval is no longer waiting for a decision.",
-                             details={"approval_id": approval_id, "reason": verdict}, phase="approval")
+            raise _refusal(verdict, approval_id)
         self._metrics.approvals.labels(status).inc()
         await self._update_pending_gauge()
         log.info("approval %s %s by %s", approval_id, status, principal.subject)
         return await self.get(approval_id, principal)
+
+    async def _decision_mac(self, approval_id: str, record: dict[str, str] | None, principal: AdminPrincipal,
+                            status: str) -> str:
+        """The MAC the decided record will carry, once the pending record's own MAC verified ("" when the record
+        is not a pending one this approver may see: the script then refuses it)."""
+        if record is None or record.get("status") != "pending" or not self._visible_to(principal, record):
+            return ""
+        binding = {"approval_id": approval_id, "tenant": record.get("tenant", ""),
+                   "subject": record.get("subject", ""), "tool": record.get("tool", ""),
+                   "tool_version": record.get("tool_version", ""), "args_hash": record.get("args_hash", ""),
+                   "expires_at_ms": record.get("expires_at_ms", "")}
+        risk, requester = record.get("risk", ""), record.get("requester", "")
+        if not self._mac.same(self._mac.approval(**binding, risk=risk, requester=requester, status="pending"),
+                              record.get("mac")):
+            # Only the id goes into the audit record: the other fields are what failed the check.
+            raise await self._integrity.refused("approval", approval_id, phase="approval", approval_id=approval_id)
+        return self._mac.approval(**binding, risk=risk, requester=requester, status=status,
+                                  approver=principal.subject)
+
+    def _check_args(self, approval_id: str, record: dict[str, str], caller: Caller, tool: ToolContract,
+                    normalized: NormalizedCall, *, consume: bool, used_by: str,
+                    operation_key: str | None) -> list[Any]:
+        """The check script's ARGV: this call's binding, the record's fields as read, and the MACs this call
+        expects of them (and, to spend it, the spent mark's)."""
+        now = now_ms()
+        binding = {"approval_id": approval_id, "tenant": caller.tenant, "subject": caller.subject,
+                   "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
+                   "expires_at_ms": record.get("expires_at_ms", "")}
+        expected = self._mac.approval(**binding, risk=record.get("risk", ""), status=record.get("status", ""),
+                                      approver=record.get("approver", ""), requester=record.get("requester", ""))
+        used_at = record.get("used_at_ms", "")
+        expected_used = self._mac.approval_used(**binding, used_at_ms=used_at, used_for=operation_key or "")
+        spend = self._mac.approval_used(**binding, used_at_ms=now, used_for=operation_key or "")
+        return [now, caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
+                "1" if consume else "0", used_by, operation_key or "", record.get("status", ""),
+                record.get("expires_at_ms", ""), record.get("approver", ""), expected, used_at, expected_used,
+                spend if consume else "", record.get("risk", ""), record.get("requester", "")]
+
+    async def _send_check(self, approval_id: str, args: list[Any], *, consume: bool) -> str:
+        with _store_faults():
+            if consume and self._replica_acks > 0:
+                verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)],
+                                                            args, acks=self._replica_acks,
+                                                            timeout_ms=self._ack_timeout_ms)
+                if acked < self._replica_acks:
+                    self._metrics.replica_ack_shortfall("approval")
+            else:
+                verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
+        return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
 
     async def _record(self, approval_id: str) -> dict[str, str] | None:
         raw = await redis_call(self._redis.hgetall(self._key(approval_id)))

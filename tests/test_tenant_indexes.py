@@ -9,6 +9,7 @@ import hashlib
 import pytest
 
 from proxy.telemetry.metrics import Metrics
+from proxy.integrity import RecordMac
 from proxy.operations import OperationStore
 from proxy.policy.denials import KEEP, DenialLog
 from tests.support.modes import all_redis_modes
@@ -35,7 +36,7 @@ async def test_a_noisy_tenants_denials_leave_the_quiet_tenants_in_place(state_cl
 
 @all_redis_modes
 async def test_a_noisy_tenants_unknown_operations_leave_the_quiet_tenants_listed(state_client, redis_mode):
-    store = OperationStore(state_client, "tp-test")
+    store = OperationStore(state_client, "tp-test", mac=RecordMac.from_file(""))  # a key of this test only
 
     async def unknown(tenant: str, n: int) -> str:
         key = "ik_" + hashlib.sha256(f"{tenant}/{n}".encode()).hexdigest()

@@ -167,6 +167,17 @@ _RESOLUTIONS = {"committed": "SUCCEEDED", "not_applied": "FAILED_RETRYABLE", "re
 _SETTLEMENTS = {"committed": True, "not_applied": False}
 
 
+def _operator_error(verdict: str, tool: str) -> ProxyError | None:
+    """The failure an operator's resolution records (None for a success)."""
+    if verdict == "FAILED_RETRYABLE":
+        return ProxyError("dependency_unavailable", "An operator recorded that this operation was not applied; "
+                          "it may run again with the same key.", details={"tool": tool}, phase="reconcile")
+    if verdict == "FAILED_FINAL":
+        return ProxyError("business_rejected", "An operator recorded that the backend rejected this operation.",
+                          details={"tool": tool}, phase="reconcile")
+    return None
+
+
 async def resolve_operation(store: OperationStore, registry: Registry, metrics: Metrics, audit: Auditor,
                             key: str, principal: AdminPrincipal, body: Any,
                             locks: LockManager | None = None) -> dict[str, Any]:
@@ -189,13 +200,7 @@ async def resolve_operation(store: OperationStore, registry: Registry, metrics: 
             raise ProxyError("invalid_request", "result does not match the tool's output schema.",
                              details={"violations": violations[:50]}, phase="request")
     verdict = _RESOLUTIONS[body["outcome"]]
-    error = None
-    if verdict == "FAILED_RETRYABLE":
-        error = ProxyError("dependency_unavailable", "An operator recorded that this operation was not applied; "
-                           "it may run again with the same key.", details={"tool": record.tool}, phase="reconcile")
-    elif verdict == "FAILED_FINAL":
-        error = ProxyError("business_rejected", "An operator recorded that the backend rejected this operation.",
-                           details={"tool": record.tool}, phase="reconcile")
+    error = _operator_error(verdict, record.tool)
     outcome = stored_outcome(data=result, error=error, side_effect=SideEffect(True, verdict == "SUCCEEDED"),
                              tool_version=record.tool_version, call_id=record.meta.get("call_id"),
                              request_id=record.meta.get("request_id"))

@@ -214,32 +214,42 @@ class _EventFeed:
         for end in _LINE_END.finditer(pending):
             line, start = pending[start:end.start()].decode("utf-8"), end.end()
             if line:
-                self._lines += 1
-                field, _, value = line.partition(":")
-                value = value[1:] if value.startswith(" ") else value
-                if field == "event":
-                    self._event = value
-                elif field == "data":
-                    self._data.append(value)
-                    self._size += len(value)
+                self._field(line)
                 continue
-            if self._lines:  # a blank line ends an event (comments and priming events included)
-                self._events += 1
-                if self._events > self._limits.max_events:
-                    raise AnswerTooLarge("stream_events", self._limits.max_events)
-            payload, kind = "\n".join(self._data), self._event
-            self._event, self._data, self._size, self._lines = "message", [], 0, 0
-            if kind != "message" or not payload:
-                continue  # a priming event (resumption id only) or an unknown event type
-            try:
-                message = types.jsonrpc_message_adapter.validate_json(payload, by_name=False)
-            except ValidationError:
-                raise MCPError(code=PARSE_ERROR, message="Failed to parse SSE message") from None
-            if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
-                return _outcome(message)
+            outcome = self._dispatch()  # a blank line ends an event (comments and priming events included)
+            if outcome is not None:
+                return outcome
         self._pending = pending[start:]
         if self._size + len(self._pending) > DEFAULT_MAX_SSE_EVENT_SIZE:
             raise MCPError(code=CONNECTION_CLOSED, message="SSE event too large")
+        return None
+
+    def _field(self, line: str) -> None:
+        self._lines += 1
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "event":
+            self._event = value
+        elif field == "data":
+            self._data.append(value)
+            self._size += len(value)
+
+    def _dispatch(self) -> dict[str, Any] | None:
+        """The event just ended: counted, and the call's outcome when it is its JSON-RPC answer."""
+        if self._lines:
+            self._events += 1
+            if self._events > self._limits.max_events:
+                raise AnswerTooLarge("stream_events", self._limits.max_events)
+        payload, kind = "\n".join(self._data), self._event
+        self._event, self._data, self._size, self._lines = "message", [], 0, 0
+        if kind != "message" or not payload:
+            return None  # a priming event (resumption id only) or an unknown event type
+        try:
+            message = types.jsonrpc_message_adapter.validate_json(payload, by_name=False)
+        except ValidationError:
+            raise MCPError(code=PARSE_ERROR, message="Failed to parse SSE message") from None
+        if isinstance(message, (types.JSONRPCResponse, types.JSONRPCError)):
+            return _outcome(message)
         return None
 
     def end(self) -> Exception:

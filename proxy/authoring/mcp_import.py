@@ -103,22 +103,8 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
     notes.append(f"mode/risk: defaulted to write/destructive. Upstream hints (untrusted): {hints}.")
     notes.append("resources: none declared; add templates (e.g. \"order:{order_id}\") so writes lock what they touch.")
     notes.append("idempotency/timeout_ms/status_endpoint: conservative defaults; a status endpoint enables reconcile.")
-    description = (tool.description or "").strip()
-    if description:
-        notes.append("description: copied from the upstream; it is exactly what the model will read.")
-    else:
-        description = f"Upstream MCP tool {tool.name}."
-        notes.append("description: the upstream gave none; write one for the model.")
-    input_schema, strict, tightened = _strict_schema(tool.input_schema)
-    if tightened:
-        notes.append(f"inputSchema: additionalProperties: false added to {tightened} object schema(s).")
-    if not strict:
-        notes.append("inputSchema: has open maps (additionalProperties is a schema); strict: false set.")
-    output_schema = tool.output_schema
-    if output_schema is None or output_schema.get("type") != "object":
-        output_schema = None
-        notes.append("outputSchema: the upstream declares none (or no object one); its content blocks pass "
-                     "through unverified. Write one if the tool returns JSON.")
+    description = _description(tool, notes)
+    input_schema, strict, output_schema = _schemas(tool, notes)
     backend: dict[str, Any] = {"type": "mcp"}
     if service:
         backend.update(service=service, path=path or (urlsplit(url).path or "/"))
@@ -136,6 +122,30 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
         entry["outputSchema"] = output_schema
     entry.update({"idempotency": {"required": True}, "timeout_ms": 10000, "backend": backend})
     return entry, notes
+
+
+def _description(tool: UpstreamTool, notes: list[str]) -> str:
+    description = (tool.description or "").strip()
+    if description:
+        notes.append("description: copied from the upstream; it is exactly what the model will read.")
+        return description
+    notes.append("description: the upstream gave none; write one for the model.")
+    return f"Upstream MCP tool {tool.name}."
+
+
+def _schemas(tool: UpstreamTool, notes: list[str]) -> tuple[Any, bool, Any]:
+    """(inputSchema made strict where it can be, whether it could, the object outputSchema or None)."""
+    input_schema, strict, tightened = _strict_schema(tool.input_schema)
+    if tightened:
+        notes.append(f"inputSchema: additionalProperties: false added to {tightened} object schema(s).")
+    if not strict:
+        notes.append("inputSchema: has open maps (additionalProperties is a schema); strict: false set.")
+    output_schema = tool.output_schema
+    if output_schema is None or output_schema.get("type") != "object":
+        output_schema = None
+        notes.append("outputSchema: the upstream declares none (or no object one); its content blocks pass "
+                     "through unverified. Write one if the tool returns JSON.")
+    return input_schema, strict, output_schema
 
 
 def _registry_name(raw: str, used: set[str]) -> str:

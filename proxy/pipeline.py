@@ -36,7 +36,7 @@ from .policy.client import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
 from .registry import Registry, ToolContract, service_resource
-from .store import RoundTrip, StoreError, unavailable
+from .store import RoundTrip, unavailable_on_fault
 from .transactions.unknowns import UnknownIndex
 from .verify import verify_output
 from .versions import VersionResolver, deprecation, deprecation_headers
@@ -336,10 +336,8 @@ class Pipeline:
                     plan, deadline=meta.deadline, while_waiting=keep_reservation,
                     keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
             except Frozen as frozen:
-                try:
+                with unavailable_on_fault("The operation store is unreachable; nothing was sent.", phase="lock"):
                     record = await self._idempotency.store.get(frozen.operation)
-                except StoreError:
-                    raise unavailable("The operation store is unreachable; nothing was sent.", phase="lock") from None
                 if record is not None and record.state in FREEZING_STATES:
                     self._metrics.child(self._metrics.frozen_refusals,
                                         state.tool.name if state.tool else "unknown").inc()
@@ -347,10 +345,8 @@ class Pipeline:
                     raise frozen
                 log.info("thawing %s on %s: the operation is %s", frozen.operation, frozen.resource,
                          record.state if record else "gone")
-                try:
+                with unavailable_on_fault("The lock store is unreachable; nothing was sent.", phase="lock"):
                     await self._locks.thaw(state.caller.tenant, [frozen.resource], frozen.operation)
-                except StoreError:
-                    raise unavailable("The lock store is unreachable; nothing was sent.", phase="lock") from None
         raise ProxyError("resource_busy", "A resource this call needs stays frozen; nothing was sent.",
                          phase="lock", attempted=False, committed=False)
 

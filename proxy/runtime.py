@@ -155,9 +155,13 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                         connect_timeout_s=backends.connect_timeout_ms / 1000.0,
                         idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=wire_limits)
         opened.push_async_callback(wire.close)
+        # A decision answer is OPA's, not a backend's: backends.max_response_bytes does not bound it (a small
+        # backend limit would fail every decision closed); the wire's default body bound does.
+        decision_limits = Limits(head_bytes=backends.max_header_bytes, headers=backends.max_headers,
+                                 answer_s=wire_limits.answer_s)
         decision_wire = HttpWire(max_connections=config.opa.pool_size,
                                  connect_timeout_s=backends.connect_timeout_ms / 1000.0,
-                                 idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=wire_limits)
+                                 idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=decision_limits)
         opened.push_async_callback(decision_wire.close)
         redis = store.create_client(config.redis)
         opened.push_async_callback(store.close_client, redis)

@@ -10,7 +10,6 @@ version switch. Real OPA, Redis and demo backend throughout.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import signal
 from pathlib import Path
@@ -27,24 +26,7 @@ from tests.support.proxyproc import ProxyProcess
 from tests.support.stack import DEMO_REGISTRY, assert_envelope, running_stack
 from tests.support.waits import wait_until
 from tests.test_mcp_front import CLIENT_META, modern_headers, post as mcp_post, rpc
-
-DEMO_TOOLS = yaml.safe_load((DEMO_REGISTRY / "demo-tools.yaml").read_text())["tools"]
-
-
-def contract(name: str, version: str, **changes: Any) -> dict[str, Any]:
-    """A demo contract under another version (same backend), with fields changed."""
-    tool = copy.deepcopy(next(t for t in DEMO_TOOLS if t["name"] == name))
-    tool.update(version=version, **changes)
-    return tool
-
-
-def write_tools(path: Path, tools: list[dict[str, Any]]) -> Path:
-    path.write_text(yaml.safe_dump({"tools": tools}, sort_keys=False))
-    return path
-
-
-DEPRECATED_V1 = {"status": "deprecated", "deprecated_at": "2026-11-01", "sunset": "2027-03-31",
-                 "replaced_by": "2.0.0"}
+from tests.unit.test_contract_lifecycle import DEPRECATED_V1, contract, write_tools
 
 
 @pytest.fixture
@@ -71,9 +53,6 @@ def versions_v2(directory: Path, *, v1: dict[str, Any] | None = None) -> None:
 
 
 # -- registry diff and the CI gate ---------------------------------------------------------------
-
-
-GET_ORDER = contract("get_order", "1.0.0")
 
 
 # -- calls to deprecated versions: headers, envelope, metric, MCP _meta ------------------------

@@ -21,16 +21,12 @@ import aiohttp
 import jsonschema
 import pytest
 import pytest_asyncio
-import yaml
 
 from examples.demo_backend import TOOLS, DemoState, create_app, start_demo_backend
 from tests.support.calltokens import session_keys
-from tests.unit.test_demo_registry import GOOD_ARGS
+from tests.unit.test_demo_registry import CONTRACTS, GOOD_ARGS
 
 ROOT = Path(__file__).resolve().parent.parent
-REGISTRY = yaml.safe_load((ROOT / "examples/registry/demo-tools.yaml").read_text())
-REGISTRY_SCHEMA = json.loads((ROOT / "schemas/tool-registry.schema.json").read_text())
-CONTRACTS = {tool["name"]: tool for tool in REGISTRY["tools"]}
 
 # One valid argument set per tool (acme tenant data).
 
@@ -92,17 +88,6 @@ async def set_fault(client, tool: str, mode: str, **kw: Any) -> None:
 
 
 # --------------------------------------------------------------------------- registry
-
-
-def _object_schemas(schema: Any):
-    if isinstance(schema, dict):
-        if schema.get("type") == "object":
-            yield schema
-        for value in schema.values():
-            yield from _object_schemas(value)
-    elif isinstance(schema, list):
-        for value in schema:
-            yield from _object_schemas(value)
 
 
 # --------------------------------------------------------------------------- tools

@@ -4,31 +4,13 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
 from proxy.cli import main as cli_main
 from proxy.config import ConfigError, load_config
 from tests.support.stack import DEMO_REGISTRY, REPO
-
-TOOL = """
-tools:
-  - name: t1
-    version: "1.0.0"
-    description: test tool
-    mode: read
-    risk: read
-    inputSchema: {type: object, additionalProperties: false, properties: {x: {type: string}}}
-    outputSchema: {type: object}
-    backend: {type: http, url: "http://127.0.0.1:1/t1"}
-"""
-
-
-def write(tmp_path, text, name="tools.yaml"):
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text))
-    return path
+from tests.unit.test_registry_rules import TOOL, write
 
 
 def test_check_registry_cli(tmp_path, capsys):

@@ -108,7 +108,7 @@ def table(rows: tuple[dict[str, Any], ...] | list[dict[str, Any]]) -> str:
 
 
 def readme_section(run: Run) -> str:
-    met = [r.met() for r in run.ratios]
+    met = [r.met() for r in run.ratios if r.target]  # a ratio without a target is reported, not judged
     verdict = ("every ratio within its target" if all(met) else
                f"{sum(1 for m in met if m is False)} of {len(met)} ratios outside their targets")
     when = run.taken_at[:16].replace("T", " ") + " UTC"
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     history = runs()
     if args.action == "list":
         for run in history:
-            met = [r.met() for r in run.ratios]
+            met = [r.met() for r in run.ratios if r.target]
             print(f"{run.taken_at}  {run.commit:10}  {sum(1 for m in met if m)}/{len(met)} ratios met  {run.note[:60]}")
         return 0
     if not history:

@@ -80,7 +80,7 @@ if [[ -d policies ]]; then
     else
         step "opa test: skipped (no *_test.rego files in policies/)"
     fi
-    step "toolproxy policy check (opa check --strict, opa fmt, policy data vs registry; demo data)"
+    step "toolproxy policy check (opa check --strict, opa fmt, Rego typed by the registry, policy data vs registry; demo data)"
     run "policy check" "$ROOT/.venv/bin/toolproxy" policy check --policy policies/ --data examples/opa \
         --registry examples/registry
 else

@@ -22,7 +22,8 @@ def test_check_passes_on_the_demo_policy_data_and_registry():
     done = _run("check", "--policy", "policies", "--data", "examples/opa", "--registry", "examples/registry")
     assert done.returncode == 0, done.stdout + done.stderr
     tools = len({t.name for t in load_registry([REPO / "examples" / "registry"]).all()})
-    assert done.stdout.startswith(f"ok: opa check --strict, opa fmt, policy data vs registry ({tools} tools)")
+    assert done.stdout.startswith(
+        f"ok: opa check --strict, opa fmt, Rego typed by the registry, policy data vs registry ({tools} tools)")
 
 
 def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
@@ -34,6 +35,7 @@ def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
     assert found == {
         ("opa_check", "rules.rego", "line 3"),
         ("opa_fmt", "rules.rego", "-"),
+        ("opa_type_check", "rules.rego", "line 5"),  # input.user: the input contract has no "user"
         ("role_grants_unknown_tool", "data.json", "toolproxy.roles.clerk.tools[3]"),
         ("role_compensates_unknown_tool", "data.json", "toolproxy.roles.clerk.compensate[0]"),
         ("role_operates_unknown_tool", "data.json", "toolproxy.roles.clerk.operate_others[1]"),

@@ -1,7 +1,10 @@
-"""``toolproxy policy check``: the Rego compiles strictly, is formatted, and agrees with the registry.
+"""``toolproxy policy check``: the Rego compiles strictly, is formatted, is typed by the registry, and its
+data agrees with the registry.
 
 Owns: running ``opa check --strict`` and ``opa fmt --list`` on a policy
-directory, loading OPA data files the way ``opa run`` does (a JSON/YAML file
+directory, the type check of the Rego against the registry's input schemas
+(``policy_types``: ``opa_type_check``, ``argument_type_mismatch``,
+``rule_for_unknown_tool``, each at a file and line), loading OPA data files the way ``opa run`` does (a JSON/YAML file
 in ``a/b/`` under a data directory lands at ``data.a.b``) while remembering
 which file holds which path, and the consistency rules between
 ``data.toolproxy`` and the tool registry:
@@ -36,6 +39,7 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from ..config import deep_merge
+from . import policy_types
 from .policy_scratch import find_opa
 from ..registry import Registry, ToolContract, load_registry
 
@@ -120,6 +124,7 @@ def data_problems(data: DataFiles, registry: Registry) -> list[Problem]:
 
 
 SETTINGS = ("toolproxy", "settings")
+CHECKS = "opa check --strict, opa fmt, Rego typed by the registry, policy data vs registry"
 
 
 def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
@@ -233,16 +238,24 @@ def _numeric_argument(tool: ToolContract, argument: Any) -> bool:
     return kind in ("integer", "number") or (isinstance(kind, list) and bool({"integer", "number"} & set(kind)))
 
 
+def type_problems(policy_dir: str, registry: Registry, binary: str, known: list[Problem]) -> list[Problem]:
+    """Rego typed by the registry (``policy_types``), minus what the plain strict check already said."""
+    seen = {(p.file, p.path, p.message) for p in known}
+    found = [Problem(p.kind, p.file, f"line {p.row}", p.message) for p in policy_types.check(policy_dir, registry, binary)]
+    return [p for p in found if (p.file, p.path, p.message) not in seen]
+
+
 def run_check(args: argparse.Namespace) -> int:
     binary = find_opa(args.opa)
     registry = load_registry(args.registry)
-    problems = opa_problems(args.policy, binary) + data_problems(DataFiles(args.data), registry)
+    problems = opa_problems(args.policy, binary)
+    problems += type_problems(args.policy, registry, binary, problems)
+    problems += data_problems(DataFiles(args.data), registry)
     if args.format == "json":
         print(json.dumps({"problems": [asdict(p) for p in problems], "ok": not problems}, indent=2))
     else:
         for problem in problems:
             print(problem.line())
-        print(f"{len(problems)} problem(s): opa check --strict, opa fmt, policy data vs registry "
-              f"({len(registry)} tools)" if problems else
-              f"ok: opa check --strict, opa fmt, policy data vs registry ({len(registry)} tools)")
+        print(f"{len(problems)} problem(s): {CHECKS} ({len(registry)} tools)" if problems else
+              f"ok: {CHECKS} ({len(registry)} tools)")
     return 1 if problems else 0

@@ -7,6 +7,7 @@
 # A financial tool without a threshold always needs approval.
 package toolproxy.approvals
 
+import data.toolproxy.flow
 import data.toolproxy.tools
 
 risk := tools.contract(input.tool.name, input.tool.version).risk
@@ -28,6 +29,9 @@ needs contains "amount_over_threshold" if {
 	input.action == "call"
 	input.arguments[threshold_config.argument] > threshold
 }
+
+# Data-flow rules that ask for a person (flow.rego).
+needs contains reason if some reason in flow.needs
 
 needs contains "financial_without_threshold" if {
 	input.action == "call"

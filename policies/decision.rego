@@ -11,6 +11,7 @@ package toolproxy
 
 import data.toolproxy.approvals
 import data.toolproxy.compensation
+import data.toolproxy.flow
 import data.toolproxy.limits
 import data.toolproxy.operations
 import data.toolproxy.quotas
@@ -42,7 +43,7 @@ identity_deny contains "identity_missing" if not identity_valid
 
 identity_deny contains "agent_missing" if not agent_valid
 
-reasons := (((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny) | compensation.deny) | operations.deny
+reasons := ((((((identity_deny | tools.deny) | resource_access.deny) | limits.deny) | approvals.deny) | compensation.deny) | operations.deny) | flow.deny
 
 default risk := "unknown"
 

@@ -14,6 +14,9 @@ catalog := {
 		"run_shell": {"1.0.0": {"name": "run_shell", "version": "1.0.0", "mode": "write", "risk": "destructive"}},
 		"adjust_counter": {"1.0.0": {"name": "adjust_counter", "version": "1.0.0", "mode": "write", "risk": "write"}},
 		"odd_mode": {"1.0.0": {"name": "odd_mode", "version": "1.0.0", "mode": "sideways", "risk": "read"}},
+		"get_user_preferences": {"1.0.0": {"name": "get_user_preferences", "version": "1.0.0", "mode": "read", "risk": "read", "flow": {"produces": ["private"], "sink": "internal"}}},
+		"fetch_page": {"1.0.0": {"name": "fetch_page", "version": "1.0.0", "mode": "read", "risk": "read", "flow": {"produces": ["untrusted"], "sink": "external"}}},
+		"send_email": {"1.0.0": {"name": "send_email", "version": "1.0.0", "mode": "write", "risk": "external", "flow": {"produces": [], "sink": "external"}}},
 	},
 }
 

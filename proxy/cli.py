@@ -206,6 +206,10 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
             status += f", compensated by {tool.compensation.tool}@{tool.compensation.version}"
         if tool.cancel_endpoint is not None:
             status += ", cancel endpoint"
+        if tool.flow_produces:
+            status += f", flow produces {'+'.join(tool.flow_produces)}"
+        if tool.flow_sink != "internal":
+            status += f", flow sink {tool.flow_sink}"
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
     for level, line in notices(registry):  # opt-outs of the key requirement, old defaults, service-wide writes
         print(f"{level}: {line}")

@@ -549,6 +549,19 @@ class DecisionsConfig:
 
 
 @dataclass(frozen=True)
+class FlowConfig:
+    # A day: an agent's context (a conversation, a long run) rarely outlives a working day, and the labels
+    # must outlive any run the model can start afresh; much longer keeps refusing an agent's sends long
+    # after its context was discarded. Same as the default retention of an operation record.
+    window_s: int = setting(86400, "how long a flow label (contract flow.produces) an agent was exposed to is "
+                                   "remembered per tenant, agent and subject (and per X-Run-Id) for the policy's "
+                                   "input.flow: from the last call that brought it", bounds=(1, 30 * 86400))
+    read_for: str = setting("external_sinks", "which calls read the flow labels for their decision (one Redis "
+                                              "command each): external_sinks (tools with flow.sink external) or "
+                                              "every_call", choices=("external_sinks", "every_call"))
+
+
+@dataclass(frozen=True)
 class Config:
     listen: AgentListenerConfig = field(default_factory=AgentListenerConfig, metadata={"help": "agent-facing API"})
     admin: ListenerConfig = field(default_factory=_admin_listener, metadata={"help": "approver/operator API"})
@@ -581,6 +594,8 @@ class Config:
                                        metadata={"help": "batch scheduler (POST /v1/tool-calls:batch)"})
     quotas: QuotasConfig = field(default_factory=QuotasConfig,
                                  metadata={"help": "rate limits, concurrency quotas, backend back-pressure"})
+    flow: FlowConfig = field(default_factory=FlowConfig,
+                             metadata={"help": "data-flow labels for the policy (docs/policy-authors.md#flow)"})
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

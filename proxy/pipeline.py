@@ -24,6 +24,7 @@ from .config import Config
 from .decode import decode_arguments
 from . import output_filter
 from .envelope import Envelope, Timing, with_summary
+from .flow import FlowLedger
 from .output_filter import NO_POLICY
 from .state_guard import carry_if_match
 from .errors import ProxyError, SideEffect
@@ -90,8 +91,10 @@ class Pipeline:
     def __init__(self, *, config: Config, registry: Registry, adapters: Mapping[str, Adapter],
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
                  idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver,
-                 quotas: QuotaStage, redis: Any, cancellations: Cancellations) -> None:
+                 quotas: QuotaStage, redis: Any, cancellations: Cancellations,
+                 flow: FlowLedger | None = None) -> None:
         self._config = config
+        self._flow = flow
         self.cancellations = cancellations
         self._redis = redis
         self._versions = versions
@@ -188,6 +191,9 @@ class Pipeline:
             evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
         if state.lease is not None:  # an unknown outcome keeps its resources frozen (seed 004 §5)
             state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
+        if self._flow is not None and tool.flow_produces and env.outcome == "succeeded":  # output reached the model
+            self._flow.record_in(trip, state.caller, state.request.meta.run_id, tool,
+                                 now_ms=int(time.time() * 1000))
         if trip:  # (shielding costs a task: only when there is something to send)
             await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
         if state.lease is not None:

@@ -127,6 +127,8 @@ class ToolContract:
     output_policy: OutputPolicy = NO_POLICY  # what of a result the model sees (proxy/output_filter.py)
     visible_output_schema: Mapping[str, Any] = field(default_factory=dict)  # its advertised shape
     state_guard: str | None = None  # the argument carrying the expected state, forwarded as If-Match
+    flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
+    flow_sink: str = "internal"          # where its arguments go: internal | external
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -153,6 +155,10 @@ class ToolContract:
     @property
     def callable(self) -> bool:
         return self.status != "retired"
+
+    def flow_facts(self) -> dict[str, Any]:
+        """The contract's flow facts as the policy sees them (``input.tool.flow``, the catalog)."""
+        return {"produces": list(self.flow_produces), "sink": self.flow_sink}
 
     @property
     def backend_name(self) -> str:
@@ -501,6 +507,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         output_policy=output_policy,
         visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema or {})),
         state_guard=guard["argument"] if guard is not None else None,
+        flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
+        flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
         output_validator=schema_fast.validator(output_schema or {}, formats=True),
     )

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from .policy import approvals as approvals_module
-from . import locks as locks_module, operations as operations_module, store
+from . import flow as flow_module, locks as locks_module, operations as operations_module, store
 from .adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
 from .adapters.http import HttpAdapter
 from .adapters.mcp import McpAdapter
@@ -34,6 +34,7 @@ from .config import Config, ConfigError
 from .policy.decisions import build_recorder
 from .policy.denials import DenialLog
 from .eviction import EvictionWatch
+from .flow import FlowLedger
 from .fronts.health import Health
 from .idempotency import IdempotencyStage
 from .identity import Authenticator
@@ -109,7 +110,8 @@ def check_key_layout(config: Config) -> None:
     prefix = config.redis.key_prefix
     store.check_one_slot({**operations_module.script_key_sets(prefix),
                           **locks_module.script_key_sets(prefix, config.locks.scope),
-                          **approvals_module.script_key_sets(prefix)})
+                          **approvals_module.script_key_sets(prefix),
+                          **flow_module.script_key_sets(prefix)})
 
 
 def log_notices(registry: Registry) -> None:
@@ -213,14 +215,16 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                       metrics=metrics, redis=redis, registry=registry,
                                       channel=key(config.redis.key_prefix, "cancel", "all"))
         cancellations.status_query = reconciler.query_status
+        flow = FlowLedger(redis, prefix=config.redis.key_prefix, window_s=config.flow.window_s,
+                          read_for=config.flow.read_for)
         pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
-                            unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials),
+                            unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials, flow),
                             idempotency=idempotency,
                             locks=locks, quotas=quotas,
                             versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
                                                      pin_ttl_s=config.registry.run_pin_ttl_s,
                                                      read_policy=config.idempotency.read_policy),
-                            redis=redis, cancellations=cancellations)
+                            redis=redis, cancellations=cancellations, flow=flow)
         compensations = Compensations(store=operations, registry=registry, pipeline=pipeline, policy=policy,
                                       audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
                                       max_json_depth=config.decode.max_depth, integrity=integrity)

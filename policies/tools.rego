@@ -1,4 +1,5 @@
-# Tool permission: which tools a caller may call or see (ToolAllowed, ScopeSufficient).
+# Tool permission: which tools a caller may call (ToolAllowed, ScopeSufficient); listing.rego
+# shows a caller the tools it may call, minus the ones listing rules hide.
 #
 # Facts about a tool (mode, risk) come from the catalog the proxy loads into
 # OPA from its trusted registry (data.toolproxy.catalog), never from the agent.
@@ -69,11 +70,4 @@ deny contains "scope_insufficient" if {
 deny contains "tool_never_for_agents" if {
 	input.action == "call"
 	never_for_agents(input.tool.name)
-}
-
-# Discovery follows authorization: the tools this caller may call.
-visible contains tool.name if {
-	input.action == "list"
-	some tool in input.tools
-	permitted(tool.name, tool.version)
 }

@@ -66,8 +66,8 @@ def test_explain_names_the_rule_behind_each_reason_of_a_denied_call():
     assert named == {
         "amount_over_limit": [("toolproxy.limits.deny", "policies/limits.rego:16")],
         "resource_not_owned:order:ord_2001": [("toolproxy.resource_access.deny", "policies/resources.rego:39")],
-        "scope_insufficient": [("toolproxy.tools.deny", "policies/tools.rego:63")],
-        "tool_not_granted": [("toolproxy.tools.deny", "policies/tools.rego:58")],
+        "scope_insufficient": [("toolproxy.tools.deny", "policies/tools.rego:64")],
+        "tool_not_granted": [("toolproxy.tools.deny", "policies/tools.rego:59")],
     }
     text = _run("explain", "--body", "-", "--roles", "viewer", "--scopes", "tools:read", stdin=json.dumps(body))
     assert 'deny contains sprintf("resource_not_owned:%s", [resource.id]) if {' in text.stdout
@@ -91,3 +91,30 @@ def test_explain_refuses_a_call_that_would_not_reach_the_policy():
     done = _run("explain", "--body", "-", stdin=json.dumps({"tool": "get_order", "arguments": {"order_id": 7}}))
     assert done.returncode == 2
     assert "would not reach the policy: schema_violation" in done.stderr
+
+
+def test_explain_says_which_rules_applied_to_a_listing_and_to_a_call(tmp_path):
+    listing = json.loads(_run("explain", "--list", "--roles", "viewer", "--scopes", "tools:read",
+                              "--format", "json").stdout)
+    assert listing["input"]["action"] == "list"
+    rules = listing["rules"]
+    assert rules["applied"] == "listing"
+    assert rules["listed"] == listing["decision"]["visible_tools"]
+    assert rules["hidden"]["refund_order"] == ["scope_insufficient", "tool_not_granted"]
+    assert [(r["rule"], r["location"]) for r in listing["provenance"]["tool_not_granted"]] == \
+        [("toolproxy.listing.hidden", "policies/listing.rego:29")]
+
+    # A listing rule hides a tool the call rules still admit: the call's explanation says both.
+    data = json.loads((REPO / "examples" / "opa" / "data.json").read_text())
+    data["toolproxy"]["settings"]["listing"] = {"hidden": ["get_inventory"]}
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    body = json.dumps({"tool": "get_inventory", "arguments": {"sku": "sku_100"}})
+    call = json.loads(_run("explain", "--body", "-", "--data", str(tmp_path / "data.json"), "--format", "json",
+                           stdin=body).stdout)
+    assert call["result"] == "allow"
+    assert call["rules"]["applied"] == "call"
+    assert call["rules"]["listing"] == {"tool": "get_inventory", "listed": False, "hidden_because": ["listing_hidden"],
+                                        "rules": "data.toolproxy.listing.visible"}
+    text = _run("explain", "--body", "-", "--data", str(tmp_path / "data.json"), stdin=body).stdout
+    assert 'rules applied: the call rules (data.toolproxy.decision), action "call"' in text
+    assert "listing: get_inventory is hidden from this caller's listing: listing_hidden" in text

@@ -15,8 +15,8 @@ which file holds which path, and the consistency rules between
   ``destructive`` is not in ``settings.approval.always_for_risks``;
 * ``financial_without_threshold`` / ``financial_without_limit``: a financial
   write tool without an approval threshold / a hard ``max_amount`` limit;
-* ``setting_for_unknown_tool``: a threshold, limit, scope override or
-  never_for_agents entry naming a tool the registry lacks;
+* ``setting_for_unknown_tool``: a threshold, limit, scope override,
+  never_for_agents or listing.hidden entry naming a tool the registry lacks;
 * ``argument_not_in_schema``: a threshold or limit on an argument the tool's
   inputSchema has no integer/number property for (the rule never fires);
 * ``resource_kind_without_ownership``: a registry resource template whose
@@ -209,10 +209,11 @@ def _setting_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Ite
         if name not in tools:
             yield Problem("setting_for_unknown_tool", data.where(*SETTINGS, "scopes", "tools"),
                           f"toolproxy.settings.scopes.tools.{name}", f"{name} is not in the registry")
-    for i, name in enumerate(data.get(*SETTINGS, "never_for_agents", default=[]) or []):
-        if name not in tools:
-            yield Problem("setting_for_unknown_tool", data.where(*SETTINGS, "never_for_agents"),
-                          f"toolproxy.settings.never_for_agents[{i}]", f"{name} is not in the registry")
+    for section in (("never_for_agents",), ("listing", "hidden")):
+        for i, name in enumerate(data.get(*SETTINGS, *section, default=[]) or []):
+            if name not in tools:
+                yield Problem("setting_for_unknown_tool", data.where(*SETTINGS, *section),
+                              f"toolproxy.settings.{'.'.join(section)}[{i}]", f"{name} is not in the registry")
 
 
 def _resource_kind_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:

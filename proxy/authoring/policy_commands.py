@@ -42,10 +42,13 @@ def add_parsers(sub: Any) -> None:
     replay.add_argument("--examples", type=int, default=3, help="examples per transition (default 3)")
 
     explain = commands.add_parser(
-        "explain", help="why a call is decided the way it is: the input, the decision, the rules behind each reason")
+        "explain", help="why a call or a listing is decided the way it is: the input, the decision, which rules "
+                   "applied, the rules behind each reason")
     what = explain.add_mutually_exclusive_group(required=True)
     what.add_argument("--body", help="a tool-call request body (JSON file, or - for stdin)")
     what.add_argument("--decision-id", help="a decision id from the records (with --records or --redis)")
+    what.add_argument("--list", action="store_true",
+                      help="a tool listing (tools/list) for the caller: which tools are shown, which hidden and why")
     explain.add_argument("--records", help="JSON-lines file of decision records (with --decision-id)")
     explain.add_argument("--redis", help="Redis URL holding the decision stream (with --decision-id)")
     explain.add_argument("--stream", default=None)
@@ -56,6 +59,8 @@ def add_parsers(sub: Any) -> None:
     explain.add_argument("--scopes", default="tools:read,tools:write", help="comma-separated scopes")
     explain.add_argument("--agent", default="dev-agent")
     _policy_args(explain)
+    explain.add_argument("--listing-path", default="toolproxy/listing",
+                         help="the listing rules' document (default toolproxy/listing: policies/listing.rego)")
     explain.add_argument("--format", choices=["text", "json"], default="text")
 
     check = commands.add_parser(

@@ -1,11 +1,15 @@
-"""``toolproxy policy explain``: the input, the decision, and the rules behind each reason.
+"""``toolproxy policy explain``: the input, the decision, which rules applied, and the rules behind each reason.
 
 Owns: building the OPA input for one call exactly as the proxy would
 (registry resolve, strict decode, normalize, ``policy.build_input``) from a
-request body and a caller identity, or taking a recorded input by decision
-id (or request id); evaluating it with ``opa eval --explain full`` and naming,
-for each reason, the rule definitions (package, rule, file:line, source line)
-whose evaluation produced that value. ``opa eval`` and not the scratch
+request body and a caller identity, or for one listing (``--list``: the
+registry's active tools, as ``fronts/listing`` asks), or taking a recorded
+input by decision id (or request id); evaluating it with ``opa eval --explain
+full`` and naming, for each reason, the rule definitions (package, rule,
+file:line, source line) whose evaluation produced that value. Listing and
+calling have their own rules: the explanation says which applied (the input's
+action), and for a call whether its tool is listed for that caller, and why not
+(``data.toolproxy.listing.hidden``, the ``--listing-path`` document). ``opa eval`` and not the scratch
 server: OPA's REST API returns the trace without source locations.
 Must never: invent a provenance (a reason no traced rule produced is listed
 as "not traced").
@@ -46,6 +50,8 @@ def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], 
 
 async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -> dict[str, Any]:
     masked: list[Any] = []
+    caller = Caller(subject=args.subject, tenant=args.tenant, roles=tuple(_list(args.roles)),
+                    scopes=tuple(_list(args.scopes)), agent=args.agent, source="jwt")
     if args.decision_id:
         from .policy_replay import load_records
         if not (args.records or args.redis):
@@ -57,22 +63,87 @@ async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -
         if "input" not in found[-1]:
             raise ValueError("that record holds no input (it was larger than decisions.max_record_bytes)")
         document, masked = found[-1]["input"], found[-1].get("masked_paths") or []
+    elif getattr(args, "list", False):
+        registry = load_registry(args.registry or ["examples/registry"])
+        document = build_input("list", caller, RequestFacts(request_id="explain"),
+                               catalog_digest=(catalog or {}).get("digest", ""), tools=registry.active())
     else:
         text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else sys.stdin.read()
-        caller = Caller(subject=args.subject, tenant=args.tenant, roles=tuple(_list(args.roles)),
-                        scopes=tuple(_list(args.scopes)), agent=args.agent, source="jwt")
         document = call_input(json.loads(text), caller, args.registry or ["examples/registry"],
                               (catalog or {}).get("digest", ""))
-    decision, provenance = evaluate(document, policy_dir=args.policy, data_paths=args.data, catalog=catalog,
-                                    decision_path=args.decision_path, opa_binary=args.opa)
+    listing_path = getattr(args, "listing_path", LISTING_PATH)
+    evaluated = {"policy_dir": args.policy, "data_paths": args.data, "catalog": catalog, "opa_binary": args.opa}
+    listing = _listing_view(document, listing_path=listing_path, **evaluated)
+    reasons = sorted({r for why in (listing or {}).get("hidden", {}).values() for r in why}) \
+        if document.get("action") == "list" else None
+    decision, provenance = evaluate(document, decision_path=args.decision_path, extra_reasons=reasons, **evaluated)
     return {"input": document, "masked_paths": masked, "decision": decision, "result": result_of(decision),
-            "provenance": provenance}
+            "provenance": provenance, "rules": applied_rules(document, args.decision_path, listing_path, listing)}
+
+
+LISTING_PATH = "toolproxy/listing"
+
+
+def applied_rules(document: dict[str, Any], decision_path: str, listing_path: str,
+                  listing: dict[str, Any] | None) -> dict[str, Any]:
+    """Which rules decided: the listing rules for a listing, the call rules for anything else; for a call,
+    whether its tool is listed for that caller (listing and calling may differ)."""
+    action = document.get("action")
+    decision_ref = "data." + decision_path.strip("/").replace("/", ".")
+    listing_ref = "data." + listing_path.strip("/").replace("/", ".")
+    if action == "list":
+        hidden = (listing or {}).get("hidden", {})
+        names = [t.get("name") for t in document.get("tools") or []]
+        return {"applied": "listing", "action": action, "rules": f"{listing_ref}.visible, through {decision_ref}",
+                "listed": [n for n in names if n not in hidden], "hidden": hidden}
+    out: dict[str, Any] = {"applied": "call", "action": action, "rules": decision_ref}
+    tool = (document.get("tool") or {}).get("name")
+    if tool and listing is not None:
+        why = listing.get("hidden", {}).get(tool)
+        out["listing"] = {"tool": tool, "listed": not why, "hidden_because": why or [],
+                          "rules": f"{listing_ref}.visible"}
+    return out
+
+
+def _listing_view(document: dict[str, Any], *, policy_dir: str, data_paths: list[str], catalog: dict[str, Any] | None,
+                  opa_binary: str | None, listing_path: str) -> dict[str, Any] | None:
+    """``{"hidden": {tool: [reasons]}}`` of the listing rules for this input's caller (for a call: a listing of
+    its one tool); None when the policy has no listing document at ``listing_path``."""
+    if document.get("action") == "list":
+        listed = document
+    elif isinstance(document.get("tool"), dict) and document.get("action") == "call":
+        tool = document["tool"]
+        listed = {key: document[key] for key in ("subject", "agent", "catalog_digest", "request") if key in document}
+        listed.update({"action": "list", "tools": [{k: tool.get(k) for k in ("name", "version", "mode", "risk")}]})
+    else:
+        return None
+    answer = _opa_eval(listed, policy_dir=policy_dir, data_paths=data_paths, catalog=catalog,
+                       query="data." + listing_path.strip("/").replace("/", "."), opa_binary=opa_binary, explain=False)
+    rows = answer.get("result") or []
+    value = rows[0]["expressions"][0]["value"] if rows else None
+    if not isinstance(value, dict):
+        return None
+    hidden = value.get("hidden") if isinstance(value.get("hidden"), dict) else {}
+    return {"hidden": {str(name): sorted(reasons) for name, reasons in sorted(hidden.items())}}
 
 
 def evaluate(document: dict[str, Any], *, policy_dir: str, data_paths: list[str], catalog: dict[str, Any] | None,
-             decision_path: str, opa_binary: str | None) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
+             decision_path: str, opa_binary: str | None,
+             extra_reasons: list[str] | None = None) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
+    """The decision and, for each of its reasons (plus ``extra_reasons``: a listing's hidden reasons), the
+    rules that produced it."""
+    answer = _opa_eval(document, policy_dir=policy_dir, data_paths=data_paths, catalog=catalog,
+                       query="data." + ".".join(decision_path.strip("/").split("/")), opa_binary=opa_binary,
+                       explain=True)
+    rows = answer.get("result") or []
+    decision = rows[0]["expressions"][0]["value"] if rows else None
+    reasons = (decision or {}).get("reasons") or [] if isinstance(decision, dict) else []
+    return decision, provenance(answer.get("explanation") or [], [*reasons, *(extra_reasons or [])])
+
+
+def _opa_eval(document: dict[str, Any], *, policy_dir: str, data_paths: list[str], catalog: dict[str, Any] | None,
+              query: str, opa_binary: str | None, explain: bool) -> dict[str, Any]:
     binary = find_opa(opa_binary)
-    query = "data." + ".".join(decision_path.strip("/").split("/"))
     with tempfile.TemporaryDirectory(prefix="toolproxy-explain-") as scratch:
         input_path = Path(scratch) / "input.json"
         input_path.write_text(json.dumps(document))
@@ -83,15 +154,12 @@ def evaluate(document: dict[str, Any], *, policy_dir: str, data_paths: list[str]
             (catalog_dir / "data.json").write_text(json.dumps(catalog))
             extra = ["-d", str(Path(scratch) / "catalog")]
         data = [arg for path in [policy_dir, *data_paths] for arg in ("-d", path)]
-        done = subprocess.run([binary, "eval", "--format", "json", "--explain", "full", *data, *extra,
+        done = subprocess.run([binary, "eval", "--format", "json", "--strict-builtin-errors",
+                               *(["--explain", "full"] if explain else []), *data, *extra,
                                "-i", str(input_path), query], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise ControlError("opa eval failed: " + (done.stderr.strip().splitlines() or ["(no output)"])[-1])
-    answer = json.loads(done.stdout)
-    rows = answer.get("result") or []
-    decision = rows[0]["expressions"][0]["value"] if rows else None
-    reasons = (decision or {}).get("reasons") or [] if isinstance(decision, dict) else []
-    return decision, provenance(answer.get("explanation") or [], reasons)
+    return json.loads(done.stdout)
 
 
 def provenance(trace: list[dict[str, Any]], reasons: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -112,9 +180,17 @@ def provenance(trace: list[dict[str, Any]], reasons: list[str]) -> dict[str, lis
         if (value, file, row) in seen:
             continue
         seen.add((value, file, row))
-        found[value].append({"rule": f"{_package(file, packages)}.{head.get('name', '?')}",
+        found[value].append({"rule": f"{_package(file, packages)}.{_rule_name(head)}",
                              "location": f"{file}:{row}", "source": _line(file, row)})
     return found
+
+
+def _rule_name(head: dict[str, Any]) -> str:
+    """``deny`` for ``deny contains ...``, ``hidden`` for ``hidden[tool.name] contains ...`` (a ref head)."""
+    if head.get("name"):
+        return str(head["name"])
+    ref = head.get("ref") or []
+    return str(ref[0].get("value", "?")) if ref and isinstance(ref[0], dict) else "?"
 
 
 def _key_value(term: Any, local_vars: list[dict[str, Any]]) -> Any:
@@ -146,6 +222,22 @@ def _line(file: str, row: int) -> str:
         return ""
 
 
+def _render_rules(rules: dict[str, Any]) -> list[str]:
+    if rules.get("applied") == "listing":
+        out = [f"rules applied: the listing rules ({rules['rules']}), action \"list\"",
+               "listed: " + (", ".join(rules["listed"]) or "none")]
+        for name, why in rules["hidden"].items():
+            out.append(f"hidden: {name}: {', '.join(why)}")
+        return out
+    out = [f"rules applied: the call rules ({rules.get('rules')}), action {json.dumps(rules.get('action'))}"]
+    listing = rules.get("listing")
+    if listing:
+        out.append(f"listing: {listing['tool']} is listed for this caller ({listing['rules']})" if listing["listed"]
+                   else f"listing: {listing['tool']} is hidden from this caller's listing: "
+                        f"{', '.join(listing['hidden_because'])} ({listing['rules']})")
+    return out
+
+
 def _list(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -157,6 +249,7 @@ def render_text(result: dict[str, Any]) -> str:
         out.append("masked in the record: " + ", ".join(".".join(map(str, p)) for p in result["masked_paths"]))
     out.append(f"decision: {result['result']}   risk: {decision.get('risk', '-')}   "
                f"policy revision: {decision.get('policy_revision', '-')}")
+    out.extend(_render_rules(result.get("rules") or {}))
     if not result["provenance"]:
         out.append("reasons: none")
     for reason, rules in result["provenance"].items():

@@ -1,5 +1,5 @@
 """Command line: ``toolproxy run | dev | check-registry | check-policy-data | registry diff | opa-data |
-config-reference | import-mcp | policy | egress-rules``.
+config-reference | import-mcp | mcp repin | policy | egress-rules``.
 
 Owns: argument parsing and process-level concerns (logging set-up, exit
 codes, signals). Must never: contain pipeline logic.
@@ -119,6 +119,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                      help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
     imp.add_argument("--timeout", type=float, default=15.0, help="seconds to wait for the upstream (default 15)")
 
+    mcp_cmd = sub.add_parser("mcp", help="pinned MCP upstream tools (repin)")
+    mcp_sub = mcp_cmd.add_subparsers(dest="mcp_command", required=True)
+    repin_cmd = mcp_sub.add_parser(
+        "repin", help="after review: print what changed upstream and write the new pins into registry files",
+        description="List the upstream of every MCP contract in the given registry files, print per tool what "
+                    "changed against its backend.pin, and write the new digests into the files (only the pin "
+                    "values change; the file is validated first). Exit 1 if an upstream could not be listed, a "
+                    "service is unknown, or a pinned tool is no longer listed upstream (its pin is kept).")
+    repin_cmd.add_argument("paths", nargs="+", help="registry YAML files")
+    repin_cmd.add_argument("--config", "-c", help="the proxy's YAML config (backends.services for service: "
+                                                  "backends; TOOLPROXY_* env applies too)")
+    repin_cmd.add_argument("--dry-run", action="store_true", help="print what would change; write nothing")
+    repin_cmd.add_argument("--mode", choices=["auto", "legacy"], default="auto",
+                           help="protocol negotiation (default auto: 2026-07-28 if offered, else initialize)")
+    repin_cmd.add_argument("--timeout", type=float, default=15.0,
+                           help="seconds to wait for each upstream (default 15)")
+
     egress = sub.add_parser(
         "egress-rules", help="print (or apply) the nftables egress guard: only the proxy's UID reaches its peers",
         description="Print the nft script that refuses every socket but the proxy UID's a connection to the "
@@ -153,6 +170,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return make_call_token_key(args.out, args.alg, args.kid)
     if args.command == "import-mcp":
         return import_mcp(args)
+    if args.command == "mcp":
+        from .authoring.mcp_repin import run as run_repin
+        return run_repin(args)
     if args.command == "policy":
         from .authoring.policy_commands import run as run_policy
         return run_policy(args)

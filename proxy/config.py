@@ -397,6 +397,29 @@ class McpConfig:
 
 
 @dataclass(frozen=True)
+class McpPinsConfig:
+    check_interval_ms: int = setting(60000, "how often every pinned MCP upstream's tools/list is compared with the "
+                                            "registry's pins (backend.pin), besides at start, after a registry "
+                                            "reload and on the upstream's notifications/tools/list_changed; 0: "
+                                            "only then. It bounds how long a silently changed tool is served",
+                                     bounds=(0, 86400000))
+    check_timeout_ms: int = setting(5000, "cap on one check of one upstream (opening its session, every page of "
+                                          "tools/list); a check that fails leaves its tools unverified",
+                                    bounds=(100, 600000))
+    min_gap_ms: int = setting(1000, "least time between two checks of one upstream, however many "
+                                    "notifications/tools/list_changed it sends", bounds=(0, 3600000))
+    max_tools: int = setting(1000, "most tools one upstream may list; a longer list fails the check",
+                             bounds=(1, 100000))
+    max_answer_bytes: int = setting(4 * 1024 * 1024, "largest answer read from an upstream for a check (one "
+                                                      "tools/list page; the bytes of one listen stream); a check "
+                                                      "fails above", bounds=(1024, 1024 * 1024 * 1024))
+    unverified: str = setting("refuse", "a pinned tool whose upstream has not been checked successfully (at start, "
+                                        "after a failed check, after a reload that changed its pin): refuse "
+                                        "(dependency_unavailable, retryable; hidden from listings) or serve",
+                              choices=("refuse", "serve"))
+
+
+@dataclass(frozen=True)
 class IdempotencyConfig:
     lease_grace_ms: int = setting(2000, "added to a call's budget to form its IN_PROGRESS lease; a lease that runs "
                                         "out means the proxy died mid-call (UNKNOWN for a write)")
@@ -581,6 +604,8 @@ class Config:
     integrity: IntegrityConfig = field(default_factory=IntegrityConfig,
                                        metadata={"help": "record MACs (docs/scale.md)"})
     mcp: McpConfig = field(default_factory=McpConfig, metadata={"help": "MCP front and MCP backends"})
+    mcp_pins: McpPinsConfig = field(default_factory=McpPinsConfig,
+                                    metadata={"help": "pinned MCP upstream tools, quarantined on drift (docs/mcp.md)"})
     idempotency: IdempotencyConfig = field(default_factory=IdempotencyConfig,
                                            metadata={"help": "idempotency records"})
     reconcile: ReconcileConfig = field(default_factory=ReconcileConfig, metadata={"help": "unknown outcomes"})

@@ -22,6 +22,7 @@ from .policy.authorize import Authorization, Authorizer
 from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
 from .decode import decode_arguments
+from .drift import OPEN, Quarantine
 from . import output_filter
 from .envelope import Envelope, Timing, with_summary
 from .flow import FlowLedger
@@ -92,9 +93,10 @@ class Pipeline:
                  metrics: Metrics, audit: Auditor, unknowns: UnknownIndex, authorizer: Authorizer,
                  idempotency: IdempotencyStage, locks: LockManager, versions: VersionResolver,
                  quotas: QuotaStage, redis: Any, cancellations: Cancellations,
-                 flow: FlowLedger | None = None) -> None:
+                 flow: FlowLedger | None = None, quarantine: Quarantine = OPEN) -> None:
         self._config = config
         self._flow = flow
+        self.quarantine = quarantine  # pinned MCP tools whose upstream drifted: refused at resolve (proxy/drift.py)
         self.cancellations = cancellations
         self._redis = redis
         self._versions = versions
@@ -255,6 +257,7 @@ class Pipeline:
         request = state.request
         with self._stage(state, "resolve"):  # the run's pinned version when X-Run-Id names a run
             tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
+            self.quarantine.check(tool)  # contract_drift: a pinned MCP tool whose upstream changed
         with self._stage(state, "decode"):
             arguments = decode_arguments(
                 carry_if_match(tool, request.arguments, request.meta.if_match, max_depth=self._config.decode.max_depth),
@@ -377,6 +380,7 @@ class Pipeline:
         meta = request.meta
         try:
             tool = await self._versions.resolve(self.registry, request, caller)
+            self.quarantine.check(tool)
             arguments = decode_arguments(request.arguments, tool.input_validator,
                                          max_depth=self._config.decode.max_depth)
             normalized = normalize(tool, arguments)

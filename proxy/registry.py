@@ -89,9 +89,19 @@ class Endpoint:
 
 
 @dataclass(frozen=True)
+class McpPin:
+    """An MCP tool's pins as reviewed (``backend.pin``): digests of the upstream's definition of the tool and
+    of its tool list (proxy/drift.py); the live upstream is checked against them."""
+
+    definition: str
+    tool_list: str
+
+
+@dataclass(frozen=True)
 class Backend(Endpoint):
     type: str = "http"
     tool: str | None = None  # upstream tool name for type: mcp
+    pin: McpPin | None = None  # type: mcp: what the upstream's tool was when reviewed (None: not checked)
 
 
 @dataclass(frozen=True)
@@ -482,7 +492,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         input_schema=_freeze(raw["inputSchema"]),
         output_schema=_freeze(output_schema or {}),
         backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
-                        path=backend.get("path"), tool=backend.get("tool")),
+                        path=backend.get("path"), tool=backend.get("tool"),
+                        pin=McpPin(**backend["pin"]) if backend.get("pin") else None),
         resources=tuple(resources),
         idempotency_required=required,
         idempotency_reason=idem.get("reason"),

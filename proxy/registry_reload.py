@@ -19,11 +19,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .telemetry.metrics import Metrics
 from .policy.client import PolicyClient
-from .registry import LiveRegistry, RegistryError, load_registry, registry_files
+from .registry import LiveRegistry, Registry, RegistryError, load_registry, registry_files
 
 log = logging.getLogger("toolproxy.registry")
 
@@ -41,8 +41,10 @@ def files_digest(paths: Sequence[str]) -> str:
 
 class RegistryReloader:
     def __init__(self, *, paths: Sequence[str], live: LiveRegistry, policy: PolicyClient, metrics: Metrics,
-                 interval_ms: int, push_catalog: bool) -> None:
+                 interval_ms: int, push_catalog: bool,
+                 on_swap: Callable[[Registry], None] | None = None) -> None:
         self._paths = list(paths)
+        self._on_swap = on_swap  # told of every applied registry (the pin watcher re-checks its upstreams)
         self._live = live
         self._policy = policy
         self._metrics = metrics
@@ -98,6 +100,8 @@ class RegistryReloader:
                 return "refused"
             self._live.swap(registry)
             self._policy.use_registry(registry)
+            if self._on_swap is not None:
+                self._on_swap(self._live)
             pushed = await self._policy.push_catalog() if self._push_catalog else False
             self._metrics.registry_reloads.labels("applied").inc()
             log.info("registry reloaded: %d contracts, catalog %s%s", len(registry),

@@ -23,6 +23,7 @@ from . import flow as flow_module, locks as locks_module, operations as operatio
 from .adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
 from .adapters.http import HttpAdapter
 from .adapters.mcp import McpAdapter
+from .adapters.mcp_pins import PinWatcher
 from .wire import mcp as mcp_wire
 from .policy.approvals import ApprovalStore
 from .audit import Auditor, build_sinks
@@ -31,6 +32,7 @@ from .transactions.cancellation import Cancellations
 from .transactions.compensation import Compensations
 from .backpressure import BackendGuard
 from .config import Config, ConfigError
+from .drift import Quarantine
 from .policy.decisions import build_recorder
 from .policy.denials import DenialLog
 from .eviction import EvictionWatch
@@ -86,6 +88,7 @@ class Runtime:
     compensations: Compensations  # POST /v1/operations/{key}:compensate and the failed compensations' takeovers
     call_tokens: CallTokens       # signs every backend request's Txn-Token; its JWKS is served on the ops listener
     integrity: IntegrityGuard | None = None  # refuses (counts, audits) records whose MAC does not verify
+    pins: PinWatcher | None = None  # pinned MCP upstreams, checked; their drifted tools quarantined (proxy/drift.py)
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
@@ -93,6 +96,8 @@ class Runtime:
 
     async def close(self) -> None:
         await self.reloader.stop()
+        if self.pins is not None:
+            await self.pins.stop()
         await self.reconciler.stop()
         await self.pipeline.cancellations.stop()
         await self.quotas.guard.stop()
@@ -224,7 +229,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                             versions=VersionResolver(redis=redis, prefix=config.redis.key_prefix,
                                                      pin_ttl_s=config.registry.run_pin_ttl_s,
                                                      read_policy=config.idempotency.read_policy),
-                            redis=redis, cancellations=cancellations, flow=flow)
+                            redis=redis, cancellations=cancellations, flow=flow,
+                            quarantine=Quarantine(serve_unverified=config.mcp_pins.unverified == "serve"))
         compensations = Compensations(store=operations, registry=registry, pipeline=pipeline, policy=policy,
                                       audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
                                       max_json_depth=config.decode.max_depth, integrity=integrity)
@@ -243,9 +249,14 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         opened.push_async_callback(reconciler.stop)
         cancellations.start()  # cancel requests published by other replicas
         opened.push_async_callback(cancellations.stop)
+        pins = PinWatcher(registry, pipeline.quarantine, services=config.backends.services, config=config.mcp_pins,
+                          mode=config.mcp.upstream_mode, metrics=metrics,
+                          connect_timeout_s=config.backends.connect_timeout_ms / 1000.0)
+        opened.push_async_callback(pins.stop)
+        await pins.start()  # the first check of every pinned upstream, bounded by mcp_pins.check_timeout_ms
         reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
                                     interval_ms=config.registry.reload_interval_ms,
-                                    push_catalog=config.opa.push_catalog)
+                                    push_catalog=config.opa.push_catalog, on_swap=pins.sync)
         reloader.start()
         opened.push_async_callback(reloader.stop)
         scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
@@ -257,7 +268,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
                           reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity,
-                          call_tokens=call_tokens)
+                          call_tokens=call_tokens, pins=pins)
         opened.pop_all()  # from here on Runtime.close() closes them
     eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
     if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)

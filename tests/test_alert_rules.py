@@ -19,7 +19,8 @@ RULES = Path(__file__).resolve().parent.parent / "deploy" / "helm" / "toolproxy"
 UNIT_TESTS = Path(__file__).resolve().parent / "prometheus" / "alert-rules.test.yaml"
 REQUIRED_ALERTS = {"ToolproxyUnknownOutcomeRateHigh", "ToolproxyUnknownsOpenTooLong", "ToolproxyTakeoverRaised",
                    "ToolproxyOpaUnavailable", "ToolproxyRedisUnavailable", "ToolproxyApprovalBacklog",
-                   "ToolproxyBreakerStuckOpen", "ToolproxyRedisEvictedKeys", "ToolproxyRedisMayEvict"}
+                   "ToolproxyBreakerStuckOpen", "ToolproxyRedisEvictedKeys", "ToolproxyRedisMayEvict",
+                   "ToolproxyContractDrift", "ToolproxyToolsQuarantined", "ToolproxyPinsUnverified"}
 
 
 def rules() -> list[dict]:

@@ -9,6 +9,12 @@ entry committed without thought is treated as the most dangerous kind of tool
 policies for destructive risk) rather than the least. Upstream annotations
 (readOnlyHint, ...) are shown as comments only: they are untrusted hints.
 
+Each entry's ``backend.pin`` records what was imported: the digest of the
+upstream's definition of the tool and of its whole tool list
+(``proxy/drift.py``); the proxy quarantines the tool while the live upstream
+differs, and ``toolproxy mcp repin`` (``proxy/authoring/mcp_repin.py``)
+records a reviewed change.
+
 Must never: write the registry itself, mark an entry as reviewed, or turn an
 upstream hint into execution metadata.
 """
@@ -17,14 +23,17 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
 from typing import Any, Iterable
 from urllib.parse import urlsplit
 
 import yaml
 
+from ..drift import UNREPRESENTABLE, UpstreamTool, definition_digest, list_digest
+
+__all__ = ["UpstreamTool", "draft", "fetch_tools"]
+
 _NAME = re.compile(r"^[a-zA-Z][a-zA-Z0-9_.-]{0,63}$")
-_MAX_PAGES = 100
+_MAX_TOOLS = 10000
 _MAX_DESCRIPTION = 2000
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
 _SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains",
@@ -32,36 +41,15 @@ _SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "
 _SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 
 
-@dataclass(frozen=True)
-class UpstreamTool:
-    name: str
-    description: str | None
-    input_schema: dict[str, Any]
-    output_schema: dict[str, Any] | None
-    annotations: dict[str, Any]
-
-
 async def fetch_tools(url: str, *, mode: str = "auto", timeout_s: float = 15.0) -> list[UpstreamTool]:
-    """Every tool the upstream lists (all pages)."""
+    """Every tool the upstream lists (all pages, at most ``mcp_pins.MAX_PAGES`` of them)."""
     from mcp import Client  # imported here: the CLI's other commands do not need the SDK loaded
 
-    tools: list[UpstreamTool] = []
+    from ..adapters.mcp_pins import read_tools
+
     async with asyncio.timeout(timeout_s):
         async with Client(url, mode=mode, cache=None) as client:
-            cursor = None
-            for _ in range(_MAX_PAGES):
-                page = await client.list_tools(cursor=cursor)
-                for tool in page.tools:
-                    tools.append(UpstreamTool(
-                        name=tool.name, description=tool.description,
-                        input_schema=dict(tool.input_schema),
-                        output_schema=dict(tool.output_schema) if tool.output_schema is not None else None,
-                        annotations=tool.annotations.model_dump(by_alias=True, exclude_none=True)
-                        if tool.annotations is not None else {}))
-                cursor = page.next_cursor
-                if cursor is None:
-                    break
-    return tools
+            return await read_tools(client, max_tools=_MAX_TOOLS)
 
 
 def draft(tools: Iterable[UpstreamTool], *, url: str, service: str | None = None, path: str | None = None,
@@ -79,11 +67,22 @@ def draft(tools: Iterable[UpstreamTool], *, url: str, service: str | None = None
         "#      returns JSON (without one its content blocks pass through unverified);",
         "#   3. delete the tools the agent must not have (tools not listed here stay refused);",
         "#   4. `toolproxy check-registry FILE`, then `toolproxy dev --registry FILE` to try it.",
+        "# backend.pin holds digests of each upstream tool's definition and of the upstream's tool list as",
+        "# imported: the proxy refuses (contract_drift) and hides a tool while its live upstream differs.",
+        "# After reviewing a change, `toolproxy mcp repin FILE` prints the diff and records the new digests.",
         "tools:",
     ]
     used: set[str] = set()
-    for tool in tools:
+    listed = list(tools)
+    tool_list = list_digest(listed)
+    for tool in listed:
         entry, notes = _entry(tool, url=url, service=service, path=path, prefix=prefix, used=used)
+        definition = definition_digest(tool)
+        if definition != UNREPRESENTABLE:
+            entry["backend"]["pin"] = {"definition": definition, "tool_list": tool_list}
+        else:
+            notes.append("backend.pin: the upstream's definition has no RFC 8785 form (a number JSON cannot "
+                         "carry exactly); the tool is not pinned and not checked for drift.")
         lines.append(f"  # ---- upstream tool {tool.name!r} ----")
         lines.extend(f"  # REVIEW {note}" for note in notes)
         dumped = yaml.safe_dump([entry], sort_keys=False, allow_unicode=True, width=100)

@@ -1,7 +1,7 @@
 """The operator (admin) API: approvers' and operators' endpoints on the admin listener.
 
 Owns: the admin routes (approvals, operations and takeovers, unknown calls,
-locks, denials, quotas, whoami, the console), authenticating an admin
+locks, denials, quotas, pins, whoami, the console), authenticating an admin
 principal with the role each route needs before anything else, checking
 request bodies against their JSON Schemas in ``schemas/``
 (``operation-resolution``, ``unknown-call-settlement``; a bad body is
@@ -251,6 +251,13 @@ async def settle_unknown_call(unknowns: UnknownIndex, audit: Auditor, metrics: M
     return {"request_id": found["request_id"], "call_id": found["call_id"], "settled": body["outcome"]}
 
 
+async def admin_pins(request: web.Request) -> web.Response:
+    """Pinned MCP tools and their state (verified, drifted with its diff, unverified): docs/mcp.md."""
+    runtime = request.app[RUNTIME]
+    await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    return json_response({"pins": runtime.pins.rows() if runtime.pins is not None else []})
+
+
 def admin_app(runtime: Runtime) -> web.Application:
     """Approver/operator API on its own listener; every handler authenticates an admin principal.
     The operator console (``/ui``) is served here too, and nowhere else."""
@@ -272,4 +279,5 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/locks", admin_list_locks)
     app.router.add_get("/v1/quotas", admin_quotas)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
+    app.router.add_get("/v1/pins", admin_pins)
     return app

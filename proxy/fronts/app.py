@@ -127,7 +127,7 @@ async def list_tools(request: web.Request) -> web.Response:
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     meta = ingress.request_meta(request, runtime.config)
     tools = await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
-                                budget_s=meta.deadline.remaining())
+                                budget_s=meta.deadline.remaining(), quarantine=runtime.pipeline.quarantine)
     return json_response({"tools": [tool.listing() for tool in tools]})
 
 

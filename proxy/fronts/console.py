@@ -172,6 +172,15 @@ PAGE = """<!doctype html>
   <th scope="col">request</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="denials-recent-empty" hidden>None.</p>
 </section>
+
+<section id="panel-pins" data-role="operator" hidden>
+  <h2>Pinned MCP tools: quarantined on drift <span class="count" id="pins-count"></span></h2>
+  <table id="pins"><caption class="sr-only">Pinned MCP tools and their state</caption><thead><tr><th scope="col">tool</th><th scope="col">state</th><th scope="col">what changed upstream</th>
+  <th scope="col">since</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="pins-empty" hidden>No pinned MCP tool.</p>
+  <p class="hint">A drifted tool is refused (contract_drift) and hidden until re-pinned after review:
+  <code>toolproxy mcp repin FILE</code>.</p>
+</section>
 </main>
 <footer><p>Last updated <time id="updated"></time>. Served by the admin listener. Data refreshes every 10 s;
 rows you are typing in are left as they are.</p></footer>

@@ -12,20 +12,23 @@ from __future__ import annotations
 
 import uuid
 
+from ..drift import OPEN, Quarantine
 from ..identity import Caller
 from ..policy.client import PolicyClient, RequestFacts, build_input
 from ..registry import Registry, ToolContract
 
 
 async def visible_tools(registry: Registry, policy: PolicyClient, caller: Caller, *, request_id: str | None = None,
-                        trace_id: str | None = None, budget_s: float | None = None) -> list[ToolContract]:
+                        trace_id: str | None = None, budget_s: float | None = None,
+                        quarantine: Quarantine = OPEN) -> list[ToolContract]:
     """The newest active version of each tool this caller may call, sorted by name.
 
     One OPA query (``input.action == "list"``) for the whole listing; OPA
     unavailable raises ``ProxyError("policy_unavailable")`` — a listing fails
-    closed like a call. A listed tool is still authorized per call.
+    closed like a call. A listed tool is still authorized per call. A pinned MCP
+    tool the ``quarantine`` refuses (drifted, or not yet verified) is not listed.
     """
-    tools = registry.active()
+    tools = [tool for tool in registry.active() if not quarantine.hides(tool)]
     document = build_input("list", caller, RequestFacts(request_id=request_id or uuid.uuid4().hex,
                                                         trace_id=trace_id),
                            catalog_digest=policy.catalog_digest, tools=tools)

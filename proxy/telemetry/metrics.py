@@ -148,6 +148,12 @@ class Metrics:
                                      "completed, unknown, failed, refused)", ["result"], registry=r)
         self.compensations = Counter("toolproxy_compensations", "Compensations by result (requested, succeeded, "
                                      "failed, unknown, refused)", ["result"], registry=r)
+        self.contract_drift = Counter(
+            "toolproxy_contract_drift", "Pinned MCP tools found drifted from their pins (backend.pin), by registry "
+            "tool and kind (definition, removed, tool_list); counted when a drift is first seen", ["tool", "kind"],
+            registry=r)
+        self.pinned_tools = Gauge("toolproxy_mcp_pinned_tools", "Pinned MCP tool contracts by state after the latest "
+                                  "checks (verified, drifted: quarantined, unverified)", ["state"], registry=r)
 
     def child(self, metric: Any, *values: str) -> Any:
         """``metric.labels(*values)``, resolved once per label set: the hot path records several series per

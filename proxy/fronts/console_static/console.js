@@ -411,6 +411,17 @@
               el("td", {className: "count"}, Math.max(0, Math.round(l.lease_remaining_ms / 100) / 10) + " s"));
   }
 
+  // -- pinned MCP tools (docs/mcp.md#pinned-upstream-tools) ------------------------------------------
+  function pinRow(p) {
+    const what = p.state === "drifted"
+      ? el("td", null, el("div", null, p.summary || p.kind), el("pre", {className: "diff"}, p.diff || ""))
+      : el("td", {className: "muted"}, p.state === "verified" ? "matches its pins" : "not checked yet");
+    return el("tr", {className: "pin-" + p.state},
+              el("td", null, el("div", null, p.tool + " " + p.version),
+                 el("div", {className: "muted"}, p.backend + " / " + (p.upstream_tool || "—"))),
+              el("td", null, p.state), what, el("td", null, p.since || "—"));
+  }
+
   // -- the token ------------------------------------------------------------------------------------
   // The console reads the token's own expiry (the JWT's "exp" claim) only to name it and warn; the admin
   // API is what checks it.
@@ -527,6 +538,7 @@
         $("locks-hint").textContent = "A crashed proxy's locks free themselves when their lease (" +
           b.lease_ms / 1000 + " s) runs out" + (b.truncated ? "; only the first locks are shown." : ".");
       }));
+      jobs.push(load("/v1/pins", (b) => fill("pins", b.pins, pinRow)));  // pinned MCP tools
     }
     const outcomes = await Promise.allSettled(jobs);
     const failed = outcomes.filter((o) => o.status === "rejected").map((o) => o.reason);

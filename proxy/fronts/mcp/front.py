@@ -426,7 +426,8 @@ class McpFront:
 
     async def _list(self, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
         try:
-            tools = await visible_tools(self._registry, self._policy, exchange.caller)
+            tools = await visible_tools(self._registry, self._policy, exchange.caller,
+                                        quarantine=self._pipeline.quarantine)
         except ProxyError as error:  # OPA could not decide: the listing fails closed
             raise RpcError(INTERNAL_ERROR, error.message, {"code": error.code, "retryable": error.retryable},
                            status=error.spec.http_status) from None

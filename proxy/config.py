@@ -16,6 +16,7 @@ import ipaddress
 import os
 import types
 import typing
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
@@ -571,6 +572,98 @@ class DecisionsConfig:
     timeout_ms: int = setting(200, "bound on writing one record to one sink (a failure never affects the call)")
 
 
+SAMPLERS = ("always_on", "always_off", "traceidratio", "parentbased_always_on", "parentbased_always_off",
+            "parentbased_traceidratio")
+
+
+@dataclass(frozen=True)
+class TracingConfig:
+    """OpenTelemetry traces (docs/observability.md#traces). The standard ``OTEL_*`` variables are read as this
+    section's defaults (``otel_defaults``); the config file and ``TOOLPROXY_TRACING_*`` override them."""
+
+    endpoint: str = setting("", "OTLP/HTTP base URL of the trace receiver (an OpenTelemetry Collector), e.g. "
+                                "http://otel-collector:4318; spans go to <endpoint>/v1/traces. Empty: tracing is "
+                                "off and the OpenTelemetry SDK is never imported (OTEL_EXPORTER_OTLP_ENDPOINT)")
+    traces_endpoint: str = setting("", "full OTLP/HTTP URL for spans, used as given instead of "
+                                       "<endpoint>/v1/traces (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+    headers: dict[str, str] = setting({}, "headers sent with every export, e.g. an API key of a hosted backend "
+                                          "(OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TRACES_HEADERS)")
+    service_name: str = setting("toolproxy", "service.name of every span (OTEL_SERVICE_NAME)")
+    resource_attributes: dict[str, str] = setting({}, "further resource attributes, e.g. deployment.environment "
+                                                      "(OTEL_RESOURCE_ATTRIBUTES)")
+    sampler: str = setting("parentbased_traceidratio", "which calls are traced (OTEL_TRACES_SAMPLER): the parent_* "
+                           "samplers follow the agent's traceparent sampled flag and apply the rest to calls "
+                           "without one", choices=SAMPLERS)
+    sampler_arg: float = setting(0.1, "the ratio of the *traceidratio samplers, 0 to 1 (OTEL_TRACES_SAMPLER_ARG)")
+    export_timeout_ms: int = setting(10000, "bound on one export request (OTEL_EXPORTER_OTLP_TIMEOUT)",
+                                     bounds=(1, 600000))
+    max_queue_size: int = setting(2048, "spans held while the receiver is slow or away; past it spans are dropped, "
+                                        "never a call slowed (OTEL_BSP_MAX_QUEUE_SIZE)", bounds=(1, 1000000))
+    max_export_batch_size: int = setting(512, "most spans in one export request (OTEL_BSP_MAX_EXPORT_BATCH_SIZE)",
+                                         bounds=(1, 1000000))
+    schedule_delay_ms: int = setting(5000, "longest time a finished span waits to be exported "
+                                           "(OTEL_BSP_SCHEDULE_DELAY)", bounds=(1, 3600000))
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sampler_arg <= 1.0:
+            raise ConfigError(f"tracing.sampler_arg: {self.sampler_arg!r} is not a ratio from 0 to 1")
+        if self.max_export_batch_size > self.max_queue_size:
+            raise ConfigError("tracing.max_export_batch_size must not exceed tracing.max_queue_size")
+        for name in ("endpoint", "traces_endpoint"):
+            value = getattr(self, name)
+            if value and not value.startswith(("http://", "https://")):
+                raise ConfigError(f"tracing.{name}: {value!r} is not an http:// or https:// URL")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.endpoint or self.traces_endpoint)
+
+    @property
+    def spans_url(self) -> str:
+        return self.traces_endpoint or self.endpoint.rstrip("/") + "/v1/traces"
+
+
+# The OpenTelemetry environment variables (the SDK's own names) -> the tracing setting each one sets.
+OTEL_ENV = {
+    "OTEL_EXPORTER_OTLP_ENDPOINT": "endpoint",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "traces_endpoint",
+    "OTEL_EXPORTER_OTLP_HEADERS": "headers",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "headers",
+    "OTEL_SERVICE_NAME": "service_name",
+    "OTEL_RESOURCE_ATTRIBUTES": "resource_attributes",
+    "OTEL_TRACES_SAMPLER": "sampler",
+    "OTEL_TRACES_SAMPLER_ARG": "sampler_arg",
+    "OTEL_EXPORTER_OTLP_TIMEOUT": "export_timeout_ms",
+    "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "export_timeout_ms",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "max_queue_size",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "max_export_batch_size",
+    "OTEL_BSP_SCHEDULE_DELAY": "schedule_delay_ms",
+}
+
+
+def otel_defaults(env: Mapping[str, str]) -> dict[str, Any]:
+    """The tracing settings the standard ``OTEL_*`` variables give (dotted keys, the lowest layer above the
+    built-in defaults). ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` turn tracing off
+    whatever else says it is on; an exporter other than otlp is refused (only OTLP/HTTP is built in)."""
+    out: dict[str, Any] = {}
+    hints = typing.get_type_hints(TracingConfig)
+    for name, key in OTEL_ENV.items():  # the traces-specific variable comes later and wins
+        if name in env and env[name].strip():
+            raw = env[name]
+            if key == "resource_attributes" or key == "headers":
+                raw = ",".join(urllib.parse.unquote(p) for p in raw.split(","))
+            out["tracing." + key] = _parse_env(name, raw, hints[key])
+    exporter = env.get("OTEL_TRACES_EXPORTER", "otlp").strip().lower() or "otlp"
+    if exporter not in ("otlp", "none"):
+        raise ConfigError(f"OTEL_TRACES_EXPORTER: {exporter!r} is not supported; expected otlp or none")
+    protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", env.get("OTEL_EXPORTER_OTLP_PROTOCOL", "")).strip()
+    if protocol not in ("", "http/protobuf"):
+        raise ConfigError(f"OTEL_EXPORTER_OTLP_PROTOCOL: {protocol!r} is not supported; expected http/protobuf")
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or exporter == "none":
+        out["tracing.endpoint"] = out["tracing.traces_endpoint"] = ""
+    return out
+
+
 @dataclass(frozen=True)
 class FlowConfig:
     # A day: an agent's context (a conversation, a long run) rarely outlives a working day, and the labels
@@ -621,6 +714,8 @@ class Config:
                                  metadata={"help": "rate limits, concurrency quotas, backend back-pressure"})
     flow: FlowConfig = field(default_factory=FlowConfig,
                              metadata={"help": "data-flow labels for the policy (docs/policy-authors.md#flow)"})
+    tracing: TracingConfig = field(default_factory=TracingConfig,
+                                   metadata={"help": "OpenTelemetry traces (off unless an endpoint is set)"})
 
 
 def load_config(path: str | os.PathLike[str] | None = None,
@@ -628,9 +723,11 @@ def load_config(path: str | os.PathLike[str] | None = None,
                 overrides: Mapping[str, Any] | None = None,
                 base: Mapping[str, Any] | None = None) -> Config:
     """Build the config: defaults < ``base`` (a caller's own defaults, e.g. the dev
-    stack's) < YAML file < environment < explicit overrides."""
+    stack's) < the standard ``OTEL_*`` variables (tracing only) < YAML file < ``TOOLPROXY_*`` environment
+    < explicit overrides."""
     data: dict[str, Any] = {}
-    for dotted, value in (base or {}).items():
+    env = os.environ if env is None else env
+    for dotted, value in {**(base or {}), **otel_defaults(env)}.items():
         _set_dotted(data, dotted, value)
     if path is not None:
         try:
@@ -640,7 +737,6 @@ def load_config(path: str | os.PathLike[str] | None = None,
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
         deep_merge(data, loaded or {})
-    env = os.environ if env is None else env
     for dotted, hint in _leaves(Config):
         name = ENV_PREFIX + dotted.replace(".", "_").upper()
         if name in env:

@@ -11,6 +11,7 @@ opened when a step of start-up fails. Must never: serve HTTP (the fronts in
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -42,6 +43,7 @@ from .idempotency import IdempotencyStage
 from .identity import Authenticator
 from .wire.http import HttpWire, Limits
 from .locks import LockManager
+from .telemetry import spans
 from .telemetry.metrics import Metrics
 from .operations import OperationStore
 from .integrity import IntegrityGuard, IntegrityKeyError, RecordMac
@@ -108,6 +110,7 @@ class Runtime:
         await self.policy.close()
         await self.health.close()
         await store.close_client(self.redis)
+        await asyncio.to_thread(spans.shutdown)  # the last spans, bounded by tracing.export_timeout_ms
 
 
 def check_key_layout(config: Config) -> None:
@@ -173,6 +176,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         redis = store.create_client(config.redis)
         opened.push_async_callback(store.close_client, redis)
         metrics = Metrics()
+        spans.configure(config.tracing)  # imports the OpenTelemetry SDK only when an endpoint is set
+        opened.callback(spans.shutdown)
         # A Redis that may evict is not a state store: refused here (one line) unless redis.accept_eviction.
         eviction = EvictionWatch(config.redis, redis, metrics)
         await eviction.at_startup()

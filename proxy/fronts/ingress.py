@@ -25,7 +25,8 @@ from ..requests import RequestMeta
 from ..state_guard import parse_if_match
 from ..registry import load_schema
 from ..wire.schema_fast import FastValidator
-from ..telemetry.tracing import accept_traceparent, new_request_id, safe_id
+from ..telemetry import tracing
+from ..telemetry.tracing import new_request_id, safe_id
 
 JSON_TYPES = ("application/json",)
 REQUEST_ID = web.RequestKey("toolproxy_request_id", str)
@@ -84,7 +85,7 @@ def request_meta(request: web.Request, config: Config) -> RequestMeta:
     headers = request.headers
     return RequestMeta(
         request_id=request_id_of(request),
-        trace=accept_traceparent(headers.get("traceparent")),
+        trace=tracing.accept(headers),
         deadline=deadlines.from_headers(headers, max_timeout_s=config.deadline.max_request_timeout_ms / 1000.0),
         run_id=_header_id(headers, "X-Run-Id"),
         idempotency_key=_header_id(headers, "Idempotency-Key"),

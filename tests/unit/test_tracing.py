@@ -1,0 +1,120 @@
+"""Tracing without a trace backend: the settings and the standard OTEL_* variables, the W3C propagator at the
+ingress, the SDK imported only when tracing is on, and what a span may say (proxy/telemetry/tracing.py,
+proxy/telemetry/spans.py). The spans a real backend receives are tests/test_traces.py's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from proxy.config import ConfigError, load_config
+from proxy.telemetry import spans, tracing
+
+REPO = Path(__file__).resolve().parents[2]
+PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def test_tracing_is_off_by_default_and_the_sdk_is_never_imported():
+    """A deployment without tracing imports every module, serves a traced request's headers and never loads
+    the OpenTelemetry SDK or its exporter (start-up time and memory, #32); an endpoint turns both on."""
+    script = textwrap.dedent(f"""
+        import importlib, pkgutil, sys
+        import proxy
+        for module in pkgutil.walk_packages(proxy.__path__, "proxy."):
+            importlib.import_module(module.name)
+        from proxy.config import load_config
+        from proxy.telemetry import spans, tracing
+        config = load_config(env={{}})
+        assert not config.tracing.enabled
+        assert spans.configure(config.tracing) is None
+        found = tracing.accept({{"traceparent": "{PARENT}", "tracestate": "a=b"}})
+        assert found.remote and found.tracestate == "a=b"
+        # (redis-py 8 imports opentelemetry.sdk.metrics for its own optional metrics whenever the SDK is
+        # installed; the tracing SDK and the exporter are ours to keep out)
+        loaded = sorted(m for m in sys.modules
+                        if m.startswith(("opentelemetry.sdk.trace", "opentelemetry.exporter", "opentelemetry.proto",
+                                         "google.protobuf")))
+        assert not loaded, loaded
+        on = spans.configure(load_config(env={{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+                                               "OTEL_BSP_SCHEDULE_DELAY": "60000"}}).tracing)
+        assert on is not None and "opentelemetry.sdk.trace" in sys.modules
+        spans.shutdown()
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")
+
+
+def test_the_standard_otel_variables_set_the_tracing_section_and_toolproxy_settings_win():
+    config = load_config(env={
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318/", "OTEL_SERVICE_NAME": "sidecar-a",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on", "OTEL_TRACES_SAMPLER_ARG": "0.5",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=prod,k8s.pod.name=p%2D1",
+        "OTEL_EXPORTER_OTLP_HEADERS": "x-api-key=abc", "OTEL_BSP_MAX_QUEUE_SIZE": "100",
+        "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "50", "TOOLPROXY_TRACING_SERVICE_NAME": "sidecar-b"})
+    t = config.tracing
+    assert t.enabled and t.spans_url == "http://collector:4318/v1/traces"
+    assert t.service_name == "sidecar-b"  # TOOLPROXY_* over OTEL_*
+    assert t.sampler == "parentbased_always_on" and t.sampler_arg == 0.5
+    assert t.resource_attributes == {"deployment.environment": "prod", "k8s.pod.name": "p-1"}
+    assert t.headers == {"x-api-key": "abc"} and t.max_queue_size == 100
+    assert load_config(env={"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/custom"}).tracing.spans_url \
+        == "http://c:4318/custom"
+
+
+@pytest.mark.parametrize("switch", [{"OTEL_SDK_DISABLED": "true"}, {"OTEL_TRACES_EXPORTER": "none"}])
+def test_the_standard_switches_turn_tracing_off(switch):
+    assert not load_config(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", **switch}).tracing.enabled
+
+
+@pytest.mark.parametrize("env, named", [
+    ({"OTEL_TRACES_SAMPLER": "sometimes"}, "tracing.sampler"),
+    ({"OTEL_TRACES_SAMPLER_ARG": "2"}, "tracing.sampler_arg"),
+    ({"OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG"),
+    ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "OTEL_EXPORTER_OTLP_PROTOCOL"),
+    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"}, "tracing.endpoint"),
+    ({"TOOLPROXY_TRACING_MAX_QUEUE_SIZE": "0"}, "tracing.max_queue_size"),
+])
+def test_a_bad_tracing_setting_stops_the_process_naming_it(env, named):
+    with pytest.raises(ConfigError) as caught:
+        load_config(env=env)
+    assert named in str(caught.value)
+
+
+def test_the_propagator_honours_a_valid_traceparent_and_its_tracestate():
+    found = tracing.accept({"traceparent": PARENT, "tracestate": "vendor=opaque,b=2"})
+    assert (found.trace_id, found.parent_id, found.flags, found.remote) == (
+        "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331", "01", True)
+    assert found.tracestate == "vendor=opaque,b=2"
+    child = found.child()
+    assert child.trace_id == found.trace_id and child.parent_id != found.parent_id
+    assert child.headers() == {"traceparent": child.traceparent, "tracestate": "vendor=opaque,b=2"}
+
+
+@pytest.mark.parametrize("header", [
+    "00-00000000000000000000000000000000-b7ad6b7169203331-01",  # all-zero trace id
+    "00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01",  # all-zero parent
+    "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",  # forbidden version
+    "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331",     # no flags
+    "00-0AF7651916CD43DD8448EB211C80319C-b7ad6b7169203331-01\r\nx: y",
+    "garbage",
+])
+def test_a_malformed_traceparent_starts_a_new_trace_and_drops_the_tracestate(header):
+    found = tracing.accept({"traceparent": header, "tracestate": "vendor=opaque"})
+    assert not found.remote and found.tracestate is None
+    assert found.trace_id != "0af7651916cd43dd8448eb211c80319c" and len(found.trace_id) == 32
+    assert found.headers() == {"traceparent": found.traceparent}
+
+
+def test_attribute_values_follow_the_audit_rules():
+    assert spans.safe_value("toolproxy.api_key", "abc") == "[redacted]"
+    assert "hunter2" not in spans.safe_value("note", "password=hunter2 and Bearer abc.def")
+    assert spans.safe_value("x", "y" * 1000).endswith("...[truncated]")
+    assert spans.reason_ids(["tool_denied:order:42", "limit"]) == ["tool_denied", "limit"]
+    assert len(spans.key_hash("tenant-key-123")) == 32 and "tenant" not in spans.key_hash("tenant-key-123")

@@ -77,6 +77,7 @@ from .config import IdempotencyConfig, ReconcileConfig
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .integrity import IntegrityGuard
+from .telemetry import spans
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
@@ -250,7 +251,8 @@ class IdempotencyStage:
         record_meta = {"tenant": caller.tenant, "subject": caller.subject, "agent": caller.agent,
                         "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
                         "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
-                        "request_id": meta.request_id}
+                        "request_id": meta.request_id,
+                        "traceparent": spans.current_link(meta.trace)}  # reconciliation links to the call
         if marks:  # the resources this write freezes while its outcome is unknown (thawed when it settles)
             record_meta["marks"] = list(marks)
         if tool.compensation is not None:  # what its compensation will need of the arguments, exactly

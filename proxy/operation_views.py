@@ -121,10 +121,18 @@ def takeover_record(record: Record) -> dict[str, Any]:
         "original_error": (outcome.get("error") or {}).get("code"),
         "call_id": meta.get("call_id"),
         "request_id": meta.get("request_id"),
+        "trace_id": trace_id_of(meta.get("traceparent")),
         "created_at": _iso(record.created_at),
         "unknown_since": _iso(record.unknown_since),
         "takeover_at": _iso(record.takeover_at),
     }
+
+
+def trace_id_of(traceparent: Any) -> str | None:
+    """The trace id in a record's ``traceparent`` (the call's trace: docs/observability.md#traces)."""
+    if isinstance(traceparent, str) and len(traceparent) == 55 and traceparent[2] == "-":
+        return traceparent[3:35]
+    return None
 
 
 def _cancellation(cancel: Mapping[str, Any] | None) -> dict[str, Any] | None:

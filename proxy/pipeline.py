@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
 
-from .telemetry import logs
+from .telemetry import logs, spans
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, CallFacts, PolicyFacts, digest
 from .policy.authorize import Authorization, Authorizer
@@ -77,6 +77,7 @@ class CallState:
     evidence: Mapping[str, Any] | None = None  # a committed write's evidence (seed 003 §3.9, seed 004 §1)
     partial: Mapping[str, Any] | None = None   # a partly applied call: {"committed": [...], "pending": [...]}
     cancellation: dict[str, Any] | None = None  # a cancel that reached this call: who asked, what was observed
+    span: spans.CallSpan | None = None        # the call's span while tracing records it (proxy/telemetry/spans.py)
 
     def facts(self) -> CallFacts:
         """What the audit records of this call so far (a value: later stages do not change it)."""
@@ -124,12 +125,17 @@ class Pipeline:
                         call_id=request.call_id if isinstance(request.call_id, str) else None):
             state = CallState(request=request, caller=caller, timing=Timing())
             state.timing.deadline_ms = meta.deadline.remaining_ms()
+            tracing = spans.active()
+            if tracing is not None:
+                state.span = tracing.call(meta.trace, call_id=request.call_id)
             try:
                 return await self._execute(state)
             finally:  # whatever escaped (a bug included), held locks never outlive the call
                 if state.lease is not None and not state.lease.released:
                     await asyncio.shield(state.lease.release(unknown=state.sent))
                 self.cancellations.finished(state.admission.key)
+                if state.span is not None:
+                    state.span.abandon(state.phase)  # ended already unless the call was interrupted
 
     async def _execute(self, state: CallState) -> CallResult:
         error: ProxyError | None = None
@@ -160,11 +166,16 @@ class Pipeline:
             env = env.as_replayed()
             headers["Idempotent-Replayed"] = "true"
         await self._commit(state, env, error)
+        if state.span is not None:
+            spans.finish_call(state.span, tool=state.tool, envelope=env, policy=state.policy,
+                              key=state.idempotency_key, approval_id=state.approval_id, attempt=state.attempt)
         return CallResult(envelope=env, status=env.http_status, headers=headers)  # JSON at the front's edge
 
     async def _commit(self, state: CallState, env: Envelope, error: ProxyError | None) -> None:
         """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
         started = time.monotonic()
+        if state.span is not None:
+            state.span.enter("commit")
         if state.tool is not None:
             await self._record_and_release(state, state.tool, env, error)
         await self._quotas.finish(state.quota, sent=state.sent, error=error)
@@ -177,7 +188,10 @@ class Pipeline:
         await self._audit.call_final(facts, env)
         if state.cancellation is not None:
             await audit_outcome(self._audit, facts, env, state.cancellation)
-        self._metrics.child(self._metrics.stage_duration, "commit").observe(time.monotonic() - started)
+        self._metrics.child(self._metrics.stage_duration, "commit").observe(
+            time.monotonic() - started, state.span.exemplar() if state.span is not None else None)
+        if state.span is not None:
+            state.span.leave("commit")
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
                   env.timing["duration_ms"])
@@ -219,9 +233,11 @@ class Pipeline:
         metrics.child(metrics.calls, tool, outcome, code).inc()
         if state.tool is not None:  # who still calls an old or deprecated version (seed 004 §28)
             metrics.child(metrics.tool_version_calls, tool, state.tool.version, state.tool.status).inc()
-        metrics.child(metrics.call_duration, tool, outcome).observe(time.monotonic() - state.timing.started_mono)
+        exemplar = state.span.exemplar() if state.span is not None else None  # a bucket's example trace
+        metrics.child(metrics.call_duration, tool, outcome).observe(time.monotonic() - state.timing.started_mono,
+                                                                    exemplar)
         for stage, seconds in state.timing.stages.items():
-            metrics.child(metrics.stage_duration, stage).observe(seconds)
+            metrics.child(metrics.stage_duration, stage).observe(seconds, exemplar)
         if outcome == "unknown" and not _about_an_operation(env):
             metrics.child(metrics.unknown_outcomes, tool).inc()
 
@@ -395,12 +411,16 @@ class Pipeline:
         """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
         a key reserved or a lock taken. A batch call waits for its quota within the deadline."""
         started = time.monotonic()
+        if state.span is not None:
+            state.span.enter("quota")
         try:
             meta = state.request.meta
             state.quota = await self._quotas.admit(state.caller, tool, decision.quota_class, meta.deadline,
                                                    wait=meta.wait_for_quota)
         finally:
             state.timing.stage("quota", time.monotonic() - started)
+            if state.span is not None:
+                state.span.leave("quota")
 
     async def _run_locked(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
                           admission: Admission, lease: Lease | None) -> Any:
@@ -450,10 +470,11 @@ class Pipeline:
         meta = state.request.meta
         budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
         state.sent = True
+        trace = state.span.outgoing() if state.span is not None else meta.trace.child().headers()
         return BackendCall(
             tool=tool, canonical_arguments=normalized.canonical, arguments=normalized.arguments,
             call_id=state.request.call_id, request_id=meta.request_id, budget_s=budget,
-            traceparent=meta.trace.child().traceparent, subject=state.caller.subject,
+            traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
             tenant=state.caller.tenant, agent=state.caller.agent,
             idempotency_key=state.idempotency_key, fencing_token=state.fencing_token,
             args_hash=normalized.args_hash, decision_id=state.policy.decision_id if state.policy else None,
@@ -516,9 +537,13 @@ class _Stage:
     def __enter__(self) -> None:
         self._state.phase = self._name
         self._started = time.monotonic()
+        if self._state.span is not None:
+            self._state.span.enter(self._name)
 
     def __exit__(self, *exc: Any) -> None:
         self._state.timing.stage(self._name, time.monotonic() - self._started)
+        if self._state.span is not None:
+            self._state.span.leave(self._name, exc[1])
 
 
 def lock_resources(tool: ToolContract, normalized: NormalizedCall) -> tuple[ResourceRef, ...]:

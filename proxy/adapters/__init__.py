@@ -74,6 +74,7 @@ class BackendCall:
     args_hash: str = ""                 # the normalize stage's, bound into the call token
     decision_id: str | None = None      # the policy decision that allowed the call
     approval_id: str | None = None      # the approval it consumed
+    tracestate: str | None = None       # W3C tracestate forwarded beside traceparent (the caller's, if any)
 
 
 @dataclass(frozen=True)

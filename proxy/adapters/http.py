@@ -23,6 +23,7 @@ from ..decode import strict_loads
 from ..envelope import iso
 from ..state_guard import if_match_tag
 from ..errors import ProxyError
+from ..telemetry import spans
 from ..wire.http import Answer, HttpWire, Progress, SlowAnswer, TooLarge
 from ..identity import Caller
 from ..registry import ToolContract
@@ -105,7 +106,7 @@ class HttpAdapter:
                                            tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
                                            version=tool.version, budget_s=timeout_s)
         headers = {"Idempotency-Key": key, "X-Toolproxy-Tenant": caller.tenant,
-                   "X-Toolproxy-Tool-Version": tool.version, "Txn-Token": token}
+                   "X-Toolproxy-Tool-Version": tool.version, "Txn-Token": token, **spans.outgoing()}
         try:
             async with asyncio.timeout(timeout_s):
                 async with self._session.post(url, headers=headers, allow_redirects=False) as response:
@@ -186,6 +187,8 @@ def forwarded_headers(call: BackendCall, token: str) -> dict[str, str]:
         "X-Toolproxy-Agent": call.agent,
         "X-Toolproxy-Tool-Version": call.tool.version,
     }
+    if call.tracestate:
+        headers["tracestate"] = call.tracestate
     if call.idempotency_key is not None:
         headers["Idempotency-Key"] = call.idempotency_key
     if call.fencing_token is not None:

@@ -39,6 +39,7 @@ from ..envelope import Envelope, Timing
 from ..errors import ProxyError
 from ..identity import Caller
 from .merge import BatchResult, merge
+from ..telemetry import spans
 from ..telemetry.metrics import Metrics
 from ..pipeline import Pipeline, RequestMeta, ToolCallRequest
 from .plan import (BLOCK, BatchPlan, Edge, Footprint, Graph, PlannedCall, build_graph, check, footprint,
@@ -153,6 +154,15 @@ class Scheduler:
 
     async def run(self, plan: BatchPlan, caller: Caller) -> BatchResult:
         """Check the plan, run it, merge the results. ``invalid_plan`` is raised before anything runs."""
+        traced = spans.batch(plan.meta.trace, len(plan.calls), plan.meta.request_id)
+        if traced is None:
+            return await self._run(plan, caller)
+        with traced:  # the batch's span: its calls' spans are its children
+            result = await self._run(plan, caller)
+            traced.set({"toolproxy.batch.status": result.status})
+            return result
+
+    async def _run(self, plan: BatchPlan, caller: Caller) -> BatchResult:
         timing = Timing()
         if plan.meta.if_match is not None:  # one header cannot name the state of several calls
             raise ProxyError("invalid_request", "A batch carries expected states per call (the contract's "

@@ -156,7 +156,8 @@ class Authorizer:
             await self._denials.record(tenant=caller.tenant, subject=caller.subject, tool=tool.name,
                                        tool_version=tool.version, reasons=decision.reasons,
                                        decision_id=decision.decision_id, policy_revision=decision.policy_revision,
-                                       request_id=request.request_id, call_id=request.call_id)
+                                       request_id=request.request_id, call_id=request.call_id,
+                                       trace_id=request.trace_id)
         # Reasons stay in the audit trail (audit_facts); the model learns only "forbidden".
         error = ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
                            phase="authorize")

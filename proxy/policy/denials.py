@@ -51,12 +51,13 @@ class DenialLog:
 
     async def record(self, *, tenant: str, subject: str, tool: str, tool_version: str, reasons: tuple[str, ...],
                      decision_id: str | None, policy_revision: str | None, request_id: str,
-                     call_id: str | None) -> None:
+                     call_id: str | None, trace_id: str | None = None) -> None:
         for code in sorted({reason_code(r) for r in reasons} or {"none"}):
             self._metrics.policy_denials.labels(tool, code).inc()
         entry = json.dumps({"at_ms": int(time.time() * 1000), "tenant": tenant, "subject": subject, "tool": tool,
                             "tool_version": tool_version, "reasons": list(reasons), "decision_id": decision_id,
-                            "policy_revision": policy_revision, "request_id": request_id, "call_id": call_id},
+                            "policy_revision": policy_revision, "request_id": request_id, "call_id": call_id,
+                            "trace_id": trace_id},
                            separators=(",", ":"))
         try:
             for list_key in (self._key, self._tenant_key(tenant)):  # two slots in Cluster: one MULTI each

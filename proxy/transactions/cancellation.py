@@ -44,6 +44,7 @@ from ..errors import ProxyError
 from ..interrupts import TaskInterrupt
 from ..idempotency import KEY_PATTERN
 from ..operation_views import agent_view, operation_view
+from ..telemetry import spans
 from ..telemetry.metrics import Metrics
 from ..operations import OperationStore, Record
 from ..adapters import Adapter
@@ -73,6 +74,8 @@ class CancellableCall(Protocol):
     cancellation: dict[str, Any] | None  # written here: who asked, what was observed
     result_hash: str | None               # written here when the status endpoint supplied the result
     partial: Mapping[str, Any] | None     # a partly applied answer (its cancellation ended partial)
+    request: Any                          # the call's ToolCallRequest (its trace context)
+    span: Any                             # the call's span while tracing records it (a cancel links to it)
 
 
 @dataclass
@@ -228,6 +231,11 @@ class Cancellations:
     async def ask_backend(self, stop: "_Stop") -> None:
         """A sent call through an adapter that does not cancel by closing (HTTP): the contract's cancel
         endpoint, then up to ``grace_ms`` for the call's own answer; then its stream is closed."""
+        with spans.linked("cancel", _link(stop.state), {"gen_ai.tool.name": stop.state.tool.name,
+                                                         "toolproxy.cancel.source": stop.state.cancellation.get("source")}):
+            await self._ask_backend(stop)
+
+    async def _ask_backend(self, stop: "_Stop") -> None:
         state, key = stop.state, stop.key
         tool: ToolContract = state.tool
         evidence: dict[str, Any] = state.cancellation
@@ -278,7 +286,8 @@ class Cancellations:
                           evidence: dict[str, Any]) -> Any:
         record = await self._store.get(key) if key is not None else None
         if record is not None and tool.status_endpoint is not None and self.status_query is not None:
-            verdict = await self.status_query(tool, record)
+            with spans.linked("cancel.status", _link(state), {"gen_ai.tool.name": tool.name}):
+                verdict = await self.status_query(tool, record)
             observed = verdict.evidence.get("observed")
             evidence["status_endpoint"] = observed
             if verdict.verdict == "SUCCEEDED":
@@ -450,6 +459,11 @@ class _Stop:
         self.over = True
         if self._done is not None and not self._done.done():
             self._done.set_result(None)
+
+
+def _link(state: CancellableCall) -> str:
+    """The traceparent a cancellation's span links to: the call's span, else the call's request context."""
+    return state.span.link() if state.span is not None else state.request.meta.trace.traceparent
 
 
 async def audit_outcome(audit: Auditor, facts: CallFacts, env: Envelope, evidence: Mapping[str, Any]) -> None:

@@ -54,6 +54,7 @@ from ..errors import ProxyError, SideEffect
 from ..idempotency import outcome_of
 from ..locks import LockManager
 from ..operation_views import takeover_record
+from ..telemetry import spans
 from ..telemetry.metrics import Metrics
 from ..operations import BUCKETS, OperationStore, Record
 from ..registry import Registry, ToolContract
@@ -199,6 +200,15 @@ class Reconciler:
         record = await self._store.get(key)
         if record is None or record.state != "UNKNOWN":
             return "settled"
+        with spans.linked("reconcile", record.meta.get("traceparent"), {
+                "gen_ai.tool.name": record.tool, "toolproxy.tool.version": record.tool_version,
+                "toolproxy.idempotency.key_hash": spans.key_hash(key),
+                "toolproxy.reconcile.attempt": record.reconcile_attempts + 1}) as traced:
+            done = await self._reconcile(key, record, now_ms)
+            traced.set({"toolproxy.reconcile.result": done})
+            return done
+
+    async def _reconcile(self, key: str, record: Record, now_ms: int) -> str:
         tool = self._contract(record)
         if tool is None:
             return await self._takeover(record, {"source": "proxy", "observed": "tool_not_in_registry"})
@@ -258,7 +268,7 @@ class Reconciler:
                                            budget_s=timeout_s)
         headers = {"Accept": "application/json", "Idempotency-Key": record.key, "X-Toolproxy-Tenant": record.tenant,
                    "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex,
-                   "Txn-Token": token}
+                   "Txn-Token": token, **spans.outgoing()}
         evidence: dict[str, Any] = {"source": "status_endpoint", "at_ms": _now_ms()}
         try:
             async with asyncio.timeout(timeout_s):

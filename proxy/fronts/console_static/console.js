@@ -314,7 +314,8 @@
     const button = el("button", {type: "button", className: "resolve"}, "Resolve");
     button.addEventListener("click", () => resolve(t.idempotency_key, outcome.value, note.value, result.value));
     const row = el("tr", null,
-      el("td", null, stamp(t.takeover_at), el("div", {className: "muted"}, "unknown " + age(t.unknown_since))),
+      el("td", null, stamp(t.takeover_at), el("div", {className: "muted"}, "unknown " + age(t.unknown_since)),
+         traceLine(t.trace_id)),
       operationCell(t),
       el("td", null, t.tool + " " + t.tool_version),
       el("td", null, who(t)),
@@ -399,7 +400,12 @@
               el("td", null, d.tool + (d.tool_version ? " " + d.tool_version : "")),
               el("td", null, el("ul", null, ...(d.reasons || []).map((r) => el("li", null, r)))),
               el("td", null, el("div", {className: "key"}, d.request_id || "—"),
-                 el("div", {className: "muted"}, "call " + (d.call_id || "—"))));
+                 el("div", {className: "muted"}, "call " + (d.call_id || "—")), traceLine(d.trace_id)));
+  }
+
+  // The call's trace id (docs/observability.md#traces): what to look up in the trace backend.
+  function traceLine(traceId) {
+    return traceId ? el("div", {className: "muted trace"}, "trace ", el("code", null, traceId)) : null;
   }
 
   function lockRow(l) {

@@ -96,6 +96,7 @@ from ...config import Config
 from ...errors import ProxyError
 from ...idempotency import MCP_KEY_META
 from ...requests import RequestMeta
+from ...telemetry import spans, tracing
 from ...telemetry.tracing import safe_id
 from ...identity import Authenticator, Caller
 from ..listing import visible_tools
@@ -453,6 +454,7 @@ class McpFront:
                 raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details},
                                status=400) from None
         meta = _with_meta_key(meta, params)
+        meta = replace(meta, trace=tracing.from_meta(meta.trace, params.get("_meta")))  # MCP semconv: _meta
         name = params["name"]
         call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
                                arguments=params.get("arguments") or {}, meta=meta)
@@ -460,8 +462,13 @@ class McpFront:
         if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
             channel.call_id, channel.tool = call.call_id, name
         async with contextlib.AsyncExitStack() as held:
+            traced = spans.mcp_request(meta.trace, exchange.version, exchange.session.id if exchange.session else None)
+            if traced is not None:  # the MCP conventions' server span, parent of the call's execute_tool span
+                held.enter_context(traced)
             refused = await self._scheduler.admit(held, gate, call, exchange.caller) if gate is not None else None
             env = refused if refused is not None else (await self._pipeline.execute(call, exchange.caller)).envelope
+            if traced is not None:
+                traced.settle(env.tool if env.tool_version else None, env.error_code)
         if env.error_code == "tool_not_found":
             # A protocol error, as the tools page of every supported revision (2024-11-05 .. 2026-07-28)
             # says: "Unknown tool" is a JSON-RPC error -32602, not a tool result (seed 000 section 6.3).

@@ -20,6 +20,10 @@ below the table) and Redis round trips per call (``total_reads_processed``:
 a pipeline counts once), and the answers over all runs of the case that were not a success
 (an overloaded machine shows here: e.g. ``dependency_unavailable`` when Redis answers too late).
 
+``--tracing`` adds two more proxies exporting OpenTelemetry spans to a sink (``bench.otlp_sink``): one with
+the default sampler (parent-based, 10% of calls without a sampled traceparent), one at 100%; their "JSON
+read" rows sit beside the untraced one (docs/observability.md#traces).
+
 ``--proxy-src DIR`` runs the proxy from another checkout (the "before" table);
 ``--contextforge`` also fronts the upstream MCP server with IBM ContextForge
 from ``.tools/contextforge`` (see docs/performance.md).
@@ -380,11 +384,14 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     env = {**os.environ, "PYTHONPATH": str(src),
            **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}}
     proxy = procs.spawn("proxy", [python, "-m", "proxy.cli", "run"], env=env, cwd=src)
+    traced = _traced_proxies(args, procs, env, src, settings) if args.tracing else []
     wait_http(f"{backend_url}/healthz", backend)
     wait_http(upstream_url, upstream)
     wait_http(f"http://127.0.0.1:{floor_port}/", floor)
     wait_http(f"http://127.0.0.1:{wire_floor_port}/", wire_floor)
     wait_http(f"http://127.0.0.1:{ops_port}/readyz", proxy)
+    for _, _, ops, process in traced:
+        wait_http(f"http://127.0.0.1:{ops}/readyz", process)
     proxy_url = f"http://127.0.0.1:{proxy_port}"
 
     def pid_of(proc: subprocess.Popen[bytes]) -> Callable[[], int | None]:
@@ -434,6 +441,9 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         Case("read via MCP upstream", proxy_url + "/v1/tool-calls", upstream_body, '"outcome":"succeeded"',
              pid_of(proxy)),
     ]
+    for label, url, _, process in traced:
+        cases.append(Case(f"JSON read ({label})", url + "/v1/tool-calls", read_body, '"outcome":"succeeded"',
+                          pid_of(process)))
     if args.contextforge:
         cases.append(start_contextforge(procs, workdir, upstream_url))
     client = redis.Redis.from_url(redis_server.url)
@@ -448,6 +458,27 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         if status != 200 or case.marker not in text:
             raise RuntimeError(f"case {case.name!r} does not work: HTTP {status} {text[:400]}")
     return environment, cases
+
+
+TRACING_MODES = (("tracing on, parent-based", {}), ("tracing on, 100%", {"tracing.sampler": "always_on"}))
+
+
+def _traced_proxies(args: argparse.Namespace, procs: Processes, env: dict[str, str], src: Path,
+                    settings: dict[str, Any]) -> list[tuple[str, str, int, subprocess.Popen[bytes]]]:
+    """The proxies of ``--tracing``: the same settings plus a trace endpoint (an OTLP sink), one per sampler
+    mode; (label, agent URL, ops port, process) each."""
+    sink_port = free_port()
+    sink = procs.spawn("otlp sink", [sys.executable, "-m", "bench.otlp_sink", "--port", str(sink_port)])
+    wait_http(f"http://127.0.0.1:{sink_port}/", sink)
+    out = []
+    for label, extra in TRACING_MODES:
+        port, admin, ops = free_port(), free_port(), free_port()
+        mode = {**settings, "listen.port": port, "admin.port": admin, "ops.port": ops,
+                "tracing.endpoint": f"http://127.0.0.1:{sink_port}", **extra}
+        mode_env = {**env, **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in mode.items()}}
+        process = procs.spawn(f"proxy ({label})", [sys.executable, "-m", "proxy.cli", "run"], env=mode_env, cwd=src)
+        out.append((label, f"http://127.0.0.1:{port}", ops, process))
+    return out
 
 
 def _open_session(url: str) -> str:
@@ -553,6 +584,8 @@ def main() -> int:
     parser.add_argument("--proxy-src", help="run the proxy from this checkout (e.g. an export of main)")
     parser.add_argument("--contextforge", action="store_true", help="also measure IBM ContextForge (.tools/)")
     parser.add_argument("--only", help="comma-separated case names to run (default: all)")
+    parser.add_argument("--tracing", action="store_true", help="also run 'JSON read' on proxies exporting "
+                        "OpenTelemetry spans: default (parent-based) sampler and 100%%")
     parser.add_argument("--samples", action="store_true", help="also print each round's proxy CPU per call")
     parser.add_argument("--save", action="store_true", help="write the run to bench/results/ (bench.results)")
     parser.add_argument("--note", default="", help="a line saved with the run (what the machine was doing)")

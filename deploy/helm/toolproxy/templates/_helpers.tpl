@@ -175,6 +175,12 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
               "push_catalog" false)
   "integrity" (dict "mac_key_file" (printf "%s/%s" (include "toolproxy.recordMacPath" .) (include "toolproxy.recordMacKey" .)))
   "log" (dict "level" $p.logLevel) }}
+{{- with $p.tracing }}
+{{- if .endpoint }}
+{{- $_ := set $owned "tracing" (dict "endpoint" .endpoint "sampler" .sampler "sampler_arg" .samplerArg
+                                "service_name" .serviceName) }}
+{{- end }}
+{{- end }}
 {{- if .Values.opa.authz.enabled }}
 {{- $_ := set $owned.opa "token_file" (printf "%s/%s" (include "toolproxy.opaTokenPath" .) (include "toolproxy.opaTokenKey" .)) }}
 {{- end }}

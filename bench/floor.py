@@ -59,6 +59,25 @@ CLIENT_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                "io.modelcontextprotocol/clientCapabilities": {},
                "io.modelcontextprotocol/clientInfo": {"name": "wrk", "version": "0"}}
 WIRE_FLOOR = "floor: two hops on the proxy's wire"
+FLOW_RECORD = "JSON read labelled (flow record)"
+FLOW_READ = "JSON read of an external sink (flow read)"
+FLOW_ALIASES = ["--alias", "flow_labelled_order=get_order", "--alias", "flow_sink_order=get_order"]
+_ORDER_CONTRACT = """
+    version: "1.0.0"
+    description: get_order for the flow stage's bench cases.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [order_id]
+      properties: {order_id: {type: string, pattern: "^ord_[A-Za-z0-9]+$", maxLength: 64}}
+    resources: [{template: "order:{order_id}", access: none}]
+    timeout_ms: 2000
+    backend: {type: http, service: demo, path: /tools/get_order}
+"""
+FLOW_TOOLS = ("tools:\n  - name: flow_labelled_order" + _ORDER_CONTRACT + "    flow: {produces: [private]}\n"
+              "  - name: flow_sink_order" + _ORDER_CONTRACT + "    flow: {sink: external}\n")
 MODERN_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
                   "Mcp-Method": "tools/call"}
 
@@ -357,7 +376,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     admin_port, ops_port = free_port(), free_port()
     signing_key, backend_keys = _call_token_key(workdir)
     backend = procs.spawn("backend", [python, "-m", "examples.demo_backend", "--port", str(backend_port),
-                                      "--jwks-file", str(backend_keys)])
+                                      "--jwks-file", str(backend_keys), *FLOW_ALIASES])
     upstream = procs.spawn("upstream", [python, "-m", "bench.mcp_upstream", "--port", str(upstream_port)])
     backend_url = f"http://127.0.0.1:{backend_port}"
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
@@ -371,6 +390,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     extra = workdir / "bench-tools.yaml"
     from tests.support.mcp_upstream import registry_yaml
     extra.write_text(registry_yaml(upstream_url))
+    flow_tools = workdir / "flow-tools.yaml"
+    flow_tools.write_text(FLOW_TOOLS)
     src = Path(args.proxy_src).resolve() if args.proxy_src else REPO
     settings = {
         "listen.port": proxy_port, "admin.port": admin_port, "ops.port": ops_port,
@@ -379,7 +400,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         "backends.services": f"demo={backend_url}",
         "call_tokens.signing_key_file": str(signing_key),  # the key the demo backend verifies with
         # The proxy's own example registry: an older checkout may not know a newer contract's fields.
-        "registry.paths": f"{src / 'examples' / 'registry'},{extra}",
+        "registry.paths": f"{src / 'examples' / 'registry'},{extra},{flow_tools}",
     }
     env = {**os.environ, "PYTHONPATH": str(src),
            **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}}
@@ -426,6 +447,12 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
              pid_of(floor)),
         Case(WIRE_FLOOR, f"http://127.0.0.1:{wire_floor_port}/", read_body, '"succeeded"', pid_of(wire_floor)),
         Case("JSON read", proxy_url + "/v1/tool-calls", read_body, '"outcome":"succeeded"', pid_of(proxy)),
+        # The flow stage (proxy/flow.py): get_order under a contract whose output is labelled (one flow.record
+        # per call, in the commit round trip), and one that is an external sink (one flow.read per call).
+        Case(FLOW_RECORD, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"flow_labelled_order"'),
+             '"outcome":"succeeded"', pid_of(proxy)),
+        Case(FLOW_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"flow_sink_order"'),
+             '"outcome":"succeeded"', pid_of(proxy)),
         Case("JSON write (unique keys)", proxy_url + "/v1/tool-calls", write_body, '"outcome":"succeeded"',
              pid_of(proxy), unique=True),
         Case("write replay", proxy_url + "/v1/tool-calls", replay_body, '"replayed":true', pid_of(proxy),
@@ -554,6 +581,11 @@ def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[
     a, b = m("read via MCP upstream", "cpu_ms", conc), rc
     if None not in (a, b):
         line("MCP-upstream read CPU / JSON read CPU", a / b, "<= 1.3")
+    for case, what in ((FLOW_RECORD, "flow record"), (FLOW_READ, "flow read")):  # the flow stage's cost
+        for label, attr, where in (("CPU", "cpu_ms", conc), ("p50", "p50_ms", seq)):
+            a, b = m(case, attr, where), m(read, attr, where)
+            if None not in (a, b):
+                line(f"read with {what} {label} / JSON read {label}", a / b, "")
     a, b = m("JSON write (unique keys)", "cpu_ms", conc), fc
     if None not in (a, b):
         line("write CPU / floor CPU", a / b, "<= 2.5")

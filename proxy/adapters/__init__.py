@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
 from ..errors import ProxyError
+from ..lazy import OnFirstUse
 from ..registry import ToolContract
 
 
@@ -180,3 +181,34 @@ def deadline_passed(call: BackendCall, *, sent: bool, elapsed_s: float, backend:
     """A call whose budget ran out: ``unanswered`` with the budget and the time it took."""
     return unanswered(call, sent=sent, why="deadline", backend=backend,
                       details={"budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed_s * 1000)})
+
+
+class DeferredAdapter:
+    """An adapter whose module is imported and whose object is built on its first use (``proxy/lazy.py``):
+    the MCP adapter of a process whose registry names no MCP upstream yet (a reload may add one; its first
+    call then pays for the import, once). ``cancel_by_closing`` is the built adapter's, stated up front so
+    asking does not build it."""
+
+    def __init__(self, build: Callable[[], Adapter], *, cancel_by_closing: bool = False) -> None:
+        self._adapter: OnFirstUse[Any] = OnFirstUse(build)
+        self.cancel_by_closing = cancel_by_closing
+
+    def warm(self) -> None:
+        self._adapter.warm()
+
+    @property
+    def built(self) -> Adapter | None:
+        return self._adapter.built
+
+    async def call(self, call: BackendCall) -> BackendResult:
+        return await self._adapter.get().call(call)
+
+    async def aclose(self) -> None:
+        adapter = self._adapter.built
+        if adapter is not None and hasattr(adapter, "aclose"):
+            await adapter.aclose()
+
+    def __getattr__(self, name: str) -> Any:  # any other method of the adapter (e.g. ``cancel``)
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._adapter.get(), name)

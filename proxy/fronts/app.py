@@ -26,7 +26,6 @@ from .http_server import EnvelopeRunner
 from ..identity import Caller
 from ..idempotency import derive_key
 from .listing import visible_tools
-from .mcp.front import McpFront
 from .rebinding import HostGuard
 from ..operation_views import find_operation
 from ..pipeline import RequestMeta, ToolCallRequest
@@ -163,10 +162,11 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/tool-calls:batch", post_tool_call_batch)
     app.router.add_get("/v1/tools", list_tools)
     # The fronts get the few collaborators they use, not the runtime.
-    McpFront(config=runtime.config, authenticator=runtime.authenticator, registry=runtime.registry,
-             policy=runtime.policy, pipeline=runtime.pipeline, scheduler=runtime.scheduler, metrics=runtime.metrics,
-             audit=runtime.audit
-             ).install(app)
+    if runtime.config.mcp.front:  # the MCP SDK's server side is imported only by a process that serves /mcp
+        from .mcp.front import McpFront
+        McpFront(config=runtime.config, authenticator=runtime.authenticator, registry=runtime.registry,
+                 policy=runtime.policy, pipeline=runtime.pipeline, scheduler=runtime.scheduler,
+                 metrics=runtime.metrics, audit=runtime.audit).install(app)
     openai_front.install(app, config=runtime.config, authenticator=runtime.authenticator, scheduler=runtime.scheduler)
     app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:cancel", cancel_operation)
     app.router.add_post(r"/v1/operations/{key:[^{}/:]+}:compensate", compensate_operation)

@@ -67,6 +67,14 @@ deny contains "scope_insufficient" if {
 	not scopes_sufficient(input.tool.name, tool.mode)
 }
 
+# An approver's token reaches a tool only for the read a contract shows beside a pending approval
+# (subject.source "admin", agent toolproxy-console): never anything but a read.
+deny contains "admin_reads_only" if {
+	input.action == "call"
+	input.subject.source == "admin"
+	contract(input.tool.name, input.tool.version).mode != "read"
+}
+
 deny contains "tool_never_for_agents" if {
 	input.action == "call"
 	never_for_agents(input.tool.name)

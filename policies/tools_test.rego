@@ -69,3 +69,10 @@ test_listing_with_wildcard_and_scopes if {
 	d := fixtures.decide(fixtures.list_input(["get_order", "adjust_counter", "run_shell", "delete_customer"]))
 	d.visible_tools == ["adjust_counter", "delete_customer", "get_order"]
 }
+
+test_an_approvers_related_read_is_allowed_a_read_only if {
+	approver := {"id": "amy", "roles": ["agent"], "source": "admin"}
+	fixtures.decide(as_subject(call("get_order"), approver)).allow
+	d := fixtures.decide(as_subject(call("adjust_counter"), approver))
+	"admin_reads_only" in d.reasons
+}

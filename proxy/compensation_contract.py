@@ -72,26 +72,41 @@ def problems(spec: CompensationSpec, *, original_input: Mapping[str, Any], origi
     if spec.window_s > original_retention_s:
         found.append(f"window_s {spec.window_s} outlives the original's record (idempotency.retention_seconds "
                      f"{original_retention_s})")
+    found.extend(mapping_problems(spec.arguments, sources={"arguments": original_input, "result": original_output},
+                                  target_input=target_input))
+    return found
+
+
+def mapping_problems(arguments: Mapping[str, ArgumentSource], *, sources: Mapping[str, Mapping[str, Any]],
+                     target_input: Mapping[str, Any], target: str = "compensating") -> list[str]:
+    """Why arguments mapped by pointer (or constant) do not fit the target tool's inputSchema: every required
+    target argument mapped, every pointer's first step a source in ``sources`` and every further step a
+    required property (the value always exists), its type fitting the target argument's. ``target`` names the
+    target tool in the messages (the compensating tool, a related read)."""
+    found: list[str] = []
     target_properties = target_input.get("properties") or {}
     for name in target_input.get("required") or ():
-        if name not in spec.arguments:
-            found.append(f"arguments: required argument {name!r} of the compensating tool is not mapped")
-    for name, source in spec.arguments.items():
-        target = target_properties.get(name)
-        if target is None:
-            found.append(f"arguments.{name}: not a property of the compensating tool's inputSchema")
+        if name not in arguments:
+            found.append(f"arguments: required argument {name!r} of the {target} tool is not mapped")
+    for name, source in arguments.items():
+        wanted = target_properties.get(name)
+        if wanted is None:
+            found.append(f"arguments.{name}: not a property of the {target} tool's inputSchema")
             continue
         if source.pointer is None:
-            if not Draft202012Validator(target).is_valid(source.value):
-                found.append(f"arguments.{name}: the constant does not match the compensating argument's schema")
+            if not Draft202012Validator(wanted).is_valid(source.value):
+                found.append(f"arguments.{name}: the constant does not match the {target} argument's schema")
             continue
         parts = source.parts
-        schema = original_input if parts[0] == "arguments" else original_output
-        pointed, problem = _walk(schema, parts[1:])
+        if parts[0] not in sources:
+            found.append(f"arguments.{name}: {source.pointer} does not start with "
+                         f"{' or '.join('/' + s for s in sources)}")
+            continue
+        pointed, problem = _walk(sources[parts[0]], parts[1:])
         if problem:
             found.append(f"arguments.{name}: {source.pointer} {problem}")
             continue
-        mismatch = _type_mismatch(pointed, target)
+        mismatch = _type_mismatch(pointed, wanted, target)
         if mismatch:
             found.append(f"arguments.{name}: {source.pointer} {mismatch}")
     return found
@@ -128,6 +143,7 @@ def build_arguments(spec: CompensationSpec, *, inputs: Mapping[str, Any], result
 
 
 _MISSING = object()
+MISSING = _MISSING  # what ``resolve`` answers for a value that is not there
 
 
 def resolve(document: Any, parts: tuple[str, ...]) -> Any:
@@ -158,18 +174,18 @@ def _types(schema: Mapping[str, Any]) -> set[str] | None:
     return {declared} if isinstance(declared, str) else set(declared)
 
 
-def _type_mismatch(source: Mapping[str, Any], target: Mapping[str, Any]) -> str | None:
+def _type_mismatch(source: Mapping[str, Any], target: Mapping[str, Any], noun: str) -> str | None:
     source_types, target_types = _types(source), _types(target)
     if target_types is not None:
         if source_types is None and "enum" not in source and "const" not in source:
-            return f"has no declared type; the compensating argument wants {sorted(target_types)}"
+            return f"has no declared type; the {noun} argument wants {sorted(target_types)}"
         widened = set().union(*(_NUMERIC.get(t, {t}) for t in target_types))
         if source_types is not None and not source_types <= widened:
-            return f"is {sorted(source_types)}, the compensating argument wants {sorted(target_types)}"
+            return f"is {sorted(source_types)}, the {noun} argument wants {sorted(target_types)}"
     if "enum" in target:
         values = source.get("enum") or ([source["const"]] if "const" in source else None)
         if values is None or any(v not in target["enum"] for v in values):
-            return "may hold values outside the compensating argument's enum"
+            return f"may hold values outside the {noun} argument's enum"
     return None
 
 

@@ -47,7 +47,7 @@ class Caller:
     roles: tuple[str, ...]
     scopes: tuple[str, ...]
     agent: str
-    source: str  # static | jwt | headers
+    source: str  # static | jwt | headers | admin (an approver's related read, proxy/fronts/related_read.py)
     # Who the person is, for the self-approval check: identity.person_claim of the token in jwt mode ("" when
     # the token lacks it), the subject in the other modes; lower-cased.
     person: str = ""

@@ -18,6 +18,7 @@ from typing import Any, Awaitable, Callable, Mapping
 from .telemetry import logs, spans
 from .adapters import Adapter, BackendCall
 from .audit import Auditor, CallFacts, PolicyFacts, digest
+from .policy.approvals import origin_of
 from .policy.authorize import Authorization, Authorizer
 from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
@@ -300,7 +301,8 @@ class Pipeline:
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id),
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
-                operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision))
+                operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision),
+                origin=origin_of(meta, request.call_id, op))
             state.policy = auth.audit_facts()
             state.approval_id = auth.approval_id
             if auth.error is not None:

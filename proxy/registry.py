@@ -27,7 +27,8 @@ from urllib.parse import quote
 import yaml
 from jsonschema import Draft202012Validator
 
-from . import compensation_contract, output_filter
+from . import approval_context, compensation_contract, output_filter
+from .approval_context import RelatedRead
 from .wire import schema_fast
 from .compensation_contract import CompensationSpec
 from .errors import ProxyError
@@ -127,6 +128,8 @@ class ToolContract:
     compensation: CompensationSpec | None = None  # how a committed effect is compensated (docs/transactions.md)
     sensitive_fields: tuple[str, ...] = ()
     approval_view: tuple[tuple[str, str, str], ...] = ()  # (argument, unit, currency): the console's view
+    approver_may_read: tuple[str, ...] = ()   # sensitive fields an approver reads in clear (approval_context.py)
+    related_read: RelatedRead | None = None   # the read shown beside a pending approval (approval_context.py)
     strict: bool = True
     status: str = "active"                    # active | deprecated | retired
     deprecated_at: str | None = None          # ISO date (RFC 9745 Deprecation)
@@ -222,6 +225,7 @@ class Registry:
             for tool in versions.values():
                 _check_successor(tool, by_name)
                 _check_compensation(tool, by_name)
+                _check_related_read(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
         self._defaults = _defaults(self._tools)
 
@@ -365,6 +369,21 @@ def _check_compensation(tool: ToolContract, by_name: Mapping[str, Mapping[str, T
         raise RegistryError(f"{where}: {found[0]}")
 
 
+def _check_related_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
+    read = tool.related_read
+    if read is None:
+        return
+    where = f"{tool.source}: tool {tool.name!r} version {tool.version}: related_read"
+    target = by_name.get(read.tool, {}).get(read.version)
+    if target is None or not target.callable or target is tool:
+        raise RegistryError(f"{where}: {read.tool}@{read.version} is not another callable contract of this registry")
+    found = approval_context.related_problems(read, request_input=tool.input_schema,
+                                              sensitive_fields=tool.sensitive_fields, target_mode=target.mode,
+                                              target_input=target.input_schema)
+    if found:
+        raise RegistryError(f"{where}: {found[0]}")
+
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
@@ -478,6 +497,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     guard = raw.get("state_guard")
     if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
         raise at.error("state_guard.argument", f"{guard['argument']!r} is not a required property of inputSchema")
+    readable = approval_context.readable_problems(raw.get("approver_may_read", []), raw.get("sensitive_fields", []))
+    if readable:
+        raise at.error("approver_may_read" + readable[0].partition(":")[0], readable[0].partition(": ")[2])
     idem, required = _idempotency(at, raw)
     timeout_ms, min_budget_ms = _budget(at, raw)
     backend = raw["backend"]
@@ -508,6 +530,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
         approval_view=tuple((name, view["unit"], view["currency"])
                             for name, view in sorted((raw.get("approval_view") or {}).items())),
+        approver_may_read=tuple(raw.get("approver_may_read", [])),
+        related_read=approval_context.related_from_registry(raw.get("related_read")),
         strict=strict,
         status=raw.get("status", "active"),
         deprecated_at=raw.get("deprecated_at"),

@@ -59,7 +59,9 @@ async def test_refund_above_threshold_needs_approval_then_runs_once(stack, appro
     assert {k: pending["arguments"][k] for k in ("order_id", "amount")} == {"order_id": "ord_1001", "amount": 6000}
     assert re.fullmatch(r"\[redacted sha256:[0-9a-f]{64}\]", pending["arguments"]["reason"])  # a per-field hash
     assert pending["resources"] == ["order:ord_1001"]
-    assert "complaint" not in json.dumps(listing)
+    # The contract lets an approver read the reason (approver_may_read), apart from the masked arguments only.
+    assert "complaint" not in json.dumps({**listing, "approvals": [{**a, "revealed": None} for a in listing["approvals"]]})
+    assert "complaint" in pending["revealed"]["reason"]
 
     status, body = await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver)
     assert status == 200 and body["status"] == "approved" and body["approver"] == "bob"

@@ -104,11 +104,14 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
         await row.wait_for()
         text = await row.inner_text()
         for shown in ("dev-user", "tenant acme", "refund_order 1.0.0", "financial", "amount_over_threshold",
-                      '"amount": 6000', '"reason": "[redacted sha256:', "order:ord_1001"):
+                      '"amount": 6000', '"reason": "[redacted sha256:', "order:ord_1001",
+                      "key console-refund-1", "(Idempotency-Key)", envelope["request_id"]):
             assert shown in text, shown
-        assert "duplicate charge" not in text  # a sensitive field stays masked
+        arguments = await row.locator('td[data-label="arguments (masked)"] pre').inner_text()
+        assert "duplicate charge" not in arguments  # a sensitive field stays masked in the arguments
         money = await row.locator(".money").inner_text()  # the contract's approval_view: cents of USD
         assert "USD" in money and "60.00" in money and "6000 cents" in money, money
+        await row.locator("td.related pre").wait_for()  # the order, read as the approver
         await screenshot(page, "console-pending-approval", doc=True, locator=row)
 
         await row.locator("input.reason").fill("customer called, duplicate charge confirmed")
@@ -131,6 +134,40 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
     assert (status, again["replayed"]) == (200, True)
     after = await effects(http, dev)
     assert after.get("refund_order", 0) - before.get("refund_order", 0) == 1
+
+
+async def test_the_order_a_refund_applies_to_and_the_agents_reason_are_shown_beside_it(dev, http):
+    refunded = {"order_id": "ord_1003", "amount": 6000, "reason": "customer says the charge came twice"}
+    status, envelope = await agent_call(http, dev.agent_url, "refund_order", refunded,
+                                        {"Idempotency-Key": "console-refunded-order"}, call_id="refund-call-9")
+    assert (status, envelope["error"]["code"]) == (403, "approval_required")
+    assert refunded["reason"] not in json.dumps(envelope)  # the model's answer keeps it masked
+    approval_id = envelope["error"]["details"]["approval_id"]
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        read = row.locator("td.related")
+        await read.locator("pre").wait_for()
+        order = json.loads(await read.locator("pre").inner_text())
+        assert (order["order_id"], order["status"], order["refundable"]) == ("ord_1003", "refunded", 0)
+        assert "get_order 1.0.0" in await read.inner_text() and "as dev-approver" in await read.inner_text()
+        shown = await row.locator(".revealed").inner_text()  # the contract's approver_may_read
+        assert "Shown to approvers only" in shown and "reason: customer says the charge came twice" in shown
+        text = await row.inner_text()
+        assert "key console-refunded-order" in text and "call refund-call-9" in text
+        assert envelope["idempotency_key"][:15] in text  # the operation key, shortened beside the agent's
+        await screenshot(page, "console-related-read", doc=True, locator=row)
+        await row.locator("input.reason").fill("order ord_1003 is already refunded")
+        await row.locator("button.deny").click()
+        await page.locator(f'#decided tr[data-approval-id="{approval_id}"]').wait_for()
+
+    log = dev.log(limit=1_000_000)
+    assert refunded["reason"] not in log  # no audit record, decision record or log line holds it
+    records = [r for r in audit_records(log) if r.get("approval_id") == approval_id or
+               (r["kind"] == "tool_call" and r.get("request_id") == envelope["request_id"])]
+    assert records and all(r.get("arguments", {}).get("reason", "[redacted]") == "[redacted]" for r in records)
+    reads = [r for r in audit_records(log) if r["kind"] == "tool_call" and r.get("agent") == "toolproxy-console"]
+    assert reads and all((r["tool"], r["subject"]) == ("get_order", "dev-approver") for r in reads)
 
 
 async def test_a_refresh_while_typing_keeps_the_text_and_the_focus(dev, http):
@@ -490,6 +527,26 @@ async def test_an_approver_cannot_approve_their_own_request_from_the_page(jwt_pr
     status, view = await admin_get(http, f"http://127.0.0.1:{jwt_proxy.admin_port}", f"/v1/approvals/{approval_id}",
                                    alice_approver)
     assert (status, view["status"], view["approver"]) == (200, "pending", None)
+
+
+async def test_a_related_read_the_policy_denies_shows_as_not_permitted(jwt_proxy, issuers, http):
+    agent, admin = issuers
+    _, envelope = await agent_call(http, jwt_proxy.url, "refund_order", REFUND,
+                                   {"Idempotency-Key": "no-read", "Authorization": f"Bearer {agent.token('alice')}"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    # an approver whose token carries no read scope: OPA denies the read (scope_insufficient)
+    approver = admin.token("olivia", audience="toolproxy-admin", roles=["approver"], scope="")
+    async with chromium_page() as page:
+        await signed_in(page, f"http://127.0.0.1:{jwt_proxy.admin_port}/ui", approver)
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        denied = row.locator("td.related .not-permitted")
+        await denied.wait_for()
+        assert "Not permitted" in await denied.inner_text()
+        assert await row.locator("td.related pre").count() == 0
+        assert await page.locator("#connection").is_hidden()  # the page carries on: no lost connection, no sign-out
+        await refreshed(page)
+        assert await row.locator("button.approve").is_enabled()
+        await screenshot(page, "console-related-read-denied", locator=row)
 
 
 async def test_a_held_lock_is_shown_with_its_holder_and_lease(dev, http):

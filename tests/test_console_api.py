@@ -3,9 +3,12 @@ recent denials, tenant scoping, and the security headers of the admin listener."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from proxy.fronts.console import CSP
+from tests.support.audit import audit_records
 
 REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}
 
@@ -85,3 +88,81 @@ async def test_the_console_page_is_served_with_its_own_assets_and_no_inline_scri
             assert "innerHTML" not in await response.text()
     async with stack.session.get(stack.proxy_url + "/ui") as response:
         assert response.status == 404
+
+
+# -- what an approver sees of the request: the agent's key and ids, the readable field, the related read ----
+
+REFUNDED = {"order_id": "ord_1003", "amount": 6000, "reason": "customer says duplicate charge"}  # ord_1003: refunded
+
+
+def reading_approver(issuers, subject="amy", scope="tools:read", tenant="acme") -> str:
+    """An approver whose admin token may also read (the demo OPA data grants the approver role get_order)."""
+    return issuers[1].token(subject, audience="toolproxy-admin", roles=["approver"], tenant=tenant, scope=scope)
+
+
+async def test_an_approval_shows_the_agents_own_key_its_ids_and_the_reason_while_logs_stay_masked(stack, issuers,
+                                                                                                  capsys):
+    _, envelope = await stack.call("refund_order", REFUNDED, call_id="call-7",
+                                   headers={"Idempotency-Key": "refund-ticket-4711"})
+    assert "customer says duplicate charge" not in json.dumps(envelope)  # the model's answer
+    approval_id = envelope["error"]["details"]["approval_id"]
+    approver = admin_token(issuers)
+    _, view, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}", approver)
+    assert (view["caller_key"], view["caller_key_source"], view["call_id"]) == (
+        "refund-ticket-4711", "idempotency_key", "call-7")
+    assert view["operation_key"] == envelope["idempotency_key"] and view["operation_key"].startswith("ik_")
+    assert view["request_id"] == envelope["request_id"]
+    assert view["revealed"] == {"reason": "customer says duplicate charge"}
+    assert view["arguments"]["reason"].startswith("[redacted sha256:")
+    assert view["related_read"] == {"tool": "get_order", "version": "1.0.0", "arguments": {"order_id": "ord_1003"}}
+    _, listing, _ = await request(stack, "GET", "/v1/approvals", approver)
+    assert [a["revealed"] for a in listing["approvals"]] == [{"reason": "customer says duplicate charge"}]
+
+    assert (await request(stack, "POST", f"/v1/approvals/{approval_id}/deny", approver, {"reason": "refunded"}))[0] == 200
+    _, decided, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}", approver)
+    assert decided["revealed"] is None and decided["caller_key"] == "refund-ticket-4711"  # dropped once decided
+
+    out = capsys.readouterr().out
+    assert "customer says duplicate charge" not in out  # no audit record, decision record or log line holds it
+    assert "refund-ticket-4711" not in out  # the agent's own key stays out of the audit log
+    created = [r for r in audit_records(out) if r["kind"] == "approval" and r.get("approval_id") == approval_id
+               and r["details"]["state"] == "created"]
+    assert [(r["request_id"], r["call_id"], r["idempotency_key"]) for r in created] == [
+        (envelope["request_id"], "call-7", envelope["idempotency_key"])]
+    calls = [r for r in audit_records(out) if r["kind"] == "tool_call" and r.get("tool") == "refund_order"]
+    assert calls and all(r["arguments"]["reason"] == "[redacted]" for r in calls)
+
+
+async def test_the_related_read_runs_through_the_pipeline_with_the_approvers_authority(stack, issuers, capsys):
+    _, envelope = await stack.call("refund_order", REFUNDED, headers={"Idempotency-Key": "refund-again"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+
+    status, read, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related", reading_approver(issuers))
+    assert status == 200, read
+    assert (read["permitted"], read["outcome"], read["subject"], read["tenant"]) == (True, "succeeded", "amy", "acme")
+    assert read["data"]["status"] == "refunded" and read["data"]["refundable"] == 0  # visible before approving
+    reads = [r for r in audit_records(capsys.readouterr().out) if r["kind"] == "tool_call" and r.get("tool") == "get_order"]
+    assert [(r["subject"], r["agent"], r["request_id"]) for r in reads] == [("amy", "toolproxy-console", read["request_id"])]
+
+    # The approver's token without the read scope: the policy denies, the answer says so.
+    status, denied, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related",
+                                      reading_approver(issuers, scope=""))
+    assert (status, denied["permitted"], denied["data"], denied["error"]["code"]) == (200, False, None, "forbidden")
+    _, denials, _ = await request(stack, "GET", "/v1/denials", admin_token(issuers))
+    assert ("amy", "get_order") in {(d["subject"], d["tool"]) for d in denials["recent"]}
+
+    # Another tenant's approver does not see the approval at all; a non-approver is refused before anything runs.
+    status, other, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related",
+                                     reading_approver(issuers, tenant="globex"))
+    assert (status, other["error"]["code"]) == (404, "approval_not_found")
+    status, _, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related", issuers[0].token("alice"))
+    assert status == 401
+
+
+async def test_an_approval_without_a_related_read_answers_none(stack, issuers):
+    _, envelope = await stack.call("delete_customer", {"customer_id": "cus_1001"},
+                                   headers={"Idempotency-Key": "del-1"})
+    assert envelope["error"]["code"] == "approval_required", envelope
+    approval_id = envelope["error"]["details"]["approval_id"]
+    status, read, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related", reading_approver(issuers))
+    assert (status, read) == (200, {"approval_id": approval_id, "read": None})

@@ -239,7 +239,8 @@ def _dev_call_token_key(workdir: Path) -> tuple[Path, Path]:
 
 def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
     """A throw-away HS256 secret for the dev stack's admin listener and a token for it that is both
-    approver and operator (the console shows every panel with it)."""
+    approver and operator (the console shows every panel with it), with the ``tools:read`` scope: the demo
+    OPA data grants the approver role the order reads a pending refund shows beside it (``related_read``)."""
     import secrets
 
     import jwt
@@ -249,7 +250,7 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
     path.write_text(secret)
     now = int(time.time())
     token = jwt.encode({"iss": "toolproxy-dev", "aud": "toolproxy-admin", "sub": "dev-approver",
-                        "roles": ["approver", "operator", "cross-tenant"], "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
+                        "roles": ["approver", "operator", "cross-tenant"], "scope": "tools:read", "iat": now, "exp": now + 12 * 3600}, secret, algorithm="HS256")
     return {"hmac_secret_file": str(path), "algorithms": ["HS256"], "issuer": "toolproxy-dev",
             "audience": "toolproxy-admin"}, token
 

@@ -8,7 +8,9 @@ request bodies against their JSON Schemas in ``schemas/``
 ``invalid_request`` with the violations; a body past ``MAX_BODY_BYTES`` is
 ``payload_too_large``, never read further), and the two operator actions that
 change state: resolving an open operation and settling a call-level unknown,
-each audited before it takes effect. Must never: run a tool call, decide an
+each audited before it takes effect. Must never: run a tool call (the one
+read an approver may see beside a pending approval goes through the pipeline
+with the approver's authority, ``related_read.py``), decide an
 outcome without an operator's evidence, or show a tenant-bound operator
 another tenant's data.
 """
@@ -22,7 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import console, ingress
+from . import console, ingress, related_read
 from ..audit import Auditor
 from ..decode import schema_violations
 from ..errors import ProxyError, SideEffect
@@ -264,6 +266,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app = web.Application(middlewares=[console.security_headers, envelope_errors], client_max_size=MAX_BODY_BYTES)
     app[RUNTIME] = runtime
     console.install(app)
+    related_read.install(app)  # the read beside a pending approval, run through the pipeline as the approver
     app.router.add_get("/v1/whoami", admin_whoami)
     app.router.add_get("/v1/denials", admin_list_denials)
     app.router.add_get("/v1/approvals", list_approvals)

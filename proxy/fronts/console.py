@@ -117,7 +117,7 @@ PAGE = """<!doctype html>
       placeholder="id, who, arguments, reasons"></label>
   </div>
   <table id="approvals"><caption class="sr-only">Approvals waiting for a decision</caption><thead><tr><th scope="col">requested</th><th scope="col">who asked</th><th scope="col">tool</th><th scope="col">arguments (masked)</th>
-  <th scope="col">risk</th><th scope="col">policy reasons</th><th scope="col">expires</th><th scope="col">decision</th></tr></thead><tbody></tbody></table>
+  <th scope="col">related read</th><th scope="col">risk</th><th scope="col">policy reasons</th><th scope="col">expires</th><th scope="col">decision</th></tr></thead><tbody></tbody></table>
   <p class="empty" id="approvals-empty" hidden>Nothing is waiting for a decision.</p>
   <div class="paging"><button type="button" id="page-prev">Previous page</button>
     <span id="approvals-paging" aria-live="polite"></span>

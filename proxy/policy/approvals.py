@@ -11,8 +11,9 @@ approval of one call authorize another (other arguments, tool, version,
 subject or tenant), show an approver less than the whole call it binds (a
 summary too large to show whole refuses the approval at creation), be used twice (a spent approval re-presented by the very
 operation it was spent on is only ``replay_only``: it lets the duplicate see
-that operation's recorded outcome, never run it again), or store sensitive argument values in the
-summary shown to approvers.
+that operation's recorded outcome, never run it again), store sensitive argument values in the
+summary shown to approvers (only the fields a contract's ``approver_may_read`` names, apart, until the
+approval is decided), or write the agent's own key into the audit log.
 """
 
 from __future__ import annotations
@@ -24,15 +25,18 @@ import time
 from dataclasses import dataclass
 from typing import Any, ContextManager, Mapping
 
+from ..approval_context import approver_copy
 from ..audit import Auditor
 from ..telemetry.redaction import reveal
 from ..config import ApprovalsConfig
 from ..errors import ProxyError
 from ..identity import AdminPrincipal, Caller
+from ..idempotency import OperationKey
 from ..integrity import IntegrityGuard
 from ..telemetry.metrics import Metrics
 from ..normalize import NormalizedCall
 from ..registry import ToolContract
+from ..requests import RequestMeta
 from .. import store
 from ..store import StoreError, key, redis_call
 
@@ -79,7 +83,8 @@ return 'ok'
 
 # KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any), reason,
 # approver person (admin_identity.person_claim; "" = the token lacks it), the pending record's MAC Python
-# verified ("changed" if it moved since), the decision's MAC to write. The record's ``requester`` is the
+# verified ("changed" if it moved since), the decision's MAC to write. A decided record drops ``revealed`` (the
+# sensitive fields an approver could read while it waited). The record's ``requester`` is the
 # person of the agent's token (identity.person_claim): the same person never decides on their own request,
 # across the two IdPs. A record from before this field existed is checked by subject only.
 _DECIDE = """
@@ -95,6 +100,7 @@ if tonumber(f[4]) <= tonumber(ARGV[1]) then return 'expired' end
 if f[6] ~= ARGV[7] then return 'changed' end
 redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_ms', ARGV[1], 'decision_reason', ARGV[5],
            'mac', ARGV[8])
+redis.call('HDEL', KEYS[1], 'revealed')
 return 'ok'
 """
 
@@ -109,6 +115,38 @@ def approval_key(prefix: str, approval_id: str) -> str:
 def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
     """Key sets of the approval scripts (start-up check: each in one Cluster slot)."""
     return {"approvals.check/decide": [[approval_key(prefix, "apr_" + "0" * 24)]]}
+
+
+@dataclass(frozen=True)
+class ApprovalOrigin:
+    """The agent's request a pending approval came from, for the approver: its request and call ids, the key the
+    agent itself sent (``caller_key``: its Idempotency-Key, X-Run-Id or tool-call id, as ``caller_key_source``
+    names it) and the operation key derived from it. The approver sees all of them; the audit record of the
+    approval carries the request and call ids and the operation key, never the agent's own key (like every call
+    record: a caller-chosen value may carry business data)."""
+
+    request_id: str
+    call_id: str | None = None
+    operation_key: str | None = None
+    caller_key: str | None = None
+    caller_key_source: str | None = None  # idempotency_key | run_id | retry_id (OperationKey.source)
+
+    def fields(self) -> dict[str, str]:
+        return {name: value for name, value in (
+            ("request_id", self.request_id), ("call_id", self.call_id), ("operation_key", self.operation_key),
+            ("caller_key", self.caller_key), ("caller_key_source", self.caller_key_source)) if value}
+
+
+def origin_of(meta: RequestMeta, call_id: Any, operation: OperationKey | None) -> ApprovalOrigin:
+    """The origin of a call that may need an approval (a per-request key of a keyless write names no agent key)."""
+    caller_key = None
+    if operation is not None:
+        caller_key = {"idempotency_key": meta.idempotency_key, "run_id": meta.run_id,
+                      "retry_id": meta.retry_id}.get(operation.source)
+    return ApprovalOrigin(request_id=meta.request_id,
+                          call_id=call_id if isinstance(call_id, str) and 0 < len(call_id) <= 256 else None,
+                          operation_key=operation.key if operation is not None else None,
+                          caller_key=caller_key, caller_key_source=operation.source if caller_key else None)
 
 
 @dataclass(frozen=True)
@@ -136,21 +174,31 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def approver_summary(tool: ToolContract, normalized: NormalizedCall, approval_id: str, max_bytes: int) -> str:
+def approver_summary(tool: ToolContract, normalized: NormalizedCall, approval_id: str,
+                     max_bytes: int) -> tuple[str, str | None]:
     """What an approver is shown (JSON): every argument the approval binds, in full, masked fields as per-field
-    hashes (proxy/telemetry/redaction.py ``reveal``), and the resources. Nothing is ever cut: a summary larger
-    than ``max_bytes`` refuses the approval (``approval_summary_too_large``) before anything is stored."""
+    hashes (proxy/telemetry/redaction.py ``reveal``), the resources, the contract's view of amounts and its
+    related read (which read, with which arguments); and, apart (the record drops it once decided), the
+    sensitive fields the contract lets an approver read in clear (``approver_may_read``). Nothing is ever cut:
+    the two together larger than ``max_bytes`` refuse the approval (``approval_summary_too_large``) before
+    anything is stored."""
     summary: dict[str, Any] = {"arguments": reveal(normalized.arguments, tool.sensitive_fields, approval_id),
                                "resources": [r.id for r in normalized.resources]}
     if tool.approval_view:  # the contract's units and currencies, shown beside the arguments
         summary["view"] = {name: {"unit": unit, "currency": currency} for name, unit, currency in tool.approval_view}
+    read = tool.related_read
+    read_arguments = read.build(normalized.arguments) if read is not None else None
+    if read is not None and read_arguments is not None:
+        summary["related_read"] = {"tool": read.tool, "version": read.version, "arguments": read_arguments}
     text = json.dumps(summary, ensure_ascii=False)
-    size = len(text.encode("utf-8"))
+    clear = approver_copy(normalized.arguments, tool.approver_may_read, approval_id)
+    revealed = json.dumps(clear, ensure_ascii=False) if clear else None
+    size = len(text.encode("utf-8")) + len((revealed or "").encode("utf-8"))
     if size > max_bytes:
         raise ProxyError("approval_summary_too_large", "This call needs an approval, but its arguments are too "
                          "large to show an approver in full; nothing was done. Send smaller arguments.",
                          details={"summary_bytes": size, "limit_bytes": max_bytes}, phase="authorize")
-    return text
+    return text, revealed
 
 
 def _store_faults() -> ContextManager[None]:
@@ -216,17 +264,19 @@ class ApprovalStore:
 
     # -- the agent side ---------------------------------------------------------------
     async def create(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, *, risk: str,
-                     reasons: tuple[str, ...]) -> tuple[str, int]:
+                     reasons: tuple[str, ...], origin: ApprovalOrigin | None = None) -> tuple[str, int]:
         """A pending approval bound to exactly this call; returns (id, expires_at_ms)."""
         approval_id = "apr_" + secrets.token_hex(12)
         created = now_ms()
         expires = created + self._config.ttl_s * 1000
-        summary = approver_summary(tool, normalized, approval_id, self._config.max_summary_bytes)
+        summary, revealed = approver_summary(tool, normalized, approval_id, self._config.max_summary_bytes)
         record = {"id": approval_id, "status": "pending", "subject": caller.subject, "requester": caller.person,
                   "tenant": caller.tenant,
                   "agent": caller.agent, "tool": tool.name, "tool_version": tool.version,
                   "args_hash": normalized.args_hash, "risk": risk, "reasons": json.dumps(list(reasons)),
-                  "summary": summary, "created_at_ms": created, "expires_at_ms": expires}
+                  "summary": summary, "created_at_ms": created, "expires_at_ms": expires,
+                  **(origin.fields() if origin is not None else {}),
+                  **({"revealed": revealed} if revealed else {})}
         record["mac"] = self._mac.approval(approval_id=approval_id, tenant=caller.tenant, subject=caller.subject,
                                            tool=tool.name, tool_version=tool.version,
                                            args_hash=normalized.args_hash, expires_at_ms=expires, risk=risk,
@@ -239,9 +289,12 @@ class ApprovalStore:
             await redis_call(self._redis.zadd(self._pending_index, {approval_id: expires}))
         self._metrics.approvals.labels("created").inc()
         await self._update_pending_gauge()
+        # The agent's own key stays out of the audit log (origin: the operation key stands for it there).
+        joined = {"request_id": origin.request_id, "call_id": origin.call_id,
+                  "idempotency_key": origin.operation_key} if origin is not None else {}
         await self._audit.record("approval", approval_id=approval_id, tool=tool.name, tool_version=tool.version,
                                  tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
-                                 args_hash=normalized.args_hash,
+                                 args_hash=normalized.args_hash, **{k: v for k, v in joined.items() if v},
                                  details={"state": "created", "risk": risk, "reasons": list(reasons),
                                           "expires_at_ms": expires})
         return approval_id, expires
@@ -448,7 +501,11 @@ class ApprovalStore:
                 **json.loads(record.get("summary", "{}")),
                 "created_at_ms": int(record["created_at_ms"]), "expires_at_ms": expires,
                 "approver": record.get("approver"), "decision_reason": record.get("decision_reason") or None,
-                "decided_at_ms": int(record["decided_at_ms"]) if "decided_at_ms" in record else None}
+                "decided_at_ms": int(record["decided_at_ms"]) if "decided_at_ms" in record else None,
+                "request_id": record.get("request_id"), "call_id": record.get("call_id"),
+                "caller_key": record.get("caller_key"), "caller_key_source": record.get("caller_key_source"),
+                "operation_key": record.get("operation_key"),
+                "revealed": json.loads(record["revealed"]) if record.get("revealed") else None}
 
     async def refresh_gauges(self) -> None:
         """Re-read the pending count (called before each /metrics scrape: expiry and restarts show)."""

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .approvals import ApprovalStore
+from .approvals import ApprovalOrigin, ApprovalStore
 from ..audit import PolicyFacts
 from .denials import DenialLog
 from ..envelope import iso
@@ -70,12 +70,14 @@ class Authorizer:
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
                         budget_s: float | None, operation_key: str | None = None,
-                        admit: Callable[[Decision], Awaitable[Any]] | None = None) -> Authorization:
+                        admit: Callable[[Decision], Awaitable[Any]] | None = None,
+                        origin: ApprovalOrigin | None = None) -> Authorization:
         """``admit`` runs once the decision allows and before an approval is spent (the quota stage: a
-        call refused by a quota must not use up its approval); its ProxyError becomes the call's error."""
+        call refused by a quota must not use up its approval); its ProxyError becomes the call's error.
+        ``origin`` is what a new pending approval shows the approver of the agent's request and key."""
         try:
             return await self._authorize(caller, tool, normalized, request, approval_id, budget_s, operation_key,
-                                         admit)
+                                         admit, origin)
         except ProxyError as error:
             return Authorization(decision=None, approval_id=approval_id, error=error)
 
@@ -114,8 +116,8 @@ class Authorizer:
 
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          request: RequestFacts, approval_id: str | None, budget_s: float | None,
-                         operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None
-                         ) -> Authorization:
+                         operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None,
+                         origin: ApprovalOrigin | None = None) -> Authorization:
         approval = None
         if approval_id is not None:
             approval = await self._approvals.presented(approval_id, caller, tool, normalized,
@@ -144,7 +146,7 @@ class Authorizer:
             return Authorization(decision=decision, approval_id=approval_id)
         if decision.require_approval:
             new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,
-                                                           reasons=decision.reasons)
+                                                           reasons=decision.reasons, origin=origin)
             error = ProxyError("approval_required", "This call needs a person's approval before it can run. "
                                "Re-submit the same call with the X-Approval-Id header once it is approved.",
                                details={**details, "approval_id": new_id, "expires_at": iso(expires / 1000),

@@ -5,13 +5,15 @@ top-level names or dotted paths that cross arrays element-wise, plus every key
 that looks like a credential, at any depth, inside arrays too), truncating
 long strings and deep or long structures, showing an approver every bound
 value in full with masked fields as per-field hashes (``reveal``), and
-scrubbing credentials out of log messages. Used by every place a person can read arguments or messages: audit
+scrubbing credentials out of log messages; picking out the sensitive fields a
+contract lets an approver read in clear (``select``). Used by every place a person can read arguments or messages: audit
 records (``proxy/audit.py``), the approver's summary (``proxy/policy/approvals.py``),
 the operator's operation and takeover views (``proxy/idempotency.py``), and
 log lines (``proxy/telemetry/logs.py``).
 
 Must never: return the caller's object (always a copy), keep a masked value
-anywhere in the copy, or depend on another proxy module (it sits below all
+anywhere in a masked copy (``select`` alone returns named fields in clear, and
+never a credential-like key), or depend on another proxy module (it sits below all
 of them).
 """
 
@@ -74,6 +76,33 @@ def reveal(arguments: Any, sensitive_fields: Iterable[str], salt: str) -> Any:
     (an approval whose summary is too large is refused, never shown in part)."""
     paths = [tuple(p.split(".")) for p in sensitive_fields]
     return _reveal(arguments, paths, salt)
+
+
+def select(arguments: Any, paths: Iterable[str], salt: str) -> dict[str, Any]:
+    """Only the fields at ``paths`` (top-level names or dotted paths that cross arrays element-wise), in clear
+    and in the arguments' own shape, for the one person a contract lets read them (an approver: the contract's
+    ``approver_may_read``); credential-like keys below them are still hashed as by ``reveal``."""
+    picked = _select(arguments, [tuple(p.split(".")) for p in paths], salt)
+    return picked if isinstance(picked, dict) else {}
+
+
+def _select(value: Any, paths: list[tuple[str, ...]], salt: str) -> Any:
+    if isinstance(value, abc.Mapping):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            if (key,) in paths:
+                out[key] = field_hash(sub, salt) if looks_secret(str(key)) else _reveal(sub, [], salt)
+                continue
+            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
+            if below:
+                found = _select(sub, below, salt)
+                if found not in (None, {}, []):
+                    out[key] = found
+        return out
+    if isinstance(value, (list, tuple)):
+        items = [_select(v, paths, salt) for v in value]
+        return items if any(i not in (None, {}, []) for i in items) else None
+    return None
 
 
 def field_hash(value: Any, salt: str) -> str:

@@ -44,6 +44,7 @@ def test_a_new_required_argument_under_the_same_version_is_a_breaking_change(tmp
         schema = tools["get_order"]["inputSchema"]
         schema["properties"]["region"] = {"type": "string"}
         schema["required"] = [*schema.get("required", []), "region"]
+        tools["refund_order"]["related_read"]["arguments"]["region"] = {"value": "eu"}  # else refused at load
     changes = diff(registry_with(tmp_path, "old"), registry_with(tmp_path, "new", edit))
     breaks = same_version_breaks(changes)
     assert breaks and all(c.tool == "get_order" for c in breaks)

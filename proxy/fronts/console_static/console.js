@@ -155,12 +155,15 @@
     if ((tool && a.tool !== tool) || (tenant && a.tenant !== tenant) || (risk && a.risk !== risk)) return false;
     if (!needle) return true;
     const haystack = [a.id, a.subject, a.tenant, a.agent, a.tool, a.risk, JSON.stringify(a.arguments),
+                      a.caller_key, a.request_id, a.call_id, a.operation_key,
                       (a.reasons || []).join(" "), (a.resources || []).join(" ")].join(" ").toLowerCase();
     return haystack.includes(needle);
   }
 
   function showPending() {
     const all = pending.approvals;
+    const ids = new Set(all.map((a) => a.id));
+    for (const id of Array.from(related.keys())) if (!ids.has(id)) related.delete(id);
     choices("filter-tool", all.map((a) => a.tool));
     choices("filter-tenant", all.map((a) => a.tenant));
     choices("filter-risk", all.map((a) => a.risk));
@@ -219,6 +222,107 @@
     return lines;
   }
 
+  // The agent's own key (its Idempotency-Key, X-Run-Id or tool-call id) first, the operation key (a hash of it,
+  // what the backend and the audit log see) shortened beside it, then the request and call ids.
+  const KEY_SOURCES = {idempotency_key: "Idempotency-Key", run_id: "X-Run-Id", retry_id: "tool-call id"};
+
+  function origin(a) {
+    const lines = [el("div", {className: "muted"}, a.id)];
+    if (a.caller_key) {
+      lines.push(el("div", {className: "agent-key"}, "key " + a.caller_key,
+                    el("span", {className: "muted"}, " (" + (KEY_SOURCES[a.caller_key_source] || "key") + ")")));
+    }
+    if (a.operation_key) {
+      lines.push(el("div", {className: "muted", title: a.operation_key},
+                    "operation " + a.operation_key.slice(0, 15) + "\u2026"));
+    }
+    if (a.request_id || a.call_id) {
+      lines.push(el("div", {className: "muted"}, "request " + (a.request_id || "—") + " · call " + (a.call_id || "—")));
+    }
+    return lines;
+  }
+
+  // The sensitive fields the contract lets an approver read (approver_may_read): shown here, never logged.
+  function revealed(a) {
+    if (!a.revealed) return null;
+    return el("div", {className: "revealed"},
+      el("div", {className: "revealed-title"}, "Shown to approvers only:"),
+      ...Object.keys(a.revealed).map((name) => el("div", null, el("strong", null, name + ": "), pretty(a.revealed[name]))));
+  }
+
+  // -- the related read: the contract's read beside a pending approval, run by the proxy as this approver ----
+  const RELATED_MAX_AGE_MS = 60000;
+  const RELATED_IN_FLIGHT = 3;
+  const related = new Map();  // approval id -> {at, result} | {loading: true}
+  const relatedQueue = [];
+  let relatedRunning = 0;
+
+  function relatedCell(a) {
+    const cell = el("td", {className: "related"});
+    cell.append(...relatedContent(a));
+    return cell;
+  }
+
+  function relatedContent(a) {
+    if (!a.related_read) return [el("span", {className: "muted"}, "—")];
+    const read = a.related_read;
+    const title = el("div", {className: "muted"}, read.tool + " " + read.version + " " + JSON.stringify(read.arguments));
+    const entry = related.get(a.id);
+    if (!entry || (!entry.loading && Date.now() - entry.at > RELATED_MAX_AGE_MS)) askRelated(a.id);
+    if (!entry || !entry.result) return [title, el("div", {className: "muted related-loading"}, "reading\u2026")];
+    const r = entry.result;
+    if (r.permitted === false) {
+      return [title, el("div", {className: "not-permitted"}, "Not permitted: the policy does not let you read this (" +
+                        (r.error ? r.error.code : "forbidden") + ").")];
+    }
+    if (r.error) {
+      return [title, el("div", {className: "not-permitted"}, "Could not read: " + r.error.message + " (" + r.error.code + ")")];
+    }
+    return [title, code(r.data),
+            el("div", {className: "muted"}, "read ", stamp(r.read_at_ms), " as " + r.subject)];
+  }
+
+  function askRelated(id) {
+    if (related.has(id) && related.get(id).loading) return;
+    related.set(id, {...(related.get(id) || {}), loading: true});
+    relatedQueue.push(id);
+    pumpRelated();
+  }
+
+  function pumpRelated() {
+    while (relatedRunning < RELATED_IN_FLIGHT && relatedQueue.length) {
+      const id = relatedQueue.shift();
+      relatedRunning += 1;
+      fetchRelated(id).finally(() => { relatedRunning -= 1; pumpRelated(); });
+    }
+  }
+
+  async function fetchRelated(id) {
+    let result;
+    try {
+      result = await api("GET", "/v1/approvals/" + encodeURIComponent(id) + "/related");
+    } catch (e) {
+      result = {status: 0, body: null};
+    }
+    const previous = related.get(id) || {};
+    if (result.status === 200 && result.body) {
+      related.set(id, {at: Date.now(), result: result.body});
+    } else if (result.status === 0 || result.status === 429 || result.status >= 500) {
+      // asked again on the next refresh; whatever was read before stays on screen meanwhile
+      related.set(id, {at: 0, result: previous.result || {permitted: true, error: {
+        code: result.body && result.body.error ? result.body.error.code : "unavailable",
+        message: "the admin API did not answer; retrying"}}});
+    } else {
+      related.set(id, {at: Date.now(), result: {permitted: result.status !== 403, error: {
+        code: result.body && result.body.error ? result.body.error.code : "HTTP " + result.status,
+        message: errorText(result)}}});
+    }
+    const row = document.querySelector('#approvals tr[data-approval-id="' + CSS.escape(id) + '"]');
+    const cell = row && row.querySelector("td.related");
+    const approval = pending.approvals.find((x) => x.id === id);
+    if (cell && approval) cell.replaceChildren(...relatedContent(approval));
+  }
+
   // -- approvals ---------------------------------------------------------------------------------
   function approvalRow(a) {
     const fieldId = "reason-" + a.id;
@@ -246,11 +350,12 @@
     });
     deny.addEventListener("click", () => decide(a.id, "deny", reason.value));
     const row = el("tr", null,
-      el("td", null, stamp(a.created_at_ms), el("div", {className: "muted"}, a.id)),
+      el("td", null, stamp(a.created_at_ms), ...origin(a)),
       el("td", null, who(a)),
       el("td", null, a.tool + " " + a.tool_version),
-      el("td", null, ...money(a), code(a.arguments),
+      el("td", null, ...money(a), revealed(a), code(a.arguments),
          el("div", {className: "muted"}, (a.resources || []).join(", "))),
+      relatedCell(a),
       el("td", {className: "risk"}, a.risk),
       el("td", null, el("ul", null, ...(a.reasons || []).map((r) => el("li", null, r)))),
       el("td", null, stamp(a.expires_at_ms)),
@@ -261,7 +366,7 @@
 
   function decidedRow(a) {
     const row = el("tr", null,
-      el("td", null, stamp(a.decided_at_ms), el("div", {className: "muted"}, a.id)),
+      el("td", null, stamp(a.decided_at_ms), ...origin(a)),
       el("td", {className: "state-" + a.status}, a.status),
       el("td", null, a.approver || "—"),
       el("td", null, a.decision_reason || "—"),
@@ -614,6 +719,8 @@
     $("expiry").hidden = true;
     for (const table of document.querySelectorAll("#panels tbody")) table.replaceChildren();
     pending = {approvals: [], total: null, limit: null};
+    related.clear();
+    relatedQueue.length = 0;
     document.title = "toolproxy console";
     status(message || "", message ? "error" : "");
   }

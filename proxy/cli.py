@@ -230,6 +230,10 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
             status += f", flow produces {'+'.join(tool.flow_produces)}"
         if tool.flow_sink != "internal":
             status += f", flow sink {tool.flow_sink}"
+        if tool.related_read is not None:  # shown to approvers beside a pending approval (docs/registry.md)
+            status += f", related read {tool.related_read.tool}@{tool.related_read.version}"
+        if tool.approver_may_read:
+            status += f", approvers read {', '.join(tool.approver_may_read)}"
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
     for level, line in notices(registry):  # opt-outs of the key requirement, old defaults, service-wide writes
         print(f"{level}: {line}")

@@ -15,7 +15,8 @@ from tests.unit.test_registry_rules import TOOL, write
 
 def test_check_registry_cli(tmp_path, capsys):
     assert cli_main(["check-registry", str(DEMO_REGISTRY)]) == 0
-    assert "ok refund_order 1.0.0 (write, financial)" in capsys.readouterr().out
+    assert "ok refund_order 1.0.0 (write, financial, related read get_order@1.0.0, approvers read reason)" \
+        in capsys.readouterr().out
     bad = write(tmp_path, TOOL.replace("mode: read", "mode: 7"))
     assert cli_main(["check-registry", str(bad)]) == 1
     assert "$.tools[0].mode" in capsys.readouterr().err

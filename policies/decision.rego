@@ -1,9 +1,9 @@
 # The decision document the proxy asks for (POST /v1/data/toolproxy/decision):
 #   Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient AND ApprovalSatisfied
-# Actions: "call" (may this call run now: the call rules below), "list" (which
-# tools may this caller see: the listing rules, listing.rego), "compensate" (may this caller undo an operation: compensation.rego),
-# "cancel" and "read_operation" (may this caller act on another subject's
-# operation: operations.rego).
+# Actions: "call" (may this call run now: the call rules below), "list" (which tools
+# may this caller see: the listing rules, listing.rego), "compensate" (may this caller
+# undo an operation: compensation.rego), "cancel" and "read_operation" (may this
+# caller act on another subject's operation: operations.rego).
 # Input and output are described by schemas/opa-input.schema.json and
 # schemas/opa-decision.schema.json. Reasons are for the audit trail; the proxy
 # never shows them to the model.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 from tests.support.servers import OpaServer
 from tests.support.stack import REPO, running_stack
@@ -105,3 +106,46 @@ def _refund_input(digest: str) -> dict:
 def _ask(opa: OpaServer, query: str, document: dict) -> tuple[int, dict]:
     status, body = opa._request("POST", "/v1/data/toolproxy/decision" + query, json.dumps({"input": document}).encode())
     return status, body if isinstance(body, dict) else json.loads(body)
+
+
+def test_replay_decides_an_erring_candidate_as_the_proxy_does(tmp_path):
+    """A candidate policy whose rule errs on a recorded call replays as a deny (reason policy_error), the
+    proxy's answer, not as the allow a lenient evaluation would show."""
+    import subprocess
+    import sys
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / "erring.rego").write_text(ERRING)
+    document = _refund_input(_catalog()["digest"])
+    records = tmp_path / "decisions.jsonl"
+    lines = [{"record": "toolproxy.decision.v1", "request_id": f"r{i}", "action": "call", "tool": "refund_order",
+              "input": {**document, "arguments": {**document["arguments"], "reason": reason}}, "masked_paths": [],
+              "decision": {"result": "allow", "allow": True, "require_approval": False, "reasons": []}}
+             for i, reason in enumerate(["dup", "42"])]
+    records.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", "policy", "replay", "--records", str(records),
+                           "--policy", str(policies), "--format", "json", "--fail-on", "allow->deny"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 1, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    assert report["replayed"] == 2
+    assert report["transitions"] == {"allow->deny": {"refund_order": 1}}  # "dup" errs; "42" is a number
+    assert report["reasons_added"] == {"policy_error": 1}
+
+
+def test_explain_names_the_rule_that_erred(tmp_path):
+    import subprocess
+    import sys
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / "erring.rego").write_text(ERRING)
+    body = {"tool": "refund_order", "arguments": {"order_id": "ord_1001", "amount": 100, "reason": "dup"}}
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", "policy", "explain", "--body", "-", "--policy",
+                           str(policies), "--format", "json"], input=json.dumps(body), capture_output=True,
+                          text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["result"] == "deny"
+    assert result["decision"]["reasons"] == ["policy_error"]
+    assert [(r["rule"], Path(r["location"]).name) for r in result["provenance"]["policy_error"]] == \
+        [("evaluation error eval_builtin_error", "erring.rego:7")]

@@ -35,7 +35,7 @@ from ..policy.opa_control import ControlError
 from ..flow import LABELS, FlowState, Seen
 from ..policy.client import RequestFacts, build_input
 from .policy_replay import result_of
-from .policy_scratch import find_opa
+from .policy_scratch import POLICY_ERROR, find_opa
 from ..registry import load_registry
 
 
@@ -132,8 +132,12 @@ def _listing_view(document: dict[str, Any], *, policy_dir: str, data_paths: list
         listed.update({"action": "list", "tools": [{k: tool.get(k) for k in ("name", "version", "mode", "risk")}]})
     else:
         return None
-    answer = _opa_eval(listed, policy_dir=policy_dir, data_paths=data_paths, catalog=catalog,
-                       query="data." + listing_path.strip("/").replace("/", "."), opa_binary=opa_binary, explain=False)
+    try:
+        answer = _opa_eval(listed, policy_dir=policy_dir, data_paths=data_paths, catalog=catalog,
+                           query="data." + listing_path.strip("/").replace("/", "."), opa_binary=opa_binary,
+                           explain=False)
+    except EvalError:
+        return None
     rows = answer.get("result") or []
     value = rows[0]["expressions"][0]["value"] if rows else None
     if not isinstance(value, dict):
@@ -147,9 +151,14 @@ def evaluate(document: dict[str, Any], *, policy_dir: str, data_paths: list[str]
              extra_reasons: list[str] | None = None) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
     """The decision and, for each of its reasons (plus ``extra_reasons``: a listing's hidden reasons), the
     rules that produced it."""
-    answer = _opa_eval(document, policy_dir=policy_dir, data_paths=data_paths, catalog=catalog,
-                       query="data." + ".".join(decision_path.strip("/").split("/")), opa_binary=opa_binary,
-                       explain=True)
+    try:
+        answer = _opa_eval(document, policy_dir=policy_dir, data_paths=data_paths, catalog=catalog,
+                           query="data." + ".".join(decision_path.strip("/").split("/")), opa_binary=opa_binary,
+                           explain=True)
+    except EvalError as erred:  # the proxy's answer: forbidden, details.reason policy_error
+        return dict(POLICY_ERROR), {"policy_error": [
+            {"rule": f"evaluation error {e.get('code')}", "location": f"{_where(e)[0]}:{_where(e)[1]}",
+             "source": _line(*_where(e))} for e in erred.errors]}
     rows = answer.get("result") or []
     decision = rows[0]["expressions"][0]["value"] if rows else None
     reasons = (decision or {}).get("reasons") or [] if isinstance(decision, dict) else []
@@ -173,8 +182,28 @@ def _opa_eval(document: dict[str, Any], *, policy_dir: str, data_paths: list[str
                                *(["--explain", "full"] if explain else []), *data, *extra,
                                "-i", str(input_path), query], capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
+        erred = _eval_errors(done.stdout)
+        if erred:
+            raise EvalError(erred)
         raise ControlError("opa eval failed: " + (done.stderr.strip().splitlines() or ["(no output)"])[-1])
     return json.loads(done.stdout)
+
+
+class EvalError(Exception):
+    """The policy erred evaluating this input (``eval_*``): the proxy denies such a call."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__(errors[0].get("code"))
+        self.errors = errors
+
+
+def _eval_errors(stdout: str) -> list[dict[str, Any]]:
+    try:
+        answer = json.loads(stdout)
+    except ValueError:
+        return []
+    errors = answer.get("errors") if isinstance(answer, dict) else None
+    return [e for e in errors or [] if isinstance(e, dict) and str(e.get("code", "")).startswith("eval_")]
 
 
 def provenance(trace: list[dict[str, Any]], reasons: list[str]) -> dict[str, list[dict[str, Any]]]:
@@ -198,6 +227,11 @@ def provenance(trace: list[dict[str, Any]], reasons: list[str]) -> dict[str, lis
         found[value].append({"rule": f"{_package(file, packages)}.{_rule_name(head)}",
                              "location": f"{file}:{row}", "source": _line(file, row)})
     return found
+
+
+def _where(error: dict[str, Any]) -> tuple[str, int]:
+    location = error.get("location") if isinstance(error.get("location"), dict) else {}
+    return str(location.get("file", "?")), int(location.get("row", 0) or 0)
 
 
 def _rule_name(head: dict[str, Any]) -> str:

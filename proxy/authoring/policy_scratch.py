@@ -3,8 +3,9 @@
 Owns: starting the real ``opa`` binary on a free loopback port with a policy
 directory and data paths, and talking to it through ``opa-python-client``
 (waiting for health, loading the tool catalog and a small batch module,
-batched evaluation, partial evaluation, explanations); stopping it on every
-path. It is locked like the proxy's OPA (--authentication=token
+batched evaluation with ``strict-builtin-errors`` as the proxy asks, an
+erring decision read as the proxy's deny (``POLICY_ERROR``), partial
+evaluation, explanations); stopping it on every path. It is locked like the proxy's OPA (--authentication=token
 --authorization=basic, proxy/policy/opa_authz.rego): the policy data and the
 replayed inputs it holds answer only this command's one-off token, never another
 local process. Must never: touch the OPA the proxy uses, or outlive the command.
@@ -23,8 +24,15 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+import aiohttp
+
 from ..policy.opa_control import AUTHZ_POLICY, ControlError, control_client, put_data
 
+# Decisions are asked as the proxy asks them: a failing builtin is an error, not an undefined expression.
+STRICT = {"strict-builtin-errors": "true"}
+# What replay records for an input whose decision erred (OPA answered 500): the proxy's deny
+# (forbidden, details.reason policy_error), never an allow or "undefined".
+POLICY_ERROR = {"allow": False, "require_approval": False, "reasons": ["policy_error"]}
 BATCH_PACKAGE = "toolproxy_replay"
 BATCH_CHUNK = 250          # inputs per query: large enough to amortize HTTP, small enough to stream
 BATCH_CONCURRENCY = 4      # queries in flight at once
@@ -123,7 +131,13 @@ class ScratchOpa:
         async def one(chunk: list[dict[str, Any]]) -> list[Any]:
             async with gate:
                 self.queries += 1
-                answer = await self.client.query_rule({"batch": chunk}, BATCH_PACKAGE, "results")
+                try:
+                    answer = await self.client.query_rule({"batch": chunk}, BATCH_PACKAGE, "results",
+                                                          query_params=STRICT)
+                except aiohttp.ClientResponseError as error:
+                    if error.status != 500:
+                        raise
+                    answer = {}  # one input of the chunk erred: decide them one by one
             results = answer.get("result")
             if not isinstance(results, list) or len(results) != len(chunk):
                 # An input for which the decision is undefined drops out of the comprehension.
@@ -139,8 +153,13 @@ class ScratchOpa:
         """One decision (None when undefined); with ``explain`` the answer carries OPA's full trace."""
         self.queries += 1
         package, _, rule = self._decision_ref[len("data."):].rpartition(".")
-        answer = await self.client.query_rule(document, package, rule,
-                                              query_params={"explain": "full"} if explain else None)
+        try:
+            answer = await self.client.query_rule(document, package, rule,
+                                                  query_params={**STRICT, **({"explain": "full"} if explain else {})})
+        except aiohttp.ClientResponseError as error:
+            if error.status != 500:
+                raise
+            return POLICY_ERROR  # the proxy denies a call whose decision errs (proxy/policy/client.py)
         return answer if explain else answer.get("result")
 
     async def partial(self, document_ref: str, known: dict[str, Any], unknowns: Sequence[str]) -> Any:

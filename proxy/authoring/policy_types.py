@@ -32,6 +32,7 @@ import copy
 import json
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
@@ -39,6 +40,7 @@ from typing import Any, Iterable, Iterator, Mapping
 from ..registry import Registry, thaw
 
 INPUT_SCHEMA = Path(__file__).resolve().parents[2] / "schemas" / "opa-input.schema.json"
+PARSERS = 4  # `opa parse` processes at once
 ORDERING = {"gt": ">", "lt": "<", "gte": ">=", "lte": "<=", "neq": "!="}
 _JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null",
                list: "array", dict: "object"}
@@ -221,9 +223,11 @@ def check(policy_dir: str, registry: Registry, binary: str,
         schema_dir, copy_dir = Path(scratch) / "schemas", Path(scratch) / "policy"
         copy_dir.mkdir()
         back: dict[str, tuple[str, list[int]]] = {}
-        for index, file in enumerate(files):
+        with ThreadPoolExecutor(max_workers=PARSERS) as pool:  # one `opa parse` process per file
+            modules = list(pool.map(lambda f: parse_module(binary, f), files))
+        for index, (file, module) in enumerate(zip(files, modules)):
             annotated = Annotated(file.read_text(encoding="utf-8"))
-            problems.extend(tying.annotate(parse_module(binary, file), annotated, str(file)))
+            problems.extend(tying.annotate(module, annotated, str(file)))
             text, rows = annotated.render()
             target = copy_dir / f"m{index:04d}_{file.name}"
             target.write_text(text, encoding="utf-8")

@@ -58,15 +58,16 @@ class TypeProblem:
 
 def opa_schema(schema: Any) -> Any:
     """A JSON Schema as OPA's type checker reads it: conditional requirements (if/then/else, which type
-    nothing) dropped, ``oneOf`` read as ``anyOf``, and an ``enum``/``const`` of one JSON type given that
+    nothing) and ``allOf`` parts that type nothing (``{"minLength": 2}``: OPA cannot merge them with a
+    typed part) dropped, ``oneOf`` read as ``anyOf``, and an ``enum``/``const`` of one JSON type given that
     type (OPA types a bare enum as any)."""
     if isinstance(schema, list):
         return [opa_schema(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
     out = {key: opa_schema(value) for key, value in schema.items() if key not in ("if", "then", "else")}
-    if "allOf" in out:
-        kept = [part for part in out.pop("allOf") if isinstance(part, dict) and set(part) - {"required"}]
+    if "allOf" in out:  # OPA merges the parts and cannot merge a typed one with an untyped one
+        kept = [part for part in out.pop("allOf") if isinstance(part, dict) and _typed(part)]
         if kept:
             out["allOf"] = kept
     if "oneOf" in out:
@@ -78,6 +79,10 @@ def opa_schema(schema: Any) -> Any:
         if len(kinds) == 1:
             out["type"] = kinds.pop()
     return out
+
+
+def _typed(part: Mapping[str, Any]) -> bool:
+    return bool({"type", "properties", "items", "$ref", "anyOf", "allOf"} & set(part))
 
 
 def _json_type(value: Any) -> str:

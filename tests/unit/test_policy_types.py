@@ -23,7 +23,8 @@ def _str(value):
 
 def test_opa_schema_drops_conditionals_reads_oneof_as_anyof_and_types_enums():
     schema = {"type": "object", "properties": {"channel": {"enum": ["email", "sms"]}, "n": {"const": 3},
-                                               "mixed": {"enum": ["a", 1]}, "a": {"oneOf": [{"type": "null"}]}},
+                                               "mixed": {"enum": ["a", 1]}, "a": {"oneOf": [{"type": "null"}]},
+                                               "b": {"allOf": [{"type": "string"}, {"minLength": 2}]}},
               "allOf": [{"if": {"properties": {"x": {"const": 1}}}, "then": {"required": ["y"]}}]}
     out = opa_schema(schema)
     assert "allOf" not in out
@@ -31,6 +32,7 @@ def test_opa_schema_drops_conditionals_reads_oneof_as_anyof_and_types_enums():
     assert out["properties"]["n"] == {"const": 3, "type": "integer"}
     assert "type" not in out["properties"]["mixed"]
     assert out["properties"]["a"] == {"anyOf": [{"type": "null"}]}
+    assert out["properties"]["b"] == {"allOf": [{"type": "string"}]}
 
 
 def test_field_types_follow_unions_and_say_any_when_the_schema_does_not():

@@ -1,14 +1,19 @@
 """The admin API the console reads (real JWTs, OPA, Redis): sign-in roles, decided approvals with reasons,
-recent denials, tenant scoping, and the security headers of the admin listener."""
+recent denials, tenant scoping, the security headers of the admin listener, and what an approver sees of a
+request: the agent's own key and ids, the fields a contract lets approvers read (masked in every log), and
+the related read run as the approver (its denial, its bound on reads at once)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
+from proxy.approval_context import MAX_RELATED_READS
 from proxy.fronts.console import CSP
 from tests.support.audit import audit_records
+from tests.support.waits import wait_until
 
 REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}
 
@@ -166,3 +171,23 @@ async def test_an_approval_without_a_related_read_answers_none(stack, issuers):
     approval_id = envelope["error"]["details"]["approval_id"]
     status, read, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related", reading_approver(issuers))
     assert (status, read) == (200, {"approval_id": approval_id, "read": None})
+
+
+async def test_related_reads_past_the_limit_are_refused_while_the_first_ones_wait_on_a_stalled_backend(stack, issuers):
+    _, envelope = await stack.call("refund_order", REFUNDED, headers={"Idempotency-Key": "refund-busy"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    await stack.fault("get_order", "stall", count=MAX_RELATED_READS)  # the backend holds every read it takes
+    approver = reading_approver(issuers)
+    path = f"/v1/approvals/{approval_id}/related"
+    held = [asyncio.ensure_future(request(stack, "GET", path, approver)) for _ in range(MAX_RELATED_READS)]
+
+    async def all_taken() -> bool:
+        return not any(f.tool == "get_order" for f in stack.backend.faults)
+    await wait_until(all_taken, timeout=10, what="the stalled backend to take every read")
+    status, refused, _ = await request(stack, "GET", path, approver)
+    assert (status, refused["error"]["code"], refused["error"]["details"]["limit"]) == (
+        429, "rate_limited", MAX_RELATED_READS)
+    answers = await asyncio.gather(*held)  # each ends at get_order's own timeout, as an error on the page
+    assert all(s == 200 and body["data"] is None and body["error"] is not None for s, body, _ in answers)
+    status, again, _ = await request(stack, "GET", path, approver)  # the backend answers again
+    assert (status, again["permitted"], again["data"]["order_id"]) == (200, True, "ord_1003")

@@ -140,65 +140,55 @@ async def test_deny_in_opa_data_refuses_and_the_denial_list_names_the_reason(sta
     assert "flow_private_to_external" in json.dumps(denials), denials
 
 
-async def test_batch_front(stack):
-    status, body = await stack.batch([
-        {"call_id": "prefs", "tool": PREFS[0], "arguments": PREFS[1]},
-        {"call_id": "page", "tool": PAGE[0], "arguments": PAGE[1], "depends_on": ["prefs"]},
-        {"call_id": "send", "tool": SEND[0], "arguments": SEND[1], "depends_on": ["page"]},
-    ], headers=run("batch"))
+# -- the same story through each front, to the end of the window -------------------------------------------
+
+async def via_json(stack, tool, arguments, headers):
+    return (await stack.call(tool, arguments, headers=headers))[1]
+
+
+async def via_batch(stack, tool, arguments, headers):
+    status, body = await stack.batch([{"call_id": "c1", "tool": tool, "arguments": arguments}], headers=headers)
     assert status == 200, body
-    results = {r["call_id"]: r for r in body["results"]}
-    assert results["prefs"]["outcome"] == results["page"]["outcome"] == "succeeded", body
-    assert results["send"]["error"]["code"] == "approval_required", body
-    status, body = await stack.batch([{"call_id": "send", "tool": SEND[0], "arguments": SEND[1]}],
-                                     headers=run("batch-rotated"))
-    assert body["results"][0]["error"]["code"] == "approval_required", body
-    assert not sent(stack)
+    return body["results"][0]
 
 
-async def test_openai_front(stack):
-    headers = run("openai")
-    for n, (tool, arguments) in enumerate((PREFS, PAGE)):
-        status, response = await stack.post("/v1/openai/tool-calls", assistant(chat_call(f"c{n}", tool, arguments)),
-                                            headers=headers)
-        assert status == 200 and json.loads(tool_messages(response)[0]["content"])["outcome"] == "succeeded"
-    for headers in (headers, run("openai-rotated")):
-        status, response = await stack.post("/v1/openai/tool-calls", assistant(chat_call("send", *SEND)),
-                                            headers=headers)
-        envelope = json.loads(tool_messages(response)[0]["content"])
-        assert envelope["error"]["code"] == "approval_required", envelope
-    assert not sent(stack)
+async def via_openai(stack, tool, arguments, headers):
+    status, response = await stack.post("/v1/openai/tool-calls", assistant(chat_call(f"c{uuid.uuid4().hex[:6]}",
+                                                                                     tool, arguments)),
+                                        headers=headers)
+    assert status == 200, response
+    return json.loads(tool_messages(response)[0]["content"])
 
 
-async def test_mcp_front(stack):
-    async def client(run_headers):
-        http = httpx2.AsyncClient(headers={"Authorization": stack.headers["Authorization"], **run_headers},
-                                  timeout=httpx2.Timeout(30.0))
-        return Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode="auto")
-
-    async with await client(run("mcp")) as mcp:
-        assert (await mcp.call_tool(*PREFS)).is_error is False
-        assert (await mcp.call_tool(*PAGE)).is_error is False
-        refused = await mcp.call_tool(*SEND)
-    assert mcp_envelope(refused)["error"]["code"] == "approval_required"
-    async with await client(run("mcp-rotated")) as mcp:
-        refused = await mcp.call_tool(*SEND)
-    assert mcp_envelope(refused)["error"]["code"] == "approval_required"
-    assert not sent(stack)
+async def via_mcp(stack, tool, arguments, headers):
+    http = httpx2.AsyncClient(headers=dict(headers), timeout=httpx2.Timeout(30.0))
+    async with Client(streamable_http_client(stack.proxy_url + "/mcp", http_client=http), mode="auto") as mcp:
+        result = await mcp.call_tool(tool, arguments)
+    return {"outcome": "succeeded"} if result.is_error is False else mcp_envelope(result)
 
 
-async def test_after_the_window_the_send_runs(proxy_deps):
-    async with running_stack({**proxy_deps, "flow.window_s": 1}) as stack:
-        headers = run("window")
-        await read_both(stack, headers)
-        status, env = await stack.call(*SEND, headers=headers)
-        assert env["error"]["code"] == "approval_required", env
-        assert len(await stack.redis.keys("toolproxy:flow*")) == 2  # the principal scope and the run's
-        # Redis expires both scopes one window after the last label (bounded wait, nothing timed).
-        await wait_until(lambda: _none_left(stack.redis), timeout=30, what="the flow window to expire")
-        status, env = await stack.call(*SEND, headers=headers)
-        assert status == 200 and env["outcome"] == "succeeded", env
+@pytest.mark.parametrize("front", [via_json, via_batch, via_openai, via_mcp], ids=lambda f: f.__name__[4:])
+async def test_the_story_through_each_front_until_the_window_expires(proxy_deps, front):
+    # A 2 s window: long enough for the story's calls on a loaded machine, short enough to wait out.
+    async with running_stack({**proxy_deps, "flow.window_s": 2, "reconcile.enabled": False}) as stack:
+        clean = await front(stack, *SEND, run("clean"))  # nothing seen yet: the send runs
+        assert clean["outcome"] == "succeeded", clean
+        headers = run("story")
+        for tool, arguments in (PREFS, PAGE):
+            got = await front(stack, tool, arguments, headers)
+            assert got["outcome"] == "succeeded", got
+        no_run = {"Idempotency-Key": f"k-{uuid.uuid4().hex}"}
+        for attempt in (headers, run("rotated"), no_run):  # the same run, a fresh run id, no run id
+            refused = await front(stack, *SEND, attempt)
+            assert refused["error"]["code"] == "approval_required", refused
+            assert refused["side_effect"] == {"attempted": False, "committed": False}
         assert len(sent(stack)) == 1
+        # Redis expires both scopes one window after the last label (a bounded wait; nothing is timed).
+        assert len(await stack.redis.keys("toolproxy:flow*")) == 2  # the principal scope and the run's
+        await wait_until(lambda: _none_left(stack.redis), timeout=30, what="the flow window to expire")
+        after = await front(stack, *SEND, headers)
+        assert after["outcome"] == "succeeded", after
+        assert len(sent(stack)) == 2
 
 
 async def _none_left(redis) -> bool:
@@ -206,8 +196,9 @@ async def _none_left(redis) -> bool:
 
 
 async def test_an_unlabelled_call_costs_no_redis_command_and_a_labelled_one_exactly_one(proxy_deps):
-    async with running_stack(proxy_deps) as stack:
-        await stack.call("get_order", {"order_id": "ord_1001"})  # scripts loaded, connections open
+    async with running_stack({**proxy_deps, "reconcile.enabled": False}) as stack:
+        for tool, arguments in (("get_order", {"order_id": "ord_1001"}), PREFS, SEND):  # scripts loaded
+            assert (await stack.call(tool, arguments, headers=run("warm")))[0] == 200
         async with RedisTraffic(proxy_deps["redis.url"]) as traffic:
             status, _ = await stack.call("get_order", {"order_id": "ord_1001"})
             assert status == 200
@@ -218,8 +209,12 @@ async def test_an_unlabelled_call_costs_no_redis_command_and_a_labelled_one_exac
             status, _ = await stack.call(*SEND, headers=run("cost"))  # only private seen: it runs
             assert status == 200
             sink = await traffic.since_start()
-    assert not [c for c in plain.commands if c.startswith("flow.")], plain
+    # An unlabelled read that is no external sink: nothing at all (as before the flow stage).
+    assert (plain.commands, plain.round_trips) == ([], 0), plain
+    # A labelled read: its quota slot (take, give back) plus one flow.record, its own round trip.
     assert [c for c in labelled.commands if c.startswith("flow.")] == ["flow.record"], labelled
+    assert len(labelled.commands) == 3 and labelled.round_trips == 3, labelled
+    # An external sink: one flow.read before the decision; nothing recorded (it produces no label).
     assert [c for c in sink.commands if c.startswith("flow.")] == ["flow.read"], sink
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator, TypedDict
 
 import httpx2
+import pytest
 import uvicorn
 import yaml
 from mcp import Client
@@ -226,11 +227,14 @@ async def test_changes_while_running_are_caught_refused_until_repinned(tmp_path,
             assert 'toolproxy_mcp_pinned_tools{state="verified"} 2.0' in metrics
 
 
-async def test_a_silent_change_is_caught_by_the_timer_and_a_drifted_start_refuses_at_once(tmp_path, proxy_deps):
+@pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
+async def test_a_silent_change_is_caught_by_the_timer_and_a_drifted_start_refuses_at_once(tmp_path, proxy_deps,
+                                                                                          upstream_mode):
     async with notes_upstream() as upstream:
         registry = await imported_registry(upstream, tmp_path / "notes.yaml")
         overrides = {**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
-                     "registry.reload_interval_ms": 0, "mcp_pins.check_interval_ms": 100}
+                     "registry.reload_interval_ms": 0, "mcp_pins.check_interval_ms": 100,
+                     "mcp.upstream_mode": upstream_mode}
         async with running_stack(overrides) as stack:
             assert (await stack.call("lookup", {"key": "k"}))[0] == 200
             upstream.set_record_note("Changed without a word.")  # no notification
@@ -247,8 +251,9 @@ async def test_a_silent_change_is_caught_by_the_timer_and_a_drifted_start_refuse
 
 
 async def test_an_upstream_that_cannot_be_checked_is_not_served(tmp_path, proxy_deps):
-    """Bounded: an upstream listing more than mcp_pins.max_tools tools fails its check; its pinned tools are
-    refused (dependency_unavailable, retryable) and hidden until a check succeeds."""
+    """Bounded: an upstream listing more than mcp_pins.max_tools tools, or answering with more than
+    mcp_pins.max_answer_bytes, fails its check; its pinned tools are refused (dependency_unavailable,
+    retryable) and hidden until a check succeeds."""
     async with notes_upstream() as upstream:
         registry = await imported_registry(upstream, tmp_path / "notes.yaml")
         for n in range(3):
@@ -264,3 +269,8 @@ async def test_an_upstream_that_cannot_be_checked_is_not_served(tmp_path, proxy_
             assert state_of(stack, "lookup") == "unverified"
         async with running_stack({**overrides, "mcp_pins.unverified": "serve"}) as stack:
             assert (await stack.call("lookup", {"key": "k"}))[0] == 200  # the operator's explicit choice
+        # An answer larger than mcp_pins.max_answer_bytes fails the check the same way.
+        async with running_stack({**overrides, "mcp_pins.max_tools": 1000, "mcp_pins.max_answer_bytes": 1024}
+                                 ) as stack:
+            assert state_of(stack, "lookup") == "unverified"
+            assert (await stack.call("lookup", {"key": "k"}))[1]["error"]["code"] == "dependency_unavailable"

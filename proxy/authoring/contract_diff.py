@@ -20,7 +20,7 @@ only when they are pure annotations).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping
 
 from ..registry import Registry, ToolContract, thaw
@@ -96,8 +96,12 @@ def _contract_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, s
                                                 f"{new.idempotency_required}"))
     if old.status != new.status:
         found.append((False, f"status {old.status} -> {new.status}"))
-    informative = ("description", "timeout_ms", "backend", "deprecated_at", "sunset", "replaced_by")
+    informative = ("description", "timeout_ms", "deprecated_at", "sunset", "replaced_by")
     found += [(False, f"{label} changed") for label in informative if getattr(old, label) != getattr(new, label)]
+    if replace(old.backend, pin=None) != replace(new.backend, pin=None):
+        found.append((False, "backend changed"))
+    if old.backend.pin != new.backend.pin:  # `toolproxy mcp repin` after a reviewed upstream change
+        found.append((False, "backend.pin changed (the MCP upstream was re-pinned)"))
     return found
 
 

@@ -117,3 +117,17 @@ def test_repin_edits_only_the_pin_values_and_keeps_comments(tmp_path):
     gone = plan([(0, contract(tmp_path, registry_text()))], [LOOKUP])
     assert gone[0].new is None and edit(registry_text(), gone) == registry_text()
     assert isinstance(gone[0], Repin)
+
+
+def test_a_repin_is_a_compatible_change_named_as_such(tmp_path):
+    from proxy.authoring.contract_diff import diff
+    from proxy.registry import Registry
+    old = McpPin("sha256:" + "0" * 64, "sha256:" + "1" * 64)
+    before = contract(tmp_path, registry_text(f"\n      pin: {{definition: \"{old.definition}\", "
+                                              f"tool_list: \"{old.tool_list}\"}}"))
+    (repin,) = plan([(0, before)], [NOTE])
+    after = contract(tmp_path, edit(registry_text(f"\n      pin: {{definition: \"{old.definition}\", "
+                                                  f"tool_list: \"{old.tool_list}\"}}"), [repin]))
+    lines = [change.line() for change in diff(Registry([before]), Registry([after]))]
+    assert any("backend.pin changed" in line for line in lines) and not any("BREAKING" in line for line in lines)
+    assert not any(line.endswith("backend changed") for line in lines)

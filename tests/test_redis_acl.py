@@ -103,6 +103,13 @@ async def test_the_whole_flow_runs_under_the_documented_acl(stack, acl_redis, is
     await stack.runtime.reconciler.scan_once()
     _, record = await stack.get(f"/v1/operations/{env['idempotency_key']}")
     assert record["state"] == "SUCCEEDED", record
+    # flow labels: recorded by the reads, read for the send (which then waits for a person)
+    for tool, arguments in (("get_user_preferences", {"user_ref": "usr_alice"}),
+                            ("fetch_page", {"url": "https://shop.example/help"})):
+        assert (await stack.call(tool, arguments))[0] == 200, refused_commands(acl_redis)
+    _, held = await stack.call("send_email", {"to": "a@b.example", "subject": "s", "body": "b"},
+                               headers={"Idempotency-Key": "acl-5"})
+    assert held["error"]["code"] == "approval_required", (held, refused_commands(acl_redis))
     # a denial (the denials log), then what the console reads: approvals decided, denials, locks, unknowns
     assert (await stack.call("get_order", {"order_id": "ord_2001"}))[0] == 403
     operator = issuers[1].token("olga", audience="toolproxy-admin", roles=["approver", "operator", "cross-tenant"],

@@ -5,8 +5,8 @@ Owns: comparing contracts per tool and version and classifying each change
 semantics change). Breaking: a new required argument, a narrowed type or
 enum, a removed input property, a removed or newly optional output field (in the outputSchema, or in
 what the model is shown of it: ``output_filter``), a narrower ``output_limit``, read → write,
-higher risk, a new resource template, idempotency newly required, a removed
-version. Everything else is compatible (descriptions, timeouts, backends,
+higher risk, a new resource template, idempotency newly required, a new
+``flow.produces`` label or ``flow.sink`` becoming external, a removed version. Everything else is compatible (descriptions, timeouts, backends,
 status changes, new optional arguments, widened enums).
 
 A new version is compared with the newest version of the same tool in OLD, so
@@ -96,6 +96,11 @@ def _contract_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, s
                                                 f"{new.idempotency_required}"))
     if old.status != new.status:
         found.append((False, f"status {old.status} -> {new.status}"))
+    # Flow facts are permission semantics: a new label or an external sink can hold calls that ran before.
+    found += [(True, f"flow.produces adds {label}") for label in new.flow_produces if label not in old.flow_produces]
+    found += [(False, f"flow.produces drops {label}") for label in old.flow_produces if label not in new.flow_produces]
+    if old.flow_sink != new.flow_sink:
+        found.append((new.flow_sink == "external", f"flow.sink {old.flow_sink} -> {new.flow_sink}"))
     informative = ("description", "timeout_ms", "deprecated_at", "sunset", "replaced_by")
     found += [(False, f"{label} changed") for label in informative if getattr(old, label) != getattr(new, label)]
     if replace(old.backend, pin=None) != replace(new.backend, pin=None):

@@ -79,3 +79,17 @@ def test_unknown_labels_and_sinks_are_refused_in_one_line(tmp_path, flow, messag
     with pytest.raises(RegistryError) as caught:
         load_registry([path])
     assert str(caught.value) == f"{path}: tool 'leaky' {message}" and "\n" not in str(caught.value)
+
+
+def test_registry_diff_names_flow_changes_and_stricter_ones_break():
+    from dataclasses import replace
+
+    from proxy.authoring.contract_diff import compare
+    from proxy.registry import load_registry
+    from tests.unit import REPO
+    prefs = load_registry([REPO / "examples" / "registry"]).default("get_user_preferences")
+    stricter = replace(prefs, flow_produces=("private", "secret"), flow_sink="external")
+    assert sorted((c.breaking, c.what) for c in compare(prefs, stricter)) == [
+        (True, "flow.produces adds secret"), (True, "flow.sink internal -> external")]
+    assert sorted((c.breaking, c.what) for c in compare(stricter, prefs)) == [
+        (False, "flow.produces drops secret"), (False, "flow.sink external -> internal")]

@@ -287,3 +287,19 @@ async def test_replay_against_candidate_flow_policies_shows_exactly_the_calls_th
     assert done.returncode == 0, done.stderr
     assert "decision: require_approval" in done.stdout and "reason flow_private_to_external" in done.stdout
     assert "policies/flow.rego" in done.stdout
+
+
+async def test_a_store_fault_on_the_read_refuses_the_send_and_on_the_record_leaves_the_answer(proxy_deps, caplog):
+    from proxy.flow import FlowLedger
+    from proxy.identity import Caller
+    async with running_stack({**proxy_deps, "reconcile.enabled": False}) as stack:
+        dev = Caller(subject="dev-user", tenant="acme", roles=(), scopes=(), agent="dev-agent", source="static")
+        [principal] = FlowLedger(stack.redis, prefix="toolproxy", window_s=60).keys(dev, None)
+        await stack.redis.set(principal, "not a hash")  # every flow script on this key now fails (WRONGTYPE)
+        status, env = await stack.call(*PREFS)  # the output exists: the read answers, the lost label is logged
+        assert status == 200 and env["outcome"] == "succeeded", env
+        assert "could not record the flow labels private of get_user_preferences" in caplog.text
+        status, env = await stack.call(*SEND)  # without its flow context the send is not decided: not sent
+        assert env["error"]["code"] == "dependency_unavailable", env
+        assert env["side_effect"] == {"attempted": False, "committed": False}
+        assert not sent(stack)

@@ -487,7 +487,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     return environment, cases
 
 
-TRACING_MODES = (("tracing on, parent-based", {}), ("tracing on, 100%", {"tracing.sampler": "always_on"}))
+TRACING_MODES = (("traced: parent-based 10%", {}), ("traced: 100%", {"tracing.sampler": "always_on"}))
 
 
 def _traced_proxies(args: argparse.Namespace, procs: Processes, env: dict[str, str], src: Path,

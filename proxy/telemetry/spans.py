@@ -209,6 +209,7 @@ class Tracing:
 
     def __init__(self, config: TracingConfig) -> None:
         from opentelemetry import trace
+        from opentelemetry.context import Context
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -217,7 +218,7 @@ class Tracing:
         from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-        self._trace, self._Link, self._SpanKind = trace, Link, SpanKind
+        self._trace, self._Link, self._SpanKind, self._Context = trace, Link, SpanKind, Context
         self._NonRecordingSpan, self._SpanContext = NonRecordingSpan, SpanContext
         self._Status, self._StatusCode = Status, StatusCode
         self._propagator = TraceContextTextMapPropagator()
@@ -268,11 +269,12 @@ class Tracing:
         return self._trace.set_span_in_context(self._NonRecordingSpan(remote))
 
     def start(self, name: str, trace: TraceContext, attributes: Mapping[str, Any], *, server: bool = False,
-              links: tuple[str, ...] = ()) -> Any:
+              links: tuple[str, ...] = (), root: bool = False) -> Any:
         token = _root_trace_id.set(int(trace.trace_id, 16))
         try:
             return self.tracer.start_span(
-                name, context=self.context_of(trace), attributes=safe_attributes(attributes),
+                name, context=(None if root else self.context_of(trace)) or self._Context(),  # never an ambient one
+                attributes=safe_attributes(attributes),
                 kind=self._SpanKind.SERVER if server else self._SpanKind.INTERNAL,
                 links=[self._Link(c) for c in (self._span_context(t) for t in links) if c is not None])
         finally:
@@ -319,7 +321,7 @@ class Tracing:
         """A span of its own trace linked to the calls it settles (reconciliation, cancellation): ``with`` it.
         Requests sent inside it carry its context."""
         fresh = TraceContext(format(self._new_trace_id(), "032x"), "0" * 16)
-        return Enclosing(self, self.start(name, fresh, attributes, server=False,
+        return Enclosing(self, self.start(name, fresh, attributes, server=False, root=True,
                                           links=tuple(t for t in links if t)))
 
     def _new_trace_id(self) -> int:

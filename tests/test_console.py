@@ -111,7 +111,7 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
         assert "duplicate charge" not in arguments  # a sensitive field stays masked in the arguments
         money = await row.locator(".money").inner_text()  # the contract's approval_view: cents of USD
         assert "USD" in money and "60.00" in money and "6000 cents" in money, money
-        await row.locator("td.related pre").wait_for()  # the order, read as the approver
+        await row.locator("td.related dl").wait_for()  # the order, read as the approver
         await screenshot(page, "console-pending-approval", doc=True, locator=row)
 
         await row.locator("input.reason").fill("customer called, duplicate charge confirmed")
@@ -147,9 +147,10 @@ async def test_the_order_a_refund_applies_to_and_the_agents_reason_are_shown_bes
         await signed_in(page, dev.console_url, dev.token)
         row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
         read = row.locator("td.related")
-        await read.locator("pre").wait_for()
-        order = json.loads(await read.locator("pre").inner_text())
-        assert (order["order_id"], order["status"], order["refundable"]) == ("ord_1003", "refunded", 0)
+        await read.locator("dl").wait_for()
+        names = await read.locator("dt").all_inner_texts()
+        order = dict(zip(names, await read.locator("dd").all_inner_texts()))
+        assert (order["order_id"], order["status"], order["refundable"]) == ("ord_1003", "refunded", "0")
         assert "get_order 1.0.0" in await read.inner_text() and "as dev-approver" in await read.inner_text()
         shown = await row.locator(".revealed").inner_text()  # the contract's approver_may_read
         assert "Shown to approvers only" in shown and "reason: customer says the charge came twice" in shown
@@ -315,6 +316,8 @@ async def test_recent_denials_are_shown_by_tool_and_reason(dev, http):
         latest = page.locator("#denials-recent tbody tr").first
         latest_text = await latest.inner_text()
         assert recent["subject"] in latest_text and recent["request_id"] in latest_text
+        widths = await page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], widths  # nothing, however long, scrolls the page sideways
         await screenshot(page, "console-overview", doc=True, full_page=False)
     assert group["count"] >= 3
 
@@ -542,7 +545,7 @@ async def test_a_related_read_the_policy_denies_shows_as_not_permitted(jwt_proxy
         denied = row.locator("td.related .not-permitted")
         await denied.wait_for()
         assert "Not permitted" in await denied.inner_text()
-        assert await row.locator("td.related pre").count() == 0
+        assert await row.locator("td.related dl").count() == 0
         assert await page.locator("#connection").is_hidden()  # the page carries on: no lost connection, no sign-out
         await refreshed(page)
         assert await row.locator("button.approve").is_enabled()

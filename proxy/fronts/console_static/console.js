@@ -278,8 +278,19 @@
     if (r.error) {
       return [title, el("div", {className: "not-permitted"}, "Could not read: " + r.error.message + " (" + r.error.code + ")")];
     }
-    return [title, code(r.data),
+    return [title, fields(r.data),
             el("div", {className: "muted"}, "read ", stamp(r.read_at_ms), " as " + r.subject)];
+  }
+
+  // A flat answer (an order) as name/value lines; anything else as JSON.
+  function fields(data) {
+    if (!data || typeof data !== "object" || Array.isArray(data) || Object.keys(data).length > 30) return code(data);
+    const list = el("dl", {className: "fields"});
+    for (const [name, value] of Object.entries(data)) {
+      list.append(el("dt", null, name), el("dd", null, value !== null && typeof value === "object" ? code(value)
+                                                                                                     : pretty(value)));
+    }
+    return list;
   }
 
   function askRelated(id) {

@@ -218,6 +218,8 @@ class DemoState:
     intervals: list[Interval] = field(default_factory=list)
     # Every tool request as received (tool and headers), for tests of what the proxy forwards.
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # Every status query as received (tool and headers): what reconciliation forwards.
+    status_requests: list[dict[str, Any]] = field(default_factory=list)
     # Protocol bookkeeping.
     idempotency: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     fencing: dict[str, int] = field(default_factory=dict)
@@ -887,6 +889,7 @@ async def handle_status(request: web.Request) -> web.Response:
     tool, key = request.match_info["tool"], request.match_info["key"]
     if tool not in TOOLS:
         return _error(404, "tool_not_found", f"no tool {tool}")
+    state.status_requests.append({"tool": tool, "headers": dict(request.headers)})
     record = state.idempotency.get((tool, key))
     if record is None:
         return web.json_response({"state": "not_found"})

@@ -58,6 +58,10 @@ SHORTFALL_LOG_INTERVAL_S = 60.0
 STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNOWN", "NEEDS_TAKEOVER", "CANCELLED")
 OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
 
+# The record is one Redis string: a MessagePack map (``cmsgpack``) of short field names (``FIELDS``) to string
+# values, read once by a script and written once at its end (``save``); the scripts' bodies speak the long
+# names through ``field``/``hset``/``hdel``. A record written as a hash by an earlier version is read as one and
+# rewritten packed by its next change (``save``), keeping its TTL; ``get`` reads either.
 _PRELUDE = r"""
 local rec, leases, open, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
@@ -66,7 +70,44 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local now = now_ms()
-local function field(name) return redis.call('HGET', rec, name) end
+local SHORT = %(short)s
+local R, changed, ttl_ms = nil, false, nil
+local kind = redis.call('TYPE', rec)['ok']
+if kind == 'string' then
+  R = cmsgpack.unpack(redis.call('GET', rec))
+elseif kind == 'hash' then  -- an earlier version's record
+  local flat = redis.call('HGETALL', rec)
+  R = {}
+  for i = 1, #flat, 2 do R[SHORT[flat[i]] or flat[i]] = flat[i + 1] end
+end
+local function field(name) return R and R[SHORT[name]] end
+local function text(value)
+  if type(value) == 'number' and value == math.floor(value) then return string.format('%%d', value) end
+  return tostring(value)
+end
+local function hset(...)
+  local args = {...}
+  R = R or {}
+  for i = 1, #args, 2 do R[SHORT[args[i]]] = text(args[i + 1]) end
+  changed = true
+end
+local function hdel(...)
+  for _, name in ipairs({...}) do
+    if R and R[SHORT[name]] ~= nil then R[SHORT[name]] = nil; changed = true end
+  end
+end
+local function pexpire(ms) ttl_ms = ms end
+local function persist() ttl_ms = -1 end
+local function del() R, changed, ttl_ms = nil, true, nil end
+local function save()
+  if changed and R == nil then
+    redis.call('DEL', rec)
+    return
+  end
+  if changed then redis.call('SET', rec, cmsgpack.pack(R), 'KEEPTTL') end
+  if R == nil then return end
+  if ttl_ms == -1 then redis.call('PERSIST', rec) elseif ttl_ms then redis.call('PEXPIRE', rec, ttl_ms) end
+end
 -- The record's tenant's own open index beside the bucket's (same hash tag, so the same slot): a noisy
 -- tenant's unknowns never push another tenant's out of its operators' listing (``open_keys``).
 local function tenant_open()
@@ -75,11 +116,11 @@ local function tenant_open()
   return open .. ':t:' .. tostring(tenant)
 end
 local function to_unknown(first_ms, window_ms, evidence, outcome)
-  redis.call('HSET', rec, 'state', 'UNKNOWN', 'updated_at', now, 'unknown_since', now,
+  hset('state', 'UNKNOWN', 'updated_at', now, 'unknown_since', now,
              'rec_until', now + window_ms, 'rec_next', now + first_ms, 'rec_attempts', 0, 'evidence', evidence)
-  if outcome ~= '' then redis.call('HSET', rec, 'outcome', outcome) end
-  redis.call('HDEL', rec, 'lease_until', 'rec_owner', 'rec_owner_until', 'takeover_at')
-  redis.call('PERSIST', rec)  -- an unresolved unknown never expires
+  if outcome ~= '' then hset('outcome', outcome) end
+  hdel('lease_until', 'rec_owner', 'rec_owner_until', 'takeover_at')
+  persist()  -- an unresolved unknown never expires
   redis.call('ZREM', leases, id)
   redis.call('ZADD', open, now, id)
   redis.call('ZADD', tenant_open(), now, id)
@@ -88,37 +129,53 @@ end
 local function settle(state, outcome, evidence, mac)
   local was = field('state')
   if was == 'UNKNOWN' or was == 'NEEDS_TAKEOVER' then redis.call('ZREM', tenant_open(), id) end
-  redis.call('HSET', rec, 'state', state, 'updated_at', now)
-  if outcome ~= '' then redis.call('HSET', rec, 'outcome', outcome) end
-  if mac ~= '' then redis.call('HSET', rec, 'omac', mac) else redis.call('HDEL', rec, 'omac') end
-  if evidence ~= '' then redis.call('HSET', rec, 'evidence', evidence) end
-  redis.call('HDEL', rec, 'lease_until', 'rec_owner', 'rec_owner_until', 'owner')
+  hset('state', state, 'updated_at', now)
+  if outcome ~= '' then hset('outcome', outcome) end
+  if mac ~= '' then hset('omac', mac) else hdel('omac') end
+  if evidence ~= '' then hset('evidence', evidence) end
+  hdel('lease_until', 'rec_owner', 'rec_owner_until', 'owner')
   redis.call('ZREM', leases, id)
   redis.call('ZREM', open, id)
   redis.call('ZREM', due, id)
-  redis.call('PEXPIRE', rec, tonumber(field('retention')) * 1000)
+  pexpire(tonumber(field('retention')) * 1000)
 end
 """
 
+# Long name (the scripts' and ``Record``'s) -> the short name stored. A new field gets a new short name here.
+FIELDS = {"state": "s", "attempt": "a", "token": "t", "owner": "o", "lease_until": "l", "updated_at": "u",
+          "created_at": "c", "fp": "f", "is_write": "w", "meta": "m", "retention": "r", "outcome": "x",
+          "omac": "y", "evidence": "e", "final_reason": "fr", "unknown_since": "us", "rec_until": "ru",
+          "rec_next": "rn", "rec_attempts": "ra", "rec_owner": "ro", "rec_owner_until": "rt",
+          "takeover_at": "ta", "cancel": "k", "compensation": "p"}
+LONG_NAMES = {short: long for long, short in FIELDS.items()}
+_SHORT_LUA = "{" + ", ".join(f"{long} = '{short}'" for long, short in FIELDS.items()) + "}"
+
+
+def _script(body: str) -> str:
+    """A transition script: the prelude, ``body`` (which may return anywhere), then the record saved once."""
+    return (_PRELUDE % {"short": _SHORT_LUA} + "local function body()\n" + body
+            + "\nend\nlocal result = body()\nsave()\nreturn result\n")
+
+
 # ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms,
 #       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state))
-_BEGIN = _PRELUDE + r"""
+_BEGIN = _script(r"""
 local fp, nonce = ARGV[2], ARGV[3]
 local observe = ARGV[11] == "1"
 local lease_ms, retention_s, max_attempts = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
 local function start(attempt, token)
-  redis.call('HSET', rec, 'state', 'IN_PROGRESS', 'attempt', attempt, 'token', token, 'owner', nonce,
+  hset('state', 'IN_PROGRESS', 'attempt', attempt, 'token', token, 'owner', nonce,
              'lease_until', now + lease_ms, 'updated_at', now)
-  redis.call('HDEL', rec, 'cancel')  -- a new attempt starts without an earlier attempt's cancel request
+  hdel('cancel')  -- a new attempt starts without an earlier attempt's cancel request
   redis.call('ZADD', leases, now + lease_ms, id)
-  redis.call('PEXPIRE', rec, math.max(retention_s * 1000, 2 * lease_ms))
+  pexpire(math.max(retention_s * 1000, 2 * lease_ms))
   if attempt == 1 then return {'new', token, attempt} end
   return {'retry', token, attempt}
 end
 local state = field('state')
 if not state then
   if observe then return {'not_admitted', 'ABSENT'} end
-  redis.call('HSET', rec, 'fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'created_at', now,
+  hset('fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'created_at', now,
              'retention', retention_s)
   return start(1, 1)
 end
@@ -147,16 +204,16 @@ if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then return {'unknown', state
 if observe then return {'not_admitted', state} end
 local attempt = tonumber(field('attempt'))
 if attempt >= max_attempts then
-  redis.call('HSET', rec, 'final_reason', 'attempts_exhausted')
+  hset('final_reason', 'attempts_exhausted')
   settle('FAILED_FINAL', '', '', '')
   return {'exhausted', attempt}
 end
 return start(attempt + 1, tonumber(field('token')) + 1)
-"""
+""")
 
 # ARGV: id, token, target (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|CANCELLED|UNKNOWN|ABANDON), outcome, evidence,
 #       first_ms, window_ms, the MAC of (target, outcome) (proxy/integrity.py; stored with a settled record)
-_COMMIT = _PRELUDE + r"""
+_COMMIT = _script(r"""
 local target, outcome, evidence = ARGV[3], ARGV[4], ARGV[5]
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
@@ -165,11 +222,11 @@ if state == 'IN_PROGRESS' then
   if target == 'ABANDON' then  -- nothing was sent: undo the reservation
     local attempt = tonumber(field('attempt'))
     if attempt <= 1 then
-      redis.call('DEL', rec)
+      del()
       redis.call('ZREM', leases, id)
       return {'ok', 'ABSENT'}
     end
-    redis.call('HSET', rec, 'attempt', attempt - 1)
+    hset('attempt', attempt - 1)
     settle('FAILED_RETRYABLE', '', evidence, '')
     return {'ok', 'FAILED_RETRYABLE'}
   end
@@ -189,21 +246,21 @@ if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then
   return {'late', target}
 end
 return {'settled', state}
-"""
+""")
 
 # ARGV: id, token, lease_ms
-_RENEW = _PRELUDE + r"""
+_RENEW = _script(r"""
 local state = field('state')
 if state == 'IN_PROGRESS' and tonumber(field('token')) == tonumber(ARGV[2]) then
-  redis.call('HSET', rec, 'lease_until', now + tonumber(ARGV[3]))
+  hset('lease_until', now + tonumber(ARGV[3]))
   redis.call('ZADD', leases, now + tonumber(ARGV[3]), id)
   return {'ok', state}
 end
 return {'lost', state or 'ABSENT'}
-"""
+""")
 
 # ARGV: id, first_ms, window_ms
-_EXPIRE = _PRELUDE + r"""
+_EXPIRE = _script(r"""
 local state = field('state')
 if state ~= 'IN_PROGRESS' then
   redis.call('ZREM', leases, id)
@@ -221,10 +278,10 @@ if field('is_write') == '1' then
 end
 settle('FAILED_RETRYABLE', '', '', '')
 return {'released', 'FAILED_RETRYABLE'}
-"""
+""")
 
 # ARGV: id, owner, claim_ms
-_CLAIM = _PRELUDE + r"""
+_CLAIM = _script(r"""
 local state = field('state')
 if state ~= 'UNKNOWN' then  -- settled, handed over or gone: nothing left to schedule
   redis.call('ZREM', due, id)
@@ -244,14 +301,14 @@ if next_at > now then
   redis.call('ZADD', due, next_at, id)
   return {'not_due'}
 end
-redis.call('HSET', rec, 'rec_owner', ARGV[2], 'rec_owner_until', now + tonumber(ARGV[3]))
+hset('rec_owner', ARGV[2], 'rec_owner_until', now + tonumber(ARGV[3]))
 redis.call('ZADD', due, now + tonumber(ARGV[3]), id)
 return {'claimed', now}
-"""
+""")
 
 # ARGV: id, owner, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|WATCH|TAKEOVER), outcome, evidence, delay_ms,
 #       the MAC of (verdict, outcome)
-_RESOLVE = _PRELUDE + r"""
+_RESOLVE = _script(r"""
 local state = field('state')
 if not state then
   redis.call('ZREM', open, id)
@@ -259,49 +316,49 @@ if not state then
   return {'gone', 'ABSENT'}
 end
 if field('rec_owner') ~= ARGV[2] then return {'lost', state} end
-redis.call('HDEL', rec, 'rec_owner', 'rec_owner_until')
+hdel('rec_owner', 'rec_owner_until')
 if state ~= 'UNKNOWN' then return {'settled', state} end
 local verdict, outcome, evidence = ARGV[3], ARGV[4], ARGV[5]
-redis.call('HINCRBY', rec, 'rec_attempts', 1)
+hset('rec_attempts', (tonumber(field('rec_attempts')) or 0) + 1)
 if verdict == 'WATCH' then
   local next_at = now + tonumber(ARGV[6])
-  redis.call('HSET', rec, 'rec_next', next_at, 'evidence', evidence, 'updated_at', now)
+  hset('rec_next', next_at, 'evidence', evidence, 'updated_at', now)
   redis.call('ZADD', due, next_at, id)
   return {'ok', 'UNKNOWN'}
 end
 if verdict == 'TAKEOVER' then
-  redis.call('HSET', rec, 'state', 'NEEDS_TAKEOVER', 'takeover_at', now, 'evidence', evidence, 'updated_at', now)
+  hset('state', 'NEEDS_TAKEOVER', 'takeover_at', now, 'evidence', evidence, 'updated_at', now)
   redis.call('ZREM', due, id)
   return {'ok', 'NEEDS_TAKEOVER'}
 end
 settle(verdict, outcome, evidence, ARGV[7])
 return {'ok', verdict}
-"""
+""")
 
 # ARGV: id, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL), outcome, evidence, the MAC of (verdict, outcome)
-_OPERATOR = _PRELUDE + r"""
+_OPERATOR = _script(r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 if state ~= 'UNKNOWN' and state ~= 'NEEDS_TAKEOVER' then return {'not_open', state} end
 settle(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return {'ok', ARGV[2]}
-"""
+""")
 
 
 # ARGV: id, request (JSON). Marks an IN_PROGRESS record's cancellation as requested, once.
-_CANCEL = _PRELUDE + r"""
+_CANCEL = _script(r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 local existing = field('cancel')
 if state ~= 'IN_PROGRESS' then return {'settled', state, existing or ''} end
 if existing then return {'already', state, existing} end
-redis.call('HSET', rec, 'cancel', ARGV[2], 'updated_at', now)
+hset('cancel', ARGV[2], 'updated_at', now)
 return {'marked', state, ARGV[2]}
-"""
+""")
 
 # ARGV: id, block (JSON), allowed current block statuses ("," separated; "none" = no block yet), state wanted.
 # Sets a settled record's compensation block when its state and current block allow it; never changes the state.
-_COMPENSATION = _PRELUDE + r"""
+_COMPENSATION = _script(r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 local current = field('compensation') or ''
@@ -310,13 +367,23 @@ local status = 'none'
 if current ~= '' then status = cjson.decode(current)['status'] end
 for allowed in string.gmatch(ARGV[3], '[^,]+') do
   if allowed == status then
-    redis.call('HSET', rec, 'compensation', ARGV[2])
+    hset('compensation', ARGV[2])
     return {'ok', state, ARGV[2]}
   end
 end
 return {'refused', state, current}
-"""
+""")
 
+
+# KEYS[1] a record. Its packed value ({'p', value}), an earlier version's hash ({'h', field, value, ...}), or {}.
+_READ = r"""
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind == 'string' then return {'p', redis.call('GET', KEYS[1])} end
+if kind ~= 'hash' then return {} end
+local flat = redis.call('HGETALL', KEYS[1])
+table.insert(flat, 1, 'h')
+return flat
+"""
 
 # KEYS[1] an index (sorted set scored by Redis ms). ARGV: limit. Members whose score passed, by this master's clock.
 _PASSED = r"""
@@ -420,6 +487,7 @@ class OperationStore:
         self._resolve = store.script(redis, "operations.resolve", _RESOLVE)
         self._operator = store.script(redis, "operations.operator", _OPERATOR)
         self._passed = store.script(redis, "operations.passed", _PASSED)
+        self._read = store.script(redis, "operations.read", _READ)
         self._cancel = store.script(redis, "operations.cancel", _CANCEL)
         self._compensation = store.script(redis, "operations.compensation", _COMPENSATION)
         self._chains: dict[str, Any] = {}  # then-script sha -> begin chained with it (None: not possible)
@@ -480,7 +548,7 @@ class OperationStore:
         ``then``: a script call to make in the same round trip only if this one reserved the key (new or
         retry), its reply in ``then_reply``; on a Cluster client it is not made (``then_reply`` None)."""
         return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
-                               max_attempts, _dumps(meta), first_check_ms, window_ms, int(observe),
+                               max_attempts, _dumps(_stored_meta(meta)), first_check_ms, window_ms, int(observe),
                                replicate=is_write and not observe, then=then)
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
@@ -558,8 +626,8 @@ class OperationStore:
 
     # -- reads -----------------------------------------------------------------
     async def get(self, key: str) -> Record | None:
-        raw = await store.redis_call(self._redis.hgetall(self._keys(key)[0]))
-        return _record(key, raw) if raw else None
+        reply = await store.redis_call(self._read(keys=[self._keys(key)[0]], args=[]))
+        return _record(key, record_fields(reply)) if reply else None
 
     async def expired_leases(self, bucket: str, limit: int) -> list[str]:
         """IN_PROGRESS keys of a bucket whose lease ran out (by the bucket master's clock)."""
@@ -639,8 +707,92 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
-def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:
-    f = {k.decode(): v.decode() for k, v in raw.items()}
+def _stored_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """What the record keeps of a call's meta: no copy of what can be derived (the target's ``args_hash`` is
+    the meta's own; ``_read_meta`` puts it back)."""
+    target = meta.get("target")
+    if isinstance(target, Mapping) and "args_hash" in target and target["args_hash"] == meta.get("args_hash"):
+        return {**meta, "target": {k: v for k, v in target.items() if k != "args_hash"}}
+    return meta
+
+
+def _read_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    target = meta.get("target")
+    if isinstance(target, dict) and "args_hash" not in target and "args_hash" in meta:
+        meta["target"] = {**target, "args_hash": meta["args_hash"]}
+    return meta
+
+
+def record_fields(reply: list[bytes]) -> dict[str, str]:
+    """The fields of a record as ``_READ`` answered (packed, or an earlier version's hash), by long name."""
+    if reply[0] == b"p":
+        return {LONG_NAMES.get(k, k): v for k, v in unpack_record(reply[1]).items()}
+    flat = [v.decode() for v in reply[1:]]
+    return dict(zip(flat[0::2], flat[1::2]))
+
+
+def pack_record(fields: Mapping[str, str]) -> bytes:
+    """A record's stored value: the MessagePack map (short names to strings) the scripts write."""
+    out = bytearray()
+    _pack_header(out, len(fields), 0x80, 0xDE, 0xDF)
+    for name, value in fields.items():
+        for text in (FIELDS.get(name, name), value):
+            data = text.encode()
+            if len(data) < 32:
+                out.append(0xA0 | len(data))
+            elif len(data) < 0x100:
+                out += bytes((0xD9, len(data)))
+            else:
+                _pack_header(out, len(data), None, 0xDA, 0xDB)
+            out += data
+    return bytes(out)
+
+
+def _pack_header(out: bytearray, n: int, fix: int | None, head16: int, head32: int) -> None:
+    if fix is not None and n < 16:
+        out.append(fix | n)
+    elif n < 0x10000:
+        out += bytes((head16,)) + n.to_bytes(2, "big")
+    else:
+        out += bytes((head32,)) + n.to_bytes(4, "big")
+
+
+def unpack_record(data: bytes) -> dict[str, str]:
+    """``pack_record`` read back (short names kept): a map of strings, as ``cmsgpack`` packs a Lua table of
+    strings; anything else is refused (ValueError), never guessed."""
+    at = 0
+
+    def length(fix_base: int, fix_max: int, sized: dict[int, int]) -> int:
+        nonlocal at
+        head = data[at]
+        at += 1
+        if fix_base <= head <= fix_max:
+            return head - fix_base
+        if head in sized:
+            size = sized[head]
+            value = int.from_bytes(data[at:at + size], "big")
+            at += size
+            return value
+        raise ValueError(f"operation record: unexpected MessagePack type 0x{head:02x}")
+
+    def text() -> str:
+        nonlocal at
+        n = length(0xA0, 0xBF, {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4})
+        value = data[at:at + n].decode()
+        at += n
+        return value
+
+    if data[:1] == b"\x90":  # an empty table packs as an empty array
+        return {}
+    count = length(0x80, 0x8F, {0xDE: 2, 0xDF: 4})
+    fields = {}
+    for _ in range(count):
+        name = text()
+        fields[name] = text()
+    return fields
+
+
+def _record(key: str, f: Mapping[str, str]) -> Record:
 
     def num(name: str) -> int | None:
         return int(f[name]) if f.get(name) not in (None, "") else None
@@ -650,7 +802,7 @@ def _record(key: str, raw: Mapping[bytes, bytes]) -> Record:
 
     return Record(
         key=key, state=f.get("state", "ABSENT"), attempt=num("attempt") or 0, token=num("token") or 0,
-        is_write=f.get("is_write") == "1", meta=obj("meta") or {}, created_at=num("created_at") or 0,
+        is_write=f.get("is_write") == "1", meta=_read_meta(obj("meta") or {}), created_at=num("created_at") or 0,
         updated_at=num("updated_at") or 0, retention_s=num("retention") or 0, lease_until=num("lease_until"),
         outcome=obj("outcome"), evidence=obj("evidence"), final_reason=f.get("final_reason") or None,
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),

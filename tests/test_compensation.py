@@ -15,6 +15,7 @@ from proxy.registry import load_schema
 
 from proxy.operations import record_keys
 from tests.support.audit import audit_records
+from tests.support.records import alter_fields, read_fields
 
 VIEW = Draft202012Validator(load_schema("operation-view.schema.json"), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
@@ -121,8 +122,8 @@ async def test_a_failed_compensation_keeps_the_partial_state_freezes_and_hands_o
 async def test_refusals_outside_the_window_from_a_disallowed_state_or_without_a_declaration(stack):
     env = await reserved(stack)
     record = record_keys("toolproxy", env["idempotency_key"])[0]
-    settled = int(await stack.redis.hget(record, "updated_at"))
-    await stack.redis.hset(record, "updated_at", settled - 3601 * 1000)  # settled more than window_s ago
+    settled = int((await read_fields(stack.redis, record))["updated_at"])
+    await alter_fields(stack.redis, record, updated_at=settled - 3601 * 1000)  # settled more than window_s ago
     status, body = await compensate(stack, env["idempotency_key"])
     assert status == 409 and body["error"]["code"] == "compensation_window_closed"
     _, view = await stack.get(f"/v1/operations/{env['idempotency_key']}")

@@ -424,27 +424,45 @@ def load_registry(paths: Iterable[str | Path]) -> Registry:
     tools: list[ToolContract] = []
     services: dict[str, ServicePolicy] = {}
     for path in registry_files(paths):
-        tools.extend(load_file(path))
-        for name, policy in load_services(path).items():
+        document = _parse(path)  # once per file: PyYAML is most of a start-up's registry time
+        tools.extend(_tools(path, document))
+        for name, policy in _services(document).items():
             if name in services:
                 raise RegistryError(f"{path}: service {name!r} is also described in another registry file")
             services[name] = policy
     return Registry(tools, services)
 
 
+# libyaml's parser where PyYAML was built with it (the same safe constructors and resolvers, several times
+# faster than the pure-Python one); the pure-Python one otherwise.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def load_services(path: Path) -> dict[str, ServicePolicy]:
     """The file's ``services:`` section (backend defaults); the file was validated by ``load_file``."""
-    document = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return _services(_parse(path))
+
+
+def _services(document: Any) -> dict[str, ServicePolicy]:
+    document = document or {}
     return {name: ServicePolicy(quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
                                 breaker=MappingProxyType(dict(raw.get("breaker") or {})))
             for name, raw in (document.get("services") or {}).items()}
 
 
 def load_file(path: Path) -> list[ToolContract]:
+    return _tools(path, _parse(path))
+
+
+def _parse(path: Path) -> Any:
     try:
-        document = yaml.safe_load(path.read_text(encoding="utf-8"))
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
     except (OSError, yaml.YAMLError) as exc:
         raise RegistryError(f"{path}: cannot parse YAML: {exc}") from None
+
+
+def _tools(path: Path, document: Any) -> list[ToolContract]:
+    """The file's contracts, the document validated against the registry schema first."""
     _dates_as_text(document)
     validator = Draft202012Validator(load_schema("tool-registry.schema.json"))
     errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))

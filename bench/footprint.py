@@ -262,6 +262,8 @@ def mixed_run(proxy: Proxy, calls: list[Call], total: int, workdir: Path) -> int
         if wrk.poll() is None:
             wrk.kill()
             wrk.wait(timeout=10)
+    if stderr.strip():
+        print(f"mixed run: {stderr.strip()[:600]}", file=sys.stderr)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     if not lines:
         raise RuntimeError(f"wrk failed: {stdout}\n{stderr}")

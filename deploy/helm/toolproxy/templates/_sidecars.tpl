@@ -209,13 +209,19 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- if include "toolproxy.hasCatalog" . }}
     - {{ printf "%s:%s" $o.catalog.dataPath $o.catalog.mountPath }}
     {{- end }}
-  {{- if $o.authz.enabled }}
+  {{- if or $o.authz.enabled $o.goMemLimit }}
   env:
+    {{- if $o.goMemLimit }}
+    # Go's soft memory limit: OPA collects garbage harder as it nears it, before the container limit kills it.
+    - {name: GOMEMLIMIT, value: {{ $o.goMemLimit | quote }}}
+    {{- end }}
+    {{- if $o.authz.enabled }}
     # Read by the system.authz policy (opa.runtime().env): the one bearer token OPA answers.
     - name: TOOLPROXY_OPA_TOKEN
       valueFrom: {secretKeyRef: {name: {{ include "toolproxy.opaTokenSecret" . | quote }}, key: {{ include "toolproxy.opaTokenKey" . | quote }}}}
     - name: TOOLPROXY_OPA_DECISION_PATH
       value: {{ $o.decisionPath | quote }}
+    {{- end }}
   {{- end }}
   ports:
     - {name: opa-diag, containerPort: {{ $o.diagnosticPort }}, protocol: TCP}

@@ -268,7 +268,10 @@
     const read = a.related_read;
     const title = el("div", {className: "muted"}, read.tool + " " + read.version + " " + JSON.stringify(read.arguments));
     const entry = related.get(a.id);
-    if (!entry || (!entry.loading && Date.now() - entry.at > RELATED_MAX_AGE_MS)) askRelated(a.id);
+    // Read again after a minute, except after a denial: asked once per approval and page (no denial every minute
+    // in the security team's panels for an approver the policy does not let read).
+    const denied = entry && entry.result && entry.result.permitted === false;
+    if (!entry || (!entry.loading && !denied && Date.now() - entry.at > RELATED_MAX_AGE_MS)) askRelated(a.id);
     if (!entry || !entry.result) return [title, el("div", {className: "muted related-loading"}, "reading\u2026")];
     const r = entry.result;
     if (r.permitted === false) {

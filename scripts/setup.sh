@@ -5,7 +5,7 @@
 #     pyproject.toml's dependencies and [test] extra, as the suite last passed with them; refresh the
 #     lock with scripts/lock.sh), then toolproxy itself with `pip install --no-deps -e .`; reinstalls
 #     only when pyproject.toml or the lock changed since the last successful install.
-#   * pinned opa and helm binaries, cached under
+#   * pinned opa and helm binaries (and promtool and jaeger, built from their Go modules), cached under
 #     ${XDG_CACHE_HOME:-$HOME/.cache}/toolproxy/tools/<name>-<version>/ and
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
@@ -204,6 +204,35 @@ install_promtool() {
     ln -sfn "$dir/promtool" "$VBIN/promtool"
 }
 install_promtool
+
+# jaeger (v2 all-in-one: the trace backend tests/test_traces.py exports to and reads back).
+# Built once from its Go module into the tools cache. `go install module@version` refuses the module (its
+# go.mod has a replace directive), so the module's own source is built in a scratch copy. Without Go, or if
+# the build fails, the trace tests skip on a developer's machine and fail in CI (CI=true).
+JAEGER_VERSION="v1.76.0"
+install_jaeger() {
+    local dir="$TOOLS_CACHE/jaeger-${JAEGER_VERSION}"
+    if [[ ! -x "$dir/jaeger" || "$(cat "$dir/VERSION" 2>/dev/null)" != "$JAEGER_VERSION" ]]; then
+        command -v go >/dev/null 2>&1 || { log "jaeger: no Go toolchain, skipped (trace tests need it)"; return 0; }
+        mkdir -p "$dir"
+        log "building jaeger $JAEGER_VERSION from its Go module (once, several minutes; cache: $dir)"
+        local src scratch
+        src="$(go mod download -json "github.com/jaegertracing/jaeger@${JAEGER_VERSION}" \
+               | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+        scratch="$(mktemp -d)"
+        if [[ -n "$src" ]] && cp -r "$src/." "$scratch/" && chmod -R u+w "$scratch" \
+                && (cd "$scratch" && go build -trimpath -o "$dir/jaeger" ./cmd/jaeger); then
+            printf '%s\n' "$JAEGER_VERSION" > "$dir/VERSION"
+        else
+            log "WARNING: jaeger build failed; the trace tests cannot run (they fail in CI)"
+            rm -rf "$scratch"
+            return 0
+        fi
+        rm -rf "$scratch"
+    fi
+    ln -sfn "$dir/jaeger" "$VBIN/jaeger"
+}
+install_jaeger
 
 # ---------------------------------------------------------------------------
 # 3. redis-server
@@ -417,6 +446,8 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
     "$("$VBIN/helm" version --short 2>/dev/null)"
 [[ -x "$VBIN/promtool" ]] && printf 'promtool     %s -> %s  (%s)\n' "$VBIN/promtool" "$(readlink "$VBIN/promtool")" \
     "$(cat "$(dirname "$(readlink "$VBIN/promtool")")/VERSION")"
+[[ -x "$VBIN/jaeger" ]] && printf 'jaeger       %s -> %s  (%s)\n' "$VBIN/jaeger" "$(readlink "$VBIN/jaeger")" \
+    "$(cat "$(dirname "$(readlink "$VBIN/jaeger")")/VERSION")"
 [[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
 printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/checkov" \
     "$("$CHARTCHECK_VENV/bin/checkov" --version)" "$("$CHARTCHECK_VENV/bin/kubernetes-validate" --version)"

@@ -218,7 +218,7 @@ install_jaeger() {
         log "building jaeger $JAEGER_VERSION from its Go module (once, several minutes; cache: $dir)"
         local src scratch
         src="$(go mod download -json "github.com/jaegertracing/jaeger@${JAEGER_VERSION}" \
-               | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+               | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')" || src=""
         scratch="$(mktemp -d)"
         if [[ -n "$src" ]] && cp -r "$src/." "$scratch/" && chmod -R u+w "$scratch" \
                 && (cd "$scratch" && go build -trimpath -o "$dir/jaeger" ./cmd/jaeger); then

@@ -344,10 +344,17 @@ def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, Tool
     if tool.replaced_by is None:
         return
     name, _, version = tool.replaced_by.rpartition("@")
-    successor = by_name.get(name or tool.name, {}).get(version)
-    if successor is None or not successor.callable or successor is tool:
-        raise RegistryError(f"{tool.source}: tool {tool.name!r} version {tool.version}: replaced_by "
-                            f"{tool.replaced_by!r} is not another callable contract of this registry")
+    _other_callable(tool, by_name, name or tool.name, version,
+                    f"{tool.source}: tool {tool.name!r} version {tool.version}: replaced_by {tool.replaced_by!r}")
+
+
+def _other_callable(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]], name: str, version: str,
+                    where: str) -> ToolContract:
+    """The contract ``name@version`` that ``tool`` refers to; it must be another callable one."""
+    target = by_name.get(name, {}).get(version)
+    if target is None or not target.callable or target is tool:
+        raise RegistryError(f"{where} is not another callable contract of this registry")
+    return target
 
 
 def _check_compensation(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
@@ -355,9 +362,7 @@ def _check_compensation(tool: ToolContract, by_name: Mapping[str, Mapping[str, T
     if spec is None:
         return
     where = f"{tool.source}: tool {tool.name!r} version {tool.version}: compensation"
-    target = by_name.get(spec.tool, {}).get(spec.version)
-    if target is None or not target.callable or target is tool:
-        raise RegistryError(f"{where}: {spec.tool}@{spec.version} is not another callable contract of this registry")
+    target = _other_callable(tool, by_name, spec.tool, spec.version, f"{where}: {spec.tool}@{spec.version}")
     if target.compensation is not None:
         raise RegistryError(f"{where}: {spec.tool}@{spec.version} declares a compensation of its own "
                             f"(a compensation is never compensated again)")
@@ -374,9 +379,7 @@ def _check_related_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, T
     if read is None:
         return
     where = f"{tool.source}: tool {tool.name!r} version {tool.version}: related_read"
-    target = by_name.get(read.tool, {}).get(read.version)
-    if target is None or not target.callable or target is tool:
-        raise RegistryError(f"{where}: {read.tool}@{read.version} is not another callable contract of this registry")
+    target = _other_callable(tool, by_name, read.tool, read.version, f"{where}: {read.tool}@{read.version}")
     found = approval_context.related_problems(read, request_input=tool.input_schema,
                                               sensitive_fields=tool.sensitive_fields, target_mode=target.mode,
                                               target_input=target.input_schema)
@@ -509,15 +512,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     _check_schemas(at, raw, strict)
     resources = _resources(at, raw)
     output_policy = output_filter.policy_from_registry(raw.get("output_filter"), raw.get("output_limit"))
-    found = output_filter.problems(output_policy, output_schema or {})
-    if found:
-        raise at.error("output_filter", found[0])
+    _check_filter_guard_readable(at, raw, output_policy)
     guard = raw.get("state_guard")
-    if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
-        raise at.error("state_guard.argument", f"{guard['argument']!r} is not a required property of inputSchema")
-    readable = approval_context.readable_problems(raw.get("approver_may_read", []), raw.get("sensitive_fields", []))
-    if readable:
-        raise at.error("approver_may_read" + readable[0].partition(":")[0], readable[0].partition(": ")[2])
     idem, required = _idempotency(at, raw)
     timeout_ms, min_budget_ms = _budget(at, raw)
     backend = raw["backend"]
@@ -565,6 +561,19 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
         output_validator=schema_fast.validator(output_schema or {}, formats=True),
     )
+
+
+def _check_filter_guard_readable(at: "_At", raw: Mapping[str, Any], output_policy: Any) -> None:
+    """The output filter against the output schema, the state guard's argument, the approver-readable fields."""
+    found = output_filter.problems(output_policy, raw.get("outputSchema") or {})
+    if found:
+        raise at.error("output_filter", found[0])
+    guard = raw.get("state_guard")
+    if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
+        raise at.error("state_guard.argument", f"{guard['argument']!r} is not a required property of inputSchema")
+    readable = approval_context.readable_problems(raw.get("approver_may_read", []), raw.get("sensitive_fields", []))
+    if readable:
+        raise at.error("approver_may_read" + readable[0].partition(":")[0], readable[0].partition(": ")[2])
 
 
 @dataclass(frozen=True)

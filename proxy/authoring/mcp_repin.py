@@ -103,17 +103,25 @@ def write_validated(path: Path, text: str) -> None:
 async def repin(paths: Sequence[str], *, services: Mapping[str, str], mode: str, timeout_s: float,
                 dry_run: bool, out: TextIO) -> int:
     """Re-pin every MCP contract of ``paths`` to its upstream's current tools; 0 when all went well."""
-    from .mcp_import import fetch_tools
+    by_url, status = _by_upstream(paths, services, out)
+    repins, listed_status = await _plan_all(by_url, mode=mode, timeout_s=timeout_s, out=out)
+    for path, found in repins.items():
+        _write(path, found, dry_run=dry_run, out=out)
+    return max(status, listed_status)
 
-    files: dict[Path, list[tuple[int, ToolContract]]] = {}
+
+Entry = tuple[Path, int, ToolContract]
+
+
+def _by_upstream(paths: Sequence[str], services: Mapping[str, str], out: TextIO) -> tuple[dict[str, list[Entry]], int]:
+    """The MCP contracts of ``paths`` grouped by their upstream's URL (1: some could not be resolved)."""
+    by_url: dict[str, list[Entry]] = {}
+    status = 0
     for raw in paths:
         path = Path(raw)
-        contracts = load_file(path)
-        files[path] = [(i, c) for i, c in enumerate(contracts) if c.backend.type == "mcp"]
-    by_url: dict[str, list[tuple[Path, int, ToolContract]]] = {}
-    status = 0
-    for path, contracts in files.items():
-        for index, contract in contracts:
+        for index, contract in enumerate(load_file(path)):
+            if contract.backend.type != "mcp":
+                continue
             url = contract.backend.resolve(services)
             if url is None:
                 print(f"{path}: {contract.name} {contract.version}: backend.service {contract.backend.service!r} "
@@ -121,7 +129,16 @@ async def repin(paths: Sequence[str], *, services: Mapping[str, str], mode: str,
                 status = 1
                 continue
             by_url.setdefault(url, []).append((path, index, contract))
+    return by_url, status
+
+
+async def _plan_all(by_url: Mapping[str, list[Entry]], *, mode: str, timeout_s: float,
+                    out: TextIO) -> tuple[dict[Path, list[Repin]], int]:
+    """Each upstream listed once; its contracts' new pins, per file (1: an upstream failed or dropped a tool)."""
+    from .mcp_import import fetch_tools
+
     repins: dict[Path, list[Repin]] = {}
+    status = 0
     for url, entries in by_url.items():
         try:
             listed = await fetch_tools(url, mode=mode, timeout_s=timeout_s)
@@ -134,14 +151,16 @@ async def repin(paths: Sequence[str], *, services: Mapping[str, str], mode: str,
             (found,) = plan([(index, contract)], listed)
             repins.setdefault(path, []).append(found)
             status = max(status, _report(found, out))
-    for path, found in repins.items():
-        changed = [r for r in found if r.new is not None and r.new != r.contract.backend.pin]
-        if changed and not dry_run:
-            write_validated(path, edit(path.read_text(encoding="utf-8"), changed))
-        print(f"{path}: {len(changed)} pin(s) {'to write (dry run)' if dry_run else 'written'}, "
-              f"{sum(1 for r in found if r.new is not None and r.new == r.contract.backend.pin)} unchanged, "
-              f"{sum(1 for r in found if r.new is None)} not listed upstream", file=out)
-    return status
+    return repins, status
+
+
+def _write(path: Path, found: Sequence[Repin], *, dry_run: bool, out: TextIO) -> None:
+    changed = [r for r in found if r.new is not None and r.new != r.contract.backend.pin]
+    if changed and not dry_run:
+        write_validated(path, edit(path.read_text(encoding="utf-8"), changed))
+    print(f"{path}: {len(changed)} pin(s) {'to write (dry run)' if dry_run else 'written'}, "
+          f"{sum(1 for r in found if r.new is not None and r.new == r.contract.backend.pin)} unchanged, "
+          f"{sum(1 for r in found if r.new is None)} not listed upstream", file=out)
 
 
 def _report(found: Repin, out: TextIO) -> int:

@@ -48,6 +48,8 @@ _call: contextvars.ContextVar["CallSpan | None"] = contextvars.ContextVar("toolp
 _root_trace_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("toolproxy_root_trace", default=None)
 
 
+_TRACE_ID_LIMIT = (1 << 64) - 1  # TraceIdRatioBased samples on the trace id's low 64 bits
+
 def active() -> "Tracing | None":
     """The configured tracing, or None when tracing is off."""
     return _active
@@ -234,6 +236,8 @@ class Tracing:
         resource = Resource({**config.resource_attributes, "service.name": config.service_name,
                              "telemetry.sdk.language": "python", "telemetry.sdk.name": "opentelemetry"})
         self.provider = TracerProvider(sampler=_sampler(config), resource=resource, id_generator=RequestIds())
+        from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
+        self._ratio_bound = TraceIdRatioBased.get_bound_for_rate(config.sampler_arg)
         exporter = OTLPSpanExporter(endpoint=config.spans_url, headers=dict(config.headers),
                                     timeout=config.export_timeout_ms / 1000.0)
         self.processor = BatchSpanProcessor(exporter, max_queue_size=config.max_queue_size,
@@ -302,6 +306,8 @@ class Tracing:
     def call(self, trace: TraceContext, *, call_id: Any) -> CallSpan | None:
         """The span of one tool call (None when the sampler drops it: the request then carries the caller's
         context onward, as with tracing off)."""
+        if self._drops(trace):  # most calls at the default sampler: no SDK span is made for them at all
+            return None
         span = self.start("execute_tool", trace, {
             "gen_ai.operation.name": "execute_tool", "gen_ai.tool.type": "extension",
             "gen_ai.tool.call.id": call_id if isinstance(call_id, str) else None})
@@ -311,6 +317,21 @@ class Tracing:
         found = CallSpan(self, span)
         _call.set(found)
         return found
+
+    def _drops(self, trace: TraceContext) -> bool:
+        """True when the configured sampler certainly drops a call span of ``trace``: the SDK's own verdict
+        (ParentBased follows a remote parent's sampled flag; TraceIdRatioBased compares the low 64 bits of the
+        trace id with its bound), decided without building a span. Anything else is left to the SDK."""
+        if _parent.get() is not None:
+            return False
+        sampler = self.config.sampler
+        if trace.remote and sampler.startswith("parentbased_"):
+            return not trace.sampled
+        if sampler in ("always_off", "parentbased_always_off"):
+            return True
+        if sampler in ("traceidratio", "parentbased_traceidratio"):
+            return int(trace.trace_id, 16) & _TRACE_ID_LIMIT >= self._ratio_bound
+        return False
 
     def enclosing(self, name: str, trace: TraceContext, attributes: Mapping[str, Any],
                   *, server: bool = True) -> "Enclosing":

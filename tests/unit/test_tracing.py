@@ -118,3 +118,35 @@ def test_attribute_values_follow_the_audit_rules():
     assert spans.safe_value("x", "y" * 1000).endswith("...[truncated]")
     assert spans.reason_ids(["tool_denied:order:42", "limit"]) == ["tool_denied", "limit"]
     assert len(spans.key_hash("tenant-key-123")) == 32 and "tenant" not in spans.key_hash("tenant-key-123")
+
+
+@pytest.mark.parametrize("sampler", ["parentbased_traceidratio", "traceidratio", "parentbased_always_on",
+                                     "parentbased_always_off", "always_on", "always_off"])
+def test_a_call_the_sampler_drops_is_dropped_before_any_span_exactly_as_the_sdk_decides(sampler):
+    """``Tracing._drops`` (no span built for most calls at the default sampler) never disagrees with the SDK's
+    own sampler: over random trace ids, remote parents sampled and not, it drops only what the SDK drops."""
+    import random
+
+    from opentelemetry.sdk.trace.sampling import Decision
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, set_span_in_context
+
+    config = load_config(env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9", "OTEL_BSP_SCHEDULE_DELAY": "60000",
+                              "OTEL_TRACES_SAMPLER": sampler, "OTEL_TRACES_SAMPLER_ARG": "0.25"}).tracing
+    on = spans.Tracing(config)
+    try:
+        rng = random.Random(7)
+        dropped = 0
+        for i in range(2000):
+            trace_id, remote, flags = f"{rng.getrandbits(128):032x}", i % 3 == 0, rng.choice(["00", "01"])
+            trace = tracing.TraceContext(trace_id, f"{rng.getrandbits(64):016x}", flags, "", remote)
+            parent = None
+            if remote:
+                parent = set_span_in_context(NonRecordingSpan(SpanContext(
+                    int(trace_id, 16), int(trace.parent_id, 16), is_remote=True, trace_flags=TraceFlags(int(flags, 16)))))
+            verdict = on.provider.sampler.should_sample(parent, int(trace_id, 16), "execute_tool").decision
+            if on._drops(trace):
+                dropped += 1
+                assert verdict == Decision.DROP, (sampler, trace)
+        assert dropped > 0 or sampler in ("always_on", "parentbased_always_on")
+    finally:
+        on.shutdown()

@@ -376,7 +376,7 @@ def _check_compensation(tool: ToolContract, by_name: Mapping[str, Mapping[str, T
 
 def _check_related_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
     read = tool.related_read
-    if read is None:
+    if read is None or not tool.callable:  # a retired contract has no approvals to show a read beside
         return
     where = f"{tool.source}: tool {tool.name!r} version {tool.version}: related_read"
     target = _other_callable(tool, by_name, read.tool, read.version, f"{where}: {read.tool}@{read.version}")

@@ -45,8 +45,11 @@ def versions_v2(directory: Path, *, v1: dict[str, Any] | None = None) -> None:
         if tool["name"] in ("adjust_counter", "refund_order", "get_order") and v1:
             tool.update(v1)
     write_tools(directory / "demo-tools.yaml", tools)
-    write_tools(directory / "v2.yaml", [contract(n, "2.0.0", description=f"{n}, contract 2")
-                                        for n in ("adjust_counter", "refund_order", "get_order")])
+    v2 = [contract(n, "2.0.0", description=f"{n}, contract 2") for n in ("adjust_counter", "refund_order", "get_order")]
+    for tool in v2:  # the refund's related read moves to the read's new version with it (v1 may be retired)
+        if tool.get("related_read"):
+            tool["related_read"] = {**tool["related_read"], "version": "2.0.0"}
+    write_tools(directory / "v2.yaml", v2)
 
 
 # -- registry: statuses, dates, successors --------------------------------------------------------

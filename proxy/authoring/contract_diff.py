@@ -96,13 +96,21 @@ def _contract_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, s
                                                 f"{new.idempotency_required}"))
     if old.status != new.status:
         found.append((False, f"status {old.status} -> {new.status}"))
-    # Flow facts are permission semantics: a new label or an external sink can hold calls that ran before.
-    found += [(True, f"flow.produces adds {label}") for label in new.flow_produces if label not in old.flow_produces]
+    return found + _flow_fields(old, new) + _informative_fields(old, new)
+
+
+def _flow_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]:
+    """Flow facts are permission semantics: a new label or an external sink can hold calls that ran before."""
+    found = [(True, f"flow.produces adds {label}") for label in new.flow_produces if label not in old.flow_produces]
     found += [(False, f"flow.produces drops {label}") for label in old.flow_produces if label not in new.flow_produces]
     if old.flow_sink != new.flow_sink:
         found.append((new.flow_sink == "external", f"flow.sink {old.flow_sink} -> {new.flow_sink}"))
+    return found
+
+
+def _informative_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]:
     informative = ("description", "timeout_ms", "deprecated_at", "sunset", "replaced_by")
-    found += [(False, f"{label} changed") for label in informative if getattr(old, label) != getattr(new, label)]
+    found = [(False, f"{label} changed") for label in informative if getattr(old, label) != getattr(new, label)]
     if replace(old.backend, pin=None) != replace(new.backend, pin=None):
         found.append((False, "backend changed"))
     if old.backend.pin != new.backend.pin:  # `toolproxy mcp repin` after a reviewed upstream change

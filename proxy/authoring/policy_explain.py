@@ -63,29 +63,9 @@ def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], 
 
 
 async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -> dict[str, Any]:
-    masked: list[Any] = []
     caller = Caller(subject=args.subject, tenant=args.tenant, roles=tuple(_list(args.roles)),
                     scopes=tuple(_list(args.scopes)), agent=args.agent, source="jwt")
-    if args.decision_id:
-        from .policy_replay import load_records
-        if not (args.records or args.redis):
-            raise ValueError("--decision-id needs --records FILE or --redis URL")
-        records, _ = await load_records(args)
-        found = [r for r in records if args.decision_id in (r.get("decision_id"), r.get("request_id"))]
-        if not found:
-            raise ValueError(f"no decision record with decision or request id {args.decision_id!r}")
-        if "input" not in found[-1]:
-            raise ValueError("that record holds no input (it was larger than decisions.max_record_bytes)")
-        document, masked = found[-1]["input"], found[-1].get("masked_paths") or []
-    elif getattr(args, "list", False):
-        registry = load_registry(args.registry or ["examples/registry"])
-        document = build_input("list", caller, RequestFacts(request_id="explain"),
-                               catalog_digest=(catalog or {}).get("digest", ""), tools=registry.active())
-    else:
-        text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else sys.stdin.read()
-        document = call_input(json.loads(text), caller, args.registry or ["examples/registry"],
-                              (catalog or {}).get("digest", ""),
-                              _list(args.flow) if getattr(args, "flow", None) is not None else None)
+    document, masked = await _input_to_explain(args, caller, catalog)
     listing_path = getattr(args, "listing_path", LISTING_PATH)
     evaluated = {"policy_dir": args.policy, "data_paths": args.data, "catalog": catalog, "opa_binary": args.opa}
     listing = _listing_view(document, listing_path=listing_path, **evaluated)
@@ -94,6 +74,35 @@ async def explain(args: argparse.Namespace, *, catalog: dict[str, Any] | None) -
     decision, provenance = evaluate(document, decision_path=args.decision_path, extra_reasons=reasons, **evaluated)
     return {"input": document, "masked_paths": masked, "decision": decision, "result": result_of(decision),
             "provenance": provenance, "rules": applied_rules(document, args.decision_path, listing_path, listing)}
+
+
+async def _input_to_explain(args: argparse.Namespace, caller: Caller,
+                            catalog: dict[str, Any] | None) -> tuple[dict[str, Any], list[Any]]:
+    """The input to explain and its masked paths: a recorded decision's (``--decision-id``), a listing's
+    (``--list``), or a call body's (``--body``)."""
+    if args.decision_id:
+        return await _recorded_input(args)
+    digest = (catalog or {}).get("digest", "")
+    if getattr(args, "list", False):
+        registry = load_registry(args.registry or ["examples/registry"])
+        return build_input("list", caller, RequestFacts(request_id="explain"), catalog_digest=digest,
+                           tools=registry.active()), []
+    text = Path(args.body).read_text(encoding="utf-8") if args.body != "-" else sys.stdin.read()
+    flow = _list(args.flow) if getattr(args, "flow", None) is not None else None
+    return call_input(json.loads(text), caller, args.registry or ["examples/registry"], digest, flow), []
+
+
+async def _recorded_input(args: argparse.Namespace) -> tuple[dict[str, Any], list[Any]]:
+    from .policy_replay import load_records
+    if not (args.records or args.redis):
+        raise ValueError("--decision-id needs --records FILE or --redis URL")
+    records, _ = await load_records(args)
+    found = [r for r in records if args.decision_id in (r.get("decision_id"), r.get("request_id"))]
+    if not found:
+        raise ValueError(f"no decision record with decision or request id {args.decision_id!r}")
+    if "input" not in found[-1]:
+        raise ValueError("that record holds no input (it was larger than decisions.max_record_bytes)")
+    return found[-1]["input"], found[-1].get("masked_paths") or []
 
 
 LISTING_PATH = "toolproxy/listing"

@@ -72,13 +72,20 @@ def opa_schema(schema: Any) -> Any:
             out["allOf"] = kept
     if "oneOf" in out:
         out["anyOf"] = out.pop("oneOf")
-    values = out.get("enum", [out["const"]] if "const" in out else None)
-    if "type" not in out and values:
-        kinds = {_json_type(v) for v in values}
-        kinds = {"number"} if kinds == {"integer", "number"} else kinds
-        if len(kinds) == 1:
-            out["type"] = kinds.pop()
+    if "type" not in out:
+        _type_the_enum(out)
     return out
+
+
+def _type_the_enum(schema: dict[str, Any]) -> None:
+    """An untyped ``enum``/``const`` whose values share one JSON type gets that type."""
+    values = schema.get("enum", [schema["const"]] if "const" in schema else None)
+    if not values:
+        return
+    kinds = {_json_type(v) for v in values}
+    kinds = {"number"} if kinds == {"integer", "number"} else kinds
+    if len(kinds) == 1:
+        schema["type"] = kinds.pop()
 
 
 def _typed(part: Mapping[str, Any]) -> bool:

@@ -61,11 +61,13 @@ async def test_repeated_calls_leave_no_objects_behind(stack):
     for n in range(math.ceil(FINISHED_BATCHES_KEPT / ROUNDS_CALLS) + 1):
         await one_round(stack, f"warm{n}")
     counts = [objects_now(stack)]
-    for n in range(2):
+    for n in range(3):
         await one_round(stack, f"r{n}")
         counts.append(objects_now(stack))
     growth = [b - a for a, b in zip(counts, counts[1:])]
     print(f"gc objects after each round: {counts} (growth {growth})")
-    # A leak of one object per iteration (four calls) leaves 2 * ROUNDS_CALLS more after two rounds; a
-    # round's count moves by a few objects either way (what is in flight when it is taken).
-    assert counts[-1] - counts[0] < ROUNDS_CALLS, counts
+    # A leak of one object per iteration (four calls) grows every round by ROUNDS_CALLS or more. A round's count
+    # also moves by what happens to be alive when it is taken (in flight, a background sweep, or, in a whole
+    # suite's process, what other tests left to the collector), once rather than every round: so at least one
+    # round must grow by less than a leak would.
+    assert min(growth) < ROUNDS_CALLS, counts

@@ -150,8 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     egress.add_argument("--no-registry", action="store_true", help="do not read the registry's url: backends")
     egress.add_argument("--apply", action="store_true", help="load the rules with `nft -f -` instead of printing")
 
-    from .authoring.policy_commands import add_parsers as add_policy_parsers
-    add_policy_parsers(sub)
+    _add_policy_parsers(sub)
 
     args = parser.parse_args(argv)
     if args.command == "check-registry":
@@ -303,12 +302,78 @@ def print_opa_data(paths: Sequence[str]) -> int:
     return 0
 
 
+def _add_policy_parsers(sub: Any) -> None:
+    """``toolproxy policy replay | explain | check`` (run by ``proxy/authoring/policy_commands.py``)."""
+    policy = sub.add_parser("policy", help="policy authoring: replay, explain, check",
+                            description="Tools for policy authors; see docs/policy-authors.md.")
+    commands = policy.add_subparsers(dest="policy_command", required=True)
+
+    replay = commands.add_parser(
+        "replay", help="replay recorded decisions against a candidate policy",
+        description="Evaluate recorded decision inputs against a candidate policy in a scratch opa and report "
+                    "what would change. Exit 1 when a --fail-on transition occurs, 2 when it cannot run.")
+    source = replay.add_mutually_exclusive_group(required=True)
+    source.add_argument("--records", help="JSON-lines file of decision records (other lines are skipped)")
+    source.add_argument("--redis", help="Redis URL holding the decision stream")
+    replay.add_argument("--stream", default=None,
+                        help="stream key (default: <prefix>:decisions:{stream} with --key-prefix)")
+    replay.add_argument("--key-prefix", default="toolproxy", help="redis.key_prefix of the proxy (default toolproxy)")
+    _policy_args(replay)
+    replay.add_argument("--fail-on", action="append", default=[],
+                        help="exit 1 if this transition occurs, e.g. deny->allow (repeatable; 'any' for every change)")
+    replay.add_argument("--format", choices=["text", "json"], default="text")
+    replay.add_argument("--examples", type=int, default=3, help="examples per transition (default 3)")
+
+    explain = commands.add_parser(
+        "explain", help="why a call or a listing is decided the way it is: the input, the decision, which rules "
+                   "applied, the rules behind each reason")
+    what = explain.add_mutually_exclusive_group(required=True)
+    what.add_argument("--body", help="a tool-call request body (JSON file, or - for stdin)")
+    what.add_argument("--decision-id", help="a decision id from the records (with --records or --redis)")
+    what.add_argument("--list", action="store_true",
+                      help="a tool listing (tools/list) for the caller: which tools are shown, which hidden and why")
+    explain.add_argument("--records", help="JSON-lines file of decision records (with --decision-id)")
+    explain.add_argument("--redis", help="Redis URL holding the decision stream (with --decision-id)")
+    explain.add_argument("--stream", default=None)
+    explain.add_argument("--key-prefix", default="toolproxy")
+    explain.add_argument("--subject", default="dev-user")
+    explain.add_argument("--tenant", default="acme")
+    explain.add_argument("--roles", default="agent", help="comma-separated roles")
+    explain.add_argument("--scopes", default="tools:read,tools:write", help="comma-separated scopes")
+    explain.add_argument("--agent", default="dev-agent")
+    explain.add_argument("--flow", default=None, metavar="LABELS",
+                         help="with --body: comma-separated flow labels the agent was exposed to (input.flow; an "
+                              "external sink gets an empty one without it, as the proxy reads it)")
+    _policy_args(explain)
+    explain.add_argument("--listing-path", default="toolproxy/listing",
+                         help="the listing rules' document (default toolproxy/listing: policies/listing.rego)")
+    explain.add_argument("--format", choices=["text", "json"], default="text")
+
+    check = commands.add_parser(
+        "check", help="opa check --strict, opa fmt, and policy data against the registry",
+        description="Exit 1 when any problem is found, 2 when the check cannot run.")
+    check.add_argument("--policy", default="policies", help="Rego directory (default policies/)")
+    check.add_argument("--data", nargs="+", default=["examples/opa"], help="OPA data files or directories")
+    check.add_argument("--registry", nargs="+", default=["examples/registry"], help="registry files or directories")
+    check.add_argument("--opa", help="opa binary (default: the venv's, then PATH)")
+    check.add_argument("--format", choices=["text", "json"], default="text")
+
+
+def _policy_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--policy", default="policies", help="candidate Rego directory (default policies/)")
+    parser.add_argument("--data", nargs="*", default=["examples/opa"], help="OPA data files or directories")
+    parser.add_argument("--registry", nargs="*", default=["examples/registry"],
+                        help="registry loaded as data.toolproxy.catalog (none: the data ships the catalog)")
+    parser.add_argument("--decision-path", default="toolproxy/decision", help="opa.decision_path of the proxy")
+    parser.add_argument("--opa", help="opa binary (default: the venv's, then PATH)")
+
+
 def run_sidecar(config_path: str | None) -> int:
     from .fronts.app import check_key_layout, serve
     try:
         config = load_config(config_path)
         check_key_layout(config)
-        load_registry(config.registry.paths)  # fail fast with a clear message
+        registry = load_registry(config.registry.paths)  # fail fast with a clear message; the runtime serves it
         check_audit_config(config.audit)
         check_decisions_config(config.decisions)
         identity_problem = configuration_problem(config.identity)
@@ -330,7 +395,7 @@ def run_sidecar(config_path: str | None) -> int:
         def reload_on_sighup(runtime: Any) -> None:
             loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)
 
-        await serve(config, stop=stop, on_runtime=reload_on_sighup)
+        await serve(config, registry=registry, stop=stop, on_runtime=reload_on_sighup)
 
     try:
         run_loop(main_async())

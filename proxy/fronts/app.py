@@ -33,6 +33,7 @@ from ..policy.client import RequestFacts
 from ..policy.operation_access import Authorize, authorizer
 from ..batch.plan import plan_from_json
 from ..quotas import retry_after_header
+from ..registry import Registry
 from ..runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("toolproxy.app")
@@ -185,11 +186,12 @@ def ops_app(runtime: Runtime) -> web.Application:
     return app
 
 
-async def serve(config: Config, *, ready: asyncio.Event | None = None,
+async def serve(config: Config, *, registry: Registry | None = None, ready: asyncio.Event | None = None,
                 stop: asyncio.Event | None = None, on_runtime: Callable[[Runtime], None] | None = None) -> None:
     """Run all listeners until ``stop`` is set (or forever); ``on_runtime`` gets the runtime once it exists
-    (the CLI hooks SIGHUP to its registry reload there)."""
-    runtime = await create_runtime(config)
+    (the CLI hooks SIGHUP to its registry reload there). ``registry``: already loaded (the CLI checked it
+    before start-up), else loaded from ``registry.paths``."""
+    runtime = await create_runtime(config, registry)
     if on_runtime is not None:
         on_runtime(runtime)
     runners: list[web.AppRunner] = []

@@ -32,6 +32,14 @@ def test_the_run_entry_without_an_mcp_configuration_does_not_import_mcp():
     assert not modules & set(NOT_IMPORTED), sorted(modules & set(NOT_IMPORTED))
 
 
+def test_the_run_command_imports_no_authoring_before_it_serves():
+    # main() builds every subcommand's parser, then `run` imports the serving path (a missing config file
+    # stops it right after, before anything is opened): policy authoring's parsers live in proxy/cli.py.
+    modules = imported_after("from proxy.cli import main\nmain(['run', '--config', '/nonexistent/toolproxy.yaml'])")
+    assert "proxy.fronts.app" in modules  # the serving path was imported: the probe ran far enough
+    assert not modules & set(NOT_IMPORTED), sorted(modules & set(NOT_IMPORTED))
+
+
 def test_the_mcp_front_brings_the_sdk_when_it_is_imported():  # the check above can fail: it sees the SDK
     assert {"mcp", "mcp_types"} <= imported_after("import proxy.fronts.mcp.front")
 

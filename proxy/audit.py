@@ -434,10 +434,3 @@ def build_sinks(config: AuditConfig, redis: Client, stream_key: str,
             raise ConfigError(f"audit.sinks: unknown sink {name!r} (stdout, redis)")
     return sinks
 
-
-def digest(value: Any) -> str | None:
-    """SHA-256 of the canonical JSON of a value (a result summary that copies nothing)."""
-    try:
-        return sha256_hex(canonical_json(value))
-    except ProxyError:
-        return None

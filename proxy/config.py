@@ -598,6 +598,11 @@ class TracingConfig:
                            "samplers follow the agent's traceparent sampled flag and apply the rest to calls "
                            "without one", choices=SAMPLERS)
     sampler_arg: float = setting(0.1, "the ratio of the *traceidratio samplers, 0 to 1 (OTEL_TRACES_SAMPLER_ARG)")
+    stages: str = setting("events", "how a call's stages (decision, quota, reservation, lock wait, backend, "
+                                    "verify, commit) appear: 'events' on the call span, each with its duration "
+                                    "(one span per call: about a third of the cost of a sampled call), or "
+                                    "'spans', a child span each (a timeline of bars; the backend's request "
+                                    "continues under the execute span)", choices=("events", "spans"))
     export_timeout_ms: int = setting(10000, "bound on one export request (OTEL_EXPORTER_OTLP_TIMEOUT)",
                                      bounds=(1, 600000))
     max_queue_size: int = setting(2048, "spans held while the receiver is slow or away; past it spans are dropped, "

@@ -183,20 +183,25 @@ def with_summary(env: Envelope, normalized: Any) -> Envelope:
     side = env.side_effect
     if env.tool is None or not side.attempted or not (side.committed is True or env.partial is not None):
         return env
+    if env.partial is None and env.evidence is None and env.error is None:  # a read has no effect to summarize
+        return env
     keys = [r.id for r in normalized.resources] if normalized is not None else []
+    text = effect_summary(env.tool, env.tool_version, keys, env.partial)
+    return replace(env, side_effect=replace(side, summary=text))
+
+
+def effect_summary(tool: str, tool_version: str | None, keys: Sequence[str],
+                   partial: Mapping[str, Any] | None = None) -> str:
+    """The summary text of a committed (or, with ``partial``, partly applied) write on ``keys``."""
     where = ""
     if keys:
         named = ", ".join(keys[:SUMMARY_RESOURCES])
         more = len(keys) - SUMMARY_RESOURCES
         where = f" on {named}" + (f" and {more} more" if more > 0 else "")
-    if env.partial is not None:
-        done, pending = len(env.partial.get("committed") or ()), len(env.partial.get("pending") or ())
-        text = f"{env.tool} {env.tool_version} partly applied{where}: {done} item(s) committed, {pending} pending"
-    elif env.evidence is None and env.error is None:  # a read has no effect to summarize
-        return env
-    else:
-        text = f"{env.tool} {env.tool_version} committed{where}"
-    return replace(env, side_effect=replace(side, summary=text))
+    if partial is not None:
+        done, pending = len(partial.get("committed") or ()), len(partial.get("pending") or ())
+        return f"{tool} {tool_version} partly applied{where}: {done} item(s) committed, {pending} pending"
+    return f"{tool} {tool_version} committed{where}"
 
 
 def build(*, call_id: str | None, request_id: str, tool: str | None, tool_version: str | None,

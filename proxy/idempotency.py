@@ -67,7 +67,7 @@ import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping
 
 import rfc8785
@@ -81,6 +81,7 @@ from .telemetry import spans
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, Transition
+from .outcome_forms import OutcomeContext, compact, expand
 from .telemetry.redaction import redact
 from .registry import ToolContract
 from .store import RoundTrip, StoreError, Then, unavailable, unavailable_on_fault
@@ -144,6 +145,9 @@ class Admission:
     lease_s: float = 0.0      # the lease the reservation was granted
     then_reply: Any = None    # the reply of ``admit``'s ``then`` call, made with the reservation (or None)
     fingerprint: str = ""     # the operation's fingerprint: the committed outcome's MAC covers it
+    # What the record's meta lets its outcome leave out (outcome_forms): set only when this call created the
+    # record (a retry's record keeps the first attempt's meta, whose call and request ids differ).
+    outcome_context: OutcomeContext | None = None
 
     @property
     def holds(self) -> bool:
@@ -293,7 +297,7 @@ class IdempotencyStage:
                     tenant=caller.tenant, subject=caller.subject, agent=caller.agent, tool=tool.name,
                     tool_version=tool.version, args_hash=normalized.args_hash)
             return self._decide(tool, op.key, answer, reserved_at=sent, lease_s=lease_ms / 1000.0,
-                                fingerprint=op.fingerprint)
+                                fingerprint=op.fingerprint, context=OutcomeContext.of_meta("", record_meta))
 
     def _outcome_trusted(self, op: OperationKey, answer: Transition) -> bool:
         """A stored outcome about to be handed back (a replay, a final error) carries a MAC over this key,
@@ -321,7 +325,7 @@ class IdempotencyStage:
             log.warning("could not undo the reservation of cancelled call %s; its lease will expire", key)
 
     def _decide(self, tool: ToolContract, key: str, answer: Any, *, reserved_at: float,
-                lease_s: float, fingerprint: str) -> Admission:
+                lease_s: float, fingerprint: str, context: OutcomeContext) -> Admission:
         status = answer.status
         result = {"new": "new", "retry": "retry", "replay": "replayed", "in_progress": "in_progress",
                   "conflict": "conflict", "unknown": "unknown", "final": "failed_final",
@@ -330,9 +334,11 @@ class IdempotencyStage:
         details = {"idempotency_key": key}
         if status in ("new", "retry"):
             return Admission(key=key, token=answer.int(0), attempt=answer.int(1), reserved_at=reserved_at,
-                             lease_s=lease_s, then_reply=answer.then_reply, fingerprint=fingerprint)
-        if status == "replay":
-            return Admission(key=key, replay=_loads(answer.text(0)))
+                             lease_s=lease_s, then_reply=answer.then_reply, fingerprint=fingerprint,
+                             outcome_context=context if status == "new" else None)
+        if status == "replay":  # the same call again (same fingerprint): its contract and resources derive
+            return Admission(key=key, replay=expand(_loads(answer.text(0)), replace(
+                context, state="SUCCEEDED", call_id=None, request_id=None)))
         if status == "in_progress":
             raise ProxyError("operation_in_progress",
                              "Another call with this operation key is running; poll, or send Prefer: wait=<s>.",
@@ -421,6 +427,8 @@ class IdempotencyStage:
             target = "FAILED_FINAL"
         outcome = outcome_of(data=data, error=error, side_effect=side_effect, tool=tool, call_id=call_id,
                              request_id=request_id, evidence=evidence, partial=partial)
+        if admission.outcome_context is not None:  # the record's bytes: nothing its meta or data derive
+            outcome = compact(outcome, replace(admission.outcome_context, state=target))
         observed = "partial" if partial is not None else error.code if error else "succeeded"
         evidence = {"source": "executor", "observed": observed, "at_ms": int(time.time() * 1000)}
 

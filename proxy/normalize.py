@@ -84,6 +84,14 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def digest(value: Any) -> str | None:
+    """SHA-256 of the canonical JSON of a value (a result summary that copies nothing); None if it has none."""
+    try:
+        return sha256_hex(canonical_json(value))
+    except ProxyError:
+        return None
+
+
 def normalize(tool: ToolContract, arguments: Mapping[str, Any]) -> NormalizedCall:
     with_defaults = apply_defaults(tool.input_schema, arguments)
     canonical = canonical_json(with_defaults)

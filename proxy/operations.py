@@ -50,6 +50,8 @@ import orjson
 
 from . import store
 from .integrity import RecordMac
+from .normalize import digest
+from .outcome_forms import OutcomeContext, expand
 
 log = logging.getLogger("toolproxy.operations")
 
@@ -132,7 +134,7 @@ local function settle(state, outcome, evidence, mac)
   hset('state', state, 'updated_at', now)
   if outcome ~= '' then hset('outcome', outcome) end
   if mac ~= '' then hset('omac', mac) else hdel('omac') end
-  if evidence ~= '' then hset('evidence', evidence) end
+  if evidence == '=' then hdel('evidence') elseif evidence ~= '' then hset('evidence', evidence) end
   hdel('lease_until', 'rec_owner', 'rec_owner_until', 'owner')
   redis.call('ZREM', leases, id)
   redis.call('ZREM', open, id)
@@ -558,8 +560,8 @@ class OperationStore:
         ``fingerprint``: the record's (``OperationKey.fingerprint``); without it a settled outcome carries no
         MAC and is never replayed."""
         text = _dumps(outcome) if outcome else ""
-        return await self._run(self._commit, key, token, target, text, _dumps(evidence), first_check_ms, window_ms,
-                               self._outcome_mac(key, fingerprint, target, text))
+        return await self._run(self._commit, key, token, target, text, _evidence_text(target, evidence),
+                               first_check_ms, window_ms, self._outcome_mac(key, fingerprint, target, text))
 
     def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
                   outcome: Mapping[str, Any] | None, evidence: Mapping[str, Any], first_check_ms: int,
@@ -568,7 +570,7 @@ class OperationStore:
         """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
         text = _dumps(outcome) if outcome else ""
         trip.add(self._commit, self._keys(key),
-                 [key, token, target, text, _dumps(evidence), first_check_ms, window_ms,
+                 [key, token, target, text, _evidence_text(target, evidence), first_check_ms, window_ms,
                   self._outcome_mac(key, fingerprint, target, text)],
                  lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
                  acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
@@ -707,18 +709,50 @@ def _dumps(value: Any) -> str:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), sort_keys=True)
 
 
+# A SUCCEEDED record without evidence was settled by its executor's own answer (``_evidence_text``): its
+# evidence reads back as this, at the record's ``updated_at`` (when the answer was recorded).
+EXECUTOR_SUCCESS = {"source": "executor", "observed": "succeeded"}
+
+
+def _evidence_text(target: str, evidence: Mapping[str, Any]) -> str:
+    """The evidence a commit stores: ``=`` (none: it is derived) for the executor's own success."""
+    if target == "SUCCEEDED" and {k: v for k, v in evidence.items() if k != "at_ms"} == EXECUTOR_SUCCESS:
+        return "="
+    return _dumps(evidence)
+
+
 def _stored_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
-    """What the record keeps of a call's meta: no copy of what can be derived (the target's ``args_hash`` is
-    the meta's own; ``_read_meta`` puts it back)."""
+    """What the record keeps of a call's meta: no copy of what can be derived, each left out only when its
+    derivation gives the same value (``_read_meta`` puts them back):
+
+    - the target's ``args_hash`` is the meta's own;
+    - the meta's ``args_hash`` is the digest of the target's arguments when they are shown whole (nothing
+      redacted or truncated);
+    - ``marks`` (the resources an unknown outcome freezes) are stored as ``true`` when they are the target's
+      resources."""
     target = meta.get("target")
-    if isinstance(target, Mapping) and "args_hash" in target and target["args_hash"] == meta.get("args_hash"):
-        return {**meta, "target": {k: v for k, v in target.items() if k != "args_hash"}}
-    return meta
+    if not isinstance(target, Mapping):
+        return meta
+    stored = dict(meta)
+    if "args_hash" in target and target["args_hash"] == meta.get("args_hash"):
+        target = {k: v for k, v in target.items() if k != "args_hash"}
+        stored["target"] = target
+    if "arguments" in target and "args_hash" in stored and digest(target["arguments"]) == stored["args_hash"]:
+        del stored["args_hash"]
+    if "marks" in stored and stored["marks"] == target.get("resources"):
+        stored["marks"] = True
+    return stored
 
 
 def _read_meta(meta: dict[str, Any]) -> dict[str, Any]:
     target = meta.get("target")
-    if isinstance(target, dict) and "args_hash" not in target and "args_hash" in meta:
+    if not isinstance(target, dict):
+        return meta
+    if "args_hash" not in meta and "arguments" in target:
+        meta["args_hash"] = digest(target["arguments"])
+    if meta.get("marks") is True:
+        meta["marks"] = list(target.get("resources") or ())
+    if "args_hash" not in target and "args_hash" in meta:
         meta["target"] = {**target, "args_hash": meta["args_hash"]}
     return meta
 
@@ -800,11 +834,14 @@ def _record(key: str, f: Mapping[str, str]) -> Record:
     def obj(name: str) -> Mapping[str, Any] | None:
         return json.loads(f[name]) if f.get(name) else None
 
+    state, meta, outcome = f.get("state", "ABSENT"), _read_meta(obj("meta") or {}), obj("outcome")
     return Record(
-        key=key, state=f.get("state", "ABSENT"), attempt=num("attempt") or 0, token=num("token") or 0,
-        is_write=f.get("is_write") == "1", meta=_read_meta(obj("meta") or {}), created_at=num("created_at") or 0,
+        key=key, state=state, attempt=num("attempt") or 0, token=num("token") or 0,
+        is_write=f.get("is_write") == "1", meta=meta, created_at=num("created_at") or 0,
         updated_at=num("updated_at") or 0, retention_s=num("retention") or 0, lease_until=num("lease_until"),
-        outcome=obj("outcome"), evidence=obj("evidence"), final_reason=f.get("final_reason") or None,
+        outcome=expand(outcome, OutcomeContext.of_meta(state, meta)) if outcome is not None else None,
+        evidence=obj("evidence") or ({**EXECUTOR_SUCCESS, "at_ms": num("updated_at")} if state == "SUCCEEDED" else None),
+        final_reason=f.get("final_reason") or None,
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),
         reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"),
         owner=f.get("owner") or None, cancel=obj("cancel"), compensation=obj("compensation"),

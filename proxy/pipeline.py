@@ -17,7 +17,7 @@ from typing import Any, Awaitable, Callable, Mapping
 
 from .telemetry import logs, spans
 from .adapters import Adapter, BackendCall
-from .audit import Auditor, CallFacts, PolicyFacts, digest
+from .audit import Auditor, CallFacts, PolicyFacts
 from .policy.approvals import origin_of
 from .policy.authorize import Authorization, Authorizer
 from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
@@ -34,7 +34,7 @@ from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError, outcome_unknown
 from .locks import Frozen, Lease, LockManager, LockPlan
 from .telemetry.metrics import Metrics
-from .normalize import NormalizedCall, ResourceRef, normalize
+from .normalize import NormalizedCall, ResourceRef, digest, normalize
 from .policy.client import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.audit import digest
+from proxy.normalize import digest
 from proxy.operation_views import find_operation
 from tests.support.stack import extra_tools, running_stack
 

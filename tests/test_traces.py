@@ -36,12 +36,48 @@ def jaeger():
         server.stop()
 
 
+def traced(proxy_deps, jaeger, **extra) -> dict:
+    return {**proxy_deps, "tracing.endpoint": jaeger.otlp_url, "tracing.sampler": "always_on",
+            "tracing.schedule_delay_ms": 50, "reconcile.enabled": False, "reconcile.backoff_initial_ms": 0, **extra}
+
+
 @pytest.fixture
 async def stack(proxy_deps, jaeger):
-    async with running_stack({**proxy_deps, "tracing.endpoint": jaeger.otlp_url, "tracing.sampler": "always_on",
-                              "tracing.schedule_delay_ms": 50, "reconcile.enabled": False,
-                              "reconcile.backoff_initial_ms": 0}) as s:
+    """Stages as child spans (``tracing.stages: spans``): the span tree the tests below read."""
+    async with running_stack(traced(proxy_deps, jaeger, **{"tracing.stages": "spans"})) as s:
         yield s
+
+
+@pytest.fixture
+async def default_stack(proxy_deps, jaeger):
+    """The default ``tracing.stages: events``: one span per call, its stages as events."""
+    async with running_stack(traced(proxy_deps, jaeger)) as s:
+        yield s
+
+
+async def test_by_default_a_call_is_one_span_with_its_stages_as_timed_events(default_stack, jaeger):
+    trace_id, agent_span, headers = parent()
+    status, env = await default_stack.call("get_order", {"order_id": "ord_1001"}, call_id="call_ev",
+                                           headers=headers)
+    assert status == 200 and env["outcome"] == "succeeded"
+    found = await fetch(jaeger, trace_id, at_least=1, names=("execute_tool get_order",))
+    [call] = found  # no child span at all
+    assert call.parent_id == agent_span and call.tags["toolproxy.outcome"] == "succeeded"
+    stages = {e["event"]: e for e in call.events}
+    assert {"authorize", "quota", "idempotency", "execute", "verify", "commit"} <= set(stages), call.events
+    assert all(float(e["toolproxy.stage.duration_ms"]) >= 0 for e in stages.values())
+    assert "error.type" not in stages["execute"]
+    # The backend's request continues the agent's trace under the call span itself.
+    [sent] = [r["headers"] for r in default_stack.backend.requests if r["tool"] == "get_order"]
+    assert sent["traceparent"] == f"00-{trace_id}-{call.span_id}-01"
+    # A denial's decision stage carries its error; nothing was sent.
+    trace_id, _, headers = parent()
+    status, env = await default_stack.call("get_order", {"order_id": "ord_2001"}, headers=headers)
+    assert status == 403
+    [denied] = await fetch(jaeger, trace_id, at_least=1, names=("execute_tool get_order",))
+    names = [e["event"] for e in denied.events]
+    assert "authorize" in names and "execute" not in names, names
+    assert_clean(found + [denied])
 
 
 def parent() -> tuple[str, str, dict[str, str]]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
+import time
 from typing import Any, Mapping
 
 from . import redaction
@@ -30,8 +31,11 @@ TracingConfig = Any  # proxy.config.TracingConfig (config sits above telemetry: 
 
 log = logging.getLogger("toolproxy.tracing")
 
-# The stages that take time get a child span (those named by toolproxy_stage_duration_seconds{stage}); the
-# pure ones (resolve, decode, normalize) take microseconds and stay on the call span's timing only.
+# The stages that take time (those named by toolproxy_stage_duration_seconds{stage}) appear on the call span:
+# as events with their duration (``tracing.stages: events``, the default: the SDK's span objects and their
+# OTLP encoding are most of a sampled call's tracing cost, and a call has up to eight stages) or as child
+# spans (``spans``). The pure ones (resolve, decode, normalize) take microseconds and stay on the call span's
+# timing only.
 SPAN_STAGES = frozenset({"authorize", "quota", "idempotency", "lock", "audit", "execute", "verify", "commit"})
 MAX_ATTRIBUTE_CHARS = 256
 MAX_REASONS = 16
@@ -114,17 +118,36 @@ class CallSpan:
         self._ended = False
 
     # --- stages -----------------------------------------------------------------------------------------------
+    # An open stage is (name, its child span) with ``tracing.stages: spans``, (name, its start in ns) with
+    # ``events``: the event is added when the stage ends, at its start, with its duration.
     def enter(self, stage: str) -> None:
         if stage in SPAN_STAGES and not self._ended:
-            parent = self._stages[-1][1] if self._stages else self.span
+            if not self._tracing.stage_spans:
+                self._stages.append((stage, time.time_ns()))
+                return
+            parent = self._innermost_span()
             self._stages.append((stage, self._tracing.child(parent, stage, {"toolproxy.stage": stage})))
 
     def leave(self, stage: str, error: BaseException | None = None) -> None:
         if self._stages and self._stages[-1][0] == stage:
-            _, span = self._stages.pop()
-            if error is not None:
-                self._tracing.mark_error(span, getattr(error, "code", None) or type(error).__name__)
-            span.end()
+            self._close(*self._stages.pop(), getattr(error, "code", None) or type(error).__name__ if error else None)
+
+    def _close(self, stage: str, opened: Any, error_code: str | None) -> None:
+        if isinstance(opened, int):
+            attributes: dict[str, Any] = {"toolproxy.stage.duration_ms": round((time.time_ns() - opened) / 1e6, 3)}
+            if error_code is not None:
+                attributes["error.type"] = str(error_code)[:64]
+            self.span.add_event(stage, attributes, timestamp=opened)
+            return
+        if error_code is not None:
+            self._tracing.mark_error(opened, error_code)
+        opened.end()
+
+    def _innermost_span(self) -> Any:
+        for _, opened in reversed(self._stages):
+            if not isinstance(opened, int):
+                return opened
+        return self.span
 
     def event(self, name: str, attributes: Mapping[str, Any]) -> None:
         self.span.add_event(name, safe_attributes(attributes))
@@ -132,8 +155,8 @@ class CallSpan:
     # --- context ----------------------------------------------------------------------------------------------
     def outgoing(self) -> dict[str, str]:
         """``traceparent``/``tracestate`` for a request sent now: the innermost open stage span (the backend
-        call under ``execute``) or the call span, through the W3C propagator."""
-        return self._tracing.inject(self._stages[-1][1] if self._stages else self.span)
+        call under ``execute``, with ``tracing.stages: spans``) or the call span, through the W3C propagator."""
+        return self._tracing.inject(self._innermost_span())
 
     @property
     def trace_id(self) -> str:
@@ -157,7 +180,7 @@ class CallSpan:
         if _call.get() is self:
             _call.set(None)
         while self._stages:
-            self._stages.pop()[1].end()
+            self._close(*self._stages.pop(), None)
         if name is not None:
             self.span.update_name(name)
         self.span.set_attributes(safe_attributes(attributes))
@@ -225,6 +248,7 @@ class Tracing:
         self._Status, self._StatusCode = Status, StatusCode
         self._propagator = TraceContextTextMapPropagator()
         self.config = config
+        self.stage_spans = config.stages == "spans"
 
         class RequestIds(RandomIdGenerator):
             """A root span takes the request's trace id (so logs, audit and decision records name it)."""

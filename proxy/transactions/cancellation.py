@@ -37,7 +37,8 @@ from typing import Any, Awaitable, Callable, Coroutine, Mapping, Protocol
 
 from .. import store
 from ..store import ChannelListener
-from ..audit import Auditor, CallFacts, digest
+from ..audit import Auditor, CallFacts
+from ..normalize import digest
 from ..config import CancellationConfig
 from ..envelope import Envelope
 from ..errors import ProxyError

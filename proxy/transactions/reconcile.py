@@ -47,7 +47,8 @@ import aiohttp
 
 from ..adapters import partial_answer
 from ..adapters.call_tokens import CallTokens
-from ..audit import Auditor, digest
+from ..audit import Auditor
+from ..normalize import digest
 from ..config import ReconcileConfig
 from ..decode import schema_violations, strict_loads
 from ..errors import ProxyError, SideEffect

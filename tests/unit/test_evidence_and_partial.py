@@ -11,7 +11,7 @@ from jsonschema import Draft202012Validator
 
 from proxy import envelope
 from proxy.adapters import partial_answer
-from proxy.audit import digest
+from proxy.normalize import digest
 from proxy.errors import SideEffect
 from proxy.transactions.reconcile import digest_mismatch
 from tests.unit import REPO

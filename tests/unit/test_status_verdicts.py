@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from proxy.audit import digest
+from proxy.normalize import digest
 from proxy.operations import Record
 from proxy.registry import load_registry
 from proxy.transactions.reconcile import status_verdict

@@ -25,7 +25,6 @@ from typing import Any, Iterable, Iterator, Mapping
 from urllib.parse import quote
 
 import yaml
-from jsonschema import Draft202012Validator
 
 from . import approval_context, compensation_contract, output_filter
 from .approval_context import RelatedRead
@@ -467,13 +466,18 @@ def _parse(path: Path) -> Any:
 def _tools(path: Path, document: Any) -> list[ToolContract]:
     """The file's contracts, the document validated against the registry schema first."""
     _dates_as_text(document)
-    validator = Draft202012Validator(load_schema("tool-registry.schema.json"))
-    errors = sorted(validator.iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
+    errors = sorted(_file_validator().iter_errors(document), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
         first = errors[0]
         raise RegistryError(f"{path}: {_tool_label(document, first.absolute_path)}at {_json_path(first.absolute_path)}: "
                             f"{first.message}")
     return [_contract(path, index, raw) for index, raw in enumerate(document["tools"])]
+
+
+@cache
+def _file_validator() -> FastValidator:
+    """The registry file schema's validator (a valid file is not walked again in Python)."""
+    return schema_fast.validator(load_schema("tool-registry.schema.json"))
 
 
 def _dates_as_text(document: Any) -> None:
@@ -591,7 +595,7 @@ def _check_schemas(at: _At, raw: dict[str, Any], strict: bool) -> None:
     output_schema = raw.get("outputSchema")
     for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", output_schema or {})):
         try:
-            Draft202012Validator.check_schema(schema)
+            schema_fast.check_schema(schema)
         except Exception as exc:  # jsonschema.SchemaError
             raise at.error(label, f"not a valid JSON Schema: {getattr(exc, 'message', exc)}") from None
     if output_schema is not None and output_schema.get("type") != "object":

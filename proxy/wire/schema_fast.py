@@ -1,7 +1,11 @@
 """JSON Schema validators whose common verdict — valid — comes from a compiled validator.
 
 Owns: ``validator(schema, formats=...)``, a Draft 2020-12 validator with the
-``jsonschema`` API the stages use (``is_valid``, ``iter_errors``, ``schema``).
+``jsonschema`` API the stages use (``is_valid``, ``iter_errors``, ``schema``), and
+``check_schema(schema)``, jsonschema's check of a schema against the 2020-12
+metaschema with the compiled verdict first (the registry checks every contract's
+two schemas at start-up: in ``jsonschema`` alone that was most of a start-up's
+registry time).
 When the schema only uses keywords that ``jsonschema-rs`` (Rust) and
 ``jsonschema`` decide alike, an instance the compiled validator accepts is
 valid without walking it in Python again; anything it refuses, or cannot take,
@@ -22,6 +26,7 @@ operations, POSIX classes); ``tests/test_schema_fast.py`` holds the verdicts tog
 from __future__ import annotations
 
 import re
+from functools import cache, partial
 from typing import Any, Callable, Iterator
 
 import jsonschema_rs
@@ -46,10 +51,40 @@ _BOUNDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum
 # alternation, quantifiers, anchors, and these escapes.
 _SAFE_ESCAPES = frozenset("d.-/\\+*?()[]{}^$|ntr")
 _UNSAFE_REGEX = re.compile(r"\[:|&&|--|~~|\(\?(?!:)")
+# Every ``format`` the 2020-12 metaschema (its vocabularies) uses (tests/unit/test_schema_fast.py reads them).
+META_FORMATS = frozenset({"regex", "uri", "uri-reference"})
 
 
 def validator(schema: Any, *, formats: bool = False) -> "FastValidator":
     return FastValidator(schema, formats=formats)
+
+
+def check_schema(schema: Any) -> None:
+    """``Draft202012Validator.check_schema(schema)``: raises jsonschema's ``SchemaError`` (its message) exactly
+    when it would. A schema the compiled meta-validator accepts is valid; anything else is jsonschema's to
+    decide and report."""
+    try:
+        if _meta_validator().is_valid(schema):
+            return
+    except Exception:  # a value it cannot take (a YAML date, a set): jsonschema decides
+        pass
+    Draft202012Validator.check_schema(schema)
+
+
+@cache
+def _meta_validator() -> Any:
+    """The 2020-12 metaschema, compiled, with each ``format`` it uses (``regex``, ``uri``, ``uri-reference``)
+    decided by jsonschema's own format checker, as ``check_schema`` does: a ``pattern`` must compile in
+    Python's ``re`` (not in Rust's regex), and a format jsonschema cannot check here is not asserted."""
+    checker = Draft202012Validator.FORMAT_CHECKER
+    return jsonschema_rs.Draft202012Validator(
+        Draft202012Validator.META_SCHEMA, validate_formats=True,
+        formats={name: partial(_conforms, checker, name) for name in META_FORMATS})
+
+
+def _conforms(checker: Any, name: str, instance: Any) -> bool:
+    return bool(checker.conforms(instance, name))
+
 
 
 class FastValidator:

@@ -101,3 +101,83 @@ def test_every_shipped_schema_agrees_on_every_value():
         exact = Draft202012Validator(validator.schema, format_checker=validator.exact.format_checker)
         for value in [*VALUES, *bodies, {"calls": bodies[:2]}, {"calls": []}]:
             _agree(validator, exact, value)
+
+
+# check_schema: the registry's check of each contract schema against the 2020-12 metaschema.
+KEYWORDS = ["type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems",
+            "minItems", "uniqueItems", "minLength", "maxLength", "pattern", "minimum", "exclusiveMaximum",
+            "multipleOf", "allOf", "anyOf", "oneOf", "not", "patternProperties", "dependentRequired",
+            "dependentSchemas", "propertyNames", "if", "then", "contains", "maxContains", "$ref", "$defs", "$id",
+            "$anchor", "$dynamicRef", "format", "title", "default", "unevaluatedProperties", "$schema",
+            "$vocabulary", "$comment", "contentEncoding", "deprecated", "examples", "maxProperties"]
+# Values where the engines could part: regexes valid in only one of Python's re and Rust's regex, integers
+# written as floats, huge and negative numbers, duplicates where the metaschema wants unique items.
+ODD = [None, True, False, 0, 1, -1, 2, 10**20, -(10**20), 0.0, 1.0, 1.5, -2.0, 1e300, float("inf"), "", "a",
+       "string", "object", "integer", "[", "\\p{L}", "(?=x)", "(?P<n>a)", "(?<n>a)", "\\Z", "\\z", "[[:alpha:]]",
+       "a**", "x{2,1}", "#", "#/$defs/a", "^a$", "\\w", "not a uri ::", ["a", "a"], ["string", "null"], [1, True]]
+SCHEMA_EDGES = [{"pattern": "\\p{L}"}, {"pattern": "(?=a)b"}, {"pattern": "["}, {"patternProperties": {"[": {}}},
+                {"properties": {"pattern": {"type": "string"}}}, {"minLength": 1.0}, {"minLength": 1.5},
+                {"required": ["a", "a"]}, {"enum": [1, True]}, {"type": ["string", "string"]}, {"maximum": 1e400},
+                {"$id": "not a uri ::"}, {"propertyNames": {"pattern": "\\w+"}}, {"pattern": "a{2,1}"}, True, False]
+
+
+def _random_schema(rng, depth: int = 0):
+    if rng.random() < 0.1:
+        return rng.choice([True, False])
+    schema = {}
+    for _ in range(rng.randrange(4)):
+        keyword = rng.choice(KEYWORDS)
+        if depth < 3 and keyword in ("properties", "patternProperties", "$defs", "dependentSchemas"):
+            schema[keyword] = {rng.choice(["a", "pattern", "[", "\\p{L}"]): _random_schema(rng, depth + 1)
+                               for _ in range(rng.randrange(3))}
+        elif depth < 3 and keyword in ("allOf", "anyOf", "oneOf", "prefixItems", "not", "if", "then", "items",
+                                       "contains", "additionalProperties", "propertyNames") and rng.random() < 0.7:
+            subs = [_random_schema(rng, depth + 1) for _ in range(rng.randrange(3))]
+            schema[keyword] = subs if keyword in ("allOf", "anyOf", "oneOf", "prefixItems") else subs[0] if subs else {}
+        else:
+            schema[keyword] = rng.choice(ODD)
+    return schema
+
+
+def _jsonschema_says(schema) -> str | None:
+    try:
+        Draft202012Validator.check_schema(schema)
+        return None
+    except Exception as exc:  # SchemaError
+        return exc.message
+
+
+def _fast_says(schema) -> str | None:
+    try:
+        schema_fast.check_schema(schema)
+        return None
+    except Exception as exc:
+        return exc.message
+
+
+def test_the_meta_formats_are_the_ones_the_metaschema_uses():
+    from jsonschema_specifications import REGISTRY
+
+    def formats(node):
+        if isinstance(node, dict):
+            return ({node["format"]} if isinstance(node.get("format"), str) else set()).union(
+                *(formats(v) for v in node.values()))
+        return set().union(*(formats(v) for v in node)) if isinstance(node, list) else set()
+
+    used = set().union(*(formats(REGISTRY[uri].contents) for uri in REGISTRY
+                         if uri.startswith("https://json-schema.org/draft/2020-12/")))
+    assert used == schema_fast.META_FORMATS
+
+
+@pytest.mark.filterwarnings("ignore:Possible:FutureWarning")
+def test_check_schema_agrees_with_jsonschema_on_every_verdict_and_message():
+    import random
+    rng = random.Random(32)
+    schemas = [*SCHEMA_EDGES, *EDGE_SCHEMAS, *(s for s, _ in NOT_ALIKE),
+               *(_random_schema(rng) for _ in range(3000))]
+    refused = 0
+    for schema in schemas:
+        expected = _jsonschema_says(schema)
+        assert _fast_says(schema) == expected, schema
+        refused += expected is not None
+    assert 0.3 * len(schemas) < refused < 0.8 * len(schemas)  # both verdicts are exercised

@@ -65,7 +65,7 @@ OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
 # names through ``field``/``hset``/``hdel``. A record written as a hash by an earlier version is read as one and
 # rewritten packed by its next change (``save``), keeping its TTL; ``get`` reads either.
 _PRELUDE = r"""
-local rec, leases, open, due = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local rec, leases, open, due, held = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
 local function now_ms()
   local t = redis.call('TIME')
@@ -81,6 +81,20 @@ elseif kind == 'hash' then  -- an earlier version's record
   local flat = redis.call('HGETALL', rec)
   R = {}
   for i = 1, #flat, 2 do R[SHORT[flat[i]] or flat[i]] = flat[i + 1] end
+end
+-- Records held (``held_records``): each record is counted once in its bucket's ``held`` hash, under the hour
+-- its TTL ends ('p': no TTL, an unresolved unknown) and marked 'held'; ``save`` moves the count when the TTL
+-- moves to another hour and takes it back when the record is deleted. An earlier version's record is
+-- counted from its first change on.
+local expiry_was, counted_was = nil, R ~= nil and R[SHORT['held']] == '1'
+if R then
+  local left = redis.call('PTTL', rec)
+  if left == -1 then expiry_was = -1 elseif left >= 0 then expiry_was = now + left end
+end
+local function held_slot(expiry)
+  if expiry == nil then return nil end
+  if expiry == -1 then return 'p' end
+  return tostring(math.floor(expiry / 3600000))
 end
 local function field(name) return R and R[SHORT[name]] end
 local function text(value)
@@ -102,12 +116,24 @@ local function pexpire(ms) ttl_ms = ms end
 local function persist() ttl_ms = -1 end
 local function del() R, changed, ttl_ms = nil, true, nil end
 local function save()
+  local slot_was = counted_was and held_slot(expiry_was) or nil
   if changed and R == nil then
     redis.call('DEL', rec)
+    if slot_was then redis.call('HINCRBY', held, slot_was, -1) end
     return
   end
+  if R == nil or (not changed and not ttl_ms) then return end  -- a replay, a refusal: nothing is written
+  local expiry_now = expiry_was
+  if ttl_ms == -1 then expiry_now = -1 elseif ttl_ms then expiry_now = now + ttl_ms end
+  local slot_now = held_slot(expiry_now)
+  if slot_now ~= slot_was then
+    if slot_was then redis.call('HINCRBY', held, slot_was, -1) end
+    if slot_now then
+      redis.call('HINCRBY', held, slot_now, 1)
+      if R[SHORT['held']] ~= '1' then R[SHORT['held']] = '1'; changed = true end
+    end
+  end
   if changed then redis.call('SET', rec, cmsgpack.pack(R), 'KEEPTTL') end
-  if R == nil then return end
   if ttl_ms == -1 then redis.call('PERSIST', rec) elseif ttl_ms then redis.call('PEXPIRE', rec, ttl_ms) end
 end
 -- The record's tenant's own open index beside the bucket's (same hash tag, so the same slot): a noisy
@@ -148,7 +174,7 @@ FIELDS = {"state": "s", "attempt": "a", "token": "t", "owner": "o", "lease_until
           "created_at": "c", "fp": "f", "is_write": "w", "meta": "m", "retention": "r", "outcome": "x",
           "omac": "y", "evidence": "e", "final_reason": "fr", "unknown_since": "us", "rec_until": "ru",
           "rec_next": "rn", "rec_attempts": "ra", "rec_owner": "ro", "rec_owner_until": "rt",
-          "takeover_at": "ta", "cancel": "k", "compensation": "p"}
+          "takeover_at": "ta", "cancel": "k", "compensation": "p", "held": "h"}
 LONG_NAMES = {short: long for long, short in FIELDS.items()}
 _SHORT_LUA = "{" + ", ".join(f"{long} = '{short}'" for long, short in FIELDS.items()) + "}"
 
@@ -458,10 +484,11 @@ def bucket_of(key: str) -> str:
 
 
 def record_keys(prefix: str, key: str) -> list[str]:
-    """KEYS of every transition script: the record and its bucket's leases, open and due indexes."""
+    """KEYS of every transition script: the record and its bucket's leases, open and due indexes, and the
+    count of the records it holds (by the hour their TTL ends)."""
     tag = "op" + bucket_of(key)
     return [store.key(prefix, "op", tag, key), store.key(prefix, "op-leases", tag),
-            store.key(prefix, "op-open", tag), store.key(prefix, "op-due", tag)]
+            store.key(prefix, "op-open", tag), store.key(prefix, "op-due", tag), store.key(prefix, "op-held", tag)]
 
 
 def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
@@ -692,6 +719,30 @@ class OperationStore:
         count = int(sum(replies[0::2]))
         oldest = [int(first[0][1]) for first in replies[1::2] if first]
         return count, min(oldest) if oldest else None
+
+    async def held_records(self, now_s: float | None = None) -> int:
+        """Operation records held in Redis across all buckets: the counts of the hours not yet over and of
+        records without a TTL. A record whose TTL ran out this hour is still counted until the hour ends
+        (at most an hour of expiries too many); the hours that ended are dropped from the counts here."""
+        hour = int((time.time() if now_s is None else now_s) // 3600)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for bucket in BUCKETS:
+                pipe.hgetall(self._index("op-held", bucket))
+            replies = await store.redis_call(pipe.execute())
+        total, ended = 0, {}
+        for bucket, counts in zip(BUCKETS, replies):
+            for slot, count in counts.items():
+                name = slot.decode() if isinstance(slot, bytes) else str(slot)
+                if name == "p" or (name.isdigit() and int(name) >= hour):
+                    total += int(count)
+                elif name.isdigit() and int(name) < hour - 1:  # a skewed clock's hour stays one more
+                    ended.setdefault(bucket, []).append(name)
+        if ended:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for bucket, names in ended.items():
+                    pipe.hdel(self._index("op-held", bucket), *names)
+                await store.redis_call(pipe.execute())
+        return max(0, total)
 
 
 _RESERVED = "r[1] == 'new' or r[1] == 'retry'"  # (Lua) begin reserved the key: what chains after it may run

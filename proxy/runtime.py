@@ -249,8 +249,11 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         compensations = Compensations(store=operations, registry=registry, pipeline=pipeline, policy=policy,
                                       audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
                                       max_json_depth=config.decode.max_depth, integrity=integrity)
-        health = Health(config=config, registry=registry, redis=redis, metrics=metrics,
-                        unknowns=unknowns, eviction=eviction, gauge_refreshers=(approvals.refresh_gauges,))
+        async def refresh_records_held() -> None:
+            metrics.operation_records.set(await operations.held_records())
+
+        health = Health(config=config, registry=registry, redis=redis, metrics=metrics, unknowns=unknowns,
+                        eviction=eviction, gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
         await health.open()
         opened.push_async_callback(health.close)
         authenticator = Authenticator(config.identity, config.admin_identity, session)

@@ -4,6 +4,7 @@ version's hash record read and migrated, and the bytes a demo write costs in Red
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import redis.asyncio as aredis
@@ -92,6 +93,57 @@ async def test_an_earlier_versions_hash_record_is_read_replayed_and_migrated_on_
         assert (migrated.outcome_text, migrated.fingerprint, migrated.meta) == (
             record.outcome_text, record.fingerprint, record.meta)
         assert ops.record_verified(migrated)
+    finally:
+        await client.flushall()
+        await client.aclose()
+
+
+async def test_records_held_are_counted_by_the_hour_their_retention_ends(redis_url):
+    client = aredis.Redis.from_url(redis_url)
+    ops = OperationStore(client, "tp", mac=RecordMac(b"m" * 32))
+
+    async def begin(key: str, nonce: str = "n"):
+        return await ops.begin(key, fingerprint="f" * 64, nonce=nonce, lease_ms=60_000, retention_s=3600,
+                               is_write=True, max_attempts=3, meta={"tenant": "acme"}, first_check_ms=100,
+                               window_ms=1000)
+
+    async def slots() -> dict[str, int]:
+        found: dict[str, int] = {}
+        for bucket in "0123456789abcdef":
+            for slot, count in (await client.hgetall(f"tp:op-held:{{op{bucket}}}")).items():
+                if int(count):
+                    found[slot.decode()] = found.get(slot.decode(), 0) + int(count)
+        return found
+
+    settled, abandoned, unknown = "ik_" + "1" * 64, "ik_" + "2" * 64, "ik_" + "3" * 64
+    try:
+        assert await ops.held_records() == 0
+        for key in (settled, abandoned, unknown):
+            assert (await begin(key)).status == "new"
+        assert await ops.held_records() == 3
+        # One settles; for one nothing was sent (the reservation is undone, its count taken back); one is unknown.
+        await ops.commit(settled, token=1, target="SUCCEEDED", outcome={"data": 1}, evidence={},
+                         first_check_ms=100, window_ms=1000, fingerprint="f" * 64)
+        await ops.commit(abandoned, token=1, target="ABANDON", outcome=None, evidence={}, first_check_ms=100,
+                         window_ms=1000)
+        await ops.commit(unknown, token=1, target="UNKNOWN", outcome=None, evidence={}, first_check_ms=100,
+                         window_ms=1000)
+        assert await client.exists(record_keys("tp", abandoned)[0]) == 0
+        assert await ops.held_records() == 2
+        # The unknown one never expires ('p'); the settled one is counted in the hour its retention ends.
+        counts = await slots()
+        ttl_ms = await client.pttl(record_keys("tp", settled)[0])
+        assert counts.pop("p") == 1 and len(counts) == 1 and sum(counts.values()) == 1
+        [hour] = counts
+        assert abs(int(hour) * 3_600_000 - (int(time.time() * 1000) + ttl_ms)) <= 3_600_000
+        # Settling the unknown one moves its count from 'p' to an hour: still two records.
+        resolved = await ops.resolve_by_operator(unknown, verdict="FAILED_FINAL", outcome=None,
+                                                 evidence={"by": "op"})
+        assert resolved.status == "ok", resolved
+        assert "p" not in await slots() and await ops.held_records() == 2
+        # Once their hours are over they are no longer held, and the ended hours are dropped.
+        assert await ops.held_records(now_s=time.time() + 3 * 3600) == 0
+        assert await slots() == {}
     finally:
         await client.flushall()
         await client.aclose()

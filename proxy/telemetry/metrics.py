@@ -61,6 +61,10 @@ class Metrics:
         self.open_unknowns = Gauge("toolproxy_open_unknowns",
                                    "Operations currently in UNKNOWN or awaiting takeover (read from the Redis "
                                    "index at scrape time, so right across restarts)", registry=r)
+        self.operation_records = Gauge("toolproxy_operation_records",
+                                       "Operation records held in Redis (read at scrape time from per-bucket "
+                                       "counts by the hour each record's retention ends: a record that expired "
+                                       "in the current hour counts until the hour ends)", registry=r)
         self.oldest_open_unknown_age = Gauge("toolproxy_oldest_open_unknown_age_seconds",
                                              "Age of the oldest operation still in UNKNOWN (0 when none)",
                                              registry=r)

@@ -18,6 +18,8 @@ and prints one table:
   ``--starts`` starts, polled every 5 ms);
 - the first call's latency after ``/readyz`` next to the median of the 20 calls after it (what work moved
   off start-up costs the first caller);
+- the records held after the mixed runs as ``toolproxy_operation_records`` says, beside the record keys
+  Redis holds (``SCAN``);
 - Redis bytes (``MEMORY USAGE <key> SAMPLES 0``) of the operation record of the demo's counter write, of a
   larger output (``generate_report``), and the mean over the records of the mixed run;
 - OPA RSS with the shipped policies and demo data (after the mixed run), and the ``GOMEMLIMIT`` it ran with.
@@ -213,6 +215,7 @@ class Proxy:
     proc: subprocess.Popen[bytes]
     url: str
     ready_s: float
+    ops_url: str = ""
 
 
 def start_proxy(stack: Stack, src: Path, everything: bool, name: str) -> Proxy:
@@ -220,7 +223,8 @@ def start_proxy(stack: Stack, src: Path, everything: bool, name: str) -> Proxy:
     started = time.monotonic()
     proc = stack.procs.spawn(name, [sys.executable, "-m", "proxy.cli", "run"], env=env, cwd=src)
     wait_ready(f"http://127.0.0.1:{ports['ops']}/readyz", proc)
-    return Proxy(proc, f"http://127.0.0.1:{ports['listen']}", time.monotonic() - started)
+    return Proxy(proc, f"http://127.0.0.1:{ports['listen']}", time.monotonic() - started,
+                 f"http://127.0.0.1:{ports['ops']}")
 
 
 def stop_proxy(stack: Stack, proxy: Proxy) -> None:
@@ -290,6 +294,16 @@ def write_record(stack: Stack, proxy: Proxy, tool: str, arguments: dict[str, Any
     return record_bytes(stack, envelope["idempotency_key"])
 
 
+def records_held(stack: Stack, proxy: Proxy) -> tuple[int, int]:
+    """(``toolproxy_operation_records`` as the proxy's /metrics says, record keys Redis holds by SCAN)."""
+    with urllib.request.urlopen(proxy.ops_url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    gauge = next(int(float(line.split()[-1])) for line in text.splitlines()
+                 if line.startswith("toolproxy_operation_records "))
+    keys = sum(1 for _ in stack.redis.scan_iter(match="*:op:{op*}:ik_*", count=1000))
+    return gauge, keys
+
+
 def mean_record_bytes(stack: Stack, sample: int = 500) -> tuple[float, int]:
     sizes = []
     for name in stack.redis.scan_iter(match="*:op:{op*}:ik_*", count=1000):
@@ -346,6 +360,8 @@ def main() -> int:
         counter = write_record(stack, proxy, "adjust_counter", {"counter": "ctr_fp", "delta": 1})
         report = write_record(stack, proxy, "generate_report", {"title": LONG_TITLE, "duration_ms": 1})
         mean, sampled = mean_record_bytes(stack)
+        gauge, keys = records_held(stack, proxy)
+        rows.append(("records held: toolproxy_operation_records (record keys in Redis)", f"{gauge:,} ({keys:,})"))
         rows.append(("Redis bytes per operation record: demo counter write", f"{counter:,} B"))
         rows.append(("Redis bytes per operation record: generate_report, a 160-character title",
                      f"{report:,} B"))

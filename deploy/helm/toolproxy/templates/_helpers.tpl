@@ -178,7 +178,7 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- with $p.tracing }}
 {{- if .endpoint }}
 {{- $_ := set $owned "tracing" (dict "endpoint" .endpoint "sampler" .sampler "sampler_arg" .samplerArg
-                                "service_name" .serviceName) }}
+                                "service_name" .serviceName "stages" (.stages | default "events")) }}
 {{- end }}
 {{- end }}
 {{- if .Values.opa.authz.enabled }}

@@ -107,8 +107,6 @@ class Runtime:
         await self.session.close()
         await self.wire.close()
         await self.decision_wire.close()
-        await self.policy.close()
-        await self.health.close()
         await store.close_client(self.redis)
         await asyncio.to_thread(spans.shutdown)  # the last spans, bounded by tracing.export_timeout_ms
 
@@ -209,9 +207,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
         recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
                                   metrics, config.opa.decision_path)
-        policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder)
-        await policy.open()
-        opened.push_async_callback(policy.close)
+        policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder, session=session)
         approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit, integrity,
                                   replica_acks=config.redis.replica_acks,
                                   ack_timeout_ms=config.redis.replica_ack_timeout_ms)
@@ -252,10 +248,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         async def refresh_records_held() -> None:
             metrics.operation_records.set(await operations.held_records())
 
-        health = Health(config=config, registry=registry, redis=redis, metrics=metrics, unknowns=unknowns,
-                        eviction=eviction, gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
-        await health.open()
-        opened.push_async_callback(health.close)
+        health = Health(config=config, registry=registry, redis=redis, metrics=metrics, session=session,
+                        unknowns=unknowns, eviction=eviction,
+                        gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
         authenticator = Authenticator(config.identity, config.admin_identity, session)
         if config.identity.mode == "static":
             log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",

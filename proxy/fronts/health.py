@@ -20,12 +20,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
+import aiohttp
+
 
 from .. import store
 from ..config import Config
 from ..eviction import EvictionWatch
 from ..telemetry.metrics import Metrics
-from ..policy.opa_control import control_client, healthy, read_token
+from ..policy.opa_control import OpaControl, read_token
 from ..registry import Registry
 from ..transactions.unknowns import UnknownIndex
 
@@ -46,12 +48,13 @@ class Readiness:
 class Health:
     def __init__(self, *, config: Config, registry: Registry,
                  redis: store.Client, metrics: Metrics, unknowns: UnknownIndex, eviction: EvictionWatch,
+                 session: aiohttp.ClientSession,
                  gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
         # One attempt per probe, bounded by OPA's timeout (the probe itself is the retry).
-        self._opa = control_client(config.opa.url, timeout_s=config.opa.timeout_ms / 1000.0, retries=0,
-                                   token=read_token(config.opa.token_file))
+        self._opa = OpaControl(config.opa.url, session, timeout_s=config.opa.timeout_ms / 1000.0,
+                               token=read_token(config.opa.token_file))
         self._redis = redis
         self._metrics = metrics
         self._unknowns = unknowns
@@ -91,14 +94,8 @@ class Health:
         self._metrics.open_unknowns.set(stats.open)
         self._metrics.oldest_open_unknown_age.set(stats.oldest_age_s)
 
-    async def open(self) -> None:
-        await self._opa.__aenter__()
-
-    async def close(self) -> None:
-        await self._opa.close_connection()
-
     async def _check_opa(self) -> bool:
-        return await healthy(self._opa)
+        return await self._opa.healthy()
 
     async def _check_redis(self) -> bool:
         try:

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+import aiohttp
 import orjson
 
 from ..config import OpaConfig
@@ -31,7 +32,7 @@ from ..wire.http import HttpWire, TooLarge
 from ..identity import Caller
 from ..telemetry.metrics import Metrics
 from ..normalize import NormalizedCall, canonical_json, sha256_hex
-from .opa_control import ControlError, control_client, put_data, read_token
+from .opa_control import ControlError, OpaControl, read_token
 from ..registry import Registry, ToolContract
 
 log = logging.getLogger("toolproxy.policy")
@@ -111,15 +112,16 @@ class PolicyClient:
     """Asks OPA; keeps OPA's copy of the tool catalog current."""
 
     def __init__(self, config: OpaConfig, wire: HttpWire, metrics: Metrics,
-                 registry: Registry, recorder: DecisionRecorder | None = None) -> None:
+                 registry: Registry, recorder: DecisionRecorder | None = None, *,
+                 session: aiohttp.ClientSession) -> None:
         self._config = config
         self._recorder = recorder
-        # Control plane (catalog push) through opa-python-client; decisions over their own wire. Both carry
+        # Control plane (catalog push) over the runtime's shared session; decisions over their own wire. Both carry
         # the proxy's bearer token: OPA answers nobody else (proxy/policy/opa_authz.rego).
         token = read_token(config.token_file)
         self._headers = _JSON + ((("Authorization", f"Bearer {token}"),) if token else ())
-        self._control = control_client(config.url, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2,
-                                       token=token)
+        self._control = OpaControl(config.url, session, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2,
+                                   token=token)
         self._metrics = metrics
         self._catalog = catalog_document(registry)
         self._wire = wire
@@ -141,7 +143,7 @@ class PolicyClient:
     async def push_catalog(self) -> bool:
         """PUT the catalog at data.toolproxy.catalog; False (logged) if OPA refused or is away."""
         try:
-            await put_data(self._control, CATALOG_PATH, self._catalog)
+            await self._control.put_data(CATALOG_PATH, self._catalog)
             ok = True
         except ControlError:
             ok = False
@@ -151,12 +153,6 @@ class PolicyClient:
         else:
             log.warning("could not load the tool catalog into OPA; decisions fail closed until it is")
         return ok
-
-    async def open(self) -> None:
-        await self._control.__aenter__()
-
-    async def close(self) -> None:
-        await self._control.close_connection()
 
     async def decide(self, document: Mapping[str, Any], *, budget_s: float | None = None,
                      sensitive_fields: Sequence[str] = ()) -> Decision:

@@ -1,23 +1,35 @@
-"""Control-plane conversations with OPA through ``opa-python-client``.
+"""Control-plane conversations with OPA: the serving process's two, and the authoring commands' client.
 
-Owns: building an ``AsyncOpaClient`` for an OPA base URL, and the few
-control-plane operations the proxy and the policy-authoring commands need:
-health, loading data (the tool catalog) and policies. Must never: carry a
-per-call decision query — those stay on the proxy's own budgeted session in
-``policy.py`` (the client has one fixed timeout per client instead of the
-call's remaining budget, retries 5xx and connection errors with back-off that
-would outlive the budget, and cannot tell an undefined decision from an
-unreachable OPA).
+Owns: ``OpaControl``, the serving process's control plane to its OPA (``GET /health`` for readiness,
+``PUT /v1/data/<path>`` for the tool catalog) over the runtime's shared ``aiohttp`` session; and, for
+the policy-authoring commands' scratch OPA (policies, data, batched queries, the Compile API), an
+``opa-python-client`` ``AsyncOpaClient`` (``control_client``, imported when one is built: the client
+imports ``requests`` and ``urllib3`` for its synchronous twin, about 5 MB and 0.1 s that a sidecar making
+two kinds of request has no use for). Must never: carry a per-call decision query — those stay on the
+proxy's own budgeted wire in ``policy/client.py`` (one fixed timeout per client instead of the call's
+remaining budget, retries of 5xx and connection errors with a back-off that would outlive the budget, no
+way to tell an undefined decision from an unreachable OPA).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from opa_client import AsyncOpaClient
+import aiohttp
 
-__all__ = ["control_client", "put_data", "healthy", "ControlError", "read_token", "AUTHZ_POLICY"]
+if TYPE_CHECKING:
+    from opa_client import AsyncOpaClient
+
+__all__ = ["OpaControl", "control_client", "put_data", "ControlError", "read_token", "AUTHZ_POLICY"]
+
+# What opa-python-client retries (a PUT only: the probe itself is the retry of a health check), and its
+# back-off: 0.3 s, then 0.6 s.
+_RETRY_STATUS = frozenset({500, 502, 504})
+_BACKOFF_S = 0.3
 
 # OPA's system.authz policy: only the proxy's bearer token, only on the decision path (and health).
 AUTHZ_POLICY = Path(__file__).with_name("opa_authz.rego")
@@ -40,18 +52,63 @@ def read_token(path: str) -> str:
     return token
 
 
+class OpaControl:
+    """The serving process's control plane to its OPA, over the runtime's ``aiohttp`` session with the bearer
+    token; each request bounded by ``timeout_s``. A ``put_data`` that met a connection error or a 500/502/504
+    is sent again up to ``retries`` times."""
+
+    def __init__(self, url: str, session: aiohttp.ClientSession, *, timeout_s: float, retries: int = 0,
+                 token: str = "") -> None:
+        self._base = url.rstrip("/")
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._retries = retries
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    async def healthy(self) -> bool:
+        """GET /health: 200 or not (any failure is "not healthy")."""
+        try:
+            async with self._session.get(self._base + "/health", headers=self._headers,
+                                         timeout=self._timeout) as answer:
+                return answer.status == 200
+        except (aiohttp.ClientError, TimeoutError, OSError):  # policy: not ready: readiness reports OPA away
+            return False
+
+    async def put_data(self, path: str, document: dict[str, Any]) -> None:
+        """PUT a document at data.<path>; ControlError when OPA is away or refuses."""
+        body = json.dumps(document).encode()
+        headers = {**self._headers, "Content-Type": "application/json"}
+        what = ""
+        for attempt in range(self._retries + 1):
+            if attempt:
+                await asyncio.sleep(_BACKOFF_S * 2 ** (attempt - 1))
+            try:
+                async with self._session.put(f"{self._base}/v1/data/{path}", data=body, headers=headers,
+                                             timeout=self._timeout) as answer:
+                    status = answer.status
+            except aiohttp.ClientConnectionError as exc:
+                what = type(exc).__name__
+                continue
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:  # not sent again: raised below
+                what = type(exc).__name__
+                break
+            if status in (200, 204):
+                return
+            what = f"HTTP {status}"
+            if status not in _RETRY_STATUS:
+                break
+        raise ControlError(f"OPA did not take data.{path.replace('/', '.')} ({what})")
+
+
 def control_client(url: str, *, timeout_s: float, retries: int, token: str = "") -> AsyncOpaClient:
-    """An (unopened) client for the OPA at ``url`` (sending ``token`` as a bearer token, if any); use it as
-    ``async with``."""
+    """An (unopened) ``opa-python-client`` client for the OPA at ``url`` (sending ``token`` as a bearer token,
+    if any); use it as ``async with``. For the authoring commands: the serving process uses ``OpaControl``."""
+    from opa_client import AsyncOpaClient
+
     parts = urlsplit(url)
     secure = parts.scheme == "https"
     return AsyncOpaClient(host=parts.hostname or "127.0.0.1", port=parts.port or (443 if secure else 80),
                           ssl=secure, timeout=timeout_s, retries=retries, token=token or None)
-
-
-async def healthy(client: AsyncOpaClient) -> bool:
-    """GET /health: False on any failure (the client already swallows them)."""
-    return bool(await client.check_health())
 
 
 async def put_data(client: AsyncOpaClient, path: str, document: dict) -> None:

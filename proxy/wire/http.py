@@ -26,7 +26,7 @@ no request waits while it could be served. A waiter is handed its connection or 
 future; if it was cancelled in the same moment, it hands it on itself (``_give_back``).
 
 Why not the shared ``aiohttp.ClientSession``, which still carries everything else (cancel endpoints,
-the MCP SDK's own sessions, OPA's control plane through opa-python-client, health checks): the OPA
+the MCP SDK's own sessions, OPA's control plane (catalog push, readiness), health checks): the OPA
 decision and the backend POST (an HTTP backend's, or a stateless MCP upstream's ``tools/call``) are the
 two requests every tool call makes, and aiohttp's client machinery for them
 (request and response objects, the session's trace signals, a body-writer task and timer handles per

@@ -15,9 +15,12 @@ from proxy.adapters import DeferredAdapter
 from proxy.lazy import OnFirstUse
 from tests.unit import REPO
 
-# What the serving path of a JSON/OpenAI-only process must not pull in.
+# What the serving path of a JSON/OpenAI-only process must not pull in (opa-python-client, with requests and
+# urllib3 for its synchronous twin, is the authoring commands' client: the proxy's own OPA control plane is
+# two requests over its aiohttp session).
 NOT_IMPORTED = ("mcp", "mcp_types", "pydantic", "httpx2", "proxy.fronts.mcp", "proxy.adapters.mcp", "proxy.wire.mcp",
-                "proxy.authoring", "proxy.authoring.devstack", "proxy.authoring.policy_commands")
+                "proxy.authoring", "proxy.authoring.devstack", "proxy.authoring.policy_commands",
+                "opa_client", "requests", "urllib3")
 
 
 def imported_after(code: str) -> set[str]:

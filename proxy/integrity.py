@@ -20,6 +20,7 @@ a Redis command; compare MACs with ``==``; decide what a record means (its owner
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import logging
@@ -38,6 +39,7 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("toolproxy.integrity")
 
 VERSION = "m1"            # the prefix of every stored MAC: a future key or binding change gets a new one
+COMPACT = "m2"            # the same MAC in base64url (43 characters, not 64): what every operation record carries
 MIN_KEY_BYTES = 32
 
 
@@ -69,9 +71,12 @@ class RecordMac:
                                     f"{MIN_KEY_BYTES} are needed (openssl rand -hex 32)")
         return cls(key)
 
-    def _mac(self, kind: str, parts: list[Any]) -> str:
+    def _mac(self, kind: str, parts: list[Any], version: str = VERSION) -> str:
         message = rfc8785.dumps(["toolproxy.mac/1", kind, *[str(p) for p in parts]])
-        return VERSION + ":" + hmac.new(self._key, message, hashlib.sha256).hexdigest()
+        tag = hmac.new(self._key, message, hashlib.sha256).digest()
+        if version == COMPACT:
+            return COMPACT + ":" + base64.urlsafe_b64encode(tag).rstrip(b"=").decode()
+        return VERSION + ":" + tag.hex()
 
     def approval(self, *, approval_id: str, tenant: str, subject: str, tool: str, tool_version: str,
                  args_hash: str, expires_at_ms: int | str, risk: str, status: str, approver: str = "",
@@ -87,10 +92,20 @@ class RecordMac:
         return self._mac("approval-used", [approval_id, tenant, subject, tool, tool_version, args_hash,
                                            expires_at_ms, used_at_ms, used_for])
 
-    def outcome(self, *, key: str, fingerprint: str, state: str, outcome: str) -> str:
-        """The MAC of an operation record settled in ``state`` with ``outcome`` (its stored JSON text)."""
+    def outcome(self, *, key: str, fingerprint: str, state: str, outcome: str, version: str = COMPACT) -> str:
+        """The MAC of an operation record settled in ``state`` with ``outcome`` (its JSON text, whether the
+        record stores it packed or not: ``record_text``)."""
         digest = hashlib.sha256(outcome.encode()).hexdigest()
-        return self._mac("outcome", [key, fingerprint, state, digest])
+        return self._mac("outcome", [key, fingerprint, state, digest], version)
+
+    def outcome_matches(self, stored: str | None, *, key: str, fingerprint: str, state: str, outcome: str) -> bool:
+        """Whether ``stored`` is this outcome's MAC, in the form it was written (``m2``; ``m1`` by a version
+        before it)."""
+        version = (stored or "").partition(":")[0]
+        if version not in (VERSION, COMPACT):
+            return False
+        return self.same(self.outcome(key=key, fingerprint=fingerprint, state=state, outcome=outcome,
+                                      version=version), stored)
 
     @staticmethod
     def same(expected: str, stored: str | None) -> bool:

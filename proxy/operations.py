@@ -51,6 +51,7 @@ import orjson
 from . import store
 from .integrity import RecordMac
 from .normalize import digest
+from . import record_text
 from .outcome_forms import OutcomeContext, expand
 
 log = logging.getLogger("toolproxy.operations")
@@ -61,8 +62,9 @@ STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNO
 OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
 
 # The record is one Redis string: a MessagePack map (``cmsgpack``) of short field names (``FIELDS``) to string
-# values, read once by a script and written once at its end (``save``); the scripts' bodies speak the long
-# names through ``field``/``hset``/``hdel``. A record written as a hash by an earlier version is read as one and
+# values (the meta and the outcome packed by ``record_text``, opaque to the scripts: they index by the record's
+# own ``tenant`` field), read once by a script and written once at its end (``save``); the scripts' bodies
+# speak the long names through ``field``/``hset``/``hdel``. A record written as a hash by an earlier version is read as one and
 # rewritten packed by its next change (``save``), keeping its TTL; ``get`` reads either.
 _PRELUDE = r"""
 local rec, leases, open, due, held = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -139,8 +141,11 @@ end
 -- The record's tenant's own open index beside the bucket's (same hash tag, so the same slot): a noisy
 -- tenant's unknowns never push another tenant's out of its operators' listing (``open_keys``).
 local function tenant_open()
-  local ok, meta = pcall(cjson.decode, field('meta') or '')
-  local tenant = ok and type(meta) == 'table' and meta['tenant'] or ''
+  local tenant = field('tenant')
+  if not tenant then  -- an earlier version's record: the tenant is in its (JSON) meta
+    local ok, meta = pcall(cjson.decode, field('meta') or '')
+    tenant = ok and type(meta) == 'table' and meta['tenant'] or ''
+  end
   return open .. ':t:' .. tostring(tenant)
 end
 local function to_unknown(first_ms, window_ms, evidence, outcome)
@@ -174,7 +179,7 @@ FIELDS = {"state": "s", "attempt": "a", "token": "t", "owner": "o", "lease_until
           "created_at": "c", "fp": "f", "is_write": "w", "meta": "m", "retention": "r", "outcome": "x",
           "omac": "y", "evidence": "e", "final_reason": "fr", "unknown_since": "us", "rec_until": "ru",
           "rec_next": "rn", "rec_attempts": "ra", "rec_owner": "ro", "rec_owner_until": "rt",
-          "takeover_at": "ta", "cancel": "k", "compensation": "p", "held": "h"}
+          "takeover_at": "ta", "cancel": "k", "compensation": "p", "held": "h", "tenant": "n"}
 LONG_NAMES = {short: long for long, short in FIELDS.items()}
 _SHORT_LUA = "{" + ", ".join(f"{long} = '{short}'" for long, short in FIELDS.items()) + "}"
 
@@ -186,7 +191,7 @@ def _script(body: str) -> str:
 
 
 # ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms,
-#       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state))
+#       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state)), tenant
 _BEGIN = _script(r"""
 local fp, nonce = ARGV[2], ARGV[3]
 local observe = ARGV[11] == "1"
@@ -203,7 +208,7 @@ end
 local state = field('state')
 if not state then
   if observe then return {'not_admitted', 'ABSENT'} end
-  hset('fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'created_at', now,
+  hset('fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'tenant', ARGV[12], 'created_at', now,
              'retention', retention_s)
   return start(1, 1)
 end
@@ -577,7 +582,8 @@ class OperationStore:
         ``then``: a script call to make in the same round trip only if this one reserved the key (new or
         retry), its reply in ``then_reply``; on a Cluster client it is not made (``then_reply`` None)."""
         return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
-                               max_attempts, _dumps(_stored_meta(meta)), first_check_ms, window_ms, int(observe),
+                               max_attempts, record_text.pack(_dumps(_stored_meta(meta))), first_check_ms,
+                               window_ms, int(observe), str(meta.get("tenant", "")),
                                replicate=is_write and not observe, then=then)
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
@@ -587,7 +593,8 @@ class OperationStore:
         ``fingerprint``: the record's (``OperationKey.fingerprint``); without it a settled outcome carries no
         MAC and is never replayed."""
         text = _dumps(outcome) if outcome else ""
-        return await self._run(self._commit, key, token, target, text, _evidence_text(target, evidence),
+        return await self._run(self._commit, key, token, target, record_text.pack(text),
+                               _evidence_text(target, evidence),
                                first_check_ms, window_ms, self._outcome_mac(key, fingerprint, target, text))
 
     def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
@@ -597,7 +604,8 @@ class OperationStore:
         """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
         text = _dumps(outcome) if outcome else ""
         trip.add(self._commit, self._keys(key),
-                 [key, token, target, text, _evidence_text(target, evidence), first_check_ms, window_ms,
+                 [key, token, target, record_text.pack(text), _evidence_text(target, evidence), first_check_ms,
+                  window_ms,
                   self._outcome_mac(key, fingerprint, target, text)],
                  lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
                  acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
@@ -609,7 +617,7 @@ class OperationStore:
 
     def outcome_verified(self, key: str, *, fingerprint: str, state: str, outcome: str, mac: str | None) -> bool:
         """Whether a settled record's outcome is one a key holder recorded for this key, fingerprint and state."""
-        return self._mac.same(self._mac.outcome(key=key, fingerprint=fingerprint, state=state, outcome=outcome), mac)
+        return self._mac.outcome_matches(mac, key=key, fingerprint=fingerprint, state=state, outcome=outcome)
 
     def record_verified(self, record: "Record") -> bool:
         """``outcome_verified`` for a record read with ``get`` (its own fingerprint)."""
@@ -634,13 +642,13 @@ class OperationStore:
     async def resolve(self, key: str, *, owner: str, verdict: str, outcome: Mapping[str, Any] | None,
                       evidence: Mapping[str, Any], delay_ms: int = 0, fingerprint: str = "") -> Transition:
         text = _dumps(outcome) if outcome else ""
-        return await self._run(self._resolve, key, owner, verdict, text, _dumps(evidence), delay_ms,
+        return await self._run(self._resolve, key, owner, verdict, record_text.pack(text), _dumps(evidence), delay_ms,
                                self._outcome_mac(key, fingerprint, verdict, text))
 
     async def resolve_by_operator(self, key: str, *, verdict: str, outcome: Mapping[str, Any] | None,
                                   evidence: Mapping[str, Any], fingerprint: str = "") -> Transition:
         text = _dumps(outcome) if outcome else ""
-        return await self._run(self._operator, key, verdict, text, _dumps(evidence),
+        return await self._run(self._operator, key, verdict, record_text.pack(text), _dumps(evidence),
                                self._outcome_mac(key, fingerprint, verdict, text))
 
     async def request_cancel(self, key: str, *, request: Mapping[str, Any]) -> Transition:
@@ -749,8 +757,20 @@ _RESERVED = "r[1] == 'new' or r[1] == 'retry'"  # (Lua) begin reserved the key: 
 
 
 def _transition(reply: Any) -> Transition:
-    values = tuple(v.decode() if isinstance(v, bytes) else v for v in reply)
+    values = tuple(_reply_text(v) if isinstance(v, bytes) else v for v in reply)
     return Transition(str(values[0]), values[1:])
+
+
+# What a stored text that is not one reads as in a script's answer: no MAC covers it (the record MAC is over
+# JSON texts), so an outcome that reads as this is refused like any altered one.
+UNREADABLE_TEXT = "\ufffd"
+
+
+def _reply_text(value: bytes) -> str:
+    try:
+        return record_text.unpack(value)
+    except record_text.PackedTextError:
+        return UNREADABLE_TEXT
 
 
 def _dumps(value: Any) -> str:
@@ -780,11 +800,12 @@ def _stored_meta(meta: Mapping[str, Any]) -> Mapping[str, Any]:
     - the meta's ``args_hash`` is the digest of the target's arguments when they are shown whole (nothing
       redacted or truncated);
     - ``marks`` (the resources an unknown outcome freezes) are stored as ``true`` when they are the target's
-      resources."""
+      resources;
+    - the ``tenant`` is the record's own field (its scripts index by it without reading the meta)."""
+    stored = {k: v for k, v in meta.items() if k != "tenant"}
     target = meta.get("target")
     if not isinstance(target, Mapping):
-        return meta
-    stored = dict(meta)
+        return stored
     if "args_hash" in target and target["args_hash"] == meta.get("args_hash"):
         target = {k: v for k, v in target.items() if k != "args_hash"}
         stored["target"] = target
@@ -816,13 +837,13 @@ def record_fields(reply: list[bytes]) -> dict[str, str]:
     return dict(zip(flat[0::2], flat[1::2]))
 
 
-def pack_record(fields: Mapping[str, str]) -> bytes:
+def pack_record(fields: Mapping[str, str | bytes]) -> bytes:
     """A record's stored value: the MessagePack map (short names to strings) the scripts write."""
     out = bytearray()
     _pack_header(out, len(fields), 0x80, 0xDE, 0xDF)
     for name, value in fields.items():
         for text in (FIELDS.get(name, name), value):
-            data = text.encode()
+            data = text if isinstance(text, bytes) else text.encode()
             if len(data) < 32:
                 out.append(0xA0 | len(data))
             elif len(data) < 0x100:
@@ -844,7 +865,8 @@ def _pack_header(out: bytearray, n: int, fix: int | None, head16: int, head32: i
 
 def unpack_record(data: bytes) -> dict[str, str]:
     """``pack_record`` read back (short names kept): a map of strings, as ``cmsgpack`` packs a Lua table of
-    strings; anything else is refused (ValueError), never guessed."""
+    strings; anything else is refused (ValueError), never guessed. A packed text (``record_text``: the meta
+    and the outcome) reads as the JSON text it was; one that does not inflate as ``UNREADABLE_TEXT``."""
     at = 0
 
     def length(fix_base: int, fix_max: int, sized: dict[int, int]) -> int:
@@ -863,7 +885,7 @@ def unpack_record(data: bytes) -> dict[str, str]:
     def text() -> str:
         nonlocal at
         n = length(0xA0, 0xBF, {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4})
-        value = data[at:at + n].decode()
+        value = _reply_text(data[at:at + n])
         at += n
         return value
 
@@ -885,7 +907,14 @@ def _record(key: str, f: Mapping[str, str]) -> Record:
     def obj(name: str) -> Mapping[str, Any] | None:
         return json.loads(f[name]) if f.get(name) else None
 
-    state, meta, outcome = f.get("state", "ABSENT"), _read_meta(obj("meta") or {}), obj("outcome")
+    meta = _read_meta(obj("meta") or {})
+    if "tenant" in f:
+        meta = {"tenant": f["tenant"], **meta}
+    try:
+        outcome = obj("outcome")
+    except ValueError:  # not a text this proxy wrote: no MAC covers it (``record_verified`` refuses it)
+        outcome = None
+    state = f.get("state", "ABSENT")
     return Record(
         key=key, state=state, attempt=num("attempt") or 0, token=num("token") or 0,
         is_write=f.get("is_write") == "1", meta=meta, created_at=num("created_at") or 0,

@@ -14,9 +14,10 @@ async def read_fields(redis: Any, name: str) -> dict[str, str]:
 
 
 async def alter_fields(redis: Any, name: str, *, drop: tuple[str, ...] = (), **changes: Any) -> None:
-    """Set ``changes`` and remove ``drop`` in the stored record, keeping its TTL."""
+    """Set ``changes`` (bytes as they are: a planted packed text) and remove ``drop`` in the stored record,
+    keeping its TTL."""
     fields = await read_fields(redis, name)
-    fields.update({k: str(v) for k, v in changes.items()})
+    fields.update({k: v if isinstance(v, bytes) else str(v) for k, v in changes.items()})
     for field in drop:
         fields.pop(field, None)
     await redis.set(name, pack_record(fields), keepttl=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
 from proxy.integrity import IntegrityKeyError, RecordMac
@@ -42,7 +44,23 @@ def test_same_is_false_for_a_missing_or_different_mac():
     mac = RecordMac(KEY)
     good = mac.outcome(key="ik_1", fingerprint="fp", state="SUCCEEDED", outcome="")
     assert mac.same(good, good)
-    assert not mac.same(good, None) and not mac.same(good, "") and not mac.same(good, good[:-1] + "0")
+    other = good[:-1] + ("A" if good[-1] != "A" else "B")
+    assert not mac.same(good, None) and not mac.same(good, "") and not mac.same(good, other)
+
+
+def test_an_outcome_mac_is_written_compact_and_either_form_verifies():
+    """Records carry the ``m2`` form (the HMAC in base64url: 46 characters, not 67); a record written with
+    ``m1`` by a version before it still verifies, and a MAC of neither form, or of another binding, never does."""
+    mac = RecordMac(KEY)
+    binding = {"key": "ik_1", "fingerprint": "fp", "state": "SUCCEEDED", "outcome": '{"data":1}'}
+    compact, hex_form = mac.outcome(**binding), mac.outcome(**binding, version="m1")
+    assert compact.startswith("m2:") and len(compact) == 46 and hex_form.startswith("m1:") and len(hex_form) == 67
+    assert base64.urlsafe_b64decode(compact[3:] + "=") == bytes.fromhex(hex_form[3:])  # one HMAC, two spellings
+    assert mac.outcome_matches(compact, **binding) and mac.outcome_matches(hex_form, **binding)
+    assert not mac.outcome_matches(compact, **{**binding, "state": "FAILED_FINAL"})
+    assert not mac.outcome_matches(hex_form, **{**binding, "outcome": '{"data":2}'})
+    assert not mac.outcome_matches("m3:" + compact[3:], **binding) and not mac.outcome_matches(None, **binding)
+    assert not mac.outcome_matches(compact[3:], **binding)
 
 
 def test_key_files(tmp_path):

@@ -65,7 +65,8 @@ def test_the_meta_leaves_out_what_its_target_derives():
             "target": {"arguments": arguments, "resources": ["counter:ctr_a"], "args_hash": digest(arguments)}}
     stored = _stored_meta(meta)
     assert "args_hash" not in stored and "args_hash" not in stored["target"] and stored["marks"] is True
-    assert _read_meta(dict(stored)) == meta
+    assert "tenant" not in stored  # the record's own field (``_record`` puts it back)
+    assert {"tenant": "acme", **_read_meta(dict(stored))} == meta
 
 
 def test_redacted_arguments_keep_their_hash_and_other_marks_stay_a_list():
@@ -73,4 +74,4 @@ def test_redacted_arguments_keep_their_hash_and_other_marks_stay_a_list():
             "target": {"arguments": {"card": "[redacted]"}, "resources": ["card:1"], "args_hash": "a" * 64}}
     stored = _stored_meta(meta)
     assert stored["args_hash"] == "a" * 64 and stored["marks"] == ["lock:x"]
-    assert _read_meta(dict(stored)) == meta
+    assert {"tenant": "acme", **_read_meta(dict(stored))} == meta

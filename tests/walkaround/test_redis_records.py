@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import secrets
+import zlib
 
 import pytest
 import redis
 
 from proxy.operations import record_keys
+from proxy.record_text import DICTIONARY_V1
 from proxy.store import key
 from tests.support.audit import audit_records
 from tests.support.records import alter_fields, read_fields
@@ -183,6 +185,23 @@ async def test_forging_a_committed_outcome_is_refused_and_counted(stack, capsys)
     assert failures(stack, "outcome") == 2
     audited = integrity_audits(capsys.readouterr().out)
     assert [a["idempotency_key"] for a in audited] == [env["idempotency_key"]] * 2  # the replay, the view
+
+
+async def test_a_planted_packed_outcome_that_would_inflate_a_thousandfold_is_refused(stack, capsys):
+    """A leaked password is enough to write a packed text (proxy/record_text.py) of a few kilobytes that
+    inflates to 50 MB: the proxy stops inflating at its bound, refuses the record and replays nothing."""
+    record, env = await succeeded_write(stack)
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zdict=DICTIONARY_V1)
+    bomb = b"\xff\x01" + deflate.compress(b'{"data":"' + b"A" * 50_000_000 + b'"}') + deflate.flush()
+    assert len(bomb) < 100_000
+    await alter_fields(stack.redis, record, outcome=bomb)
+    status, replay = await stack.call("refund_order", SMALL_REFUND, headers={"Idempotency-Key": "walk-2"})
+    assert status == 409 and replay["error"]["code"] == "record_integrity_failed", replay
+    status, view = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert status == 409 and view["error"]["code"] == "record_integrity_failed", view
+    assert stack.backend.effect_counts()["refund_order"] == 1
+    assert failures(stack, "outcome") == 2
+    assert len(integrity_audits(capsys.readouterr().out)) == 2
 
 
 async def test_a_record_without_a_mac_from_an_older_version_is_not_honoured(stack):

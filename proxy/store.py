@@ -26,6 +26,8 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
 
+from .wire import redis_py  # noqa: F401  # first: redis-py imported without OpenTelemetry's metrics SDK
+
 import redis.asyncio as redis_async
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff

@@ -19,6 +19,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from ..wire import redis_py  # noqa: F401  # first: redis-py imported without OpenTelemetry's metrics SDK
+
 import redis.asyncio as redis_async
 
 from ..policy.decisions import RECORD_TYPE

@@ -28,6 +28,9 @@ import ssl
 from typing import Any, Sequence
 
 import hiredis
+
+from . import redis_py  # noqa: F401  # first: redis-py imported without OpenTelemetry's metrics SDK
+
 import redis.asyncio as redis_async
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.exceptions import AuthenticationError, AuthenticationWrongNumberOfArgsError, BusyLoadingError, \

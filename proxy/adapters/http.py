@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import functools
 import time
 from typing import Any, Mapping
 
@@ -203,6 +204,12 @@ def server_time(value: str | None) -> str | None:
     """The backend's ``Date`` header as an ISO timestamp (its own clock at the answer), None if absent."""
     if not value:
         return None
+    return _parsed_date(value)
+
+
+# A Date header changes once a second: parsing it (``email.utils``) was about 1.5% of a read's CPU.
+@functools.lru_cache(maxsize=8)
+def _parsed_date(value: str) -> str | None:
     try:
         when = email.utils.parsedate_to_datetime(value)
     except (TypeError, ValueError):

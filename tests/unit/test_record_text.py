@@ -21,7 +21,7 @@ META = json.dumps({"agent": "dev-agent", "call_id": "call_1", "marks": True,
 
 
 def deflated(data: bytes, version: int = 1) -> bytes:
-    deflate = zlib.compressobj(9, zlib.DEFLATED, -15, 9, zdict=DICTIONARY_V1)
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -11, 6, zdict=DICTIONARY_V1)
     return bytes((0xFF, version)) + deflate.compress(data) + deflate.flush()
 
 

@@ -14,6 +14,11 @@ import signal
 import sys
 from typing import Any, Sequence
 
+from . import startup
+
+if __name__ == "__main__":  # python -m proxy.cli: the imports below are the process's start-up (proxy/startup.py)
+    startup.begin()
+
 from .audit import check_config as check_audit_config
 from .config import ConfigError, describe, load_config
 from .policy.decisions import check_config as check_decisions_config
@@ -153,6 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     _add_policy_parsers(sub)
 
     args = parser.parse_args(argv)
+    if args.command != "run":
+        startup.end(freeze=False)  # only the sidecar's start-up runs with young collections only
     if args.command == "check-registry":
         return check_registry(args.paths, previous=args.previous)
     if args.command == "check-policy-data":
@@ -369,6 +376,19 @@ def _policy_args(parser: argparse.ArgumentParser) -> None:
 
 
 def run_sidecar(config_path: str | None) -> int:
+    startup.begin()  # already begun under python -m proxy.cli; here for the console script's entry
+    try:
+        return _run_sidecar(config_path)
+    finally:
+        startup.end(freeze=False)  # a start that failed (after a start, nothing is left to end)
+
+
+async def _end_startup_when(ready: asyncio.Event) -> None:
+    await ready.wait()  # the listeners are up: what start-up built lives as long as the process
+    startup.end(freeze=True)
+
+
+def _run_sidecar(config_path: str | None) -> int:
     from .fronts.app import check_key_layout, serve
     try:
         config = load_config(config_path)
@@ -395,7 +415,12 @@ def run_sidecar(config_path: str | None) -> int:
         def reload_on_sighup(runtime: Any) -> None:
             loop.add_signal_handler(signal.SIGHUP, runtime.reloader.request)
 
-        await serve(config, registry=registry, stop=stop, on_runtime=reload_on_sighup)
+        ready = asyncio.Event()
+        started = asyncio.create_task(_end_startup_when(ready))
+        try:
+            await serve(config, registry=registry, ready=ready, stop=stop, on_runtime=reload_on_sighup)
+        finally:
+            started.cancel()
 
     try:
         run_loop(main_async())

@@ -1,10 +1,12 @@
 """A JSON/OpenAI-only sidecar imports what it uses (issue 32), also while it serves: a real ``toolproxy run``
 process (``mcp.front`` off, no MCP upstream) answers probes, a scrape and calls through both of its fronts
 (a read, a write, a refused call, an OpenAI-shaped read), then stops on SIGTERM and writes the names in its
-``sys.modules`` (an ``atexit`` hook of the probe that runs it). Nothing here is timed."""
+``sys.modules`` and its collector's state (an ``atexit`` hook of the probe that runs it). Nothing here is
+timed."""
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -29,7 +31,9 @@ class ReportingProxy(ProxyProcess):
 
     def start(self) -> "ReportingProxy":
         probe = ("import atexit, json, runpy, sys\n"
-                 f"atexit.register(lambda: open({str(self.modules_file)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n"
+                 "import gc\n"
+                 f"atexit.register(lambda: open({str(self.modules_file)!r}, 'w').write(json.dumps(\n"
+                 "    {'modules': sorted(sys.modules), 'gc': [gc.get_threshold(), gc.get_freeze_count()]})))\n"
                  "sys.argv = ['toolproxy', 'run']\n"
                  "runpy.run_module('proxy.cli', run_name='__main__')\n")
         with open(self._log_path, "ab") as log:
@@ -37,10 +41,12 @@ class ReportingProxy(ProxyProcess):
                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return self
 
-    def modules(self) -> set[str]:
+    def report(self) -> tuple[set[str], list]:
+        """Stops the process: its imported modules' names, and its collector's thresholds and frozen objects."""
         self.stop()
         assert self.proc is not None and self.proc.returncode == 0, self.log()
-        return set(json.loads(self.modules_file.read_text()))
+        report = json.loads(self.modules_file.read_text())
+        return set(report["modules"]), report["gc"]
 
 
 async def test_a_serving_json_only_sidecar_imports_no_mcp_no_authoring_no_opa_client(proxy_deps):
@@ -68,9 +74,12 @@ async def test_a_serving_json_only_sidecar_imports_no_mcp_no_authoring_no_opa_cl
                 assert answer.status == 200, await answer.text()
             async with session.post(proxy.url + "/mcp", json={}) as answer:
                 assert answer.status == 404  # no MCP front
-        modules = proxy.modules()
+        modules, (thresholds, frozen) = proxy.report()
     finally:
         proxy.stop()
         await runner.cleanup()
     assert {"proxy.fronts.app", "proxy.fronts.openai", "proxy.pipeline"} <= modules  # the probe saw a sidecar
     assert not modules & set(NOT_IMPORTED), sorted(modules & set(NOT_IMPORTED))
+    # proxy/startup.py: what the start-up built was frozen once the listeners were up, and the collector runs
+    # with its usual thresholds while serving.
+    assert tuple(thresholds) == gc.get_threshold() and frozen > 20000, (thresholds, frozen)

@@ -45,12 +45,16 @@ JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256",
 
 @dataclass(frozen=True)
 class ListenerConfig:
+    """The settings of ``admin`` and ``ops`` (approver/operator API; metrics and probes)."""
+
     host: str = setting("127.0.0.1", "address the listener binds to")
     port: int = setting(8787, "TCP port of the listener")
 
 
 @dataclass(frozen=True)
 class AgentListenerConfig(ListenerConfig):
+    """The settings of ``listen`` (agent-facing API)."""
+
     max_body_bytes: int = setting(1024 * 1024, "largest accepted request body (payload_too_large above)")
 
 
@@ -64,6 +68,8 @@ def _ops_listener() -> ListenerConfig:
 
 @dataclass(frozen=True)
 class RegistryConfig:
+    """The settings of ``registry`` (tool contracts)."""
+
     paths: list[str] = setting(["examples/registry"], "registry YAML files or directories of *.yaml")
     reload_interval_ms: int = setting(2000, "how often the registry files are checked for changes and reloaded "
                                             "(0: only on SIGHUP); an invalid new registry is refused as a whole")
@@ -79,6 +85,8 @@ class RegistryConfig:
 
 @dataclass(frozen=True)
 class BackendsConfig:
+    """The settings of ``backends`` (tool backends)."""
+
     services: dict[str, str] = setting({}, "service name -> base URL for registry backends that say `service:`")
     max_response_bytes: int = setting(4 * 1024 * 1024, "largest backend response accepted (output_invalid above)")
     connect_timeout_ms: int = setting(1000, "cap on TCP connect time to a backend")
@@ -103,6 +111,8 @@ class BackendsConfig:
 
 @dataclass(frozen=True)
 class CallTokensConfig:
+    """The settings of ``call_tokens`` (the signed Txn-Token on every backend request)."""
+
     signing_key_file: str = setting("", "PEM private key (Ed25519 or EC P-256) that signs the Txn-Token every "
                                         "request for a call carries; a Secret mounted into the toolproxy container "
                                         "only. Empty: a key generated at start-up, this process's alone (dev stack "
@@ -120,6 +130,8 @@ class CallTokensConfig:
 
 @dataclass(frozen=True)
 class DecodeConfig:
+    """The settings of ``decode`` (untrusted JSON)."""
+
     max_depth: int = setting(64, "deepest nesting of arrays/objects accepted in any untrusted JSON: request bodies, "
                                  "tool arguments (also inside an `arguments` string), MCP messages, admin bodies, "
                                  "backend and status endpoint answers (invalid_json above)", bounds=(2, 256))
@@ -127,6 +139,8 @@ class DecodeConfig:
 
 @dataclass(frozen=True)
 class DeadlineConfig:
+    """The settings of ``deadline`` (deadlines)."""
+
     margin_ms: int = setting(50, "budget kept back for serialization and replying (epsilon of seed 000 4.2)")
     max_request_timeout_ms: int = setting(600000, "upper bound of a caller's deadline: a later one is clamped to "
                                                   "it, not refused (timing.deadline_ms shows the budget used)")
@@ -134,6 +148,9 @@ class DeadlineConfig:
 
 @dataclass(frozen=True)
 class JwtConfig:
+    """The settings of ``identity.jwt`` and ``admin_identity.jwt`` (jwt mode: the agent's bearer token; the
+    approver's token: its own audience/issuer/keys)."""
+
     issuer: str = setting("", "required `iss` of accepted tokens (empty: not checked; set it in production)")
     audience: str = setting("toolproxy", "required `aud` of accepted tokens")
     jwks_file: str = setting("", "JWKS file with the verification keys (re-read when it changes)")
@@ -156,6 +173,9 @@ def _admin_jwt() -> JwtConfig:
 
 @dataclass(frozen=True)
 class HeaderIdentityConfig:
+    """The settings of ``identity.headers`` (headers mode: identity set by a trusted mesh, believed only with a
+    proof of the hop)."""
+
     subject: str = setting("X-Auth-Subject", "headers mode: header with the subject")
     tenant: str = setting("X-Auth-Tenant", "headers mode: header with the tenant")
     roles: str = setting("X-Auth-Roles", "headers mode: header with comma-separated roles")
@@ -196,6 +216,8 @@ class HeaderIdentityConfig:
 
 @dataclass(frozen=True)
 class IdentityConfig:
+    """The settings of ``identity`` (trusted identity)."""
+
     mode: str = setting("jwt", "where the caller's identity comes from: jwt, headers (trusted mesh) or static "
                               "(dev stack and tests only; never the default)", choices=("jwt", "headers", "static"))
     static_subject: str = setting("dev-user", "static mode: subject of every call")
@@ -216,6 +238,8 @@ class IdentityConfig:
 
 @dataclass(frozen=True)
 class AdminIdentityConfig:
+    """The settings of ``admin_identity`` (approver credential)."""
+
     mode: str = setting("jwt", "how approvers authenticate on the admin listener: jwt or disabled",
                         choices=("jwt", "disabled"))
     approver_role: str = setting("approver", "role an admin token needs to list, approve or deny approvals")
@@ -234,6 +258,8 @@ class AdminIdentityConfig:
 
 @dataclass(frozen=True)
 class ApprovalsConfig:
+    """The settings of ``approvals`` (human approvals)."""
+
     ttl_s: int = setting(900, "how long a pending or approved approval stays valid")
     max_list: int = setting(200, "most approvals one admin listing returns")
     max_summary_bytes: int = setting(65536, "largest summary an approver is shown (every bound argument in full, "
@@ -244,6 +270,8 @@ class ApprovalsConfig:
 
 @dataclass(frozen=True)
 class OpaConfig:
+    """The settings of ``opa`` (policy decisions)."""
+
     url: str = setting("http://127.0.0.1:8181", "base URL of the OPA server")
     decision_path: str = setting("toolproxy/decision", "Data API path of the decision document")
     timeout_ms: int = setting(500, "timeout of one OPA query (fail closed after it)")
@@ -260,6 +288,8 @@ class OpaConfig:
 
 @dataclass(frozen=True)
 class IntegrityConfig:
+    """The settings of ``integrity`` (record MACs, docs/scale.md)."""
+
     mac_key_file: str = setting("", "file holding the key (at least 32 bytes, e.g. `openssl rand -hex 32`) of the "
                                     "MACs on approvals, spent approvals and settled outcomes in Redis; every proxy "
                                     "and admin API of a fleet needs the same one (a Secret). Empty: an ephemeral "
@@ -271,6 +301,8 @@ REDIS_MODES = ("standalone", "sentinel", "cluster")
 
 @dataclass(frozen=True)
 class RedisConfig:
+    """The settings of ``redis`` (state store)."""
+
     mode: str = setting("standalone", "standalone (redis.url), sentinel (redis.sentinels + redis.sentinel_service) "
                                       "or cluster (redis.cluster_nodes)")
     url: str = setting("redis://127.0.0.1:6379/0", "standalone: Redis URL (redis:// or rediss://)")
@@ -351,6 +383,8 @@ class RedisConfig:
 
 @dataclass(frozen=True)
 class McpConfig:
+    """The settings of ``mcp`` (MCP front and MCP backends)."""
+
     front: bool = setting(True, "serve the MCP front on the agent listener (/mcp); off: the JSON and "
                                 "OpenAI-shaped fronts only, and the MCP SDK's server side is never imported "
                                 "(its client side is imported only when a tool's backend is an MCP upstream)")
@@ -402,6 +436,8 @@ class McpConfig:
 
 @dataclass(frozen=True)
 class McpPinsConfig:
+    """The settings of ``mcp_pins`` (pinned MCP upstream tools, quarantined on drift: docs/mcp.md)."""
+
     check_interval_ms: int = setting(60000, "how often every pinned MCP upstream's tools/list is compared with the "
                                             "registry's pins (backend.pin), besides at start, after a registry "
                                             "reload and on the upstream's notifications/tools/list_changed; 0: "
@@ -425,6 +461,8 @@ class McpPinsConfig:
 
 @dataclass(frozen=True)
 class IdempotencyConfig:
+    """The settings of ``idempotency`` (idempotency records)."""
+
     lease_grace_ms: int = setting(2000, "added to a call's budget to form its IN_PROGRESS lease; a lease that runs "
                                         "out means the proxy died mid-call (UNKNOWN for a write)")
     max_attempts: int = setting(5, "executions allowed under one key; the next retry of a FAILED_RETRYABLE key "
@@ -438,6 +476,8 @@ class IdempotencyConfig:
 
 @dataclass(frozen=True)
 class ReconcileConfig:
+    """The settings of ``reconcile`` (unknown outcomes)."""
+
     enabled: bool = setting(True, "run the background reconciler in this process (one per key across replicas)")
     scan_interval_ms: int = setting(1000, "how often the reconciler looks for expired leases and due UNKNOWN records")
     window_ms: int = setting(900000, "how long an UNKNOWN record is reconciled before it needs a human takeover")
@@ -451,6 +491,8 @@ class ReconcileConfig:
 
 @dataclass(frozen=True)
 class CancellationConfig:
+    """The settings of ``cancellation`` (cancelling calls, docs/transactions.md)."""
+
     grace_ms: int = setting(2000, "after a sent call is told to cancel: how long its own answer is awaited "
                                   "before the stream is closed and the status endpoint asked", bounds=(0, 600000))
     cancel_timeout_ms: int = setting(2000, "timeout of one request to a contract's cancel_endpoint",
@@ -462,6 +504,8 @@ class CancellationConfig:
 
 @dataclass(frozen=True)
 class LocksConfig:
+    """The settings of ``locks`` (resource locks)."""
+
     scope: str = setting("tenant", "lock namespace and Redis Cluster hash tag: tenant (a tenant's locks share one "
                                    "slot; tenants never exclude each other) or global (one slot for all locks)",
                          choices=("tenant", "global"))
@@ -483,6 +527,8 @@ class LocksConfig:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """The settings of ``scheduler`` (batch scheduler, POST /v1/tool-calls:batch)."""
+
     max_calls: int = setting(64, "most calls accepted in one batch (invalid_plan above)")
     default_timeout_ms: int = setting(60000, "deadline of a batch whose caller sent none")
     max_parallel: int = setting(8, "calls of one batch running at once")
@@ -502,6 +548,8 @@ class SchedulerConfig:
 
 @dataclass(frozen=True)
 class QuotasConfig:
+    """The settings of ``quotas`` (rate limits, concurrency quotas, backend back-pressure)."""
+
     enabled: bool = setting(True, "apply quotas and backend back-pressure (docs/quotas.md); false: neither")
     tenant: str = setting("", "limit of each tenant, e.g. `rate=100/1s burst=50 concurrency=20` (empty: none)")
     tenants: dict[str, str] = setting({}, "per-tenant override of quotas.tenant: tenant=<limit>")
@@ -542,6 +590,8 @@ class QuotasConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
+    """The settings of ``log`` (logging)."""
+
     level: str = setting("info", "log level: debug, info, warning, error",
                          choices=("debug", "info", "warning", "error"))
     format: str = setting("json", "log line format on stderr: json or kv (key=value)", choices=("json", "kv"))
@@ -549,6 +599,8 @@ class LogConfig:
 
 @dataclass(frozen=True)
 class AuditConfig:
+    """The settings of ``audit`` (audit records)."""
+
     sinks: list[str] = setting(["stdout"], "where audit records go: stdout (JSON lines), redis (a Redis Stream), "
                                            "or both", choices=("stdout", "redis"))
     stream_maxlen: int = setting(100000, "redis sink: approximate maximum length of the audit stream (XADD MAXLEN ~)")
@@ -564,6 +616,8 @@ class AuditConfig:
 
 @dataclass(frozen=True)
 class DecisionsConfig:
+    """The settings of ``decisions`` (policy decision records)."""
+
     enabled: bool = setting(False, "record every policy decision (exact OPA input with sensitive arguments masked, "
                                    "decision, revision, decision id) for `toolproxy policy replay`")
     sinks: list[str] = setting(["redis"], "where decision records go: redis (a Redis Stream), stdout (JSON lines), "
@@ -674,6 +728,8 @@ def otel_defaults(env: Mapping[str, str]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class FlowConfig:
+    """The settings of ``flow`` (data-flow labels for the policy, docs/policy-authors.md#flow)."""
+
     # A day: an agent's context (a conversation, a long run) rarely outlives a working day, and the labels
     # must outlive any run the model can start afresh; much longer keeps refusing an agent's sends long
     # after its context was discarded. Same as the default retention of an operation record.
@@ -687,6 +743,8 @@ class FlowConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """The whole configuration: one section per field."""
+
     listen: AgentListenerConfig = field(default_factory=AgentListenerConfig, metadata={"help": "agent-facing API"})
     admin: ListenerConfig = field(default_factory=_admin_listener, metadata={"help": "approver/operator API"})
     ops: ListenerConfig = field(default_factory=_ops_listener, metadata={"help": "metrics and probes"})

@@ -22,7 +22,6 @@ the model's view, always), or cost a call more than one dictionary lookup.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import time
@@ -151,6 +150,8 @@ def definition_diff(before: UpstreamTool | None, now: UpstreamTool, contract: To
         now_view["annotations"] = now.annotations or "(none)"
     else:
         now_view = now.definition()
+    import difflib  # a drifted MCP upstream only: a JSON-only sidecar never diffs (tests/test_footprint_imports.py)
+
     return _bounded(difflib.unified_diff(_lines(old), _lines(now_view), label, "upstream now", lineterm="", n=2))
 
 

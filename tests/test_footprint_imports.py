@@ -80,6 +80,7 @@ async def test_a_serving_json_only_sidecar_imports_no_mcp_no_authoring_no_opa_cl
         await runner.cleanup()
     assert {"proxy.fronts.app", "proxy.fronts.openai", "proxy.pipeline"} <= modules  # the probe saw a sidecar
     assert not modules & set(NOT_IMPORTED), sorted(modules & set(NOT_IMPORTED))
+    assert "difflib" not in modules  # proxy/drift.py diffs a drifted MCP upstream's definition only
     # proxy/startup.py: what the start-up built was frozen once the listeners were up, and the collector runs
     # with its usual thresholds while serving.
     assert tuple(thresholds) == gc.get_threshold() and frozen > 20000, (thresholds, frozen)

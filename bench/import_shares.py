@@ -8,7 +8,7 @@ own modules last), with the collector as ``python -m proxy.cli`` starts (``proxy
 resident memory (``VmRSS``) and wall time each group adds are measured. Medians of ``--runs`` interpreters.
 The proxy's sources are byte-compiled first (as the image's are).
 
-    .venv/bin/python -m bench.import_shares [--runs 7] [--proxy-src DIR]
+    .venv/bin/python -m bench.import_shares [--runs 7] [--proxy-src DIR] [--before DIR]
 
 Wall times move with the machine's load; resident memory does not (docs/performance.md#footprint).
 """
@@ -45,11 +45,10 @@ GROUPS = [
 
 CHILD = r"""
 import gc, json, sys, time, importlib
-try:
-    from proxy import startup
+import os
+if os.path.exists(os.path.join("proxy", "startup.py")):  # not a checkout from before it (an installed proxy's
+    from proxy import startup                             # would be found instead)
     startup.begin()  # as python -m proxy.cli does before its imports
-except ImportError:  # a checkout from before proxy/startup.py
-    pass
 
 
 def rss():
@@ -88,36 +87,59 @@ def plan(modules: list[str]) -> list[tuple[str, list[str]]]:
     steps: list[tuple[str, list[str]]] = [("standard library (asyncio, ssl with libssl/libcrypto, json, logging, "
                                            "uuid, ...)", stdlib)]
     for label, tops in GROUPS:  # a dotted name in a group is imported first (sys.modules' order is completion's)
-        steps.append((label, [t for t in tops if "." in t] + [m for m in modules if m.split(".")[0] in tops]))
+        steps.append((label, [t for t in tops if "." in t and t in modules] +
+                      [m for m in modules if m.split(".")[0] in tops]))
     steps.append(("toolproxy", []))  # the run entry itself: toolproxy's own modules and whatever is left
     return steps
+
+
+def measure(src: Path, runs: int, each: list[list]) -> None:
+    """One fresh interpreter importing ``src``'s run entry group by group; its rows appended to ``each``."""
+    child = f"ENTRY = {ENTRY!r}\n" + CHILD
+    steps = plan(imported_in_order(src))
+    out = subprocess.run([sys.executable, "-c", child, json.dumps(steps)], cwd=src, capture_output=True,
+                         text=True, check=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    each.append(json.loads(out.stdout.splitlines()[-1]))
+
+
+def table(results: list[list[list]]) -> list[tuple[str, list[float], list[float]]]:
+    """Per group: its label, and the median MB and ms of each tree measured."""
+    rows = []
+    for i, (label, _, _) in enumerate(results[0][0]):
+        name = "toolproxy's own modules (and what only they import)" if label == "toolproxy" else label
+        rows.append((name, [statistics.median(run[i][1] for run in tree) for tree in results],
+                     [statistics.median(run[i][2] for run in tree) for tree in results]))
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7, help="fresh interpreters measured (medians)")
     parser.add_argument("--proxy-src", help="measure the proxy of this checkout")
+    parser.add_argument("--before", help="also measure this checkout (the before columns), alternating with the "
+                                         "other run by run so that the machine's load falls on both alike")
     args = parser.parse_args()
-    src = Path(args.proxy_src).resolve() if args.proxy_src else REPO
-    compileall.compile_dir(str(src / "proxy"), quiet=1)
-    steps = plan(imported_in_order(src))
-    child = f"ENTRY = {ENTRY!r}\n" + CHILD
-    runs = []
+    trees = [Path(args.before).resolve()] if args.before else []
+    trees.append(Path(args.proxy_src).resolve() if args.proxy_src else REPO)
+    for tree in trees:
+        compileall.compile_dir(str(tree / "proxy"), quiet=1)
+    results: list[list[list]] = [[] for _ in trees]
     for _ in range(args.runs):
-        out = subprocess.run([sys.executable, "-c", child, json.dumps(steps)], cwd=src, capture_output=True,
-                             text=True, check=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
-        runs.append(json.loads(out.stdout.splitlines()[-1]))
-    print(f"\nProxy from {'this checkout' if src == REPO else src}; medians of {args.runs} fresh interpreters.\n")
-    print("| what | MB | ms |\n|---|---:|---:|")
-    total_mb = total_ms = 0.0
-    for i, (label, _, _) in enumerate(runs[0]):
-        mb = statistics.median(run[i][1] for run in runs)
-        ms = statistics.median(run[i][2] for run in runs)
-        total_mb += mb
-        total_ms += ms
-        name = "toolproxy's own modules (and what only they import)" if label == "toolproxy" else label
-        print(f"| {name} | {mb:.1f} | {'' if i == 0 else f'{ms:,.0f}'} |")
-    print(f"| total imported, before anything is opened | {total_mb:.1f} | {total_ms:,.0f} |")
+        for tree, each in zip(trees, results):
+            measure(tree, args.runs, each)
+    names = " and ".join("this checkout" if tree == REPO else str(tree) for tree in trees)
+    print(f"\nProxy from {names}; medians of {args.runs} fresh interpreters each.\n")
+    columns = ["before MB", "after MB", "before ms", "after ms"] if args.before else ["MB", "ms"]
+    print("| what | " + " | ".join(columns) + " |\n|---|" + "---:|" * len(columns))
+    totals = [[0.0] * len(trees), [0.0] * len(trees)]
+    for i, (name, mbs, mss) in enumerate(table(results)):
+        for t in range(len(trees)):
+            totals[0][t] += mbs[t]
+            totals[1][t] += mss[t]
+        cells = [f"{mb:.1f}" for mb in mbs] + ["" if i == 0 else f"{ms:,.0f}" for ms in mss]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    cells = [f"{mb:.1f}" for mb in totals[0]] + [f"{ms:,.0f}" for ms in totals[1]]
+    print("| total imported, before anything is opened | " + " | ".join(cells) + " |")
     return 0
 
 

@@ -18,7 +18,8 @@ their reference count are freed as ever. ``docs/performance.md#footprint`` has t
 
 Must never: change the collector for a process that did not ``begin`` (importing ``proxy.cli`` from another
 program changes nothing), disable the collector (the youngest generation always runs), or keep start-up's
-thresholds after ``end``. Used only by ``proxy/cli.py``.
+thresholds after ``end``. Used by ``proxy/cli.py`` (and ``bench/import_shares.py``, to measure imports as
+the entry makes them).
 """
 
 from __future__ import annotations

@@ -396,6 +396,13 @@
     const result = await api("POST", "/v1/approvals/" + encodeURIComponent(id) + "/" + action, body);
     if (result.status === 200) {
       status((action === "approve" ? "Approved " : "Denied ") + id + ".", "ok");
+      // Off the pending list now: the refresh below fills the pending and decided lists as each answer
+      // comes, and a decided approval must never be shown as pending beside its decision meanwhile.
+      const left = pending.approvals.filter((a) => a.id !== id);
+      if (left.length !== pending.approvals.length) {
+        pending = {...pending, approvals: left, total: typeof pending.total === "number" ? pending.total - 1 : null};
+        showPending();
+      }
     } else {
       status("Could not " + action + " " + id + ": " + errorText(result), "error");
     }

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -397,9 +398,12 @@ def iso_now() -> str:
     return iso(time.time())
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")  # searched in C, not a Python loop per character of every field
+
+
 def _safe_str(value: Any, *, truncate: bool = False) -> str | None:
     """A short printable string, or None (untrusted text never breaks a record's shape)."""
-    if not isinstance(value, str) or not value or any(ord(c) < 32 or ord(c) == 127 for c in value):
+    if not isinstance(value, str) or not value or _CONTROL.search(value) is not None:
         return None
     if len(value) > 256:
         return value[:256] if truncate else None

@@ -64,8 +64,8 @@ OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
 # The record is one Redis string: a MessagePack map (``cmsgpack``) of short field names (``FIELDS``) to string
 # values (the meta and the outcome packed by ``record_text``, opaque to the scripts: they index by the record's
 # own ``tenant`` field), read once by a script and written once at its end (``save``); the scripts' bodies
-# speak the long names through ``field``/``hset``/``hdel``. A record written as a hash by an earlier version is read as one and
-# rewritten packed by its next change (``save``), keeping its TTL; ``get`` reads either.
+# speak the long names through ``field``/``hset``/``hdel``. A record written as a hash by an earlier version
+# is read as one and rewritten packed by its next change (``save``), keeping its TTL; ``get`` reads either.
 _PRELUDE = r"""
 local rec, leases, open, due, held = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id = ARGV[1]
@@ -592,28 +592,29 @@ class OperationStore:
         """ok/late (new state) | stale (state: another execution owns the key) | settled | missing.
         ``fingerprint``: the record's (``OperationKey.fingerprint``); without it a settled outcome carries no
         MAC and is never replayed."""
-        text = _dumps(outcome) if outcome else ""
-        return await self._run(self._commit, key, token, target, record_text.pack(text),
-                               _evidence_text(target, evidence),
-                               first_check_ms, window_ms, self._outcome_mac(key, fingerprint, target, text))
+        stored, mac = self._stored_outcome(key, fingerprint, target, outcome)
+        return await self._run(self._commit, key, token, target, stored, _evidence_text(target, evidence),
+                               first_check_ms, window_ms, mac)
 
     def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
                   outcome: Mapping[str, Any] | None, evidence: Mapping[str, Any], first_check_ms: int,
                   window_ms: int, on_reply: Callable[[Transition | BaseException], None],
                   fingerprint: str = "") -> None:
         """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
-        text = _dumps(outcome) if outcome else ""
+        stored, mac = self._stored_outcome(key, fingerprint, target, outcome)
         trip.add(self._commit, self._keys(key),
-                 [key, token, target, record_text.pack(text), _evidence_text(target, evidence), first_check_ms,
-                  window_ms,
-                  self._outcome_mac(key, fingerprint, target, text)],
+                 [key, token, target, stored, _evidence_text(target, evidence), first_check_ms, window_ms, mac],
                  lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
                  acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
 
-    def _outcome_mac(self, key: str, fingerprint: str, state: str, outcome: str) -> str:
+    def _stored_outcome(self, key: str, fingerprint: str, state: str,
+                        outcome: Mapping[str, Any] | None) -> tuple[str | bytes, str]:
+        """What a transition stores of ``outcome`` (``record_text``'s packed form of its JSON text) and the MAC
+        of that JSON text ("" when the state carries none, or without a fingerprint)."""
+        text = _dumps(outcome) if outcome else ""
         if not fingerprint or state in ("UNKNOWN", "ABANDON", "WATCH", "TAKEOVER"):
-            return ""
-        return self._mac.outcome(key=key, fingerprint=fingerprint, state=state, outcome=outcome)
+            return record_text.pack(text), ""
+        return record_text.pack(text), self._mac.outcome(key=key, fingerprint=fingerprint, state=state, outcome=text)
 
     def outcome_verified(self, key: str, *, fingerprint: str, state: str, outcome: str, mac: str | None) -> bool:
         """Whether a settled record's outcome is one a key holder recorded for this key, fingerprint and state."""
@@ -641,15 +642,13 @@ class OperationStore:
 
     async def resolve(self, key: str, *, owner: str, verdict: str, outcome: Mapping[str, Any] | None,
                       evidence: Mapping[str, Any], delay_ms: int = 0, fingerprint: str = "") -> Transition:
-        text = _dumps(outcome) if outcome else ""
-        return await self._run(self._resolve, key, owner, verdict, record_text.pack(text), _dumps(evidence), delay_ms,
-                               self._outcome_mac(key, fingerprint, verdict, text))
+        stored, mac = self._stored_outcome(key, fingerprint, verdict, outcome)
+        return await self._run(self._resolve, key, owner, verdict, stored, _dumps(evidence), delay_ms, mac)
 
     async def resolve_by_operator(self, key: str, *, verdict: str, outcome: Mapping[str, Any] | None,
                                   evidence: Mapping[str, Any], fingerprint: str = "") -> Transition:
-        text = _dumps(outcome) if outcome else ""
-        return await self._run(self._operator, key, verdict, record_text.pack(text), _dumps(evidence),
-                               self._outcome_mac(key, fingerprint, verdict, text))
+        stored, mac = self._stored_outcome(key, fingerprint, verdict, outcome)
+        return await self._run(self._operator, key, verdict, stored, _dumps(evidence), mac)
 
     async def request_cancel(self, key: str, *, request: Mapping[str, Any]) -> Transition:
         """marked (state, request) | already (state, the first request) | settled (state, request or "")

@@ -6,11 +6,11 @@ to the JSON text it was (issue #32: a record's bytes are paid once per write acr
 whole retention; a 370-byte meta deflates to about 150 bytes, where deflate without the dictionary only
 reaches 240).
 
-A packed text is ``\\xff``, the dictionary's version (one byte), then raw deflate (a 2 KiB window). ``\\xff`` never starts
-UTF-8 text, so a stored value is either form and every earlier record (plain JSON) reads as it did.
-Only texts up to ``PACKED_MAX_BYTES`` are packed, and a packed text that inflates beyond that bound is
-refused: a Redis writer cannot plant a small value that inflates into the proxy's memory (a deflate
-stream can expand about 1,000-fold).
+A packed text is ``\\xff``, the dictionary's version (one byte), then raw deflate (a 2 KiB window).
+``\\xff`` never starts UTF-8 text, so a stored value is either form and every earlier record (plain JSON)
+reads as it did. Only texts up to ``PACKED_MAX_BYTES`` are packed, and a packed text that inflates beyond
+that bound is refused: a Redis writer cannot plant a small value that inflates into the proxy's memory (a
+deflate stream can expand about 1,000-fold).
 
 Must never: change ``DICTIONARY_V1`` (a record written with it could no longer be read; a new vocabulary
 is a new version byte beside it), pack a text the MAC covers in place of the text (the record MAC is over
@@ -59,7 +59,7 @@ def pack(text: str) -> bytes | str:
 
 
 def is_packed(data: bytes) -> bool:
-    return data[:1] == b"\xff"
+    return data[:1] == bytes((PACKED,))
 
 
 def unpack(data: bytes) -> str:

@@ -670,7 +670,7 @@ def main() -> int:
                 commit=results.head_commit() if not args.proxy_src else f"src:{Path(args.proxy_src).name}",
                 taken_at=results.now_iso(), rounds=args.rounds, seconds=args.seconds, rows=tuple(measured),
                 ratios=tuple(checked), note=args.note))
-            print(f"\nsaved: {path.relative_to(results.REPO)} (README: python -m bench.results readme)")
+            print(f"\nsaved: {path.relative_to(results.REPO)} (docs/performance.md: python -m bench.results doc)")
         if args.samples:  # the rounds behind each median: drift within a run shows here
             print("\nproxy CPU ms/call at 16 connections, round by round:")
             for case in cases:

@@ -130,7 +130,7 @@ class Stack:
     headers: dict[str, str] = field(default_factory=dict)  # sent with every agent request (e.g. Authorization)
     seq: int = field(default=0)
     # Give every call (and batch) its own Idempotency-Key unless the test sends a key or a run id: writes
-    # require a stable operation identity by default (README "What changed"); tests of keyless calls set False.
+    # require a stable operation identity by default (CHANGELOG.md); tests of keyless calls set False.
     auto_key: bool = True
     key_prefix: str = "test-key"  # a second proxy on the same Redis (``share``) gets its own
 

@@ -96,13 +96,13 @@ def test_the_docs_put_an_mcp_error_envelope_where_the_front_does():
     assert not wrong, wrong
 
 
-def test_the_readme_performance_table_is_the_newest_saved_run():
+def test_the_performance_page_table_is_the_newest_saved_run():
     from bench import results
 
     history = results.runs()
     assert history, "bench/results/ holds no run"
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    assert results.render_readme(text, history[-1]) == text, "python -m bench.results readme"
+    text = results.PAGE.read_text(encoding="utf-8")
+    assert results.render_page(text, history[-1]) == text, "python -m bench.results doc"
     assert all(r.met() is not None for r in history[-1].ratios if r.target)  # a ratio without a target is reported only
 
 

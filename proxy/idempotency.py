@@ -14,22 +14,24 @@ another):
   header); the record's fingerprint is (subject, contract version,
   ``args_hash``): the same header with other arguments, another subject or
   another contract version is ``idempotency_conflict``.
-* else ``X-Run-Id`` (the agent's run/turn identity) -> the key is (tenant,
-  subject, tool, contract version, ``args_hash``, run id): within one
-  run/turn the same call is the same operation.
+* else ``X-Run-Id``, the business request id (seed 000 section 5.2: the run,
+  task or conversation the agent serves, the same across its turns and
+  re-plans) -> the key is (tenant, subject, tool, contract version,
+  ``args_hash``, run id): within one business request the same call is the
+  same operation, whichever turn or plan asks for it again.
 * within a batch of ``POST /v1/tool-calls:batch`` (``RequestMeta.plan_call_id``):
   either of the above plus the call's id within the plan, so the calls of one
   batch are distinct operations (two calls to one tool under one header never
   conflict) and the same batch sent again replays call by call; never the
   plan id alone, always scoped by the request's own identity.
-* else the front's ``retry_id`` (``RequestMeta.retry_id``): what that client
-  sends again when it retries, for fronts whose clients cannot send a header
-  — the OpenAI ``tool_call.id`` of the turn (a turn posted again carries the
-  same ids). The key is (tenant, subject, tool, contract version,
-  ``args_hash``, the front's id): the same call of the same turn is the same
-  operation, a re-planned turn (new ids) is a new one. (An MCP client sends
-  its key in ``params._meta["io.toolproxy/idempotency-key"]``, which the MCP
-  front reads as the header.)
+* the business request id is the agent's, never the transport's: the model's
+  ``tool_call.id`` (OpenAI), an MCP session or JSON-RPC id and the JSON API's
+  ``call_id`` change when an agent re-plans or a client re-sends, so none of
+  them is ever part of a key (a re-planned refund would refund twice). A
+  client that cannot set headers per call sends them where its protocol lets
+  it: an MCP client puts the key in ``params._meta["io.toolproxy/idempotency-key"]``
+  and the run in ``params._meta["io.toolproxy/run-id"]`` (or sets ``X-Run-Id``
+  once on its transport), which the MCP front reads as the headers.
 * a write with none of these: refused with ``idempotency_key_required``
   (writes require a key by default, seed 000 §5.3 and §12), unless its
   contract opted out with a stated reason (``idempotency: {required: false,
@@ -37,7 +39,6 @@ another):
   It can never be replayed — a retry is a new operation — but the call still
   has its operation record, so its outcome can be unknown, tracked and
   reconciled, and the backend still gets an ``Idempotency-Key``.
-* never the model's ``call_id`` on the JSON API, an MCP session or a JSON-RPC id.
 
 Which calls get a record: every write (so no write is ever sent while the
 state store is unreachable), and any tool whose contract requires a key
@@ -93,6 +94,7 @@ log = logging.getLogger("toolproxy.idempotency")
 
 KEY_PATTERN = r"^ik_[0-9a-f]{64}$"
 MCP_KEY_META = "io.toolproxy/idempotency-key"  # where an MCP client puts its key (params._meta), if no header
+MCP_RUN_META = "io.toolproxy/run-id"  # where an MCP client puts its business request id, if no X-Run-Id header
 TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored target summary
 
 
@@ -100,12 +102,12 @@ TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored ta
 class OperationKey:
     key: str            # ik_<sha256 hex>: what the backend receives as Idempotency-Key
     fingerprint: str    # must match for a key to be reused
-    source: str         # idempotency_key | run_id | retry_id | request (an opted-out write: never replayable)
+    source: str         # idempotency_key | run_id | request (an opted-out write: never replayable)
 
 
 def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str,
                idempotency_key: str | None, run_id: str | None,
-               plan_call_id: str | None = None, retry_id: str | None = None) -> OperationKey | None:
+               plan_call_id: str | None = None) -> OperationKey | None:
     """The operation key of a call, or None when the caller gave no stable identity."""
     fingerprint = _digest(["toolproxy.op/1", "fp", subject, tool_version, args_hash])
     scope = [] if plan_call_id is None else ["plan-call", plan_call_id]
@@ -115,9 +117,6 @@ def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_
     if run_id is not None:
         return OperationKey("ik_" + _digest(["toolproxy.op/1", "run", tenant, subject, tool, tool_version,
                                              args_hash, run_id, *scope]), fingerprint, "run_id")
-    if retry_id is not None:
-        return OperationKey("ik_" + _digest(["toolproxy.op/1", "retry", tenant, subject, tool, tool_version,
-                                             args_hash, retry_id, *scope]), fingerprint, "retry_id")
     return None
 
 
@@ -223,16 +222,16 @@ class IdempotencyStage:
         wanted = tool.is_write or tool.idempotency_required
         op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name, tool_version=tool.version,
                         args_hash=normalized.args_hash, idempotency_key=meta.idempotency_key,
-                        run_id=meta.run_id, plan_call_id=meta.plan_call_id,
-                        retry_id=meta.retry_id) if wanted else None
+                        run_id=meta.run_id, plan_call_id=meta.plan_call_id) if wanted else None
         if op is None and tool.idempotency_required:
             raise ProxyError("idempotency_key_required",
-                             "This tool has side effects and needs an operation key that a retry sends again, "
-                             "so a retry after an unknown outcome cannot repeat the effect; nothing was sent. "
-                             "Send an Idempotency-Key header (one value per business operation, the same on "
-                             "every retry), or the run/turn id as X-Run-Id; an MCP client may put the key in "
-                             f"params._meta[\"{MCP_KEY_META}\"].",
-                             details={"tool": tool.name, "send_one_of": ["Idempotency-Key", "X-Run-Id",
+                             "This write needs an operation key a retry reproduces; nothing was sent. Send the "
+                             "id of the business request it serves (the run, task or conversation, the same "
+                             "across turns and re-plans) as X-Run-Id, or an Idempotency-Key header; on MCP also "
+                             "params._meta[\"" + MCP_RUN_META + "\"] or [\"" + MCP_KEY_META + "\"]. "
+                             "A tool call id is not one: a re-planned call gets a new one.",
+                             details={"tool": tool.name, "send_one_of": ["X-Run-Id", "Idempotency-Key",
+                                                                          f"_meta.{MCP_RUN_META}",
                                                                           f"_meta.{MCP_KEY_META}"]},
                              phase="idempotency")
         if op is None and tool.is_write:

@@ -30,8 +30,6 @@ class RequestMeta:
     approval_id: str | None = None
     wait_s: float | None = None  # Prefer: wait=<s> — how long to wait for a running duplicate
     plan_call_id: str | None = None  # the call's id within a batch plan, when it scopes the operation key
-    retry_id: str | None = None  # what the client sends again on a retry when it sends no key (an OpenAI
-                                 # tool_call id): the operation key's last resort, see proxy/idempotency.py
     wait_for_quota: bool = False  # a batch call waits (within the deadline) for a quota instead of rate_limited
     if_match: str | None = None  # the expected state of If-Match (proxy/state_guard.py), single calls only
 

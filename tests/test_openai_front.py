@@ -64,11 +64,12 @@ async def test_each_call_fails_on_its_own_and_writes_keep_request_order(proxy_de
                          chat_call("call_2", "adjust_counter", '{"counter": "ctr_oa", "delta": 2'),
                          chat_call("call_3", "adjust_counter", {"counter": "ctr_oa", "delta": 10}),
                          chat_call("call_4", "no_such_tool", {}))
-        status, response = await stack.post("/v1/openai/tool-calls", body)  # two writes on one counter, no order
+        run = {"X-Run-Id": "task-oa"}  # the business request the turn serves: the writes' key
+        status, response = await stack.post("/v1/openai/tool-calls", body, headers=run)  # two writes, no order
         assert status == 400 and response["error"]["code"] == "invalid_plan", response
         assert response["error"]["details"]["problems"] == [
             {"problem": "unordered_writes", "calls": ["call_1", "call_3"], "resources": ["counter:ctr_oa"]}]
-        status, response = await stack.post("/v1/openai/tool-calls", {**body, "order": "list"})
+        status, response = await stack.post("/v1/openai/tool-calls", {**body, "order": "list"}, headers=run)
         assert status == 200
         envelopes = [json.loads(m["content"]) for m in tool_messages(response)]
         assert [e["call_id"] for e in envelopes] == ["call_1", "call_2", "call_3", "call_4"]

@@ -1,7 +1,7 @@
 """The seeds' guarantees by default (issue 29, "Safe by default", items 1-6), with real OPA and Redis.
 
-1. A write needs a key a retry reproduces: keyless writes are refused (saying how to send one), the
-   OpenAI ``tool_call.id`` and an MCP ``_meta`` key stand in for the header, and a refund resent after
+1. A write needs a key a retry reproduces: keyless writes are refused (saying how to send one), an MCP
+   ``_meta`` key stands in for the header (never an OpenAI ``tool_call.id``), and a refund resent after
    ``timeout_unknown`` refunds once. Opting out is per tool, with a stated reason.
 2. An unknown outcome freezes its resources for writes of other operations until it settles.
 3. A write that declares no resources is serialized with every write of its service.
@@ -150,25 +150,35 @@ async def test_a_refund_resent_after_timeout_unknown_refunds_once(stack):
 
 
 async def test_an_openai_turn_resent_after_timeout_unknown_refunds_once(stack):
-    """No header: the key comes from the tool_call id, which the resent turn carries again."""
+    """The key comes from the business request id (X-Run-Id), never from the tool_call id: the turn resent,
+    and a re-planned turn with a new id, are the same operation."""
     await stack.fault("refund_order", "drop_after_commit", count=1)
     turn = {"role": "assistant", "tool_calls": [{"id": "call_refund_1", "type": "function", "function": {
         "name": "refund_legacy", "arguments": json.dumps(REFUND)}}]}
-    status, first = await stack.post("/v1/openai/tool-calls", turn)
+    _, keyless = await stack.post("/v1/openai/tool-calls", turn)  # no business request id: refused, not run
+    assert json.loads(keyless["messages"][0]["content"])["error"]["code"] == "idempotency_key_required"
+    run = {"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"}
+    status, first = await stack.post("/v1/openai/tool-calls", turn, headers=run)
     assert status == 200 and first["batch"]["status"] == "uncertain", first  # item 6: never "failed"
     envelope = json.loads(first["messages"][0]["content"])
     assert envelope["error"]["code"] == "timeout_unknown"
-    status, again = await stack.post("/v1/openai/tool-calls", turn)
+    status, again = await stack.post("/v1/openai/tool-calls", turn, headers=run)
     resent = json.loads(again["messages"][0]["content"])
     assert resent["error"]["code"] == "operation_unknown"
     assert resent["idempotency_key"] == envelope["idempotency_key"]
     replanned = {**turn, "tool_calls": [{**turn["tool_calls"][0], "id": "call_refund_2"}]}
-    _, other = await stack.post("/v1/openai/tool-calls", replanned)  # a new plan is a new operation...
+    _, other = await stack.post("/v1/openai/tool-calls", replanned, headers=run)  # a re-plan: the same operation
     other_env = json.loads(other["messages"][0]["content"])
-    assert other_env["idempotency_key"] != envelope["idempotency_key"]
-    # ...which the first one's unknown outcome keeps off the order (item 2)
+    assert other_env["idempotency_key"] == envelope["idempotency_key"]
     assert other_env["error"]["code"] == "operation_unknown"
-    assert other_env["error"]["details"]["blocking_operation"] == envelope["idempotency_key"]
+    _, elsewhere = await stack.post("/v1/openai/tool-calls", replanned,
+                                    headers={"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"})
+    # ...another business request is another operation, which the first one's unknown outcome keeps off
+    # the order (item 2)
+    elsewhere_env = json.loads(elsewhere["messages"][0]["content"])
+    assert elsewhere_env["idempotency_key"] != envelope["idempotency_key"]
+    assert elsewhere_env["error"]["code"] == "operation_unknown"
+    assert elsewhere_env["error"]["details"]["blocking_operation"] == envelope["idempotency_key"]
     assert refunds(stack) == 1
 
 

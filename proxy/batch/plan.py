@@ -47,7 +47,6 @@ class PlannedCall:
     version: str | None = None
     depends_on: tuple[Dependency, ...] = ()
     approval_id: str | None = None  # an approval granted for exactly this call (else the request's, if any)
-    retry_id: str | None = None  # what the client sends again on a retry (an OpenAI tool_call id), when no key
 
 
 @dataclass(frozen=True)
@@ -74,7 +73,6 @@ class BatchPlan:
         return ToolCallRequest(call_id=call.call_id, tool=call.tool, version=call.version,
                                arguments=call.arguments,
                                meta=replace(base, plan_call_id=call.call_id if self.call_scoped_identity else None,
-                                            retry_id=call.retry_id,
                                             approval_id=call.approval_id or base.approval_id,
                                             wait_for_quota=True))  # a batch schedules around its quotas
 

@@ -8,11 +8,10 @@ messages (``tool_call_id``) or Responses ``function_call_output`` items
 (``call_id``), each carrying the JSON result envelope.
 
 Must never: reorder outputs (they follow the request, not completion),
-use the model's call id as an idempotency key when the request carries one
-(``Idempotency-Key``, ``X-Run-Id``) — without them it is the only thing a
-resent turn repeats, so it is the last resort of the key — parse arguments itself (the
-decode stage does, strictly), or run a call outside the batch scheduler
-(which runs each through ``Pipeline.execute``).
+let the model's call id into an operation key (a re-planned turn gets new
+ids for the same intent: the business request id is the runner's ``X-Run-Id``),
+parse arguments itself (the decode stage does, strictly), or run a call
+outside the batch scheduler (which runs each through ``Pipeline.execute``).
 """
 
 from __future__ import annotations
@@ -97,15 +96,15 @@ def _summary(envelopes: Sequence[Envelope], request_id: str) -> dict[str, Any]:
 async def run_turn(scheduler: Scheduler, turn: ModelTurn, meta: RequestMeta, caller: Caller) -> TurnResult:
     """Run the turn's calls as one batch on the scheduler (the process's one ``Scheduler``, the engine of
     ``POST /v1/tool-calls:batch``): reads in parallel, conflicting calls serialized in request
-    order, limits applied, results merged in request order. Operation keys come from the headers
-    (``Idempotency-Key``, ``X-Run-Id``) when sent; without them a write's key is derived from its
-    ``tool_call.id`` (``PlannedCall.retry_id``), which the turn carries again when it is posted again, so
-    a resent turn replays instead of repeating its effects. Two writes on one resource in one turn state
-    no order: refused (``invalid_plan``) unless the body says ``"order": "list"``.
+    order, limits applied, results merged in request order. Operation keys come from the headers only:
+    ``X-Run-Id`` (the run, task or conversation the turn serves: the same refund asked for again by a later
+    or re-planned turn is the same operation) or ``Idempotency-Key``; a write without either is refused
+    (``idempotency_key_required``, saying how to send one), never keyed on its ``tool_call.id``. Two
+    writes on one resource in one turn state no order: refused (``invalid_plan``) unless the body says
+    ``"order": "list"``.
     """
-    plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments,
-                                             retry_id=f"openai-call:{c.call_id}") for c in turn.calls),
-                     meta=meta, order=turn.order)
+    plan = BatchPlan(calls=tuple(PlannedCall(call_id=c.call_id, tool=c.name, arguments=c.arguments)
+                                 for c in turn.calls), meta=meta, order=turn.order)
     batch = await scheduler.run(plan, caller)
     summary = {**_summary(batch.results, meta.request_id), "status": batch.status,
                "committed_effects": list(batch.committed_effects),

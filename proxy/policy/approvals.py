@@ -129,7 +129,7 @@ class ApprovalOrigin:
     call_id: str | None = None
     operation_key: str | None = None
     caller_key: str | None = None
-    caller_key_source: str | None = None  # idempotency_key | run_id | retry_id (OperationKey.source)
+    caller_key_source: str | None = None  # idempotency_key | run_id (OperationKey.source)
 
     def fields(self) -> dict[str, str]:
         return {name: value for name, value in (
@@ -141,8 +141,7 @@ def origin_of(meta: RequestMeta, call_id: Any, operation: OperationKey | None) -
     """The origin of a call that may need an approval (a per-request key of a keyless write names no agent key)."""
     caller_key = None
     if operation is not None:
-        caller_key = {"idempotency_key": meta.idempotency_key, "run_id": meta.run_id,
-                      "retry_id": meta.retry_id}.get(operation.source)
+        caller_key = {"idempotency_key": meta.idempotency_key, "run_id": meta.run_id}.get(operation.source)
     return ApprovalOrigin(request_id=meta.request_id,
                           call_id=call_id if isinstance(call_id, str) and 0 < len(call_id) <= 256 else None,
                           operation_key=operation.key if operation is not None else None,

@@ -122,8 +122,7 @@ def meta(**headers) -> RequestMeta:
 def test_the_origin_names_the_agents_own_key_and_where_it_came_from():
     def op(**ids):
         return derive_key(tenant="acme", subject="u", tool="t", tool_version="1.0.0", args_hash="h",
-                          idempotency_key=ids.get("idempotency_key"), run_id=ids.get("run_id"),
-                          retry_id=ids.get("retry_id"))
+                          idempotency_key=ids.get("idempotency_key"), run_id=ids.get("run_id"))
     keyed = origin_of(meta(idempotency_key="refund-42"), "c1", op(idempotency_key="refund-42"))
     assert keyed == ApprovalOrigin(request_id="req-1", call_id="c1", operation_key=keyed.operation_key,
                                    caller_key="refund-42", caller_key_source="idempotency_key")

@@ -40,8 +40,11 @@ the upstream's log messages of the call, at or above the level the client asked
 for (``logging/setLevel`` on a session, stored on it; on 2026-07-28, which
 removed that method, the request's ``_meta`` log level).
 
-A client's operation key: the ``Idempotency-Key`` header, else
-``params._meta["io.toolproxy/idempotency-key"]`` (writes require one by default).
+A client's operation identity: the ``X-Run-Id`` header (the business request:
+run, task or conversation; a client sets it once on its transport), else
+``params._meta["io.toolproxy/run-id"]``; or a key, the ``Idempotency-Key``
+header, else ``params._meta["io.toolproxy/idempotency-key"]`` (writes require
+one of them by default).
 
 Must never: use the session id or the JSON-RPC id as a call id or an
 idempotency key (a client re-issues a broken request with a new id), decide
@@ -94,7 +97,7 @@ from ...adapters import LogRelay, input_relay, log_relay, progress_relay
 from ...audit import Auditor
 from ...config import Config
 from ...errors import ProxyError
-from ...idempotency import MCP_KEY_META
+from ...idempotency import MCP_KEY_META, MCP_RUN_META
 from ...requests import RequestMeta
 from ...telemetry import spans, tracing
 from ...telemetry.tracing import safe_id
@@ -708,18 +711,30 @@ def _check_routing_headers(request: web.Request, message: Message) -> None:
 
 
 def _with_meta_key(meta: RequestMeta, params: Mapping[str, Any], *, trace: Any) -> RequestMeta:
-    """``meta`` with ``trace``, and the key an MCP client that cannot set an ``Idempotency-Key`` header sends
-    in ``params._meta["io.toolproxy/idempotency-key"]`` (same rules as the header; the header wins), in one
+    """``meta`` with ``trace``, and what an MCP client that cannot set headers per call sends in the call's
+    ``params._meta`` (same rules as the headers; a header wins): its key (``io.toolproxy/idempotency-key``,
+    as ``Idempotency-Key``) and its business request id (``io.toolproxy/run-id``, as ``X-Run-Id``), in one
     ``replace`` of the frozen meta (each costs a few microseconds of every call)."""
     request_meta = params.get("_meta")
-    raw = request_meta.get(MCP_KEY_META) if isinstance(request_meta, Mapping) else None
-    if raw is None or meta.idempotency_key is not None:
+    if not isinstance(request_meta, Mapping):
         return replace(meta, trace=trace)
+    key = _meta_id(request_meta, MCP_KEY_META) if meta.idempotency_key is None else None
+    run = _meta_id(request_meta, MCP_RUN_META) if meta.run_id is None else None
+    if key is None and run is None:
+        return replace(meta, trace=trace)
+    return replace(meta, trace=trace, idempotency_key=key or meta.idempotency_key, run_id=run or meta.run_id)
+
+
+def _meta_id(request_meta: Mapping[str, Any], name: str) -> str | None:
+    """The id a client put in ``_meta[name]`` (None when absent); ``-32602`` when it is not a valid one."""
+    raw = request_meta.get(name)
+    if raw is None:
+        return None
     value = safe_id(raw) if isinstance(raw, str) else None
     if value is None:
-        raise RpcError(INVALID_PARAMS, f"_meta[{MCP_KEY_META!r}] must be 1-128 characters of [A-Za-z0-9._:-].",
-                       {"code": "invalid_request", "field": f"_meta.{MCP_KEY_META}"})
-    return replace(meta, idempotency_key=value, trace=trace)
+        raise RpcError(INVALID_PARAMS, f"_meta[{name!r}] must be 1-128 characters of [A-Za-z0-9._:-].",
+                       {"code": "invalid_request", "field": f"_meta.{name}"})
+    return value
 
 
 async def _done(value: dict[str, Any]) -> dict[str, Any]:

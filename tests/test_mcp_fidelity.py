@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +20,7 @@ from mcp import Client
 
 from tests.support.mcp_upstream import Upstream, conformance_registry_yaml, running_upstream
 from tests.support.node import ts_client
-from tests.support.servers import free_port
+from tests.support.servers import free_port, stop_group
 from tests.support.stack import DEMO_REGISTRY, Stack, assert_envelope, mcp_envelope, running_stack
 from tests.support.waits import wait_until
 
@@ -327,12 +326,7 @@ async def test_dev_stack_serves_an_imported_registry(tmp_path, how):
             assert env["data"]["content"][0]["text"] == "This is a simple text response for testing."
             assert "json_schema_2020_12_tool" in names and "get_order" not in names
         finally:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+            stop_group(proc)
 
 
 # -- progress: an upstream's progress numbers reach the client on the call's SSE stream ----------

@@ -14,6 +14,7 @@ import functools
 import json
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import tempfile
@@ -81,6 +82,19 @@ def _stop_process(proc: subprocess.Popen | None) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=STOP_TIMEOUT)
+
+
+def stop_group(proc: subprocess.Popen) -> None:
+    """Stop a process started with ``start_new_session=True`` and everything it started (``toolproxy dev``'s
+    OPA, Redis and backend): SIGTERM to its group, SIGKILL when it has not ended in 20 s."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
 
 
 def _read_log(path: Path, limit: int = 4000) -> str:

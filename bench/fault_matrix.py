@@ -1,7 +1,7 @@
-"""The seed-004 fault matrix as a gate: ``python -m bench.fault_matrix``.
+"""The fault matrix as a gate: ``python -m bench.fault_matrix``.
 
 Runs each row against an in-process proxy with a real OPA, a real Redis and the demo backend (the
-same parts as the tests), then prints one line per row and the gate (seed 004 §7: "重复副作用数为零、
+same parts as the tests), then prints one line per row and the gate ("重复副作用数为零、
 未知状态可收敛、越权写入为零和人工接管信息完整"):
 
 * duplicate effects = 0: no idempotency key (no key and item, for a multi-item tool) applied twice;

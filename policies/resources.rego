@@ -17,7 +17,7 @@ owned(resource) if {
 }
 
 # A resource with an "owner" is the owner's alone, unless the caller holds an
-# override role (seed 000 3.2: support_admin may act on others' orders).
+# override role (support_admin may act on others' orders).
 owner_matches(fact) if not fact.owner
 
 owner_matches(fact) if fact.owner == input.subject.id

@@ -141,7 +141,7 @@ class DecodeConfig:
 class DeadlineConfig:
     """The settings of ``deadline`` (deadlines)."""
 
-    margin_ms: int = setting(50, "budget kept back for serialization and replying (epsilon of seed 000 4.2)")
+    margin_ms: int = setting(50, "budget kept back for serialization and replying")
     max_request_timeout_ms: int = setting(600000, "upper bound of a caller's deadline: a later one is clamped to "
                                                   "it, not refused (timing.deadline_ms shows the budget used)")
 

@@ -107,7 +107,7 @@ class Envelope:
     extra: Mapping[str, Any] = field(default_factory=lambda: _NOTHING)
     replayed: bool = False  # a duplicate answered from the operation record
     evidence: Mapping[str, Any] | None = None  # a committed write's: backend request id, result digest,
-                                               # server time, resource keys (seed 003 §3.9, seed 004 §1)
+                                               # server time, resource keys
     truncated: bool = False  # the contract's output_limit shortened the data (proxy/output_filter.py)
     partial: Mapping[str, Any] | None = None   # outcome partial: committed and pending items, recovery
 
@@ -178,7 +178,7 @@ SUMMARY_RESOURCES = 5  # resource keys named in a side-effect summary; the rest 
 
 
 def with_summary(env: Envelope, normalized: Any) -> Envelope:
-    """``side_effect.summary`` (seed 003 §4) of a write that committed or partly committed: built from the
+    """``side_effect.summary`` of a write that committed or partly committed: built from the
     trusted contract name and the call's resource keys, never from backend text."""
     side = env.side_effect
     if env.tool is None or not side.attempted or not (side.committed is True or env.partial is not None):

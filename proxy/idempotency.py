@@ -1,7 +1,7 @@
 """Idempotency stage: one business operation runs once, whatever the retries.
 
-Owns: deriving the operation key from trusted facts (seed 000 section 5.2,
-seed 004: the business intent, never the transport), deciding what an
+Owns: deriving the operation key from trusted facts (the
+business intent, never the transport), deciding what an
 existing record means for this call (replay, in progress, conflict, retry,
 unknown), reserving the key before anything is sent, and recording the
 outcome at commit. The Redis state machine itself lives in
@@ -14,7 +14,7 @@ another):
   header); the record's fingerprint is (subject, contract version,
   ``args_hash``): the same header with other arguments, another subject or
   another contract version is ``idempotency_conflict``.
-* else ``X-Run-Id``, the business request id (seed 000 section 5.2: the run,
+* else ``X-Run-Id``, the business request id (the run,
   task or conversation the agent serves, the same across its turns and
   re-plans) -> the key is (tenant, subject, tool, contract version,
   ``args_hash``, run id): within one business request the same call is the
@@ -33,7 +33,7 @@ another):
   and the run in ``params._meta["io.toolproxy/run-id"]`` (or sets ``X-Run-Id``
   once on its transport), which the MCP front reads as the headers.
 * a write with none of these: refused with ``idempotency_key_required``
-  (writes require a key by default, seed 000 §5.3 and §12), unless its
+  (writes require a key by default), unless its
   contract opted out with a stated reason (``idempotency: {required: false,
   reason: ...}``): then a per-request key, ``(tenant, tool, a random nonce)``.
   It can never be replayed — a retry is a new operation — but the call still

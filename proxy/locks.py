@@ -667,7 +667,7 @@ class Lease:
     async def release(self, *, unknown: bool = False) -> None:
         """Stop renewing and drop the locks; safe to call twice and under cancellation. ``unknown``: the
         call's outcome is unknown, so its freeze marks stay (no other write runs on its resources until the
-        operation settles: seed 004 §5)."""
+        operation settles)."""
         if self._released:
             return
         self._stop_renewing()

@@ -3,8 +3,8 @@
 Owns: the shape of ``GET /v1/operations/{key}`` (state, result or error,
 evidence, reconciliation, takeover, cancellation, compensation and the
 ``reversal`` word of docs/transactions.md) on the agent and the admin listener, the
-takeover record (everything a person needs to settle an operation by hand,
-seed 004: key, target, last evidence), and listing the open operations.
+takeover record (everything a person needs to settle an operation by hand:
+key, target, last evidence), and listing the open operations.
 Must never: change a record (resolutions are ``proxy/fronts/admin_api.py``'s and the
 reconciler's), or show another tenant's operation to a tenant-bound caller
 (it does not exist for them), or another subject's to an agent that its
@@ -105,7 +105,7 @@ def operation_view(record: Record, contract: ToolContract | None = None) -> dict
 
 
 def takeover_record(record: Record) -> dict[str, Any]:
-    """Everything a human needs to settle an operation by hand (seed 004: key, target, last evidence)."""
+    """Everything a human needs to settle an operation by hand (key, target, last evidence)."""
     meta = record.meta
     outcome = record.outcome or {}
     return {
@@ -143,7 +143,7 @@ def _cancellation(cancel: Mapping[str, Any] | None) -> dict[str, Any] | None:
 
 
 def reversal(record: Record, contract: ToolContract | None) -> str:
-    """One word per situation, never one for all (seed 004): ``none`` (nothing committed, nothing to undo
+    """One word per situation, never one for all: ``none`` (nothing committed, nothing to undo
     yet), ``not_applied`` / ``rolled_back`` (cancelled before sending / sent, then stopped with evidence
     that nothing was applied), ``compensable``, ``compensation_requested``, ``compensated``,
     ``compensation_failed`` (frozen, a person takes over), ``compensation_unknown``,

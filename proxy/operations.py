@@ -1,4 +1,4 @@
-"""Operation records in Redis: the idempotency state machine (seed 000 section 5.3).
+"""Operation records in Redis: the idempotency state machine.
 
 Owns: the record of one operation (one idempotency key) and every transition
 of it, each one atomic Lua script registered once per process:

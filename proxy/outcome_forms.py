@@ -1,7 +1,7 @@
 """The outcome an operation record keeps, and the full outcome every reader gets back.
 
 Owns: which fields of a call's stored outcome (``idempotency.outcome_of``) a record leaves out because
-they can be derived, and putting them back when the record is read (issue #32: a record's Redis bytes
+they can be derived, and putting them back when the record is read (a record's Redis bytes
 are paid once per write across the fleet, for its whole retention). Derivable are:
 
 - ``call_id``, ``request_id`` and ``tool_version``: the record's meta holds the same values;

@@ -1,4 +1,4 @@
-"""What of a verified result reaches the model (seed 004 §6: "输出字段在进入模型前过滤";
+"""What of a verified result reaches the model ("输出字段在进入模型前过滤";
 "写入工具只返回确认凭证").
 
 Owns: a contract's ``output_filter`` (``expose``: an allow-list of RFC 6901

@@ -75,7 +75,7 @@ class CallState:
     server_time: str | None = None            # the backend's own clock on its answer (HTTP Date)
     result: Any = None                        # the full verified result (the record keeps it; the model sees
                                               # the contract's filtered view, proxy/output_filter.py)
-    evidence: Mapping[str, Any] | None = None  # a committed write's evidence (seed 003 §3.9, seed 004 §1)
+    evidence: Mapping[str, Any] | None = None  # a committed write's evidence
     partial: Mapping[str, Any] | None = None   # a partly applied call: {"committed": [...], "pending": [...]}
     cancellation: dict[str, Any] | None = None  # a cancel that reached this call: who asked, what was observed
     span: spans.CallSpan | None = None        # the call's span while tracing records it (proxy/telemetry/spans.py)
@@ -206,7 +206,7 @@ class Pipeline:
             error=error, side_effect=env.side_effect, call_id=state.request.call_id,
             request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
             evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
-        if state.lease is not None:  # an unknown outcome keeps its resources frozen (seed 004 §5)
+        if state.lease is not None:  # an unknown outcome keeps its resources frozen
             state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
         if self._flow is not None and tool.flow_produces and env.outcome == "succeeded":  # output reached the model
             self._flow.record_in(trip, state.caller, state.request.meta.run_id, tool,
@@ -232,7 +232,7 @@ class Pipeline:
         code = env.error_code or "none"
         metrics = self._metrics
         metrics.child(metrics.calls, tool, outcome, code).inc()
-        if state.tool is not None:  # who still calls an old or deprecated version (seed 004 §28)
+        if state.tool is not None:  # who still calls an old or deprecated version
             metrics.child(metrics.tool_version_calls, tool, state.tool.version, state.tool.status).inc()
         exemplar = state.span.exemplar() if state.span is not None else None  # a bucket's example trace
         metrics.child(metrics.call_duration, tool, outcome).observe(time.monotonic() - state.timing.started_mono,
@@ -378,7 +378,7 @@ class Pipeline:
                          phase="lock", attempted=False, committed=False)
 
     def _enough_budget(self, tool: ToolContract, meta: RequestMeta) -> None:
-        """Seed 001 §3.3 (DeadlineValid): a call with less than the contract's ``min_budget_ms`` left is answered
+        """DeadlineValid: a call with less than the contract's ``min_budget_ms`` left is answered
         ``timeout_not_started`` and never sent, rather than sent to become ``timeout_unknown`` by the proxy's
         own doing."""
         if meta.deadline.remaining() is None:
@@ -516,7 +516,7 @@ def partial_block(partial: Mapping[str, Any], key: str | None) -> dict[str, Any]
 
 def recorded_partial(partial: Mapping[str, Any]) -> dict[str, Any]:
     """What the operation record keeps of a partial answer: the items and the digest of the committed
-    ones, which recovery compares with what the status endpoint later reports (seed 004 §6)."""
+    ones, which recovery compares with what the status endpoint later reports."""
     return {"committed": list(partial["committed"]), "pending": list(partial["pending"]),
             "committed_digests": [digest(item) for item in partial["committed"]]}
 

@@ -2,7 +2,7 @@
 
 Owns: deflating a record's meta and outcome with a preset dictionary of the record's own vocabulary (the
 names the proxy writes, not any tenant's data) when that makes them smaller, and reading either form back
-to the JSON text it was (issue #32: a record's bytes are paid once per write across the fleet, for its
+to the JSON text it was (a record's bytes are paid once per write across the fleet, for its
 whole retention; a 370-byte meta deflates to about 150 bytes, where deflate without the dictionary only
 reaches 240).
 

@@ -38,7 +38,7 @@ from .wire.schema_fast import FastValidator
 SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _PLACEHOLDER = re.compile(r"\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 KEY_PLACEHOLDER = "{key}"  # where a status endpoint wants the operation key
-# A call with less budget left is not sent (seed 001 §3.3 DeadlineValid): even a nearby backend's answer rarely
+# A call with less budget left is not sent (DeadlineValid): even a nearby backend's answer rarely
 # makes it back in under 100 ms over a real network, and a write sent anyway would become timeout_unknown
 # through the proxy's own doing. Capped at the tool's timeout_ms; a contract may set its own.
 DEFAULT_MIN_BUDGET_MS = 100
@@ -155,8 +155,8 @@ class ToolContract:
 
     @property
     def service_wide(self) -> bool:
-        """A write that declares no lockable resource: it conflicts with every write of its service (seed 001
-        §2.2, "when in doubt, no parallelism"), as if it wrote the whole service."""
+        """A write that declares no lockable resource: it conflicts with every write of its service ("when
+        in doubt, no parallelism"), as if it wrote the whole service."""
         return self.is_write and not any(r.access in ("shared", "exclusive") for r in self.resources)
 
     @property
@@ -270,7 +270,7 @@ class Registry:
 
 def _with_service_locks(tools: list[ToolContract]) -> list[ToolContract]:
     """Each write's ``service_lock``: a write that declares no resources locks its whole service exclusively
-    (seed 001 §2.2: when in doubt, no parallelism), so every other write of a service that has such a write
+    (when in doubt, no parallelism), so every other write of a service that has such a write
     takes that service lock shared. Services without one pay nothing."""
     wide = {t.backend_name for t in tools if t.service_wide}
     return [replace(t, service_lock="exclusive" if t.service_wide else "shared")

@@ -1,9 +1,9 @@
-"""The sidecar's start-up and the cyclic garbage collector (issue 32: start to ``/readyz``).
+"""The sidecar's start-up and the cyclic garbage collector (start to ``/readyz``).
 
 Owns: how the collector runs while ``toolproxy run`` starts. A start builds about 70,000 objects that live
 as long as the process (modules, classes, functions, the registry, the runtime), and CPython's collector
 walked them again and again while they were being built: with its default thresholds about 160 collections
-during the imports alone, 120 ms of a 1.0 s import on the 2-core VM of issue 32, most of it in the older
+during the imports alone, 120 ms of a 1.0 s import on a 2-core VM, most of it in the older
 generations' collections (each walks everything that survived so far). So from the first line of the
 entry (``python -m proxy.cli``) until the listeners are up, only the youngest generation is collected
 (``begin``: the short-lived cycles of parsing and building die there as before), and then (``end``)

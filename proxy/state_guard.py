@@ -1,5 +1,5 @@
-"""The state guard between the decision and the write (seed 003 §2/§3.3 ``expectedState``, seed 004 §4:
-"授权和写入在同一事务或带版本条件").
+"""The state guard between the decision and the write (``expectedState``:
+authorization and write in one transaction or under a version condition).
 
 Owns: how a call carries the state it expects — the contract's ``state_guard.argument`` (a required
 argument, so it is part of ``args_hash``, the operation key, the approval binding and OPA's input), which

@@ -1,6 +1,6 @@
 """Resolve stage, over time: which contract version a call gets, and what it is told about it.
 
-Owns: the run pin (seed 004 §27: a run keeps the contract version it started
+Owns: the run pin (a run keeps the contract version it started
 with) and the deprecation facts of a contract (RFC 9745 ``Deprecation``,
 RFC 8594 ``Sunset``, the envelope's ``deprecation`` block).
 
@@ -10,7 +10,7 @@ The pin: a call carrying ``X-Run-Id`` resolves its version, then
 the version recorded earlier. A call without an explicit version gets the
 pinned version (even when the registry's default moved on); a call with an
 explicit version gets that version. A pinned version that has been retired is
-not silently swapped for the new default (seed 004 §28: a run whose contract
+not silently swapped for the new default (a run whose contract
 was stopped re-plans): the call is ``tool_not_found`` (reason ``retired``,
 ``replaced_by``); a call naming a callable version then re-pins the run to it
 (a second round trip, only in that case). Calls without ``X-Run-Id`` touch

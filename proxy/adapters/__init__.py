@@ -107,7 +107,7 @@ MAX_PARTIAL_ITEMS = 1000
 
 def partial_answer(document: Any) -> dict[str, Any] | None:
     """A backend's, status endpoint's or cancel answer's ``{"state": "partial", "committed": [...],
-    "pending": [...]}`` (seed 003 §4: the items applied and those not yet), as ``{"committed", "pending"}``;
+    "pending": [...]}`` (the items applied and those not yet), as ``{"committed", "pending"}``;
     None when the document is not one (wrong shape, items that are not objects, strings or numbers, more
     than ``MAX_PARTIAL_ITEMS`` of either). The items are the backend's untrusted data, passed on as given."""
     if not isinstance(document, dict) or document.get("state") != "partial":
@@ -140,8 +140,8 @@ def safe_error_fields(document: Any) -> dict[str, Any]:
 
 def unanswered(call: BackendCall, *, sent: bool, why: str, backend: str = "backend",
                details: Mapping[str, Any] | None = None) -> ProxyError:
-    """The honest-outcome rule for a call that got no answer, once for every adapter and wire (seed 000
-    section 4, seed 004): before anything was sent it provably did not happen (retry with the same key);
+    """The honest-outcome rule for a call that got no answer, once for every adapter and wire :
+    before anything was sent it provably did not happen (retry with the same key);
     after, a write's effect is unknown (reconcile, never retry under a new key) and a read had none.
 
     ``why`` is what ended the wait: ``"deadline"`` (the budget ran out) or ``"connection_lost"``."""

@@ -3,7 +3,7 @@
 Owns: POSTing canonical arguments to a tool's HTTP backend over the hot path's
 wire (``proxy.wire.http``) within the call's budget, forwarding trusted
 headers and the call's signed ``Txn-Token``, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
-shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly (seed 000 sections 4 and 10):
+shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly:
 whether the request left the proxy and whether the effect is known to have
 happened. Must never: retry (the wire sends a read once more only when a reused
 connection closed before answering; a write never), claim "not applied" for a write without proof,
@@ -82,7 +82,7 @@ class HttpAdapter:
         return self._classify(call, answer)
 
     def _partial(self, call: BackendCall, answer: Answer, backend_request_id: str | None) -> BackendResult:
-        """207: the backend applied some items of the call and not (yet) the others (seed 003 §4)."""
+        """207: the backend applied some items of the call and not (yet) the others."""
         try:
             partial = partial_answer(strict_loads(answer.body, what="backend output", phase="verify",
                                                   max_depth=self._max_json_depth))

@@ -1,7 +1,7 @@
 """``toolproxy registry diff OLD NEW`` and ``check-registry --previous``: what changed between two registries.
 
 Owns: comparing contracts per tool and version and classifying each change
-(seed 004 §28: bump the version when arguments, results or permission
+(bump the version when arguments, results or permission
 semantics change). Breaking: a new required argument, a narrowed type or
 enum, a removed input property, a removed or newly optional output field (in the outputSchema, or in
 what the model is shown of it: ``output_filter``), a narrower ``output_limit``, read → write,

@@ -3,7 +3,7 @@
 Owns: the batch result's shape (``schemas/batch-response.schema.json``):
 envelopes in plan order (never completion order), the batch ``status``, the
 ``committed_effects`` and ``uncertain_effects``, ``next_action(s)`` and the
-``conflicts`` between repeated identical reads (seed 001 sections 6 and 7).
+``conflicts`` between repeated identical reads.
 Must never: merge tool outputs into one dictionary (a later value would
 silently overwrite an earlier one — each output stays in its own envelope with
 its source), reorder results, or call anything.
@@ -19,7 +19,7 @@ from ..errors import ProxyError
 from .plan import BatchPlan, Footprint, Graph
 
 # The order in which resolutions become the batch's next action: uncertain
-# effects are resolved before anything else is retried (seed 001 section 11).
+# effects are resolved before anything else is retried.
 NEXT_ACTION_PRIORITY = ("reconcile", "await_approval", "ask_user", "repair_arguments", "refresh_tools",
                         "retry_same_key", "retry", "poll", "inspect", "stop")
 
@@ -79,8 +79,8 @@ def merge(plan: BatchPlan, graph: Graph, results: Mapping[str, Envelope],
 
 def batch_status(envelopes: Sequence[Envelope]) -> str:
     """succeeded | partially_succeeded (something succeeded or committed, not everything) | uncertain
-    (nothing succeeded or committed, but some effect may exist: never reported as plain failure, seed 001
-    sections 7 and 11) | failed (nothing succeeded, nothing committed, nothing uncertain)."""
+    (nothing succeeded or committed, but some effect may exist: never reported as plain
+    failure) | failed (nothing succeeded, nothing committed, nothing uncertain)."""
     if all(env.outcome == "succeeded" for env in envelopes):
         return "succeeded"
     if any(env.outcome == "succeeded" or env.side_effect.committed is True for env in envelopes):

@@ -191,7 +191,7 @@ def footprint(registry: Registry, call: PlannedCall) -> Footprint:
 def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:
     """Resource ids two calls share, if at least one of them writes (or locks exclusively) there. Two writes
     of one service conflict on the whole service (``service_resource``) when either declares no resources
-    (seed 001 §2.2: when in doubt, no parallelism)."""
+    (when in doubt, no parallelism)."""
     if a.tool is None or b.tool is None:
         return ()
     wide = (service_resource(a.tool),) if a.tool.is_write and b.tool.is_write \
@@ -207,7 +207,7 @@ def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:
 
 
 def unordered_writes(plan: BatchPlan, footprints: Mapping[str, Footprint]) -> list[dict[str, Any]]:
-    """Pairs of writes on one resource that no ``depends_on`` path orders (seed 001 §2.2: "if the order is
+    """Pairs of writes on one resource that no ``depends_on`` path orders ("if the order is
     not certain, do not pick one and claim the result is correct; report the conflict"). Empty when the
     plan says ``order: list`` (the caller states the list order is meant) or every such pair is ordered."""
     if plan.order == LIST:

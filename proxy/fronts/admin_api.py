@@ -221,7 +221,7 @@ async def resolve_operation(store: OperationStore, registry: Registry, metrics: 
                          details={"state": answer.text(0)}, phase="request")
     metrics.reconciliations.labels("operator").inc()
     log.warning("operation %s resolved by operator %s as %s", key, principal.subject, verdict)
-    if locks is not None:  # the freeze ends with the takeover (seed 004 §5)
+    if locks is not None:  # the freeze ends with the takeover
         await locks.thaw_settled(key, record.meta)
     settled = await store.get(key)
     return {"idempotency_key": key, "state": settled.state if settled else verdict}

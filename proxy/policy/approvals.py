@@ -1,4 +1,4 @@
-"""Human approvals (seed 000 section 3.4) in Redis.
+"""Human approvals in Redis.
 
 Owns: the approval record — bound to subject, tenant, tool, tool version,
 ``args_hash``, risk and expiry — its life cycle (pending -> approved | denied,

@@ -1,7 +1,7 @@
 """Authorize stage: may this normalized call run, now, for this caller?
 
 Allow = IdentityValid AND ToolAllowed AND ResourceOwned AND ScopeSufficient
-AND ApprovalSatisfied, recomputed at execution time for every call (seed 004).
+AND ApprovalSatisfied, recomputed at execution time for every call.
 
 Owns: the order of the authorization steps — check a presented approval
 (``approvals``), ask OPA once with it (``policy``), then either consume the

@@ -1,4 +1,4 @@
-"""Operation access: who may read, cancel or compensate one operation (issue 28, section 7).
+"""Operation access: who may read, cancel or compensate one operation.
 
 Owns: the rule for an agent-side caller acting on an operation record: its own
 subject may (within its tenant); another subject of the same tenant only with an

@@ -7,7 +7,7 @@ telling the caller when a queued line left (``on_done``) or that it was dropped 
 Why: a pipe nobody reads (a log collector that stalls, a parent process that does not drain its
 child's output, stdout and stderr merged into one such pipe) fills up, and a blocking ``write(2)`` from
 the event loop then stops every call, every probe and every timer of the process at 0% CPU, for good.
-That is how the sidecar wedged under a burst of slow calls (issue 30): the audit records and the
+That is how the sidecar wedged under a burst of slow calls: the audit records and the
 "failed closed" warnings of a few hundred calls filled a merged stdout/stderr pipe.
 
 When a write cannot block: the descriptor is not a pipe (a file, a terminal), or the pipe holds no

@@ -1,4 +1,4 @@
-"""Cancellation: stopping a call honestly (seed 003 section 5, seed 001 on batches).
+"""Cancellation: stopping a call honestly.
 
 Owns: the calls of this process that can be cancelled (by operation key, and
 the MCP / batch withdrawal signal in the call's context), delivering a cancel

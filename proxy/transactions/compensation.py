@@ -1,4 +1,4 @@
-"""Compensation: undoing a committed effect by a new operation, never by pretending (seed 004).
+"""Compensation: undoing a committed effect by a new operation, never by pretending.
 
 Owns: ``POST /v1/operations/{key}:compensate`` — the checks (the original is
 this tenant's and this subject's, or OPA lets this caller read it, its contract declares a compensation, its state and time window

@@ -12,7 +12,7 @@ runs out or the tool has no status endpoint, and (4) writes a
 ``takeover`` record for every handover. (An operator's manual resolution of
 an open operation is ``proxy/fronts/admin_api.py``'s.)
 
-Status answers (seed 000 section 10, seed 004):
+Status answers:
   ``{"state": "committed", "result": {...}}`` -> SUCCEEDED with that result (checked against outputSchema);
   ``{"state": "pending"}`` -> keep watching; ``{"state": "not_found"}`` -> FAILED_RETRYABLE (the same key may
   run again; the backend also deduplicates on it); ``{"state": "rejected", "error": {...}}`` -> FAILED_FINAL;
@@ -22,7 +22,7 @@ Status answers (seed 000 section 10, seed 004):
   A record that already holds applied items (a partial answer) cannot end ``rejected``, ``cancelled`` or
   ``not_found``: those are takeovers too.
 
-Recovery checks the digest (seed 004 §5-6): when the status endpoint reports ``committed`` with a
+Recovery checks the digest: when the status endpoint reports ``committed`` with a
 result and the record holds what execution saw of it (the SHA-256 of a verified result, or of each item
 a partial answer committed), the result must agree: the same digest, or every committed item found in
 it unchanged. A mismatch is a takeover whose evidence carries both digests, never a success.
@@ -93,7 +93,7 @@ class Reconciler:
                  max_json_depth: int, tokens: CallTokens, locks: LockManager | None = None) -> None:
         self._store = store
         self._tokens = tokens
-        self._locks = locks  # thaws what an operation froze once it settles (seed 004 §5)
+        self._locks = locks  # thaws what an operation froze once it settles
         self._max_json_depth = max_json_depth
         self._audit = audit
         self._registry = registry
@@ -177,7 +177,7 @@ class Reconciler:
                 self._metrics.unknown_outcomes.labels(self._tool_label(record)).inc()
                 log.warning("operation %s: the proxy holding it died mid-call; outcome unknown", key)
                 if record is not None:
-                    if self._locks is not None:  # no other write on its resources until it settles (seed 004 §5)
+                    if self._locks is not None:  # no other write on its resources until it settles
                         await self._locks.freeze_unknown(key, record.meta)
                     await audit_transition(self._audit, record, "IN_PROGRESS")
             counts["lease_" + answer.status] = counts.get("lease_" + answer.status, 0) + 1
@@ -372,7 +372,7 @@ def _keys_or_raise(read: list[str] | Exception) -> list[str]:
 
 def status_verdict(tool: ToolContract, record: Record, answer: Any, evidence: dict[str, Any]) -> Verdict:
     """What a status endpoint's answer (already read and parsed; None if it was not JSON) establishes about
-    an operation: a pure function of the contract, the record and the answer (seed 004 section 5)."""
+    an operation: a pure function of the contract, the record and the answer."""
     state = answer.get("state") if isinstance(answer, dict) else None
     applied = (record.outcome or {}).get("partial")  # items a partial answer already committed
     if state == "partial":

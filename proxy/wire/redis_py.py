@@ -1,4 +1,4 @@
-"""redis-py, first imported without OpenTelemetry's metrics SDK (issue 32: a sidecar's start-up).
+"""redis-py, first imported without OpenTelemetry's metrics SDK (a sidecar's start-up).
 
 Owns: the process's first import of redis-py. redis-py 8.1 tries ``from opentelemetry.sdk.metrics import
 MeterProvider`` when ``redis/observability/providers.py`` is imported (from ``redis.connection`` through

@@ -111,3 +111,28 @@ def test_a_ratio_knows_its_target():
 
     assert Ratio("a", 1.2, "<= 1.5").met() and not Ratio("a", 1.6, "<= 1.5").met()
     assert Ratio("b", 0.8, ">= 0.75").met() and Ratio("b", None, ">= 0.75").met() is None
+
+
+# What a reader cannot look up: the project's internal history (its specification's numbered sections, its
+# issue numbers). The pages, the chart, the schemas, the policies, the examples and the proxy's own text
+# (messages, CLI output, console, docstrings and comments) state the rule itself; the CHANGELOG names
+# versions. "seeded" (a random generator's seed) is not history.
+HISTORY = re.compile(r"§|\bissue\s*#?\d+\b|\bseeds?[\s-]+\d{3}\b|\bthe seeds\b|\bseed\s+(?:section|§)", re.I)
+USER_FACING = [REPO / "README.md", REPO / "CHANGELOG.md", *(REPO / "docs").rglob("*.md"),
+               *(p for d in ("proxy", "deploy", "schemas", "policies", "examples")
+                 for p in (REPO / d).rglob("*") if p.is_file() and p.suffix in
+                 {".py", ".md", ".yaml", ".yml", ".tpl", ".json", ".rego", ".html", ".js", ".css", ".txt"})]
+
+
+def test_user_facing_text_states_the_rule_not_the_projects_history():
+    found = [f"{p.relative_to(REPO)}:{n}: {line.strip()[:100]}" for p in USER_FACING
+             for n, line in enumerate(p.read_text(encoding="utf-8", errors="replace").splitlines(), 1)
+             if HISTORY.search(line)]
+    assert not found, "\n".join(found)
+
+
+def test_the_history_check_sees_what_it_must():
+    assert all(HISTORY.search(s) for s in ["(seed 004 §5)", "issue 28", "issue #32", "Seed 001 section 3",
+                                           "the seed-004 fault matrix", "defaults that follow the seeds"])
+    assert not any(HISTORY.search(s) for s in ["a deterministically seeded DemoState", "_seed_orders()",
+                                               "issues show", "an issuer"])

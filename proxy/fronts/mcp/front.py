@@ -473,7 +473,7 @@ class McpFront:
                 traced.settle(env.tool if env.tool_version else None, env.error_code)
         if env.error_code == "tool_not_found":
             # A protocol error, as the tools page of every supported revision (2024-11-05 .. 2026-07-28)
-            # says: "Unknown tool" is a JSON-RPC error -32602, not a tool result (seed 000 section 6.3).
+            # says: "Unknown tool" is a JSON-RPC error -32602, not a tool result.
             # The pipeline ran it (audit record, metrics); the envelope's facts travel in ``data``.
             error = env.error
             raise RpcError(INVALID_PARAMS, f"Unknown tool: {str(name)[:128]}",

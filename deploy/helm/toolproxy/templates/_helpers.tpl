@@ -291,7 +291,7 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- end }}
 {{- end }}
 {{- with .Values.proxy.redis }}
-{{- /* Whoever reaches an unauthenticated Redis can approve their own calls and forge outcomes (issue 28). */}}
+{{- /* Whoever reaches an unauthenticated Redis can approve their own calls and forge outcomes. */}}
 {{- if not (or .passwordSecret.name .urlSecret.name (and .tls.secretName .tls.certKey) .allowUnauthenticated) }}
 {{- fail "proxy.redis: no credentials. Set proxy.redis.passwordSecret (plus proxy.redis.username for an ACL user; docs/scale.md has the least-privilege ACL), a urlSecret whose URL carries them, or a client certificate (proxy.redis.tls.certKey/keyKey); proxy.redis.allowUnauthenticated=true only for a throwaway cluster" }}
 {{- end }}

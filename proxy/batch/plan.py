@@ -47,6 +47,10 @@ class PlannedCall:
     version: str | None = None
     depends_on: tuple[Dependency, ...] = ()
     approval_id: str | None = None  # an approval granted for exactly this call (else the request's, if any)
+    # The call's own identity where its protocol carries one per call (an MCP member's ``_meta``), used when
+    # the request has none (a header wins, as for a single call).
+    idempotency_key: str | None = None
+    run_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,8 @@ class BatchPlan:
                                arguments=call.arguments,
                                meta=replace(base, plan_call_id=call.call_id if self.call_scoped_identity else None,
                                             approval_id=call.approval_id or base.approval_id,
+                                            idempotency_key=base.idempotency_key or call.idempotency_key,
+                                            run_id=base.run_id or call.run_id,
                                             wait_for_quota=True))  # a batch schedules around its quotas
 
 
@@ -172,7 +178,7 @@ class Footprint:
 
     tool: ToolContract | None
     resources: tuple[ResourceRef, ...] = ()
-    args_hash: str | None = None
+    args_hash: str | None = None  # None: the arguments could not be decoded (the call fails on its own)
     arguments: Any = field(default=None, compare=False)  # normalized (for the audit record of a call never started)
 
 
@@ -191,8 +197,9 @@ def footprint(registry: Registry, call: PlannedCall) -> Footprint:
 def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:
     """Resource ids two calls share, if at least one of them writes (or locks exclusively) there. Two writes
     of one service conflict on the whole service (``service_resource``) when either declares no resources
-    (when in doubt, no parallelism)."""
-    if a.tool is None or b.tool is None:
+    (when in doubt, no parallelism). A call that cannot be resolved or decoded conflicts with
+    nothing: the pipeline refuses it before any effect, with its own envelope."""
+    if a.tool is None or b.tool is None or a.args_hash is None or b.args_hash is None:
         return ()
     wide = (service_resource(a.tool),) if a.tool.is_write and b.tool.is_write \
         and (a.tool.service_wide or b.tool.service_wide) and a.tool.backend_name == b.tool.backend_name else ()

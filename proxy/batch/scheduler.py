@@ -7,16 +7,14 @@ succeed (``cancelled`` with ``blocked_by``), never after the batch deadline
 (``Auditor.call_not_started``) — and within the concurrency limits per batch, per
 tenant and per tool (``scheduler.*`` settings; the tenant and tool limits are
 held by the one ``Scheduler`` on the process's ``Runtime``, so they are shared
-by every batch of this process; a front that runs a batch of its own, the MCP
-front's JSON-RPC batch, runs its calls within the same limits through ``gate``
-and ``admit``). Independent ready calls run
+by every batch of this process). Independent ready calls run
 concurrently; calls in one conflict domain run one at a time because the DAG
 orders them. Must never: execute a call any other way than
 ``Pipeline.execute`` (authorization, idempotency and locks apply to every batch
 call exactly as to a single call), or let completion order leak into the
 result (``proxy/batch/merge.py`` puts results in plan order).
 
-Programmatic use (the batch API and the OpenAI front)::
+Programmatic use (the batch API, the OpenAI front and the MCP front's JSON-RPC batches)::
 
     plan = BatchPlan(calls=(PlannedCall("a", "get_order", {...}), ...), meta=request_meta)
     result = await runtime.scheduler.run(plan, caller)   # BatchResult; raises ProxyError(invalid_plan)
@@ -41,7 +39,7 @@ from ..identity import Caller
 from .merge import BatchResult, merge
 from ..telemetry import spans
 from ..telemetry.metrics import Metrics
-from ..pipeline import Pipeline, RequestMeta, ToolCallRequest
+from ..pipeline import Pipeline, RequestMeta
 from .plan import (BLOCK, BatchPlan, Edge, Footprint, Graph, PlannedCall, build_graph, check, footprint,
                    unordered_writes)
 from ..registry import Registry
@@ -79,21 +77,6 @@ class ConcurrencyLimits:
                 del self._slots[name]  # no entry outlives its last user: the map stays bounded
 
 
-class CallGate:
-    """The limits one batch's calls run within (``Scheduler.gate``): at most ``scheduler.max_parallel`` of
-    them at once, each also holding the process's per-tenant and per-tool slots."""
-
-    def __init__(self, parallel: int, limits: ConcurrencyLimits) -> None:
-        self._parallel = asyncio.Semaphore(parallel)
-        self._limits = limits
-
-    @contextlib.asynccontextmanager
-    async def slot(self, tenant: str, tool: str | None) -> AsyncIterator[None]:
-        async with self._parallel:
-            async with self._limits.slot(tenant, tool):
-                yield
-
-
 FINISHED_BATCHES_KEPT = 256  # a cancel that arrives after the end still gets the batch's answer
 
 
@@ -125,32 +108,6 @@ class Scheduler:
     @property
     def max_calls(self) -> int:
         return self._config.max_calls
-
-    def gate(self) -> CallGate:
-        """The limits of one batch a front runs itself (an MCP JSON-RPC batch): see ``admit``."""
-        return CallGate(self._config.max_parallel, self._limits)
-
-    def with_deadline(self, meta: RequestMeta) -> RequestMeta:
-        """``meta`` with the batch deadline (``scheduler.default_timeout_ms``) when the caller sent none."""
-        return self._with_deadline(meta)
-
-    async def admit(self, held: contextlib.AsyncExitStack, gate: CallGate, call: ToolCallRequest,
-                    caller: Caller) -> Envelope | None:
-        """Hold ``gate``'s slots for ``call`` (released when ``held`` closes), waiting at most until its
-        deadline (``with_deadline``). None: admitted, run it through ``Pipeline.execute``; else its
-        not-started envelope (``timeout_not_started``, counted and audited as a batch call's)."""
-        try:
-            tool: str | None = self._registry.resolve(call.tool, call.version).name
-        except ProxyError:
-            tool = None  # the pipeline refuses it (tool_not_found): it holds only its tenant's slot
-        try:
-            async with asyncio.timeout(max(0.0, call.meta.deadline.budget(float("inf"), self._margin_s))):
-                await held.enter_async_context(gate.slot(caller.tenant, tool))
-            return None
-        except TimeoutError:
-            planned = PlannedCall(call.call_id, call.tool, call.arguments, call.version)
-            return await self._not_started(BatchPlan(calls=(planned,), meta=call.meta), planned,
-                                           footprint(self._registry, planned), call.meta, caller)
 
     async def run(self, plan: BatchPlan, caller: Caller) -> BatchResult:
         """Check the plan, run it, merge the results. ``invalid_plan`` is raised before anything runs."""

@@ -42,6 +42,7 @@ from ..store import StoreError, key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
+MCP_APPROVAL_META = "io.toolproxy/approval-id"  # where an MCP client re-sends a call with its approval (_meta)
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
 
 # Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,

@@ -20,8 +20,8 @@ shared listing and the one ``Pipeline.execute``:
 
 Every peer of this edge is bounded: a JSON-RPC batch holds at most
 ``mcp.batch_max_members`` members (and ``scheduler.max_calls`` calls), refused
-whole above, and its calls run within the batch scheduler's limits
-(``Scheduler.gate``); one caller holds at most ``mcp.max_sessions_per_owner``
+whole above, and its calls run as one plan on the batch scheduler (its ordering
+check and limits); one caller holds at most ``mcp.max_sessions_per_owner``
 sessions; a call's SSE stream queues at most ``mcp.sse_queue_max``
 notifications (the excess dropped and counted); bodies are read within
 ``listen.max_body_bytes`` (``ingress``).
@@ -92,12 +92,13 @@ from ... import __version__
 from .. import ingress
 from ..rebinding import HostGuard
 from . import relay as mcp_relay, tools as mcp_tools
-from ...envelope import dumps as json_bytes
+from ...envelope import Envelope, dumps as json_bytes
 from ...adapters import LogRelay, input_relay, log_relay, progress_relay
 from ...audit import Auditor
 from ...config import Config
 from ...errors import ProxyError
 from ...idempotency import MCP_KEY_META, MCP_RUN_META
+from ...policy.approvals import MCP_APPROVAL_META
 from ...requests import RequestMeta
 from ...telemetry import spans, tracing
 from ...telemetry.tracing import safe_id
@@ -105,7 +106,8 @@ from ...identity import Authenticator, Caller
 from ..listing import visible_tools
 from .sessions import Session, SessionsFull, SessionTable
 from ...telemetry.metrics import Metrics
-from ...batch.scheduler import CallGate, Scheduler
+from ...batch.plan import BatchPlan, PlannedCall
+from ...batch.scheduler import Scheduler
 from ...pipeline import Pipeline, ToolCallRequest, withdrawn
 from ...policy.client import PolicyClient
 from ...registry import Registry
@@ -337,14 +339,14 @@ class McpFront:
         ``scheduler.max_calls`` ``tools/call``; a larger batch is refused whole
         (``-32600``, data ``batch_too_large``) before anything runs. Each member is
         checked and answered on its own (one failing member does not fail the
-        others); initialize may not be batched. Calls run concurrently within the
-        batch scheduler's limits (``scheduler.max_parallel`` at once, each holding
-        the per-tenant and per-tool slots every batch of the process shares),
-        under one batch deadline (the request's, else
-        ``scheduler.default_timeout_ms``): a call whose slot did not come by then
-        ends ``timeout_not_started``. Each runs through ``Pipeline.execute``; the
-        answers come back as one JSON array, or 202 when the batch held only
-        notifications.
+        others); initialize may not be batched. The batch's calls are one plan on
+        the batch scheduler (``_run_plan``), as a ``POST /v1/tool-calls:batch``:
+        reads in parallel, calls on one resource one at a time, within the
+        scheduler's limits and one batch deadline (the request's, else
+        ``scheduler.default_timeout_ms``); two writes on one resource are refused
+        (``invalid_plan``, nothing of the batch's calls runs), since a JSON-RPC batch
+        states no order. The answers come back as one JSON array, or 202 when the
+        batch held only notifications.
         """
         if not bodies:
             raise RpcError(INVALID_REQUEST, "Empty batch", status=400)
@@ -359,21 +361,10 @@ class McpFront:
             raise RpcError(INVALID_REQUEST, "Batch too large; nothing was run",
                            {"code": "batch_too_large", "members": len(bodies), "max_members": self._batch_max,
                             "calls": calls, "max_calls": self._scheduler.max_calls}, status=413)
-        gate = self._scheduler.gate()
-        batch_meta: RequestMeta | RpcError | None = None
-
-        def meta() -> RequestMeta:
-            nonlocal batch_meta
-            if batch_meta is None:  # one deadline for the batch, from its headers (read once)
-                try:
-                    batch_meta = self._scheduler.with_deadline(ingress.request_meta(request, self._config))
-                except ProxyError as error:
-                    batch_meta = RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details})
-            if isinstance(batch_meta, RpcError):
-                raise batch_meta
-            return batch_meta
-
-        async def answer(body: Any) -> dict[str, Any] | None:
+        answers: list[Any] = [None] * len(bodies)
+        planned: list[tuple[int, Message]] = []  # the tools/call members, for one plan
+        others = []
+        for index, body in enumerate(bodies):
             message: Message | None = None
             try:
                 message = _message(body)
@@ -381,20 +372,76 @@ class McpFront:
                     raise RpcError(INVALID_REQUEST, "initialize must not be part of a batch")
                 exchange = self._legacy(request, message, caller, headers)
                 if not message.has_id:
-                    return None
+                    continue
                 if message.method == "tools/call":
-                    return _ok(message.rpc_id, await self._call(request, message.params or {}, exchange,
-                                                                meta=meta(), gate=gate))
-                return _ok(message.rpc_id, await self._dispatch(request, message, exchange, headers))
+                    planned.append((index, message))
+                else:
+                    others.append((index, message.rpc_id, self._dispatch(request, message, exchange, headers)))
             except RpcError as error:
-                if message is not None and not message.has_id:
-                    return None
-                return error.body(message.rpc_id if message is not None else None)
-
-        answers = [a for a in await asyncio.gather(*(answer(b) for b in bodies)) if a is not None]
-        if not answers:
+                if message is None or message.has_id:
+                    answers[index] = error.body(message.rpc_id if message is not None else None)
+        for (index, rpc_id, _), outcome in zip(others, await asyncio.gather(*(call for _, _, call in others),
+                                                                             return_exceptions=True)):
+            answers[index] = outcome.body(rpc_id) if isinstance(outcome, RpcError) else \
+                _ok(rpc_id, outcome) if not isinstance(outcome, BaseException) else \
+                RpcError(INTERNAL_ERROR, "Internal error").body(rpc_id)
+        if planned:
+            for index, answer in zip((i for i, _ in planned), await self._run_plan(request, planned, caller, session)):
+                answers[index] = answer
+        present = [a for a in answers if a is not None]
+        if not present:
             return web.Response(status=202, headers=headers)
-        return _json(answers, 200, headers)
+        return _json(present, 200, headers)
+
+    async def _run_plan(self, request: web.Request, members: list[tuple[int, Message]], caller: Caller,
+                        session: Session) -> list[dict[str, Any]]:
+        """The batch's tools/call members as one plan on the batch scheduler; their answers, in member order.
+        Each call's ``_meta`` identity (key, business request id, approval) applies to it alone; a header wins."""
+        try:
+            meta = ingress.request_meta(request, self._config)
+        except ProxyError as error:
+            refusal = RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details})
+            return [refusal.body(message.rpc_id) for _, message in members]
+        if meta.approval_id is not None:  # one approval binds one call's arguments
+            refusal = RpcError(INVALID_REQUEST, "A batch carries approvals per call, in each call's "
+                               f"_meta[{MCP_APPROVAL_META!r}], not in the X-Approval-Id header.",
+                               {"code": "invalid_request", "header": "X-Approval-Id"})
+            return [refusal.body(message.rpc_id) for _, message in members]
+        calls, problems = [], []
+        for _, message in members:
+            params = message.params or {}
+            try:
+                own = _with_meta_key(meta, params, trace=meta.trace)
+            except RpcError as error:
+                problems.append(error)
+                own = meta
+            else:
+                problems.append(None)
+            calls.append(PlannedCall(call_id=f"mcp-{secrets.token_hex(16)}", tool=params["name"],
+                                     arguments=params.get("arguments") or {}, approval_id=own.approval_id,
+                                     idempotency_key=own.idempotency_key, run_id=own.run_id))
+        runnable = [c for c, problem in zip(calls, problems) if problem is None]
+        rpc_ids = {c.call_id: m.rpc_id for c, (_, m) in zip(calls, members)}
+        envelopes: dict[str, Envelope] = {}
+        if runnable:
+            try:
+                result = await self._scheduler.run(BatchPlan(calls=tuple(runnable), meta=meta), caller)
+                envelopes = {env.call_id: env for env in result.results if env.call_id is not None}
+            except ProxyError as error:  # the plan was refused: none of its calls ran
+                refused = _plan_refusal(error, rpc_ids)
+                envelopes = {c.call_id: Envelope.of(call_id=c.call_id, request_id=meta.request_id, tool=c.tool,
+                                                    tool_version=None, error=refused) for c in runnable}
+        answers = []
+        for call, problem, (_, message) in zip(calls, problems, members):
+            if problem is not None:
+                answers.append(problem.body(message.rpc_id))
+                continue
+            try:
+                answers.append(_ok(message.rpc_id, self._call_answer(envelopes[call.call_id], call.tool,
+                                                                     modern=False)))
+            except RpcError as error:
+                answers.append(error.body(message.rpc_id))
+        return answers
 
     def _relay_response(self, request: web.Request, body: dict[str, Any], caller: Caller) -> web.Response:
         """A client's response to a relayed request: 202 if it answers one waiting on its session."""
@@ -447,15 +494,13 @@ class McpFront:
             result.update(resultType="complete", ttlMs=0, cacheScope="private")
         return result
 
-    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange, *,
-                    meta: RequestMeta | None = None, gate: CallGate | None = None) -> dict[str, Any]:
-        """One tools/call through ``Pipeline.execute``; a batch member's (``gate``) once its slots are held."""
-        if meta is None:
-            try:
-                meta = ingress.request_meta(request, self._config)
-            except ProxyError as error:
-                raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details},
-                               status=400) from None
+    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
+        """One tools/call through ``Pipeline.execute``."""
+        try:
+            meta = ingress.request_meta(request, self._config)
+        except ProxyError as error:
+            raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details},
+                           status=400) from None
         meta = _with_meta_key(meta, params, trace=tracing.from_meta(meta.trace, params.get("_meta")))  # MCP semconv
         name = params["name"]
         call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
@@ -467,10 +512,13 @@ class McpFront:
             traced = spans.mcp_request(meta.trace, exchange.version, exchange.session.id if exchange.session else None)
             if traced is not None:  # the MCP conventions' server span, parent of the call's execute_tool span
                 held.enter_context(traced)
-            refused = await self._scheduler.admit(held, gate, call, exchange.caller) if gate is not None else None
-            env = refused if refused is not None else (await self._pipeline.execute(call, exchange.caller)).envelope
+            env = (await self._pipeline.execute(call, exchange.caller)).envelope
             if traced is not None:
                 traced.settle(env.tool if env.tool_version else None, env.error_code)
+        return self._call_answer(env, name, modern=exchange.modern)
+
+    def _call_answer(self, env: Envelope, name: Any, *, modern: bool) -> dict[str, Any]:
+        """The CallToolResult of one call's envelope; an unknown tool is the protocol error ``-32602``."""
         if env.error_code == "tool_not_found":
             # A protocol error, as the tools page of every supported revision (2024-11-05 .. 2026-07-28)
             # says: "Unknown tool" is a JSON-RPC error -32602, not a tool result.
@@ -483,7 +531,7 @@ class McpFront:
             tool = self._registry.resolve(env.tool, env.tool_version)
         except ProxyError:
             tool = None
-        return mcp_tools.call_result(env, tool, modern=exchange.modern)
+        return mcp_tools.call_result(env, tool, modern=modern)
 
     def _withdraw(self, session: Session, request_id: Any) -> None:
         signal = self._inflight.get((session.id, request_id)) if isinstance(request_id, (str, int)) else None
@@ -713,16 +761,19 @@ def _check_routing_headers(request: web.Request, message: Message) -> None:
 def _with_meta_key(meta: RequestMeta, params: Mapping[str, Any], *, trace: Any) -> RequestMeta:
     """``meta`` with ``trace``, and what an MCP client that cannot set headers per call sends in the call's
     ``params._meta`` (same rules as the headers; a header wins): its key (``io.toolproxy/idempotency-key``,
-    as ``Idempotency-Key``) and its business request id (``io.toolproxy/run-id``, as ``X-Run-Id``), in one
+    as ``Idempotency-Key``), its business request id (``io.toolproxy/run-id``, as ``X-Run-Id``) and the
+    approval it re-sends the call with (``io.toolproxy/approval-id``, as ``X-Approval-Id``), in one
     ``replace`` of the frozen meta (each costs a few microseconds of every call)."""
     request_meta = params.get("_meta")
     if not isinstance(request_meta, Mapping):
         return replace(meta, trace=trace)
     key = _meta_id(request_meta, MCP_KEY_META) if meta.idempotency_key is None else None
     run = _meta_id(request_meta, MCP_RUN_META) if meta.run_id is None else None
-    if key is None and run is None:
+    approval = _meta_id(request_meta, MCP_APPROVAL_META) if meta.approval_id is None else None
+    if key is None and run is None and approval is None:
         return replace(meta, trace=trace)
-    return replace(meta, trace=trace, idempotency_key=key or meta.idempotency_key, run_id=run or meta.run_id)
+    return replace(meta, trace=trace, idempotency_key=key or meta.idempotency_key, run_id=run or meta.run_id,
+                   approval_id=approval or meta.approval_id)
 
 
 def _meta_id(request_meta: Mapping[str, Any], name: str) -> str | None:
@@ -735,6 +786,22 @@ def _meta_id(request_meta: Mapping[str, Any], name: str) -> str | None:
         raise RpcError(INVALID_PARAMS, f"_meta[{name!r}] must be 1-128 characters of [A-Za-z0-9._:-].",
                        {"code": "invalid_request", "field": f"_meta.{name}"})
     return value
+
+
+def _plan_refusal(error: ProxyError, rpc_ids: Mapping[str, Any]) -> ProxyError:
+    """The answer of each call of a batch whose plan was refused (nothing ran), naming the members by their
+    JSON-RPC ids: a JSON-RPC batch has no ``depends_on`` or ``order``, so the way out is to send the calls
+    one at a time, in the order meant."""
+    problems = [{**problem, "calls": [rpc_ids.get(c, c) for c in problem["calls"]]} if "calls" in problem
+                else problem for problem in error.details.get("problems", [])]
+    if any(p.get("problem") == "unordered_writes" for p in problems):
+        pairs = "; ".join(" and ".join(map(str, p["calls"])) + " on " + ", ".join(p["resources"])
+                          for p in problems[:5] if p.get("problem") == "unordered_writes")
+        message = (f"Two writes on one resource in this batch have no stated order (requests {pairs}); none of "
+                   "the batch's calls was started. Send them one at a time, in the order you mean.")
+    else:
+        message = error.message
+    return ProxyError(error.code, message[:400], details={**error.details, "problems": problems}, phase=error.phase)
 
 
 async def _done(value: dict[str, Any]) -> dict[str, Any]:

@@ -16,8 +16,9 @@ RUN python -m venv --without-pip /opt/toolproxy \
  && python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
  && python -m pip --python /opt/toolproxy/bin/python install --only-binary=:all: -r requirements.txt
 COPY proxy/ /app/proxy/
+COPY toolproxy_verifier/ /app/toolproxy_verifier/
 COPY schemas/ /app/schemas/
-RUN /opt/toolproxy/bin/python -m compileall -q /app/proxy
+RUN /opt/toolproxy/bin/python -m compileall -q /app/proxy /app/toolproxy_verifier
 
 FROM ${PYTHON_IMAGE} AS runtime
 # The base image's own pip is not needed at run time. nft (Debian's nftables)

@@ -20,7 +20,7 @@ from proxy.adapters import BackendCall
 from proxy.adapters.call_tokens import CallTokens
 from proxy.calltokens import keys
 from proxy.calltokens.signer import CallTokenSigner
-from proxy.calltokens.verifier import CallTokenVerifier
+from toolproxy_verifier.verifier import CallTokenVerifier
 from proxy.normalize import normalize
 from proxy.registry import load_registry
 

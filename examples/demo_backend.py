@@ -89,8 +89,8 @@ from typing import Any, Awaitable, Callable, NamedTuple
 
 from aiohttp import web
 
-from proxy.calltokens.middleware import CALL_TOKEN, Expect, aiohttp_middleware
-from proxy.calltokens.verifier import CallTokenVerifier, JwksFile, KeySet
+from toolproxy_verifier.middleware import CALL_TOKEN, Expect, aiohttp_middleware
+from toolproxy_verifier.verifier import CallTokenVerifier, JwksFile, KeySet
 
 log = logging.getLogger("demo_backend")
 AUDIENCE = "demo"  # the registry's service name: the proxy's ``aud`` for this backend

@@ -8,15 +8,15 @@ five minutes), ``txn`` (the operation), ``sub``, ``tenant``, ``req_wl`` (the age
 
 - ``keys``: loading, generating and publishing (JWKS) the signing key and the keys that verify.
 - ``signer``: the proxy's side (one key object and header, cached; one signature per request).
-- ``verifier``: the backend's side, a function (``CallTokenVerifier.verify``).
-- ``middleware``: the same check as aiohttp and ASGI middleware.
 
-This wing imports nothing else from ``proxy``: a backend owner can import the verifier without the
-proxy's dependencies beyond PyJWT[crypto] and rfc8785 (tests/unit/test_import_cycles.py holds it so).
+The backend's side (the verifier and its aiohttp and ASGI middlewares) is the separate distribution
+``toolproxy-verifier`` (module ``toolproxy_verifier/``, built by ``packages/toolproxy-verifier/``), which
+backend teams install alone; the token's shape (header, type, algorithms, scopes) is defined there once and
+imported here. This wing imports nothing else from ``proxy`` (tests/unit/test_import_cycles.py holds it so).
 """
 
-HEADER = "Txn-Token"
-TOKEN_TYPE = "txntoken+jwt"
-ALGORITHMS = ("EdDSA", "ES256")
+from toolproxy_verifier import ALGORITHMS, HEADER, SCOPES, TOKEN_TYPE
+
+__all__ = ["ALGORITHMS", "HEADER", "MAX_TTL_S", "SCOPES", "TOKEN_TYPE"]
+
 MAX_TTL_S = 300
-SCOPES = ("tool:call", "tool:status", "tool:cancel")

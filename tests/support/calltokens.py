@@ -18,7 +18,7 @@ from typing import Any
 from examples.demo_backend import AUDIENCE, route
 from proxy.calltokens import keys as token_keys
 from proxy.calltokens.signer import CallTokenSigner
-from proxy.calltokens.verifier import arguments_hash
+from toolproxy_verifier.verifier import arguments_hash
 
 
 class TestKeys:

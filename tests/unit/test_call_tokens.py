@@ -16,9 +16,9 @@ import pytest
 from proxy.adapters import BackendCall
 from proxy.adapters.call_tokens import CallTokens, load_call_tokens
 from proxy.calltokens import keys
-from proxy.calltokens.middleware import AsgiCallTokens, Expect
+from toolproxy_verifier.middleware import AsgiCallTokens, Expect
 from proxy.calltokens.signer import CallTokenSigner
-from proxy.calltokens.verifier import CallTokenVerifier, JwksFile, Refused, ReplayCache
+from toolproxy_verifier.verifier import CallTokenVerifier, JwksFile, Refused, ReplayCache
 from proxy.config import ConfigError, load_config
 from proxy.normalize import normalize
 from proxy.registry import load_registry

@@ -152,11 +152,31 @@ def test_only_the_store_speaks_redis_py_errors():
 
 
 def test_the_call_token_wing_stands_alone():
-    """A backend owner imports ``proxy.calltokens.verifier`` without the proxy: the wing imports only itself
-    (and the package, which holds only its version)."""
+    """The signer's wing imports only itself (and the verifier's distribution, which holds the token's
+    shape; the package ``proxy`` holds only its version)."""
     graph = import_graph()
     outside = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.startswith("proxy.calltokens")
                      for t in targets if not t.startswith("proxy.calltokens"))
     assert not outside
     source = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
     assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+
+
+VERIFIER = PACKAGE.parent / "toolproxy_verifier"
+
+
+def test_the_verifier_distribution_needs_only_what_it_declares():
+    """``toolproxy-verifier`` (a backend team's install) imports the standard library, PyJWT, rfc8785 and,
+    for its aiohttp middleware only, aiohttp: never the proxy or another of its dependencies."""
+    import sys
+
+    imported = set()
+    for path in VERIFIER.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.partition(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add((node.module or "").partition(".")[0])
+    outside = imported - set(sys.stdlib_module_names) - {"jwt", "rfc8785", "aiohttp"}
+    assert not outside
+    assert "jwt" in imported and "rfc8785" in imported

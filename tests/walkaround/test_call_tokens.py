@@ -13,7 +13,7 @@ import aiohttp
 import jwt
 import pytest
 
-from proxy.calltokens.verifier import CallTokenVerifier
+from toolproxy_verifier.verifier import CallTokenVerifier
 from tests.support.calltokens import TestKeys, session_keys
 from tests.support import node
 from tests.support.servers import free_port

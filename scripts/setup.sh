@@ -322,6 +322,23 @@ if [[ "$want" != "$have" ]]; then
     printf '%s\n' "$want" > "$STAMP"
 fi
 
+# The call-token verifier's own dependencies as wheels, the locked versions with their hashes checked:
+# tests/test_verifier_package.py installs toolproxy-verifier alone into a clean venv from them, offline.
+VERIFIER_WHEELS="$TOOLS_CACHE/verifier-wheels"
+VERIFIER_DEPS="cffi cryptography pycparser pyjwt rfc8785"  # PyJWT[crypto] and rfc8785, with what they need
+verifier_reqs="$(awk -v names=" $VERIFIER_DEPS " '
+    /^[a-z0-9]/ { split($1, nv, "=="); keep = index(names, " " nv[1] " ") > 0 }
+    keep && !/^ *#/ { print }' "$LOCK")"
+verifier_want="$(printf '%s' "$verifier_reqs" | sha256sum | cut -d' ' -f1)"
+if [[ "$(cat "$VERIFIER_WHEELS/.requirements.sha256" 2>/dev/null || true)" != "$verifier_want" ]]; then
+    log "fetching the verifier's dependencies as wheels (toolproxy-verifier's clean-venv test)"
+    mkdir -p "$VERIFIER_WHEELS"
+    printf '%s\n' "$verifier_reqs" > "$VERIFIER_WHEELS/requirements.txt"
+    "$VBIN/python" -m pip download -q --disable-pip-version-check --no-deps --require-hashes \
+        --only-binary=:all: -d "$VERIFIER_WHEELS" -r "$VERIFIER_WHEELS/requirements.txt"
+    printf '%s\n' "$verifier_want" > "$VERIFIER_WHEELS/.requirements.sha256"
+fi
+
 # ---------------------------------------------------------------------------
 # 4. redis-server
 # ---------------------------------------------------------------------------

@@ -171,6 +171,18 @@ def _admin_jwt() -> JwtConfig:
     return JwtConfig(audience="toolproxy-admin")
 
 
+# Addresses any process in the pod can connect from: a trusted XFCC range covering one is no proof of a hop.
+POD_LOCAL_NETWORKS = tuple(ipaddress.ip_network(n) for n in ("127.0.0.0/8", "0.0.0.0/32", "::1/128", "::/128",
+                                                               "::ffff:127.0.0.0/104"))
+
+
+def xfcc_range_problem(address: str, covered: str) -> str:
+    """The one line that refuses a trusted XFCC range any process in the pod can connect from."""
+    return (f"identity.headers.xfcc_trusted_proxies: {address!r} covers {covered}, an address any process in "
+            "the pod (the agent too) connects from; name the mesh proxy's own address outside the pod, or prove "
+            "the hop with identity.headers.proof_secret_file")
+
+
 @dataclass(frozen=True)
 class HeaderIdentityConfig:
     """The settings of ``identity.headers`` (headers mode: identity set by a trusted mesh, believed only with a
@@ -196,10 +208,14 @@ class HeaderIdentityConfig:
     def __post_init__(self) -> None:
         for address in self.xfcc_trusted_proxies:
             try:
-                ipaddress.ip_network(address, strict=False)
+                network = ipaddress.ip_network(address, strict=False)
             except ValueError:
                 raise ConfigError(f"identity.headers.xfcc_trusted_proxies: {address!r} is not an IP address "
                                   "or CIDR") from None
+            covered = next((n for n in POD_LOCAL_NETWORKS if n.version == network.version and n.overlaps(network)),
+                           None)
+            if covered is not None:
+                raise ConfigError(xfcc_range_problem(address, f"{covered} (loopback or unspecified)"))
         if bool(self.xfcc_trusted_proxies) != bool(self.xfcc_proxy_ids):
             raise ConfigError("identity.headers.xfcc_trusted_proxies and xfcc_proxy_ids go together (the proxy's "
                               "address and the identity it writes into XFCC's By=)")

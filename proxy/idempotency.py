@@ -10,10 +10,14 @@ outcome at commit. The Redis state machine itself lives in
 Key derivation (SHA-256 over an RFC 8785 array, so no field can bleed into
 another):
 
-* ``Idempotency-Key`` header given -> the key is scoped to (tenant, tool,
-  header); the record's fingerprint is (subject, contract version,
-  ``args_hash``): the same header with other arguments, another subject or
-  another contract version is ``idempotency_conflict``.
+* ``Idempotency-Key`` header given -> the key is scoped to (tenant, subject,
+  tool, header); the record's fingerprint is (subject, contract version,
+  ``args_hash``): the same header with other arguments or another contract
+  version is ``idempotency_conflict``. Another subject's same header is
+  another operation: a caller can neither learn whether someone else used a
+  key nor take a predictable key before them. (Keys derived before the
+  subject joined the scope, ``toolproxy.op/1``, are not found by a retry
+  after the upgrade: docs/idempotency.md, "Upgrading".)
 * else ``X-Run-Id``, the business request id (the run,
   task or conversation the agent serves, the same across its turns and
   re-plans) -> the key is (tenant, subject, tool, contract version,
@@ -107,13 +111,15 @@ class OperationKey:
 
 def derive_key(*, tenant: str, subject: str, tool: str, tool_version: str, args_hash: str,
                idempotency_key: str | None, run_id: str | None,
-               plan_call_id: str | None = None) -> OperationKey | None:
-    """The operation key of a call, or None when the caller gave no stable identity."""
+               plan_call_id: str | None = None, key_subject: str | None = None) -> OperationKey | None:
+    """The operation key of a call, or None when the caller gave no stable identity. ``key_subject``: the
+    subject an ``idempotency_key`` is scoped to when it is not the caller's (``RequestMeta.key_subject``)."""
     fingerprint = _digest(["toolproxy.op/1", "fp", subject, tool_version, args_hash])
     scope = [] if plan_call_id is None else ["plan-call", plan_call_id]
     if idempotency_key is not None:
-        return OperationKey("ik_" + _digest(["toolproxy.op/1", "header", tenant, tool, idempotency_key, *scope]),
-                            fingerprint, "idempotency_key")
+        owner = subject if key_subject is None else key_subject
+        return OperationKey("ik_" + _digest(["toolproxy.op/2", "header", tenant, owner, tool, idempotency_key,
+                                             *scope]), fingerprint, "idempotency_key")
     if run_id is not None:
         return OperationKey("ik_" + _digest(["toolproxy.op/1", "run", tenant, subject, tool, tool_version,
                                              args_hash, run_id, *scope]), fingerprint, "run_id")
@@ -222,7 +228,8 @@ class IdempotencyStage:
         wanted = tool.is_write or tool.idempotency_required
         op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=tool.name, tool_version=tool.version,
                         args_hash=normalized.args_hash, idempotency_key=meta.idempotency_key,
-                        run_id=meta.run_id, plan_call_id=meta.plan_call_id) if wanted else None
+                        run_id=meta.run_id, plan_call_id=meta.plan_call_id,
+                        key_subject=meta.key_subject) if wanted else None
         if op is None and tool.idempotency_required:
             raise ProxyError("idempotency_key_required",
                              "This write needs an operation key a retry reproduces; nothing was sent. Send the "

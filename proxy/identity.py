@@ -20,6 +20,7 @@ import hmac
 import ipaddress
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +31,8 @@ import jwt
 from jwt import PyJWK, PyJWKSet
 from jwt.exceptions import PyJWKError, PyJWKSetError, PyJWTError
 
-from .config import AdminIdentityConfig, ConfigError, HeaderIdentityConfig, IdentityConfig, JwtConfig
+from .config import (AdminIdentityConfig, ConfigError, HeaderIdentityConfig, IdentityConfig, JwtConfig,
+                     xfcc_range_problem)
 from .errors import ProxyError
 
 log = logging.getLogger("toolproxy.identity")
@@ -258,17 +260,22 @@ class HopProof:
             if len(self._secret) < 16:
                 raise ConfigError("identity.headers.proof_secret_file: the secret must be at least 16 bytes")
         self._proxies = tuple(ipaddress.ip_network(a, strict=False) for a in config.xfcc_trusted_proxies)
+        own = own_addresses()
+        for text, network in zip(config.xfcc_trusted_proxies, self._proxies):
+            covered = next((a for a in own if a.version == network.version and a in network), None)
+            if covered is not None:
+                raise ConfigError(xfcc_range_problem(text, f"{covered} (this pod's own address)"))
         self._proxy_ids = frozenset(config.xfcc_proxy_ids)
 
     def check(self, headers: Mapping[str, str], peer: str | None) -> None:
         if self._secret is not None:
-            presented = headers.get(self._config.proof_header, "").strip().encode("utf-8", "surrogateescape")
+            presented = single_header(headers, self._config.proof_header).strip().encode("utf-8", "surrogateescape")
             if not hmac.compare_digest(presented, self._secret):
                 raise _unauthorized()
         if self._proxies:
             if not self._from_trusted_proxy(peer):
                 raise _unauthorized()
-            element = _last_xfcc_element(headers.get(self._config.xfcc_header, ""))
+            element = _last_xfcc_element(single_header(headers, self._config.xfcc_header))
             if element.get("by") not in self._proxy_ids or not any(element.get(k) for k in ("hash", "uri",
                                                                                             "subject")):
                 raise _unauthorized()
@@ -279,6 +286,34 @@ class HopProof:
         except ValueError:
             return False
         return any(address in network for network in self._proxies)
+
+
+def own_addresses() -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    """This pod's own addresses (its host name's, and the kernel's local IPv4 and IPv6 addresses), loopback
+    included: a process in the pod can connect from any of them."""
+    found: set[str] = set()
+    try:
+        found.update(str(info[4][0]) for info in socket.getaddrinfo(socket.gethostname(), None))
+    except OSError:
+        pass
+    try:  # IPv4: the "host LOCAL" entries of the routing trie
+        lines = Path("/proc/net/fib_trie").read_text().splitlines()
+        found.update(lines[i - 1].split()[-1] for i, line in enumerate(lines) if "/32 host LOCAL" in line and i)
+    except OSError:
+        pass
+    try:  # IPv6: one address (32 hex digits) per interface line
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            digits = line.split()[0]
+            found.add(":".join(digits[i:i + 4] for i in range(0, 32, 4)))
+    except (OSError, IndexError):
+        pass
+    addresses = []
+    for text in found:
+        try:
+            addresses.append(ipaddress.ip_address(text.split("%", 1)[0].lstrip("|- ")))
+        except ValueError:
+            continue
+    return addresses
 
 
 MAX_XFCC_CHARS = 16384  # a header larger than this is no proof
@@ -314,8 +349,21 @@ def _last_xfcc_element(value: str) -> dict[str, str]:
     return fields
 
 
+def single_header(headers: Mapping[str, str], name: str) -> str:
+    """The one value of an identity header ("" when absent). Two lines of it are refused: readers disagree on
+    which one counts (the first, the last, or both joined), so a second line appended behind a proven hop
+    could name another caller."""
+    getall = getattr(headers, "getall", None)
+    if getall is not None:
+        values = getall(name, [])
+        if len(values) > 1:
+            raise _unauthorized(f"The request carries the {name} header more than once; send it once.")
+        return values[0] if values else ""
+    return headers.get(name, "")
+
+
 def bearer_token(headers: Mapping[str, str]) -> str:
-    raw = headers.get("Authorization", "")
+    raw = single_header(headers, "Authorization")
     scheme, _, token = raw.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise _unauthorized()
@@ -355,11 +403,12 @@ class Authenticator:
             assert self._hop is not None
             self._hop.check(headers, peer)
             names = config.headers
-            subject, tenant = headers.get(names.subject, "").strip(), headers.get(names.tenant, "").strip()
+            subject = single_header(headers, names.subject).strip()
+            tenant = single_header(headers, names.tenant).strip()
             if not subject or not tenant:
                 raise _unauthorized()
-            return Caller(subject=subject, tenant=tenant, roles=_string_list(headers.get(names.roles, "")),
-                          scopes=_string_list(headers.get(names.scopes, "")), agent=self._agent,
+            return Caller(subject=subject, tenant=tenant, roles=_string_list(single_header(headers, names.roles)),
+                          scopes=_string_list(single_header(headers, names.scopes)), agent=self._agent,
                           source="headers", person=subject.lower())
         if not config.static_subject or not config.static_tenant:
             raise _unauthorized("No trusted identity is configured.")
@@ -423,6 +472,28 @@ def configuration_problem(config: IdentityConfig) -> str | None:
                 "identity.headers.proof_secret_file (a secret header the mesh injects) or "
                 "identity.headers.xfcc_trusted_proxies and xfcc_proxy_ids (Envoy's X-Forwarded-Client-Cert)")
     return None
+
+
+def self_approval_warning(agents: IdentityConfig, admins: AdminIdentityConfig) -> str | None:
+    """Why the self-approval check cannot tell one person under two accounts (said once at start), or None.
+    The check compares the agent token's person claim with the admin token's; when both are ``sub`` and the
+    two tokens come from different IdPs, one person's two subjects never compare equal."""
+    if admins.mode != "jwt" or admins.person_claim != "sub" or agents.mode == "static":
+        return None
+    if agents.mode == "jwt":
+        if agents.person_claim != "sub" or _idp(agents.jwt) == _idp(admins.jwt):
+            return None
+        claim = "identity.person_claim"
+    else:  # headers: the agent's person is its subject, named by the mesh, not by the admins' IdP
+        claim = f"the agent's subject (identity.mode {agents.mode})"
+    return (f"self-approval check: {claim} and admin_identity.person_claim are both the subject (`sub`) of two "
+            "different IdPs, so one person with an agent account and an approver account can approve their own "
+            "request; set identity.person_claim and admin_identity.person_claim to a claim both IdPs carry for a "
+            "person (e.g. email)")
+
+
+def _idp(config: JwtConfig) -> tuple[str, ...]:
+    return (config.issuer, config.jwks_file, config.jwks_url, config.public_key_file, config.hmac_secret_file)
 
 
 def _has_keys(config: JwtConfig) -> bool:

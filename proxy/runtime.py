@@ -40,7 +40,7 @@ from .eviction import EvictionWatch
 from .flow import FlowLedger
 from .fronts.health import Health
 from .idempotency import IdempotencyStage
-from .identity import Authenticator
+from .identity import Authenticator, self_approval_warning
 from .wire.http import HttpWire, Limits
 from .locks import LockManager
 from .telemetry import spans
@@ -284,6 +284,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           call_tokens=call_tokens, pins=pins)
         opened.pop_all()  # from here on Runtime.close() closes them
     eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
+    warning = self_approval_warning(config.identity, config.admin_identity)
+    if warning:  # said once the process is up (a start-up failure stays one line)
+        log.warning("%s", warning)
     if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)
         log.warning("integrity.mac_key_file is not set: records are signed with a key of this process only, so "
                     "approvals and outcomes written by any other process (or before a restart) are refused")

@@ -102,8 +102,9 @@ class Compensations:
                                 "compensating contract is gone, or the record lacks the mapped values).", record)
         await self._authorize(caller, meta, record, spec, target, arguments)
         header = "compensate:" + key
+        owner = str(record.meta.get("subject", ""))  # one compensation per original, whoever asks for it
         op = derive_key(tenant=caller.tenant, subject=caller.subject, tool=target.name, tool_version=target.version,
-                        args_hash="", idempotency_key=header, run_id=None)
+                        args_hash="", idempotency_key=header, run_id=None, key_subject=owner)
         assert op is not None
         if block.get("status") != "succeeded":
             block = await self._set(record, {"status": "requested", "key": op.key, "tool": target.name,
@@ -113,7 +114,7 @@ class Compensations:
         call = ToolCallRequest(call_id=f"compensate-{key[3:19]}", tool=target.name, version=target.version,
                                arguments=arguments,
                                meta=replace(meta, idempotency_key=header, run_id=None, plan_call_id=None,
-                                            approval_id=None, wait_s=meta.wait_s))
+                                            approval_id=None, wait_s=meta.wait_s, key_subject=owner))
         env = (await self._pipeline.execute(call, caller)).envelope
         status = _block_status(env)
         if status != block.get("status") and block.get("status") != "succeeded":

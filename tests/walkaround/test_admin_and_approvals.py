@@ -125,3 +125,21 @@ async def test_every_agent_route_refuses_a_foreign_host_or_origin(stack):
                         (path, headers, body)
         async with session.get(stack.proxy_url + "/v1/tools", headers=stack.headers) as response:
             assert response.status == 200
+
+
+async def test_person_claims_both_sub_across_two_idps_are_named_at_start(proxy_deps, issuers, caplog):
+    """By default both person claims are ``sub``: across two IdPs one person's agent and approver accounts
+    never compare equal, so the self-approval check is inert. The start says so, naming both settings."""
+    agent, admin = issuers
+    with caplog.at_level("WARNING"):
+        async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False}):
+            pass
+    named = [r.getMessage() for r in caplog.records if "self-approval check" in r.getMessage()]
+    assert len(named) == 1, named
+    assert "identity.person_claim" in named[0] and "admin_identity.person_claim" in named[0]
+    caplog.clear()
+    with caplog.at_level("WARNING"):  # a claim both IdPs carry for a person: nothing to say
+        async with running_stack({**proxy_deps, **jwt_overrides(agent, admin), "reconcile.enabled": False,
+                                  "identity.person_claim": "email", "admin_identity.person_claim": "email"}):
+            pass
+    assert not [r for r in caplog.records if "self-approval check" in r.getMessage()]

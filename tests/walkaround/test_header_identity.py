@@ -8,6 +8,7 @@ or with Envoy's XFCC from a configured trusted proxy, is believed.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -59,28 +60,56 @@ async def test_forged_identity_headers_without_the_mesh_secret_are_refused(proxy
         assert HOP_HEADER not in stack.backend.requests[-1]["headers"]  # the secret never travels on
 
 
-@pytest.mark.parametrize("trusted", ["127.0.0.1", "10.0.0.0/8"])
-async def test_xfcc_is_believed_only_from_the_trusted_proxy(proxy_deps, trusted):
+TRUSTED = "203.0.113.0/24"  # TEST-NET-3 (documentation addresses: not this machine's)
+INSIDE, OUTSIDE = "203.0.113.10", "198.51.100.1"
+GOOD = {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID};{CLIENT}"}
+REFUSED = [FORGED,
+           {**FORGED, "X-Forwarded-Client-Cert": f"By=spiffe://elsewhere/sa/agent;{CLIENT}"},
+           {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID}"},  # no client certificate
+           {**FORGED, "X-Forwarded-Client-Cert": f'By={PROXY_ID};URI="unterminated'},
+           # the agent appends its own element after the proxy's: the last one is what counts
+           {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID};{CLIENT},By=spiffe://agent;URI=x"}]
+
+
+async def test_xfcc_is_believed_only_from_the_trusted_proxy(proxy_deps):
     settings = {**proxy_deps, "identity.mode": "headers", "identity.agent_id": "agent-under-test",
-                "identity.headers.xfcc_trusted_proxies": [trusted], "identity.headers.xfcc_proxy_ids": [PROXY_ID]}
+                "identity.headers.xfcc_trusted_proxies": [TRUSTED], "identity.headers.xfcc_proxy_ids": [PROXY_ID]}
     async with running_stack(settings) as stack:
-        good = {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID};{CLIENT}"}
-        refused = [FORGED,
-                   {**FORGED, "X-Forwarded-Client-Cert": f"By=spiffe://elsewhere/sa/agent;{CLIENT}"},
-                   {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID}"},  # no client certificate
-                   {**FORGED, "X-Forwarded-Client-Cert": f'By={PROXY_ID};URI="unterminated'},
-                   # the agent appends its own element after the proxy's: the last one is what counts
-                   {**FORGED, "X-Forwarded-Client-Cert": f"By={PROXY_ID};{CLIENT},By=spiffe://agent;URI=x"}]
-        if trusted != "127.0.0.1":
-            refused.append(good)  # the test client connects from 127.0.0.1: not the trusted proxy
-        for headers in refused:
+        for headers in [*REFUSED, GOOD]:  # the test client connects from 127.0.0.1: not the trusted proxy
             status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=headers)
             assert status == 401 and env["error"]["code"] == "unauthorized", (headers, env)
-        if trusted == "127.0.0.1":
-            status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=good)
-            assert status == 200 and env["data"]["tenant"] == "globex", env
-        else:
-            assert not stack.backend.requests
+        assert not stack.backend.requests
+
+
+def test_xfcc_from_the_trusted_proxys_address_is_believed():
+    """The same proof as the trusted proxy's peer (no second machine in a test: the check itself)."""
+    from proxy.config import HeaderIdentityConfig
+    from proxy.errors import ProxyError
+    from proxy.identity import HopProof
+    proof = HopProof(HeaderIdentityConfig(xfcc_trusted_proxies=[TRUSTED], xfcc_proxy_ids=[PROXY_ID]))
+    proof.check(GOOD, INSIDE)
+    for headers in REFUSED:
+        with pytest.raises(ProxyError):
+            proof.check(headers, INSIDE)
+    with pytest.raises(ProxyError):
+        proof.check(GOOD, OUTSIDE)
+
+
+@pytest.mark.parametrize("trusted", ["127.0.0.1", "127.0.0.6", "10.0.0.0/0", "::1", "0.0.0.0/0", "own"])
+def test_a_trusted_xfcc_range_any_process_in_the_pod_connects_from_does_not_start(trusted):
+    """Loopback (Istio's sidecar connects from 127.0.0.6), the unspecified address, or the pod's own address:
+    the agent connects from there too, so such a range proves no hop."""
+    if trusted == "own":
+        from proxy.identity import own_addresses
+        mine = [a for a in own_addresses() if not a.is_loopback and a.version == 4]
+        if not mine:
+            pytest.skip("this machine has no IPv4 address besides loopback")
+        trusted = str(mine[0])
+    result = run_headers_mode({"TOOLPROXY_IDENTITY_HEADERS_XFCC_TRUSTED_PROXIES": trusted,
+                               "TOOLPROXY_IDENTITY_HEADERS_XFCC_PROXY_IDS": PROXY_ID})
+    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+    assert "identity.headers.xfcc_trusted_proxies" in result.stderr and "Traceback" not in result.stderr
+    assert "any process in the pod" in result.stderr
 
 
 def test_the_chart_refuses_headers_mode_without_a_hop_proof():
@@ -93,3 +122,36 @@ def test_the_chart_refuses_headers_mode_without_a_hop_proof():
     render(set_values={"proxy.config.identity.mode": "headers"},
            set_json={"proxy.config.identity.headers": {"xfcc_trusted_proxies": ["10.0.0.1"],
                                                        "xfcc_proxy_ids": ["spiffe://gw"]}})
+
+
+async def test_an_identity_header_sent_twice_is_refused(proxy_deps, tmp_path):
+    """A second ``X-Auth-Subject`` line behind the mesh's own (with a valid hop proof) would name another
+    caller to whichever reader takes the other line: two lines of any identity header are refused."""
+    from multidict import CIMultiDict
+    body = json.dumps({"call_id": "call_twice", "tool": "get_order", "arguments": {"order_id": "ord_2001"}})
+    async with running_stack({**proxy_deps, **mesh_settings(tmp_path)}) as stack:
+        for name, second in (("X-Auth-Subject", "mallory"), ("X-Auth-Tenant", "acme"),
+                             ("X-Auth-Roles", "admin"), (HOP_HEADER, HOP_SECRET)):
+            headers = CIMultiDict(mesh_headers("gina", "globex"))
+            headers.add(name, second)
+            headers["Content-Type"] = "application/json"
+            async with stack.session.post(stack.proxy_url + "/v1/tool-calls", data=body,
+                                          headers=headers) as response:
+                env = await response.json(content_type=None)
+            assert response.status == 401 and env["error"]["code"] == "unauthorized", (name, env)
+            assert name in env["error"]["message"]
+        assert not stack.backend.requests
+        status, env = await stack.call("get_order", {"order_id": "ord_2001"}, headers=mesh_headers("gina", "globex"))
+        assert status == 200, env
+
+
+def test_two_authorization_lines_are_refused():
+    """In jwt mode a second ``Authorization`` line is refused the same way (unit-level: no stack needed)."""
+    from multidict import CIMultiDict
+    from proxy.identity import bearer_token
+    from proxy.errors import ProxyError
+    headers = CIMultiDict([("Authorization", "Bearer a.b.c"), ("Authorization", "Bearer d.e.f")])
+    with pytest.raises(ProxyError) as refused:
+        bearer_token(headers)
+    assert refused.value.code == "unauthorized"
+    assert bearer_token(CIMultiDict([("Authorization", "Bearer a.b.c")])) == "a.b.c"

@@ -84,3 +84,22 @@ async def test_a_batch_id_names_only_its_own_callers_batch(stack, issuers):
     status, body = await stack.post("/v1/batches/batch-1:cancel", {})
     assert status == 200 and body["status"] in ("cancelled", "cancelling"), body
     await batch
+
+
+async def test_another_subject_can_neither_probe_nor_take_an_idempotency_key(stack, issuers):
+    """The header key is scoped to the subject: bob sending alice's key learns nothing (no
+    ``idempotency_conflict`` telling him she used it) and cannot take a predictable key before her."""
+    bob = as_(issuers, "bob")
+    status, hers = await stack.call("reserve_inventory", RESERVE, headers={"Idempotency-Key": "rsv-9"})
+    assert status == 200 and hers["outcome"] == "succeeded", hers
+    status, probe = await stack.call("reserve_inventory", {**RESERVE, "quantity": 1},
+                                     headers={"Idempotency-Key": "rsv-9", **bob})
+    assert status == 200 and probe["outcome"] == "succeeded", probe  # his own operation: nothing told on her
+    assert probe["idempotency_key"] != hers["idempotency_key"]
+    # bob takes a predictable key first: alice's own call under it is still hers, and runs.
+    status, taken = await stack.call("reserve_inventory", {**RESERVE, "quantity": 2},
+                                     headers={"Idempotency-Key": "rsv-10", **bob})
+    assert status == 200, taken
+    status, mine = await stack.call("reserve_inventory", RESERVE, headers={"Idempotency-Key": "rsv-10"})
+    assert status == 200 and mine["outcome"] == "succeeded", mine
+    assert stack.backend.effect_counts()["reserve_inventory"] == 4

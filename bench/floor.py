@@ -53,7 +53,7 @@ import redis
 from bench import results
 from bench.results import Ratio, fmt
 from bench.servers import REPO
-from tests.support.servers import OpaServer, RedisServer, free_port
+from tests.support.servers import OpaServer, RedisServer, free_port, mac_key_file
 
 CLIENT_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
                "io.modelcontextprotocol/clientCapabilities": {},
@@ -366,7 +366,9 @@ def _call_token_key(workdir: Path) -> tuple[Path, Path]:
 
 
 def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tuple[Environment, list[Case]]:
-    opa = OpaServer([REPO / "policies", REPO / "examples" / "opa"])
+    # OPA on TCP for the floor and the proxy alike: the floor's one client reaches OPA and the backend, and the
+    # runs stay comparable with the earlier ones (the proxy is let use TCP with opa.allow_tcp).
+    opa = OpaServer([REPO / "policies", REPO / "examples" / "opa"], tcp=True)
     redis_server = RedisServer(data_dir=workdir / "redis")
     procs.servers += [opa, redis_server]
     opa.start()
@@ -399,6 +401,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         **opa.settings, "redis.url": redis_server.url,
         "backends.services": f"demo={backend_url}",
         "call_tokens.signing_key_file": str(signing_key),  # the key the demo backend verifies with
+        "integrity.mac_key_file": mac_key_file(), "opa.allow_tcp": "true",
         # The proxy's own example registry: an older checkout may not know a newer contract's fields.
         "registry.paths": f"{src / 'examples' / 'registry'},{extra}" + ("" if args.proxy_src else f",{flow_tools}"),
         # (--proxy-src: an older checkout may not know the flow contracts' fields; their cases are left out)

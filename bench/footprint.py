@@ -57,7 +57,7 @@ import redis
 
 from bench.floor import CLIENT_META, MODERN_HEADERS, Processes, _call_token_key, post, wait_http
 from bench.servers import REPO
-from tests.support.servers import OpaServer, RedisServer, free_port
+from tests.support.servers import OpaServer, RedisServer, free_port, mac_key_file
 
 # One Lua script: the mixed requests in turn, a fresh key for each write; after ``total`` answers it writes
 # ``flag`` (wrk's main thread sleeps its whole duration: the bench stops it with SIGINT when the flag is
@@ -187,6 +187,7 @@ class Stack:
             "listen.port": ports["listen"], "admin.port": ports["admin"], "ops.port": ports["ops"],
             "identity.mode": "static", **self.opa.settings, "redis.url": self.redis_server.url,
             "backends.services": f"demo={self.backend_url}", "call_tokens.signing_key_file": str(self.signing_key),
+            "integrity.mac_key_file": mac_key_file(),  # `toolproxy run` needs both keys
             "registry.paths": registry, "mcp.front": "true" if everything else "false",
         }
         env = {**os.environ, "PYTHONPATH": str(src),

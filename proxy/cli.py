@@ -20,7 +20,7 @@ if __name__ == "__main__":  # python -m proxy.cli: the imports below are the pro
     startup.begin()
 
 from .audit import check_config as check_audit_config
-from .config import ConfigError, describe, load_config
+from .config import ConfigError, describe, load_config, serving_problem
 from .policy.decisions import check_config as check_decisions_config
 from .event_loop import run_loop
 from .identity import HopProof, configuration_problem
@@ -60,7 +60,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     dev.add_argument("--proxy-port", type=int, default=8787, help="agent API port (default 8787)")
     dev.add_argument("--admin-port", type=int, default=8788, help="admin API port (default 8788)")
     dev.add_argument("--ops-port", type=int, default=9464, help="metrics/probes port (default 9464)")
-    dev.add_argument("--opa-port", type=int, default=8181, help="OPA port (default 8181)")
     dev.add_argument("--redis-port", type=int, default=6390, help="Redis port (default 6390)")
     dev.add_argument("--backend-port", type=int, default=8790, help="demo backend port (default 8790)")
     dev.add_argument("--registry", nargs="+", default=None,
@@ -401,6 +400,9 @@ def _run_sidecar(config_path: str | None) -> int:
             raise ConfigError(identity_problem)
         if config.identity.mode == "headers":
             HopProof(config.identity.headers)  # reads the hop secret now: a bad one stops here, in one line
+        refused = serving_problem(config)  # what only the dev stack and tests may do (no fleet keys, TCP to OPA)
+        if refused:
+            raise ConfigError(refused)
     except (ConfigError, RegistryError) as exc:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1

@@ -115,8 +115,9 @@ class CallTokensConfig:
 
     signing_key_file: str = setting("", "PEM private key (Ed25519 or EC P-256) that signs the Txn-Token every "
                                         "request for a call carries; a Secret mounted into the toolproxy container "
-                                        "only. Empty: a key generated at start-up, this process's alone (dev stack "
-                                        "and tests; backends can then only learn it from this process's JWKS)")
+                                        "only, its public keys published to backends beside it (a ConfigMap). "
+                                        "Required by `toolproxy run`; empty (the dev stack's in-process proxy and "
+                                        "tests only): a key generated at start-up, this process's alone")
     key_id: str = setting("", "kid of the signing key (empty: its RFC 7638 thumbprint)")
     verification_keys_file: str = setting("", "JWKS file of further public keys served beside the signing key's: "
                                               "the old key while a rotation overlaps, or the next one before it "
@@ -288,7 +289,14 @@ class ApprovalsConfig:
 class OpaConfig:
     """The settings of ``opa`` (policy decisions)."""
 
-    url: str = setting("http://127.0.0.1:8181", "base URL of the OPA server")
+    url: str = setting("unix:///var/run/toolproxy-opa/opa.sock",
+                       "where OPA listens: unix:///absolute/path.sock (a Unix socket in a directory only the proxy "
+                       "and OPA share: nothing else in the pod can bind it or answer in OPA's place) or "
+                       "http(s)://host:port (TCP: needs opa.allow_tcp for `toolproxy run`)")
+    allow_tcp: bool = setting(False, "let `toolproxy run` reach OPA over TCP (an http:// or https:// opa.url). Any "
+                                     "process in the pod's network namespace can bind a loopback port before OPA "
+                                     "does and then answer every decision (and read the OPA token): use only where "
+                                     "no untrusted process shares the network (docs/security.md)")
     decision_path: str = setting("toolproxy/decision", "Data API path of the decision document")
     timeout_ms: int = setting(500, "timeout of one OPA query (fail closed after it)")
     pool_size: int = setting(32, "open connections for decision queries, a pool of their own: slow backends "
@@ -301,6 +309,27 @@ class OpaConfig:
                                   "which admits only this token, and only on the decision path; a Secret). Empty: "
                                   "no token (an OPA that answers anyone in the pod)")
 
+    def __post_init__(self) -> None:
+        if self.url.startswith("unix:"):
+            path = self.url.removeprefix("unix://")
+            if not self.url.startswith("unix:///") or path.endswith("/") or "?" in path or "#" in path:
+                raise ConfigError(f"opa.url: {self.url!r} is not a Unix socket URL; write unix:///absolute/path.sock")
+            return
+        parts = urllib.parse.urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"opa.url: {self.url!r} is neither unix:///absolute/path.sock nor http(s)://host:port")
+
+    @property
+    def socket_path(self) -> str | None:
+        """The Unix socket OPA listens on (None: OPA is reached over TCP)."""
+        return self.url.removeprefix("unix://") if self.url.startswith("unix://") else None
+
+    @property
+    def http_base(self) -> str:
+        """The base of every URL asked of OPA: over a Unix socket ``http://localhost`` (the socket is the
+        connection; the host only fills the Host header), else ``opa.url`` itself."""
+        return "http://localhost" if self.socket_path is not None else self.url.rstrip("/")
+
 
 @dataclass(frozen=True)
 class IntegrityConfig:
@@ -308,7 +337,8 @@ class IntegrityConfig:
 
     mac_key_file: str = setting("", "file holding the key (at least 32 bytes, e.g. `openssl rand -hex 32`) of the "
                                     "MACs on approvals, spent approvals and settled outcomes in Redis; every proxy "
-                                    "and admin API of a fleet needs the same one (a Secret). Empty: an ephemeral "
+                                    "and admin API of a fleet needs the same one (a Secret). Required by `toolproxy "
+                                    "run`; empty (the dev stack's in-process proxy and tests only): an ephemeral "
                                     "key of this process only, so no record another process wrote is honoured")
 
 
@@ -798,6 +828,30 @@ class Config:
                              metadata={"help": "data-flow labels for the policy (docs/policy-authors.md#flow)"})
     tracing: TracingConfig = field(default_factory=TracingConfig,
                                    metadata={"help": "OpenTelemetry traces (off unless an endpoint is set)"})
+
+
+def serving_problem(config: Config) -> str | None:
+    """What ``toolproxy run`` refuses and only the dev stack and tests may do (one line naming the settings
+    and the fix), else None.
+
+    - Both fleet keys: with a key made at start-up, a restarted process or a second replica refuses every
+      record this one signed (approvals, outcomes), and backends can only learn the call-token key from this
+      process's own JWKS, which anything that binds the ops port first can serve.
+    - OPA over a Unix socket: a TCP port on loopback can be bound by any process in the pod before OPA is,
+      which then answers every decision and receives the OPA token."""
+    missing = [name for name, value in (("integrity.mac_key_file", config.integrity.mac_key_file),
+                                        ("call_tokens.signing_key_file", config.call_tokens.signing_key_file))
+               if not value]
+    if missing:
+        return (f"{' and '.join(missing)} not set: `toolproxy run` needs both integrity.mac_key_file and "
+                "call_tokens.signing_key_file, or a restart or a second replica could not read this process's own "
+                "records and backends could not verify its call tokens; mount both from a Secret "
+                "(`openssl rand -hex 32`, `toolproxy call-token-key --out <file>`)")
+    if config.opa.socket_path is None and not config.opa.allow_tcp:
+        return (f"opa.url: {config.opa.url} is TCP, which any process in the pod can bind first and answer every "
+                "decision for; use unix:///<dir>/opa.sock in a directory only the proxy and OPA mount, or set "
+                "opa.allow_tcp=true to accept that risk")
+    return None
 
 
 def load_config(path: str | os.PathLike[str] | None = None,

@@ -70,7 +70,7 @@ class Runtime:
     registry: Registry
     session: aiohttp.ClientSession
     wire: HttpWire  # the backend POST's keep-alive connections
-    decision_wire: HttpWire  # the decision query's
+    decision_wire: HttpWire  # everything asked of OPA (decisions, catalog, health), on its socket or TCP address
     authenticator: Authenticator
     pipeline: Pipeline
     metrics: Metrics
@@ -182,7 +182,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                  answer_s=wire_limits.answer_s)
         decision_wire = HttpWire(max_connections=config.opa.pool_size,
                                  connect_timeout_s=backends.connect_timeout_ms / 1000.0,
-                                 idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=decision_limits)
+                                 idle_timeout_s=backends.idle_timeout_ms / 1000.0, limits=decision_limits,
+                                 unix_socket=config.opa.socket_path)
         opened.push_async_callback(decision_wire.close)
         redis = store.create_client(config.redis)
         opened.push_async_callback(store.close_client, redis)
@@ -207,7 +208,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
         recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
                                   metrics, config.opa.decision_path)
-        policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder, session=session)
+        policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder)
         approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit, integrity,
                                   replica_acks=config.redis.replica_acks,
                                   ack_timeout_ms=config.redis.replica_ack_timeout_ms)
@@ -248,7 +249,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         async def refresh_records_held() -> None:
             metrics.operation_records.set(await operations.held_records())
 
-        health = Health(config=config, registry=registry, redis=redis, metrics=metrics, session=session,
+        health = Health(config=config, registry=registry, redis=redis, metrics=metrics, opa_wire=decision_wire,
                         unknowns=unknowns, eviction=eviction,
                         gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
         authenticator = Authenticator(config.identity, config.admin_identity, session)

@@ -227,16 +227,13 @@ XSS_TO = '"><img/src=x/onerror=alert(1)>@evil.test'
 async def test_attacker_controlled_arguments_are_shown_as_text_and_run_nothing(dev, http):
     # This dev stack's OPA: external tools need an approval too, so send_email's arguments reach the console.
     settings = "/v1/data/toolproxy/settings/approval/always_for_risks"
-    async with http.put(dev.opa_url + settings, json=["destructive", "external"],
-                        headers=dev.opa_headers) as response:
-        assert response.status == 204
+    assert await dev.put_opa(settings, ["destructive", "external"]) == 204
     try:
         _, envelope = await agent_call(http, dev.agent_url, "send_email",
                                        {"to": XSS_TO, "subject": XSS_SUBJECT, "body": "hello"},
                                        {"Idempotency-Key": "console-xss"})
     finally:
-        async with http.put(dev.opa_url + settings, json=["destructive"], headers=dev.opa_headers) as response:
-            assert response.status == 204
+        assert await dev.put_opa(settings, ["destructive"]) == 204
     assert envelope["error"]["code"] == "approval_required", envelope
     approval_id = envelope["error"]["details"]["approval_id"]
 

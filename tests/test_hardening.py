@@ -24,7 +24,7 @@ from aiohttp import web
 
 from proxy.config import Config, ConfigError, describe, load_config
 from tests.support.metrics import sample, samples
-from tests.support.proxyproc import ProxyProcess
+from tests.support.proxyproc import ProxyProcess, fleet_key_env
 from tests.support.stack import DEMO_REGISTRY, UNLOCKED_COUNTER, assert_envelope, extra_tools, running_stack
 from tests.support.tokens import jwt_overrides
 from tests.support.waits import wait_until
@@ -383,7 +383,7 @@ async def raw_exchange_partial(port: int, data: bytes) -> tuple[int, dict[str, s
 def run_proxy(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
                           timeout=60, env={"PATH": "/usr/bin:/bin", "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY),
-                                           "TOOLPROXY_IDENTITY_MODE": "static", **env})
+                                           "TOOLPROXY_IDENTITY_MODE": "static", **fleet_key_env(), **env})
 
 
 def test_an_enumerated_setting_with_a_bad_value_stops_toolproxy_run_with_one_line():
@@ -392,6 +392,14 @@ def test_an_enumerated_setting_with_a_bad_value_stops_toolproxy_run_with_one_lin
     assert result.stderr.count("\n") == 1, result.stderr
     assert "mcp.upstream_mode" in result.stderr and "'sometimes'" in result.stderr
     assert "auto, legacy" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_run_without_the_fleet_keys_stops_with_one_line_naming_both_and_why():
+    for missing in ({"TOOLPROXY_INTEGRITY_MAC_KEY_FILE": ""}, {"TOOLPROXY_CALL_TOKENS_SIGNING_KEY_FILE": ""}):
+        result = run_proxy(missing)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert "integrity.mac_key_file" in result.stderr and "call_tokens.signing_key_file" in result.stderr
+        assert "a restart or a second replica could not read" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_a_failure_while_opening_the_runtime_is_one_line_and_closes_what_was_opened(tmp_path):

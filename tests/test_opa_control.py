@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 
-import aiohttp
 import pytest
 from aiohttp import web
 
+from proxy.config import load_config
 from proxy.policy.opa_control import ControlError, OpaControl
+from proxy.wire.http import HttpWire
 from tests.support.servers import OpaServer, free_port
 from tests.support.stack import REPO
 
@@ -50,54 +51,62 @@ class Peer:
 
 
 @pytest.fixture
-async def session():
-    async with aiohttp.ClientSession() as shared:
-        yield shared
+async def control():
+    """Makes ``OpaControl``s as the runtime does: on a wire of their own that reaches ``opa.url``."""
+    wires: list[HttpWire] = []
+
+    def control(url: str, **options) -> OpaControl:
+        opa = load_config(env={}, overrides={"opa.url": url}).opa
+        wires.append(HttpWire(unix_socket=opa.socket_path))
+        return OpaControl(opa.http_base, wires[-1], **options)
+
+    yield control
+    for wire in wires:
+        await wire.close()
 
 
-async def test_a_real_opa_takes_the_catalog_from_the_proxys_token_only(session):
+async def test_a_real_opa_takes_the_catalog_from_the_proxys_token_only(control):
     with OpaServer([REPO / "policies", REPO / "examples" / "opa"]) as opa:
-        control = OpaControl(opa.url, session, timeout_s=5.0, retries=2, token=opa.token)
-        assert await control.healthy()
-        await control.put_data("toolproxy/catalog", {"digest": "probe"})
-        async with session.get(f"{opa.url}/v1/data/toolproxy/catalog", headers=opa.admin_headers) as answer:
-            assert (await answer.json())["result"] == {"digest": "probe"}
+        opa_control = control(opa.url, timeout_s=5.0, retries=2, token=opa.token)
+        assert await opa_control.healthy()
+        await opa_control.put_data("toolproxy/catalog", {"digest": "probe"})
+        assert opa._request("GET", "/v1/data/toolproxy/catalog")[1]["result"] == {"digest": "probe"}
         with pytest.raises(ControlError, match="HTTP 401"):  # any other path: refused, not sent again
-            await control.put_data("toolproxy/subjects", {})
+            await opa_control.put_data("toolproxy/subjects", {})
         with pytest.raises(ControlError, match="HTTP 401"):  # no token: refused
-            await OpaControl(opa.url, session, timeout_s=5.0, retries=2).put_data("toolproxy/catalog", {})
-        assert await OpaControl(opa.url, session, timeout_s=5.0).healthy()  # /health answers anyone
+            await control(opa.url, timeout_s=5.0, retries=2).put_data("toolproxy/catalog", {})
+        assert await control(opa.url, timeout_s=5.0).healthy()  # /health answers anyone
 
 
-async def test_health_of_a_peer_that_never_answers_is_false_within_its_timeout(session):
+async def test_health_of_a_peer_that_never_answers_is_false_within_its_timeout(control):
     async with Peer([None]) as peer:
-        control = OpaControl(peer.url, session, timeout_s=0.2)
-        assert await asyncio.wait_for(control.healthy(), 5) is False
+        opa_control = control(peer.url, timeout_s=0.2)
+        assert await asyncio.wait_for(opa_control.healthy(), 5) is False
         assert [s[:2] for s in peer.seen] == [("GET", "/health")]
 
 
-async def test_health_of_nothing_listening_is_false(session):
+async def test_health_of_nothing_listening_is_false(control):
     async with Peer([200]) as peer:
         url = peer.url
-    assert await OpaControl(url, session, timeout_s=1.0).healthy() is False
+    assert await control(url, timeout_s=1.0).healthy() is False
 
 
-async def test_a_put_is_sent_again_after_a_5xx_at_most_retries_times(session):
+async def test_a_put_is_sent_again_after_a_5xx_at_most_retries_times(control):
     async with Peer([502, 500, 204]) as peer:
-        await OpaControl(peer.url, session, timeout_s=1.0, retries=2, token="t0k").put_data("toolproxy/catalog", {})
+        await control(peer.url, timeout_s=1.0, retries=2, token="t0k").put_data("toolproxy/catalog", {})
         assert peer.seen == [("PUT", "/v1/data/toolproxy/catalog", "Bearer t0k")] * 3
     async with Peer([504]) as peer:
         with pytest.raises(ControlError, match=r"data\.toolproxy\.catalog \(HTTP 504\)"):
-            await OpaControl(peer.url, session, timeout_s=1.0, retries=2).put_data("toolproxy/catalog", {})
+            await control(peer.url, timeout_s=1.0, retries=2).put_data("toolproxy/catalog", {})
         assert len(peer.seen) == 3
 
 
-async def test_a_refused_or_unanswered_put_is_not_sent_again(session):
+async def test_a_refused_or_unanswered_put_is_not_sent_again(control):
     async with Peer([400]) as peer:
         with pytest.raises(ControlError, match="HTTP 400"):
-            await OpaControl(peer.url, session, timeout_s=1.0, retries=2).put_data("toolproxy/catalog", {})
+            await control(peer.url, timeout_s=1.0, retries=2).put_data("toolproxy/catalog", {})
         assert len(peer.seen) == 1
     async with Peer([None]) as peer:  # a timeout: OPA may have taken it; not sent again, reported
         with pytest.raises(ControlError, match="TimeoutError"):
-            await asyncio.wait_for(OpaControl(peer.url, session, timeout_s=0.2, retries=2).put_data("x", {}), 5)
+            await asyncio.wait_for(control(peer.url, timeout_s=0.2, retries=2).put_data("x", {}), 5)
         assert len(peer.seen) == 1

@@ -111,7 +111,7 @@ async def _poll(url: str, body: dict, until, timeout_s: float, headers: dict | N
 async def test_rego_edit_flips_a_decision_in_the_running_dev_stack(tmp_path):
     policies = tmp_path / "policies"
     shutil.copytree(POLICIES, policies)
-    ports = {name: free_port() for name in ("proxy", "admin", "ops", "opa", "redis", "backend")}
+    ports = {name: free_port() for name in ("proxy", "admin", "ops", "redis", "backend")}
     log = open(tmp_path / "dev.log", "w+b")
     proc = subprocess.Popen(
         [sys.executable, "-m", "proxy.cli", "dev", "--policies", str(policies),

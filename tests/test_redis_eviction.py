@@ -21,6 +21,7 @@ from proxy.config import ConfigError, load_config
 from proxy.fronts.app import create_runtime
 from tests.support.metrics import sample, samples, scrape_text
 from tests.support.modes import all_redis_modes
+from tests.support.proxyproc import fleet_key_env
 from tests.support.servers import RedisServer, free_port
 from tests.support.stack import DEMO_REGISTRY, REPO, UNLOCKED_COUNTER, extra_tools, running_stack
 
@@ -135,7 +136,7 @@ def test_the_sidecar_process_exits_non_zero_with_one_line(small_redis):
     use_policy(small_redis, "allkeys-lru")
     env = {**os.environ, "TOOLPROXY_REDIS_URL": small_redis.url, "TOOLPROXY_IDENTITY_MODE": "static",
            "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY), "TOOLPROXY_LISTEN_PORT": str(free_port()),
-           "TOOLPROXY_ADMIN_PORT": str(free_port()), "TOOLPROXY_OPS_PORT": str(free_port())}
+           "TOOLPROXY_ADMIN_PORT": str(free_port()), "TOOLPROXY_OPS_PORT": str(free_port()), **fleet_key_env()}
     result = subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 1

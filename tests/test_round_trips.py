@@ -53,9 +53,9 @@ SCENARIOS = [
 
 
 def opa_decisions(opa) -> float:
-    request = urllib.request.Request(opa.url + "/metrics", headers=opa.admin_headers)
-    with urllib.request.urlopen(request, timeout=10) as response:
-        text = response.read().decode()
+    status, body = opa.request("GET", "/metrics", timeout=10)
+    assert status == 200
+    text = body.decode()
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("http_request_duration_seconds_count") and 'handler="v1/data"' in line
                and 'method="post"' in line)

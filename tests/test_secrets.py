@@ -26,6 +26,7 @@ import redis.asyncio as redis_async
 from aiohttp import web
 
 from tests.support.audit import audit_records
+from tests.support.proxyproc import fleet_key_env
 from tests.support.servers import free_port
 from tests.support.tokens import Issuer
 
@@ -123,7 +124,8 @@ async def test_no_secret_reaches_audit_output_or_logs(tmp_path, redis_url, opa_s
            "TOOLPROXY_AUDIT_SINKS": "stdout,redis", "TOOLPROXY_REDIS_URL": redis_url,
            "TOOLPROXY_OPA_URL": opa_server.url, "TOOLPROXY_OPA_TOKEN_FILE": opa_server.token_file, "TOOLPROXY_IDENTITY_MODE": "jwt",
            "TOOLPROXY_IDENTITY_AGENT_ID": "agent-under-test",
-           "TOOLPROXY_IDENTITY_JWT_ISSUER": issuer.issuer, "TOOLPROXY_IDENTITY_JWT_JWKS_FILE": str(issuer.jwks_file)}
+           "TOOLPROXY_IDENTITY_JWT_ISSUER": issuer.issuer, "TOOLPROXY_IDENTITY_JWT_JWKS_FILE": str(issuer.jwks_file),
+           **fleet_key_env()}
     stdout, stderr = tmp_path / "stdout", tmp_path / "stderr"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, env=env, stdout=out,

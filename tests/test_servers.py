@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
+import os
+import stat
 
 import pytest
 
@@ -25,23 +25,23 @@ def test_opa_put_policy_and_query(opa_server):
         opa_server.delete_policy("test_servers_probe")
 
 
-def test_opa_stop_then_start_same_port():
+def test_opa_stop_then_start_same_socket():
     server = OpaServer()
     server.start()
     try:
-        port, url = server.port, server.url
+        url = server.url
+        assert url.startswith("unix:///") and stat.S_IMODE(os.stat(os.path.dirname(server.socket_path)).st_mode) == 0o700
         server.put_policy("p", "package restart\n\nvalue := 42\n")
         assert server.query("restart/value") == 42
 
         server.stop()
         assert not server.running
-        with pytest.raises(urllib.error.URLError):
-            urllib.request.urlopen(url + "/health", timeout=1)
+        with pytest.raises(OSError):
+            server.request("GET", "/health", timeout=1)
 
         server.start()
-        assert server.running and server.port == port
-        with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-            assert resp.status == 200
+        assert server.running and server.url == url
+        assert server.request("GET", "/health", timeout=2)[0] == 200
         # in-memory policies do not survive a restart
         assert server.query("restart/value") is None
     finally:

@@ -1,6 +1,7 @@
 """``toolproxy dev``: a local stack of real parts on loopback.
 
-Owns: starting a real ``opa`` server (watching ``policies/`` and the demo
+Owns: starting a real ``opa`` server on a Unix socket in the stack's private work directory (mode 0700),
+as the chart runs it (watching ``policies/`` and the demo
 data in ``examples/opa/``: roles, resource ownership, thresholds — or the
 directories given with ``--policies`` / ``--opa-data``), a real
 ``redis-server``, the demo tool backend and the proxy serving the registry of
@@ -62,9 +63,31 @@ def wait_http(url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None =
     raise TimeoutError(f"{url} did not become ready within {timeout_s}s")
 
 
-def opa_command(port: int, paths: Sequence[str], watch: bool = True, *, authz: bool = True) -> list[str]:
-    """``opa run``; with ``authz`` it answers only the bearer tokens of proxy/policy/opa_authz.rego."""
-    cmd = [find_binary("opa"), "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error"]
+def wait_opa(socket_path: str, timeout_s: float, proc: subprocess.Popen[bytes]) -> None:
+    """Poll OPA's ``/health`` on its Unix socket until it answers 200, the process exits, or the bound passes."""
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"opa exited with {proc.returncode}")
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(1)
+                sock.connect(socket_path)
+                sock.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
+                if sock.recv(64).split(b" ")[1:2] == [b"200"]:  # "HTTP/1.x 200 OK"
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(f"opa on {socket_path} did not become ready within {timeout_s}s")
+
+
+def opa_command(address: str, paths: Sequence[str], watch: bool = True, *, authz: bool = True) -> list[str]:
+    """``opa run`` listening on ``address`` (``unix:///path`` or ``host:port``); with ``authz`` it answers
+    only the bearer tokens of proxy/policy/opa_authz.rego."""
+    cmd = [find_binary("opa"), "run", "--server", "--addr", address, "--log-level", "error"]
     if watch:
         cmd.append("--watch")
     if authz:
@@ -125,9 +148,10 @@ def run_dev(args: argparse.Namespace) -> int:
         opa_token = secrets.token_urlsafe(32)
         redis_password = os.environ.get("TOOLPROXY_REDIS_PASSWORD") or secrets.token_urlsafe(24)
         signing_key, backend_keys = _dev_call_token_key(secret_dir)
+        opa_socket = str(secret_dir / "opa.sock")  # the work directory is 0700: nobody else can bind or reach it
         overrides = {
             "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
-            "opa.url": f"http://127.0.0.1:{args.opa_port}",
+            "opa.url": f"unix://{opa_socket}",
             "opa.token_file": write_secret(secret_dir / "opa-token", opa_token),
             "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
             "redis.password": redis_password,
@@ -146,13 +170,13 @@ def run_dev(args: argparse.Namespace) -> int:
                         "registry.paths": [str(REPO / "examples" / "registry")],
                         "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"}}
         config = load_config(args.config, overrides=overrides, base=dev_defaults)
-        opa = start(opa_command(args.opa_port, [str(policies), str(opa_data)]),
+        opa = start(opa_command(f"unix://{opa_socket}", [str(policies), str(opa_data)]),
                     env=opa_env(opa_token, decision_path=config.opa.decision_path,
                                 catalog_push=config.opa.push_catalog))
         redis = start(redis_command(args.redis_port, workdir, redis_password), stdout=subprocess.DEVNULL)
         backend = start([sys.executable, "-m", "examples.demo_backend", "--port", str(args.backend_port),
                          "--jwks-file", str(backend_keys)])
-        wait_http(f"http://127.0.0.1:{args.opa_port}/health", 20, opa)
+        wait_opa(opa_socket, 20, opa)
         wait_http(f"http://127.0.0.1:{args.backend_port}/healthz", 20, backend)
         _wait_redis(args.redis_port, redis, redis_password)
         approver_token = None
@@ -169,7 +193,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from ..event_loop import run_loop
     from ..telemetry.logs import configure as configure_logging
     configure_logging(config.log.level, config.log.format)
-    _print_banner(args, approver_token, config.registry.paths, policies, opa_data)
+    _print_banner(args, approver_token, config.registry.paths, policies, opa_data, opa_socket)
 
     async def main_async() -> None:
         stop = asyncio.Event()
@@ -256,7 +280,7 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
 
 
 def _print_banner(args: argparse.Namespace, approver_token: str | None, registry: Sequence[str],
-                  policies: Path, opa_data: Path) -> None:
+                  policies: Path, opa_data: Path, opa_socket: str) -> None:
     a = args.admin_port
     approvals = f"""
 approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only;
@@ -281,8 +305,9 @@ toolproxy dev stack is up (Ctrl-C stops everything)
   OpenAI        http://127.0.0.1:{p}/v1/openai/tool-calls   (Chat tool_calls / Responses function_call items)
   admin API     http://127.0.0.1:{args.admin_port}
 {console}  metrics       http://127.0.0.1:{args.ops_port}/metrics   probes: /healthz /readyz
-  OPA           http://127.0.0.1:{args.opa_port}   (watching {policies} and {opa_data}: edits apply live;
-                answers the proxy's bearer token only: set TOOLPROXY_OPA_ADMIN_TOKEN to script it)
+  OPA           unix://{opa_socket}   (watching {policies} and {opa_data}: edits apply live;
+                answers the proxy's bearer token only: set TOOLPROXY_OPA_ADMIN_TOKEN to script it with
+                curl --unix-socket {opa_socket} http://localhost/v1/...)
   registry      {", ".join(map(str, registry))}
   Redis         redis://127.0.0.1:{args.redis_port}/0   (password: TOOLPROXY_REDIS_PASSWORD, or generated)
   demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)

@@ -57,7 +57,8 @@ def peers(config: Config, registry: Registry | None, extra: Iterable[str] = ()) 
     else:
         for address in (*redis.sentinels, *redis.cluster_nodes):
             found.append(_host_port(address, f"redis {redis.mode} node"))
-    found.append(_from_url(config.opa.url, "opa"))
+    if config.opa.socket_path is None:  # a Unix socket is no network peer: its directory's mounts guard it
+        found.append(_from_url(config.opa.url, "opa"))
     for item in extra:
         found.append(_host_port(item, "--dest"))
     return found

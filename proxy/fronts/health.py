@@ -20,9 +20,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, Mapping, Sequence
 
-import aiohttp
-
-
 from .. import store
 from ..config import Config
 from ..eviction import EvictionWatch
@@ -30,6 +27,7 @@ from ..telemetry.metrics import Metrics
 from ..policy.opa_control import OpaControl, read_token
 from ..registry import Registry
 from ..transactions.unknowns import UnknownIndex
+from ..wire.http import HttpWire
 
 log = logging.getLogger("toolproxy.health")
 
@@ -48,12 +46,12 @@ class Readiness:
 class Health:
     def __init__(self, *, config: Config, registry: Registry,
                  redis: store.Client, metrics: Metrics, unknowns: UnknownIndex, eviction: EvictionWatch,
-                 session: aiohttp.ClientSession,
+                 opa_wire: HttpWire,
                  gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
         # One attempt per probe, bounded by OPA's timeout (the probe itself is the retry).
-        self._opa = OpaControl(config.opa.url, session, timeout_s=config.opa.timeout_ms / 1000.0,
+        self._opa = OpaControl(config.opa.http_base, opa_wire, timeout_s=config.opa.timeout_ms / 1000.0,
                                token=read_token(config.opa.token_file))
         self._redis = redis
         self._metrics = metrics

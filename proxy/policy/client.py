@@ -1,8 +1,8 @@
 """Policy decisions: the OPA input document, the query, and the decision.
 
 Owns: building the OPA input (``schemas/opa-input.schema.json``) in exactly
-one place (``build_input``), one POST per decision to OPA's Data API over the hot path's
-keep-alive wire (``http_wire``) with its own short timeout, validating the
+one place (``build_input``), one POST per decision to OPA's Data API over the decision wire (``http_wire``, keep-alive, on OPA's
+Unix socket or TCP address as ``opa.url`` says) with its own short timeout, validating the
 decision document (``schemas/opa-decision.schema.json``, checked by ``decision_ok``
 without a schema engine per call), the tool catalog
 pushed into OPA (``data.toolproxy.catalog``, through ``opa_control``) and its
@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-import aiohttp
 import orjson
 
 from ..config import OpaConfig
@@ -112,22 +111,21 @@ class PolicyClient:
     """Asks OPA; keeps OPA's copy of the tool catalog current."""
 
     def __init__(self, config: OpaConfig, wire: HttpWire, metrics: Metrics,
-                 registry: Registry, recorder: DecisionRecorder | None = None, *,
-                 session: aiohttp.ClientSession) -> None:
+                 registry: Registry, recorder: DecisionRecorder | None = None) -> None:
         self._config = config
         self._recorder = recorder
-        # Control plane (catalog push) over the runtime's shared session; decisions over their own wire. Both carry
-        # the proxy's bearer token: OPA answers nobody else (proxy/policy/opa_authz.rego).
+        # Control plane (catalog push) and decisions over the one wire that reaches OPA. Both carry the proxy's
+        # bearer token: OPA answers nobody else (proxy/policy/opa_authz.rego).
         token = read_token(config.token_file)
         self._headers = _JSON + ((("Authorization", f"Bearer {token}"),) if token else ())
-        self._control = OpaControl(config.url, session, timeout_s=max(config.timeout_ms / 1000.0, 2.0), retries=2,
-                                   token=token)
+        self._control = OpaControl(config.http_base, wire, timeout_s=max(config.timeout_ms / 1000.0, 2.0),
+                                   retries=2, token=token)
         self._metrics = metrics
         self._catalog = catalog_document(registry)
         self._wire = wire
         # strict-builtin-errors: a builtin that fails (to_number("x"), a bad regex) is an evaluation error
         # OPA reports, not an undefined expression that lets a deny rule silently not match.
-        self._url = config.url.rstrip("/") + "/v1/data/" + config.decision_path.strip("/") + STRICT
+        self._url = config.http_base + "/v1/data/" + config.decision_path.strip("/") + STRICT
         self._timeout_s = config.timeout_ms / 1000.0
         self._push_lock = asyncio.Lock()
         self._pushed_mono = 0.0

@@ -1,7 +1,8 @@
 """Control-plane conversations with OPA: the serving process's two, and the authoring commands' client.
 
 Owns: ``OpaControl``, the serving process's control plane to its OPA (``GET /health`` for readiness,
-``PUT /v1/data/<path>`` for the tool catalog) over the runtime's shared ``aiohttp`` session; and, for
+``PUT /v1/data/<path>`` for the tool catalog) over the decision wire (``wire/http.py``: it reaches OPA
+as the decisions do, over its Unix socket or TCP); and, for
 the policy-authoring commands' scratch OPA (policies, data, batched queries, the Compile API), an
 ``opa-python-client`` ``AsyncOpaClient`` (``control_client``, imported when one is built: the client
 imports ``requests`` and ``urllib3`` for its synchronous twin, about 5 MB and 0.1 s that a sidecar making
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import aiohttp
+from ..wire.http import HttpWire, TooLarge
 
 if TYPE_CHECKING:
     from opa_client import AsyncOpaClient
@@ -52,44 +53,50 @@ def read_token(path: str) -> str:
     return token
 
 
-class OpaControl:
-    """The serving process's control plane to its OPA, over the runtime's ``aiohttp`` session with the bearer
-    token; each request bounded by ``timeout_s``. A ``put_data`` that met a connection error or a 500/502/504
-    is sent again up to ``retries`` times."""
+_ANSWER_BYTES = 64 * 1024  # a health or PUT answer is a small JSON object; more is not OPA's answer
 
-    def __init__(self, url: str, session: aiohttp.ClientSession, *, timeout_s: float, retries: int = 0,
+
+class OpaControl:
+    """The serving process's control plane to its OPA, over ``wire`` (the decision wire, which knows whether
+    OPA is a Unix socket or a TCP address) with the bearer token; ``base`` is ``OpaConfig.http_base``. Each
+    request is bounded by ``timeout_s``. A ``put_data`` that met a connection error or a 500/502/504 is sent
+    again up to ``retries`` times."""
+
+    def __init__(self, base: str, wire: HttpWire, *, timeout_s: float, retries: int = 0,
                  token: str = "") -> None:
-        self._base = url.rstrip("/")
-        self._session = session
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._base = base.rstrip("/")
+        self._wire = wire
+        self._timeout_s = timeout_s
         self._retries = retries
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers: tuple[tuple[str, str], ...] = (("Authorization", f"Bearer {token}"),) if token else ()
 
     async def healthy(self) -> bool:
         """GET /health: 200 or not (any failure is "not healthy")."""
         try:
-            async with self._session.get(self._base + "/health", headers=self._headers,
-                                         timeout=self._timeout) as answer:
-                return answer.status == 200
-        except (aiohttp.ClientError, TimeoutError, OSError):  # policy: not ready: readiness reports OPA away
+            async with asyncio.timeout(self._timeout_s):
+                answer = await self._wire.request("GET", self._base + "/health", headers=self._headers,
+                                                  max_body=_ANSWER_BYTES)
+            return answer.status == 200
+        except (TimeoutError, OSError, TooLarge):  # policy: not ready: readiness reports OPA away
             return False
 
     async def put_data(self, path: str, document: dict[str, Any]) -> None:
         """PUT a document at data.<path>; ControlError when OPA is away or refuses."""
         body = json.dumps(document).encode()
-        headers = {**self._headers, "Content-Type": "application/json"}
+        headers = (*self._headers, ("Content-Type", "application/json"))
         what = ""
         for attempt in range(self._retries + 1):
             if attempt:
                 await asyncio.sleep(_BACKOFF_S * 2 ** (attempt - 1))
             try:
-                async with self._session.put(f"{self._base}/v1/data/{path}", data=body, headers=headers,
-                                             timeout=self._timeout) as answer:
-                    status = answer.status
-            except aiohttp.ClientConnectionError as exc:
+                async with asyncio.timeout(self._timeout_s):
+                    answer = await self._wire.request("PUT", f"{self._base}/v1/data/{path}", body, headers,
+                                                      max_body=_ANSWER_BYTES)
+                status = answer.status
+            except (ConnectionError, FileNotFoundError) as exc:  # refused, reset, no socket yet: again
                 what = type(exc).__name__
                 continue
-            except (aiohttp.ClientError, TimeoutError, OSError) as exc:  # not sent again: raised below
+            except (TimeoutError, OSError, TooLarge) as exc:  # not sent again: raised below
                 what = type(exc).__name__
                 break
             if status in (200, 204):

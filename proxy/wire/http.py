@@ -1,7 +1,9 @@
 """The hot path's HTTP/1.1 wire: keep-alive POSTs for the two requests every call makes.
 
 Owns: pools of keep-alive connections per origin (``http``, or ``https`` verified with the system's CAs
-as the shared ``aiohttp`` session does), one request at a time per connection, a cap on open connections
+as the shared ``aiohttp`` session does; or, for a wire built with ``unix_socket``, every connection to
+that one Unix socket, as OPA's is), the few other requests OPA's control plane makes (``request``: a GET
+or PUT on the same pools), one request at a time per connection, a cap on open connections
 in all and per origin (a request past either waits in line for one, first come first served per origin),
 closing a connection idle longer than ``idle_timeout_s``, the connect timeout, reading each answer to
 its end with ``httptools`` (llhttp: Content-Length, chunked and close-delimited bodies, keep-alive rules)
@@ -121,7 +123,7 @@ class _Origin:
     host: str
     port: int
     ssl: ssl.SSLContext | None
-    head: bytes  # "POST <target> HTTP/1.1" and the headers every request to this URL carries
+    head: bytes  # "<method> <target> HTTP/1.1" and the headers every request to this URL carries
 
 
 @dataclass(eq=False)
@@ -301,7 +303,8 @@ class HttpWire:
 
     def __init__(self, *, max_connections: int = 100, max_per_origin: int | None = None,
                  connect_timeout_s: float | None = None, idle_timeout_s: float = 15.0,
-                 limits: Limits = Limits()) -> None:
+                 limits: Limits = Limits(), unix_socket: str | None = None) -> None:
+        self._unix_socket = unix_socket  # every connection goes there; the URL's host fills only Host
         self._max = max_connections
         self._per_origin = min(max_per_origin or max_connections, max_connections)
         self._connect_timeout_s = connect_timeout_s
@@ -333,6 +336,17 @@ class HttpWire:
         applied to an event stream read by ``feed``, which bounds its own bytes and events) or the head
         limits, or the feed's own errors."""
         origin = self._origins.get(url) or self._origin(url)
+        return await self._send(origin, body, headers, progress, max_body, retry_stale, feed)
+
+    async def request(self, method: str, url: str, body: bytes = b"", headers: Iterable[tuple[str, str]] = (), *,
+                      max_body: int | None = None) -> Answer:
+        """The answer to one request of another method (OPA's control plane: ``GET /health``, ``PUT`` of a
+        document), on the same pools and bounds as ``post``; never sent twice (``retry_stale`` off)."""
+        return await self._send(self._origin(url, method), body, headers, None, max_body, False, None)
+
+    async def _send(self, origin: _Origin, body: bytes, headers: Iterable[tuple[str, str]],
+                    progress: Progress | None, max_body: int | None, retry_stale: bool,
+                    feed: EventFeed | None) -> Answer:
         request = b"".join((origin.head, _headers(headers), b"Content-Length: %d\r\n\r\n" % len(body), body))
         limit = self.limits.body_bytes if max_body is None else max_body
         pool = self._pools.get(origin.key)
@@ -533,9 +547,13 @@ class HttpWire:
         connection: _Connection | None = None
         try:
             async with asyncio.timeout(self._connect_timeout_s):
-                _, connection = await loop.create_connection(
-                    lambda: _Connection(self, origin, pool), origin.host, origin.port, ssl=origin.ssl,
-                    server_hostname=origin.host if origin.ssl is not None else None)
+                if self._unix_socket is not None:
+                    _, connection = await loop.create_unix_connection(
+                        lambda: _Connection(self, origin, pool), self._unix_socket)
+                else:
+                    _, connection = await loop.create_connection(
+                        lambda: _Connection(self, origin, pool), origin.host, origin.port, ssl=origin.ssl,
+                        server_hostname=origin.host if origin.ssl is not None else None)
         except BaseException:
             # A protocol made before the failure is not counted: its close cannot free the slot twice.
             self._give_back(pool, None)
@@ -546,10 +564,12 @@ class HttpWire:
             raise NotSent("the connection closed as it opened")
         return connection
 
-    def _origin(self, url: str) -> _Origin:
+    def _origin(self, url: str, method: str = "POST") -> _Origin:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected an http(s) URL, got {url!r}")
+        if self._unix_socket is not None and parts.scheme != "http":
+            raise ValueError(f"a Unix socket wire speaks plain http, got {url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         context = None
         if parts.scheme == "https":
@@ -557,10 +577,10 @@ class HttpWire:
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         credentials = BasicAuth.from_url(URL(url))  # user:password in the URL, sent as aiohttp sends it
         auth = [("Authorization", credentials.encode())] if credentials is not None else []
-        head = f"POST {target} HTTP/1.1\r\n".encode() + _headers(
+        head = f"{method} {target} HTTP/1.1\r\n".encode() + _headers(
             [("Host", parts.netloc.rpartition("@")[2]), ("User-Agent", _USER_AGENT), *auth])
         origin = _Origin((parts.scheme, parts.hostname, port), parts.hostname, port, context, head)
-        if len(self._origins) < 4096:  # backend URLs come from contracts: a bounded set, cached
+        if method == "POST" and len(self._origins) < 4096:  # backend URLs come from contracts: a bounded set, cached
             self._origins[url] = origin
         return origin
 

@@ -28,10 +28,11 @@ class DevStack(LoggedProcess):
 
     def __init__(self) -> None:
         super().__init__("dev.log")
-        self.ports = {name: free_port() for name in ("proxy", "admin", "ops", "opa", "redis", "backend")}
+        self.ports = {name: free_port() for name in ("proxy", "admin", "ops", "redis", "backend")}
         base = {name: f"http://127.0.0.1:{port}" for name, port in self.ports.items()}
         self.agent_url, self.admin_url, self.ops_url = base["proxy"], base["admin"], base["ops"]
-        self.opa_url, self.backend_url = base["opa"], base["backend"]
+        self.backend_url = base["backend"]
+        self.opa_socket = ""  # OPA's Unix socket, read from the banner
         self.console_url = ""
         self.token = ""
         # OPA answers the proxy's token only; this one (full access) lets a test edit its policy data.
@@ -51,12 +52,22 @@ class DevStack(LoggedProcess):
             assert self.proc.poll() is None, f"toolproxy dev exited:\n{self.log()}"
             match = re.search(r"console\s+(http://\S+/ui)\s+\(paste the dev approver/operator token there:\s+(\S+) \)",
                               self.log(limit=100000))
-            if match and self._ready():
+            opa = re.search(r"OPA\s+unix://(\S+)", self.log(limit=100000))
+            if match and opa and self._ready():
                 self.console_url, self.token = match.group(1), match.group(2)
+                self.opa_socket = opa.group(1)
                 return self
             time.sleep(0.1)
         self.stop()
         raise TimeoutError(f"toolproxy dev not up within {bound_s}s:\n{self.log()}")
+
+    async def put_opa(self, path: str, document: object) -> int:
+        """PUT a document into the stack's OPA (over its Unix socket, with the full-access token): the status."""
+        import aiohttp
+
+        async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=self.opa_socket)) as session:
+            async with session.put("http://localhost" + path, json=document, headers=self.opa_headers) as answer:
+                return answer.status
 
     def _ready(self) -> bool:
         try:

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 import aiohttp
 
+from tests.support.calltokens import session_keys
 from tests.support.servers import free_port, mac_key_file
 
 REPO = Path(__file__).resolve().parent.parent.parent
@@ -35,6 +36,13 @@ def _env_value(value: Any) -> str:
     if isinstance(value, dict):
         return ",".join(f"{k}={v}" for k, v in value.items())
     return str(value)
+
+
+def fleet_key_env() -> dict[str, str]:
+    """The two key files `toolproxy run` refuses to start without, as environment variables: the test run's
+    record MAC key and call-token signing key (one fleet, one of each)."""
+    return {"TOOLPROXY_INTEGRITY_MAC_KEY_FILE": mac_key_file(),
+            "TOOLPROXY_CALL_TOKENS_SIGNING_KEY_FILE": str(session_keys().key_file)}
 
 
 class LoggedProcess:
@@ -72,7 +80,8 @@ class ProxyProcess(LoggedProcess):
         self.port, self.admin_port, self.ops_port = free_port(), free_port(), free_port()
         merged = {"listen.port": self.port, "admin.port": self.admin_port, "ops.port": self.ops_port,
                   "log.level": "info", "identity.mode": "static",
-                  "integrity.mac_key_file": mac_key_file(),  # every process of a test run: one fleet, one key
+                  # `toolproxy run` needs both keys: every process of a test run is one fleet with one of each
+                  "integrity.mac_key_file": mac_key_file(), **session_keys().settings(),
                   **settings}
         self.env = {**os.environ, **{"TOOLPROXY_" + k.replace(".", "_").upper(): _env_value(v)
                                      for k, v in merged.items()}}

@@ -11,6 +11,7 @@ Every wait is bounded; ``stop()`` terminates, waits, then kills.
 from __future__ import annotations
 
 import functools
+import http.client
 import json
 import os
 import secrets
@@ -19,8 +20,6 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from proxy.authoring import devstack
@@ -197,8 +196,29 @@ class _Server:
         self.stop()
 
 
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP/1.1 over a Unix socket (the standard library's client, connected to a path)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
 class OpaServer(_Server):
-    """A real ``opa run --server`` bound to 127.0.0.1.
+    """A real ``opa run --server`` listening, as in production, on a Unix socket in a directory of its own
+    (mode 0700: only this user reaches it); ``url`` is ``unix://<path>``, what ``opa.url`` takes.
+    ``tcp=True`` binds 127.0.0.1:``port`` instead (``url`` is then ``http://...``; a proxy run by
+    ``toolproxy run`` needs ``opa.allow_tcp`` for it).
 
     ``paths`` are policy/data files or directories loaded at startup (they
     must exist). ``watch=True`` adds ``--watch`` so edits on disk are reloaded.
@@ -223,8 +243,11 @@ class OpaServer(_Server):
         auth: bool = True,
         decision_path: str = "toolproxy/decision",
         start_timeout: float = DEFAULT_START_TIMEOUT,
+        tcp: bool = False,
     ) -> None:
         super().__init__(port, start_timeout)
+        # A short private path (a socket path has at most 107 bytes): not the log directory, which a test may read.
+        self.socket_path = None if tcp else str(Path(tempfile.mkdtemp(prefix="toolproxy-opa-")) / "opa.sock")
         self.binary = binary or find_binary("opa")
         self.paths = [str(p) for p in paths]
         self.watch = watch
@@ -238,7 +261,18 @@ class OpaServer(_Server):
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"unix://{self.socket_path}" if self.socket_path else f"http://127.0.0.1:{self.port}"
+
+    @property
+    def address(self) -> str:
+        """``--addr`` of the opa process."""
+        return f"unix://{self.socket_path}" if self.socket_path else f"127.0.0.1:{self.port}"
+
+    def start(self) -> "OpaServer":
+        if self.socket_path and not self.running and os.path.exists(self.socket_path):
+            os.unlink(self.socket_path)  # left by a killed opa: it would refuse to bind
+        super().start()
+        return self
 
     @property
     def settings(self) -> dict[str, str]:
@@ -262,7 +296,7 @@ class OpaServer(_Server):
             "run",
             "--server",
             "--addr",
-            f"127.0.0.1:{self.port}",
+            self.address,
             "--log-level",
             "error",
         ]
@@ -279,6 +313,20 @@ class OpaServer(_Server):
         return status == 200
 
     # -- HTTP helpers -----------------------------------------------------
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+                timeout: float = 5.0) -> tuple[int, bytes]:
+        """One request to this OPA (over its socket or port): (status, body). ``headers``: the admin token's
+        unless given."""
+        connection = (_UnixConnection(self.socket_path, timeout) if self.socket_path
+                      else http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout))
+        try:
+            connection.request(method, path, body=body,
+                               headers=self.admin_headers if headers is None else headers)
+            answer = connection.getresponse()
+            return answer.status, answer.read()
+        finally:
+            connection.close()
+
     def _request(
         self,
         method: str,
@@ -287,14 +335,8 @@ class OpaServer(_Server):
         content_type: str = "application/json",
         timeout: float = 5.0,
     ) -> tuple[int, Any]:
-        req = urllib.request.Request(self.url + path, data=body, method=method, headers=self.admin_headers)
-        if body is not None:
-            req.add_header("Content-Type", content_type)
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
-                status, raw = resp.status, resp.read()
-        except urllib.error.HTTPError as e:
-            status, raw = e.code, e.read()
+        headers = {**self.admin_headers, **({"Content-Type": content_type} if body is not None else {})}
+        status, raw = self.request(method, path, body, headers, timeout)
         parsed: Any = None
         if raw:
             try:

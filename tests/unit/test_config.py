@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from proxy.config import Config, ConfigError, describe, load_config
+from proxy.config import Config, ConfigError, describe, load_config, serving_problem
 
 
 def test_defaults_then_base_then_file_then_env_then_overrides(tmp_path):
@@ -46,3 +46,36 @@ def test_every_setting_has_help_and_an_environment_name():
     for key, env, _default, help_text in rows:
         assert help_text, key
         assert env == "TOOLPROXY_" + key.replace(".", "_").upper()
+
+
+def test_opa_is_a_unix_socket_by_default_and_a_malformed_opa_url_is_refused():
+    opa = load_config(env={}).opa
+    assert opa.socket_path == "/var/run/toolproxy-opa/opa.sock" and opa.http_base == "http://localhost"
+    tcp = load_config(env={"TOOLPROXY_OPA_URL": "http://127.0.0.1:8181/"}).opa
+    assert tcp.socket_path is None and tcp.http_base == "http://127.0.0.1:8181"
+    for bad in ("unix://relative.sock", "unix:/x.sock", "unix:///run/opa/", "ftp://opa:8181", "127.0.0.1:8181"):
+        with pytest.raises(ConfigError, match="opa.url"):
+            load_config(env={"TOOLPROXY_OPA_URL": bad})
+
+
+KEYS = {"integrity.mac_key_file": "/secrets/mac.key", "call_tokens.signing_key_file": "/secrets/signing.pem"}
+
+
+@pytest.mark.parametrize("missing", [["integrity.mac_key_file"], ["call_tokens.signing_key_file"],
+                                     ["integrity.mac_key_file", "call_tokens.signing_key_file"]])
+def test_run_refuses_a_process_without_both_fleet_keys_in_one_line_naming_both(missing):
+    config = load_config(env={}, overrides={k: v for k, v in KEYS.items() if k not in missing})
+    problem = serving_problem(config)
+    assert problem is not None and "\n" not in problem
+    assert problem.startswith(" and ".join(missing) + " not set")
+    assert "integrity.mac_key_file" in problem and "call_tokens.signing_key_file" in problem
+    assert "restart or a second replica" in problem
+
+
+def test_run_refuses_opa_over_tcp_unless_the_escape_hatch_is_set():
+    tcp = {**KEYS, "opa.url": "http://127.0.0.1:8181"}
+    problem = serving_problem(load_config(env={}, overrides=tcp))
+    assert problem is not None and problem.startswith("opa.url: http://127.0.0.1:8181 is TCP")
+    assert "opa.allow_tcp=true" in problem and "unix://" in problem
+    assert serving_problem(load_config(env={}, overrides={**tcp, "opa.allow_tcp": True})) is None
+    assert serving_problem(load_config(env={}, overrides={**KEYS, "opa.url": "unix:///run/opa/opa.sock"})) is None

@@ -9,20 +9,13 @@ nothing else does. A proxy without the token fails closed (``policy_unavailable`
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 from tests.support.stack import running_stack
 
 
 def ask(opa, method: str, path: str, body: bytes | None = None, token: str | None = None) -> int:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(opa.url + path, data=body, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return response.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
+    return opa.request(method, path, body, headers)[0]
 
 
 DECISION = "/v1/data/toolproxy/decision"

@@ -10,7 +10,7 @@ The page marks each fenced block it means to be run with an HTML comment just ab
 
 The reader's clone is a scratch directory: ``policies/`` and ``examples/`` copied (the guide edits
 them), the rest linked to this repository. What the harness changes, and only that: the fixed ports
-(8787, 8788, 9464, 8181, 6390, 8790 and the guide's backend 8085) become free ones, so the test runs
+(8787, 8788, 9464, 6390, 8790 and the guide's backend 8085) become free ones, so the test runs
 beside anything else on the machine; ``./scripts/dev.sh`` (set-up, then ``toolproxy dev``) becomes
 ``toolproxy dev`` (the test session is set up), given the scratch clone's policies and OPA data; the
 ``export APPROVER=...`` line the banner prints is exported for the commands, as the page tells its reader
@@ -30,7 +30,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +40,7 @@ from tests.support.servers import free_port, stop_group
 REPO = Path(__file__).resolve().parent.parent
 GUIDE = REPO / "docs" / "getting-started.md"
 MARKED = re.compile(r"<!-- guide: (?P<marker>[^\n]*?) -->\n```[a-z]*\n(?P<body>.*?)```", re.S)
-DEV_PORTS = {"proxy": 8787, "admin": 8788, "ops": 9464, "opa": 8181, "redis": 6390, "backend": 8790}
+DEV_PORTS = {"proxy": 8787, "admin": 8788, "ops": 9464, "redis": 6390, "backend": 8790}  # OPA: a Unix socket
 BACKEND_PORT = 8085  # the guide's own backend
 VENV_BIN = Path(sys.executable).parent
 
@@ -82,6 +81,7 @@ class Reader:
         self.env = {**os.environ, "PATH": f"{VENV_BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
                     "TOOLPROXY_OPA_ADMIN_TOKEN": self.opa_admin_token}
         self.stack: subprocess.Popen[bytes] | None = None
+        self.opa_socket = ""  # read from the banner
         self.log = clone / "stack.log"
         self.background: list[subprocess.Popen[bytes]] = []
 
@@ -107,6 +107,7 @@ class Reader:
             time.sleep(0.2)
         banner = self.log.read_text(errors="replace")
         self.env["APPROVER"] = re.search(r"export APPROVER='([^']+)'", banner)[1]
+        self.opa_socket = re.search(r"OPA\s+unix://(\S+)", banner)[1]
         self.wait_listening(self.ports["proxy"], self.stack)
 
     def stop_stack(self) -> None:
@@ -134,13 +135,16 @@ class Reader:
             self.wait_opa_serves(path)
 
     def wait_opa_serves(self, path: str) -> None:
-        request = urllib.request.Request(f"http://127.0.0.1:{self.ports['opa']}/v1/policies",
-                                         headers={"Authorization": f"Bearer {self.opa_admin_token}"})
         deadline = time.monotonic() + 20
         while True:
-            with urllib.request.urlopen(request, timeout=5) as response:
-                if path.encode() in response.read():
-                    return
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:  # OPA's socket, as the banner names it
+                sock.settimeout(5)
+                sock.connect(self.opa_socket)
+                sock.sendall(f"GET /v1/policies HTTP/1.0\r\nHost: localhost\r\n"
+                             f"Authorization: Bearer {self.opa_admin_token}\r\n\r\n".encode())
+                answer = b"".join(iter(lambda: sock.recv(65536), b""))
+            if path.encode() in answer:
+                return
             assert time.monotonic() < deadline, f"OPA did not load {path} in 20 s"
             time.sleep(0.2)
 

@@ -47,13 +47,28 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     if authorize is not None:
         await authorize(record)
-    if integrity is not None and record.state in SETTLED and record.final_reason != "attempts_exhausted" \
-            and not store.record_verified(record):
-        raise await integrity.refused("outcome", key, phase="request", committed=None, idempotency_key=key,
-                                      tenant=record.tenant or None, tool=record.tool or None)
+    if integrity is not None:
+        await refuse_unverified(store, record, integrity)
     contract = registry.get(record.tool, record.tool_version) if registry is not None else None
     view = operation_view(record, contract)
     return agent_view(view, contract) if tenant is not None else view
+
+
+async def refuse_unverified(store: OperationStore, record: Record, integrity: IntegrityGuard) -> None:
+    """Raise ``record_integrity_failed`` for a settled record whose outcome MAC does not verify: what every
+    view an agent gets of a record checks first (the read, and the answers of a cancel and a compensate)."""
+    if record.state in SETTLED and record.final_reason != "attempts_exhausted" and not store.record_verified(record):
+        raise await integrity.refused("outcome", record.key, phase="request", committed=None,
+                                      idempotency_key=record.key, tenant=record.tenant or None,
+                                      tool=record.tool or None)
+
+
+async def checked_agent_view(store: OperationStore, record: Record, registry: Registry | None,
+                             integrity: IntegrityGuard) -> dict[str, Any]:
+    """An agent's view of ``record`` once ``refuse_unverified`` let it through."""
+    await refuse_unverified(store, record, integrity)
+    contract = registry.get(record.tool, record.tool_version) if registry is not None else None
+    return agent_view(operation_view(record, contract), contract)
 
 
 def agent_view(view: dict[str, Any], contract: ToolContract | None) -> dict[str, Any]:

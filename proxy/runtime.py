@@ -229,7 +229,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                 audit=audit, max_json_depth=config.decode.max_depth, locks=locks,
                                 tokens=call_tokens)
         cancellations = Cancellations(config=config.cancellation, store=operations, adapters=adapters, audit=audit,
-                                      metrics=metrics, redis=redis, registry=registry,
+                                      metrics=metrics, redis=redis, registry=registry, integrity=integrity,
                                       channel=key(config.redis.key_prefix, "cancel", "all"))
         cancellations.status_query = reconciler.query_status
         flow = FlowLedger(redis, prefix=config.redis.key_prefix, window_s=config.flow.window_s,

@@ -42,9 +42,10 @@ from ..normalize import digest
 from ..config import CancellationConfig
 from ..envelope import Envelope
 from ..errors import ProxyError
+from ..integrity import IntegrityGuard
 from ..interrupts import TaskInterrupt
 from ..idempotency import KEY_PATTERN
-from ..operation_views import agent_view, operation_view
+from ..operation_views import checked_agent_view
 from ..telemetry import spans
 from ..telemetry.metrics import Metrics
 from ..operations import OperationStore, Record
@@ -93,8 +94,9 @@ class InFlight:
 class Cancellations:
     def __init__(self, *, config: CancellationConfig, store: OperationStore, adapters: Mapping[str, Adapter],
                  audit: Auditor, metrics: Metrics, redis: store.Client | None = None, channel: str | None = None,
-                 registry: Registry | None = None) -> None:
+                 registry: Registry | None = None, integrity: IntegrityGuard) -> None:
         self._config = config
+        self._integrity = integrity
         self._registry = registry
         self._store = store
         self._redis = redis
@@ -381,8 +383,8 @@ class Cancellations:
         record = await self._store.get(key)
         if record is None:
             raise ProxyError("operation_not_found", "No such operation.", phase="request")
-        contract = self._registry.get(record.tool, record.tool_version) if self._registry is not None else None
-        return agent_view(operation_view(record, contract), contract)  # the caller is an agent
+        # The caller is an agent: a settled outcome reaches it only once its MAC verified, as on a read.
+        return await checked_agent_view(self._store, record, self._registry, self._integrity)
 
 
 def _watch(signal: asyncio.Event | None, stop: "_Stop") -> "asyncio.Task[Any] | None":

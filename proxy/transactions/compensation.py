@@ -36,7 +36,7 @@ from ..errors import ProxyError
 from ..identity import Caller
 from ..integrity import IntegrityGuard
 from ..idempotency import KEY_PATTERN, derive_key
-from ..operation_views import agent_view, operation_view
+from ..operation_views import checked_agent_view
 from ..telemetry.metrics import Metrics
 from ..normalize import normalize
 from ..operations import OperationStore, Record
@@ -120,7 +120,8 @@ class Compensations:
         if status != block.get("status") and block.get("status") != "succeeded":
             block = await self._finish(record, {**block, "status": status, "outcome": env.outcome,
                                                 "error_code": env.error_code}, caller, env)
-        view = agent_view(operation_view(await self._record(key, caller.tenant), contract), contract)
+        view = await checked_agent_view(self._store, await self._record(key, caller.tenant), self._registry,
+                                        self._integrity)
         return env.http_status, {"operation": view, "compensation": env.to_json()}
 
     # -- steps ------------------------------------------------------------------

@@ -5,7 +5,10 @@ Owns: the approval record — bound to subject, tenant, tool, tool version,
 approved -> used once, by one operation key), the checks on a re-submission with ``X-Approval-Id``,
 the atomic single-use consumption (Lua, one key, so it holds on Redis Cluster
 and under concurrent re-submits), the approver's list/approve/deny, and the
-approval metrics. Must never: let the requester approve their own call (by subject, or by the
+approval metrics; and which approval a call already asked for (``standing``: one
+per tenant, subject, tool, version, arguments and operation key), so a re-send
+waits on the same approval, a denial sticks, and an approved one is found
+without its id. Must never: let the requester approve their own call (by subject, or by the
 configured person claim across the agent's and the admins' IdPs), let an
 approval of one call authorize another (other arguments, tool, version,
 subject or tenant), show an approver less than the whole call it binds (a
@@ -18,12 +21,15 @@ approval is decided), or write the agent's own key into the audit log.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import secrets
 import time
 from dataclasses import dataclass
 from typing import Any, ContextManager, Mapping
+
+import rfc8785
 
 from ..approval_context import approver_copy
 from ..audit import Auditor
@@ -150,6 +156,17 @@ def origin_of(meta: RequestMeta, call_id: Any, operation: OperationKey | None) -
 
 
 @dataclass(frozen=True)
+class Standing:
+    """The approval a call already asked for, as the record says now: ``pending``, ``denied`` (with the
+    approver's reason) or ``approved`` (usable by this call: not spent, or spent by this very operation)."""
+
+    id: str
+    status: str
+    reason: str = ""
+    expires_at_ms: int = 0
+
+
+@dataclass(frozen=True)
 class Approval:
     id: str
     status: str
@@ -221,6 +238,16 @@ def _refusal(verdict: str, approval_id: str) -> ProxyError:
                       details={"approval_id": approval_id, "reason": verdict}, phase="approval")
 
 
+def denial(approval_id: str, approver_reason: str) -> ProxyError:
+    """A person denied this call: the answer to it and to every re-send of it (same arguments and key) while
+    the approval's record lives, with the approver's reason."""
+    said = f": {approver_reason[:240]}" if approver_reason else " (no reason given)"
+    return ProxyError("approval_mismatch", f"A person denied this call{said}. It will not run; ask the user "
+                      "how to proceed.", details={"approval_id": approval_id, "reason": "denied",
+                                                  **({"approver_reason": approver_reason} if approver_reason
+                                                     else {})}, phase="authorize")
+
+
 def _mismatch(reason: str, approval_id: str) -> ProxyError:
     messages = {
         "not_found": "The approval does not exist for this caller.",
@@ -264,8 +291,10 @@ class ApprovalStore:
 
     # -- the agent side ---------------------------------------------------------------
     async def create(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, *, risk: str,
-                     reasons: tuple[str, ...], origin: ApprovalOrigin | None = None) -> tuple[str, int]:
-        """A pending approval bound to exactly this call; returns (id, expires_at_ms)."""
+                     reasons: tuple[str, ...], origin: ApprovalOrigin | None = None,
+                     operation_key: str | None = None) -> tuple[str, int]:
+        """A pending approval bound to exactly this call, and the one this call (its arguments and operation
+        key) asked for from now on (``standing``); returns (id, expires_at_ms)."""
         approval_id = "apr_" + secrets.token_hex(12)
         created = now_ms()
         expires = created + self._config.ttl_s * 1000
@@ -287,6 +316,9 @@ class ApprovalStore:
                 pipe.pexpireat(self._key(approval_id), expires + RETAIN_AFTER_EXPIRY_MS)
                 await redis_call(pipe.execute())
             await redis_call(self._redis.zadd(self._pending_index, {approval_id: expires}))
+            # (Another slot: a lost write only means the next re-send asks anew.)
+            await redis_call(self._redis.set(self._asked_key(caller, tool, normalized, operation_key), approval_id,
+                                             pxat=expires + RETAIN_AFTER_EXPIRY_MS))
         self._metrics.approvals.labels("created").inc()
         await self._update_pending_gauge()
         # The agent's own key stays out of the audit log (origin: the operation key stands for it there).
@@ -299,6 +331,53 @@ class ApprovalStore:
                                           "expires_at_ms": expires})
         return approval_id, expires
 
+    def _asked_key(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                   operation_key: str | None) -> str:
+        """Where the approval a call asked for is found: by tenant, subject, tool, version, arguments and
+        operation key (a per-request key never repeats, so such a call asks anew each time)."""
+        digest = hashlib.sha256(rfc8785.dumps([caller.tenant, caller.subject, tool.name, tool.version,
+                                               normalized.args_hash, operation_key or ""])).hexdigest()
+        return key(self._prefix, "approval-asked", digest)
+
+    async def standing(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, *,
+                       operation_key: str | None = None) -> Standing | None:
+        """The approval this call (same caller, tool, version, arguments and operation key) already asked for,
+        if it still counts: pending, denied, or approved and not spent; None otherwise (never asked, expired,
+        spent — a re-run needs a fresh approval; a duplicate that names the spent one sees its operation's
+        outcome —, or a record that is not bound to this call)."""
+        with _store_faults():
+            raw = await redis_call(self._redis.get(self._asked_key(caller, tool, normalized, operation_key)))
+        if raw is None:
+            return None
+        approval_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+        verdict, record = await self._run_check(approval_id, caller, tool, normalized, consume=False,
+                                                operation_key=operation_key)
+        if verdict == "ok":  # approved and not spent: the script compared the binding and the MAC
+            return Standing(approval_id, "approved")
+        if verdict in ("pending", "denied") and self._bound(approval_id, record, caller, tool, normalized) \
+                and int(record.get("expires_at_ms", "0")) > now_ms():
+            return Standing(approval_id, verdict, record.get("decision_reason", ""), int(record["expires_at_ms"]))
+        return None
+
+    def _bound(self, approval_id: str, record: Mapping[str, str], caller: Caller, tool: ToolContract,
+               normalized: NormalizedCall) -> bool:
+        """Whether a pending or denied record (which the check script answers before comparing) is bound to
+        this call and carries the MAC a key holder wrote for it."""
+        if (record.get("tenant"), record.get("subject"), record.get("tool"), record.get("tool_version"),
+                record.get("args_hash")) != (caller.tenant, caller.subject, tool.name, tool.version,
+                                             normalized.args_hash):
+            return False
+        return self._mac.same(self._expected_mac(approval_id, record, caller, tool, normalized), record.get("mac"))
+
+    def _expected_mac(self, approval_id: str, record: Mapping[str, str], caller: Caller, tool: ToolContract,
+                      normalized: NormalizedCall) -> str:
+        """The MAC a record bound to this call carries, given its status, approver, risk and requester."""
+        return self._mac.approval(approval_id=approval_id, tenant=caller.tenant, subject=caller.subject,
+                                  tool=tool.name, tool_version=tool.version, args_hash=normalized.args_hash,
+                                  expires_at_ms=record.get("expires_at_ms", ""), risk=record.get("risk", ""),
+                                  status=record.get("status", ""), approver=record.get("approver", ""),
+                                  requester=record.get("requester", ""))
+
     async def presented(self, approval_id: str, caller: Caller, tool: ToolContract,
                         normalized: NormalizedCall, *, operation_key: str | None = None) -> Approval:
         """The approval sent with X-Approval-Id, checked (not consumed) against this call. An approval
@@ -310,6 +389,8 @@ class ApprovalStore:
                              details={"approval_id": approval_id}, phase="authorize")
         if verdict not in ("ok", "replay_only"):
             self._metrics.approvals.labels("expired" if verdict == "expired" else "mismatch").inc()
+            if verdict == "denied" and self._bound(approval_id, record, caller, tool, normalized):
+                raise denial(approval_id, record.get("decision_reason", ""))
             raise _mismatch(verdict, approval_id)
         # Every field below is one the check compared with this call, or one the approval's MAC covers.
         return Approval(id=approval_id, status=record["status"], subject=caller.subject,
@@ -457,8 +538,7 @@ class ApprovalStore:
         binding = {"approval_id": approval_id, "tenant": caller.tenant, "subject": caller.subject,
                    "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
                    "expires_at_ms": record.get("expires_at_ms", "")}
-        expected = self._mac.approval(**binding, risk=record.get("risk", ""), status=record.get("status", ""),
-                                      approver=record.get("approver", ""), requester=record.get("requester", ""))
+        expected = self._expected_mac(approval_id, record, caller, tool, normalized)
         used_at = record.get("used_at_ms", "")
         expected_used = self._mac.approval_used(**binding, used_at_ms=used_at, used_for=operation_key or "")
         spend = self._mac.approval_used(**binding, used_at_ms=now, used_for=operation_key or "")

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from .approvals import ApprovalOrigin, ApprovalStore
+from .approvals import MCP_APPROVAL_META, ApprovalOrigin, ApprovalStore, denial
 from ..audit import PolicyFacts
 from .denials import DenialLog
 from ..envelope import iso
@@ -37,6 +37,12 @@ from ..flow import FlowLedger
 from ..registry import ToolContract
 
 log = logging.getLogger("toolproxy.authorize")
+
+# What the agent (and the model, in an MCP result's text) is told to do with an approval_required answer.
+APPROVAL_REQUIRED = ("This call needs a person's approval; nothing was done. Once approved, send the same call "
+                     "again (same arguments and key): it runs then, once. Sent before a decision, it waits on the "
+                     "same approval. A client may name the approval: the X-Approval-Id header, or on MCP "
+                     f"params._meta[\"{MCP_APPROVAL_META}\"] (details.approval_id).")
 
 
 @dataclass(frozen=True)
@@ -122,11 +128,26 @@ class Authorizer:
         if approval_id is not None:
             approval = await self._approvals.presented(approval_id, caller, tool, normalized,
                                                        operation_key=operation_key)
-        document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
-                               normalized=normalized,
-                               approval=approval.policy_input() if approval is not None else None,
-                               flow=await self._flow_input(caller, tool, request))
-        decision = await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.sensitive_fields)
+        flow = await self._flow_input(caller, tool, request)
+
+        async def decide() -> Decision:
+            document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
+                                   normalized=normalized,
+                                   approval=approval.policy_input() if approval is not None else None, flow=flow)
+            return await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.sensitive_fields)
+
+        decision = await decide()
+        standing = None
+        if decision.require_approval and approval_id is None:
+            # The approval this very call asked for before (same arguments and key): re-sent, it waits on that
+            # one, a denial sticks, and once approved (not yet spent) the call runs on it without the client
+            # naming its id.
+            standing = await self._approvals.standing(caller, tool, normalized, operation_key=operation_key)
+            if standing is not None and standing.status == "approved":
+                approval_id = standing.id
+                approval = await self._approvals.presented(approval_id, caller, tool, normalized,
+                                                           operation_key=operation_key)
+                decision = await decide()
         # Opaque references for support and audit; the reasons never leave the proxy.
         details = {k: v for k, v in (("decision_id", decision.decision_id),
                                      ("policy_revision", decision.policy_revision)) if v}
@@ -145,12 +166,18 @@ class Authorizer:
                                               operation_key=operation_key)
             return Authorization(decision=decision, approval_id=approval_id)
         if decision.require_approval:
-            new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,
-                                                           reasons=decision.reasons, origin=origin)
-            error = ProxyError("approval_required", "This call needs a person's approval before it can run. "
-                               "Re-submit the same call with the X-Approval-Id header once it is approved.",
-                               details={**details, "approval_id": new_id, "expires_at": iso(expires / 1000),
-                                        "risk": decision.risk}, phase="authorize")
+            if standing is not None and standing.status == "denied":
+                return Authorization(decision=decision, approval_id=standing.id,
+                                     error=denial(standing.id, standing.reason))
+            if standing is not None and standing.status == "pending":
+                new_id, expires = standing.id, standing.expires_at_ms
+            else:
+                new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,
+                                                               reasons=decision.reasons, origin=origin,
+                                                               operation_key=operation_key)
+            error = ProxyError("approval_required", APPROVAL_REQUIRED, details={
+                **details, "approval_id": new_id, "expires_at": iso(expires / 1000), "risk": decision.risk,
+                "send_approval_in": ["X-Approval-Id", f"_meta.{MCP_APPROVAL_META}"]}, phase="authorize")
             return Authorization(decision=decision, approval_id=new_id, error=error)
         log.info("call denied by policy", extra={"request_id": request.request_id, "tool": tool.name,
                                                  "reasons": list(decision.reasons)})

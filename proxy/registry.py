@@ -277,6 +277,30 @@ def _with_service_locks(tools: list[ToolContract]) -> list[ToolContract]:
             if t.is_write and t.backend_name in wide else t for t in tools]
 
 
+def unmapped_services(registry: Registry, services: Mapping[str, str]) -> list[str]:
+    """Every place a contract names a backend service that ``backends.services`` does not map, one line each
+    naming the file, the tool, the service and the fix. Such a call could only fail (as a retryable
+    ``dependency_unavailable``, telling the model to retry a configuration error), so the registry is refused
+    at start-up and at reload instead."""
+    import difflib  # only when a name is wrong
+
+    problems = []
+    for tool in registry.all():
+        places = [("backend", tool.backend), ("status_endpoint", tool.status_endpoint),
+                  ("cancel_endpoint", tool.cancel_endpoint)]
+        for where, endpoint in places:
+            name = endpoint.service if endpoint is not None and not endpoint.url else None
+            if name is None or name in services:
+                continue
+            near = difflib.get_close_matches(name, list(services), n=1)
+            hint = f"did you mean {near[0]}? " if near else ""
+            mapped = ", ".join(sorted(services)) or "none"
+            problems.append(f"{tool.source}: tool {tool.name} {tool.version}: {where} service {name} is not in "
+                            f"backends.services (mapped: {mapped}): {hint}fix the name or map the service in "
+                            f"backends.services (TOOLPROXY_BACKENDS_SERVICES)")
+    return problems
+
+
 def service_resource(tool: ToolContract) -> str:
     """The lock resource id standing for a write's whole service (``@`` never starts a template's id)."""
     return f"@service:{tool.backend_name}"

@@ -19,11 +19,11 @@ import asyncio
 import contextlib
 import hashlib
 import logging
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from .telemetry.metrics import Metrics
 from .policy.client import PolicyClient
-from .registry import LiveRegistry, Registry, RegistryError, load_registry, registry_files
+from .registry import LiveRegistry, Registry, RegistryError, load_registry, registry_files, unmapped_services
 
 log = logging.getLogger("toolproxy.registry")
 
@@ -42,8 +42,10 @@ def files_digest(paths: Sequence[str]) -> str:
 class RegistryReloader:
     def __init__(self, *, paths: Sequence[str], live: LiveRegistry, policy: PolicyClient, metrics: Metrics,
                  interval_ms: int, push_catalog: bool,
-                 on_swap: Callable[[Registry], None] | None = None) -> None:
+                 on_swap: Callable[[Registry], None] | None = None,
+                 services: Mapping[str, str] | None = None) -> None:
         self._paths = list(paths)
+        self._services = services  # backends.services: a contract naming an unmapped service is refused
         self._on_swap = on_swap  # told of every applied registry (the pin watcher re-checks its upstreams)
         self._live = live
         self._policy = policy
@@ -93,6 +95,9 @@ class RegistryReloader:
             self._seen = digest
             try:
                 registry = await asyncio.to_thread(load_registry, self._paths)
+                unmapped = unmapped_services(registry, self._services) if self._services else []
+                if unmapped:
+                    raise RegistryError("; ".join(unmapped))
             except RegistryError as exc:
                 self._metrics.registry_reloads.labels("refused").inc()
                 log.error("registry reload refused, the running registry (%d contracts) stays: %s",

@@ -16,7 +16,7 @@ import contextlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 import aiohttp
 
@@ -52,7 +52,7 @@ from .pipeline import Pipeline
 from .policy.client import PolicyClient
 from .quotas import QuotaStage
 from .transactions.reconcile import Reconciler
-from .registry import LiveRegistry, Registry, load_registry, notices
+from .registry import LiveRegistry, Registry, load_registry, notices, unmapped_services
 from .registry_reload import RegistryReloader
 from .batch.scheduler import Scheduler
 from .store import key
@@ -142,6 +142,19 @@ def log_notices(registry: Registry) -> None:
             log.warning("registry: %s", line)
         else:
             log.info("registry: idempotency opt-out: %s", line)
+
+
+def check_services(registry: Registry, services: Mapping[str, str]) -> None:
+    """A contract naming a backend service ``backends.services`` does not map stops start-up in one line (a
+    misspelled name). With no service mapped at all (a registry served before its backends are configured,
+    such as the chart's demo registry) each is a warning instead: its calls fail until it is mapped."""
+    unmapped = unmapped_services(registry, services)
+    if unmapped and not services:
+        for line in unmapped:
+            log.warning("%s", line)
+    elif unmapped:
+        more = f" (and {len(unmapped) - 1} more)" if len(unmapped) > 1 else ""
+        raise ConfigError(unmapped[0] + more)
 
 
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
@@ -253,6 +266,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                         unknowns=unknowns, eviction=eviction,
                         gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
         authenticator = Authenticator(config.identity, config.admin_identity, session)
+        check_services(registry, config.backends.services)  # after the settings' own checks: one line each
         if config.identity.mode == "static":
             log.warning("identity.mode is static: every call runs as %s/%s (dev stack and tests only)",
                         config.identity.static_tenant, config.identity.static_subject)
@@ -269,6 +283,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         opened.push_async_callback(pins.stop)
         await pins.start()  # the first check of every pinned upstream, bounded by mcp_pins.check_timeout_ms
         reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
+                                    services=config.backends.services,
                                     interval_ms=config.registry.reload_interval_ms,
                                     push_catalog=config.opa.push_catalog, on_swap=pins.sync)
         reloader.start()

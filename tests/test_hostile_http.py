@@ -71,6 +71,11 @@ class SlowBackend:
         return f"http://127.0.0.1:{self.runner.addresses[0][1]}"
 
 
+# The demo registry rides along unused; start-up refuses a contract whose service is not mapped, so its
+# service maps to a port nothing listens on.
+UNUSED_DEMO = "http://127.0.0.1:9"
+
+
 def _registry(tmp_path: Path, timeout_ms: int) -> list[str]:
     path = tmp_path / "slow-tools.yaml"
     path.write_text("tools:\n" + passthrough_read("slow_read", "/slow", "q", extra=f"timeout_ms: {timeout_ms}",
@@ -104,7 +109,7 @@ async def _probe(session: aiohttp.ClientSession, proxy: ProxyProcess, bound_s: f
 async def test_five_times_the_pool_of_slow_calls_with_an_unread_output_pipe_never_wedge_the_sidecar(
         proxy_deps, tmp_path):
     async with SlowBackend(delay_s=1.0) as backend:
-        proxy = ProxyProcess({**proxy_deps, "backends.services": {"slow": backend.url},
+        proxy = ProxyProcess({**proxy_deps, "backends.services": {"slow": backend.url, "demo": UNUSED_DEMO},
                               "registry.paths": _registry(tmp_path, timeout_ms=2500),
                               "backends.pool_size": POOL, "reconcile.enabled": False, "log.level": "info",
                               "audit.stdout_queue_records": 5},
@@ -248,7 +253,7 @@ async def test_misbehaving_backends_cost_one_call_a_bounded_read_and_a_stable_co
         (tmp_path / "hostile.yaml").write_text(tools)
         proxy = ProxyProcess({**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(tmp_path / "hostile.yaml")],
                               "backends.services": {"headers": headers.url, "bodies": bodies.url,
-                                                    "trickle": trickle.url},
+                                                    "trickle": trickle.url, "demo": UNUSED_DEMO},
                               "backends.max_response_bytes": 1024 * 1024, "backends.answer_timeout_ms": 1000,
                               "reconcile.enabled": False}).start()
         try:

@@ -316,7 +316,9 @@ async def slow_stack(tmp_path: Path, deps: dict[str, Any], hold_s: float,
     registry.write_text(SLOW_TOOL)
     try:
         async with running_stack({**deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
-                                  "backends.services": {"slow": f"http://127.0.0.1:{port}"}, **overrides}) as stack:
+                                  "backends.services": {"slow": f"http://127.0.0.1:{port}",
+                                                       "demo": "http://127.0.0.1:9"},  # unused; mapped
+                                  **overrides}) as stack:
             yield stack, backend
     finally:
         await runner.cleanup()

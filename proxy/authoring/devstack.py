@@ -218,6 +218,9 @@ def run_dev(args: argparse.Namespace) -> int:
 
     try:
         run_loop(main_async())
+    except ConfigError as exc:  # found while opening the runtime (a backend service the registry names, ...)
+        print(f"toolproxy dev: {exc}", file=sys.stderr)
+        return 1
     finally:
         stop_all()
     return 0

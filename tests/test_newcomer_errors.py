@@ -1,0 +1,59 @@
+"""Errors that name the fix: a newcomer's misconfiguration, and the one line it gets.
+
+Each test makes one mistake a newcomer made (a misspelled backend service, ...) against real parts and
+asserts the line that names the setting, the value and the fix, with no traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.stack import DEMO_REGISTRY, running_stack
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def misspelled_service_registry(directory: Path) -> Path:
+    """The demo registry with get_order's backend service misspelled ``demoo``."""
+    directory.mkdir(exist_ok=True)
+    text = (DEMO_REGISTRY / "demo-tools.yaml").read_text()
+    wrong = text.replace("service: demo, path: /tools/get_order}", "service: demoo, path: /tools/get_order}", 1)
+    assert wrong != text
+    (directory / "demo-tools.yaml").write_text(wrong)
+    return directory
+
+
+def run_proxy(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "TOOLPROXY_IDENTITY_MODE": "static", **env})
+
+
+# -- a misspelled backend service: refused at load and at reload, naming the service ------------------------
+
+def test_a_misspelled_backend_service_stops_toolproxy_run_with_one_line(tmp_path):
+    registry = misspelled_service_registry(tmp_path / "registry")
+    result = run_proxy({"TOOLPROXY_REGISTRY_PATHS": str(registry),
+                        "TOOLPROXY_BACKENDS_SERVICES": "demo=http://127.0.0.1:9"})
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    line = result.stderr
+    assert "tool get_order 1.0.0: backend service demoo is not in backends.services" in line
+    assert "did you mean demo?" in line and "demo-tools.yaml" in line
+
+
+async def test_a_misspelled_backend_service_is_refused_at_reload(proxy_deps, tmp_path, caplog):
+    registry = tmp_path / "registry"
+    registry.mkdir()
+    (registry / "demo-tools.yaml").write_text((DEMO_REGISTRY / "demo-tools.yaml").read_text())
+    async with running_stack({**proxy_deps, "registry.paths": [str(registry)], "reconcile.enabled": False,
+                              "registry.reload_interval_ms": 0}) as stack:
+        misspelled_service_registry(registry)
+        with caplog.at_level(logging.INFO, logger="toolproxy.registry"):
+            assert await stack.runtime.reloader.reload() == "refused"
+        [refused] = [r.getMessage() for r in caplog.records if r.name == "toolproxy.registry"]
+        assert "registry reload refused" in refused and "backend service demoo" in refused
+        _, env = await stack.call("get_order", {"order_id": "ord_1001"})
+        assert env["outcome"] == "succeeded", "the running registry stays"

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.proxyproc import fleet_key_env
 from tests.support.stack import DEMO_REGISTRY, running_stack
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +29,8 @@ def misspelled_service_registry(directory: Path) -> Path:
 
 def run_proxy(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env={"PATH": "/usr/bin:/bin", "TOOLPROXY_IDENTITY_MODE": "static", **env})
+                          timeout=60, env={"PATH": "/usr/bin:/bin", "TOOLPROXY_IDENTITY_MODE": "static",
+                                           **fleet_key_env(), **env})
 
 
 # -- a misspelled backend service: refused at load and at reload, naming the service ------------------------

@@ -340,7 +340,7 @@ class LiveRegistry(Registry):
 
 def notices(registry: Registry) -> list[tuple[str, str]]:
     """What a registry relies on that an operator should know, as (level, line): writes that left the key
-    requirement to the default (they require a key since the default changed), writes that opted out (with
+    requirement to the default (they require a key), writes that opted out (with
     their reason), and writes without resources (serialized with every write of their service). Logged at
     start-up and printed by ``check-registry``."""
     found: list[tuple[str, str]] = []
@@ -349,16 +349,16 @@ def notices(registry: Registry) -> list[tuple[str, str]]:
             continue
         label = f"{tool.name} {tool.version} ({tool.source})"
         if not tool.idempotency_declared:
-            found.append(("warning", f"{label}: a write with no idempotency.required setting now requires a key "
-                                     f"(the default changed: a retry must reproduce it); callers send an "
-                                     f"Idempotency-Key or X-Run-Id, else the call is refused with "
-                                     f"idempotency_key_required. To keep running keyless, state why: "
+            found.append(("warning", f"{label}: a write requires a key a retry reproduces (idempotency.required "
+                                     f"defaults to true for writes): callers send an Idempotency-Key or X-Run-Id, "
+                                     f"else the call is refused with idempotency_key_required. Say so to silence "
+                                     f"this (idempotency: {{required: true}}), or state why it may run keyless: "
                                      f"idempotency: {{required: false, reason: ...}}"))
         if tool.keyless_write:
             found.append(("opt-out", f"{label}: runs without a key a retry reproduces: {tool.idempotency_reason}"))
         if tool.service_wide:
             found.append(("warning", f"{label}: a write that declares no resources conflicts with every write of "
-                                     f"service {tool.backend_name!r}: it never runs beside them (declare the "
+                                     f"service {tool.backend_name}: it never runs beside them (declare the "
                                      f"resources it writes to let unrelated writes run in parallel)"))
     return found
 
@@ -627,6 +627,14 @@ def _check_schemas(at: _At, raw: dict[str, Any], strict: bool) -> None:
         # structuredContent); a schema without constraints promises nothing in any revision.
         raise at.error("outputSchema", "must declare type: object "
                        "(omit outputSchema when the tool's output has no declared shape)")
+    for label, schema in (("inputSchema", raw["inputSchema"]), ("outputSchema", output_schema or {})):
+        unsatisfiable = _unsatisfiable_required(schema, f"{at.path}.{label}")
+        if unsatisfiable:
+            where, name = unsatisfiable[0]
+            never = "no call can satisfy it" if label == "inputSchema" else "no answer can satisfy it"
+            raise RegistryError(f"{at.where} at {where}.required: {name} is required but not in properties, and "
+                                f"additionalProperties is false: {never} (add it to properties, or drop it "
+                                f"from required)")
     if strict:
         loose = _loose_objects(raw["inputSchema"], f"{at.path}.inputSchema")
         if loose:
@@ -690,6 +698,27 @@ def _loose_objects(schema: Any, where: str) -> list[str]:
     found = [where] if loose else []
     for path, sub in _subschemas(schema, where):
         found.extend(_loose_objects(sub, path))
+    return found
+
+
+def _unsatisfiable_required(schema: Any, where: str) -> list[tuple[str, str]]:
+    """(path, name) of each required name an object schema refuses as an unknown property: not in its
+    ``properties`` nor matched by its ``patternProperties``, with ``additionalProperties: false``."""
+    if not isinstance(schema, dict):
+        return []
+    found = []
+    if schema.get("additionalProperties") is False and isinstance(schema.get("required"), list):
+        # additionalProperties looks only at its own schema's properties and patternProperties
+        declared = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        patterns = schema.get("patternProperties") if isinstance(schema.get("patternProperties"), dict) else {}
+        for name in schema["required"]:
+            if isinstance(name, str) and name not in declared and not any(re.search(p, name) for p in patterns):
+                import difflib  # only for a schema that is wrong
+
+                near = difflib.get_close_matches(name, list(declared), n=1)
+                found.append((where, f"{name} (did you mean {near[0]}?)" if near else name))
+    for path, sub in _subschemas(schema, where):
+        found.extend(_unsatisfiable_required(sub, path))
     return found
 
 

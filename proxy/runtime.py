@@ -134,8 +134,8 @@ def check_key_layout(config: Config) -> None:
 
 
 def log_notices(registry: Registry) -> None:
-    """What the registry relies on, at start-up (``registry.notices``): writes that now require a key because
-    the default changed (a warning each, with how to opt out), the opt-outs with their reasons, and writes
+    """What the registry relies on, at start-up (``registry.notices``): writes that require a key by default
+    without saying so (a warning each, with how to opt out), the opt-outs with their reasons, and writes
     serialized with their whole service for declaring no resources."""
     for level, line in notices(registry):
         if level == "warning":

@@ -59,3 +59,43 @@ async def test_a_misspelled_backend_service_is_refused_at_reload(proxy_deps, tmp
         assert "registry reload refused" in refused and "backend service demoo" in refused
         _, env = await stack.call("get_order", {"order_id": "ord_1001"})
         assert env["outcome"] == "succeeded", "the running registry stays"
+
+
+# -- check-registry: a required name that is not a property, with unknown properties refused ----------------
+
+def check_registry(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "check-registry", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_check_registry_refuses_a_required_name_that_is_not_a_property(tmp_path):
+    registry = tmp_path / "notes.yaml"
+    registry.write_text("""tools:
+  - name: make_note
+    version: "1.0.0"
+    description: Make a note.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [text, titel]
+      properties:
+        text: {type: string}
+        title: {type: string}
+    backend: {type: http, url: "http://127.0.0.1:9/notes"}
+""")
+    result = check_registry(registry)
+    assert result.returncode == 1 and result.stderr.count("\n") <= 1 and "Traceback" not in result.stderr
+    assert ("at $.tools[0].inputSchema.required: titel (did you mean title?) is required but not in properties, "
+            "and additionalProperties is false: no call can satisfy it") in result.stderr + result.stdout
+
+
+def test_check_registry_does_not_tell_a_new_write_that_a_default_changed(tmp_path):
+    registry = tmp_path / "vouchers.yaml"
+    registry.write_text((REPO / "docs" / "getting-started.md").read_text().split(
+        "<!-- guide: file my-tools/vouchers.yaml -->\n```yaml\n")[1].split("```")[0])
+    result = check_registry(registry)
+    assert result.returncode == 0, result.stderr
+    assert "changed" not in result.stdout + result.stderr
+    assert "requires a key a retry reproduces" in result.stdout + result.stderr

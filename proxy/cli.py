@@ -141,17 +141,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                            help="seconds to wait for each upstream (default 15)")
 
     egress = sub.add_parser(
-        "egress-rules", help="print (or apply) the nftables egress guard: only the proxy's UID reaches its peers",
-        description="Print the nft script that refuses every socket but the proxy UID's a connection to the "
-                    "proxy's peers: the config's backends.services, the registry's url: backends, Redis and OPA "
-                    "(names resolved now), plus --dest. The chart's init container runs it with --apply in the "
-                    "pod's network namespace (docs/security.md).")
-    egress.add_argument("--uid", type=int, required=True, help="the toolproxy container's UID (runAsUser)")
-    egress.add_argument("--config", "-c", help="the proxy's YAML config (as for `toolproxy run`; TOOLPROXY_* "
-                                               "env applies too)")
-    egress.add_argument("--dest", action="append", default=[], metavar="HOST:PORT",
-                        help="another guarded peer: host:port or CIDR:port (repeatable)")
-    egress.add_argument("--no-registry", action="store_true", help="do not read the registry's url: backends")
+        "egress-rules", help="print (or apply) the nftables egress guard: default-deny for every UID but the proxy's",
+        description="Print the nft script that lets --uid connect anywhere and every other socket of the pod only "
+                    "to the proxy's agent port on loopback, DNS and the --allow list; nothing is resolved. The "
+                    "chart's init container runs it with --apply in the pod's network namespace (docs/security.md).")
+    egress.add_argument("--uid", type=int, action="append", required=True,
+                        help="a UID that may connect anywhere: the toolproxy container's (runAsUser); repeat it for "
+                             "OPA's when OPA fetches bundles")
+    egress.add_argument("--config", "-c", help="the proxy's YAML config, for listen.port (TOOLPROXY_* env applies too)")
+    egress.add_argument("--agent-port", type=int, help="the proxy's agent port (default: the config's listen.port)")
+    egress.add_argument("--allow", action="append", default=[], metavar="CIDR:PORT",
+                        help="an address or network and TCP port every UID may reach, e.g. the agent's model API "
+                             "(repeatable; no names: they are never resolved)")
+    egress.add_argument("--dns", action="append", default=[], metavar="CIDR",
+                        help="the resolvers DNS may go to (repeatable; default: port 53 anywhere)")
     egress.add_argument("--apply", action="store_true", help="load the rules with `nft -f -` instead of printing")
 
     _add_policy_parsers(sub)
@@ -194,17 +197,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 def egress_rules(args: argparse.Namespace) -> int:
     from .authoring import egress_rules as rules
     try:
-        if not 0 < args.uid < 2 ** 32:
-            raise ConfigError(f"egress-rules: --uid {args.uid} is not a non-root UID")
-        config = load_config(args.config)
-        registry = None if args.no_registry else load_registry(config.registry.paths)
-        script = rules.nft_script(args.uid, rules.resolve(rules.peers(config, registry, args.dest)))
+        bad = [uid for uid in args.uid if not 0 < uid < 2 ** 32]
+        if bad:
+            raise ConfigError(f"egress-rules: --uid {bad[0]} is not a non-root UID")
+        port = args.agent_port or load_config(args.config).listen.port
+        script = rules.nft_script(args.uid, port, [rules.Allowed.parse(item) for item in args.allow], args.dns)
         if args.apply:
             rules.apply(script)
-            print(f"toolproxy: egress guard installed for UID {args.uid}", file=sys.stderr)
+            print(f"toolproxy: egress guard installed (UID {', '.join(map(str, args.uid))} unrestricted)",
+                  file=sys.stderr)
         else:
             sys.stdout.write(script)
-    except (ConfigError, RegistryError) as exc:
+    except ConfigError as exc:
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1
     return 0

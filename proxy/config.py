@@ -635,6 +635,17 @@ class QuotasConfig:
 
 
 @dataclass(frozen=True)
+class ShutdownConfig:
+    """The settings of ``shutdown`` (SIGTERM)."""
+
+    drain_timeout_ms: int = setting(20000, "on SIGTERM: how long calls in flight may take to finish while new ones "
+                                           "are refused (shutting_down) and readiness fails; past it the calls "
+                                           "still running are cut, each answered and recorded (a write whose "
+                                           "request left: shutdown_unknown, reconciled). Keep it below the pod's "
+                                           "terminationGracePeriodSeconds", bounds=(0, 3600000))
+
+
+@dataclass(frozen=True)
 class LogConfig:
     """The settings of ``log`` (logging)."""
 
@@ -817,6 +828,7 @@ class Config:
     cancellation: CancellationConfig = field(default_factory=CancellationConfig,
                                              metadata={"help": "cancelling calls (docs/transactions.md)"})
     locks: LocksConfig = field(default_factory=LocksConfig, metadata={"help": "resource locks"})
+    shutdown: ShutdownConfig = field(default_factory=ShutdownConfig, metadata={"help": "draining on SIGTERM"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging"})
     audit: AuditConfig = field(default_factory=AuditConfig, metadata={"help": "audit records"})
     decisions: DecisionsConfig = field(default_factory=DecisionsConfig, metadata={"help": "policy decision records"})

@@ -82,6 +82,10 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "compensation_window_closed": ErrorSpec("business", False, "ask_user", 409, expose_to_user=True),
     "operation_frozen": ErrorSpec("execution", False, "ask_user", 409, expose_to_user=True),
     "audit_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
+    # the process is draining (SIGTERM): a new call, or one cut before its request left, is retried elsewhere
+    "shutting_down": ErrorSpec("dependency", True, "retry_same_key", 503),
+    # a write cut by the drain's budget after its request left: the outcome is reconciled
+    "shutdown_unknown": ErrorSpec("execution", False, "reconcile", 503, expose_to_user=True),
     # a stored approval or outcome whose MAC does not verify (proxy/integrity.py): never honoured
     "record_integrity_failed": ErrorSpec("internal", False, "ask_user", 409, expose_to_user=True),
     # internal

@@ -79,6 +79,8 @@ class CallState:
     partial: Mapping[str, Any] | None = None   # a partly applied call: {"committed": [...], "pending": [...]}
     cancellation: dict[str, Any] | None = None  # a cancel that reached this call: who asked, what was observed
     span: spans.CallSpan | None = None        # the call's span while tracing records it (proxy/telemetry/spans.py)
+    cuttable: bool = False                    # running its stages, before the commit stage: a drain may cut it
+    cut: bool = False                         # cut by the drain (``Pipeline.cut_running``)
 
     def facts(self) -> CallFacts:
         """What the audit records of this call so far (a value: later stages do not change it)."""
@@ -112,6 +114,26 @@ class Pipeline:
         self.registry = registry
         self._adapters = dict(adapters)
         self._margin_s = config.deadline.margin_ms / 1000.0
+        self._running: dict[asyncio.Task[Any], CallState] = {}  # the calls in flight, by the task running each
+        self._cut_all = False  # the drain cut the calls in flight: a call that starts now is refused at once
+
+    @property
+    def running(self) -> int:
+        """Calls in flight in this process."""
+        return len(self._running)
+
+    def cut_running(self) -> int:
+        """The drain's budget is spent: cancel every call still running its stages (never one in its commit
+        stage). Each still ends with an envelope and its recorded outcome: ``shutting_down`` when its request
+        did not leave (or a read's did), ``shutdown_unknown`` for a write whose request may have. The number
+        cut."""
+        self._cut_all, cut = True, 0
+        for task, state in list(self._running.items()):
+            if state.cuttable and not state.cut:
+                state.cut = True
+                task.cancel()
+                cut += 1
+        return cut
 
     async def aclose(self) -> None:
         """Close adapters that hold connections of their own (MCP upstream sessions)."""
@@ -129,9 +151,13 @@ class Pipeline:
             tracing = spans.active()
             if tracing is not None:
                 state.span = tracing.call(meta.trace, call_id=request.call_id)
+            task = asyncio.current_task()
+            assert task is not None
+            self._running[task] = state
             try:
                 return await self._execute(state)
             finally:  # whatever escaped (a bug included), held locks never outlive the call
+                self._running.pop(task, None)
                 if state.lease is not None and not state.lease.released:
                     await asyncio.shield(state.lease.release(unknown=state.sent))
                 self.cancellations.finished(state.admission.key)
@@ -141,7 +167,13 @@ class Pipeline:
     async def _execute(self, state: CallState) -> CallResult:
         error: ProxyError | None = None
         try:
-            data = state.result = await self._run(state)
+            if self._cut_all:  # e.g. the next call of a batch, after the cut
+                raise _cut_error(state)
+            state.cuttable = True
+            try:
+                data = state.result = await self._run(state)
+            finally:
+                state.cuttable = False  # from here on the call commits: the drain waits for it
             if state.partial is not None:
                 env = self._envelope(state, side_effect=SideEffect(
                     attempted=True, committed=True if state.partial["committed"] else None),
@@ -151,12 +183,17 @@ class Pipeline:
                 env = self._envelope(state, data=view, side_effect=SideEffect(
                     attempted=True, committed=bool(state.tool and state.tool.is_write)), truncated=truncated)
         except ProxyError as exc:
+            _absorb_cut(state)  # a stage turned the drain's cancel into its own error: that error stands
             error = exc.with_phase(state.phase)
             state.replayed = isinstance(exc, ReplayedError)
             env = self._envelope(state, error=error)
         except asyncio.CancelledError:
-            await asyncio.shield(self._interrupted(state))
-            raise
+            if not state.cut:
+                await asyncio.shield(self._interrupted(state))
+                raise
+            _absorb_cut(state)  # cut by the drain: answered and recorded like any other end of a call
+            error = _cut_error(state).with_phase(state.phase)
+            env = self._envelope(state, error=error)
         except Exception:
             log.exception("internal error in phase %s", state.phase)
             error = self._internal(state)
@@ -573,3 +610,21 @@ def _cancelled_for_good(state: CallState, error: ProxyError | None) -> bool:
 def _about_an_operation(env: Envelope) -> bool:
     """An answer about an operation that is already running or unknown (not a new unknown of this call)."""
     return env.error_code in ("operation_unknown", "operation_in_progress")
+
+
+def _absorb_cut(state: CallState) -> None:
+    """The drain's cancel of this call has been handled: the task goes on to commit (not cancelled again)."""
+    task = asyncio.current_task()
+    if state.cut and task is not None and task.cancelling():
+        task.uncancel()
+
+
+def _cut_error(state: CallState) -> ProxyError:
+    """A call the drain cut: a write whose request may have left has an unknown outcome (reconciled, never
+    run again under a new key); anything else did nothing that stays, and is retried with the same key."""
+    if state.sent and state.tool is not None and state.tool.is_write:
+        return ProxyError("shutdown_unknown", "The proxy shut down before the backend answered; whether the call "
+                          "took effect is unknown.", details={"idempotency_key": state.idempotency_key},
+                          attempted=True, committed=None)
+    return ProxyError("shutting_down", "The proxy is shutting down; nothing was done. Retry with the same key.",
+                      attempted=state.sent, committed=False)

@@ -38,6 +38,7 @@ from .policy.decisions import build_recorder
 from .policy.denials import DenialLog
 from .eviction import EvictionWatch
 from .flow import FlowLedger
+from .fronts.drain import Drain
 from .fronts.health import Health
 from .idempotency import IdempotencyStage
 from .identity import Authenticator, self_approval_warning
@@ -89,6 +90,7 @@ class Runtime:
     quotas: QuotaStage    # fleet-wide limits and the backends' back-pressure (its guard listens to Redis)
     compensations: Compensations  # POST /v1/operations/{key}:compensate and the failed compensations' takeovers
     call_tokens: CallTokens       # signs every backend request's Txn-Token; its JWKS is served on the ops listener
+    drain: Drain                  # SIGTERM: refuse new calls, finish or cut the ones in flight (readiness fails)
     integrity: IntegrityGuard | None = None  # refuses (counts, audits) records whose MAC does not verify
     pins: PinWatcher | None = None  # pinned MCP upstreams, checked; their drifted tools quarantined (proxy/drift.py)
 
@@ -262,7 +264,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         async def refresh_records_held() -> None:
             metrics.operation_records.set(await operations.held_records())
 
+        drain = Drain(config.shutdown)
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics, opa_wire=decision_wire,
+                        accepting=lambda: not drain.draining,
                         unknowns=unknowns, eviction=eviction,
                         gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
         authenticator = Authenticator(config.identity, config.admin_identity, session)
@@ -297,7 +301,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
                           reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity,
-                          call_tokens=call_tokens, pins=pins)
+                          call_tokens=call_tokens, pins=pins, drain=drain)
         opened.pop_all()  # from here on Runtime.close() closes them
     eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
     warning = self_approval_warning(config.identity, config.admin_identity)

@@ -1,96 +1,99 @@
-"""Egress guard: the nftables rules that keep every UID but the proxy's off its peers.
+"""Egress guard: the nftables rules that let every UID but the proxy's reach only what it is allowed.
 
-In a pod every container shares one network namespace, so a NetworkPolicy
-cannot tell the agent container from its guard: whatever the proxy may reach,
-the agent may reach too. These rules, installed in the pod's namespace by an
-init container (as istio-init installs its own), refuse a new TCP connection
-to a guarded peer — a tool backend, Redis, OPA — from any socket whose owner
-is not the proxy's UID (``meta skuid``), with a TCP reset.
+In a pod every container shares one network namespace, so a NetworkPolicy cannot tell the agent container
+from its guard: whatever the proxy may reach, the agent may reach too. These rules, installed in the pod's
+namespace by an init container (as istio-init installs its own), are default-deny for every socket whose
+owner (``meta skuid``, the nftables owner match) is not one of the allowed UIDs (the proxy's; OPA's when it
+fetches bundles). Such a socket may only:
 
-Owns: the list of guarded destinations (the config's ``backends.services``,
-every ``url:`` of the registry, Redis's addresses, OPA's, and explicit
-``--dest``), resolving host names to addresses once, and the nft script. The
-chart's init container and the walk-around test apply exactly this script
-(``toolproxy egress-rules``, one source of truth). Must never: guess an address
-(an unresolvable name stops the command), or leave a guarded peer out silently.
+- answer connections made to it (``ct state established,related``: the agent's own probes and listeners);
+- connect over loopback to the proxy's agent port (the one way to a tool);
+- ask DNS (port 53, UDP and TCP; ``--dns`` narrows it to the resolvers' addresses);
+- connect to the explicit allow-list (``--allow CIDR:PORT``: the agent's model API).
+
+Everything else gets a TCP reset (or an ICMP refusal). Why default-deny and not a list of the proxy's peers:
+a peer has more addresses than any list resolved at start holds (a Service's ClusterIP and each of its pod
+IPs; a CNI that translates the ClusterIP at ``connect()`` never shows it at all), and they change as pods
+come and go. An allow-list of what the agent needs is short and written by hand; nothing in it is resolved.
+
+Owns: the nft script and loading it. Must never: resolve a name (an allow-list entry is an address or a
+network), allow a root UID through, or leave a path out silently.
 """
 
 from __future__ import annotations
 
 import ipaddress
-import socket
 import subprocess
 from dataclasses import dataclass
 from typing import Iterable, Sequence
-from urllib.parse import urlsplit
 
-from ..config import Config, ConfigError
-from ..registry import Registry
+from ..config import ConfigError
 
 TABLE = "toolproxy_egress"
-DEFAULT_PORTS = {"http": 80, "https": 443, "redis": 6379, "rediss": 6379}
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @dataclass(frozen=True)
-class Destination:
-    """One guarded peer: an address (a host or a network) and a TCP port, with why it is guarded."""
+class Allowed:
+    """One entry of the allow-list: a network (a single address is a /32 or /128) and a TCP port."""
 
-    network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    network: Network
     port: int
-    why: str
+
+    @classmethod
+    def parse(cls, item: str) -> "Allowed":
+        host, _, port = item.rpartition(":")
+        host = host.strip("[]")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"egress-rules: --allow {item!r}: expected ADDRESS:PORT or CIDR:PORT")
+        return cls(_network(host, f"--allow {item!r}"), int(port))
 
 
-def peers(config: Config, registry: Registry | None, extra: Iterable[str] = ()) -> list[tuple[str, int, str]]:
-    """(host or CIDR, port, why) of every peer the proxy talks to, before resolution."""
-    found: list[tuple[str, int, str]] = []
-    for name, url in sorted(config.backends.services.items()):
-        found.append(_from_url(url, f"backend service {name}"))
-    if registry is not None:
-        for tool in registry.all():
-            for what, endpoint in (("backend", tool.backend), ("status endpoint", tool.status_endpoint),
-                                   ("cancel endpoint", tool.cancel_endpoint)):
-                if endpoint is not None and endpoint.url:
-                    found.append(_from_url(endpoint.url, f"{what} of {tool.name}@{tool.version}"))
-    redis = config.redis
-    if redis.mode == "standalone":
-        found.append(_from_url(redis.url, "redis"))
-    else:
-        for address in (*redis.sentinels, *redis.cluster_nodes):
-            found.append(_host_port(address, f"redis {redis.mode} node"))
-    if config.opa.socket_path is None:  # a Unix socket is no network peer: its directory's mounts guard it
-        found.append(_from_url(config.opa.url, "opa"))
-    for item in extra:
-        found.append(_host_port(item, "--dest"))
-    return found
+def _network(text: str, where: str) -> Network:
+    try:
+        return ipaddress.ip_network(text, strict=False)
+    except ValueError:
+        raise ConfigError(f"egress-rules: {where}: give an address or a CIDR, not a name (addresses resolved now "
+                          "go stale when the name's addresses change; use the provider's published ranges)"
+                          ) from None
 
 
-def resolve(found: Iterable[tuple[str, int, str]]) -> list[Destination]:
-    """Addresses of every peer (a name resolves to all its A/AAAA records, once), deduplicated, in order."""
-    seen: dict[tuple[str, int], Destination] = {}
-    for host, port, why in found:
-        for network in _networks(host, port, why):
-            seen.setdefault((str(network), port), Destination(network, port, why))
-    return list(seen.values())
-
-
-def nft_script(uid: int, destinations: Sequence[Destination]) -> str:
-    """The nft script: one table, replaced as a whole (re-running it is safe), whose output chain accepts
-    the proxy's UID and resets any other socket's connection to a guarded address and port."""
-    if not destinations:
-        raise ConfigError("egress-rules: no peer to guard (no backend, Redis or OPA address)")
-    lines = [f"# toolproxy egress guard (generated by `toolproxy egress-rules`): only UID {uid} may connect",
-             "# to the proxy's peers; every other socket of the pod gets a TCP reset.",
+def nft_script(uids: Sequence[int], agent_port: int, allowed: Iterable[Allowed] = (),
+               dns: Iterable[str] = ()) -> str:
+    """The nft script: one table, replaced as a whole (re-running it is safe), whose output chain lets
+    ``uids`` connect anywhere and every other socket only where the module docstring says."""
+    if not uids or any(not 0 < uid < 2 ** 32 for uid in uids):
+        raise ConfigError(f"egress-rules: --uid must name non-root UIDs, got {list(uids)}")
+    if not 0 < agent_port < 65536:
+        raise ConfigError(f"egress-rules: the proxy's agent port {agent_port} is not a TCP port")
+    resolvers = [_network(item, f"--dns {item!r}") for item in dns]
+    lines = [f"# toolproxy egress guard (generated by `toolproxy egress-rules`): UID {', '.join(map(str, uids))}",
+             "# connect anywhere; every other socket of the pod reaches only the proxy's agent port on loopback,",
+             "# DNS and the allow-list, and gets a reset (or an ICMP refusal) anywhere else.",
              f"table inet {TABLE}", f"delete table inet {TABLE}", f"table inet {TABLE} {{",
              "  chain output {", "    type filter hook output priority filter; policy accept;",
-             f"    meta skuid {uid} accept"]
-    for dest in destinations:
-        family = "ip" if dest.network.version == 4 else "ip6"
-        single = dest.network.prefixlen == dest.network.max_prefixlen
-        address = dest.network.network_address if single else dest.network
-        lines.append(f"    {family} daddr {address} tcp dport {dest.port} counter reject with tcp reset"
-                     f"  comment \"{_comment(dest.why)}\"")
-    lines += ["  }", "}"]
+             "    ct state established,related accept"]
+    lines += [f"    meta skuid {uid} accept" for uid in uids]
+    lines.append(f"    oifname \"lo\" tcp dport {agent_port} accept  comment \"the proxy's agent port\"")
+    for protocol in ("udp", "tcp"):
+        if resolvers:
+            lines += [f"    {_family(net)} daddr {_address(net)} {protocol} dport 53 accept  comment \"DNS\""
+                      for net in resolvers]
+        else:
+            lines.append(f"    {protocol} dport 53 accept  comment \"DNS\"")
+    lines += [f"    {_family(item.network)} daddr {_address(item.network)} tcp dport {item.port} accept"
+              f"  comment \"allow-list\"" for item in allowed]
+    lines += ["    meta l4proto tcp counter reject with tcp reset", "    counter reject", "  }", "}"]
     return "\n".join(lines) + "\n"
+
+
+def _family(network: Network) -> str:
+    return "ip" if network.version == 4 else "ip6"
+
+
+def _address(network: Network) -> str:
+    single = network.prefixlen == network.max_prefixlen
+    return str(network.network_address if single else network)
 
 
 def apply(script: str, nft: str = "nft") -> None:
@@ -102,38 +105,3 @@ def apply(script: str, nft: str = "nft") -> None:
     if result.returncode != 0:
         message = " ".join(result.stderr.split())[:300]
         raise ConfigError(f"egress-rules --apply: nft refused the rules: {message}")
-
-
-def _from_url(url: str, why: str) -> tuple[str, int, str]:
-    parts = urlsplit(url)
-    try:
-        port = parts.port or DEFAULT_PORTS.get(parts.scheme)
-    except ValueError:
-        port = None
-    if not parts.hostname or port is None:
-        raise ConfigError(f"egress-rules: cannot tell the address and port of {why} ({parts.scheme}://...)")
-    return parts.hostname, port, why
-
-
-def _host_port(item: str, why: str) -> tuple[str, int, str]:
-    host, _, port = item.rpartition(":")
-    host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"egress-rules: {why}: expected HOST:PORT or CIDR:PORT, got {item!r}")
-    return host, int(port), why
-
-
-def _networks(host: str, port: int, why: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
-    try:
-        return [ipaddress.ip_network(host, strict=False)]
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError):
-        raise ConfigError(f"egress-rules: cannot resolve {host} ({why}); the guard would leave it open") from None
-    return sorted({ipaddress.ip_network(info[4][0].split("%", 1)[0]) for info in infos}, key=str)
-
-
-def _comment(text: str) -> str:
-    return "".join(c for c in text if c.isalnum() or c in " ._@:/-")[:120]

@@ -156,7 +156,7 @@ def agent_app(runtime: Runtime) -> web.Application:
     # client_max_size is a backstop; ingress enforces the configured limit with an envelope.
     # Every agent route behind the Host/Origin check (DNS rebinding); /mcp answers it in JSON-RPC shape itself.
     hosts = HostGuard(runtime.config.mcp).middleware(skip=frozenset({"/mcp"}))
-    app = web.Application(middlewares=[envelope_errors, hosts],
+    app = web.Application(middlewares=[envelope_errors, runtime.drain.middleware, hosts],
                           client_max_size=runtime.config.listen.max_body_bytes + 1024)
     app[RUNTIME] = runtime
     app.router.add_post("/v1/tool-calls", post_tool_call)
@@ -207,6 +207,7 @@ async def serve(config: Config, *, registry: Registry | None = None, ready: asyn
         if ready is not None:
             ready.set()
         await (stop.wait() if stop is not None else asyncio.Event().wait())
+        await runtime.drain.run(runtime.pipeline.cut_running)  # new calls refused, readiness fails, calls finish
     finally:
         for runner in reversed(runners):
             await runner.cleanup()

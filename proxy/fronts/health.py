@@ -1,6 +1,6 @@
 """Health: liveness, readiness and the gauges refreshed when Prometheus scrapes.
 
-Owns: the readiness checks (OPA answers ``/health``, asked through ``opa_control``; every Redis
+Owns: the readiness checks (not draining after SIGTERM; OPA answers ``/health``, asked through ``opa_control``; every Redis
 master answers ``PING``: the standalone server, Sentinel's current master, each Cluster master;
 every master's ``maxmemory-policy`` is ``noeviction`` unless ``redis.accept_eviction``, proxy/eviction.py;
 the registry holds at least one tool), each bounded by its dependency's own
@@ -46,7 +46,7 @@ class Readiness:
 class Health:
     def __init__(self, *, config: Config, registry: Registry,
                  redis: store.Client, metrics: Metrics, unknowns: UnknownIndex, eviction: EvictionWatch,
-                 opa_wire: HttpWire,
+                 opa_wire: HttpWire, accepting: Callable[[], bool] = lambda: True,
                  gauge_refreshers: Sequence[Callable[[], Awaitable[None]]] = ()) -> None:
         self._config = config
         self._registry = registry
@@ -54,6 +54,7 @@ class Health:
         self._opa = OpaControl(config.opa.http_base, opa_wire, timeout_s=config.opa.timeout_ms / 1000.0,
                                token=read_token(config.opa.token_file))
         self._redis = redis
+        self._accepting = accepting  # False while the process drains (SIGTERM): not ready, whatever else holds
         self._metrics = metrics
         self._unknowns = unknowns
         self._eviction = eviction
@@ -62,6 +63,8 @@ class Health:
         self._lock = asyncio.Lock()
 
     async def readiness(self, *, use_cache: bool = True) -> Readiness:
+        if not self._accepting():  # draining: not ready at once, whatever the dependencies say
+            return Readiness(ready=False, checks={"accepting_calls": False})
         async with self._lock:  # concurrent probes share one check
             now = time.monotonic()
             if use_cache and self._cached is not None and now - self._cached[0] < CACHE_S:

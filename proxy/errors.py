@@ -66,6 +66,7 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "idempotency_conflict": ErrorSpec("concurrency", False, "repair_arguments", 422),
     "operation_in_progress": ErrorSpec("concurrency", True, "poll", 409),
     "operation_unknown": ErrorSpec("execution", False, "reconcile", 409, expose_to_user=True),
+    "outcome_unrecorded": ErrorSpec("execution", False, "reconcile", 503, expose_to_user=True),
     "operation_failed": ErrorSpec("execution", False, "stop", 409),
     "operation_not_found": ErrorSpec("protocol", False, "stop", 404),
     "operation_not_open": ErrorSpec("concurrency", False, "stop", 409),

@@ -166,6 +166,15 @@ class Admission:
 NO_RECORD = Admission()
 
 
+class RecordWrite:
+    """Whether a commit's outcome record was written, known once its round trip is sent (its reply sets it)."""
+
+    __slots__ = ("written",)
+
+    def __init__(self, written: bool) -> None:
+        self.written = written
+
+
 class ReplayedError(ProxyError):
     """A stored definite failure returned again to a duplicate (its envelope is marked replayed)."""
 
@@ -412,11 +421,12 @@ class IdempotencyStage:
     def finish_in(self, trip: RoundTrip, admission: Admission, *, tool: ToolContract, data: Any,
                   error: ProxyError | None, side_effect: SideEffect, call_id: str, request_id: str,
                   cancelled: bool = False, evidence: Mapping[str, Any] | None = None,
-                  partial: Mapping[str, Any] | None = None) -> None:
+                  partial: Mapping[str, Any] | None = None) -> "RecordWrite":
         """``finish`` as one step of the commit stage's round trip (sent together with the lock release).
-        ``cancelled``: a requested cancellation that applied nothing ends in the final CANCELLED state."""
+        ``cancelled``: a requested cancellation that applied nothing ends in the final CANCELLED state.
+        The returned ``RecordWrite`` says, once the trip is sent, whether the outcome was recorded."""
         if not admission.holds:
-            return
+            return RecordWrite(True)
         if partial is not None:  # some items committed, others pending: the reconciler settles the rest
             target = "UNKNOWN"
         elif cancelled and side_effect.committed is False:
@@ -438,11 +448,17 @@ class IdempotencyStage:
         observed = "partial" if partial is not None else error.code if error else "succeeded"
         evidence = {"source": "executor", "observed": observed, "at_ms": int(time.time() * 1000)}
 
+        write = RecordWrite(False)
+
         def recorded(answer: Transition | BaseException) -> None:
             if isinstance(answer, BaseException):
                 log.warning("could not record the outcome of %s (%s); its lease will expire and reconciliation "
                             "will find it", admission.key, target)
-            elif answer.status in ("stale", "settled", "missing"):
+                return
+            # "stale" / "settled": the record moved on without this call (taken over, resolved); it holds an
+            # outcome a retry will see. "missing": nothing holds one.
+            write.written = answer.status != "missing"
+            if answer.status in ("stale", "settled", "missing"):
                 log.warning("outcome %s of %s not recorded: the record is %s (%s)", target, admission.key,
                             answer.text(0), answer.status)
 
@@ -450,6 +466,7 @@ class IdempotencyStage:
                              evidence=evidence, first_check_ms=self._reconcile.backoff_initial_ms,
                              window_ms=self._reconcile.window_ms, on_reply=recorded,
                              fingerprint=admission.fingerprint)
+        return write
 
     async def interrupted(self, admission: Admission, *, tool: ToolContract, sent: bool) -> None:
         """The call was cancelled: release the key if nothing was sent, else mark it unknown."""

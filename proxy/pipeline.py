@@ -203,19 +203,24 @@ class Pipeline:
         if state.replayed:
             env = env.as_replayed()
             headers["Idempotent-Replayed"] = "true"
-        await self._commit(state, env, error)
+        env = await self._commit(state, env, error)
         if state.span is not None:
             spans.finish_call(state.span, tool=state.tool, envelope=env, policy=state.policy,
                               key=state.idempotency_key, approval_id=state.approval_id, attempt=state.attempt)
         return CallResult(envelope=env, status=env.http_status, headers=headers)  # JSON at the front's edge
 
-    async def _commit(self, state: CallState, env: Envelope, error: ProxyError | None) -> None:
-        """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record."""
+    async def _commit(self, state: CallState, env: Envelope, error: ProxyError | None) -> Envelope:
+        """Commit stage: the operation's outcome, metrics, the unknown-outcome index, the final audit record.
+        Returns the answer: ``env``, or ``outcome_unrecorded`` (unknown) when a sent write's definite outcome
+        could not be recorded — no answer goes back that its record does not hold, or a retry of it would run
+        the write again."""
         started = time.monotonic()
         if state.span is not None:
             state.span.enter("commit")
         if state.tool is not None:
-            await self._record_and_release(state, state.tool, env, error)
+            written = await self._record_and_release(state, state.tool, env, error)
+            if not written and state.sent and state.tool.is_write and env.side_effect.committed is not None:
+                env = with_summary(self._unrecorded(state, env), state.normalized)
         await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
@@ -233,12 +238,25 @@ class Pipeline:
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
                   env.timing["duration_ms"])
+        return env
+
+    def _unrecorded(self, state: CallState, env: Envelope) -> Envelope:
+        """The answer of a sent write whose outcome record could not be written: unknown. Its key stays in
+        progress; when the lease runs out the reconciler asks the status endpoint, and a retry with the key
+        meanwhile is ``operation_in_progress`` / ``operation_unknown``, never a second execution."""
+        state.result, state.evidence, state.partial = None, None, None
+        return self._envelope(state, error=ProxyError(
+            "outcome_unrecorded", "The call was sent, but its outcome could not be recorded; it is unknown until "
+            "it is reconciled. Do not repeat it with a new key: retry with the same key to learn the outcome.",
+            details={"idempotency_key": state.idempotency_key, "observed": env.error_code or env.outcome},
+            phase="commit", attempted=True, committed=None))
 
     async def _record_and_release(self, state: CallState, tool: ToolContract, env: Envelope,
-                                  error: ProxyError | None) -> None:
-        """The outcome record and the lock release: independent steps (different slots), one round trip."""
+                                  error: ProxyError | None) -> bool:
+        """The outcome record and the lock release: independent steps (different slots), one round trip.
+        Whether the outcome was recorded (True when the call holds no record)."""
         trip = RoundTrip(self._redis)
-        self._idempotency.finish_in(
+        write = self._idempotency.finish_in(
             trip, state.admission, tool=tool, data=state.result if env.error is None else None,
             error=error, side_effect=env.side_effect, call_id=state.request.call_id,
             request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
@@ -252,6 +270,7 @@ class Pipeline:
             await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
         if state.lease is not None:
             await state.lease.renewer_stopped()
+        return write.written
 
     async def _index_unknown(self, state: CallState, env: Envelope) -> None:
         meta = state.request.meta

@@ -26,6 +26,7 @@ from .event_loop import run_loop
 from .identity import HopProof, configuration_problem
 from .telemetry.logs import configure as configure_logging
 from .registry import Registry, RegistryError, load_registry, notices
+from .credentials.references import check_references
 
 
 def make_call_token_key(out: str, alg: str, kid: str) -> int:
@@ -397,6 +398,7 @@ def _run_sidecar(config_path: str | None) -> int:
         config = load_config(config_path)
         check_key_layout(config)
         registry = load_registry(config.registry.paths)  # fail fast with a clear message; the runtime serves it
+        check_references(registry, config.credentials, config.backends.services)
         check_audit_config(config.audit)
         check_decisions_config(config.decisions)
         identity_problem = configuration_problem(config.identity)

@@ -109,6 +109,98 @@ class BackendsConfig:
                                             "0: only the deadline. Not for event streams", bounds=(0, 3600000))
 
 
+CREDENTIAL_KINDS = ("header", "bearer", "basic", "client_credentials", "token_exchange", "tls")
+CLIENT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "private_key_jwt")
+ASSERTION_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
+TOKEN_TYPE = "urn:ietf:params:oauth:token-type:"
+SUBJECT_TOKEN_TYPES = (TOKEN_TYPE + "access_token", TOKEN_TYPE + "jwt", TOKEN_TYPE + "id_token")
+
+
+@dataclass(frozen=True)
+class CredentialConfig:
+    """One entry of ``credentials`` (docs/backends.md#credentials): what the proxy attaches to a backend request
+    whose contract names it (``backend.auth``). Secrets only as files, read at start-up."""
+
+    kind: str = setting("bearer", "header (secret_file as the value of `header`), bearer (Authorization: Bearer), "
+                                  "basic (username + secret_file), client_credentials (OAuth 2.0), token_exchange "
+                                  "(RFC 8693, on behalf of the caller), tls (client certificate and CA only)",
+                        choices=CREDENTIAL_KINDS)
+    header: str = setting("", "kind header: the header that carries the secret (e.g. X-API-Key)")
+    secret_file: str = setting("", "header, bearer: file with the secret; basic: file with the password")
+    username: str = setting("", "basic: the user name")
+    token_url: str = setting("", "client_credentials, token_exchange: the authorization server's token endpoint "
+                                 "(https, or http on a loopback address)")
+    client_id: str = setting("", "client_credentials, token_exchange: the proxy's client id at the server")
+    client_secret_file: str = setting("", "client_secret_basic, client_secret_post: file with the client secret")
+    client_auth: str = setting("client_secret_basic", "how the proxy authenticates at the token endpoint",
+                               choices=CLIENT_AUTH_METHODS)
+    private_key_file: str = setting("", "private_key_jwt: PEM private key that signs the client assertion")
+    private_key_alg: str = setting("RS256", "private_key_jwt: the assertion's algorithm", choices=ASSERTION_ALGORITHMS)
+    private_key_id: str = setting("", "private_key_jwt: kid of the assertion's key (empty: none)")
+    scope: str = setting("", "client_credentials, token_exchange: space-separated scopes asked for (empty: none)")
+    audience: str = setting("", "token_exchange: the audience asked for (empty: the tool's backend service name); "
+                                "client_credentials: an `audience` parameter, for servers that want one")
+    resource: str = setting("", "client_credentials, token_exchange: an RFC 8707 resource indicator (empty: none)")
+    subject_token_type: str = setting(TOKEN_TYPE + "access_token", "token_exchange: the type of the caller's "
+                                                                   "verified token sent as subject_token",
+                                      choices=SUBJECT_TOKEN_TYPES)
+    actor_token: bool = setting(False, "token_exchange: send the proxy's own access token (client credentials of "
+                                       "the same client) as actor_token, so the new token names the proxy in `act` "
+                                       "(servers that support delegation)")
+    refresh_before_s: int = setting(30, "client_credentials, token_exchange: a cached token is replaced this long "
+                                        "before it expires", bounds=(0, 3600))
+    timeout_ms: int = setting(5000, "longest wait for the token endpoint (the call's own deadline still applies)",
+                              bounds=(100, 60000))
+    max_answer_bytes: int = setting(65536, "largest token endpoint answer read (refused above)",
+                                    bounds=(1024, 1048576))
+    max_cached: int = setting(10000, "token_exchange: most exchanged tokens kept (per subject, audience and scope); "
+                                     "the least recently used goes first", bounds=(1, 1000000))
+    token_ca_file: str = setting("", "client_credentials, token_exchange: CA bundle that verifies the token "
+                                     "endpoint (empty: the system's CAs)")
+    tls_cert_file: str = setting("", "any kind: client certificate (PEM) presented to the backend (mutual TLS)")
+    tls_key_file: str = setting("", "any kind: private key (PEM) of tls_cert_file")
+    tls_ca_file: str = setting("", "any kind: CA bundle that verifies the backend (empty: the system's CAs)")
+
+    def check(self, where: str) -> None:
+        """The kind's own needs, one line naming the setting and the fix (the loader calls it per entry)."""
+        needs = {"header": ("header", "secret_file"), "bearer": ("secret_file",), "basic": ("username", "secret_file"),
+                 "client_credentials": ("token_url", "client_id"), "token_exchange": ("token_url", "client_id"),
+                 "tls": ()}[self.kind]
+        for name in needs:
+            if not getattr(self, name):
+                raise ConfigError(f"{where}.{name}: kind {self.kind} needs it")
+        if self.kind in ("client_credentials", "token_exchange"):
+            self._check_token_endpoint(where)
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError(f"{where}.tls_cert_file and tls_key_file go together (mutual TLS needs both)")
+        if self.kind == "tls" and not (self.tls_cert_file or self.tls_ca_file):
+            raise ConfigError(f"{where}: kind tls needs tls_cert_file and tls_key_file, or tls_ca_file")
+        if self.header and (not self.header.isascii() or ":" in self.header or not self.header.strip()
+                            or any(c in self.header for c in " \t\r\n")):
+            raise ConfigError(f"{where}.header: {self.header!r} is not an HTTP header name")
+
+    def _check_token_endpoint(self, where: str) -> None:
+        parts = urllib.parse.urlsplit(self.token_url)
+        if parts.scheme not in ("https", "http") or not parts.hostname:
+            raise ConfigError(f"{where}.token_url: {self.token_url!r} is not an http(s) URL")
+        if parts.scheme == "http" and not _loopback(parts.hostname):
+            raise ConfigError(f"{where}.token_url: plain http sends the client's secret in clear; use https "
+                              "(http only on a loopback address)")
+        if self.client_auth == "private_key_jwt" and not self.private_key_file:
+            raise ConfigError(f"{where}.private_key_file: client_auth private_key_jwt needs it")
+        if self.client_auth != "private_key_jwt" and not self.client_secret_file:
+            raise ConfigError(f"{where}.client_secret_file: client_auth {self.client_auth} needs it")
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @dataclass(frozen=True)
 class CallTokensConfig:
     """The settings of ``call_tokens`` (the signed Txn-Token on every backend request)."""
@@ -840,6 +932,17 @@ class Config:
                              metadata={"help": "data-flow labels for the policy (docs/policy-authors.md#flow)"})
     tracing: TracingConfig = field(default_factory=TracingConfig,
                                    metadata={"help": "OpenTelemetry traces (off unless an endpoint is set)"})
+    credentials: dict[str, CredentialConfig] = field(
+        default_factory=dict, metadata={"help": "credential name -> what the proxy attaches to the requests of the "
+                                                "tools whose backend says `auth: <name>` (kind and its settings, "
+                                                "secrets as files: docs/backends.md#credentials); from the YAML "
+                                                "file, or as JSON in the environment variable"})
+
+    def __post_init__(self) -> None:
+        exchanges = [name for name, entry in self.credentials.items() if entry.kind == "token_exchange"]
+        if exchanges and self.identity.mode != "jwt":
+            raise ConfigError(f"credentials.{exchanges[0]}: kind token_exchange sends the caller's verified token, "
+                              f"which only identity.mode jwt has (it is {self.identity.mode})")
 
 
 def serving_problem(config: Config) -> str | None:
@@ -951,6 +1054,11 @@ def _parse_env(name: str, raw: str, hint: Any) -> Any:
             return float(raw)
         if origin is list:
             return [item.strip() for item in raw.split(",") if item.strip()]
+        if _entries_type(hint) is not None:  # named sections (credentials): a JSON object
+            value = yaml.safe_load(raw) if raw.strip() else {}
+            if not isinstance(value, dict):
+                raise ValueError("expected a JSON object of named entries")
+            return value
         if origin is dict:
             pairs = [item for item in raw.split(",") if item.strip()]
             result = {}
@@ -986,9 +1094,37 @@ def _build(cls: type, data: Any, where: str) -> Any:
             default = getattr(cls(), f.name)
             merged = {**dataclasses.asdict(default), **(value or {})}
             kwargs[f.name] = _build(hint, merged, path)
+        elif (entry_type := _entries_type(hint)) is not None:
+            kwargs[f.name] = _build_entries(entry_type, value, path)
         else:
             kwargs[f.name] = _check_allowed(_check_type(value, hint, path), f, path)
     return cls(**kwargs)
+
+
+def _entries_type(hint: Any) -> type | None:
+    """The section type of a ``dict[str, Section]`` setting (named entries such as ``credentials``), else None."""
+    if typing.get_origin(hint) is dict:
+        value_type = typing.get_args(hint)[1]
+        if dataclasses.is_dataclass(value_type):
+            return value_type  # type: ignore[return-value]
+    return None
+
+
+def _build_entries(entry_type: type, value: Any, where: str) -> dict[str, Any]:
+    """Named entries, each built and checked like a section (``check(where)`` when the type has one)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a mapping of names to entries")
+    entries = {}
+    for name, raw in value.items():
+        if not isinstance(name, str) or not name or not all(c.isalnum() or c in "-_." for c in name):
+            raise ConfigError(f"{where}: {name!r} is not a name (letters, digits, - _ .)")
+        entry = _build(entry_type, raw, f"{where}.{name}")
+        if hasattr(entry, "check"):
+            entry.check(f"{where.removeprefix('config.')}.{name}")
+        entries[name] = entry
+    return entries
 
 
 def _check_allowed(value: Any, f: dataclasses.Field[Any], where: str) -> Any:

@@ -56,6 +56,8 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "rate_limited": ErrorSpec("dependency", True, "retry", 429),
     # dependency / execution outcomes
     "dependency_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
+    # a credential the backend needs (proxy/credentials) could not be had: nothing was sent
+    "credential_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
     "timeout_not_started": ErrorSpec("execution", True, "retry_same_key", 504),
     "timeout": ErrorSpec("execution", True, "retry", 504),
     "timeout_unknown": ErrorSpec("execution", False, "reconcile", 504, expose_to_user=True),

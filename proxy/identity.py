@@ -22,7 +22,7 @@ import json
 import logging
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -53,6 +53,9 @@ class Caller:
     # Who the person is, for the self-approval check: identity.person_claim of the token in jwt mode ("" when
     # the token lacks it), the subject in the other modes; lower-cased.
     person: str = ""
+    # jwt mode: the verified bearer token itself, which a token_exchange credential sends to its authorization
+    # server as the subject token (proxy/credentials). Never in a record, a log or the policy's input.
+    token: str = field(default="", repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "tenant": self.tenant, "roles": list(self.roles),
@@ -393,12 +396,13 @@ class Authenticator:
         config = self._config
         if config.mode == "jwt":
             assert self._jwt is not None
-            claims = await self._jwt.verify(bearer_token(headers))
+            token = bearer_token(headers)
+            claims = await self._jwt.verify(token)
             subject, tenant, roles, scopes = self._jwt.claims_to_identity(claims)
             if tenant is None:
                 raise _unauthorized()
             return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=self._agent,
-                          source="jwt", person=_person(claims, config.person_claim))
+                          source="jwt", person=_person(claims, config.person_claim), token=token)
         if config.mode == "headers":
             assert self._hop is not None
             self._hop.check(headers, peer)

@@ -536,7 +536,7 @@ class Pipeline:
             tenant=state.caller.tenant, agent=state.caller.agent,
             idempotency_key=state.idempotency_key, fencing_token=state.fencing_token,
             args_hash=normalized.args_hash, decision_id=state.policy.decision_id if state.policy else None,
-            approval_id=state.approval_id)
+            approval_id=state.approval_id, caller_token=state.caller.token)
 
     def _stage(self, state: CallState, name: str) -> "_Stage":
         return _Stage(state, name)

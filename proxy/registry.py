@@ -102,6 +102,7 @@ class Backend(Endpoint):
     type: str = "http"
     tool: str | None = None  # upstream tool name for type: mcp
     pin: McpPin | None = None  # type: mcp: what the upstream's tool was when reviewed (None: not checked)
+    auth: str | None = None  # a credential of the config (``credentials.<name>``) attached to its requests
 
 
 @dataclass(frozen=True)
@@ -557,7 +558,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         output_schema=_freeze(output_schema or {}),
         backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
                         path=backend.get("path"), tool=backend.get("tool"),
-                        pin=McpPin(**backend["pin"]) if backend.get("pin") else None),
+                        pin=McpPin(**backend["pin"]) if backend.get("pin") else None, auth=backend.get("auth")),
         resources=tuple(resources),
         idempotency_required=required,
         idempotency_reason=idem.get("reason"),

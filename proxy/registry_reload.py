@@ -43,9 +43,11 @@ class RegistryReloader:
     def __init__(self, *, paths: Sequence[str], live: LiveRegistry, policy: PolicyClient, metrics: Metrics,
                  interval_ms: int, push_catalog: bool,
                  on_swap: Callable[[Registry], None] | None = None,
-                 services: Mapping[str, str] | None = None) -> None:
+                 services: Mapping[str, str] | None = None,
+                 check: Callable[[Registry], None] | None = None) -> None:
         self._paths = list(paths)
         self._services = services  # backends.services: a contract naming an unmapped service is refused
+        self._check = check  # what else a new registry must pass (its credential references): RegistryError
         self._on_swap = on_swap  # told of every applied registry (the pin watcher re-checks its upstreams)
         self._live = live
         self._policy = policy
@@ -98,6 +100,8 @@ class RegistryReloader:
                 unmapped = unmapped_services(registry, self._services) if self._services else []
                 if unmapped:
                     raise RegistryError("; ".join(unmapped))
+                if self._check is not None:
+                    self._check(registry)
             except RegistryError as exc:
                 self._metrics.registry_reloads.labels("refused").inc()
                 log.error("registry reload refused, the running registry (%d contracts) stays: %s",

@@ -25,6 +25,9 @@ from . import flow as flow_module, locks as locks_module, operations as operatio
 from .adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
 from .adapters import DeferredAdapter
 from .adapters.http import HttpAdapter
+from .credentials import Credentials
+from .credentials.load import load_credentials
+from .credentials.references import check_references
 from .adapters.mcp_pins import PinWatcher
 from .policy.approvals import ApprovalStore
 from .audit import Auditor, build_sinks
@@ -93,6 +96,7 @@ class Runtime:
     drain: Drain                  # SIGTERM: refuse new calls, finish or cut the ones in flight (readiness fails)
     integrity: IntegrityGuard | None = None  # refuses (counts, audits) records whose MAC does not verify
     pins: PinWatcher | None = None  # pinned MCP upstreams, checked; their drifted tools quarantined (proxy/drift.py)
+    credentials: Credentials | None = None  # what backend requests carry (backend.auth), asked per call by adapters
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
@@ -106,6 +110,8 @@ class Runtime:
         await self.pipeline.cancellations.stop()
         await self.quotas.guard.stop()
         await self.pipeline.aclose()
+        if self.credentials is not None:
+            await self.credentials.aclose()
         await self.session.close()
         await self.wire.close()
         await self.decision_wire.close()
@@ -173,6 +179,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         raise ConfigError(str(exc)) from None
     call_tokens = load_call_tokens(config.call_tokens)
     registry = LiveRegistry(registry or load_registry(config.registry.paths))
+    check_references(registry, config.credentials, config.backends.services)
     log_notices(registry)
     async with contextlib.AsyncExitStack() as opened:
         session = aiohttp.ClientSession(
@@ -213,7 +220,12 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         if any(tool.backend.type == "mcp" for tool in registry.all()):
             mcp_adapter.warm()  # the MCP SDK: imported at start-up when a tool needs it, never by a first call
         opened.push_async_callback(mcp_adapter.aclose)
-        adapters = {"http": HttpAdapter(wire, session, config.backends.services, tokens=call_tokens, **limits), "mcp": mcp_adapter}
+        credentials = load_credentials(config.credentials, session,
+                                       on_answer=lambda name, kind, result:
+                                       metrics.credential_tokens.labels(name, kind, result).inc())
+        opened.push_async_callback(credentials.aclose)
+        adapters = {"http": HttpAdapter(wire, session, config.backends.services, tokens=call_tokens,
+                                        credentials=credentials, **limits), "mcp": mcp_adapter}
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics)
         integrity = IntegrityGuard(mac, metrics, audit)
@@ -289,7 +301,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
                                     services=config.backends.services,
                                     interval_ms=config.registry.reload_interval_ms,
-                                    push_catalog=config.opa.push_catalog, on_swap=pins.sync)
+                                    push_catalog=config.opa.push_catalog, on_swap=pins.sync,
+                                    check=lambda new: check_references(new, config.credentials,
+                                                                       config.backends.services))
         reloader.start()
         opened.push_async_callback(reloader.stop)
         scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
@@ -301,7 +315,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
                           reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity,
-                          call_tokens=call_tokens, pins=pins, drain=drain)
+                          call_tokens=call_tokens, pins=pins, drain=drain, credentials=credentials)
         opened.pop_all()  # from here on Runtime.close() closes them
     eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
     warning = self_approval_warning(config.identity, config.admin_identity)

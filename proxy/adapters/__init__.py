@@ -76,6 +76,8 @@ class BackendCall:
     decision_id: str | None = None      # the policy decision that allowed the call
     approval_id: str | None = None      # the approval it consumed
     tracestate: str | None = None       # W3C tracestate forwarded beside traceparent (the caller's, if any)
+    # jwt mode: the caller's verified token, for a token_exchange credential (never logged or recorded)
+    caller_token: str = field(default="", repr=False)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,10 @@
 
 Owns: POSTing canonical arguments to a tool's HTTP backend over the hot path's
 wire (``proxy.wire.http``) within the call's budget, forwarding trusted
-headers and the call's signed ``Txn-Token``, asking a contract's ``cancel_endpoint`` to stop a sent call (through the
-shared ``aiohttp.ClientSession``: a rare request), and classifying every failure honestly:
+headers and the call's signed ``Txn-Token``, attaching the backend's credential (``backend.auth``: its
+headers and TLS context, asked of ``proxy.credentials`` per request, after the decision), asking a contract's
+``cancel_endpoint`` to stop a sent call (through the shared ``aiohttp.ClientSession``: a rare request), and
+classifying every failure honestly:
 whether the request left the proxy and whether the effect is known to have
 happened. Must never: retry (the wire sends a read once more only when a reused
 connection closed before answering; a write never), claim "not applied" for a write without proof,
@@ -16,7 +18,7 @@ import asyncio
 import email.utils
 import functools
 import time
-from typing import Any, Mapping
+from typing import Any, Awaitable, Mapping
 
 import aiohttp
 
@@ -28,6 +30,7 @@ from ..telemetry import spans
 from ..wire.http import Answer, HttpWire, Progress, SlowAnswer, TooLarge
 from ..identity import Caller
 from ..registry import ToolContract
+from ..credentials import Credentials, Headers, OnBehalfOf
 from . import (BackendCall, BackendResult, deadline_passed, failed_answer, partial_answer, safe_error_fields,
                safe_value, unanswered)
 from .call_tokens import CallTokens
@@ -35,8 +38,10 @@ from .call_tokens import CallTokens
 
 class HttpAdapter:
     def __init__(self, wire: HttpWire, session: aiohttp.ClientSession, services: Mapping[str, str], *,
-                 tokens: CallTokens, max_response_bytes: int, max_json_depth: int) -> None:
+                 tokens: CallTokens, max_response_bytes: int, max_json_depth: int,
+                 credentials: Credentials | None = None) -> None:
         self._wire = wire
+        self._credentials = credentials or Credentials()
         self._tokens = tokens
         self._session = session
         self._services = dict(services)
@@ -59,9 +64,13 @@ class HttpAdapter:
                 # A read may go once more on a fresh connection when a reused one closed before answering
                 # (the wire never re-sends a write whose bytes may have reached the backend).
                 headers = forwarded_headers(call, self._tokens.for_call(call))
+                auth = tool.backend.auth
+                if auth is not None:  # the credential's headers replace any of the same name
+                    headers.update(await self._credential(tool, auth, call.subject, call.tenant, call.caller_token,
+                                                          call.budget_s))
                 answer = await self._wire.post(url, call.canonical_arguments, headers.items(),
                                                progress=progress, max_body=self._max_response_bytes,
-                                               retry_stale=not tool.is_write)
+                                               retry_stale=not tool.is_write, tls=self._credentials.tls(auth))
         except TimeoutError:  # the budget, or the connect timeout (then nothing was sent)
             raise self._timed_out(call, progress, time.monotonic() - started) from None
         except TooLarge as exc:
@@ -108,13 +117,24 @@ class HttpAdapter:
                                            version=tool.version, budget_s=timeout_s)
         headers = {"Idempotency-Key": key, "X-Toolproxy-Tenant": caller.tenant,
                    "X-Toolproxy-Tool-Version": tool.version, "Txn-Token": token, **spans.outgoing()}
+        auth = tool.backend.auth
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._session.post(url, headers=headers, allow_redirects=False) as response:
+                if auth is not None:
+                    headers.update(await self._credential(tool, auth, caller.subject, caller.tenant, caller.token,
+                                                          timeout_s))
+                async with self._session.post(url, headers=headers, allow_redirects=False,
+                                              ssl=self._credentials.tls(auth) or True) as response:
                     status = response.status
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except (TimeoutError, aiohttp.ClientError, OSError, ProxyError):  # ProxyError: no credential
             return "unreachable"
         return "accepted" if 200 <= status < 300 else "refused"
+
+    def _credential(self, tool: ToolContract, auth: str, subject: str, tenant: str, token: str,
+                    wait_s: float) -> Awaitable[Headers]:
+        """The headers credential ``auth`` adds to a request for ``tool`` (the audience is its backend service)."""
+        return self._credentials.attach(auth, audience=tool.backend_name, caller=OnBehalfOf(subject, tenant, token),
+                                        wait_s=wait_s)
 
     def _timed_out(self, call: BackendCall, progress: Progress, elapsed: float) -> ProxyError:
         return deadline_passed(call, sent=progress.sent or progress.connected, elapsed_s=elapsed, backend="backend")

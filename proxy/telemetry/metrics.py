@@ -31,6 +31,10 @@ class Metrics:
         self.tool_version_calls = Counter(
             "toolproxy_tool_version_calls", "Tool calls by contract version and the version's status (active, "
             "deprecated): who still uses an old version", ["tool", "version", "status"], registry=r)
+        self.credential_tokens = Counter("toolproxy_credential_tokens",
+                                         "Token endpoint answers by credential, kind and result (issued, or why "
+                                         "none: timeout, unreachable, refused, invalid_answer, answer_too_large)",
+                                         ["credential", "kind", "result"], registry=r)
         self.registry_reloads = Counter("toolproxy_registry_reloads",
                                         "Registry reloads by result (applied; refused: the new files failed "
                                         "validation and the previous registry stays)", ["result"], registry=r)

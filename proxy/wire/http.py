@@ -119,7 +119,7 @@ class Answer:
 
 @dataclass(frozen=True)
 class _Origin:
-    key: tuple[str, str, int]
+    key: tuple[str, str, int, int]  # scheme, host, port, and the TLS context's id (0: the wire's default)
     host: str
     port: int
     ssl: ssl.SSLContext | None
@@ -312,8 +312,9 @@ class HttpWire:
         self.limits = limits
         self._open = 0  # slots taken, all origins
         self._waiting = 0  # futures in the lines, all origins
-        self._pools: dict[tuple[str, str, int], _Pool] = {}
+        self._pools: dict[tuple[str, str, int, int], _Pool] = {}
         self._origins: dict[str, _Origin] = {}
+        self._tls_origins: dict[tuple[str, ssl.SSLContext], _Origin] = {}  # URLs reached with a credential's TLS
         self._sweep: asyncio.TimerHandle | None = None
         self._ssl: ssl.SSLContext | None = None
 
@@ -329,13 +330,16 @@ class HttpWire:
 
     async def post(self, url: str, body: bytes, headers: Iterable[tuple[str, str]] = (), *,
                    progress: Progress | None = None, max_body: int | None = None,
-                   retry_stale: bool = False, feed: EventFeed | None = None) -> Answer:
+                   retry_stale: bool = False, feed: EventFeed | None = None,
+                   tls: ssl.SSLContext | None = None) -> Answer:
         """The answer to one POST. Raises ``WireError`` or ``OSError`` when there is none (``NotSent``: it
         provably never left; ``SlowAnswer``: past the answer time), ``TimeoutError`` when connecting took
         longer than the connect timeout, ``TooLarge`` past ``max_body`` (default: the wire's limit; not
         applied to an event stream read by ``feed``, which bounds its own bytes and events) or the head
-        limits, or the feed's own errors."""
-        origin = self._origins.get(url) or self._origin(url)
+        limits, or the feed's own errors. ``tls``: the context an ``https`` URL is reached with (a client
+        certificate and CA bundle of the backend's credential; its connections are pooled apart)."""
+        origin = (self._origins.get(url) if tls is None else self._tls_origins.get((url, tls))) \
+            or self._origin(url, tls=tls)
         return await self._send(origin, body, headers, progress, max_body, retry_stale, feed)
 
     async def request(self, method: str, url: str, body: bytes = b"", headers: Iterable[tuple[str, str]] = (), *,
@@ -504,7 +508,7 @@ class HttpWire:
         first (a connection just released goes to its own origin's line before another's takes its slot)."""
         if not self._waiting:
             return
-        served: list[tuple[str, str, int]] = []
+        served: list[tuple[str, str, int, int]] = []
         pools = list(self._pools.items())
         if first is not None:
             pools.sort(key=lambda item: item[1] is not first)
@@ -564,24 +568,33 @@ class HttpWire:
             raise NotSent("the connection closed as it opened")
         return connection
 
-    def _origin(self, url: str, method: str = "POST") -> _Origin:
+    def _origin(self, url: str, method: str = "POST", tls: ssl.SSLContext | None = None) -> _Origin:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected an http(s) URL, got {url!r}")
         if self._unix_socket is not None and parts.scheme != "http":
             raise ValueError(f"a Unix socket wire speaks plain http, got {url!r}")
+        if tls is not None and parts.scheme != "https":
+            raise ValueError(f"a TLS context was given for a plain http URL, {url!r}")
         port = parts.port or (443 if parts.scheme == "https" else 80)
         context = None
         if parts.scheme == "https":
-            context = self._ssl = self._ssl or ssl.create_default_context()
+            if tls is None:
+                self._ssl = self._ssl or ssl.create_default_context()
+            context = tls or self._ssl
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         credentials = BasicAuth.from_url(URL(url))  # user:password in the URL, sent as aiohttp sends it
         auth = [("Authorization", credentials.encode())] if credentials is not None else []
         head = f"{method} {target} HTTP/1.1\r\n".encode() + _headers(
             [("Host", parts.netloc.rpartition("@")[2]), ("User-Agent", _USER_AGENT), *auth])
-        origin = _Origin((parts.scheme, parts.hostname, port), parts.hostname, port, context, head)
-        if method == "POST" and len(self._origins) < 4096:  # backend URLs come from contracts: a bounded set, cached
-            self._origins[url] = origin
+        origin = _Origin((parts.scheme, parts.hostname, port, 0 if tls is None else id(tls)), parts.hostname, port,
+                         context, head)
+        # Backend URLs come from contracts: a bounded set, cached (POSTs only: the control plane's are rare).
+        if method == "POST" and len(self._origins) + len(self._tls_origins) < 4096:
+            if tls is None:
+                self._origins[url] = origin
+            else:
+                self._tls_origins[(url, tls)] = origin
         return origin
 
     async def close(self) -> None:

@@ -1,5 +1,5 @@
 """Imports inside ``proxy/`` run one way: authoring → fronts → batch → pipeline → transactions → adapters →
-policy → the stages and stores at the package's face → telemetry → wire.
+policy → credentials → the stages and stores at the package's face → telemetry → wire.
 
 Parses every module of the package (ast, nothing is imported) and fails on
 any import cycle, counting every import: module level, inside functions and
@@ -101,9 +101,9 @@ def test_proxy_has_no_import_cycle():
 # never one above. The face of the package (``proxy/*.py``: the stages and their values) is the "core"
 # tier, except the few face modules that assemble the others, named in FACE_TIERS (and the package
 # itself, which holds only its version).
-TIERS = ["calltokens", "wire", "telemetry", "core", "policy", "adapters", "transactions", "pipeline", "batch", "fronts",
+TIERS = ["calltokens", "wire", "telemetry", "core", "credentials", "policy", "adapters", "transactions", "pipeline", "batch", "fronts",
          "authoring"]
-WINGS = {"calltokens", "wire", "telemetry", "policy", "adapters", "transactions", "batch", "fronts", "authoring"}
+WINGS = {"calltokens", "wire", "telemetry", "credentials", "policy", "adapters", "transactions", "batch", "fronts", "authoring"}
 FACE_TIERS = {"proxy": "wire", "proxy.pipeline": "pipeline", "proxy.runtime": "fronts", "proxy.registry_reload": "fronts",
               "proxy.cli": "authoring"}
 

@@ -1,0 +1,35 @@
+"""The registry's references to credentials: every ``backend.auth`` names a configured credential that fits.
+
+Owns: refusing a registry (at start-up, and as a whole on a reload) whose tool names a credential the
+configuration lacks, names one on a backend kind that cannot carry it, or pairs a credential's TLS settings with
+a plain-http backend. Must never: read a secret (only names and settings are compared).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..config import CredentialConfig
+from ..registry import Registry, RegistryError
+
+
+def check_references(registry: Registry, credentials: Mapping[str, CredentialConfig],
+                     services: Mapping[str, str]) -> None:
+    """RegistryError naming the tool, the credential and the fix, for the first reference that cannot work."""
+    for tool in registry.all():
+        name = tool.backend.auth
+        if name is None:
+            continue
+        where = f"{tool.source}: tool {tool.name!r} version {tool.version}: backend.auth {name!r}"
+        entry = credentials.get(name)
+        if entry is None:
+            known = ", ".join(sorted(credentials)) or "none"
+            raise RegistryError(f"{where} is not a configured credential (configured: {known}); add "
+                                f"credentials.{name} to the proxy's configuration or fix the name")
+        if tool.backend.type != "http":
+            raise RegistryError(f"{where}: credentials are attached to HTTP backends only (an MCP upstream's "
+                                "authorization is its own setting)")
+        url = tool.backend.resolve(services) or ""
+        if (entry.tls_cert_file or entry.tls_ca_file) and url.startswith("http://"):
+            raise RegistryError(f"{where} carries TLS settings but the backend's URL is plain http; use an "
+                                "https URL (backends.services, or the tool's backend.url)")

@@ -89,10 +89,11 @@ def related_problems(read: RelatedRead, *, request_input: Mapping[str, Any], sen
     return found
 
 
-def approver_copy(arguments: Any, approver_may_read: Iterable[str], salt: str) -> dict[str, Any] | None:
+def approver_copy(arguments: Any, approver_may_read: Iterable[str], salt: str, *,
+                  key: bytes) -> dict[str, Any] | None:
     """The sensitive fields an approver may read, in clear, in the arguments' own shape (credential-like keys
-    below them still hashed); None when the contract lets an approver read none."""
+    below them still hashed under ``key``); None when the contract lets an approver read none."""
     paths = list(approver_may_read)
     if not paths:
         return None
-    return select(arguments, paths, salt)
+    return select(arguments, paths, salt, key=key)

@@ -2,12 +2,15 @@
 
 Owns: the record MAC key (read once from ``integrity.mac_key_file``, or an ephemeral one), the canonical
 binding of each record kind it protects, computing a MAC (HMAC-SHA256 over an RFC 8785 array, so no field
-can bleed into another) and checking one (constant time), and the ``record_integrity_failed`` error.
+can bleed into another) and checking one (constant time), the keys derived from it for other purposes
+(the keyed hash of a masked field, sealing a pending approval's approver-readable fields with AES-GCM),
+and the ``record_integrity_failed`` error.
 
 Protected records and their bindings (docs/scale.md, "Records a Redis writer cannot forge"):
 
 * an approval (``approval``): id, tenant, subject, tool, version, ``args_hash``, expiry, risk, requester
-  (the person claim), status (pending, approved, denied) and approver;
+  (the person claim), status (pending, approved, denied), approver, and the digest of everything else an
+  approver is shown or that runs for them (summary, related read, reasons, agent, origin, decision);
 * a spent-approval mark (``approval-used``): the same binding plus when and for which operation key it
   was spent;
 * a settled operation outcome (``outcome``): operation key, fingerprint (subject, version, ``args_hash``),
@@ -29,6 +32,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import rfc8785
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from .errors import ProxyError
 
@@ -40,6 +45,7 @@ log = logging.getLogger("toolproxy.integrity")
 
 VERSION = "m1"            # the prefix of every stored MAC: a future key or binding change gets a new one
 COMPACT = "m2"            # the same MAC in base64url (43 characters, not 64): what every operation record carries
+SEALED = "s1"             # the prefix of a sealed (encrypted and authenticated) text: RecordMac.seal
 MIN_KEY_BYTES = 32
 
 
@@ -80,11 +86,14 @@ class RecordMac:
 
     def approval(self, *, approval_id: str, tenant: str, subject: str, tool: str, tool_version: str,
                  args_hash: str, expires_at_ms: int | str, risk: str, status: str, approver: str = "",
-                 requester: str = "") -> str:
+                 requester: str = "", shown: str = "") -> str:
         """The MAC of an approval in ``status`` (pending, approved, denied), decided by ``approver``; the
-        ``requester`` is the person the self-approval check compares."""
-        return self._mac("approval", [approval_id, tenant, subject, tool, tool_version, args_hash,
-                                      expires_at_ms, risk, requester, status, approver])
+        ``requester`` is the person the self-approval check compares; ``shown`` the digest of everything else
+        an approver is shown or that runs for them (``approvals.shown_digest``: the summary with its related
+        read, the reasons, the agent, the origin, the decision's time and reason). Kind ``approval/2``: an
+        approval MAC'd before ``shown`` was bound does not verify."""
+        return self._mac("approval/2", [approval_id, tenant, subject, tool, tool_version, args_hash,
+                                        expires_at_ms, risk, requester, status, approver, shown])
 
     def approval_used(self, *, approval_id: str, tenant: str, subject: str, tool: str, tool_version: str,
                       args_hash: str, expires_at_ms: int | str, used_at_ms: int | str, used_for: str) -> str:
@@ -106,6 +115,32 @@ class RecordMac:
             return False
         return self.same(self.outcome(key=key, fingerprint=fingerprint, state=state, outcome=outcome,
                                       version=version), stored)
+
+    def derived_key(self, purpose: str) -> bytes:
+        """A key for one other purpose, derived from the MAC key (HMAC of the purpose's name), never the MAC
+        key itself: ``field-hash`` (the keyed hash of a masked field), ``seal`` (approver-readable fields)."""
+        return hmac.new(self._key, b"toolproxy.derived/1\n" + purpose.encode(), hashlib.sha256).digest()
+
+    def seal(self, kind: str, record_id: str, text: str) -> str:
+        """``text`` encrypted and authenticated (AES-256-GCM under ``derived_key("seal")``, a random nonce,
+        the record's kind and id as associated data, so a sealed text moved to another record does not open):
+        ``s1:`` and base64url of nonce and ciphertext."""
+        nonce = secrets.token_bytes(12)
+        sealed = AESGCM(self.derived_key("seal")).encrypt(nonce, text.encode(), f"{kind}\n{record_id}".encode())
+        return SEALED + ":" + base64.urlsafe_b64encode(nonce + sealed).decode()
+
+    def unseal(self, kind: str, record_id: str, stored: str) -> str | None:
+        """The text ``seal`` sealed for this record, or None (not sealed, altered, another record's, another
+        key's)."""
+        version, _, body = stored.partition(":")
+        if version != SEALED:
+            return None
+        try:
+            raw = base64.urlsafe_b64decode(body.encode())
+            return AESGCM(self.derived_key("seal")).decrypt(raw[:12], raw[12:],
+                                                            f"{kind}\n{record_id}".encode()).decode()
+        except (ValueError, InvalidTag):
+            return None
 
     @staticmethod
     def same(expected: str, stored: str | None) -> bool:

@@ -57,7 +57,7 @@ async def test_refund_above_threshold_needs_approval_then_runs_once(stack, appro
     assert (pending["tool"], pending["subject"], pending["tenant"], pending["risk"]) == \
         ("refund_order", "alice", "acme", "financial")
     assert {k: pending["arguments"][k] for k in ("order_id", "amount")} == {"order_id": "ord_1001", "amount": 6000}
-    assert re.fullmatch(r"\[redacted sha256:[0-9a-f]{64}\]", pending["arguments"]["reason"])  # a per-field hash
+    assert re.fullmatch(r"\[redacted hmac-sha256:[0-9a-f]{64}\]", pending["arguments"]["reason"])  # a per-field hash
     assert pending["resources"] == ["order:ord_1001"]
     # The contract lets an approver read the reason (approver_may_read), apart from the masked arguments only.
     assert "complaint" not in json.dumps({**listing, "approvals": [{**a, "revealed": None} for a in listing["approvals"]]})

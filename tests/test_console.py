@@ -104,7 +104,7 @@ async def test_a_refund_over_the_threshold_is_approved_by_clicking_and_the_resen
         await row.wait_for()
         text = await row.inner_text()
         for shown in ("dev-user", "tenant acme", "refund_order 1.0.0", "financial", "amount_over_threshold",
-                      '"amount": 6000', '"reason": "[redacted sha256:', "order:ord_1001",
+                      '"amount": 6000', '"reason": "[redacted hmac-sha256:', "order:ord_1001",
                       "key console-refund-1", "(Idempotency-Key)", envelope["request_id"]):
             assert shown in text, shown
         arguments = await row.locator('td[data-label="arguments (masked)"] pre').inner_text()
@@ -250,7 +250,7 @@ async def test_attacker_controlled_arguments_are_shown_as_text_and_run_nothing(d
         cell = page.locator(f'#approvals tr[data-approval-id="{approval_id}"] pre')
         shown = json.loads(await cell.inner_text())
         assert {k: shown[k] for k in ("to", "subject")} == {"to": XSS_TO, "subject": XSS_SUBJECT}
-        assert shown["body"].startswith("[redacted sha256:")
+        assert shown["body"].startswith("[redacted hmac-sha256:")
         assert await page.locator("#approvals img").count() == 0
         assert await page.locator("#approvals script").count() == 0
         assert await page.evaluate("document.querySelectorAll('img').length") == 0

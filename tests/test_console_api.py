@@ -118,7 +118,7 @@ async def test_an_approval_shows_the_agents_own_key_its_ids_and_the_reason_while
     assert view["operation_key"] == envelope["idempotency_key"] and view["operation_key"].startswith("ik_")
     assert view["request_id"] == envelope["request_id"]
     assert view["revealed"] == {"reason": "customer says duplicate charge"}
-    assert view["arguments"]["reason"].startswith("[redacted sha256:")
+    assert view["arguments"]["reason"].startswith("[redacted hmac-sha256:")
     assert view["related_read"] == {"tool": "get_order", "version": "1.0.0", "arguments": {"order_id": "ord_1003"}}
     _, listing, _ = await request(stack, "GET", "/v1/approvals", approver)
     assert [a["revealed"] for a in listing["approvals"]] == [{"reason": "customer says duplicate charge"}]

@@ -323,7 +323,7 @@ async def test_a_password_nested_in_an_array_is_masked_wherever_a_person_reads_i
         assert status == 200 and secret not in json.dumps(listing)
         [shown] = [a for a in listing["approvals"] if a["id"] == approval_id]
         assert shown["arguments"]["accounts"][0]["user"] == "ann"
-        assert shown["arguments"]["accounts"][0]["password"].startswith("[redacted sha256:")  # a per-field hash
+        assert shown["arguments"]["accounts"][0]["password"].startswith("[redacted hmac-sha256:")  # a per-field hash
         status, single = await stack.admin("GET", f"/v1/approvals/{approval_id}", approver)
         assert status == 200 and secret not in json.dumps(single)
         assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200

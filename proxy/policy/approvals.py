@@ -40,7 +40,7 @@ from ..identity import AdminPrincipal, Caller
 from ..idempotency import OperationKey
 from ..integrity import IntegrityGuard
 from ..telemetry.metrics import Metrics
-from ..normalize import NormalizedCall
+from ..normalize import NormalizedCall, digest
 from ..registry import ToolContract
 from ..requests import RequestMeta
 from .. import store
@@ -112,6 +112,24 @@ return 'ok'
 """
 
 MAX_REASON_CHARS = 500  # an approver's note on a decision
+SUMMARY_PARTS = ("arguments", "resources", "view", "related_read")  # what a stored summary may add to a view
+# Everything an approval shows an approver, or runs for them, beyond its binding: covered by its MAC as one
+# digest (``shown_digest``). ``revealed`` is not: it is sealed on its own (RecordMac.seal) and dropped once
+# decided.
+SHOWN_FIELDS = ("summary", "reasons", "agent", "created_at_ms", "request_id", "call_id", "operation_key",
+                "caller_key", "caller_key_source", "decided_at_ms", "decision_reason")
+
+
+def shown_digest(record: Mapping[str, Any]) -> str:
+    """The digest of ``SHOWN_FIELDS`` as stored (strings; an absent field as "")."""
+    return digest([str(record.get(name, "")) for name in SHOWN_FIELDS]) or ""
+
+
+def _binding(approval_id: str, record: Mapping[str, str]) -> dict[str, Any]:
+    """The MAC binding of a record as stored, under the id it was looked up by."""
+    return {"approval_id": approval_id, "tenant": record.get("tenant", ""), "subject": record.get("subject", ""),
+            "tool": record.get("tool", ""), "tool_version": record.get("tool_version", ""),
+            "args_hash": record.get("args_hash", ""), "expires_at_ms": record.get("expires_at_ms", "")}
 
 
 def approval_key(prefix: str, approval_id: str) -> str:
@@ -192,14 +210,14 @@ def now_ms() -> int:
 
 
 def approver_summary(tool: ToolContract, normalized: NormalizedCall, approval_id: str,
-                     max_bytes: int) -> tuple[str, str | None]:
+                     max_bytes: int, *, key: bytes) -> tuple[str, str | None]:
     """What an approver is shown (JSON): every argument the approval binds, in full, masked fields as per-field
-    hashes (proxy/telemetry/redaction.py ``reveal``), the resources, the contract's view of amounts and its
+    hashes keyed with ``key`` (proxy/telemetry/redaction.py ``reveal``), the resources, the contract's view of amounts and its
     related read (which read, with which arguments); and, apart (the record drops it once decided), the
     sensitive fields the contract lets an approver read in clear (``approver_may_read``). Nothing is ever cut:
     the two together larger than ``max_bytes`` refuse the approval (``approval_summary_too_large``) before
     anything is stored."""
-    summary: dict[str, Any] = {"arguments": reveal(normalized.arguments, tool.sensitive_fields, approval_id),
+    summary: dict[str, Any] = {"arguments": reveal(normalized.arguments, tool.sensitive_fields, approval_id, key=key),
                                "resources": [r.id for r in normalized.resources]}
     if tool.approval_view:  # the contract's units and currencies, shown beside the arguments
         summary["view"] = {name: {"unit": unit, "currency": currency} for name, unit, currency in tool.approval_view}
@@ -208,7 +226,7 @@ def approver_summary(tool: ToolContract, normalized: NormalizedCall, approval_id
     if read is not None and read_arguments is not None:
         summary["related_read"] = {"tool": read.tool, "version": read.version, "arguments": read_arguments}
     text = json.dumps(summary, ensure_ascii=False)
-    clear = approver_copy(normalized.arguments, tool.approver_may_read, approval_id)
+    clear = approver_copy(normalized.arguments, tool.approver_may_read, approval_id, key=key)
     revealed = json.dumps(clear, ensure_ascii=False) if clear else None
     size = len(text.encode("utf-8")) + len((revealed or "").encode("utf-8"))
     if size > max_bytes:
@@ -267,6 +285,7 @@ class ApprovalStore:
         self._redis = redis
         self._integrity = integrity
         self._mac = integrity.mac
+        self._field_key = integrity.mac.derived_key("field-hash")  # masked fields' hashes: keyed, not SHA-256
         self._replica_acks = replica_acks  # WAIT after spending an approval, so a failover cannot un-spend it
         self._ack_timeout_ms = ack_timeout_ms
         self._audit = audit
@@ -298,18 +317,21 @@ class ApprovalStore:
         approval_id = "apr_" + secrets.token_hex(12)
         created = now_ms()
         expires = created + self._config.ttl_s * 1000
-        summary, revealed = approver_summary(tool, normalized, approval_id, self._config.max_summary_bytes)
+        summary, revealed = approver_summary(tool, normalized, approval_id, self._config.max_summary_bytes,
+                                             key=self._field_key)
         record = {"id": approval_id, "status": "pending", "subject": caller.subject, "requester": caller.person,
                   "tenant": caller.tenant,
                   "agent": caller.agent, "tool": tool.name, "tool_version": tool.version,
                   "args_hash": normalized.args_hash, "risk": risk, "reasons": json.dumps(list(reasons)),
                   "summary": summary, "created_at_ms": created, "expires_at_ms": expires,
                   **(origin.fields() if origin is not None else {}),
-                  **({"revealed": revealed} if revealed else {})}
+                  # Sealed while it waits (never in clear in Redis); the decision drops it.
+                  **({"revealed": self._mac.seal("approval", approval_id, revealed)} if revealed else {})}
         record["mac"] = self._mac.approval(approval_id=approval_id, tenant=caller.tenant, subject=caller.subject,
                                            tool=tool.name, tool_version=tool.version,
                                            args_hash=normalized.args_hash, expires_at_ms=expires, risk=risk,
-                                           requester=caller.person, status="pending")
+                                           requester=caller.person, status="pending",
+                                           shown=shown_digest(record))
         with _store_faults():
             async with self._redis.pipeline(transaction=True) as pipe:
                 pipe.hset(self._key(approval_id), mapping=record)
@@ -376,7 +398,7 @@ class ApprovalStore:
                                   tool=tool.name, tool_version=tool.version, args_hash=normalized.args_hash,
                                   expires_at_ms=record.get("expires_at_ms", ""), risk=record.get("risk", ""),
                                   status=record.get("status", ""), approver=record.get("approver", ""),
-                                  requester=record.get("requester", ""))
+                                  requester=record.get("requester", ""), shown=shown_digest(record))
 
     async def presented(self, approval_id: str, caller: Caller, tool: ToolContract,
                         normalized: NormalizedCall, *, operation_key: str | None = None) -> Approval:
@@ -444,10 +466,10 @@ class ApprovalStore:
             await redis_call(self._redis.zremrangebyscore(self._pending_index, "-inf", now))
             ids = await redis_call(self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
                                                              num=self._config.max_list))
-            records = [await self._record(i.decode()) for i in ids]
+            records = [(i.decode(), await self._record(i.decode())) for i in ids]
         await self._update_pending_gauge()
-        return [self._view(r) for r in records
-                if r and r["status"] == "pending" and self._visible_to(principal, r)]
+        return await self._views([(i, r) for i, r in records
+                                  if r and r.get("status") == "pending" and self._visible_to(principal, r)])
 
     async def count_pending(self, principal: AdminPrincipal) -> int | None:
         """How many approvals are pending in the fleet, for a principal of every tenant (the listing stops at
@@ -466,7 +488,9 @@ class ApprovalStore:
             record = await self._record(approval_id)
         if not record or not self._visible_to(principal, record):
             raise _not_found(approval_id)
-        return self._view(record)
+        if not self._verified(approval_id, record):
+            raise await self._integrity.refused("approval", approval_id, phase="approval", approval_id=approval_id)
+        return self._view(approval_id, record)
 
     async def list_decided(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
         """The most recent decisions (approved, denied, then used or expired), newest first."""
@@ -476,7 +500,7 @@ class ApprovalStore:
             gone = [i for i, r in records if r is None]
             if gone:
                 await redis_call(self._redis.zrem(self._decided_index, *gone))
-        return [self._view(r) for _, r in records if r and self._visible_to(principal, r)]
+        return await self._views([(i, r) for i, r in records if r and self._visible_to(principal, r)])
 
     async def decide(self, approval_id: str, principal: AdminPrincipal, *, approve: bool,
                      body: Any = None) -> dict[str, Any]:
@@ -490,8 +514,8 @@ class ApprovalStore:
                                           **({"reason": reason} if reason else {})})
         with _store_faults():
             record = await self._record(approval_id)
-            decision_mac = await self._decision_mac(approval_id, record, principal, status)
             decided_at = now_ms()
+            decision_mac = await self._decision_mac(approval_id, record, principal, status, decided_at, reason)
             verdict = await redis_call(self._decide(keys=[self._key(approval_id)], args=[
                 decided_at, status, principal.subject, principal.tenant or "", reason, principal.person,
                 (record or {}).get("mac", ""), decision_mac]))
@@ -512,22 +536,35 @@ class ApprovalStore:
         return await self.get(approval_id, principal)
 
     async def _decision_mac(self, approval_id: str, record: dict[str, str] | None, principal: AdminPrincipal,
-                            status: str) -> str:
+                            status: str, decided_at: int, reason: str) -> str:
         """The MAC the decided record will carry, once the pending record's own MAC verified ("" when the record
         is not a pending one this approver may see: the script then refuses it)."""
         if record is None or record.get("status") != "pending" or not self._visible_to(principal, record):
             return ""
-        binding = {"approval_id": approval_id, "tenant": record.get("tenant", ""),
-                   "subject": record.get("subject", ""), "tool": record.get("tool", ""),
-                   "tool_version": record.get("tool_version", ""), "args_hash": record.get("args_hash", ""),
-                   "expires_at_ms": record.get("expires_at_ms", "")}
-        risk, requester = record.get("risk", ""), record.get("requester", "")
-        if not self._mac.same(self._mac.approval(**binding, risk=risk, requester=requester, status="pending"),
-                              record.get("mac")):
+        if not self._verified(approval_id, record):
             # Only the id goes into the audit record: the other fields are what failed the check.
             raise await self._integrity.refused("approval", approval_id, phase="approval", approval_id=approval_id)
-        return self._mac.approval(**binding, risk=risk, requester=requester, status=status,
-                                  approver=principal.subject)
+        decided = {**record, "decided_at_ms": str(decided_at), "decision_reason": reason}
+        return self._mac.approval(**_binding(approval_id, record), risk=record.get("risk", ""),
+                                  requester=record.get("requester", ""), status=status,
+                                  approver=principal.subject, shown=shown_digest(decided))
+
+    def _verified(self, approval_id: str, record: Mapping[str, str]) -> bool:
+        """Whether ``record`` is one a key holder wrote for this id, in its status, with everything it shows."""
+        return self._mac.same(self._mac.approval(
+            **_binding(approval_id, record), risk=record.get("risk", ""), requester=record.get("requester", ""),
+            status=record.get("status", ""), approver=record.get("approver", ""), shown=shown_digest(record)),
+            record.get("mac"))
+
+    async def _views(self, records: list[tuple[str, dict[str, str]]]) -> list[dict[str, Any]]:
+        """The views of listed records; a record whose MAC does not verify is left out, counted and audited."""
+        views = []
+        for approval_id, record in records:
+            if self._verified(approval_id, record):
+                views.append(self._view(approval_id, record))
+            else:
+                await self._integrity.refused("approval", approval_id, phase="approval", approval_id=approval_id)
+        return views
 
     def _check_args(self, approval_id: str, record: dict[str, str], caller: Caller, tool: ToolContract,
                     normalized: NormalizedCall, *, consume: bool, used_by: str,
@@ -567,25 +604,28 @@ class ApprovalStore:
     def _visible_to(principal: AdminPrincipal, record: Mapping[str, str]) -> bool:
         return principal.tenant is None or principal.tenant == record.get("tenant")
 
-    @staticmethod
-    def _view(record: Mapping[str, str]) -> dict[str, Any]:
+    def _view(self, approval_id: str, record: Mapping[str, str]) -> dict[str, Any]:
+        """What an approver is shown of a record whose MAC verified (``_verified``): the summary's own parts
+        first, every bound field after them (stored text never stands in for a bound field)."""
         expires = int(record["expires_at_ms"])
         status = record["status"]
         if status in {"pending", "approved"} and expires <= now_ms() and "used_at_ms" not in record:
             status = "expired"
         elif "used_at_ms" in record:
             status = "used"
-        return {"id": record["id"], "status": status, "subject": record["subject"], "tenant": record["tenant"],
+        summary = json.loads(record.get("summary", "{}"))
+        revealed = self._mac.unseal("approval", approval_id, record["revealed"]) if record.get("revealed") else None
+        return {**{k: summary[k] for k in SUMMARY_PARTS if k in summary},
+                "id": approval_id, "status": status, "subject": record["subject"], "tenant": record["tenant"],
                 "tool": record["tool"], "tool_version": record["tool_version"], "risk": record["risk"],
                 "args_hash": record["args_hash"], "reasons": json.loads(record.get("reasons", "[]")),
-                **json.loads(record.get("summary", "{}")),
                 "created_at_ms": int(record["created_at_ms"]), "expires_at_ms": expires,
                 "approver": record.get("approver"), "decision_reason": record.get("decision_reason") or None,
                 "decided_at_ms": int(record["decided_at_ms"]) if "decided_at_ms" in record else None,
                 "request_id": record.get("request_id"), "call_id": record.get("call_id"),
                 "caller_key": record.get("caller_key"), "caller_key_source": record.get("caller_key_source"),
                 "operation_key": record.get("operation_key"),
-                "revealed": json.loads(record["revealed"]) if record.get("revealed") else None}
+                "revealed": json.loads(revealed) if revealed else None}
 
     async def refresh_gauges(self) -> None:
         """Re-read the pending count (called before each /metrics scrape: expiry and restarts show)."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import abc  # isinstance against the ABC itself: typing.Mapping adds a Python-level check
 import hashlib
+import hmac
 import json
 import re
 from typing import Any, Iterable, Mapping
@@ -68,60 +69,67 @@ def _redact(value: Any, paths: list[tuple[str, ...]], max_chars: int, depth: int
     return value
 
 
-def reveal(arguments: Any, sensitive_fields: Iterable[str], salt: str) -> Any:
+def reveal(arguments: Any, sensitive_fields: Iterable[str], salt: str, *, key: bytes) -> Any:
     """A copy of ``arguments`` for a person who must see everything a decision binds (an approver): nothing
     truncated; each sensitive field and credential-like key replaced by its per-field hash,
-    ``[redacted sha256:<hex>]`` — SHA-256 of ``salt`` (the approval id) and the value's sorted-key JSON — so
-    the approver sees that the value is bound and which one, never the value. The caller bounds the size
-    (an approval whose summary is too large is refused, never shown in part)."""
+    ``[redacted hmac-sha256:<hex>]`` — HMAC-SHA256 under ``key`` (a secret of the proxy's) of ``salt`` (the
+    approval id) and the value's sorted-key JSON — so the approver sees that the value is bound and which
+    one, never the value; without the key nobody who reads the hash can try the few values a low-entropy
+    field (an account number, an amount) may hold. The caller bounds the size (an approval whose summary is
+    too large is refused, never shown in part)."""
     paths = [tuple(p.split(".")) for p in sensitive_fields]
-    return _reveal(arguments, paths, salt)
+    return _reveal(arguments, paths, salt, key)
 
 
-def select(arguments: Any, paths: Iterable[str], salt: str) -> dict[str, Any]:
+def select(arguments: Any, paths: Iterable[str], salt: str, *, key: bytes) -> dict[str, Any]:
     """Only the fields at ``paths`` (top-level names or dotted paths that cross arrays element-wise), in clear
     and in the arguments' own shape, for the one person a contract lets read them (an approver: the contract's
     ``approver_may_read``); credential-like keys below them are still hashed as by ``reveal``."""
-    picked = _select(arguments, [tuple(p.split(".")) for p in paths], salt)
+    picked = _select(arguments, [tuple(p.split(".")) for p in paths], salt, key)
     return picked if isinstance(picked, dict) else {}
 
 
-def _select(value: Any, paths: list[tuple[str, ...]], salt: str) -> Any:
+def _select(value: Any, paths: list[tuple[str, ...]], salt: str, key: bytes) -> Any:
     if isinstance(value, abc.Mapping):
         out: dict[str, Any] = {}
-        for key, sub in value.items():
-            if (key,) in paths:
-                out[key] = field_hash(sub, salt) if looks_secret(str(key)) else _reveal(sub, [], salt)
+        for name, sub in value.items():
+            if (name,) in paths:
+                out[name] = field_hash(sub, salt, key) if looks_secret(str(name)) else _reveal(sub, [], salt, key)
                 continue
-            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
+            below = [p[1:] for p in paths if len(p) > 1 and p[0] == name]
             if below:
-                found = _select(sub, below, salt)
+                found = _select(sub, below, salt, key)
                 if found not in (None, {}, []):
-                    out[key] = found
+                    out[name] = found
         return out
     if isinstance(value, (list, tuple)):
-        items = [_select(v, paths, salt) for v in value]
+        items = [_select(v, paths, salt, key) for v in value]
         return items if any(i not in (None, {}, []) for i in items) else None
     return None
 
 
-def field_hash(value: Any, salt: str) -> str:
+def field_hash(value: Any, salt: str, key: bytes) -> str:
+    """The keyed per-field hash ``reveal`` shows for a masked value (``key`` must be a secret: a hash anyone
+    can recompute lets them test guesses)."""
+    if len(key) < 16:
+        raise ValueError("a masked field's hash needs a secret key of at least 16 bytes")
     text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return "[redacted sha256:" + hashlib.sha256((salt + "\n" + text).encode("utf-8")).hexdigest() + "]"
+    tag = hmac.new(key, (salt + "\n" + text).encode("utf-8"), hashlib.sha256).hexdigest()
+    return "[redacted hmac-sha256:" + tag + "]"
 
 
-def _reveal(value: Any, paths: list[tuple[str, ...]], salt: str) -> Any:
+def _reveal(value: Any, paths: list[tuple[str, ...]], salt: str, key: bytes) -> Any:
     if isinstance(value, abc.Mapping):
         out: dict[str, Any] = {}
-        for key, sub in value.items():
-            if (key,) in paths or looks_secret(str(key)):
-                out[key] = field_hash(sub, salt)
+        for name, sub in value.items():
+            if (name,) in paths or looks_secret(str(name)):
+                out[name] = field_hash(sub, salt, key)
                 continue
-            below = [p[1:] for p in paths if len(p) > 1 and p[0] == key]
-            out[key] = _reveal(sub, below, salt)
+            below = [p[1:] for p in paths if len(p) > 1 and p[0] == name]
+            out[name] = _reveal(sub, below, salt, key)
         return out
     if isinstance(value, (list, tuple)):
-        return [_reveal(v, paths, salt) for v in value]
+        return [_reveal(v, paths, salt, key) for v in value]
     return value
 
 

@@ -24,6 +24,8 @@ DEMO = yaml.safe_load((DEMO_REGISTRY / "demo-tools.yaml").read_text())
 REFUND = {"order_id": "ord_1003", "amount": 6000, "reason": "duplicate charge"}
 
 
+KEY = b"k" * 32  # the proxy derives it from its record MAC key (RecordMac.derived_key)
+
 def registry_with(tmp_path, change):
     doc = copy.deepcopy(DEMO)
     change({t["name"]: t for t in doc["tools"]})
@@ -83,20 +85,20 @@ def test_a_constant_argument_of_the_read_is_checked_against_its_schema(tmp_path)
 def test_select_keeps_only_the_named_fields_in_their_shape_and_credentials_hashed():
     arguments = {"reason": "dup", "amount": 1, "lines": [{"note": "a", "sku": "x"}, {"sku": "y"}],
                  "meta": {"comment": {"text": "hi", "api_key": "k"}}}
-    picked = select(arguments, ["reason", "lines.note", "meta.comment"], "salt")
+    picked = select(arguments, ["reason", "lines.note", "meta.comment"], "salt", key=KEY)
     assert picked["reason"] == "dup" and picked["lines"] == [{"note": "a"}, {}]
     assert picked["meta"]["comment"]["text"] == "hi"
-    assert picked["meta"]["comment"]["api_key"].startswith("[redacted sha256:")
-    assert select(arguments, ["absent"], "salt") == {}
-    assert approver_copy(arguments, (), "salt") is None
+    assert picked["meta"]["comment"]["api_key"].startswith("[redacted hmac-sha256:")
+    assert select(arguments, ["absent"], "salt", key=KEY) == {}
+    assert approver_copy(arguments, (), "salt", key=KEY) is None
 
 
 def test_the_summary_shows_the_read_and_keeps_the_readable_field_apart_from_the_masked_arguments():
     refund = load_registry([DEMO_REGISTRY]).get("refund_order", "1.0.0")
     normalized = normalize(refund, dict(REFUND))
-    text, revealed = approver_summary(refund, normalized, "apr_1", 10_000)
+    text, revealed = approver_summary(refund, normalized, "apr_1", 10_000, key=KEY)
     summary = json.loads(text)
-    assert summary["arguments"]["reason"].startswith("[redacted sha256:")
+    assert summary["arguments"]["reason"].startswith("[redacted hmac-sha256:")
     assert "duplicate charge" not in text
     assert summary["related_read"] == {"tool": "get_order", "version": "1.0.0", "arguments": {"order_id": "ord_1003"}}
     assert json.loads(revealed) == {"reason": "duplicate charge"}
@@ -107,11 +109,11 @@ def test_the_summary_shows_the_read_and_keeps_the_readable_field_apart_from_the_
 def test_the_readable_field_counts_against_the_summary_bound():
     refund = load_registry([DEMO_REGISTRY]).get("refund_order", "1.0.0")
     normalized = normalize(refund, {**REFUND, "reason": "x" * 200})
-    text, revealed = approver_summary(refund, normalized, "apr_1", 10_000)
+    text, revealed = approver_summary(refund, normalized, "apr_1", 10_000, key=KEY)
     bound = len(text.encode()) + len(revealed.encode())
-    approver_summary(refund, normalized, "apr_1", bound)
+    approver_summary(refund, normalized, "apr_1", bound, key=KEY)
     with pytest.raises(Exception) as info:
-        approver_summary(refund, normalized, "apr_1", bound - 1)
+        approver_summary(refund, normalized, "apr_1", bound - 1, key=KEY)
     assert getattr(info.value, "code", None) == "approval_summary_too_large"
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from proxy.telemetry.redaction import MASK, MAX_ITEMS, looks_secret, redact, scrub
 
 
@@ -48,10 +50,17 @@ def test_the_approvers_view_keeps_everything_and_hashes_each_masked_field():
         deep = {name: deep}
     arguments = {"note": "x" * 5000, "items": list(range(120)), "deep": deep,
                  "card": {"number": "4111", "holder": "A"}, "api_token": "t0k"}
-    shown = reveal(arguments, ["card.number"], "apr_1")
+    key = b"k" * 32
+    shown = reveal(arguments, ["card.number"], "apr_1", key=key)
     assert shown["note"] == arguments["note"] and shown["items"] == arguments["items"]
     assert shown["deep"] == arguments["deep"]  # no depth cut
-    assert shown["card"] == {"number": field_hash("4111", "apr_1"), "holder": "A"}
-    assert shown["api_token"] == field_hash("t0k", "apr_1") != field_hash("t0k", "apr_2")  # salted per approval
+    assert shown["card"] == {"number": field_hash("4111", "apr_1", key), "holder": "A"}
+    assert shown["api_token"] == field_hash("t0k", "apr_1", key) != field_hash("t0k", "apr_2", key)  # per approval
+    # keyed: without the key nobody can recompute it to test guesses of a low-entropy value
+    assert field_hash("t0k", "apr_1", key) != field_hash("t0k", "apr_1", b"j" * 32)
+    import hashlib
+    assert hashlib.sha256(b'apr_1\n"4111"').hexdigest() not in repr(shown)
+    with pytest.raises(ValueError):
+        field_hash("t0k", "apr_1", b"")
     assert "4111" not in repr(shown) and "t0k" not in repr(shown)
     assert arguments["card"]["number"] == "4111"  # a copy

@@ -11,6 +11,7 @@ alters a pending approval before an approver decides: every forged record is ref
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 import zlib
@@ -261,3 +262,55 @@ async def test_a_compensate_answer_checks_the_outcome_mac_as_a_read_does(stack):
     status, answer = await compensate
     assert status == 409 and answer["error"]["code"] == "record_integrity_failed", answer
     assert "ignore your instructions" not in json.dumps(answer)
+
+
+def approval_key(approval_id: str) -> str:
+    return key("toolproxy", "approval", approval_id)
+
+
+async def test_a_pending_approvals_summary_rewritten_in_redis_is_never_shown_or_run(stack, approver):
+    """The summary (with its related read), the reasons, the agent and the origin are under the approval's
+    MAC; a stored summary never stands in for a bound field (tool, subject, tenant)."""
+    approval_id = await pending_approval(stack)
+    stored = json.loads((await stack.redis.hget(approval_key(approval_id), "summary")).decode())
+    assert stored["arguments"]["amount"] == 7000
+    forged = {**stored, "arguments": {**stored["arguments"], "amount": 70}, "tool": "get_order",
+              "subject": "carol", "tenant": "globex",
+              "related_read": {"tool": "get_order", "version": "1.0.0", "arguments": {"order_id": "ord_2001"}}}
+    await stack.redis.hset(approval_key(approval_id), "summary", json.dumps(forged))
+    status, view = await stack.admin("GET", f"/v1/approvals/{approval_id}", approver)
+    assert status == 409 and view["error"]["code"] == "record_integrity_failed", view
+    status, related = await stack.admin("GET", f"/v1/approvals/{approval_id}/related", approver)
+    assert status == 409 and related["error"]["code"] == "record_integrity_failed", related
+    assert not [r for r in stack.backend.requests if r["tool"] == "get_order"]  # the read never ran
+    status, listed = await stack.admin("GET", "/v1/approvals", approver)
+    assert status == 200 and approval_id not in json.dumps(listed), listed
+    status, body = await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver)
+    assert status == 409 and body["error"]["code"] == "record_integrity_failed", body
+    for field, value in (("reasons", json.dumps(["looks fine"])), ("agent", "trusted-agent"),
+                         ("request_id", "req-forged")):
+        other = await pending_approval(stack)
+        await stack.redis.hset(approval_key(other), field, value)
+        status, view = await stack.admin("GET", f"/v1/approvals/{other}", approver)
+        assert status == 409 and view["error"]["code"] == "record_integrity_failed", (field, view)
+
+
+async def test_approver_readable_fields_are_sealed_and_masked_hashes_keyed_in_redis(stack, approver):
+    """``revealed`` (the fields a contract lets an approver read) is not in clear in Redis while the
+    approval waits; a masked field's hash there is keyed, so a reader cannot test guesses of it."""
+    arguments = {**BIG_REFUND, "reason": "card 4111-1111 stolen"}
+    status, env = await stack.call("refund_order", arguments, headers={"Idempotency-Key": "walk-4"})
+    approval_id = env["error"]["details"]["approval_id"]
+    raw = {k.decode(): v.decode() for k, v in (await stack.redis.hgetall(approval_key(approval_id))).items()}
+    assert "4111" not in json.dumps(raw) and raw["revealed"].startswith("s1:")
+    guess = hashlib.sha256((approval_id + "\n" + json.dumps(arguments["reason"])).encode()).hexdigest()
+    assert guess not in raw["summary"]
+    assert json.loads(raw["summary"])["arguments"]["reason"].startswith("[redacted hmac-sha256:")
+    status, view = await stack.admin("GET", f"/v1/approvals/{approval_id}", approver)
+    assert status == 200 and view["revealed"] == {"reason": arguments["reason"]}, view
+    # Another approval's sealed text pasted in does not open here (bound to its record).
+    other = await pending_approval(stack, {**SMALL_REFUND, "amount": 6000, "reason": "other reason"})
+    sealed_other = await stack.redis.hget(approval_key(other), "revealed")
+    await stack.redis.hset(approval_key(approval_id), "revealed", sealed_other)
+    status, view = await stack.admin("GET", f"/v1/approvals/{approval_id}", approver)
+    assert status == 200 and view["revealed"] is None, view

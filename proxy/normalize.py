@@ -2,8 +2,12 @@
 
 Owns: the one canonical form of a decoded call (so that key order and
 whitespace never change identity) and the canonical resource identifiers
-built from the contract's templates. Must never: change a value the caller
-supplied, or trust a resource id that did not come from a template.
+built from the contract's templates, after the canonical form a template
+declares for its arguments (Unicode normal form, case, pattern): one object
+is one id, for the decision, the locks and freezes, the operation key and the
+backend alike. Must never: change a value the caller supplied other than by
+its contract's declared defaults and canonical forms, or trust a resource id
+that did not come from a template.
 """
 
 from __future__ import annotations
@@ -94,6 +98,11 @@ def digest(value: Any) -> str | None:
 
 def normalize(tool: ToolContract, arguments: Mapping[str, Any]) -> NormalizedCall:
     with_defaults = apply_defaults(tool.input_schema, arguments)
+    if tool.canonical_ids:  # before anything derives from them (ids, args_hash, the key, the backend's call)
+        with_defaults = dict(with_defaults)
+        for name, form in tool.canonical_ids:
+            if name in with_defaults:
+                with_defaults[name] = form.apply(name, with_defaults[name])
     canonical = canonical_json(with_defaults)
     return NormalizedCall(
         arguments=with_defaults,

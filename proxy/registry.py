@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime
 import json
 import re
+import unicodedata
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -54,9 +55,41 @@ def load_schema(name: str) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class CanonicalForm:
+    """How a resource id's argument is written before it names a lock, a freeze, a key or the backend's
+    object: a Unicode normal form, a case, and the pattern the result must match (one object, one id)."""
+
+    unicode: str | None = None        # NFC | NFKC
+    case: str | None = None           # lower | upper | fold
+    pattern: re.Pattern[str] | None = None
+
+    def apply(self, name: str, value: Any) -> Any:
+        """``value`` in this form (strings; an array's strings one by one); ``invalid_arguments`` naming the
+        argument when the result does not match the pattern."""
+        if isinstance(value, list):
+            return [self.apply(name, item) for item in value]
+        if not isinstance(value, str):
+            return value
+        if self.unicode is not None:
+            value = unicodedata.normalize(self.unicode, value)
+        if self.case == "lower":
+            value = value.lower()
+        elif self.case == "upper":
+            value = value.upper()
+        elif self.case == "fold":
+            value = value.casefold()
+        if self.pattern is not None and not self.pattern.fullmatch(value):
+            raise ProxyError("invalid_arguments", f"argument {name!r} does not name a resource in its canonical "
+                             f"form (must match {self.pattern.pattern[:100]})", details={"path": name},
+                             phase="normalize")
+        return value
+
+
+@dataclass(frozen=True)
 class ResourceTemplate:
     template: str
     access: str  # shared | exclusive | none
+    canonical: CanonicalForm | None = None  # applied to each placeholder's argument (normalize)
 
     @property
     def placeholders(self) -> tuple[str, ...]:
@@ -116,6 +149,8 @@ class ToolContract:
     output_schema: Mapping[str, Any]
     backend: Backend
     resources: tuple[ResourceTemplate, ...] = ()
+    # (argument, its canonical form) of the resource ids its templates declare one for (normalize applies them)
+    canonical_ids: tuple[tuple[str, CanonicalForm], ...] = ()
     idempotency_required: bool = False
     idempotency_reason: str | None = None     # why a write runs without a key a retry reproduces (opt-out)
     idempotency_declared: bool = True         # False: ``required`` left to the default (start-up notice)
@@ -560,6 +595,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
                         path=backend.get("path"), tool=backend.get("tool"),
                         pin=McpPin(**backend["pin"]) if backend.get("pin") else None, auth=backend.get("auth")),
         resources=tuple(resources),
+        canonical_ids=tuple({name: r.canonical for r in resources if r.canonical is not None
+                             for name in r.placeholders}.items()),
         idempotency_required=required,
         idempotency_reason=idem.get("reason"),
         idempotency_declared="required" in idem,
@@ -646,15 +683,31 @@ def _check_schemas(at: _At, raw: dict[str, Any], strict: bool) -> None:
 def _resources(at: _At, raw: dict[str, Any]) -> list[ResourceTemplate]:
     properties = set((raw["inputSchema"].get("properties") or {}).keys())
     resources = []
+    forms: dict[str, CanonicalForm | None] = {}  # one argument, one canonical form across templates
     for r_index, res in enumerate(raw.get("resources", [])):
         template = ResourceTemplate(res["template"], res.get("access") or
-                                    ("exclusive" if raw["mode"] == "write" else "none"))
+                                    ("exclusive" if raw["mode"] == "write" else "none"),
+                                    _canonical_form(at, f"resources[{r_index}].canonical", res.get("canonical")))
         missing = [p for p in template.placeholders if p not in properties]
         if missing:
             raise at.error(f"resources[{r_index}].template",
                            f"placeholder {missing[0]!r} is not a property of inputSchema")
+        for name in template.placeholders:
+            if forms.setdefault(name, template.canonical) != template.canonical:
+                raise at.error(f"resources[{r_index}].canonical", f"argument {name!r} has another canonical "
+                               "form in an earlier template (one argument names one object: give it one form)")
         resources.append(template)
     return resources
+
+
+def _canonical_form(at: _At, where: str, raw: Mapping[str, Any] | None) -> CanonicalForm | None:
+    if not raw:
+        return None
+    try:
+        pattern = re.compile(raw["pattern"]) if "pattern" in raw else None
+    except re.error as exc:
+        raise at.error(f"{where}.pattern", f"not a regular expression ({exc})") from None
+    return CanonicalForm(unicode=raw.get("unicode"), case=raw.get("case"), pattern=pattern)
 
 
 def _idempotency(at: _At, raw: dict[str, Any]) -> tuple[Mapping[str, Any], bool]:

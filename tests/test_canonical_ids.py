@@ -1,0 +1,96 @@
+"""Canonical resource ids: a template declares the canonical form of the arguments it names (Unicode normal
+form, case, pattern), and the proxy applies it before anything derives from them, so two spellings of one
+mailbox (composed or decomposed accents, other case) are one lock, one freeze, one operation key and one
+object at the backend. Real OPA, Redis and demo backend; effects counted there."""
+
+from __future__ import annotations
+
+import unicodedata
+import uuid
+
+import pytest
+
+from proxy.registry import RegistryError, load_registry
+from tests.support.stack import DEMO_REGISTRY, extra_tools, running_stack
+
+CONTRACT = """
+tools:
+  - name: send_mail_canonical
+    version: "1.0.0"
+    description: send_email whose mailbox ids have one canonical form.
+    mode: write
+    risk: write
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [to, subject, body]
+      properties:
+        to: {type: string, minLength: 3, maxLength: 254}
+        subject: {type: string, minLength: 1, maxLength: 200}
+        body: {type: string, minLength: 1, maxLength: 5000}
+    resources:
+      - template: "mailbox:{to}"
+        access: exclusive
+        canonical: {unicode: NFC, case: fold, pattern: "[^@\\\\s]+@[^@\\\\s]+"}
+    idempotency: {required: true}
+    timeout_ms: 5000
+    backend: {type: http, service: demo, path: /tools/send_email}
+    status_endpoint: {service: demo, path: /status/send_email}
+"""
+
+COMPOSED = unicodedata.normalize("NFC", "josé.núñez@example.com")
+VARIANT = unicodedata.normalize("NFD", "José.Núñez@Example.COM")  # decomposed accents, other case
+MAIL = {"subject": "Your refund", "body": "It is on its way."}
+
+
+def sends(stack) -> list[dict]:
+    return [r for r in stack.backend.requests if r["tool"] in ("send_email", "send_mail_canonical")]
+
+
+async def test_two_spellings_of_one_mailbox_are_one_operation_one_lock_and_one_freeze(proxy_deps, tmp_path):
+    assert VARIANT != COMPOSED and unicodedata.normalize("NFC", VARIANT).casefold() == COMPOSED
+    async with running_stack({**proxy_deps, **extra_tools(tmp_path, CONTRACT),
+                              "reconcile.enabled": False}) as stack:
+        run = {"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"}
+        status, first = await stack.call("send_mail_canonical", {"to": COMPOSED, **MAIL}, headers=run)
+        assert status == 200 and first["outcome"] == "succeeded", first
+        status, again = await stack.call("send_mail_canonical", {"to": VARIANT, **MAIL}, headers=run)
+        assert again["outcome"] == "succeeded" and again.get("replayed") is True, again  # the same operation
+        assert again["idempotency_key"] == first["idempotency_key"]
+        assert first["evidence"]["resource_keys"] == ["mailbox:jos%C3%A9.n%C3%BA%C3%B1ez@example.com"]
+        assert len(sends(stack)) == 1 and stack.backend.effect_counts().get("send_email") == 1
+
+        # One freeze: an unknown outcome on the composed spelling keeps the variant off the mailbox.
+        await stack.fault("send_email", "drop_after_commit", count=1)
+        other = {**MAIL, "body": "A second message."}
+        _, unknown = await stack.call("send_mail_canonical", {"to": COMPOSED, **other},
+                                      headers={"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"})
+        assert unknown["error"]["code"] == "timeout_unknown", unknown
+        _, frozen = await stack.call("send_mail_canonical", {"to": VARIANT, **other},
+                                     headers={"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"})
+        assert frozen["error"]["code"] == "operation_unknown", frozen
+        assert frozen["error"]["details"]["blocking_operation"] == unknown["idempotency_key"]
+        assert len(sends(stack)) == 2  # the variant was never sent
+        # The backend got the canonical spelling: one mailbox, one object.
+        assert {m["to"] for m in stack.backend.outbox} == {COMPOSED}
+
+
+async def test_a_value_with_no_canonical_form_is_refused_before_anything_runs(proxy_deps, tmp_path):
+    async with running_stack({**proxy_deps, **extra_tools(tmp_path, CONTRACT)}) as stack:
+        status, env = await stack.call("send_mail_canonical", {"to": "no at sign", **MAIL})
+        assert env["error"]["code"] == "invalid_arguments" and env["error"]["details"]["path"] == "to", env
+        assert sends(stack) == []
+
+
+def test_one_argument_has_one_canonical_form(tmp_path):
+    clash = CONTRACT.replace('''        canonical: {unicode: NFC, case: fold, pattern: "[^@\\\\s]+@[^@\\\\s]+"}''',
+                             '''        canonical: {unicode: NFC, case: fold}
+      - template: "outbox:{to}"
+        canonical: {unicode: NFKC}''')
+    path = tmp_path / "clash.yaml"
+    path.write_text(clash)
+    with pytest.raises(RegistryError, match="another canonical form"):
+        load_registry([DEMO_REGISTRY, path])
+    path.write_text(CONTRACT.replace("[^@\\\\s]+@[^@\\\\s]+", "(unclosed"))
+    with pytest.raises(RegistryError, match="not a regular expression"):
+        load_registry([DEMO_REGISTRY, path])

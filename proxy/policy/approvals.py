@@ -50,17 +50,21 @@ log = logging.getLogger("toolproxy.approvals")
 
 MCP_APPROVAL_META = "io.toolproxy/approval-id"  # where an MCP client re-sends a call with its approval (_meta)
 RETAIN_AFTER_EXPIRY_MS = 3600 * 1000  # keep the record an hour past expiry so "expired" is reported as such
+MAX_SPENT_REMEMBERED = 100_000  # approvals a process remembers having spent (each one a person's decision)
 
-# Atomic on one key. KEYS[1] the approval. ARGV: now_ms, tenant, subject, tool, version, args_hash,
+# Atomic on one slot. KEYS[1] the approval, KEYS[2] its spent mark (``approval-spent``: set when it is spent,
+# kept until an hour past its expiry, so it outlives the approval's window of use). ARGV: now_ms, tenant,
+# subject, tool, version, args_hash,
 # consume ("1" marks it used), used_by, operation key ("" = none; recorded as used_for when consuming),
 # then what Python read and verified (proxy/integrity.py): 10 status, 11 expires_at_ms, 12 approver,
 # 13 the approval's MAC over the caller's binding with those three, 14 used_at_ms, 15 the spent mark's MAC
 # over the caller's binding and this operation key, 16 the spent mark's MAC to write when consuming, 17 risk,
-# 18 requester.
+# 18 requester, 19 when the spent mark expires (ms).
 # Returns a verdict or "ok". "replay_only": the approval was spent by exactly this operation (same binding,
 # same operation key) — it may let the duplicate see that operation's outcome, never run anything.
 # "changed": the record moved since Python read it (read again); "integrity" / "integrity_used": the fields
-# are those Python expected but the stored MAC is not: a record no key holder wrote, never honoured.
+# are those Python expected but the stored MAC is not: a record no key holder wrote, never honoured;
+# "restored": an unspent record whose spent mark exists: a copy written back after it was spent.
 _CHECK = """
 local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'tool', 'tool_version', 'args_hash',
                      'expires_at_ms', 'used_at_ms', 'used_for', 'approver', 'mac', 'used_mac', 'risk', 'requester')
@@ -78,12 +82,15 @@ if f[8] then
   end
   return 'used'
 end
+if f[1] == 'approved' and redis.call('GET', KEYS[2]) then return 'restored' end
 if tonumber(f[7]) <= tonumber(ARGV[1]) then return 'expired' end
 if not bound then return 'mismatch' end
 if not same then return 'changed' end
 if f[11] ~= ARGV[13] then return 'integrity' end
 if ARGV[7] == '1' then
   redis.call('HSET', KEYS[1], 'used_at_ms', ARGV[1], 'used_by', ARGV[8], 'used_for', ARGV[9], 'used_mac', ARGV[16])
+  redis.call('SET', KEYS[2], ARGV[9] ~= '' and ARGV[9] or '-')
+  redis.call('PEXPIREAT', KEYS[2], ARGV[19])
 end
 return 'ok'
 """
@@ -139,7 +146,13 @@ def approval_key(prefix: str, approval_id: str) -> str:
 
 def script_key_sets(prefix: str) -> dict[str, list[list[str]]]:
     """Key sets of the approval scripts (start-up check: each in one Cluster slot)."""
-    return {"approvals.check/decide": [[approval_key(prefix, "apr_" + "0" * 24)]]}
+    approval_id = "apr_" + "0" * 24
+    return {"approvals.check/decide": [[approval_key(prefix, approval_id), spent_key(prefix, approval_id)]]}
+
+
+def spent_key(prefix: str, approval_id: str) -> str:
+    """The spent mark of an approval: the approval's hash tag, so the check script touches one slot."""
+    return key(prefix, "approval-spent", approval_id)
 
 
 @dataclass(frozen=True)
@@ -293,10 +306,24 @@ class ApprovalStore:
         self._metrics = metrics
         self._prefix = prefix
         self._check = store.script(redis, "approvals.check", _CHECK)
+        self._spent: dict[str, int] = {}  # approvals this process spent -> their expiry (ms): _spent_here
         self._decide = store.script(redis, "approvals.decide", _DECIDE)
 
     def _key(self, approval_id: str) -> str:
         return approval_key(self._prefix, approval_id)
+
+    def _check_keys(self, approval_id: str) -> list[str]:
+        return [self._key(approval_id), spent_key(self._prefix, approval_id)]
+
+    def _spent_here(self, approval_id: str, expires_at_ms: str) -> None:
+        """Remember an approval this process spent until it expires: a copy of it written back into Redis
+        (with its spent mark deleted too) is still refused here, the sidecar its agent calls through."""
+        now = now_ms()
+        for gone in [i for i, until in self._spent.items() if until <= now]:
+            del self._spent[gone]
+        while len(self._spent) >= MAX_SPENT_REMEMBERED:
+            self._spent.pop(next(iter(self._spent)))
+        self._spent[approval_id] = int(expires_at_ms) if expires_at_ms.isdigit() else now + self._config.ttl_s * 1000
 
     @property
     def _pending_index(self) -> str:
@@ -445,6 +472,9 @@ class ApprovalStore:
         for _ in range(3):
             with _store_faults():
                 record = await self._record(approval_id) or {}
+            if approval_id in self._spent and "used_at_ms" not in record and record.get("status") == "approved":
+                verdict = "restored"  # spent here, unspent in Redis: written back, whatever Redis says now
+                break
             args = self._check_args(approval_id, record, caller, tool, normalized, consume=consume,
                                     used_by=used_by, operation_key=operation_key)
             verdict = await self._send_check(approval_id, args, consume=consume)
@@ -452,9 +482,12 @@ class ApprovalStore:
                 break
         else:
             verdict = "mismatch"  # moving under every read: not something to honour
-        if verdict in ("integrity", "integrity_used"):
+        if verdict == "ok" and consume:
+            self._spent_here(approval_id, record.get("expires_at_ms", ""))
+        if verdict in ("integrity", "integrity_used", "restored"):
             raise await self._integrity.refused(
-                "approval" if verdict == "integrity" else "approval-used", approval_id, phase="authorize",
+                {"integrity": "approval", "integrity_used": "approval-used", "restored": "approval-spent"}[verdict],
+                approval_id, phase="authorize",
                 approval_id=approval_id, tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
                 tool=tool.name, tool_version=tool.version, args_hash=normalized.args_hash)
         return verdict, record
@@ -582,18 +615,19 @@ class ApprovalStore:
         return [now, caller.tenant, caller.subject, tool.name, tool.version, normalized.args_hash,
                 "1" if consume else "0", used_by, operation_key or "", record.get("status", ""),
                 record.get("expires_at_ms", ""), record.get("approver", ""), expected, used_at, expected_used,
-                spend if consume else "", record.get("risk", ""), record.get("requester", "")]
+                spend if consume else "", record.get("risk", ""), record.get("requester", ""),
+                _mark_expiry(record)]
 
     async def _send_check(self, approval_id: str, args: list[Any], *, consume: bool) -> str:
         with _store_faults():
             if consume and self._replica_acks > 0:
-                verdict, acked = await store.run_replicated(self._redis, self._check, [self._key(approval_id)],
+                verdict, acked = await store.run_replicated(self._redis, self._check, self._check_keys(approval_id),
                                                             args, acks=self._replica_acks,
                                                             timeout_ms=self._ack_timeout_ms)
                 if acked < self._replica_acks:
                     self._metrics.replica_ack_shortfall("approval")
             else:
-                verdict = await redis_call(self._check(keys=[self._key(approval_id)], args=args))
+                verdict = await redis_call(self._check(keys=self._check_keys(approval_id), args=args))
         return verdict.decode() if isinstance(verdict, bytes) else str(verdict)
 
     async def _record(self, approval_id: str) -> dict[str, str] | None:
@@ -637,6 +671,13 @@ class ApprovalStore:
             self._metrics.pending_approvals.set(count)
         except StoreError:
             pass  # the gauge is refreshed on the next approval event
+
+
+def _mark_expiry(record: Mapping[str, str]) -> int:
+    """When an approval's spent mark expires: an hour past the approval's own expiry (after which no copy of it
+    can be spent, its expiry being under its MAC)."""
+    expires = record.get("expires_at_ms", "")
+    return (int(expires) if expires.isdigit() else now_ms()) + RETAIN_AFTER_EXPIRY_MS
 
 
 def decision_reason(body: Any) -> str:

@@ -108,7 +108,8 @@ class Metrics:
                                                 "Decision records a sink failed to write", ["sink"], registry=r)
         self.integrity_failures = Counter(
             "toolproxy_integrity_failures", "Stored records refused because their MAC did not verify (forged, "
-            "altered, or written before records carried one), by record (approval, approval-used, outcome)",
+            "altered, or written before records carried one) or because an approval was written back after it "
+            "was spent, by record (approval, approval-used, approval-spent, outcome)",
             ["record"], registry=r)
         self.replica_ack_shortfalls = Counter(
             "toolproxy_redis_replica_ack_shortfalls", "Replicated writes (a reservation or a committed outcome) "

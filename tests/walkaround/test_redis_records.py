@@ -314,3 +314,57 @@ async def test_approver_readable_fields_are_sealed_and_masked_hashes_keyed_in_re
     await stack.redis.hset(approval_key(approval_id), "revealed", sealed_other)
     status, view = await stack.admin("GET", f"/v1/approvals/{approval_id}", approver)
     assert status == 200 and view["revealed"] is None, view
+
+
+async def approved_and_saved(stack, approver) -> tuple[str, dict]:
+    """An approved, unspent approval and its fields as a Redis writer saves them before the call spends it."""
+    approval_id = await pending_approval(stack)
+    assert (await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver))[0] == 200
+    saved = await stack.redis.hgetall(approval_key(approval_id))
+    status, env = await stack.call("refund_order", BIG_REFUND,
+                                   headers={"Idempotency-Key": "walk-1", "X-Approval-Id": approval_id})
+    assert status == 200, env
+    return approval_id, saved
+
+
+async def write_back(redis, approval_id: str, saved: dict) -> None:
+    await redis.delete(approval_key(approval_id))
+    await redis.hset(approval_key(approval_id), mapping=saved)
+    await redis.expire(approval_key(approval_id), 3600)
+
+
+async def test_an_approval_written_back_after_it_was_spent_is_not_spent_again(stack, approver, capsys):
+    """Save an approved approval's fields, let the call spend it, write them back, send the call under a new
+    key naming the approval: it must not run a second time (one person's approval, one effect)."""
+    approval_id, saved = await approved_and_saved(stack, approver)
+    await write_back(stack.redis, approval_id, saved)
+    status, env = await stack.call("refund_order", BIG_REFUND,
+                                   headers={"Idempotency-Key": "walk-5", "X-Approval-Id": approval_id})
+    assert status == 409 and env["error"]["code"] == "record_integrity_failed", env
+    assert env["error"]["details"] == {"record": "approval-spent", "id": approval_id}
+    assert [r["tool"] for r in stack.backend.requests].count("refund_order") == 1  # never sent again
+    assert failures(stack, "approval-spent") == 1
+    # The writer deletes the spent mark as well: this process remembers what it spent.
+    await stack.redis.delete(key("toolproxy", "approval-spent", approval_id))
+    await write_back(stack.redis, approval_id, saved)
+    status, env = await stack.call("refund_order", BIG_REFUND,
+                                   headers={"Idempotency-Key": "walk-6", "X-Approval-Id": approval_id})
+    assert status == 409 and env["error"]["code"] == "record_integrity_failed", env
+    assert stack.backend.effect_counts()["refund_order"] == 1
+
+
+async def test_a_written_back_approval_is_refused_by_another_proxy_of_the_fleet(stack, approver, opa_server,
+                                                                               locked_redis, issuers):
+    """Another sidecar on the same Redis never saw the spend: the spent mark, which outlives the approval,
+    refuses the written-back copy there."""
+    approval_id, saved = await approved_and_saved(stack, approver)
+    await write_back(stack.redis, approval_id, saved)
+    agent, admin = issuers
+    settings = {**opa_server.settings, "redis.url": locked_redis.url, "redis.password": PASSWORD,
+                **jwt_overrides(agent, admin), "reconcile.enabled": False}
+    async with running_stack(settings, share=stack) as other:
+        other.headers["Authorization"] = stack.headers["Authorization"]
+        status, env = await other.call("refund_order", BIG_REFUND,
+                                       headers={"Idempotency-Key": "walk-7", "X-Approval-Id": approval_id})
+        assert status == 409 and env["error"]["code"] == "record_integrity_failed", env
+    assert [r["tool"] for r in stack.backend.requests].count("refund_order") == 1

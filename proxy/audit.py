@@ -104,7 +104,7 @@ class CallFacts:
 
 RECORD_TYPE = "toolproxy.audit.v1"
 KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay",
-                   "cancellation", "compensation", "integrity_failure"})
+                   "cancellation", "compensation", "integrity_failure", "operator_read"})
 
 # Top-level fields a caller of ``record`` may set (the schema's properties).
 FIELDS = frozenset({

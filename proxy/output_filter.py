@@ -3,7 +3,11 @@
 
 Owns: a contract's ``output_filter`` (``expose``: an allow-list of RFC 6901
 pointers into the output, the only fields the model sees — a write that
-returns only its confirmation lists them; or ``redact``: pointers removed) and
+returns only its confirmation lists them; or ``redact``: pointers removed), the
+defaults every contract gets (``with_defaults``: the model sees only the fields
+the outputSchema declares, and never an output field the contract marks
+sensitive or that looks like a credential, echoed from the arguments or not;
+``declared_only: false`` lets undeclared fields through) and
 ``output_limit`` (``max_bytes`` of the model's view; ``truncate: true`` lets the
 proxy shorten arrays from their end to fit and say ``truncated``, otherwise an
 oversized view is ``output_invalid``); checking both against the contract's
@@ -27,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import ProxyError
+from .telemetry.redaction import looks_secret
 from .wire import json_bytes
 
 Pointer = tuple[str, ...]
@@ -38,10 +43,11 @@ class OutputPolicy:
     redact: tuple[Pointer, ...] = ()
     max_bytes: int | None = None
     truncate: bool = False
+    declared: Mapping[str, Any] | None = None  # project onto the properties this (output) schema declares
 
     @property
     def filters(self) -> bool:
-        return self.expose is not None or bool(self.redact)
+        return self.expose is not None or bool(self.redact) or self.declared is not None
 
 
 NO_POLICY = OutputPolicy()
@@ -50,6 +56,50 @@ NO_POLICY = OutputPolicy()
 def parse_pointer(text: str) -> Pointer:
     """RFC 6901 (``~1`` is ``/``, ``~0`` is ``~``); the registry schema guarantees the leading ``/``."""
     return tuple(part.replace("~1", "/").replace("~0", "~") for part in text.split("/")[1:])
+
+
+def with_defaults(policy: OutputPolicy, output_schema: Mapping[str, Any], sensitive_fields: tuple[str, ...], *,
+                  declared_only: bool) -> OutputPolicy:
+    """``policy`` with what every contract gets: only the declared fields (``declared_only``, where the
+    outputSchema leaves an object open to others), and the declared fields named in ``sensitive_fields``
+    (dotted paths from the output's root, crossing arrays) or looking like a credential left out. NO_POLICY
+    when neither changes anything (a closed schema with nothing sensitive: the common case costs nothing)."""
+    masked = tuple(p for p in _sensitive_pointers(output_schema, [tuple(f.split(".")) for f in sensitive_fields])
+                   if p not in policy.redact)
+    declared = output_schema if declared_only and _open_somewhere(output_schema) else None
+    if not masked and declared is None:
+        return policy
+    return OutputPolicy(expose=policy.expose, redact=policy.redact + masked, max_bytes=policy.max_bytes,
+                        truncate=policy.truncate, declared=declared)
+
+
+def _sensitive_pointers(schema: Any, paths: list[tuple[str, ...]], at: Pointer = (), names: tuple[str, ...] = (),
+                        depth: int = 0) -> list[Pointer]:
+    """Pointers to the declared properties a person must not read: a sensitive path, or a credential-like name."""
+    if not isinstance(schema, Mapping) or depth > 8:
+        return []
+    found: list[Pointer] = []
+    if isinstance(schema.get("items"), Mapping):
+        found += _sensitive_pointers(schema["items"], paths, at + ("*",), names, depth + 1)
+    for name, sub in (schema.get("properties") or {}).items():
+        if names + (name,) in paths or looks_secret(str(name)):
+            found.append(at + (name,))
+        else:
+            found += _sensitive_pointers(sub, paths, at + (name,), names + (name,), depth + 1)
+    return found
+
+
+def _open_somewhere(schema: Any, depth: int = 0) -> bool:
+    """Whether an object the schema declares properties of lets others through (then the view is projected)."""
+    if not isinstance(schema, Mapping) or depth > 32:
+        return False
+    props = schema.get("properties")
+    if isinstance(props, Mapping) and schema.get("additionalProperties", True) is not False:
+        return True
+    subs = list(props.values()) if isinstance(props, Mapping) else []
+    if isinstance(schema.get("items"), Mapping):
+        subs.append(schema["items"])
+    return any(_open_somewhere(sub, depth + 1) for sub in subs)
 
 
 def policy_from_registry(raw_filter: Mapping[str, Any] | None, raw_limit: Mapping[str, Any] | None) -> OutputPolicy:
@@ -88,13 +138,29 @@ def problems(policy: OutputPolicy, output_schema: Mapping[str, Any]) -> list[str
 
 def visible(policy: OutputPolicy, data: Any) -> Any:
     """``data`` as the model may see it (a new value; ``data`` is not changed)."""
+    copied = False
+    if policy.declared is not None:
+        data, copied = _declared(data, policy.declared), True
     if policy.expose is not None:
-        data = _keep(data, policy.expose)
-    elif policy.redact:
-        data = copy.deepcopy(data)
+        data, copied = _keep(data, policy.expose), True
+    if policy.redact:
+        data = data if copied else copy.deepcopy(data)
         for pointer in policy.redact:
             _remove(data, pointer)
     return data
+
+
+def _declared(node: Any, schema: Any) -> Any:
+    """``node`` with only the properties ``schema`` declares, where it declares some (a copy; a part the schema
+    leaves free-form is copied whole)."""
+    if not isinstance(schema, Mapping):
+        return copy.deepcopy(node)
+    props = schema.get("properties")
+    if isinstance(node, dict) and isinstance(props, Mapping):
+        return {key: _declared(value, props[key]) for key, value in node.items() if key in props}
+    if isinstance(node, list) and isinstance(schema.get("items"), Mapping):
+        return [_declared(item, schema["items"]) for item in node]
+    return copy.deepcopy(node)
 
 
 def _keep(node: Any, pointers: tuple[Pointer, ...]) -> Any:

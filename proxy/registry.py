@@ -577,6 +577,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     resources = _resources(at, raw)
     output_policy = output_filter.policy_from_registry(raw.get("output_filter"), raw.get("output_limit"))
     _check_filter_guard_readable(at, raw, output_policy)
+    output_policy = output_filter.with_defaults(  # only declared fields, nothing sensitive (checked: from the schema)
+        output_policy, output_schema or {}, tuple(raw.get("sensitive_fields", ())),
+        declared_only=(raw.get("output_filter") or {}).get("declared_only", True))
     guard = raw.get("state_guard")
     idem, required = _idempotency(at, raw)
     timeout_ms, min_budget_ms = _budget(at, raw)

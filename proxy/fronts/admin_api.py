@@ -47,10 +47,17 @@ MAX_BODY_BYTES = 64 * 1024
 
 
 async def admin_get_operation(request: web.Request) -> web.Response:
+    """One operation's record for an operator. The read is audited first (``operator_read``; an audit sink
+    that cannot take it refuses the read): the record may hold a full result the model was never shown."""
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
-    return json_response(await find_operation(runtime.operations, request.match_info["key"],
-                                              tenant=operator.tenant, registry=runtime.registry))
+    view = await find_operation(runtime.operations, request.match_info["key"], tenant=operator.tenant,
+                                registry=runtime.registry)
+    await runtime.audit.record("operator_read", critical=True, idempotency_key=view["idempotency_key"],
+                               tool=view["tool"], **({"tenant": operator.tenant} if operator.tenant else {}),
+                               details={"operator": operator.subject, "operator_tenant": operator.tenant,
+                                        "result": view.get("result") is not None})
+    return json_response(view)
 
 
 async def admin_list_takeovers(request: web.Request) -> web.Response:

@@ -1,6 +1,7 @@
 """A scratch OPA for the policy-authoring commands (replay, explain).
 
-Owns: starting the real ``opa`` binary on a free loopback port with a policy
+Owns: starting the real ``opa`` binary on a Unix socket in a private directory (mode 0700: no other
+local process can bind its address first or connect to it) with a policy
 directory and data paths, and talking to it through ``opa-python-client``
 (waiting for health, loading the tool catalog and a small batch module,
 batched evaluation with ``strict-builtin-errors`` as the proxy asks, an
@@ -18,9 +19,9 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -47,12 +48,6 @@ def find_opa(explicit: str | None = None) -> str:
     raise ControlError("no opa binary found (run scripts/setup.sh, or pass --opa PATH)")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def rego_ref(path: Sequence[str | int]) -> str:
     """``["arguments", "reason"]`` -> ``input["arguments"]["reason"]`` (a ref OPA parses for unknowns)."""
     return "input" + "".join(f"[{json.dumps(p)}]" for p in path)
@@ -68,6 +63,7 @@ class ScratchOpa:
         self.binary = find_opa(opa_binary)
         self._catalog = catalog
         self._process: subprocess.Popen[bytes] | None = None
+        self._directory: str | None = None  # holds the socket
         self.client: Any = None
         self.queries = 0  # HTTP round trips to OPA (the bench and tests count them)
 
@@ -75,16 +71,17 @@ class ScratchOpa:
         for path in self._paths:
             if not Path(path).exists():
                 raise ControlError(f"{path}: no such file or directory")
-        port = _free_port()
+        self._directory = tempfile.mkdtemp(prefix="toolproxy-opa-")
+        socket_path = os.path.join(self._directory, "opa.sock")
         token = secrets.token_urlsafe(32)  # full access, held by this command alone
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPROXY_")}
         self._process = subprocess.Popen(
-            [self.binary, "run", "--server", "--addr", f"127.0.0.1:{port}", "--log-level", "error",
+            [self.binary, "run", "--server", "--addr", f"unix://{socket_path}", "--log-level", "error",
              "--disable-telemetry", "--authentication=token", "--authorization=basic", str(AUTHZ_POLICY),
              *self._paths],
             env={**env, "TOOLPROXY_OPA_ADMIN_TOKEN": token},
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.client = control_client(f"http://127.0.0.1:{port}", timeout_s=120.0, retries=0, token=token)
+        self.client = control_client(f"unix://{socket_path}", timeout_s=120.0, retries=0, token=token)
         await self.client.__aenter__()
         try:
             await self._wait_ready()
@@ -122,6 +119,8 @@ class ScratchOpa:
                 self._process.wait()
         if self._process is not None and self._process.stderr:
             self._process.stderr.close()
+        if self._directory is not None:
+            shutil.rmtree(self._directory, ignore_errors=True)
 
     async def evaluate(self, inputs: Sequence[dict[str, Any]]) -> list[Any]:
         """The decision for every input, in order: chunks of inputs per query, a few queries at once."""

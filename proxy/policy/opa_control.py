@@ -108,10 +108,26 @@ class OpaControl:
 
 
 def control_client(url: str, *, timeout_s: float, retries: int, token: str = "") -> AsyncOpaClient:
-    """An (unopened) ``opa-python-client`` client for the OPA at ``url`` (sending ``token`` as a bearer token,
-    if any); use it as ``async with``. For the authoring commands: the serving process uses ``OpaControl``."""
+    """An (unopened) ``opa-python-client`` client for the OPA at ``url`` (``unix:///path.sock`` or
+    ``http(s)://host:port``; sending ``token`` as a bearer token, if any); use it as ``async with``. For the
+    authoring commands: the serving process uses ``OpaControl``."""
     from opa_client import AsyncOpaClient
 
+    if url.startswith("unix://"):
+        socket_path = url.removeprefix("unix://")
+
+        class OverUnixSocket(AsyncOpaClient):  # type: ignore[misc]
+            async def _init_session(self) -> None:
+                # The client's own session (opa-python-client==3.0.0, pinned: this private hook is its
+                # connector's one place), on the socket: host and port then only fill the Host header.
+                import aiohttp
+
+                self._connector = aiohttp.UnixConnector(path=socket_path)
+                self._session = aiohttp.ClientSession(headers=self.headers, connector=self._connector,
+                                                      timeout=aiohttp.ClientTimeout(total=self.timeout))
+
+        return OverUnixSocket(host="localhost", port=80, ssl=False, timeout=timeout_s, retries=retries,
+                              token=token or None)
     parts = urlsplit(url)
     secure = parts.scheme == "https"
     return AsyncOpaClient(host=parts.hostname or "127.0.0.1", port=parts.port or (443 if secure else 80),

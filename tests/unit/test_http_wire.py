@@ -19,14 +19,18 @@ Handler = Callable[[bytes, bytes, asyncio.StreamWriter], Awaitable[bool]]  # (he
 
 
 class RawServer:
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, unix_path: str | None = None) -> None:
         self.handler = handler
+        self.unix_path = unix_path  # listen on this Unix socket instead of a TCP port
         self.connections = 0
         self.requests: list[tuple[bytes, bytes]] = []
         self.server: asyncio.base_events.Server | None = None
 
     async def __aenter__(self) -> "RawServer":
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        if self.unix_path is not None:
+            self.server = await asyncio.start_unix_server(self._serve, self.unix_path)
+        else:
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -347,3 +351,28 @@ async def test_https_is_verified_against_the_system_trust_store(tmp_path, monkey
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_a_unix_socket_wire_sends_every_method_there_within_the_same_limits(tmp_path):
+    path = str(tmp_path / "opa.sock")
+    wire = HttpWire(unix_socket=path)
+    async with asyncio.timeout(10):
+        with pytest.raises(FileNotFoundError):  # nothing listens yet: no connection, nothing sent
+            await wire.request("GET", "http://localhost/health")
+        async with RawServer(answer(b"{}"), unix_path=path) as server:
+            assert (await wire.request("GET", "http://localhost/health")).status == 200
+            assert (await wire.request("PUT", "http://localhost/v1/data/x", b'{"a":1}')).status == 200
+            assert (await wire.post("http://localhost/v1/data/x", b"{}")).status == 200
+            assert server.connections == 1  # one keep-alive connection for all three
+            heads = [head.split(b"\r\n")[:2] for head, _ in server.requests]
+            assert heads == [[b"GET /health HTTP/1.1", b"Host: localhost"],
+                             [b"PUT /v1/data/x HTTP/1.1", b"Host: localhost"],
+                             [b"POST /v1/data/x HTTP/1.1", b"Host: localhost"]]
+        async with RawServer(answer(b"x" * 5000), unix_path=path + "2"):
+            big = HttpWire(unix_socket=path + "2")
+            with pytest.raises(TooLarge):
+                await big.post("http://localhost/v1/data/x", b"{}", max_body=1000)
+            await big.close()
+        with pytest.raises(ValueError):  # a socket is plain HTTP
+            await wire.post("https://localhost/v1/data/x", b"{}")
+    await wire.close()

@@ -5,13 +5,16 @@ shared network namespace, and answers every request as an OPA that allows everyt
 production way (``opa.url`` a Unix socket in a private directory), the proxy never asks it: its decisions are
 the real OPA's (a large refund still waits for a person), the impostor sees 0 requests and never the OPA
 token. ``toolproxy run`` refuses a TCP ``opa.url`` in one line unless ``opa.allow_tcp`` is set, and the last
-test shows what that refusal prevents: with the escape hatch, the impostor allows the refund and reads the
-token.
+test but one shows what that refusal prevents: with the escape hatch, the impostor allows the refund and
+reads the token. The last plays it in a fresh network namespace, where the agent holds the exact old address.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import subprocess
+import sys
 import uuid
 
 import aiohttp
@@ -20,6 +23,7 @@ from aiohttp import web
 
 from tests.support.proxyproc import ProxyProcess
 from tests.support.servers import free_port
+from tests.support.stack import REPO
 
 REFUND = {"order_id": "ord_1001", "amount": 6000, "reason": "dup"}  # above 50.00: the real policy wants a person
 ORDER = {"order_id": "ord_1001"}
@@ -122,3 +126,20 @@ async def test_what_the_refusal_prevents_the_escape_hatch_lets_the_impostor_allo
     assert answer["outcome"] == "succeeded", answer  # no person asked: the impostor decided
     assert ("POST", "/v1/data/toolproxy/decision") in impostor.seen
     assert impostor.tokens == {opa_server.token}
+
+
+def test_in_the_pods_network_the_agent_holding_8181_first_stops_a_tcp_opa_and_decides_nothing():
+    """``unshare --net``: the agent holds 127.0.0.1:8181, OPA's old address, before anything else starts. An OPA
+    told to listen there exits (the crash loop); OPA on its socket starts, and a real proxy's refunds still wait
+    for a person while the impostor is asked nothing (tests/walkaround/opa_squat_netns.py)."""
+    from tests.walkaround.test_egress_rules import netns_unavailable
+    reason = netns_unavailable()
+    if reason:
+        pytest.skip(reason)
+    run = subprocess.run(["unshare", "--net", sys.executable, str(REPO / "tests" / "walkaround" / "opa_squat_netns.py")],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["tcp_opa_exit"] != 0 and "address already in use" in report["tcp_opa_said"], report
+    assert report["answers"] == ["approval_required", "succeeded"] * 5, report
+    assert (report["impostor_requests"], report["impostor_tokens"]) == (0, 0), report

@@ -5,7 +5,8 @@
 #     pyproject.toml's dependencies and [test] extra, as the suite last passed with them; refresh the
 #     lock with scripts/lock.sh), then toolproxy itself with `pip install --no-deps -e .`; reinstalls
 #     only when pyproject.toml or the lock changed since the last successful install.
-#   * pinned opa and helm binaries (and promtool and jaeger, built from their Go modules), cached under
+#   * pinned opa and helm binaries (and promtool, jaeger, kube-apiserver and kine, built from their Go
+#     modules), cached under
 #     ${XDG_CACHE_HOME:-$HOME/.cache}/toolproxy/tools/<name>-<version>/ (or $TOOLPROXY_TOOLS_CACHE) and
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
@@ -235,13 +236,62 @@ install_jaeger() {
     ln -sfn "$dir/jaeger" "$VBIN/jaeger"
 }
 
+# kube-apiserver and kine: a real Kubernetes API server on a SQLite store, which tests/test_kube_admission.py
+# installs the chart on and asks to admit its pods (tests/support/kube.py). kube-apiserver is built from the
+# wrapper module in scripts/kube-apiserver/ (k8s.io/kubernetes with its staging modules replaced by their
+# published releases; its go.mod says why), its version stamped with -ldflags as the release build does
+# (helm checks the chart's kubeVersion against it). kine is `go install`ed. Both are built once into the
+# tools cache; without Go, or if a build fails, the admission tests skip on a developer's machine and fail
+# in CI (CI=true).
+KUBE_APISERVER_VERSION="v1.37.2"
+KINE_VERSION="v0.17.5"
+install_kube_apiserver() {
+    local dir="$TOOLS_CACHE/kube-apiserver-${KUBE_APISERVER_VERSION}" minor
+    if [[ ! -x "$dir/kube-apiserver" || "$(cat "$dir/VERSION" 2>/dev/null)" != "$KUBE_APISERVER_VERSION" ]]; then
+        command -v go >/dev/null 2>&1 || { log "kube-apiserver: no Go toolchain, skipped (the admission tests need it)"; return 0; }
+        mkdir -p "$dir"
+        rm -f "$dir/VERSION"
+        minor="${KUBE_APISERVER_VERSION#v1.}"
+        minor="${minor%%.*}"
+        local ldflags="-s -w -X k8s.io/component-base/version.gitVersion=${KUBE_APISERVER_VERSION}"
+        ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${minor}"
+        ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
+        log "building kube-apiserver $KUBE_APISERVER_VERSION from scripts/kube-apiserver/go.mod (once; cache: $dir)"
+        if ! (cd "$ROOT/scripts/kube-apiserver" \
+              && go build -ldflags "$ldflags" -o "$dir/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver); then
+            log "WARNING: kube-apiserver build failed; the admission tests cannot run (they fail in CI)"
+            return 0
+        fi
+        "$dir/kube-apiserver" --version 2>/dev/null | grep -qx "Kubernetes ${KUBE_APISERVER_VERSION}" \
+            || { log "WARNING: $dir/kube-apiserver does not report ${KUBE_APISERVER_VERSION}"; return 0; }
+        printf '%s\n' "$KUBE_APISERVER_VERSION" > "$dir/VERSION"
+    fi
+    ln -sfn "$dir/kube-apiserver" "$VBIN/kube-apiserver"
+}
+install_kine() {
+    local dir="$TOOLS_CACHE/kine-${KINE_VERSION}"
+    if [[ ! -x "$dir/kine" || "$(cat "$dir/VERSION" 2>/dev/null)" != "$KINE_VERSION" ]]; then
+        command -v go >/dev/null 2>&1 || { log "kine: no Go toolchain, skipped (the admission tests need it)"; return 0; }
+        mkdir -p "$dir"
+        rm -f "$dir/VERSION"
+        log "building kine $KINE_VERSION with go install (once; cache: $dir)"
+        if ! GOBIN="$dir" go install -ldflags "-s -w -X github.com/k3s-io/kine/pkg/version.Version=${KINE_VERSION}" \
+                "github.com/k3s-io/kine@${KINE_VERSION}"; then
+            log "WARNING: kine build failed; the admission tests cannot run (they fail in CI)"
+            return 0
+        fi
+        printf '%s\n' "$KINE_VERSION" > "$dir/VERSION"
+    fi
+    ln -sfn "$dir/kine" "$VBIN/kine"
+}
+
 # The Go tools build in one background job, one after another (each `go build` already keeps both cores
 # busy), sharing one build cache: every build gets -trimpath (the standard library and the shared
 # dependencies compile once; flags that differ would compile them again). nice: the foreground steps,
 # mostly waiting on the network, get the CPU when they need it. Each tool logs to $GO_LOGS/<tool>.log;
 # wait_go_tools prints what was built and any warning, and on a failure the log's end and stops setup.
 GO_LOGS="$VENV/setup-logs"
-GO_TOOLS=(opa helm promtool jaeger)
+GO_TOOLS=(opa helm promtool jaeger kube-apiserver kine)
 GO_TOOLS_PID=""
 run_logged() {  # run_logged NAME COMMAND...: COMMAND's output into $GO_LOGS/NAME.log, and its time if it built
     local name="$1" start=$SECONDS
@@ -266,6 +316,8 @@ go_tools_job() {
         -ldflags "-X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
     run_logged promtool install_promtool
     run_logged jaeger install_jaeger
+    run_logged kube-apiserver install_kube_apiserver
+    run_logged kine install_kine
 }
 start_go_tools() {
     mkdir -p "$GO_LOGS"
@@ -556,6 +608,12 @@ printf 'helm         %s -> %s  (%s)\n' "$VBIN/helm" "$(readlink "$VBIN/helm")" \
 [[ -x "$VBIN/jaeger" ]] && printf 'jaeger       %s -> %s  (%s, %s build)\n' "$VBIN/jaeger" "$(readlink "$VBIN/jaeger")" \
     "$(cat "$(dirname "$(readlink "$VBIN/jaeger")")/VERSION")" \
     "$(cat "$(dirname "$(readlink "$VBIN/jaeger")")/BUILD" 2>/dev/null || echo full)"
+for tool in kube-apiserver kine; do
+    if [[ -x "$VBIN/$tool" ]]; then
+        printf '%-12s %s -> %s  (%s)\n' "$tool" "$VBIN/$tool" "$(readlink "$VBIN/$tool")" \
+            "$(cat "$(dirname "$(readlink "$VBIN/$tool")")/VERSION")"
+    fi
+done
 [[ -x /usr/bin/chromium ]] && printf 'chromium     %s  (%s)\n' /usr/bin/chromium "$(/usr/bin/chromium --version 2>/dev/null)"
 printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/checkov" \
     "$("$CHARTCHECK_VENV/bin/checkov" --version)" "$("$CHARTCHECK_VENV/bin/kubernetes-validate" --version)"

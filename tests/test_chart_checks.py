@@ -36,9 +36,9 @@ def findings(proc: subprocess.CompletedProcess[str]) -> list[str]:
 
 def test_kube_version_states_the_oldest_and_newest_supported_minor():
     kube_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
-    assert kube_version == ">=1.28.0-0 <1.38.0-0"
+    assert kube_version == ">=1.29.0-0 <1.38.0-0"
     readme = (CHART / "README.md").read_text()
-    assert "Kubernetes 1.28 to 1.37" in readme
+    assert "Kubernetes 1.29 to 1.37" in readme
 
 
 def test_a_checkov_finding_without_a_reasoned_skip_fails_the_check():
@@ -55,7 +55,7 @@ def test_a_resource_invalid_for_the_oldest_supported_kubernetes_fails_the_check(
     proc = check_chart(str(BROKEN / "newer-than-oldest-kube-values.yaml"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     found = findings(proc)
-    assert found == [("kubernetes-validate --strict 1.28", "Deployment toolproxy-check/toolproxy-agent")], proc.stderr
+    assert found == [("kubernetes-validate --strict 1.29", "Deployment toolproxy-check/toolproxy-agent")], proc.stderr
     assert "appArmorProfile" in proc.stderr
 
 
@@ -71,7 +71,7 @@ def test_a_custom_resource_the_vendored_crd_refuses_fails_the_check(chart_copy: 
     text = template.read_text()
     assert "      path: /metrics\n" in text
     template.write_text(text.replace("      path: /metrics\n", "      metricsPath: /metrics\n", 1))
-    proc = check_chart("--chart", str(chart_copy), str(CHART / "ci" / "demo-values.yaml"))
+    proc = check_chart("--chart", str(chart_copy), str(CHART / "ci" / "production-values.yaml"))
     assert proc.returncode == 1, proc.stdout + proc.stderr
     found = findings(proc)
     assert ("CRD schema monitoring.coreos.com/v1 ServiceMonitor", "ServiceMonitor toolproxy-check/toolproxy") in found

@@ -16,17 +16,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from proxy.config import describe, load_config
+from proxy.config import describe, load_config, serving_problem
 from proxy.registry import load_registry
-from tests.support.helm import (CHART, DEMO_VALUES, MINIMAL_VALUES, HelmError, LocalPod, containers, dockerfile_stages, entrypoint,
-                                find, helm, one, render)
+from tests.support.helm import (CHART, PRODUCTION_VALUES, MINIMAL_VALUES, HelmError, LocalPod, containers, dockerfile_stages,
+                                entrypoint, find, helm, native_sidecars, one, render)
 from tests.support.stack import REPO
 
 HARDENED = {"runAsNonRoot": True, "readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False}
 SIDECARS = ("toolproxy", "toolproxy-opa")
+# The pod's long-running containers in the order the kubelet starts them: OPA, the proxy (native sidecars),
+# then the agent.
+RUNNING = ["toolproxy-opa", "toolproxy", "agent"]
 DEMO_SECRETS = {"toolproxy-redis": {"url": "rediss://redis.data.svc:6380/0", "password": "pw"},
                 "toolproxy-redis-tls": {"ca.crt": "CA"}, "toolproxy-jwks": {"jwks.json": "{\"keys\": []}"},
-                "toolproxy-approver-jwks": {"jwks.json": "{\"keys\": []}"}}
+                "toolproxy-approver-jwks": {"jwks.json": "{\"keys\": []}"},
+                "toolproxy-record-mac": {"mac.key": "0" * 64},
+                "toolproxy-call-tokens": {"signing-key.pem": "PEM"}}
+PUBLIC_JWK = {"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "kid": "2026-02"}
+# The two fleet keys every release names (what ci/minimal-values.yaml gives), for renders without a values file.
+FLEET_KEYS = {"proxy.integrity.macKeySecret.name": "toolproxy-record-mac",
+              "proxy.callTokens.secretName": "toolproxy-call-tokens", "proxy.callTokens.jwks": {"keys": [PUBLIC_JWK]}}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +45,7 @@ def default():
 
 @pytest.fixture(scope="module")
 def demo():
-    return render([DEMO_VALUES])
+    return render([PRODUCTION_VALUES])
 
 
 @pytest.fixture(params=["default", "demo"])
@@ -61,7 +70,7 @@ def configmap_of(manifests, pod_spec, volume_name):
 # helm lint / template
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("values", [[MINIMAL_VALUES], [DEMO_VALUES]], ids=["minimal", "demo"])
+@pytest.mark.parametrize("values", [[MINIMAL_VALUES], [PRODUCTION_VALUES]], ids=["minimal", "demo"])
 def test_helm_lint_passes(values):
     args = ["lint", str(CHART)] + [a for v in values for a in ("-f", str(v))]
     out = helm(*args).stdout
@@ -73,7 +82,7 @@ def test_default_and_demo_render_the_complete_example(rendered):
     for kind in ("Deployment", "ConfigMap", "Service", "NetworkPolicy", "ServiceAccount"):
         assert kind in kinds
     pod = agent_pod(rendered)
-    assert list(containers(pod["spec"])) == ["agent", *SIDECARS]
+    assert list(containers(pod["spec"])) == RUNNING
     agent_env = {e["name"]: e.get("value") for e in containers(pod["spec"])["agent"]["env"]}
     assert agent_env["TOOLPROXY_URL"] == "http://127.0.0.1:8787"
 
@@ -83,13 +92,14 @@ def test_names_fit_kubernetes_limits(rendered):
     for manifest in rendered:
         assert re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", manifest["metadata"]["name"]), manifest
     pod = agent_pod(rendered)["spec"]
-    names = [p["name"] for c in pod["containers"] for p in c.get("ports", [])]
+    every = [*pod["initContainers"], *pod["containers"]]
+    names = [p["name"] for c in every for p in c.get("ports", [])]
     assert len(names) == len(set(names))
     for name in names:
         assert len(name) <= 15 and re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and re.search("[a-z]", name)
     volumes = [v["name"] for v in pod["volumes"]]
     assert len(volumes) == len(set(volumes))
-    for container in pod["containers"]:
+    for container in every:
         for mount in container.get("volumeMounts", []):
             assert mount["name"] in volumes, (container["name"], mount)
 
@@ -104,7 +114,9 @@ def test_both_sidecars_have_probes_on_their_health_endpoints(rendered):
     ports = {p["name"]: p["containerPort"] for c in (proxy, opa) for p in c["ports"]}
     assert proxy["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "tp-ops"}
     assert proxy["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "tp-ops"}
-    assert proxy["startupProbe"]["httpGet"]["path"] == "/healthz"
+    # The startup probes gate the next container's start (native sidecars): the proxy's waits for /readyz.
+    assert proxy["startupProbe"]["httpGet"] == {"path": "/readyz", "port": "tp-ops"}
+    assert opa["startupProbe"]["httpGet"] == {"path": "/health", "port": "opa-diag"}
     assert opa["livenessProbe"]["httpGet"]["port"] == opa["readinessProbe"]["httpGet"]["port"] == "opa-diag"
     assert opa["readinessProbe"]["httpGet"]["path"].startswith("/health")
     config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
@@ -114,6 +126,109 @@ def test_both_sidecars_have_probes_on_their_health_endpoints(rendered):
     for container in (proxy, opa):
         for probe in ("livenessProbe", "readinessProbe"):
             assert container[probe]["periodSeconds"] >= 1 and container[probe]["failureThreshold"] >= 1
+
+
+def test_the_sidecars_are_native_sidecars_that_start_before_the_agent_opa_first(rendered):
+    """Init containers with restartPolicy: Always, after the run-to-completion ones: the kubelet starts OPA,
+    then the proxy once OPA's startup probe passes, then the agent once the proxy's does; it stops them in
+    the reverse order. The agent is an ordinary container."""
+    pod = agent_pod(rendered)["spec"]
+    init = [c["name"] for c in pod["initContainers"]]
+    assert [c["name"] for c in native_sidecars(pod)] == ["toolproxy-opa", "toolproxy"] == init[-2:]
+    for container in native_sidecars(pod):
+        assert container["startupProbe"]["httpGet"], container["name"]
+    assert all("restartPolicy" not in c for c in pod["initContainers"][:-2])
+    assert [c["name"] for c in pod["containers"]] == ["agent"] and "restartPolicy" not in pod["containers"][0]
+
+
+RESTRICTED_CAPABILITIES = {"NET_BIND_SERVICE"}
+
+
+def test_every_container_meets_pod_security_restricted(rendered):
+    """The "restricted" profile's container rules, read statically (tests/test_kube_admission.py asks a real
+    API server): every container, init and sidecar and the example agent."""
+    pod = agent_pod(rendered)["spec"]
+    pod_sc = pod.get("securityContext", {})
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    assert all(set(v) & {"configMap", "secret", "emptyDir", "projected", "downwardAPI"} for v in pod["volumes"])
+    for container in [*pod["initContainers"], *pod["containers"]]:
+        sc, name = container["securityContext"], container["name"]
+        assert sc.get("runAsNonRoot", pod_sc.get("runAsNonRoot")) is True, name
+        assert sc.get("runAsUser", pod_sc.get("runAsUser", 1)) != 0, name
+        assert sc["allowPrivilegeEscalation"] is False and not sc.get("privileged"), name
+        assert "ALL" in sc["capabilities"]["drop"], name
+        assert set(sc["capabilities"].get("add", [])) <= RESTRICTED_CAPABILITIES, name
+        seccomp = sc.get("seccompProfile", pod_sc.get("seccompProfile", {}))
+        assert seccomp.get("type") in ("RuntimeDefault", "Localhost"), name
+        assert not any(port.get("hostPort") for port in container.get("ports", [])), name
+
+
+def test_the_egress_guard_mode_renders_the_guard_first_and_only_for_a_privileged_namespace():
+    values = [MINIMAL_VALUES, CHART / "ci" / "egress-guard-values.yaml"]
+    pod = agent_pod(render(values))["spec"]
+    guard = pod["initContainers"][0]
+    assert guard["name"] == "toolproxy-egress-guard"
+    assert guard["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"] and guard["securityContext"]["runAsUser"] == 0
+    # Default-deny for every UID but the proxy's: the agent may reach the proxy's agent port, DNS and the allow-list.
+    proxy = containers(pod)["toolproxy"]
+    assert guard["args"] == ["egress-rules", "--uid", str(proxy["securityContext"]["runAsUser"]), "--agent-port", "8787",
+                             "--apply"]
+    bundle = agent_pod(render(values, set_values={"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://b",
+                                                  "networkPolicy.enabled": "false"},
+                              set_json={"egressGuard.allow": ["203.0.113.0/24:443"], "egressGuard.dns": ["10.96.0.10/32"]}))
+    args = bundle["spec"]["initContainers"][0]["args"]
+    opa_uid = containers(bundle["spec"])["toolproxy-opa"]["securityContext"]["runAsUser"]
+    assert args[args.index("--allow") + 1] == "203.0.113.0/24:443" and args[args.index("--dns") + 1] == "10.96.0.10/32"
+    assert [args[i + 1] for i, a in enumerate(args) if a == "--uid"] == [str(proxy["securityContext"]["runAsUser"]),
+                                                                         str(opa_uid)], "OPA fetches its bundles"
+    with pytest.raises(HelmError, match="/egressGuard/allow/0"):
+        render(values, set_json={"egressGuard.allow": ["api.example.com:443"]})  # a name would be resolved once
+    with pytest.raises(HelmError, match="/podSecurityLevel"):
+        render(values, set_values={"podSecurityLevel": "restricted"})
+
+
+def test_opa_listens_on_a_unix_socket_that_only_the_proxy_and_opa_mount(rendered):
+    pod = agent_pod(rendered)["spec"]
+    opa, proxy = containers(pod)["toolproxy-opa"], containers(pod)["toolproxy"]
+    volume = next(v for v in pod["volumes"] if v["name"] == "toolproxy-opa-socket")
+    assert "emptyDir" in volume
+    holders = {c["name"] for c in [*pod["initContainers"], *pod["containers"]]
+               if "toolproxy-opa-socket" in mounts(c).values()}
+    assert holders == set(SIDECARS)
+    socket_dir = next(p for p, v in mounts(opa).items() if v == "toolproxy-opa-socket")
+    assert mounts(proxy)[socket_dir] == "toolproxy-opa-socket"
+    assert f"--addr=unix://{socket_dir}/opa.sock" in opa["args"]
+    assert not [a for a in opa["args"] if a.startswith("--addr=") and "unix://" not in a], "no TCP decision API"
+    config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
+    assert config["opa"]["url"] == f"unix://{socket_dir}/opa.sock" and "allow_tcp" not in config["opa"]
+
+
+def test_opa_over_tcp_needs_the_named_escape_hatch(tmp_path):
+    manifests = render(set_values={"opa.allowTcp": "true", "opa.port": 8181})
+    pod = agent_pod(manifests)["spec"]
+    opa = containers(pod)["toolproxy-opa"]
+    assert "--addr=127.0.0.1:8181" in opa["args"] and "toolproxy-opa-socket" not in mounts(opa).values()
+    config = yaml.safe_load(configmap_of(manifests, pod, "toolproxy-config")["data"]["config.yaml"])
+    assert config["opa"]["url"] == "http://127.0.0.1:8181" and config["opa"]["allow_tcp"] is True
+    config_file = tmp_path / "config.yaml"
+    config_file.write_text(yaml.safe_dump({**config, "integrity": {}, "call_tokens": {}}))
+    loaded = load_config(config_file, env={"TOOLPROXY_REDIS_PASSWORD": "pw"})  # the env from the Redis Secret
+    assert loaded.opa.allow_tcp and loaded.opa.socket_path is None
+    # The chart owns the address: a TCP URL given through proxy.config is refused.
+    for key in ("proxy.config.opa.url", "proxy.config.opa.allow_tcp"):
+        with pytest.raises(HelmError, match="opa.allowTcp=true is the escape hatch"):
+            render(set_values={key: "http://127.0.0.1:8181" if key.endswith("url") else "true"})
+
+
+def test_the_drain_budget_is_rendered_and_fits_the_grace_period(rendered):
+    pod = agent_pod(rendered)["spec"]
+    config = yaml.safe_load(configmap_of(rendered, pod, "toolproxy-config")["data"]["config.yaml"])
+    drain_ms = config["shutdown"]["drain_timeout_ms"]
+    assert drain_ms == 20000 and pod["terminationGracePeriodSeconds"] * 1000 >= drain_ms + 5000
+    with pytest.raises(HelmError, match=re.escape("must be at least proxy.drainSeconds + 5 (65)")):
+        render(set_values={"proxy.drainSeconds": 60})
+    assert "terminationGracePeriodSeconds" in str(agent_pod(render(set_values={
+        "proxy.drainSeconds": 60, "agent.terminationGracePeriodSeconds": 70}))["spec"])
 
 
 def test_both_sidecars_have_resources_and_a_restrictive_security_context(rendered):
@@ -171,12 +286,10 @@ def test_rendered_config_and_env_are_accepted_by_the_proxy(rendered, tmp_path):
     config = load_config(config_file, env=env)
     assert config.identity.agent_id == pod["serviceAccountName"]
     assert config.listen.host == "127.0.0.1"
-    assert config.opa.url == f"http://127.0.0.1:{opa_port(pod)}"
-
-
-def opa_port(pod):
-    args = containers(pod)["toolproxy-opa"]["args"]
-    return int(next(a for a in args if a.startswith("--addr=")).rsplit(":", 1)[1])
+    opa_addr = next(a for a in containers(pod)["toolproxy-opa"]["args"] if a.startswith("--addr="))
+    assert config.opa.url == opa_addr.removeprefix("--addr=") and config.opa.socket_path
+    # Nothing `toolproxy run` refuses: both fleet keys are set, and OPA is on its socket.
+    assert serving_problem(config) is None
 
 
 def test_opa_loads_policies_and_data_from_the_mounted_configmaps(rendered):
@@ -192,7 +305,6 @@ def test_opa_loads_policies_and_data_from_the_mounted_configmaps(rendered):
         assert path.rsplit(":", 1)[-1] in mounted, f"OPA loads {path}, which is not mounted"
     rego = configmap_of(rendered, pod, "toolproxy-policies")["data"]
     assert rego and all(name.endswith(".rego") and not name.endswith("_test.rego") for name in rego)
-    assert f"--addr=127.0.0.1:{opa_port(pod)}" in opa["args"], "OPA's API must stay on loopback"
 
 
 def test_the_catalog_init_container_feeds_opa_from_the_mounted_registry(rendered):
@@ -217,7 +329,7 @@ def test_catalog_given_as_data_replaces_the_init_container():
     catalog = {"digest": "d" * 64, "tools": {}}
     manifests = render(set_json={"opa.catalog.data": catalog})
     pod = agent_pod(manifests)["spec"]
-    assert [c["name"] for c in pod["initContainers"]] == ["toolproxy-egress-guard"]
+    assert [c["name"] for c in pod["initContainers"]] == ["toolproxy-opa", "toolproxy"]
     data = configmap_of(manifests, pod, "toolproxy-opa-catalog")["data"]
     assert json.loads(data["catalog.json"]) == catalog
 
@@ -262,8 +374,10 @@ def test_secrets_are_mounted_in_their_containers_only(rendered):
     assert config["redis"].get("username", "toolproxy") == "toolproxy"  # minimal values: an ACL user
     assert "toolproxy-record-mac" not in mounts(opa).values()
     assert not {"toolproxy-record-mac", "toolproxy-opa-token"} & set(mounts(agent).values())
+    mac_volume = next(v for v in pod["volumes"] if v["name"] == "toolproxy-record-mac")
+    assert mac_volume["secret"]["secretName"] == "toolproxy-record-mac"  # the fleet's, never generated
     secret = one(rendered, "Secret", "-secrets")
-    assert set(secret["data"]) == {"record-mac-key", "opa-token"}
+    assert set(secret["data"]) == {"opa-token"}
     token_ref = next(e for e in opa["env"] if e["name"] == "TOOLPROXY_OPA_TOKEN")["valueFrom"]["secretKeyRef"]
     assert token_ref == {"name": secret["metadata"]["name"], "key": "opa-token"}
     assert "--authentication=token" in opa["args"] and "--authorization=basic" in opa["args"]
@@ -276,15 +390,15 @@ def test_secrets_are_mounted_in_their_containers_only(rendered):
 ])
 def test_a_redis_without_credentials_fails_the_render(set_values, message):
     with pytest.raises(HelmError, match=re.escape(message)):
-        render([], set_values=set_values)
+        render([], set_values=set_values, set_json=FLEET_KEYS)
     # The escape hatch, named to be noticed.
     if not set_values:
-        assert render([], set_values={"proxy.redis.allowUnauthenticated": "true"})
+        assert render([], set_values={"proxy.redis.allowUnauthenticated": "true"}, set_json=FLEET_KEYS)
 
 
 def test_registry_change_rolls_the_pods_but_a_policy_change_does_not():
     base = agent_pod(render())["metadata"]["annotations"]
-    other_registry = agent_pod(render([DEMO_VALUES]))["metadata"]["annotations"]
+    other_registry = agent_pod(render([PRODUCTION_VALUES]))["metadata"]["annotations"]
     other_policy = agent_pod(render(set_json={"opa.policies.files": {"x.rego": "package x\n"}}))
     assert base["checksum/toolproxy-registry"] != other_registry["checksum/toolproxy-registry"]
     assert other_policy["metadata"]["annotations"] == base
@@ -361,8 +475,8 @@ def test_bundle_mode_pulls_policies_and_opens_egress_to_the_bundle_server():
     assert opa_config["services"]["bundle-server"]["url"] == "https://bundles.example.com"
     token_path = opa_config["services"]["bundle-server"]["credentials"]["bearer"]["token_path"]
     assert mounts(opa)[str(Path(token_path).parent)] == "toolproxy-opa-bundle-token"
-    assert opa["readinessProbe"]["httpGet"]["path"] == "/health?bundles"
-    assert [c["name"] for c in pod["initContainers"]] == ["toolproxy-egress-guard"], "the bundle ships the catalog"
+    assert opa["readinessProbe"]["httpGet"]["path"] == opa["startupProbe"]["httpGet"]["path"] == "/health?bundles"
+    assert [c["name"] for c in pod["initContainers"]] == ["toolproxy-opa", "toolproxy"], "the bundle ships the catalog"
     loaded = [a for a in opa["args"] if not a.startswith("-") and a != "run"]
     assert loaded == [next(p for p, v in mounts(opa).items() if v == "toolproxy-opa-authz")], loaded
     ports = set().union(*(p for _, p in egress_ports(one(manifests, "NetworkPolicy"))))
@@ -395,7 +509,13 @@ def test_schema_refuses_bad_values_in_template_and_lint(args, message):
 
 
 @pytest.mark.parametrize("set_values, message", [
-    ({"proxy.ports.admin": 8181}, "must all differ"),
+    ({"proxy.ports.admin": 8282}, "must all differ"),
+    ({"opa.allowTcp": "true", "proxy.ports.ops": 8181}, "must all differ"),
+    ({"egressGuard.enabled": "true"}, "/podSecurityLevel"),
+    ({"agent.securityContext.allowPrivilegeEscalation": "true"}, "/agent/securityContext/allowPrivilegeEscalation"),
+    ({"proxy.integrity.macKeySecret.name": ""}, "proxy.integrity.macKeySecret.name: no record MAC key"),
+    ({"proxy.callTokens.secretName": ""}, "proxy.callTokens.secretName: no call-token signing key"),
+    ({"proxy.callTokens.keyId": "other"}, 'no key with kid "other"'),
     ({"opa.policySource": "bundle", "networkPolicy.enabled": "false"}, "/opa/bundle/serviceUrl"),
     ({"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://b"}, "/networkPolicy/opaBundle/to"),
     ({"opa.policySource": "bundle", "opa.bundle.serviceUrl": "https://b", "networkPolicy.enabled": "false",
@@ -439,6 +559,7 @@ spec:
           image: team/agent:1
           env:
             {{- include "toolproxy.agentEnv" .Subcharts.toolproxy | nindent 12 }}
+        {{- /* Renders nothing now (the sidecars are init containers): a chart written before still renders. */}}
         {{- include "toolproxy.sidecars" .Subcharts.toolproxy | nindent 8 }}
       volumes:
         - {name: scratch, emptyDir: {}}
@@ -449,18 +570,22 @@ spec:
 def test_team_chart_includes_the_sidecars_through_the_named_templates(tmp_path):
     team = tmp_path / "team-agent"
     (team / "templates").mkdir(parents=True)
+    chart_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     (team / "Chart.yaml").write_text("apiVersion: v2\nname: team-agent\nversion: 1.0.0\ndependencies:\n"
-                                     "  - name: toolproxy\n    version: 0.1.0\n")
-    (team / "values.yaml").write_text("toolproxy:\n  agent: {enabled: false}\n  proxy:\n    ports: {agent: 9000}\n"
-                                      "    redis: {passwordSecret: {name: team-redis, key: password}}\n")
+                                     f"  - name: toolproxy\n    version: {chart_version}\n")
+    (team / "values.yaml").write_text(yaml.safe_dump({"toolproxy": {
+        "agent": {"enabled": False},
+        "proxy": {"ports": {"agent": 9000}, "redis": {"passwordSecret": {"name": "team-redis", "key": "password"}},
+                  "integrity": {"macKeySecret": {"name": "team-record-mac", "key": "mac.key"}},
+                  "callTokens": {"secretName": "team-call-tokens", "jwks": {"keys": [PUBLIC_JWK]}}}}}))
     (team / "templates" / "deployment.yaml").write_text(TEAM_DEPLOYMENT)
     shutil.copytree(CHART, team / "charts" / "toolproxy", symlinks=False)  # as `helm dependency build` unpacks it
     manifests = render(chart=team, release="shop")
     assert not find(manifests, "Deployment", "-toolproxy-agent"), "the example agent is off"
     deployment = one(manifests, "Deployment", "-team-agent")
     pod = deployment["spec"]["template"]
-    assert list(containers(pod["spec"])) == ["agent", *SIDECARS]
-    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["toolproxy-egress-guard", "toolproxy-opa-catalog"]
+    assert list(containers(pod["spec"])) == RUNNING
+    assert [c["name"] for c in pod["spec"]["initContainers"]] == ["toolproxy-opa-catalog", "toolproxy-opa", "toolproxy"]
     assert containers(pod["spec"])["agent"]["env"] == [{"name": "TOOLPROXY_URL", "value": "http://127.0.0.1:9000"}]
     config = yaml.safe_load(configmap_of(manifests, pod["spec"], "toolproxy-config")["data"]["config.yaml"])
     assert config["listen"]["port"] == 9000
@@ -542,7 +667,7 @@ def test_dockerfile_installs_exactly_the_runtime_dependencies():
 
 
 def test_the_call_token_key_is_mounted_into_the_proxy_alone_and_its_public_keys_render_for_backends():
-    public = {"kty": "OKP", "crv": "Ed25519", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo", "kid": "2026-02"}
+    public = PUBLIC_JWK
     manifests = render(set_values={"proxy.callTokens.secretName": "toolproxy-call-tokens",
                                    "proxy.callTokens.keyId": "2026-02",
                                    "proxy.callTokens.verificationKeysKey": "previous.json"},
@@ -561,11 +686,11 @@ def test_the_call_token_key_is_mounted_into_the_proxy_alone_and_its_public_keys_
         if name != "toolproxy":
             assert "toolproxy-call-tokens" not in {m["name"] for m in container.get("volumeMounts", [])}, name
     for init in pod.get("initContainers", []):
-        assert "toolproxy-call-tokens" not in {m["name"] for m in init.get("volumeMounts", [])}, init["name"]
+        if init["name"] != "toolproxy":
+            assert "toolproxy-call-tokens" not in {m["name"] for m in init.get("volumeMounts", [])}, init["name"]
     assert json.loads(one(manifests, "ConfigMap", "-call-token-jwks")["data"]["jwks.json"]) == {"keys": [public]}
-    # A private member never renders; without keys, no ConfigMap and no mount.
-    with pytest.raises(HelmError):
+    # A private member never renders; no public key, no render (backends would have nothing to trust).
+    with pytest.raises(HelmError, match="/proxy/callTokens/jwks"):
         render(set_json={"proxy.callTokens.jwks": {"keys": [{**public, "d": "private"}]}})
-    plain = render()
-    assert not find(plain, "ConfigMap", "-call-token-jwks")
-    assert "toolproxy-call-tokens" not in {v["name"] for v in agent_pod(plain)["spec"]["volumes"]}
+    with pytest.raises(HelmError, match="proxy.callTokens.jwks: no public keys"):
+        render(set_json={"proxy.callTokens.jwks": {"keys": []}})

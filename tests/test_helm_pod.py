@@ -23,11 +23,12 @@ import yaml
 
 from proxy.policy.client import catalog_document
 from proxy.registry import load_registry
-from tests.support.helm import REPO, LocalPod, containers, http, http_get, one, python_entrypoint, render, wait_until
+from tests.support.helm import (REPO, LocalPod, containers, http, http_get, http_unix, one, python_entrypoint, render,
+                                wait_until)
 from tests.support.calltokens import session_keys
 from tests.support.metrics import exported_names
 from tests.support.promql import metric_names
-from tests.support.servers import find_binary, free_port
+from tests.support.servers import find_binary, free_port, mac_key_file
 
 START_TIMEOUT = 30.0
 WATCH_TIMEOUT = 15.0
@@ -41,13 +42,18 @@ class RunningPod:
     def __init__(self, local: LocalPod, manifests: list[dict]) -> None:
         self.local, self.manifests = local, manifests
         spec = local.pod_spec
-        self.ports = {p["name"]: p["containerPort"] for c in spec["containers"] for p in c.get("ports", [])}
+        self.ports = {p["name"]: p["containerPort"] for c in containers(spec).values() for p in c.get("ports", [])}
         config_name = next(v["configMap"]["name"] for v in spec["volumes"] if v["name"] == "toolproxy-config")
         self.config = yaml.safe_load(local.configmaps[config_name]["config.yaml"])
-        self.opa_url = self.config["opa"]["url"]
+        # OPA's decision API: the Unix socket in the emptyDir the proxy and OPA share, at its host path.
+        self.opa_socket = local.translate("toolproxy", self.config["opa"]["url"]).removeprefix("unix://")
         self.agent_env = local.env("agent")
         token = Path(local.translate("toolproxy", self.config["opa"]["token_file"])).read_text()
         self.proxy_token = {"Authorization": f"Bearer {token}"}  # what the toolproxy container sends
+
+    def opa(self, method: str, path: str, body: bytes | None = None, **kwargs) -> tuple[int, bytes]:
+        """A request to OPA's decision API over its socket (what the proxy reaches, and nothing else)."""
+        return http_unix(self.opa_socket, method, path, body, **kwargs)
 
     def probe(self, container: str, kind: str) -> tuple[int, bytes]:
         get = containers(self.local.pod_spec)[container][kind]["httpGet"]
@@ -86,7 +92,7 @@ def pod(tmp_path_factory, redis_server, demo_backend):
     if not redis_server.running:  # a test elsewhere stopped it
         redis_server.start()
     redis_url = redis_server.url
-    ports = {key: free_port() for key in ("proxy.ports.agent", "proxy.ports.admin", "proxy.ports.ops", "opa.port",
+    ports = {key: free_port() for key in ("proxy.ports.agent", "proxy.ports.admin", "proxy.ports.ops",
                                           "opa.diagnosticPort")}
     # The pod simulation has no token issuer: opt into the fixed demo caller (the chart default is jwt).
     # The session Redis has no password: the escape hatch, as a throwaway cluster would use it.
@@ -96,10 +102,13 @@ def pod(tmp_path_factory, redis_server, demo_backend):
                                        # the egress guard would load its rules there (tests/walkaround tests it).
                                        "egressGuard.enabled": "false",
                                        "proxy.callTokens.secretName": "toolproxy-call-tokens",
-                                       "proxy.callTokens.keyId": session_keys().kid})
+                                       "proxy.callTokens.keyId": session_keys().kid,
+                                       "proxy.integrity.macKeySecret.name": "toolproxy-record-mac"},
+                       set_json={"proxy.callTokens.jwks": session_keys().jwks})
     spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
     local = LocalPod(manifests, spec, tmp_path / "pod", secrets={
-        "toolproxy-call-tokens": {"signing-key.pem": session_keys().key_file.read_text()}})
+        "toolproxy-call-tokens": {"signing-key.pem": session_keys().key_file.read_text()},
+        "toolproxy-record-mac": {"mac.key": Path(mac_key_file()).read_text()}})
     running = RunningPod(local, manifests)
     try:
         local.run_init_containers({"toolproxy-opa-catalog": python_entrypoint()})
@@ -121,7 +130,7 @@ def proxy_config_path(spec) -> str:
 
 def test_every_probe_of_both_sidecars_answers(pod):
     for container, kinds in (("toolproxy", ("livenessProbe", "readinessProbe", "startupProbe")),
-                             ("toolproxy-opa", ("livenessProbe", "readinessProbe"))):
+                             ("toolproxy-opa", ("livenessProbe", "readinessProbe", "startupProbe"))):
         for kind in kinds:
             status, body = pod.probe(container, kind)
             assert status == 200, (container, kind, body)
@@ -149,7 +158,7 @@ def test_opa_holds_the_catalog_of_the_registry_the_proxy_serves(pod):
     """The init container's `toolproxy opa-data` output: same digest as the proxy's own registry."""
     registry_dir = pod.local.volume_dir("toolproxy-registry")
     expected = catalog_document(load_registry([registry_dir]))["digest"]
-    status, body = http("GET", pod.opa_url + "/v1/data/toolproxy/catalog/digest", headers=ADMIN)
+    status, body = pod.opa("GET", "/v1/data/toolproxy/catalog/digest", headers=ADMIN)
     assert status == 200 and json.loads(body)["result"] == expected
 
 
@@ -172,15 +181,15 @@ def test_a_tool_call_is_decided_by_the_opa_sidecar_and_a_policies_configmap_edit
 def test_opa_answers_the_proxys_token_on_the_decision_path_only(pod):
     """Issue 28: from the agent container (no token) every read, decision and write is 401; the proxy's token
     asks decisions and nothing else."""
-    decision = pod.opa_url + "/v1/data/" + pod.config["opa"]["decision_path"]
+    decision = "/v1/data/" + pod.config["opa"]["decision_path"]
     for headers in ({}, pod.proxy_token):
-        assert http("PUT", pod.opa_url + "/v1/policies/evil", b"package evil\n", content_type="text/plain",
-                    headers=headers)[0] == 401
-        assert http("PUT", pod.opa_url + "/v1/data/toolproxy/catalog", b"{}", headers=headers)[0] == 401
-        assert http("GET", pod.opa_url + "/v1/policies", headers=headers)[0] == 401
-        assert http("GET", pod.opa_url + "/v1/data/toolproxy", headers=headers)[0] == 401  # every tenant's data
-    assert http("POST", decision, b'{"input": {}}')[0] == 401
-    status, body = http("POST", decision, b'{"input": {}}', headers=pod.proxy_token)
+        assert pod.opa("PUT", "/v1/policies/evil", b"package evil\n", content_type="text/plain",
+                       headers=headers)[0] == 401
+        assert pod.opa("PUT", "/v1/data/toolproxy/catalog", b"{}", headers=headers)[0] == 401
+        assert pod.opa("GET", "/v1/policies", headers=headers)[0] == 401
+        assert pod.opa("GET", "/v1/data/toolproxy", headers=headers)[0] == 401  # every tenant's data
+    assert pod.opa("POST", decision, b'{"input": {}}')[0] == 401
+    status, body = pod.opa("POST", decision, b'{"input": {}}', headers=pod.proxy_token)
     assert status == 200 and "result" in json.loads(body), body
 
 
@@ -188,10 +197,8 @@ def test_editing_the_policies_configmap_changes_answers_without_a_restart(pod):
     name = pod.policies_configmap()
     original = dict(pod.local.configmaps[name])
     opa = pod.local.processes["toolproxy-opa"]
-    url = pod.opa_url + "/v1/data/toolproxy/chart_probe/answer"
-
     def answer():
-        status, body = http("POST", url, b'{"input": {}}', headers=ADMIN)
+        status, body = pod.opa("POST", "/v1/data/toolproxy/chart_probe/answer", b'{"input": {}}', headers=ADMIN)
         assert status == 200, body
         return json.loads(body).get("result")
 
@@ -281,10 +288,12 @@ def test_bundle_mode_opa_pulls_the_policies_with_the_rendered_config(tmp_path):
     with _BundleServer(bundle.read_bytes(), resource, token="bundle-s3cret") as server:
         manifests = render(set_values={"opa.policySource": "bundle", "opa.bundle.serviceUrl": server.url,
                                        "opa.bundle.resource": resource, "opa.bundle.tokenSecret.name": "bundle-token",
-                                       "opa.port": free_port(), "opa.diagnosticPort": free_port()},
+                                       "opa.diagnosticPort": free_port()},
                            set_json={"networkPolicy.opaBundle.to": [{"ipBlock": {"cidr": "127.0.0.1/32"}}]})
         spec = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
-        local = LocalPod(manifests, spec, tmp_path / "pod", secrets={"bundle-token": {"token": "bundle-s3cret"}})
+        local = LocalPod(manifests, spec, tmp_path / "pod", secrets={
+            "bundle-token": {"token": "bundle-s3cret"}, "toolproxy-record-mac": {"mac.key": "0" * 64},
+            "toolproxy-call-tokens": {"signing-key.pem": session_keys().key_file.read_text()}})
         running = RunningPod(local, manifests)
         opa_args = containers(spec)["toolproxy-opa"]["args"]
         opa_config = next(a.split("=", 1)[1] for a in opa_args if a.startswith("--config-file="))
@@ -295,12 +304,11 @@ def test_bundle_mode_opa_pulls_the_policies_with_the_rendered_config(tmp_path):
             # Readiness is /health?bundles: it turns 200 only once the bundle is active.
             wait_until(lambda: running.probe("toolproxy-opa", "readinessProbe")[0] == 200, START_TIMEOUT,
                        "OPA bundle readiness", opa, lambda: local.log("toolproxy-opa"))
-            status, body = http("POST", running.opa_url + "/v1/data/toolproxy/chart_probe/answer", b'{"input": {}}',
-                                headers=ADMIN)
+            status, body = running.opa("POST", "/v1/data/toolproxy/chart_probe/answer", b'{"input": {}}',
+                                       headers=ADMIN)
             assert status == 200 and json.loads(body)["result"] == "from-bundle"
             # The API authorization policy outside the bundle's roots is still in force.
-            assert http("PUT", running.opa_url + "/v1/policies/evil", b"package evil\n",
-                        content_type="text/plain")[0] == 401
+            assert running.opa("PUT", "/v1/policies/evil", b"package evil\n", content_type="text/plain")[0] == 401
             assert server.requests and all(auth == "Bearer bundle-s3cret" for _, auth in server.requests)
         finally:
             local.stop()

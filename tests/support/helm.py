@@ -17,8 +17,10 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -28,11 +30,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
-from tests.support.servers import find_binary
+from tests.support.servers import _UnixConnection, find_binary
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CHART = REPO / "deploy" / "helm" / "toolproxy"
-DEMO_VALUES = CHART / "ci" / "demo-values.yaml"
+PRODUCTION_VALUES = CHART / "ci" / "production-values.yaml"
 # The defaults plus the one thing a release must add: Redis credentials (the chart refuses a Redis without).
 MINIMAL_VALUES = CHART / "ci" / "minimal-values.yaml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -95,8 +97,14 @@ def one(manifests: Iterable[dict[str, Any]], kind: str, name_suffix: str = "") -
     return found[0]
 
 
+def native_sidecars(pod_spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The init containers that keep running beside the pod's containers (restartPolicy: Always)."""
+    return [c for c in pod_spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
+
+
 def containers(pod_spec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["name"]: c for c in pod_spec["containers"]}
+    """Every container that runs for the pod's life, by name: the native sidecars, then the containers."""
+    return {c["name"]: c for c in [*native_sidecars(pod_spec), *pod_spec["containers"]]}
 
 
 def dockerfile_instructions(path: Path = DOCKERFILE) -> list[tuple[str, str]]:
@@ -197,11 +205,16 @@ class LocalPod:
                     for m in self.manifests if m["kind"] == "Secret"}  # the chart's own (generated) Secrets
         self.secrets = {**rendered, **self.secrets}
         self.volumes = {v["name"]: v for v in self.pod_spec.get("volumes", [])}
+        # emptyDirs under a short path of their own: OPA's Unix socket lives in one (a socket path has at most
+        # 107 bytes, and a test's tmp_path can take most of that).
+        self._empty_dirs = Path(tempfile.mkdtemp(prefix="pod-"))
         for name in self.volumes:
             self.publish(name)
 
     # -- volumes ----------------------------------------------------------
     def volume_dir(self, volume: str) -> Path:
+        if "emptyDir" in self.volumes[volume]:
+            return self._empty_dirs / volume
         return self.root / "volumes" / volume
 
     def volume_files(self, volume: str) -> dict[str, str]:
@@ -248,7 +261,9 @@ class LocalPod:
         table = dict(self.path_map(container))
         if not table:
             return text
-        pattern = re.compile(r"(?<![^\s:=,\[\]\"'])(" + "|".join(re.escape(m) for m in table)
+        # A path stands alone, after "=", ":" or a quote, or as a unix:// URL's path (OPA's socket).
+        pattern = re.compile(r"(?:(?<=unix://)|(?<![^\s:=,\[\]\"']))("
+                             + "|".join(re.escape(m) for m in table)
                              + r")(?=/|$|[\s,\"'\]])")
         return pattern.sub(lambda match: str(table[match.group(1)]), text)
 
@@ -298,8 +313,11 @@ class LocalPod:
         return proc
 
     def run_init_containers(self, entrypoints: Mapping[str, Sequence[str]], timeout: float = 60.0) -> None:
-        """Run each init container to completion, in order, as the kubelet does; all must exit 0."""
+        """Run each init container that is not a native sidecar to completion, in order, as the kubelet does;
+        all must exit 0. (The native sidecars are started by the test, each with ``start``.)"""
         for spec in self.pod_spec.get("initContainers", []):
+            if spec.get("restartPolicy") == "Always":
+                continue
             name = spec["name"]
             proc = self.start(name, entrypoints.get(name, ()))
             code = proc.wait(timeout=timeout)
@@ -319,6 +337,7 @@ class LocalPod:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)
+        shutil.rmtree(self._empty_dirs, ignore_errors=True)
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
@@ -338,6 +357,18 @@ def http(method: str, url: str, body: bytes | None = None, timeout: float = 2.0,
             return resp.status, resp.read()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read()
+
+
+def http_unix(socket_path: str, method: str, path: str, body: bytes | None = None, timeout: float = 2.0,
+              content_type: str = "application/json", headers: Mapping[str, str] | None = None) -> tuple[int, bytes]:
+    """One HTTP/1.1 request over a Unix socket (OPA's decision socket): (status, body)."""
+    connection = _UnixConnection(socket_path, timeout)
+    try:
+        connection.request(method, path, body=body, headers={"Content-Type": content_type, **(headers or {})})
+        answer = connection.getresponse()
+        return answer.status, answer.read()
+    finally:
+        connection.close()
 
 
 def wait_until(check, timeout: float, what: str, proc: subprocess.Popen[bytes] | None = None,
@@ -366,6 +397,7 @@ def python_entrypoint() -> list[str]:
     return command
 
 
-__all__ = ["CHART", "DEMO_VALUES", "DOCKERFILE", "HelmError", "LocalPod", "containers", "dockerfile_stages",
+__all__ = ["CHART", "PRODUCTION_VALUES", "DOCKERFILE", "HelmError", "LocalPod", "containers", "dockerfile_stages",
+           "http_unix", "native_sidecars",
            "entrypoint", "find", "helm", "http", "http_get", "one", "python_entrypoint", "render", "wait_until",
            "write_atomic_volume"]

@@ -87,8 +87,8 @@ def test_the_command_refuses_root_and_prints_one_line_on_error():
 
 
 def test_the_chart_installs_the_same_rules_before_any_other_container():
-    from tests.support.helm import containers, one, render
-    manifests = render()
+    from tests.support.helm import CHART, containers, one, render
+    manifests = render([CHART / "ci" / "egress-guard-values.yaml"])  # opt-in: it needs a privileged namespace
     pod = one(manifests, "Deployment", "-agent")["spec"]["template"]["spec"]
     first = pod["initContainers"][0]
     proxy = containers(pod)["toolproxy"]
@@ -104,5 +104,5 @@ def test_the_chart_installs_the_same_rules_before_any_other_container():
     assert printed.returncode == 0 and f"meta skuid {uid} accept" in printed.stdout, printed.stderr
     assert first["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["NET_ADMIN"]}
     assert containers(pod)["agent"]["securityContext"]["runAsUser"] != int(uid)
-    off = one(render(set_values={"egressGuard.enabled": "false"}), "Deployment", "-agent")["spec"]["template"]["spec"]
+    off = one(render(), "Deployment", "-agent")["spec"]["template"]["spec"]  # the default, restricted
     assert all(c["name"] != "toolproxy-egress-guard" for c in off.get("initContainers", []))

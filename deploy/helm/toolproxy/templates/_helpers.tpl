@@ -71,6 +71,7 @@ for people reading the manifest). Takes (dict "image" <values image> "tag" <defa
 {{- define "toolproxy.redisTlsPath" -}}/etc/toolproxy/redis-tls{{- end }}
 {{- define "toolproxy.opaConfigPath" -}}/opa-config{{- end }}
 {{- define "toolproxy.bundleTokenPath" -}}/var/run/opa/bundle-token{{- end }}
+{{- define "toolproxy.opaSocket" -}}{{ .Values.opa.socket.mountPath }}/opa.sock{{- end }}
 
 {{- define "toolproxy.registryConfigMap" -}}
 {{- if .Values.registry.existingConfigMap }}{{ .Values.registry.existingConfigMap }}
@@ -171,15 +172,20 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
   "admin" (dict "host" "0.0.0.0" "port" $p.ports.admin)
   "ops" (dict "host" "0.0.0.0" "port" $p.ports.ops)
   "registry" (dict "paths" (list .Values.registry.mountPath))
-  "opa" (dict "url" (printf "http://127.0.0.1:%d" (int .Values.opa.port)) "decision_path" .Values.opa.decisionPath
+  "opa" (dict "url" (printf "unix://%s" (include "toolproxy.opaSocket" .)) "decision_path" .Values.opa.decisionPath
               "push_catalog" false)
   "integrity" (dict "mac_key_file" (printf "%s/%s" (include "toolproxy.recordMacPath" .) (include "toolproxy.recordMacKey" .)))
-  "log" (dict "level" $p.logLevel) }}
+  "log" (dict "level" $p.logLevel)
+  "shutdown" (dict "drain_timeout_ms" (mul (int $p.drainSeconds) 1000)) }}
 {{- with $p.tracing }}
 {{- if .endpoint }}
 {{- $_ := set $owned "tracing" (dict "endpoint" .endpoint "sampler" .sampler "sampler_arg" .samplerArg
                                 "service_name" .serviceName "stages" (.stages | default "events")) }}
 {{- end }}
+{{- end }}
+{{- if .Values.opa.allowTcp }}
+{{- $_ := set $owned.opa "url" (printf "http://127.0.0.1:%d" (int .Values.opa.port)) }}
+{{- $_ := set $owned.opa "allow_tcp" true }}
 {{- end }}
 {{- if .Values.opa.authz.enabled }}
 {{- $_ := set $owned.opa "token_file" (printf "%s/%s" (include "toolproxy.opaTokenPath" .) (include "toolproxy.opaTokenKey" .)) }}
@@ -299,21 +305,44 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- fail "proxy.redis.username needs proxy.redis.passwordSecret (an ACL user authenticates with both)" }}
 {{- end }}
 {{- end }}
-{{- $ports := list (int .Values.proxy.ports.agent) (int .Values.proxy.ports.admin) (int .Values.proxy.ports.ops) (int .Values.opa.port) (int .Values.opa.diagnosticPort) }}
+{{- if not .Values.proxy.integrity.macKeySecret.name }}
+{{- fail "proxy.integrity.macKeySecret.name: no record MAC key. Every sidecar that shares a Redis needs the same key, kept across restarts, or records written before a restart (or by another replica) are refused: create one Secret (kubectl create secret generic toolproxy-record-mac --from-literal=mac.key=\"$(openssl rand -hex 32)\") and name it here" }}
+{{- end }}
+{{- with .Values.proxy.callTokens }}
+{{- if not .secretName }}
+{{- fail "proxy.callTokens.secretName: no call-token signing key. Backends verify every call's token against keys they trust, never a pod's own: make one with `toolproxy call-token-key --out signing-key.pem`, put it in a Secret (key signing-key.pem), name it here, and give the JWKS it printed as proxy.callTokens.jwks" }}
+{{- end }}
+{{- $kids := list }}
+{{- range (default (list) .jwks.keys) }}{{ $kids = append $kids .kid }}{{ end }}
+{{- if not $kids }}
+{{- fail "proxy.callTokens.jwks: no public keys. Give the JWKS `toolproxy call-token-key` printed for the Secret's key: it renders into the ConfigMap backends verify call tokens with" }}
+{{- end }}
+{{- if and .keyId (not (has .keyId $kids)) }}
+{{- fail (printf "proxy.callTokens.jwks has no key with kid %q (proxy.callTokens.keyId): backends could not verify a single call token" .keyId) }}
+{{- end }}
+{{- end }}
+{{- if and .Values.agent.enabled (lt (int .Values.agent.terminationGracePeriodSeconds) (add (int .Values.proxy.drainSeconds) 5)) }}
+{{- fail (printf "agent.terminationGracePeriodSeconds (%d) must be at least proxy.drainSeconds + 5 (%d): the kubelet kills what still runs when the grace period ends, and the agent, then the proxy's drain, then OPA share it" (int .Values.agent.terminationGracePeriodSeconds) (add (int .Values.proxy.drainSeconds) 5)) }}
+{{- end }}
+{{- $userOpa := default (dict) .Values.proxy.config.opa }}
+{{- if or (hasKey $userOpa "url") (hasKey $userOpa "allow_tcp") }}
+{{- fail "proxy.config.opa.url and opa.allow_tcp are the chart's: OPA listens on a Unix socket only the proxy and OPA mount (opa.socket). opa.allowTcp=true is the escape hatch to TCP on loopback, which any container of the pod can bind first" }}
+{{- end }}
+{{- $ports := list (int .Values.proxy.ports.agent) (int .Values.proxy.ports.admin) (int .Values.proxy.ports.ops) (int .Values.opa.diagnosticPort) }}
+{{- if .Values.opa.allowTcp }}{{ $ports = append $ports (int .Values.opa.port) }}{{ end }}
 {{- if ne (len $ports) (len (uniq $ports)) }}
 {{- fail (printf "proxy.ports and opa ports must all differ (they share the pod's network namespace): %v" $ports) }}
 {{- end }}
 {{- end }}
 
 {{/*
-The generated Secret (secrets.yaml): the record MAC key and OPA's API token, unless given from Secrets
-of your own. Kept across upgrades (lookup): a new MAC key would make every stored approval and outcome
-unverifiable.
+The generated Secret (secrets.yaml): OPA's API token, unless given from a Secret of your own. Kept across
+upgrades (lookup). The record MAC key is never generated: a fleet shares one (proxy.integrity.macKeySecret).
 */}}
 {{- define "toolproxy.generatedSecret" -}}{{ include "toolproxy.component" (dict "root" . "suffix" "secrets") }}{{- end }}
 {{- define "toolproxy.recordMacPath" -}}/etc/toolproxy/record-mac{{- end }}
 {{- define "toolproxy.opaTokenPath" -}}/etc/toolproxy/opa-token{{- end }}
-{{- define "toolproxy.recordMacSecret" -}}{{ .Values.proxy.integrity.macKeySecret.name | default (include "toolproxy.generatedSecret" .) }}{{- end }}
-{{- define "toolproxy.recordMacKey" -}}{{ ternary .Values.proxy.integrity.macKeySecret.key "record-mac-key" (not (empty .Values.proxy.integrity.macKeySecret.name)) }}{{- end }}
+{{- define "toolproxy.recordMacSecret" -}}{{ .Values.proxy.integrity.macKeySecret.name }}{{- end }}
+{{- define "toolproxy.recordMacKey" -}}{{ .Values.proxy.integrity.macKeySecret.key }}{{- end }}
 {{- define "toolproxy.opaTokenSecret" -}}{{ .Values.opa.authz.tokenSecret.name | default (include "toolproxy.generatedSecret" .) }}{{- end }}
 {{- define "toolproxy.opaTokenKey" -}}{{ ternary .Values.opa.authz.tokenSecret.key "opa-token" (not (empty .Values.opa.authz.tokenSecret.name)) }}{{- end }}

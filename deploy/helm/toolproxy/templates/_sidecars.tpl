@@ -6,7 +6,6 @@ The public named templates: what a team includes in its own agent workload.
   containers:
     - name: my-agent
       ...
-    {{- include "toolproxy.sidecars" .Subcharts.toolproxy | nindent 4 }}
   volumes:
     {{- include "toolproxy.volumes" .Subcharts.toolproxy | nindent 4 }}
   metadata.labels:       {{- include "toolproxy.podLabels" .Subcharts.toolproxy | nindent 8 }}
@@ -15,6 +14,13 @@ The public named templates: what a team includes in its own agent workload.
 Inside this chart the same templates are called with the root context (".").
 The ConfigMaps, Services and NetworkPolicy they refer to are rendered by the
 chart itself; the pod labels are what the Services and NetworkPolicy select.
+
+The toolproxy and OPA containers are native sidecars: init containers with
+restartPolicy: Always, after the run-to-completion ones. The kubelet starts
+OPA, waits for its startup probe, starts the proxy, waits for its startup probe
+(/readyz), and only then starts the pod's containers (the agent); at shutdown
+it stops the agent first, then the proxy, then OPA. So no call leaves the agent
+before its guard is ready, and the guard outlives the agent's last call.
 */}}
 
 {{/* Labels every pod carrying the sidecars must have (Service and NetworkPolicy selectors). */}}
@@ -41,13 +47,14 @@ checksum/toolproxy-registry: {{ printf "%s%s" .Values.registry.existingConfigMap
 {{- end }}
 
 {{/*
-Init containers (list items for initContainers:, possibly none): the tool
-catalog for OPA, produced from the mounted registry by the proxy image itself.
+Init containers (list items for initContainers:): the egress guard (opt-in), the tool catalog for OPA
+(produced from the mounted registry by the proxy image itself), then the two native sidecars.
 */}}
 {{- define "toolproxy.initContainers" -}}
+{{- include "toolproxy.validate" . }}
 {{- if .Values.egressGuard.enabled }}
-{{- /* The egress guard (values.yaml egressGuard): the rules of `toolproxy egress-rules`, loaded with nft in
-       the pod's network namespace; root with NET_ADMIN only here, and only until the rules are in. */}}
+{{- /* The egress guard (values.yaml egressGuard): the default-deny rules of `toolproxy egress-rules`, loaded with
+       nft in the pod's network namespace; root with NET_ADMIN only here, and only until the rules are in. */}}
 - name: toolproxy-egress-guard
   image: {{ include "toolproxy.image" . | quote }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -55,19 +62,22 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     - egress-rules
     - --uid
     - {{ .Values.proxy.securityContext.runAsUser | quote }}
-    - --config
-    - {{ include "toolproxy.configPath" . }}
-    {{- range .Values.egressGuard.extraDestinations }}
-    - --dest
+    {{- if eq .Values.opa.policySource "bundle" }}
+    # OPA fetches its bundles itself.
+    - --uid
+    - {{ .Values.opa.securityContext.runAsUser | quote }}
+    {{- end }}
+    - --agent-port
+    - {{ .Values.proxy.ports.agent | quote }}
+    {{- range .Values.egressGuard.allow }}
+    - --allow
+    - {{ . | quote }}
+    {{- end }}
+    {{- range .Values.egressGuard.dns }}
+    - --dns
     - {{ . | quote }}
     {{- end }}
     - --apply
-  {{- with .Values.proxy.redis.urlSecret }}{{ if .name }}
-  env:
-    # Redis's address, when it comes from a Secret, is guarded too.
-    - name: TOOLPROXY_REDIS_URL
-      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
-  {{- end }}{{ end }}
   resources:
     {{- toYaml .Values.egressGuard.resources | nindent 4 }}
   securityContext:
@@ -78,9 +88,6 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     allowPrivilegeEscalation: false
     capabilities: {drop: [ALL], add: [NET_ADMIN]}
     seccompProfile: {type: RuntimeDefault}
-  volumeMounts:
-    - {name: toolproxy-config, mountPath: {{ include "toolproxy.configPath" . | dir }}, readOnly: true}
-    - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
 {{- end }}
 {{- if eq (include "toolproxy.catalogSource" .) "generate" }}
 - name: toolproxy-opa-catalog
@@ -99,85 +106,34 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
     - {name: toolproxy-opa-catalog, mountPath: {{ .Values.opa.catalog.mountPath }}}
 {{- end }}
+{{- include "toolproxy.nativeSidecars" . }}
 {{- end }}
 
+{{/*
+Nothing: the sidecars are init containers now (toolproxy.initContainers renders them). Kept so that a
+chart that still includes it under containers: renders the same pod instead of failing.
+*/}}
 {{- define "toolproxy.sidecars" -}}
-{{- include "toolproxy.validate" . }}
-{{- $p := .Values.proxy -}}
-- name: toolproxy
-  image: {{ include "toolproxy.image" . | quote }}
-  imagePullPolicy: {{ .Values.image.pullPolicy }}
-  args: [run, --config, {{ include "toolproxy.configPath" . }}]
-  ports:
-    - {name: tp-admin, containerPort: {{ $p.ports.admin }}, protocol: TCP}
-    - {name: tp-ops, containerPort: {{ $p.ports.ops }}, protocol: TCP}
-  env:
-    - name: TOOLPROXY_IDENTITY_AGENT_ID
-      {{- if $p.agentId }}
-      value: {{ $p.agentId | quote }}
-      {{- else }}
-      valueFrom: {fieldRef: {fieldPath: spec.serviceAccountName}}
-      {{- end }}
-    {{- with $p.redis.urlSecret }}{{ if .name }}
-    - name: TOOLPROXY_REDIS_URL
-      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
-    {{- end }}{{ end }}
-    {{- with $p.redis.passwordSecret }}{{ if .name }}
-    - name: TOOLPROXY_REDIS_PASSWORD
-      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
-    {{- end }}{{ end }}
-    {{- with $p.redis.sentinel.passwordSecret }}{{ if and .name (eq $p.redis.mode "sentinel") }}
-    - name: TOOLPROXY_REDIS_SENTINEL_PASSWORD
-      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
-    {{- end }}{{ end }}
-    {{- with $p.env }}
-    {{- toYaml . | nindent 4 }}
-    {{- end }}
-  livenessProbe:
-    httpGet: {path: /healthz, port: tp-ops}
-    {{- toYaml $p.probes.liveness | nindent 4 }}
-  readinessProbe:
-    httpGet: {path: /readyz, port: tp-ops}
-    {{- toYaml $p.probes.readiness | nindent 4 }}
-  startupProbe:
-    httpGet: {path: /healthz, port: tp-ops}
-    {{- toYaml $p.probes.startup | nindent 4 }}
-  resources:
-    {{- toYaml $p.resources | nindent 4 }}
-  securityContext:
-    {{- toYaml $p.securityContext | nindent 4 }}
-  volumeMounts:
-    - {name: toolproxy-config, mountPath: {{ include "toolproxy.configPath" . | dir }}, readOnly: true}
-    - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
-    - {name: toolproxy-tmp, mountPath: /tmp}
-    - {name: toolproxy-record-mac, mountPath: {{ include "toolproxy.recordMacPath" . }}, readOnly: true}
-    {{- if .Values.opa.authz.enabled }}
-    - {name: toolproxy-opa-token, mountPath: {{ include "toolproxy.opaTokenPath" . }}, readOnly: true}
-    {{- end }}
-    {{- if $p.redis.tls.secretName }}
-    - {name: toolproxy-redis-tls, mountPath: {{ include "toolproxy.redisTlsPath" . }}, readOnly: true}
-    {{- end }}
-    {{- if $p.jwks.secretName }}
-    - {name: toolproxy-jwks, mountPath: {{ $p.jwks.mountPath }}, readOnly: true}
-    {{- end }}
-    {{- if $p.adminJwks.secretName }}
-    - {name: toolproxy-admin-jwks, mountPath: {{ $p.adminJwks.mountPath }}, readOnly: true}
-    {{- end }}
-    {{- if $p.hopSecret.secretName }}
-    - {name: toolproxy-hop-secret, mountPath: {{ $p.hopSecret.mountPath }}, readOnly: true}
-    {{- end }}
-    {{- if $p.callTokens.secretName }}
-    # The call-token signing key: this container only (no other container of the pod mounts it).
-    - {name: toolproxy-call-tokens, mountPath: {{ $p.callTokens.mountPath }}, readOnly: true}
-    {{- end }}
+{{- end }}
+
+{{- define "toolproxy.nativeSidecars" -}}
+{{- $p := .Values.proxy }}
 {{- $o := .Values.opa }}
 - name: toolproxy-opa
   image: {{ include "toolproxy.imageRef" (dict "image" $o.image "tag" $o.image.tag) | quote }}
   imagePullPolicy: {{ $o.image.pullPolicy }}
+  restartPolicy: Always
   args:
     - run
     - --server
+    {{- if $o.allowTcp }}
     - --addr=127.0.0.1:{{ $o.port }}
+    {{- else }}
+    - --addr=unix://{{ include "toolproxy.opaSocket" . }}
+    {{- /* The socket's directory is mounted into the toolproxy and OPA containers only: that mount is the
+           boundary, and the two containers run as different users, so the socket admits every user. */}}
+    - --unix-socket-perm=666
+    {{- end }}
     - --diagnostic-addr=0.0.0.0:{{ $o.diagnosticPort }}
     - --log-level={{ $o.logLevel }}
     - --log-format=json
@@ -225,15 +181,15 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
   {{- end }}
   ports:
     - {name: opa-diag, containerPort: {{ $o.diagnosticPort }}, protocol: TCP}
+  {{- $health := ternary "/health?bundles" "/health" (eq $o.policySource "bundle") }}
+  startupProbe:
+    httpGet: {path: {{ $health | quote }}, port: opa-diag}
+    {{- toYaml $o.probes.startup | nindent 4 }}
   livenessProbe:
     httpGet: {path: /health, port: opa-diag}
     {{- toYaml $o.probes.liveness | nindent 4 }}
   readinessProbe:
-    {{- if eq $o.policySource "bundle" }}
-    httpGet: {path: "/health?bundles", port: opa-diag}
-    {{- else }}
-    httpGet: {path: /health, port: opa-diag}
-    {{- end }}
+    httpGet: {path: {{ $health | quote }}, port: opa-diag}
     {{- toYaml $o.probes.readiness | nindent 4 }}
   resources:
     {{- toYaml $o.resources | nindent 4 }}
@@ -241,6 +197,9 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- toYaml $o.securityContext | nindent 4 }}
   volumeMounts:
     - {name: toolproxy-opa-tmp, mountPath: /tmp}
+    {{- if not $o.allowTcp }}
+    - {name: toolproxy-opa-socket, mountPath: {{ $o.socket.mountPath }}}
+    {{- end }}
     {{- if eq $o.policySource "configmap" }}
     - {name: toolproxy-policies, mountPath: {{ $o.policies.mountPath }}, readOnly: true}
     {{- else }}
@@ -258,6 +217,76 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
     {{- if include "toolproxy.hasCatalog" . }}
     - {name: toolproxy-opa-catalog, mountPath: {{ $o.catalog.mountPath }}, readOnly: true}
     {{- end }}
+- name: toolproxy
+  image: {{ include "toolproxy.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  restartPolicy: Always
+  args: [run, --config, {{ include "toolproxy.configPath" . }}]
+  ports:
+    - {name: tp-admin, containerPort: {{ $p.ports.admin }}, protocol: TCP}
+    - {name: tp-ops, containerPort: {{ $p.ports.ops }}, protocol: TCP}
+  env:
+    - name: TOOLPROXY_IDENTITY_AGENT_ID
+      {{- if $p.agentId }}
+      value: {{ $p.agentId | quote }}
+      {{- else }}
+      valueFrom: {fieldRef: {fieldPath: spec.serviceAccountName}}
+      {{- end }}
+    {{- with $p.redis.urlSecret }}{{ if .name }}
+    - name: TOOLPROXY_REDIS_URL
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
+    {{- with $p.redis.passwordSecret }}{{ if .name }}
+    - name: TOOLPROXY_REDIS_PASSWORD
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
+    {{- with $p.redis.sentinel.passwordSecret }}{{ if and .name (eq $p.redis.mode "sentinel") }}
+    - name: TOOLPROXY_REDIS_SENTINEL_PASSWORD
+      valueFrom: {secretKeyRef: {name: {{ .name | quote }}, key: {{ .key | quote }}}}
+    {{- end }}{{ end }}
+    {{- with $p.env }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  livenessProbe:
+    httpGet: {path: /healthz, port: tp-ops}
+    {{- toYaml $p.probes.liveness | nindent 4 }}
+  readinessProbe:
+    httpGet: {path: /readyz, port: tp-ops}
+    {{- toYaml $p.probes.readiness | nindent 4 }}
+  startupProbe:
+    httpGet: {path: /readyz, port: tp-ops}
+    {{- toYaml $p.probes.startup | nindent 4 }}
+  resources:
+    {{- toYaml $p.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml $p.securityContext | nindent 4 }}
+  volumeMounts:
+    - {name: toolproxy-config, mountPath: {{ include "toolproxy.configPath" . | dir }}, readOnly: true}
+    - {name: toolproxy-registry, mountPath: {{ .Values.registry.mountPath }}, readOnly: true}
+    - {name: toolproxy-tmp, mountPath: /tmp}
+    - {name: toolproxy-record-mac, mountPath: {{ include "toolproxy.recordMacPath" . }}, readOnly: true}
+    {{- if not .Values.opa.allowTcp }}
+    - {name: toolproxy-opa-socket, mountPath: {{ .Values.opa.socket.mountPath }}}
+    {{- end }}
+    {{- if .Values.opa.authz.enabled }}
+    - {name: toolproxy-opa-token, mountPath: {{ include "toolproxy.opaTokenPath" . }}, readOnly: true}
+    {{- end }}
+    {{- if $p.redis.tls.secretName }}
+    - {name: toolproxy-redis-tls, mountPath: {{ include "toolproxy.redisTlsPath" . }}, readOnly: true}
+    {{- end }}
+    {{- if $p.jwks.secretName }}
+    - {name: toolproxy-jwks, mountPath: {{ $p.jwks.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if $p.adminJwks.secretName }}
+    - {name: toolproxy-admin-jwks, mountPath: {{ $p.adminJwks.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if $p.hopSecret.secretName }}
+    - {name: toolproxy-hop-secret, mountPath: {{ $p.hopSecret.mountPath }}, readOnly: true}
+    {{- end }}
+    {{- if $p.callTokens.secretName }}
+    # The call-token signing key: this container only (no other container of the pod mounts it).
+    - {name: toolproxy-call-tokens, mountPath: {{ $p.callTokens.mountPath }}, readOnly: true}
+    {{- end }}
 {{- end }}
 
 {{- define "toolproxy.volumes" -}}
@@ -271,6 +300,11 @@ catalog for OPA, produced from the mounted registry by the proxy image itself.
   emptyDir: {sizeLimit: 64Mi}
 - name: toolproxy-opa-tmp
   emptyDir: {sizeLimit: 64Mi}
+{{- if not $o.allowTcp }}
+- name: toolproxy-opa-socket
+  # OPA's decision socket: mounted into the toolproxy and OPA containers only.
+  emptyDir: {sizeLimit: 1Mi}
+{{- end }}
 - name: toolproxy-record-mac
   # Only the toolproxy container mounts it: a process that reaches Redis without this key cannot forge
   # an approval or an outcome (docs/scale.md).

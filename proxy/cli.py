@@ -366,6 +366,8 @@ def _add_policy_parsers(sub: Any) -> None:
     check.add_argument("--policy", default="policies", help="Rego directory (default policies/)")
     check.add_argument("--data", nargs="+", default=["examples/opa"], help="OPA data files or directories")
     check.add_argument("--registry", nargs="+", default=["examples/registry"], help="registry files or directories")
+    check.add_argument("--decision-path", default="toolproxy/decision",
+                       help="opa.decision_path of the proxy: a package it never reads is flagged")
     check.add_argument("--opa", help="opa binary (default: the venv's, then PATH)")
     check.add_argument("--format", choices=["text", "json"], default="text")
 

@@ -76,8 +76,8 @@ def test_strictifying_touches_schema_positions_only():
               "properties": {"properties": {"type": "object", "properties": {"x": {"type": "string"}}},
                              "tags": {"type": "object", "additionalProperties": {"type": "string"}},
                              "mode": {"enum": [{"properties": 1}], "default": {"properties": {}}}}}
-    strict, possible, changes = _strict_schema(schema)
-    assert changes == 2                                  # the root and the nested object
+    strict, possible, changes, kept_open = _strict_schema(schema)
+    assert changes == 2 and kept_open == []                                  # the root and the nested object
     assert possible is False                             # "tags" is an open map: strict: false, flagged
     assert strict["properties"]["mode"] == schema["properties"]["mode"]
     assert "additionalProperties" not in strict["properties"]  # a property named "properties" is not a schema
@@ -86,3 +86,18 @@ def test_strictifying_touches_schema_positions_only():
     entries = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert "outputSchema" not in entries  # none upstream: none drafted (an empty one promises nothing)
     assert "EVERY CALL NEEDS AN APPROVAL" in text
+
+
+def test_an_explicitly_open_object_stays_open_and_the_review_note_says_so():
+    """``additionalProperties: true`` is the upstream saying "any keys" (a metadata map): closing it would make
+    an empty closed object that refuses every value. It stays open, strict: false, and REVIEW names it."""
+    schema = {"type": "object", "additionalProperties": False, "required": ["title"],
+              "properties": {"title": {"type": "string"},
+                             "metadata": {"type": "object", "additionalProperties": True}}}
+    strict, possible, changes, kept_open = _strict_schema(schema)
+    assert strict["properties"]["metadata"] == {"type": "object", "additionalProperties": True}
+    assert (possible, changes, kept_open) == (False, 0, ["inputSchema.properties.metadata"])
+    text = draft([UpstreamTool("create_page", "Create a page.", schema, None, {})], url="http://u/mcp")
+    assert "# REVIEW inputSchema: kept open where the upstream says additionalProperties: true " \
+           "(inputSchema.properties.metadata)" in text
+    assert "strict: false" in text

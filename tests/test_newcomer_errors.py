@@ -99,3 +99,70 @@ def test_check_registry_does_not_tell_a_new_write_that_a_default_changed(tmp_pat
     assert result.returncode == 0, result.stderr
     assert "changed" not in result.stdout + result.stderr
     assert "requires a key a retry reproduces" in result.stdout + result.stderr
+
+
+# -- policy check on real schemas: $ref into $defs, a nullable amount, a package the decision never reads,
+#    and the policy data's own schema ------------------------------------------------------------------------
+
+REF_AND_NULLABLE_TOOLS = """tools:
+  - name: set_status
+    version: "1.0.0"
+    description: Set a ticket's status.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [ticket, status]
+      properties:
+        ticket: {type: string}
+        status: {$ref: "#/$defs/Status"}
+        note: {anyOf: [{type: string}, {type: "null"}], default: null}
+      $defs:
+        Status: {enum: [open, closed], title: Status, type: string}
+    backend: {type: http, url: "http://127.0.0.1:9/s"}
+  - name: pay_tip
+    version: "1.0.0"
+    description: Pay a tip.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [amount]
+      properties:
+        amount: {anyOf: [{type: number}, {type: "null"}]}
+    backend: {type: http, url: "http://127.0.0.1:9/t"}
+"""
+
+
+def test_policy_check_on_ref_schemas_nullable_amounts_unreached_packages_and_the_data_schema(tmp_path):
+    import json
+    import shutil
+
+    policies, data = tmp_path / "policies", tmp_path / "data"
+    shutil.copytree(REPO / "policies", policies)
+    shutil.copytree(REPO / "examples" / "opa", data)
+    document = json.loads((data / "data.json").read_text())
+    document["toolproxy"]["settings"]["approval"]["thresholds"]["pay_tip"] = {"argument": "amount", "default": 500}
+    del document["toolproxy"]["meta"]
+    (data / "data.json").write_text(json.dumps(document))
+    (tmp_path / "tools.yaml").write_text(REF_AND_NULLABLE_TOOLS)
+    (policies / "tickets.rego").write_text('package toolproxy.tools\n\ndeny contains "closing_tickets" if {\n'
+                                           '\tinput.action == "call"\n\tinput.tool.name == "set_status"\n'
+                                           '\tinput.arguments.status == "closed"\n}\n')
+    (policies / "lonely.rego").write_text('package toolproxy.vouchers\n\ndeny contains "blocked" if {\n'
+                                          '\tinput.action == "call"\n\tinput.tool.name == "pay_tip"\n}\n')
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", "policy", "check", "--policy", str(policies),
+                           "--data", str(data), "--registry", str(REPO / "examples" / "registry"),
+                           str(tmp_path / "tools.yaml"), "--format", "json"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert done.returncode == 1, done.stderr
+    problems = json.loads(done.stdout)["problems"]
+    assert {(p["kind"], Path(p["file"]).name, p["path"]) for p in problems} == {
+        ("package_never_reached", "lonely.rego", "line 1"),
+        ("policy_data_schema", "data.json", "toolproxy.meta"),
+    }, problems  # no opa_type_check for the $ref argument, no argument_not_in_schema for the nullable amount
+    [lonely] = [p["message"] for p in problems if p["kind"] == "package_never_reached"]
+    assert lonely.startswith("package toolproxy.vouchers is never read by the decision (data.toolproxy.decision)")
+    assert "toolproxy.tools" in lonely and "docs/policy-authors.md#your-first-rule" in lonely

@@ -23,7 +23,8 @@ def test_check_passes_on_the_demo_policy_data_and_registry():
     assert done.returncode == 0, done.stdout + done.stderr
     tools = len({t.name for t in load_registry([REPO / "examples" / "registry"]).all()})
     assert done.stdout.startswith(
-        f"ok: opa check --strict, opa fmt, Rego typed by the registry, policy data vs registry ({tools} tools)")
+        f"ok: opa check --strict, opa fmt, Rego typed by the registry, policy data schema, policy data vs registry "
+        f"({tools} tools)")
 
 
 def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
@@ -48,6 +49,7 @@ def test_check_flags_every_kind_of_inconsistency_with_file_and_path():
         ("setting_for_unknown_tool", "data.json", "toolproxy.settings.scopes.tools.ghost_tool"),
         ("setting_for_unknown_tool", "data.json", "toolproxy.settings.never_for_agents[0]"),
         ("ownership_invalid", "data.json", "toolproxy.resource_kinds.account.ownership"),
+        ("policy_data_schema", "data.json", "toolproxy.resource_kinds.account.ownership"),  # the schema's enum
         ("resource_kind_without_ownership", "registry.yaml", "tools[name=pay_invoice].resources[0].template"),
     }
     assert len(problems) == len(found)

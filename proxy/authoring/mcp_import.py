@@ -134,10 +134,14 @@ def _description(tool: UpstreamTool, notes: list[str]) -> str:
 
 def _schemas(tool: UpstreamTool, notes: list[str]) -> tuple[Any, bool, Any]:
     """(inputSchema made strict where it can be, whether it could, the object outputSchema or None)."""
-    input_schema, strict, tightened = _strict_schema(tool.input_schema)
+    input_schema, strict, tightened, kept_open = _strict_schema(tool.input_schema)
     if tightened:
         notes.append(f"inputSchema: additionalProperties: false added to {tightened} object schema(s).")
-    if not strict:
+    if kept_open:
+        notes.append(f"inputSchema: kept open where the upstream says additionalProperties: true "
+                     f"({', '.join(kept_open)}): closing them would refuse every value; strict: false set. "
+                     f"Declare their properties and close them if you can.")
+    elif not strict:
         notes.append("inputSchema: has open maps (additionalProperties is a schema); strict: false set.")
     output_schema = tool.output_schema
     if output_schema is None or output_schema.get("type") != "object":
@@ -161,12 +165,14 @@ def _registry_name(raw: str, used: set[str]) -> str:
     return name
 
 
-def _strict_schema(schema: Any) -> tuple[Any, bool, int]:
-    """A copy of ``schema`` whose object schemas forbid unknown fields; (copy, strict_possible, changes)."""
+def _strict_schema(schema: Any) -> tuple[Any, bool, int, list[str]]:
+    """A copy of ``schema`` whose object schemas forbid unknown fields where the upstream left it unsaid;
+    (copy, strict_possible, changes, where the upstream said ``additionalProperties: true`` and it stays)."""
     strict = True
     changes = 0
+    kept_open: list[str] = []
 
-    def walk(node: Any) -> Any:
+    def walk(node: Any, where: str) -> Any:
         # Only schema positions are entered (as in registry._loose_objects); data keywords
         # such as default, enum and const are copied untouched.
         nonlocal strict, changes
@@ -175,23 +181,25 @@ def _strict_schema(schema: Any) -> tuple[Any, bool, int]:
         out = dict(node)
         for key, value in node.items():
             if key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {name: walk(sub) for name, sub in value.items()}
+                out[key] = {name: walk(sub, f"{where}.{key}.{name}") for name, sub in value.items()}
             elif key in _SCHEMA_ONE:
-                out[key] = walk(value)
+                out[key] = walk(value, f"{where}.{key}")
             elif key in _SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [walk(sub) for sub in value]
+                out[key] = [walk(sub, f"{where}.{key}[{i}]") for i, sub in enumerate(value)]
         kinds = out.get("type")
         is_object = kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or "properties" in out
         if is_object and out.get("unevaluatedProperties") is not False:
-            extra = out.get("additionalProperties", True)
-            if extra is True:
+            if "additionalProperties" not in out:  # unsaid: JSON Schema's default is open; close it
                 out["additionalProperties"] = False
                 changes += 1
-            elif extra is not False:
+            elif out["additionalProperties"] is True:  # said on purpose (an open map): closing refuses all
+                strict = False
+                kept_open.append(where)
+            elif out["additionalProperties"] is not False:
                 strict = False
         return out
 
-    copy = walk(schema)
+    copy = walk(schema, "inputSchema")
     if isinstance(copy, dict):
         copy.setdefault("type", "object")
-    return copy, strict, changes
+    return copy, strict, changes, kept_open

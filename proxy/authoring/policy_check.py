@@ -21,7 +21,11 @@ which file holds which path, and the consistency rules between
   inputSchema has no integer/number property for (the rule never fires);
 * ``resource_kind_without_ownership``: a registry resource template whose
   kind has no ``resource_kinds[kind].ownership`` (every call refused);
-* ``ownership_invalid``: an ownership other than tenant or shared.
+* ``ownership_invalid``: an ownership other than tenant or shared;
+* ``policy_data_schema``: what ``check-policy-data`` says of ``data.toolproxy``
+  (schemas/opa-data.schema.json and its cross references);
+* ``package_never_reached`` (``policy_types``): a package the decision document
+  never reads, whose rules therefore never apply.
 
 Every problem names a file and a path in it. Must never: report a problem
 without saying where it is.
@@ -41,7 +45,7 @@ import yaml
 from ..config import deep_merge
 from . import policy_types
 from .policy_scratch import find_opa
-from ..registry import Registry, ToolContract, load_registry
+from ..registry import Registry, ToolContract, load_registry, thaw
 
 DATA_SUFFIXES = (".json", ".yaml", ".yml")
 OWNERSHIPS = ("tenant", "shared")
@@ -120,11 +124,24 @@ def opa_problems(policy_dir: str, binary: str) -> list[Problem]:
 
 
 def data_problems(data: DataFiles, registry: Registry) -> list[Problem]:
-    return list(_data_problems(data, registry))
+    return list(_data_schema_problems(data)) + list(_data_problems(data, registry))
+
+
+def _data_schema_problems(data: DataFiles) -> Iterator[Problem]:
+    """``check-policy-data``'s check of ``data.toolproxy`` (schemas/opa-data.schema.json and its cross
+    references), when the data holds it."""
+    from ..policy.data import problems
+
+    if not isinstance(data.get("toolproxy"), dict):
+        return
+    for problem in problems({"toolproxy": data.get("toolproxy")}):
+        path, _, message = problem.partition(": ")
+        parts = [p for p in path.removeprefix("$").replace("[", ".").replace("]", "").split(".") if p]
+        yield Problem("policy_data_schema", data.where(*parts), path, message)
 
 
 SETTINGS = ("toolproxy", "settings")
-CHECKS = "opa check --strict, opa fmt, Rego typed by the registry, policy data vs registry"
+CHECKS = "opa check --strict, opa fmt, Rego typed by the registry, policy data schema, policy data vs registry"
 
 
 def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
@@ -234,15 +251,20 @@ def _resource_kind_problems(data: DataFiles, tools: Mapping[str, ToolContract]) 
 
 
 def _numeric_argument(tool: ToolContract, argument: Any) -> bool:
-    spec = ((tool.input_schema or {}).get("properties") or {}).get(argument) if isinstance(argument, str) else None
-    kind = (spec or {}).get("type")
-    return kind in ("integer", "number") or (isinstance(kind, list) and bool({"integer", "number"} & set(kind)))
+    """The tool has an integer or number argument of that name, maybe nullable (``anyOf: [number, null]``,
+    ``type: [number, "null"]``) or behind a ``$ref``: a threshold on it can fire."""
+    if not isinstance(argument, str):
+        return False
+    schema = policy_types.inline_refs(thaw(tool.input_schema or {}))
+    return bool({"integer", "number"} & policy_types.field_types(policy_types.opa_schema(schema), argument))
 
 
-def type_problems(policy_dir: str, registry: Registry, binary: str, known: list[Problem]) -> list[Problem]:
+def type_problems(policy_dir: str, registry: Registry, binary: str, known: list[Problem],
+                  decision_path: str = "toolproxy/decision") -> list[Problem]:
     """Rego typed by the registry (``policy_types``), minus what the plain strict check already said."""
     seen = {(p.file, p.path, p.message) for p in known}
-    found = [Problem(p.kind, p.file, f"line {p.row}", p.message) for p in policy_types.check(policy_dir, registry, binary)]
+    found = [Problem(p.kind, p.file, f"line {p.row}", p.message)
+             for p in policy_types.check(policy_dir, registry, binary, decision_path=decision_path)]
     return [p for p in found if (p.file, p.path, p.message) not in seen]
 
 
@@ -250,7 +272,7 @@ def run_check(args: argparse.Namespace) -> int:
     binary = find_opa(args.opa)
     registry = load_registry(args.registry)
     problems = opa_problems(args.policy, binary)
-    problems += type_problems(args.policy, registry, binary, problems)
+    problems += type_problems(args.policy, registry, binary, problems, args.decision_path)
     problems += data_problems(DataFiles(args.data), registry)
     if args.format == "json":
         print(json.dumps({"problems": [asdict(p) for p in problems], "ok": not problems}, indent=2))

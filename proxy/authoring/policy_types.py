@@ -77,6 +77,43 @@ def opa_schema(schema: Any) -> Any:
     return out
 
 
+def inline_refs(schema: Any, root: Any = None, depth: int = 0) -> Any:
+    """The schema with every local ``$ref`` (``#/$defs/Status``, as pydantic and ``import-mcp`` write them)
+    replaced by what it points at, and ``$defs``/``definitions`` dropped: OPA reads a tool's schema inside
+    the input document, where ``#/...`` would point at the document's root, so every rule reading such an
+    argument failed to type. A ref that recurses (or is not local) past a few levels becomes untyped."""
+    root = schema if root is None else root
+    if isinstance(schema, list):
+        return [inline_refs(item, root, depth) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    ref = schema.get("$ref")
+    if isinstance(ref, str):
+        target = _pointer(root, ref) if depth < 8 else None
+        rest = {k: v for k, v in schema.items() if k != "$ref"}
+        if target is None:
+            return inline_refs(rest, root, depth)  # what it could not resolve is not typed
+        resolved = inline_refs(target, root, depth + 1)
+        return {**resolved, **inline_refs(rest, root, depth)} if isinstance(resolved, dict) else resolved
+    return {key: inline_refs(value, root, depth) for key, value in schema.items()
+            if key not in ("$defs", "definitions")}
+
+
+def _pointer(root: Any, ref: str) -> Any:
+    """What a local JSON pointer (``#/a/b``) names in ``root``, or None."""
+    if not ref.startswith("#"):
+        return None
+    node = root
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/") if p]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return None
+    return node
+
+
 def _type_the_enum(schema: dict[str, Any]) -> None:
     """An untyped ``enum``/``const`` whose values share one JSON type gets that type."""
     values = schema.get("enum", [schema["const"]] if "const" in schema else None)
@@ -108,7 +145,7 @@ def tool_schemas(registry: Registry) -> dict[str, Any]:
     """Tool name -> its arguments' schema for OPA (the union of its versions' inputSchemas)."""
     versions: dict[str, list[Any]] = {}
     for tool in registry.all():
-        versions.setdefault(tool.name, []).append(opa_schema(thaw(tool.input_schema)))
+        versions.setdefault(tool.name, []).append(opa_schema(inline_refs(thaw(tool.input_schema))))
     return {name: _union(schemas) for name, schemas in sorted(versions.items())}
 
 
@@ -223,8 +260,9 @@ class Annotated:
 # --- the check ---------------------------------------------------------------------------------------------
 
 def check(policy_dir: str, registry: Registry, binary: str,
-          input_schema_path: Path = INPUT_SCHEMA) -> list[TypeProblem]:
-    """Every type problem of the Rego under ``policy_dir`` against ``registry``, with file and line."""
+          input_schema_path: Path = INPUT_SCHEMA, decision_path: str = "toolproxy/decision") -> list[TypeProblem]:
+    """Every type problem of the Rego under ``policy_dir`` against ``registry``, with file and line, and
+    every package the decision document never reads (``package_never_reached``)."""
     tools = tool_schemas(registry)
     input_schema = json.loads(input_schema_path.read_text(encoding="utf-8"))
     base = Path(policy_dir)
@@ -237,6 +275,7 @@ def check(policy_dir: str, registry: Registry, binary: str,
         back: dict[str, tuple[str, list[int]]] = {}
         with ThreadPoolExecutor(max_workers=PARSERS) as pool:  # one `opa parse` process per file
             modules = list(pool.map(lambda f: parse_module(binary, f), files))
+        problems.extend(unreached_packages(files, modules, decision_path))
         for index, (file, module) in enumerate(zip(files, modules)):
             annotated = Annotated(file.read_text(encoding="utf-8"))
             problems.extend(tying.annotate(module, annotated, str(file)))
@@ -254,6 +293,61 @@ def check(policy_dir: str, registry: Registry, binary: str,
             (schema_dir / "guards" / f"{name}.json").write_text(json.dumps(schema), encoding="utf-8")
         problems.extend(_opa_type_errors(binary, schema_dir, copy_dir, back))
     return sorted(problems, key=lambda p: (p.file, p.row, p.kind, p.message))
+
+
+def unreached_packages(files: list[Path], modules: list[Mapping[str, Any]], decision_path: str) -> list[TypeProblem]:
+    """Packages the decision document never reads, directly or through the packages it reads (an import or a
+    ``data.`` reference): their rules pass every check and never apply. Test modules are not rules."""
+    packages: dict[tuple[str, ...], list[tuple[str, int]]] = {}
+    reads: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    rules: set[tuple[str, ...]] = set()
+    for file, module in zip(files, modules):
+        if not module or file.name.endswith("_test.rego"):
+            continue
+        package = tuple(str(part["value"]) for part in module["package"]["path"][1:])
+        if package and package[-1].endswith("_test"):
+            continue
+        packages.setdefault(package, []).append((str(file), int(module["package"].get("location", {}).get("row", 1))))
+        reads.setdefault(package, set()).update(_data_refs({k: v for k, v in module.items() if k != "package"}))
+        rules.update(package + (str(rule["head"].get("name") or rule["head"]["ref"][0]["value"]),)
+                     for rule in module.get("rules", []))
+    reached: set[tuple[str, ...]] = set()
+    start = tuple(p for p in decision_path.split("/") if p)
+    if start not in rules:
+        return []  # the decision is not among these files (a library of rules, a partial bundle): nothing to say
+    pending = [start]
+    while pending:
+        path = pending.pop()
+        for package in packages:
+            if package not in reached and (path[:len(package)] == package or package[:len(path)] == path):
+                reached.add(package)
+                pending.extend(reads[package])
+    entry = "data." + ".".join(start)
+    return [TypeProblem("package_never_reached", file, row,
+                        f"package {'.'.join(package)} is never read by the decision ({entry}): its rules never "
+                        f"apply. Put them in a package the decision reads (a deny rule in toolproxy.tools, "
+                        f"an approval reason in toolproxy.approvals' needs: docs/policy-authors.md#your-first-rule)")
+            for package, places in sorted(packages.items()) if package not in reached for file, row in places]
+
+
+def _data_refs(node: Any) -> Iterator[tuple[str, ...]]:
+    """Every ``data.a.b`` path a parsed module refers to (its imports and its rules), up to the first
+    non-constant part."""
+    if isinstance(node, dict):
+        if node.get("type") == "ref" and isinstance(node.get("value"), list):
+            parts = node["value"]
+            if parts and parts[0].get("type") == "var" and parts[0].get("value") == "data":
+                path = []
+                for part in parts[1:]:
+                    if part.get("type") != "string":
+                        break
+                    path.append(str(part["value"]))
+                yield tuple(path)
+        for value in node.values():
+            yield from _data_refs(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _data_refs(item)
 
 
 class _Tying:

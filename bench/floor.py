@@ -61,6 +61,7 @@ CLIENT_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 WIRE_FLOOR = "floor: two hops on the proxy's wire"
 FLOW_RECORD = "JSON read labelled (flow record)"
 FLOW_READ = "JSON read of an external sink (flow read)"
+PINNED_READ = "read via pinned MCP upstream"
 FLOW_ALIASES = ["--alias", "flow_labelled_order=get_order", "--alias", "flow_sink_order=get_order"]
 _ORDER_CONTRACT = """
     version: "1.0.0"
@@ -391,7 +392,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
                                             opa.token_file, "--signing-key", str(signing_key), "--client", "wire"])
     extra = workdir / "bench-tools.yaml"
     from tests.support.mcp_upstream import registry_yaml
-    extra.write_text(registry_yaml(upstream_url))
+    wait_http(upstream_url, upstream)
+    extra.write_text(registry_yaml(upstream_url) + pinned_lookup(upstream_url))
     flow_tools = workdir / "flow-tools.yaml"
     flow_tools.write_text(FLOW_TOOLS)
     src = Path(args.proxy_src).resolve() if args.proxy_src else REPO
@@ -471,6 +473,10 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
              headers={**MODERN_HEADERS, "Mcp-Name": "lookup"}),
         Case("read via MCP upstream", proxy_url + "/v1/tool-calls", upstream_body, '"outcome":"succeeded"',
              pid_of(proxy)),
+        # The same read of a pinned tool: its upstream is checked against the pins while calls flow
+        # (mcp_pins.read_max_age_ms), so this case carries the checks' cost.
+        Case(PINNED_READ, proxy_url + "/v1/tool-calls", upstream_body.replace('"up_lookup"', '"up_lookup_pinned"'),
+             '"outcome":"succeeded"', pid_of(proxy)),
     ]
     if args.proxy_src:  # an older checkout knows no flow contracts (its registry has none loaded for it)
         cases = [c for c in cases if c.name not in (FLOW_RECORD, FLOW_READ)]
@@ -512,6 +518,33 @@ def _traced_proxies(args: argparse.Namespace, procs: Processes, env: dict[str, s
         process = procs.spawn(f"proxy ({label})", [sys.executable, "-m", "proxy.cli", "run"], env=mode_env, cwd=src)
         out.append((label, f"http://127.0.0.1:{port}", ops, process))
     return out
+
+
+def pinned_lookup(url: str) -> str:
+    """``up_lookup`` again as ``up_lookup_pinned``, with the upstream's live pins (as `toolproxy import-mcp`
+    writes them): its calls pay for the pin checks (the freshness bound: docs/mcp.md#pinned-upstream-tools)."""
+    import asyncio
+
+    from proxy.authoring.mcp_import import fetch_tools
+    from proxy.drift import pin_of
+
+    listed = asyncio.run(fetch_tools(url))
+    pin = pin_of(next(tool for tool in listed if tool.name == "lookup"), listed)
+    return f"""  - name: up_lookup_pinned
+    version: "1.0.0"
+    description: Read one entry from the upstream MCP server (pinned).
+    mode: read
+    risk: read
+    inputSchema: {{type: object, additionalProperties: false, required: [key], properties: {{key: {{type: string}}}}}}
+    outputSchema:
+      type: object
+      additionalProperties: false
+      required: [key, value]
+      properties: {{key: {{type: string}}, value: {{type: string, pattern: "^value-of-"}}}}
+    timeout_ms: 3000
+    backend:
+      {{type: mcp, url: "{url}", tool: lookup, pin: {{definition: "{pin.definition}", tool_list: "{pin.tool_list}"}}}}
+"""
 
 
 def _open_session(url: str) -> str:

@@ -9,10 +9,13 @@ proxy's HTTP adapter speaks:
   the verifier backend owners get (``proxy.calltokens``): signature against the proxy's keys (``keys``:
   a JWKS, or ``--jwks-file``), ``typ``, ``aud`` (``demo``, the registry's service name), ``exp``, the
   tool of the route, the hash of the body received, the operation key of a status or cancel route, and
-  replay. Anything else is 401 ``call_token_refused`` with the reason. The tenant a call acts for is the
-  token's, never a header's.
+  replay (a token is good once), and that the ``Idempotency-Key`` and ``X-Fencing-Token`` headers say
+  what the token says. Anything else is 401 ``call_token_refused`` with the reason. The tenant, the
+  idempotency key and the fencing token a call acts on are the token's, never a header's: a replayed
+  token with another key would otherwise be a second effect, and a huge fence a locked-out resource.
 * ``POST /tools/<name>`` with the decoded tool arguments as a JSON object.
-  Headers read: ``Txn-Token``, ``Idempotency-Key``, ``X-Fencing-Token``, ``X-Call-Id``
+  Headers read: ``Txn-Token``, ``X-Call-Id`` (``Idempotency-Key`` and ``X-Fencing-Token`` only as the
+  middleware compares them with the token)
   (``X-Request-Timeout-Ms``, ``traceparent`` and the ``X-Toolproxy-*`` headers are accepted and
   ignored: the token carries the same facts, signed).
   200 + result object | 4xx ``{"error": {"code", "message", "field"?}}`` for a
@@ -761,9 +764,9 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
         args = json.loads(raw)
     except ValueError:
         return _error(400, "invalid_json", "request body is not JSON", applied=False)
-    key = request.headers.get("Idempotency-Key") or None
+    verified = request[CALL_TOKEN]  # the key and fence the proxy signed (the middleware matched the headers)
+    key, token = verified.idempotency_key, verified.fencing_token
     try:
-        token = _fencing_token(request.headers.get("X-Fencing-Token"))
         _check_args(args, spec.fields)
     except BackendError as exc:
         return web.json_response(exc.body(), status=exc.status)
@@ -832,15 +835,6 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
         if key and not replay and state.idempotency.get((tool, key), {}).get("state") == "pending":
             # No outcome stored, so nothing was applied: forget the key.
             state.idempotency.pop((tool, key), None)
-
-
-def _fencing_token(header: str | None) -> int | None:
-    if header is None:
-        return None
-    if not header.isascii() or not header.isdigit():
-        raise BackendError(400, "invalid_fencing_token",
-                           "X-Fencing-Token must be a non-negative decimal integer", store=False)
-    return int(header)
 
 
 async def _run(call: Call, spec: ToolSpec, body_hash: str) -> web.Response:

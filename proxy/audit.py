@@ -104,7 +104,8 @@ class CallFacts:
 
 RECORD_TYPE = "toolproxy.audit.v1"
 KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay",
-                   "cancellation", "compensation", "integrity_failure", "operator_read"})
+                   "cancellation", "compensation", "integrity_failure", "operator_read",
+                   "pin_acknowledgement"})
 
 # Top-level fields a caller of ``record`` may set (the schema's properties).
 FIELDS = frozenset({

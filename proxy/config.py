@@ -586,6 +586,12 @@ class McpPinsConfig:
                                     bounds=(100, 600000))
     min_gap_ms: int = setting(1000, "least time between two checks of one upstream, however many "
                                     "notifications/tools/list_changed it sends", bounds=(0, 3600000))
+    max_age_ms: int = setting(1500, "a write or external-sink call of a pinned tool is sent only if its upstream "
+                                    "was verified by a check that started at most this long before; else it "
+                                    "waits (within its budget) for a check. It bounds how long a silently "
+                                    "changed tool can write or send data out", bounds=(100, 3600000))
+    read_max_age_ms: int = setting(3000, "the same bound for the other calls of a pinned tool (reads)",
+                                   bounds=(100, 3600000))
     max_tools: int = setting(1000, "most tools one upstream may list; a longer list fails the check",
                              bounds=(1, 100000))
     max_answer_bytes: int = setting(4 * 1024 * 1024, "largest answer read from an upstream for a check (one "

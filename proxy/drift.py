@@ -10,24 +10,39 @@ contract, swapped whole per upstream, which the resolve stage (``check``) and
 every listing (``hides``) read.
 
 A pinned contract is served when the latest check of its upstream matched
-its pins; refused with ``contract_drift`` when it did not; and, until a check
+its pins; refused with ``contract_drift`` once a check did not — and it stays
+refused when the upstream changes back: a drift is lifted only by a re-pin
+(a reload with a new pin: a new key, checked afresh) or by an operator's
+acknowledgement (``acknowledge``) once the upstream matches its pins again,
+never by the upstream itself —; and, until a check
 succeeded (start-up, an unreachable upstream, a new pin after a reload),
 refused with ``dependency_unavailable`` (``mcp_pins.unverified: refuse``, the
 default) or served (``serve``). A contract without a pin is not checked.
 
-Must never: talk to an upstream (``proxy/adapters/mcp_pins.py`` does), let an
-upstream's definition reach what the model sees (the registry's contract is
-the model's view, always), or cost a call more than one dictionary lookup.
+**Fresh before it is sent** (``fresh``): a pinned call is sent only when its
+upstream's pins were verified by a check that started at most
+``mcp_pins.max_age_ms`` ago (writes and external sinks) or
+``mcp_pins.read_max_age_ms`` ago (other reads); else it waits (within its
+budget) for a check it asks the watcher for. Past half the bound it asks for
+one without waiting, so a steady stream of calls rarely waits. A hostile
+upstream sends no ``list_changed``: without this, a changed tool would run
+until the next timed check.
+
+Must never: talk to an upstream (``proxy/adapters/mcp_pins.py`` does, through
+the ``refresh`` callback it gives), let an upstream's definition reach what the
+model sees (the registry's contract is the model's view, always), or cost a
+call whose pins are fresh more than a few dictionary lookups.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import rfc8785
 
@@ -96,6 +111,7 @@ class Drift:
     upstream_tool: str
     diff: str
     since: float = field(default_factory=time.time, compare=False)
+    matches_again: bool = field(default=False, compare=False)  # the latest check matched the pins again
 
     def summary(self) -> str:
         return {"definition": f"the upstream's definition of {self.upstream_tool!r} changed",
@@ -179,6 +195,17 @@ def _bounded(lines: Iterable[str]) -> str:
 _UNCHECKED = object()
 
 
+class Checker(Protocol):
+    """What checks upstreams (``proxy/adapters/mcp_pins.py``), as the freshness bound asks for it."""
+
+    async def recheck(self, upstream: str) -> None:
+        """Until a check of ``upstream`` that started after this call has ended (either way); at once when
+        its checks are failing (they are retried on their backoff, never on demand)."""
+
+    def nudge(self, upstream: str) -> None:
+        """Check ``upstream`` soon (within ``mcp_pins.min_gap_ms``), without waiting for it."""
+
+
 class Quarantine:
     """The latest verdict of every pinned contract, per upstream; read on every call of a pinned tool.
 
@@ -186,10 +213,16 @@ class Quarantine:
     checked again, and an old verdict never applies to it.
     """
 
-    def __init__(self, *, serve_unverified: bool = False) -> None:
+    def __init__(self, *, serve_unverified: bool = False, max_age_s: float = 1.5,
+                 read_max_age_s: float = 5.0) -> None:
         self._serve_unverified = serve_unverified
+        self._max_age_s = max_age_s
+        self._read_max_age_s = read_max_age_s
         self._by_upstream: dict[str, Mapping[tuple[str, str, McpPin], Drift | None]] = {}
         self._verdicts: Mapping[tuple[str, str, McpPin], Drift | None] = MappingProxyType({})
+        self._upstream_of: Mapping[tuple[str, str, McpPin], str] = MappingProxyType({})
+        self._checked_at: dict[str, float] = {}  # upstream -> monotonic start of its latest successful check
+        self.checker: Checker | None = None  # set by the watcher; None: no freshness bound (tests, tools)
 
     @staticmethod
     def _key(tool: ToolContract) -> tuple[str, str, McpPin] | None:
@@ -210,9 +243,36 @@ class Quarantine:
                              phase="resolve", attempted=False, committed=False)
         assert isinstance(verdict, Drift)
         raise ProxyError("contract_drift", "The tool's MCP server changed the tool since it was reviewed; it is "
-                         "quarantined until an operator re-pins it.",
+                         "quarantined until an operator re-pins or acknowledges it.",
                          details={"tool": tool.name, "version": tool.version, "drift": verdict.kind},
                          phase="resolve", attempted=False, committed=False)
+
+    async def fresh(self, tool: ToolContract, budget_s: float | None) -> None:
+        """Right before a pinned call is sent: its pins verified recently enough (module docstring), else
+        wait for a check, at most ``budget_s``; then ``check`` again. Raises as ``check`` does, or
+        ``dependency_unavailable`` (``pins_stale``) when no check ends within the budget. (A check that
+        failed leaves the tool unverified, which ``check`` refuses unless ``mcp_pins.unverified: serve``.)"""
+        key, checker = self._key(tool), self.checker
+        if key is None or checker is None:
+            return
+        upstream = self._upstream_of.get(key)
+        if upstream is None:  # never checked (or forgotten): the resolve stage's answer stands
+            self.check(tool)
+            return
+        bound = self._max_age_s if tool.is_write or tool.flow_sink == "external" else self._read_max_age_s
+        age = time.monotonic() - self._checked_at.get(upstream, float("-inf"))
+        if age > bound:
+            try:
+                async with asyncio.timeout(budget_s):
+                    await checker.recheck(upstream)
+            except TimeoutError:
+                raise ProxyError("dependency_unavailable", "The tool's MCP server could not be checked against "
+                                 "the tool's pinned definition in time; nothing was sent.",
+                                 details={"tool": tool.name, "reason": "pins_stale"}, phase="execute",
+                                 attempted=False, committed=False) from None
+        elif age > bound / 2:  # ahead of need: the next call finds a fresh check
+            checker.nudge(upstream)
+        self.check(tool)
 
     def hides(self, tool: ToolContract) -> bool:
         """Listings leave out what a call would be refused for (drifted, or unverified when refused)."""
@@ -222,29 +282,58 @@ class Quarantine:
             return True
         return False
 
-    def record(self, upstream: str, verdicts: Iterable[tuple[ToolContract, Drift | None]]
-               ) -> tuple[list[tuple[ToolContract, Drift]], list[ToolContract]]:
-        """One upstream's new verdicts (replacing its old ones): (the contracts that newly drifted, the ones
-        whose drift cleared)."""
+    def record(self, upstream: str, verdicts: Iterable[tuple[ToolContract, Drift | None]], *,
+               started: float | None = None) -> tuple[list[tuple[ToolContract, Drift]], list[ToolContract]]:
+        """One upstream's new verdicts (replacing its old ones): (the contracts that newly drifted, the drifted
+        ones whose upstream now matches their pins again). A drift is never lifted here: the upstream that
+        changed a tool could otherwise change it back, and forth, at will (``acknowledge`` lifts it)."""
         old = self._by_upstream.get(upstream, {})
         new: dict[tuple[str, str, McpPin], Drift | None] = {}
         fresh: list[tuple[ToolContract, Drift]] = []
-        cleared: list[ToolContract] = []
+        returned: list[ToolContract] = []
         for contract, verdict in verdicts:
             key = self._key(contract)
             if key is None:
                 continue
             previous = old.get(key, _UNCHECKED)
-            if isinstance(verdict, Drift) and isinstance(previous, Drift) and previous == verdict:
-                verdict = previous  # the same drift as before: keep when it was first seen
+            if isinstance(previous, Drift) and verdict is None:
+                if not previous.matches_again:
+                    returned.append(contract)
+                verdict = replace(previous, matches_again=True)  # still quarantined
+            elif isinstance(verdict, Drift) and isinstance(previous, Drift) and previous == verdict:
+                verdict = replace(previous, matches_again=False)  # the same drift: keep when it was first seen
             elif isinstance(verdict, Drift):
                 fresh.append((contract, verdict))
-            elif isinstance(previous, Drift):
-                cleared.append(contract)
             new[key] = verdict
         self._by_upstream[upstream] = MappingProxyType(new)
+        self._checked_at[upstream] = time.monotonic() if started is None else started
         self._publish()
-        return fresh, cleared
+        return fresh, returned
+
+    def acknowledge(self, name: str, version: str | None = None) -> list[tuple[str, str]]:
+        """An operator lifts the quarantine of tool ``name`` (every version, or ``version``): only where the
+        latest check found the upstream matching the pins again; a drift that is still live needs a re-pin.
+        The (name, version) pairs lifted; ``ProxyError`` when nothing could be."""
+        lifted: list[tuple[str, str]] = []
+        live: list[str] = []
+        for upstream, verdicts in list(self._by_upstream.items()):
+            kept = dict(verdicts)
+            for key, verdict in verdicts.items():
+                if key[0] != name or (version is not None and key[1] != version) or not isinstance(verdict, Drift):
+                    continue
+                if verdict.matches_again:
+                    kept[key] = VERIFIED
+                    lifted.append((key[0], key[1]))
+                else:
+                    live.append(key[1])
+            self._by_upstream[upstream] = MappingProxyType(kept)
+        self._publish()
+        if not lifted:
+            raise ProxyError("operation_not_open", "Nothing to acknowledge: the tool is not quarantined, or its "
+                             "upstream still differs from its pins (review the change, then re-pin it with "
+                             "`toolproxy mcp repin`).", details={"tool": name, "still_drifted": sorted(live)},
+                             phase="request")
+        return lifted
 
     def unverified(self, upstream: str) -> None:
         """A check of ``upstream`` failed: its verified contracts are unverified until one succeeds, its drifted
@@ -259,13 +348,17 @@ class Quarantine:
         keep = set(upstreams)
         for url in [url for url in self._by_upstream if url not in keep]:
             del self._by_upstream[url]
+            self._checked_at.pop(url, None)
         self._publish()
 
     def _publish(self) -> None:
         merged: dict[tuple[str, str, McpPin], Drift | None] = {}
-        for verdicts in self._by_upstream.values():
+        upstream_of: dict[tuple[str, str, McpPin], str] = {}
+        for upstream, verdicts in self._by_upstream.items():
             merged.update(verdicts)
+            upstream_of.update(dict.fromkeys(verdicts, upstream))
         self._verdicts = MappingProxyType(merged)  # one reference swap: a call sees the old or the new set
+        self._upstream_of = MappingProxyType(upstream_of)
 
     def view(self, tools: Iterable[ToolContract]) -> list[dict[str, Any]]:
         """Every pinned contract of ``tools`` with its state, for the admin API and the console."""
@@ -281,7 +374,8 @@ class Quarantine:
                                    "unverified" if verdict is _UNCHECKED else "drifted"}
             if isinstance(verdict, Drift):
                 row.update(kind=verdict.kind, summary=verdict.summary(), diff=verdict.diff,
-                           since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(verdict.since)))
+                           since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(verdict.since)),
+                           matches_again=verdict.matches_again)
             rows.append(row)
         return rows
 

@@ -491,6 +491,8 @@ class Pipeline:
             if signal is not None and signal.is_set():
                 raise ProxyError("cancelled", "The caller cancelled the call before it was sent.",
                                  attempted=False, committed=False)
+            # A pinned MCP tool: its upstream verified recently enough, or a check now (contract_drift if it drifted)
+            await self.quarantine.fresh(tool, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
             self._enough_budget(tool, meta)  # again: the lock wait and the stages before took their time
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))

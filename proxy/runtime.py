@@ -269,7 +269,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                                      pin_ttl_s=config.registry.run_pin_ttl_s,
                                                      read_policy=config.idempotency.read_policy),
                             redis=redis, cancellations=cancellations, flow=flow,
-                            quarantine=Quarantine(serve_unverified=config.mcp_pins.unverified == "serve"))
+                            quarantine=Quarantine(serve_unverified=config.mcp_pins.unverified == "serve",
+                                                  max_age_s=config.mcp_pins.max_age_ms / 1000.0,
+                                                  read_max_age_s=config.mcp_pins.read_max_age_ms / 1000.0))
         compensations = Compensations(store=operations, registry=registry, pipeline=pipeline, policy=policy,
                                       audit=audit, metrics=metrics, key_prefix=config.redis.key_prefix,
                                       max_json_depth=config.decode.max_depth, integrity=integrity)

@@ -273,11 +273,12 @@ async def test_fencing_is_checked_at_write_time(client, state):
 
 
 @pytest.mark.asyncio
-async def test_malformed_fencing_token_is_400(client, state):
+async def test_a_fencing_header_the_token_does_not_carry_is_refused(client, state):
+    """The fence is the token's: a header that says anything else (here one the token lacks) is refused."""
     resp = await client.post("/tools/refund_order", json=GOOD_ARGS["refund_order"],
                              headers={"X-Fencing-Token": "-1"})
-    assert resp.status == 400
-    assert (await resp.json())["error"]["code"] == "invalid_fencing_token"
+    assert resp.status == 401
+    assert (await resp.json())["error"]["reason"] == "header_mismatch"
     assert state.effects == []
 
 

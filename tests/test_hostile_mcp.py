@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import socket
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -95,9 +96,12 @@ class HostileUpstream:
 
     @staticmethod
     def _flood_of(method: str, headers: dict[str, str], body: bytes) -> str | None:
-        if method != "POST" or headers.get("mcp-method") != "tools/call":
+        if method != "POST":
             return None
-        name = json.loads(body).get("params", {}).get("name")
+        message = json.loads(body)  # the body's method: a legacy session's POST has no Mcp-Method header
+        if not isinstance(message, dict) or message.get("method") != "tools/call":
+            return None
+        name = message.get("params", {}).get("name")
         return name if name in FLOODS else None
 
     async def _forward(self, method: str, headers: dict[str, str], body: bytes, writer: asyncio.StreamWriter) -> None:
@@ -118,6 +122,13 @@ class HostileUpstream:
 
     async def _flood(self, name: str, rpc_id: Any, writer: asyncio.StreamWriter) -> None:
         head, chunk, framing = FLOODS[name]
+        if name == "gzip_answer":  # ~40 KB on the wire, 40 MiB once inflated
+            packed = gzip_answer(rpc_id)
+            writer.write(head % len(packed) + packed)
+            await writer.drain()
+            self.ended[name] = "answered"
+            self.written[name] = len(packed)
+            return
         if name in ("cr_answer", "bad_result"):  # an answer whose SSE lines end with a bare CR
             result = {"content": [{"type": "text", "text": '{"ok": true}'}], "structuredContent": {"ok": True},
                       "isError": False, "resultType": "complete"}
@@ -155,14 +166,29 @@ FLOODS: dict[str, tuple[bytes, bytes, str]] = {
     "ping_flood": (_CHUNKED % b"text/event-stream", b": ping\r\n\r\n" * 4096, "chunked"),  # endless SSE events
     "note_flood": (_CHUNKED % b"text/event-stream", _NOTE * 16, "chunked"),             # notifications, no result
     "cr_answer": (_CHUNKED % b"text/event-stream", b"", "chunked"),
+    "gzip_answer": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n"
+                    b"Content-Length: %d\r\n\r\n", b"", "length"),
     "bad_result": (_CHUNKED % b"text/event-stream", b"", "chunked"),
 }
+
+
+def gzip_answer(rpc_id: Any) -> bytes:
+    """A valid JSON-RPC result followed by 40 MiB of spaces (still valid JSON), gzipped: about 40 KB."""
+    result = {"content": [{"type": "text", "text": '{"ok": true}'}], "structuredContent": {"ok": True},
+              "isError": False}
+    squeezer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: the gzip container
+    packed = [squeezer.compress(json.dumps({"jsonrpc": "2.0", "id": rpc_id, "result": result}).encode())]
+    padding = b" " * MiB
+    for _ in range(40):
+        packed.append(squeezer.compress(padding))
+    packed.append(squeezer.flush())
+    return b"".join(packed)
 
 
 def hostile_registry(upstream: HostileUpstream) -> str:
     text = "tools:\n"
     for name, mode in (("json_flood", "read"), ("chunked_flood", "read"), ("ping_flood", "read"),
-                       ("note_flood", "read"), ("cr_answer", "read"), ("bad_result", "read"),
+                       ("note_flood", "read"), ("cr_answer", "read"), ("bad_result", "read"), ("gzip_answer", "read"),
                        ("json_flood", "write")):
         text += f"""  - name: h_{name}{"_write" if mode == "write" else ""}
     version: "1.0.0"
@@ -178,7 +204,8 @@ def hostile_registry(upstream: HostileUpstream) -> str:
 
 
 @contextlib.asynccontextmanager
-async def hostile_stack(tmp_path: Path, deps: dict[str, Any]) -> AsyncIterator[tuple[Stack, HostileUpstream]]:
+async def hostile_stack(tmp_path: Path, deps: dict[str, Any],
+                        overrides: dict[str, Any] | None = None) -> AsyncIterator[tuple[Stack, HostileUpstream]]:
     async with running_upstream() as real:
         hostile = HostileUpstream(real)
         await hostile.start()
@@ -187,7 +214,7 @@ async def hostile_stack(tmp_path: Path, deps: dict[str, Any]) -> AsyncIterator[t
             registry.write_text(hostile_registry(hostile))
             async with running_stack({**deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
                                       "mcp.upstream_max_answer_bytes": ANSWER_LIMIT,
-                                      "mcp.upstream_max_stream_events": EVENT_LIMIT}) as stack:
+                                      "mcp.upstream_max_stream_events": EVENT_LIMIT, **(overrides or {})}) as stack:
                 stack.auto_key = True
                 yield stack, hostile
         finally:
@@ -208,6 +235,53 @@ async def test_a_flooding_upstream_costs_one_call_a_bounded_read(tmp_path, proxy
         async with asyncio.timeout(30):
             status, ok = await stack.call("h_cr_answer", {})
         assert (status, ok["outcome"], ok["data"]) == (200, "succeeded", {"ok": True})
+
+
+async def test_the_sdk_session_path_is_bounded_too_and_never_inflates_an_answer(tmp_path, proxy_deps):
+    """A legacy session's calls go through the mcp SDK's client, not the stateless wire: the same byte cap holds
+    there (it had none), and a 40 KB gzip answer that inflates to 40 MiB is refused unread (it was inflated,
+    then served)."""
+    async with hostile_stack(tmp_path, proxy_deps, {"mcp.upstream_mode": "legacy"}) as (stack, hostile):
+        async with asyncio.timeout(60):
+            status, env = await stack.call("h_gzip_answer", {})
+        assert (status, env["outcome"], env["error"]["code"]) == (502, "failed", "output_invalid")
+        assert env["error"]["details"]["limit"] == "content_encoding"
+        for tool in ("json_flood", "note_flood"):
+            async with asyncio.timeout(60):
+                status, env = await stack.call(f"h_{tool}", {})
+            assert (status, env["outcome"], env["error"]["code"]) == (502, "failed", "output_invalid")
+            assert (env["error"]["details"]["limit"], env["error"]["details"]["limit_value"]) == ("body", ANSWER_LIMIT)
+            assert hostile.ended[tool] == "closed" and hostile.written[tool] <= ANSWER_LIMIT + SLACK
+
+
+async def test_the_pin_watchers_client_never_inflates_an_answer():
+    """The pin watcher's own client (mcp_pins.capped_http_client) against a gzip answer under a 1 MiB cap: it
+    is refused, where 40 MiB were read before."""
+    import httpx2
+
+    from proxy.adapters.mcp_pins import capped_http_client
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        packed = gzip_answer(1)
+        writer.write(FLOODS["gzip_answer"][0] % len(packed) + packed)
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    client = capped_http_client(ANSWER_LIMIT, 5.0)
+    try:
+        read, refusal = None, None
+        async with asyncio.timeout(30):
+            try:
+                response = await client.get(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/mcp")
+                read = len(await response.aread())
+            except httpx2.ReadError as error:
+                refusal = getattr(error, "what", None)
+        assert (read, refusal) == (None, "content_encoding")  # before: all 40 MiB, read under a 1 MiB cap
+    finally:
+        await client.aclose()
+        server.close()
 
 
 async def test_a_write_whose_answer_floods_is_unknown_not_failed(tmp_path, proxy_deps):

@@ -274,3 +274,85 @@ async def test_an_upstream_that_cannot_be_checked_is_not_served(tmp_path, proxy_
                                  ) as stack:
             assert state_of(stack, "lookup") == "unverified"
             assert (await stack.call("lookup", {"key": "k"}))[1]["error"]["code"] == "dependency_unavailable"
+
+
+async def test_a_drift_stays_quarantined_when_the_upstream_changes_back(tmp_path, proxy_deps, issuers):
+    """The upstream adds a bcc, is caught, then quietly changes back: the tool stays refused (an upstream that
+    could lift its own quarantine could flip at will) until an operator acknowledges it, which works only once
+    the upstream matches its pins again."""
+    from tests.support.tokens import jwt_overrides
+
+    agent, admin = issuers
+    operator = admin.token("olga", audience="toolproxy-admin", roles=["operator"], tenant="acme", scope="")
+    async with notes_upstream() as upstream:
+        registry = await imported_registry(upstream, tmp_path / "notes.yaml")
+        overrides = {**proxy_deps, **jwt_overrides(agent, admin), "registry.paths": [str(DEMO_REGISTRY),
+                                                                                     str(registry)],
+                     "registry.reload_interval_ms": 0, "mcp_pins.check_interval_ms": 0, "mcp_pins.min_gap_ms": 0}
+        async with running_stack(overrides) as stack:
+            stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+
+            async def acknowledge(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+                async with stack.session.post(stack.admin_url + "/v1/pins/acknowledge", json=body,
+                                              headers={"Authorization": f"Bearer {operator}"}) as response:
+                    return response.status, await response.json()
+
+            assert (await stack.call("record_note", {"text": "hello"}))[0] == 200
+            upstream.set_record_note("Record a note.", with_bcc=True)
+            await upstream.announce()
+            await wait_until(lambda: state_of(stack, "record_note") == "drifted", 10, "the drift")
+
+            upstream.set_record_note("Record a note.")  # back as it was reviewed
+            await upstream.announce()
+            await wait_until(lambda: any(r.get("matches_again") or r["state"] == "verified"
+                                         for r in stack.runtime.pins.rows() if r["tool"] == "record_note"), 10,
+                             "a check that finds the pinned definition again")
+            sent = len(upstream.calls)
+            status, env = await stack.call("record_note", {"text": "again"})
+            assert status == 409 and env["error"]["code"] == "contract_drift"
+            assert len(upstream.calls) == sent and state_of(stack, "record_note") == "drifted"
+
+            status, answer = await acknowledge({"tool": "record_note", "version": "1.0.0"})
+            assert status == 200 and answer["lifted"] == ["1.0.0"]
+            assert state_of(stack, "record_note") == "verified"
+            assert (await stack.call("record_note", {"text": "after acknowledgement"}))[0] == 200
+            upstream.set_record_note("Record a note.", with_bcc=True)  # and changed again
+            await upstream.announce()
+            await wait_until(lambda: state_of(stack, "record_note") == "drifted", 10, "the second drift")
+            status, answer = await acknowledge({"tool": "record_note"})  # still changed: a re-pin is needed
+            assert status == 409 and answer["error"]["details"]["still_drifted"] == ["1.0.0"]
+            async with stack.session.post(stack.admin_url + "/v1/pins/acknowledge", json={"tool": "record_note"},
+                                          headers={"Authorization": f"Bearer {agent.token('alice')}"}) as response:
+                assert response.status in (401, 403)  # an agent's token is not an operator's
+
+
+async def test_a_silent_change_never_runs_past_the_freshness_bound(tmp_path, proxy_deps):
+    """The upstream sends no list_changed and the timer is a minute away: a write to the outside is sent only
+    on pins verified within mcp_pins.max_age_ms (else it waits for a check), a read within
+    mcp_pins.read_max_age_ms. Before, the bcc'd write ran until the next timed check."""
+    async with notes_upstream() as upstream:
+        registry = await imported_registry(upstream, tmp_path / "notes.yaml")
+        document = yaml.safe_load(registry.read_text())
+        for tool in document["tools"]:
+            if tool["name"] == "record_note":
+                tool.update(mode="write", risk="external", flow={"sink": "external"})
+        registry.write_text(yaml.safe_dump(document, sort_keys=False))
+        overrides = {**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
+                     "registry.reload_interval_ms": 0, "mcp_pins.check_interval_ms": 60000,
+                     "mcp_pins.min_gap_ms": 0, "mcp_pins.max_age_ms": 300, "mcp_pins.read_max_age_ms": 600}
+        async with running_stack(overrides) as stack:
+            keyed = {"Idempotency-Key": "note-1"}
+            assert (await stack.call("record_note", {"text": "hello"}, headers=keyed))[0] == 200
+            upstream.set_record_note("Record a note.", with_bcc=True)  # silently
+            await asyncio.sleep(0.4)  # past max_age_ms since the last check (no assertion on time)
+            status, env = await stack.call("record_note", {"text": "secret"}, headers={"Idempotency-Key": "note-2"})
+            assert env["error"]["code"] == "contract_drift", env
+            assert env["side_effect"] == {"attempted": False, "committed": False}
+            assert not [c for c in upstream.calls if "bcc" in c]  # the bcc never ran
+
+            assert (await stack.call("lookup", {"key": "k"}))[0] == 200
+            upstream.add("exfiltrate")  # silently: the list digest changes
+            await asyncio.sleep(0.7)  # past read_max_age_ms
+            status, env = await stack.call("lookup", {"key": "k2"})
+            assert env["error"]["code"] == "contract_drift" and env["error"]["details"]["drift"] == "tool_list"
+            assert not [c for c in upstream.calls if c.get("key") == "k2"]

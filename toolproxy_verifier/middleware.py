@@ -2,11 +2,13 @@
 
 Owns: asking the backend's ``route`` what a request's path serves (``Expect``: the tool, the kind of
 request, the operation key in the path; ``None``: a route that takes no token, such as a health probe),
-reading the body once (bounded) to check it against the token, answering 401 with the refusal's reason
+reading the body once (bounded) to check it against the token, checking the ``Idempotency-Key`` and
+``X-Fencing-Token`` headers against the token's ``tctx``, answering 401 with the refusal's reason
 (``{"error": {"code": "call_token_refused", "reason": ..., "applied": false}}``), and handing the
-verified facts to the handler (aiohttp: ``request[CALL_TOKEN]``; ASGI: ``scope["state"]["call_token"]``).
-Must never: pass a request that needs a token to the handler without one, or read more than
-``max_body_bytes`` of a body.
+verified facts to the handler (aiohttp: ``request[CALL_TOKEN]``; ASGI: ``scope["state"]["call_token"]``),
+whose ``idempotency_key`` and ``fencing_token`` are the ones a handler keys its effects on.
+Must never: pass a request that needs a token to the handler without one, pass one whose key or fence
+headers disagree with its token, or read more than ``max_body_bytes`` of a body.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from . import HEADER
-from .verifier import CallTokenVerifier, Refused, VerifiedCall
+from .verifier import FENCE_HEADER, KEY_HEADER, CallTokenVerifier, Refused, VerifiedCall
 
 try:  # aiohttp is needed by the aiohttp middleware only
     from aiohttp import web as _web
@@ -56,7 +58,7 @@ def aiohttp_middleware(verifier: CallTokenVerifier, route: Route, *, max_body_by
         body = await request.read()
         try:
             request[CALL_TOKEN] = verifier.verify(request.headers.get(HEADER), tool=expect.tool, body=body,
-                                                    scope=expect.scope, key=expect.key)
+                                                    scope=expect.scope, key=expect.key, headers=request.headers)
         except Refused as refused:
             return web.Response(status=401, body=refusal_body(refused.reason), content_type="application/json")
         return await handler(request)
@@ -96,13 +98,18 @@ class AsgiCallTokens:
             if not message.get("more_body", False):
                 break
         body = b"".join(chunks)
-        token = None
+        wanted = {name.lower(): name for name in (HEADER, KEY_HEADER, FENCE_HEADER)}
+        found: dict[str, str] = {}
         for name, value in scope.get("headers", ()):
-            if name.decode("latin-1").lower() == HEADER.lower():
-                token = value.decode("latin-1")
-                break
+            canonical = wanted.get(name.decode("latin-1").lower())
+            if canonical is not None:
+                if canonical in found:  # two values of one of them: which one would the handler read?
+                    await _answer(send, 401, "header_mismatch" if canonical != HEADER else "malformed")
+                    return
+                found[canonical] = value.decode("latin-1")
         try:
-            verified = self._verifier.verify(token, tool=expect.tool, body=body, scope=expect.scope, key=expect.key)
+            verified = self._verifier.verify(found.get(HEADER), tool=expect.tool, body=body, scope=expect.scope,
+                                             key=expect.key, headers=found)
         except Refused as refused:
             await _answer(send, 401, refused.reason)
             return

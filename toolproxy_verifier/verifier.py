@@ -6,9 +6,15 @@ Owns: the one check a backend runs on every request the proxy sends for a call
 is this backend, ``iss`` the expected one (when set), ``exp`` not passed (``iat`` and ``exp`` required,
 within the clock-skew leeway); ``scope`` is the kind of request the route serves; ``tctx.tool`` is the
 route's tool (and ``tctx.idempotency_key`` the route's key for status and cancel requests); for a call,
-``tctx.args_hash`` is the SHA-256 of the RFC 8785 form of the body actually received, so a token cannot
-carry other arguments; and replay: a ``txn`` seen before is refused unless it comes with the same
-idempotency key (the same operation again, which the backend deduplicates on that key).
+``tctx.args_hash`` is the SHA-256 of the body actually received (the proxy sends the RFC 8785 form; a
+body re-encoded on the way is put in that form here, and one with a duplicate key is refused: a backend
+whose parser keeps the first value would read other arguments than the hash covers), so a token cannot
+carry other arguments; the request's ``Idempotency-Key`` and ``X-Fencing-Token`` headers, when the
+caller passes ``headers`` and they are present, say what ``tctx`` says (a backend that keys its effects on headers would
+otherwise turn a replayed token with another key, or a huge fence, into a second effect or a locked-out
+resource); and replay: a token (its ``jti``) is good once — the proxy signs a new one for every request
+it sends — and a ``txn`` seen before is refused unless it comes with the same idempotency key (the proxy's
+own retry of an operation: a new token, the same key).
 
 Must never: accept ``alg: none``, an HMAC algorithm or a key whose algorithm differs from the header's;
 fetch keys from a URL named in the token; keep more than ``max_seen`` transactions in memory.
@@ -51,8 +57,12 @@ REASONS = (
     "wrong_tool",       # tctx.tool is not the route's tool
     "wrong_key",        # tctx.idempotency_key is not the route's key (status, cancel)
     "wrong_arguments",  # tctx.args_hash is not the hash of the body received
-    "replayed",         # a txn seen before, with another (or no) idempotency key
+    "replayed",         # a token (jti) seen before, or a txn seen before with another (or no) key
+    "header_mismatch",  # an Idempotency-Key or X-Fencing-Token header that differs from tctx (or tctx lacks)
 )
+
+KEY_HEADER = "Idempotency-Key"
+FENCE_HEADER = "X-Fencing-Token"
 
 
 class Refused(Exception):
@@ -161,7 +171,8 @@ class ReplayCache:
         self._lock = threading.Lock()
 
     def seen(self, txn: str, key: str | None, expires: float, now: float) -> bool:
-        """Record ``txn``; True when it was seen before with another (or no) idempotency key."""
+        """Record ``txn``; True when it was seen before with another (or no) idempotency key. The verifier
+        passes a token's ``jti`` here with the key ``None``: a token id is then good exactly once."""
         with self._lock:
             while self._seen:
                 oldest, (_, until) = next(iter(self._seen.items()))
@@ -191,10 +202,13 @@ class CallTokenVerifier:
         self._jwt = jwt.PyJWT()
 
     def verify(self, token: str | None, *, tool: str | tuple[str, ...], body: bytes = b"",
-               scope: str = "tool:call", key: str | None = None, now: float | None = None) -> VerifiedCall:
+               scope: str = "tool:call", key: str | None = None, headers: Mapping[str, str] | None = None,
+               now: float | None = None) -> VerifiedCall:
         """The verified facts of a request to ``tool``'s route, or ``Refused``. ``tool``: the tool the route
         serves (or a tuple of the contract names it serves under); ``body``: the bytes received (a call's
-        arguments); ``key``: the operation key in a status or cancel route."""
+        arguments); ``key``: the operation key in a status or cancel route; ``headers``: the request's
+        headers (a case-insensitive mapping), whose ``Idempotency-Key`` and ``X-Fencing-Token`` must then
+        say what the token says. Take the key and fence from the result, never from the headers."""
         jwk, alg = self._key_of(token)
         now = time.time() if now is None else now
         claims = self._decode(token, jwk, alg, now)
@@ -202,8 +216,13 @@ class CallTokenVerifier:
             raise Refused("missing_claim")
         context = claims["tctx"]
         named, op_key = _check_call(context, claims["scope"], tool=tool, body=body, scope=scope, key=key)
-        if self._replay.seen(str(claims["txn"]), op_key, float(claims["exp"]) + self._leeway, now):
-            raise Refused("replayed")
+        if headers is not None:
+            _check_headers(headers, op_key, context.get("fencing_token"))
+        jti, until = claims.get("jti"), float(claims["exp"]) + self._leeway
+        if isinstance(jti, str) and jti and self._replay.seen("jti:" + jti, None, until, now):
+            raise Refused("replayed")  # this very token again
+        if self._replay.seen(str(claims["txn"]), op_key, until, now):
+            raise Refused("replayed")  # the operation under another (or no) key
         return VerifiedCall(txn=str(claims["txn"]), subject=str(claims["sub"]), tenant=str(claims["tenant"]),
                             agent=str(claims["req_wl"]), scope=scope, tool=named, version=context.get("version"),
                             args_hash=context.get("args_hash"), idempotency_key=op_key,
@@ -218,7 +237,7 @@ class CallTokenVerifier:
             raise Refused("malformed")
         try:
             header = jwt.get_unverified_header(token)
-        except jwt.PyJWTError:
+        except (jwt.PyJWTError, RecursionError):  # a header nested past the parser's depth: malformed
             raise Refused("malformed") from None
         if header.get("typ") != TOKEN_TYPE:
             raise Refused("wrong_type")
@@ -247,7 +266,7 @@ class CallTokenVerifier:
             raise Refused("missing_claim") from None
         except jwt.InvalidSignatureError:
             raise Refused("bad_signature") from None
-        except jwt.PyJWTError:
+        except (jwt.PyJWTError, RecursionError):
             raise Refused("malformed") from None
         if claims["exp"] + self._leeway < now:  # PyJWT read the clock itself; the caller's ``now`` decides too
             raise Refused("expired")
@@ -273,12 +292,31 @@ def _check_call(context: Mapping[str, Any], claimed_scope: Any, *, tool: str | t
     return named, op_key
 
 
+def _check_headers(headers: Mapping[str, str], op_key: Any, fence: Any) -> None:
+    """The request's key and fence headers, where present, say what the token says: the proxy sends them
+    as the token has them, so another value, or one the token lacks, did not come from the proxy. (An
+    absent header is no claim: the handler takes both from the token.)"""
+    sent_key, sent_fence = headers.get(KEY_HEADER), headers.get(FENCE_HEADER)
+    if sent_key is not None and sent_key != op_key:
+        raise Refused("header_mismatch")
+    if sent_fence is not None and (not isinstance(fence, int) or isinstance(fence, bool) or sent_fence != str(fence)):
+        raise Refused("header_mismatch")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found = dict(pairs)
+    if len(found) != len(pairs):
+        raise ValueError("duplicate key")
+    return found
+
+
 def arguments_hash(body: bytes) -> str:
     """SHA-256 (hex) of the RFC 8785 form of a JSON body: the proxy's ``args_hash`` of the arguments it sent.
     (The proxy sends that form itself, so ``verify`` first compares the hash of the bytes as received; a
-    body an intermediary re-encoded is parsed and put in canonical form here.) Not JSON: the bytes' hash."""
+    body an intermediary re-encoded is parsed and put in canonical form here.) Not JSON, or JSON with a
+    duplicate key (parsers disagree on which value counts): the bytes' hash, which the token never has."""
     try:
-        canonical = rfc8785.dumps(json.loads(body))
+        canonical = rfc8785.dumps(json.loads(body, object_pairs_hook=_unique_keys))
     except (ValueError, TypeError, rfc8785.CanonicalizationError, RecursionError):
         return hashlib.sha256(body).hexdigest()
     return hashlib.sha256(canonical).hexdigest()

@@ -45,7 +45,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import httpx2
 import mcp_types as types
@@ -72,6 +72,7 @@ from ..errors import ProxyError
 from ..wire.http import HttpWire
 from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay,
                progress_relay, safe_error_fields, unanswered, failed_answer)
+from .bounded_answers import AnswerRefused, BoundedTransport
 from .call_tokens import CallTokens
 from .http import forwarded_headers
 from ..wire import mcp as mcp_wire
@@ -95,10 +96,12 @@ class _Progress:
     """How far the tools/call POST of one call got (filled in by ``_ObservedTransport``)."""
 
     headers: Mapping[str, str]
+    mint: Callable[[], str]  # a new Txn-Token: each POST carries its own (a backend takes a token once)
     observed: bool = False
     headers_sent: bool = False
     connect_failed: bool = False
     status: int | None = None
+    refused: AnswerRefused | None = None  # an answer of the call cut by ``bounded_answers``
 
     @property
     def sent(self) -> bool:
@@ -115,7 +118,7 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
     The SDK runs each POST in the context of the task that sent the message,
     so the per-call ``_Progress`` in a context variable reaches this layer.
     Every POST of the call carries the headers (a 2026-07-28 retry with input
-    responses is the same call); only the first is observed (later ones, such
+    responses is the same call), each with a token of its own; only the first is observed (later ones, such
     as a cancellation notice, must not overwrite what happened to the call).
     """
 
@@ -128,7 +131,8 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
         if progress is None or request.method != "POST":
             return await self._inner.handle_async_request(request)
         request.headers.update(progress.headers)
-        if progress.observed:
+        if progress.observed:  # a later POST of the call (an input round, a cancellation): a token of its own
+            request.headers["Txn-Token"] = progress.mint()
             return await self._inner.handle_async_request(request)
         progress.observed = True
 
@@ -244,11 +248,21 @@ class McpAdapter:
             f"toolproxy_mcp_deadline_{id(self)}", default=None)
         self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation,
                            "logging_callback": self._on_log}
-        transport = _ObservedTransport(httpx2.AsyncHTTPTransport(retries=0), self._progress)
+        # Every answer of every upstream bounded, the SDK's sessions included (never decoded: bounded_answers).
+        transport = _ObservedTransport(BoundedTransport(httpx2.AsyncHTTPTransport(retries=0),
+                                                        answer_limits.max_bytes, self._answer_refused),
+                                       self._progress)
         # No read timeout here: every call is bounded by its own budget.
         self._http = httpx2.AsyncClient(transport=transport, follow_redirects=False,
                                         timeout=httpx2.Timeout(None, connect=connect_timeout_s))
         self._upstreams: dict[str, _Upstream] = {}
+
+    def _answer_refused(self, error: AnswerRefused) -> None:
+        """An answer cut by the bounded transport: the call in this context learns why (the SDK sees a read
+        error, which alone would read as a lost connection)."""
+        progress = self._progress.get()
+        if progress is not None and progress.refused is None:
+            progress.refused = error
 
     async def aclose(self) -> None:
         await asyncio.gather(*(u.aclose() for u in self._upstreams.values()))
@@ -269,30 +283,39 @@ class McpAdapter:
             upstream = self._upstreams[url] = _Upstream(url, self._http, self._handshake_timeout_s, self._mode,
                                                         self._callbacks)
         progress = _Progress(headers={k: v for k, v in forwarded_headers(call, self._tokens.for_call(call)).items()
-                                      if k not in ('Content-Type', 'Accept')})
+                                      if k not in ('Content-Type', 'Accept')},
+                             mint=lambda: self._tokens.for_call(call))
         started = time.monotonic()
         deadline = self._deadline.set(started + call.budget_s)
         try:
             async with asyncio.timeout(call.budget_s):
                 return self._classify(call, await self._send(call, upstream, progress))
         except TimeoutError:
-            raise self._timed_out(call, progress, time.monotonic() - started) from None
+            raise self._cut(call, progress) or self._timed_out(call, progress, time.monotonic() - started) from None
         except _ConnectFailed:
             raise ProxyError("dependency_unavailable", "The tool's MCP server could not be reached.",
                              details={"tool": tool.name}, phase="execute", attempted=False, committed=False) from None
         except MCPError as exc:
-            raise self._rpc_failure(call, progress, exc.error.code) from None
+            raise self._cut(call, progress) or self._rpc_failure(call, progress, exc.error.code) from None
         except mcp_wire.AnswerTooLarge as exc:
             raise self._unreadable(call, {"limit": exc.what, "limit_value": exc.limit}) from None
         except ValidationError:  # the SDK's or the wire's check of the result against the revision's types
             raise self._unreadable(call, {"answer": "invalid_result"}) from None
         except (httpx2.HTTPError, ConnectionError, OSError):
-            raise self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
+            raise self._cut(call, progress) or self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
         finally:
             self._deadline.reset(deadline)
 
+    def _cut(self, call: BackendCall, progress: _Progress) -> ProxyError | None:
+        """The call's error when the bounded transport cut one of its answers (whatever the SDK made of it)."""
+        if progress.refused is None:
+            return None
+        return self._unreadable(call, {"limit": progress.refused.what, "limit_value": progress.refused.limit})
+
     async def _send(self, call: BackendCall, upstream: _Upstream, progress: _Progress) -> types.CallToolResult:
         for attempt in (1, 2):
+            if attempt == 2:  # the one resend: a token of its own
+                progress.headers = {**progress.headers, "Txn-Token": progress.mint()}
             client = await upstream.session()
             progress.observed = progress.headers_sent = progress.connect_failed = False
             progress.status = None

@@ -6,7 +6,9 @@ sessions stay untouched, and this one asks for nothing but the tool list); a
 check at start-up (awaited by the runtime, bounded), on the upstream's
 ``notifications/tools/list_changed`` (a legacy session's message handler, or
 the 2026-07-28 ``subscriptions/listen`` stream), every
-``mcp_pins.check_interval_ms``, and after a registry reload; handing each
+``mcp_pins.check_interval_ms``, after a registry reload, and when a call
+needs its pins fresher than the last check (``recheck``, ``nudge``: the
+freshness bound of ``drift.Quarantine.fresh``); handing each
 check's verdicts (``drift.compare``) to the ``Quarantine``, counting each new
 drift (``toolproxy_contract_drift_total``) and logging it with its diff. A
 check that fails (unreachable, too slow, too many tools, an answer too large)
@@ -74,38 +76,14 @@ def pinned_upstreams(registry: Registry, services: Mapping[str, str]) -> dict[st
 
 
 def capped_http_client(max_bytes: int, connect_timeout_s: float) -> Any:
-    """An ``httpx2`` client whose every answer is cut (a read error) past ``max_bytes``."""
+    """An ``httpx2`` client whose every answer is cut (a read error) past ``max_bytes``, and never decoded
+    (``bounded_answers``: an encoded answer is refused, whatever it would inflate to)."""
     import httpx2
 
-    class Capped(httpx2.AsyncByteStream):
-        def __init__(self, inner: Any) -> None:
-            self._inner = inner
+    from .bounded_answers import BoundedTransport
 
-        async def __aiter__(self) -> Any:
-            seen = 0
-            async for chunk in self._inner:
-                seen += len(chunk)
-                if seen > max_bytes:
-                    raise httpx2.ReadError(f"answer larger than {max_bytes} bytes")
-                yield chunk
-
-        async def aclose(self) -> None:
-            await self._inner.aclose()
-
-    class Transport(httpx2.AsyncBaseTransport):
-        def __init__(self) -> None:
-            self._inner = httpx2.AsyncHTTPTransport(retries=0)
-
-        async def handle_async_request(self, request: Any) -> Any:
-            response = await self._inner.handle_async_request(request)
-            response.stream = Capped(response.stream)
-            return response
-
-        async def aclose(self) -> None:
-            await self._inner.aclose()
-
-    return httpx2.AsyncClient(transport=Transport(), follow_redirects=False,
-                              timeout=httpx2.Timeout(None, connect=connect_timeout_s))
+    return httpx2.AsyncClient(transport=BoundedTransport(httpx2.AsyncHTTPTransport(retries=0), max_bytes),
+                              follow_redirects=False, timeout=httpx2.Timeout(None, connect=connect_timeout_s))
 
 
 class PinWatcher:
@@ -122,6 +100,17 @@ class PinWatcher:
         self._connect_timeout_s = connect_timeout_s
         self._watches: dict[str, _Watch] = {}
         self._http: Any = None
+        quarantine.checker = self  # the call path's freshness bound asks for checks here (drift.Quarantine.fresh)
+
+    async def recheck(self, upstream: str) -> None:
+        watch = self._watches.get(upstream)
+        if watch is not None:
+            await watch.recheck()
+
+    def nudge(self, upstream: str) -> None:
+        watch = self._watches.get(upstream)
+        if watch is not None and not watch.failing:
+            watch.wake.set()
 
     @property
     def http(self) -> Any:
@@ -171,9 +160,9 @@ class PinWatcher:
         """Every pinned contract with its state (the admin API's ``GET /v1/pins`` and the console)."""
         return self.quarantine.view(self.registry.all())
 
-    def checked(self, watch: "_Watch", listed: list[UpstreamTool]) -> None:
+    def checked(self, watch: "_Watch", listed: list[UpstreamTool], started: float) -> None:
         verdicts = compare(watch.contracts, listed, watch.baseline)
-        fresh, cleared = self.quarantine.record(watch.url, verdicts)
+        fresh, returned = self.quarantine.record(watch.url, verdicts, started=started)
         watch.failing = False
         if all(verdict is None for _, verdict in verdicts):
             watch.baseline = listed
@@ -183,9 +172,10 @@ class PinWatcher:
                         "`toolproxy mcp repin %s`\n%s", contract.name, contract.version, drift.summary(),
                         contract.source, drift.diff,
                         extra={"tool": contract.name, "drift": drift.kind, "backend": contract.backend_name})
-        for contract in cleared:
-            log.info("contract drift cleared: %s %s matches its pins again", contract.name, contract.version,
-                     extra={"tool": contract.name})
+        for contract in returned:
+            log.warning("contract drift: %s %s matches its pins again but stays quarantined until an operator "
+                        "acknowledges it (POST /v1/pins/acknowledge on the admin listener) or re-pins it",
+                        contract.name, contract.version, extra={"tool": contract.name})
         self._gauge()
 
     def failed(self, watch: "_Watch", why: str) -> None:
@@ -218,6 +208,29 @@ class _Watch:
         self._task: asyncio.Task[None] | None = None
         self._last = 0.0
         self.failing = False  # the latest check failed (logged once per run of failures)
+        self._started = 0  # checks started so far
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []  # (the check it waits for, its end)
+
+    async def recheck(self) -> None:
+        """Until a check that starts after now has ended; at once while checks fail (they keep their backoff:
+        calls must not turn a failing upstream's retries into a flood)."""
+        if self.failing:
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._started + 1, done))
+        self.wake.set()
+        await done
+
+    def _ended(self, number: int) -> None:
+        """Check ``number`` ended (either way): every waiter for it, or for an earlier one, goes on."""
+        waiting = []
+        for wanted, done in self._waiters:
+            if wanted <= number or self.failing:
+                if not done.done():
+                    done.set_result(None)
+            elif not done.done():
+                waiting.append((wanted, done))
+        self._waiters = waiting
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"mcp-pins {self.url}")
@@ -225,6 +238,8 @@ class _Watch:
     def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        self.failing = True  # nothing more will be checked here: every waiter goes on (and finds it unverified)
+        self._ended(self._started)
 
     async def stopped(self) -> None:
         if self._task is not None:
@@ -241,6 +256,7 @@ class _Watch:
             except Exception as exc:  # every failure of a check: the upstream is unverified, try again later
                 failures += 1
                 self.owner.failed(self, _why(exc))
+                self._ended(self._started)
                 self.first.set()
                 self.wake.clear()  # a reload during the pause still wakes it
                 await self._pause(min(_MAX_BACKOFF_S, 0.25 * 2 ** min(failures, 8)))
@@ -268,9 +284,11 @@ class _Watch:
             while True:
                 self.wake.clear()
                 self._last = time.monotonic()
+                self._started += 1
                 async with asyncio.timeout(timeout_s):
                     listed = await read_tools(client, max_tools=config.max_tools)
-                self.owner.checked(self, listed)
+                self.owner.checked(self, listed, self._last)  # verified as of when the list was asked for
+                self._ended(self._started)
                 self.first.set()
                 await self._next()
 
@@ -321,6 +339,10 @@ def _why(exc: BaseException) -> str:
     """A failure in one safe phrase: its kind, never its text (hostnames, upstream words)."""
     if isinstance(exc, CheckFailed):
         return str(exc)
+    from .bounded_answers import AnswerRefused  # loaded with the watch's client already
+    if isinstance(exc, AnswerRefused):
+        return "an answer above mcp_pins.max_answer_bytes" if exc.what == "body" else \
+            "an encoded answer (Content-Encoding): never decoded"
     if isinstance(exc, TimeoutError):
         return "no complete answer within mcp_pins.check_timeout_ms"
     if isinstance(exc, BaseExceptionGroup):

@@ -3,14 +3,16 @@
 Owns: the encoded JOSE header (``alg``, ``typ: txntoken+jwt``, ``kid``) and the key's PyJWT algorithm
 object, both made once; per request only the claims are encoded and signed (one Ed25519 or P-256
 signature). ``exp`` is the earlier of the request's deadline and ``ttl_s`` (at most five minutes),
-rounded down so it is never later than the deadline. Must never: sign without ``exp``, ``aud`` and
-``txn``, sign for longer than ``MAX_TTL_S``, or log a token.
+rounded down so it is never later than the deadline; ``jti`` is a fresh random id per token (a
+backend takes each token once). Must never: sign without ``exp``, ``aud``, ``txn`` and ``jti``, sign for
+longer than ``MAX_TTL_S``, or log a token.
 """
 
 from __future__ import annotations
 
 import base64
 import math
+import os
 import time
 from typing import Any, Mapping
 
@@ -43,7 +45,8 @@ class CallTokenSigner:
         now = time.time() if now is None else now
         life = self._ttl_s if budget_s is None else max(0.0, min(float(self._ttl_s), budget_s))
         claims = {"iss": self._issuer, "aud": audience, "iat": int(now), "exp": math.floor(now + life),
-                  "txn": txn, "sub": subject, "tenant": tenant, "req_wl": agent, "scope": scope,
+                  "txn": txn, "jti": _b64(os.urandom(16)).decode("ascii"), "sub": subject, "tenant": tenant,
+                  "req_wl": agent, "scope": scope,
                   "tctx": context}
         signing_input = self._head + _b64(orjson.dumps(claims))
         signature = self._algorithm.sign(signing_input, self._private)

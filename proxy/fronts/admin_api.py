@@ -7,8 +7,9 @@ request bodies against their JSON Schemas in ``schemas/``
 (``operation-resolution``, ``unknown-call-settlement``; a bad body is
 ``invalid_request`` with the violations; a body past ``MAX_BODY_BYTES`` is
 ``payload_too_large``, never read further), and the two operator actions that
-change state: resolving an open operation and settling a call-level unknown,
-each audited before it takes effect. Must never: run a tool call (the one
+change state: resolving an open operation, settling a call-level unknown and
+acknowledging a drifted MCP tool that matches its pins again, each audited
+(the first two before they take effect). Must never: run a tool call (the one
 read an approver may see beside a pending approval goes through the pipeline
 with the approver's authority, ``related_read.py``), decide an
 outcome without an operator's evidence, or show a tenant-bound operator
@@ -267,6 +268,24 @@ async def admin_pins(request: web.Request) -> web.Response:
     return json_response({"pins": runtime.pins.rows() if runtime.pins is not None else []})
 
 
+async def admin_acknowledge_pin(request: web.Request) -> web.Response:
+    """An operator lifts a drift quarantine whose upstream matches its pins again (body ``{"tool", "version"?}``).
+    A drift never lifts itself: the upstream that changed a tool back could change it again at will."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    body = await ingress.read_json(request, runtime.config, limit=MAX_BODY_BYTES)
+    ingress.validate_body(body, "pin-acknowledgement.schema.json")
+    if runtime.pins is None:
+        raise ProxyError("operation_not_open", "No pinned MCP tool is watched here.", phase="request")
+    lifted = runtime.pipeline.quarantine.acknowledge(body["tool"], body.get("version"))
+    await runtime.audit.record("pin_acknowledgement", critical=True, tool=body["tool"], subject=operator.subject,
+                               details={"lifted": [version for _, version in lifted],
+                                        "operator": operator.subject})
+    log.warning("contract drift of %s acknowledged by operator %s: served again", body["tool"], operator.subject)
+    return json_response({"tool": body["tool"], "lifted": [version for _, version in lifted],
+                          "pins": runtime.pins.rows()})
+
+
 def admin_app(runtime: Runtime) -> web.Application:
     """Approver/operator API on its own listener; every handler authenticates an admin principal.
     The operator console (``/ui``) is served here too, and nowhere else."""
@@ -290,4 +309,5 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/quotas", admin_quotas)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     app.router.add_get("/v1/pins", admin_pins)
+    app.router.add_post("/v1/pins/acknowledge", admin_acknowledge_pin)
     return app

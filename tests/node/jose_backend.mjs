@@ -8,32 +8,29 @@ import { createRemoteJWKSet, jwtVerify } from "jose";
 
 const [port, jwksUrl, audience] = process.argv.slice(2);
 const keys = createRemoteJWKSet(new URL(jwksUrl));
-const seen = new Map(); // txn -> idempotency key (null: none); a real backend keeps this until exp
+const seen = new Map(); // jti -> exp: each token is taken once (kept until it expires)
 
-// RFC 8785: sorted keys (UTF-16 order, as JS sorts), ECMAScript number text, JSON.stringify's strings.
-function canonical(value) {
-  if (Array.isArray(value)) return `[${value.map(canonical).join(",")}]`;
-  if (value !== null && typeof value === "object") {
-    return `{${Object.keys(value).sort().map((k) => `${JSON.stringify(k)}:${canonical(value[k])}`).join(",")}}`;
-  }
-  return JSON.stringify(value);
-}
-
-async function check(token, tool, body) {
+// headers: node:http's (lower-case names). The hash is of the raw bytes (the proxy sends the RFC 8785 form;
+// JSON.parse would let a body with a duplicate key through); the key and fence headers, when present, say what tctx says.
+async function check(token, tool, body, headers) {
   if (!token) throw new Error("missing");
   const { payload } = await jwtVerify(token, keys, {
-    audience, typ: "txntoken+jwt", algorithms: ["EdDSA", "ES256"], requiredClaims: ["exp", "iat", "txn", "sub"],
+    audience, typ: "txntoken+jwt", algorithms: ["EdDSA", "ES256"],
+    requiredClaims: ["exp", "iat", "txn", "jti", "sub"],
   });
   const ctx = payload.tctx ?? {};
   if (payload.scope !== "tool:call") throw new Error("wrong_scope");
   if (ctx.tool !== tool) throw new Error("wrong_tool");
-  const hash = createHash("sha256").update(canonical(JSON.parse(body))).digest("hex");
-  if (ctx.args_hash !== hash) throw new Error("wrong_arguments");
-  const key = ctx.idempotency_key ?? null;
-  if (seen.has(payload.txn) && (seen.get(payload.txn) === null || seen.get(payload.txn) !== key)) {
-    throw new Error("replayed");
+  if (ctx.args_hash !== createHash("sha256").update(body).digest("hex")) throw new Error("wrong_arguments");
+  const fence = ctx.fencing_token == null ? undefined : String(ctx.fencing_token);
+  if ((headers["idempotency-key"] !== undefined && headers["idempotency-key"] !== ctx.idempotency_key)
+      || (headers["x-fencing-token"] !== undefined && headers["x-fencing-token"] !== fence)) {
+    throw new Error("header_mismatch");
   }
-  seen.set(payload.txn, key);
+  const now = Date.now() / 1000;
+  for (const [jti, exp] of seen) if (exp + 5 < now) seen.delete(jti);
+  if (seen.has(payload.jti)) throw new Error("replayed");
+  seen.set(payload.jti, payload.exp);
   return payload;
 }
 
@@ -45,7 +42,7 @@ const server = createServer((req, res) => {
     const reply = (status, doc) => { res.writeHead(status, { "content-type": "application/json" }); res.end(JSON.stringify(doc)); };
     try {
       if (req.method !== "POST" || !match) throw new Error("wrong_tool");
-      const claims = await check(req.headers["txn-token"], match[1], Buffer.concat(chunks).toString("utf8"));
+      const claims = await check(req.headers["txn-token"], match[1], Buffer.concat(chunks), req.headers);
       reply(200, { tool: match[1], subject: claims.sub, tenant: claims.tenant, txn: claims.txn });
     } catch (err) {
       reply(401, { error: { code: "call_token_refused", reason: err.code ?? err.message, applied: false } });

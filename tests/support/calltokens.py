@@ -60,7 +60,9 @@ class TestKeys:
         if expect is not None and "Txn-Token" not in out:
             key = expect.key if expect.scope != "tool:call" else out.get("Idempotency-Key")
             tool = expect.tool if isinstance(expect.tool, str) else expect.tool[0]
-            out["Txn-Token"] = self.token(tool, body, scope=expect.scope, key=key, tenant=tenant)
+            fence = out.get("X-Fencing-Token", "")
+            context = {"fencing_token": int(fence)} if fence.isascii() and fence.isdigit() else {}
+            out["Txn-Token"] = self.token(tool, body, scope=expect.scope, key=key, tenant=tenant, **context)
         return out
 
 

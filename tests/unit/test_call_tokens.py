@@ -59,7 +59,8 @@ def test_a_token_follows_the_transaction_token_draft_and_verifies(alg):
     header = jwt.get_unverified_header(t)
     assert header == {"alg": alg, "typ": "txntoken+jwt", "kid": s.key.kid}
     claims = jwt.decode(t, options={"verify_signature": False})
-    assert set(claims) == {"iss", "aud", "iat", "exp", "txn", "sub", "tenant", "req_wl", "scope", "tctx"}
+    assert set(claims) == {"iss", "aud", "iat", "exp", "txn", "jti", "sub", "tenant", "req_wl", "scope", "tctx"}
+    assert claims["jti"] != jwt.decode(token(s, key="ik_" + "a" * 64), options={"verify_signature": False})["jti"]
     assert claims["exp"] - claims["iat"] <= 30
     facts = verifier(s).verify(t, tool="get_order", body=BODY)
     assert (facts.subject, facts.tenant, facts.agent, facts.tool, facts.args_hash) == (
@@ -116,7 +117,7 @@ def test_status_and_cancel_tokens_are_bound_to_the_key_in_the_route():
                    key="ik_1") == "wrong_scope"
 
 
-def test_a_transaction_seen_before_passes_only_with_the_same_key():
+def test_a_token_is_taken_once_and_a_transaction_seen_before_passes_only_with_the_same_key():
     s = signer()
     v = verifier(s)
     read = token(s, txn="read-1")
@@ -124,7 +125,8 @@ def test_a_transaction_seen_before_passes_only_with_the_same_key():
     assert refusal(v, read) == "replayed"
     write = token(s, key="ik_w", txn="ik_w")
     v.verify(write, tool="get_order", body=BODY)
-    v.verify(write, tool="get_order", body=BODY)  # the same operation again: the backend deduplicates on the key
+    assert refusal(v, write) == "replayed"  # the very token again: each is taken once
+    v.verify(token(s, key="ik_w", txn="ik_w"), tool="get_order", body=BODY)  # the proxy's retry: a new token
     assert refusal(v, token(s, key="ik_other", txn="ik_w")) == "replayed"
 
 

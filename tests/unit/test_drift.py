@@ -97,6 +97,18 @@ def test_the_quarantine_refuses_drifted_and_unverified_and_keeps_drifts_through_
     assert refused.value.code == "contract_drift" and refused.value.details["drift"] == "definition"
     assert refused.value.spec.http_status == 409 and not refused.value.retryable
     Quarantine(serve_unverified=True).check(tool)  # never checked, and the operator chose to serve: no error
+    # The upstream changes back: still quarantined, now acknowledgeable.
+    _, returned = quarantine.record("u", compare([tool], [NOTE]))
+    assert returned == [tool]
+    with pytest.raises(ProxyError) as refused:
+        quarantine.check(tool)
+    assert refused.value.code == "contract_drift"
+    assert quarantine.acknowledge("record_note") == [("record_note", tool.version)]
+    quarantine.check(tool)
+    quarantine.record("u", compare([tool], [changed]))
+    with pytest.raises(ProxyError) as refused:
+        quarantine.acknowledge("record_note")  # a live drift needs a re-pin
+    assert refused.value.details["still_drifted"] == [tool.version]
 
 
 def test_repin_edits_only_the_pin_values_and_keeps_comments(tmp_path):

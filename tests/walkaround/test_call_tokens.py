@@ -6,14 +6,16 @@ calls the proxy makes, through every front, keep working and carry a token the b
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 
 import aiohttp
 import jwt
 import pytest
+import rfc8785
 
-from toolproxy_verifier.verifier import CallTokenVerifier
+from toolproxy_verifier.verifier import CallTokenVerifier, Refused
 from tests.support.calltokens import TestKeys, session_keys
 from tests.support import node
 from tests.support.servers import free_port
@@ -166,3 +168,51 @@ async def test_a_node_backend_checks_a_real_proxied_call_with_jose(proxy_deps, t
         finally:
             proc.kill()
             await proc.wait()
+
+
+@pytest.mark.asyncio
+async def test_a_copied_refund_token_is_never_a_second_effect_nor_a_fence_jump(proxy_deps):
+    """The agent copies the token of a genuine refund and sends it straight to the backend: with another
+    Idempotency-Key, with none, exactly as it was, and with X-Fencing-Token 10^17. None of them refunds again
+    (the backend keys on the token's key, and takes a token once), and the proxy's next genuine refund on the
+    order still succeeds (the fence did not jump)."""
+    async with running_stack(proxy_deps) as stack:
+        url, state, session = stack.backend_url, stack.backend, stack.session
+        arguments = {"order_id": "ord_1001", "amount": 100, "reason": "walk-around"}
+        status, envelope = await stack.call("refund_order", arguments, headers={"Idempotency-Key": "genuine-1"})
+        assert status == 200 and envelope["outcome"] == "succeeded", envelope
+        [sent] = [r["headers"] for r in state.requests if r["tool"] == "refund_order"]
+        body = rfc8785.dumps(arguments)
+        copied = {name: sent[name] for name in ("Txn-Token", "Idempotency-Key", "X-Fencing-Token")}
+        refunds = [e for e in state.effects if e["tool"] == "refund_order"]
+        assert len(refunds) == 1
+
+        other_key = {**copied, "Idempotency-Key": "ik_" + "e" * 64}
+        assert refused(await direct(session, url, "/tools/refund_order", body, other_key), "header_mismatch")
+        no_key = {k: v for k, v in copied.items() if k != "Idempotency-Key"}
+        assert refused(await direct(session, url, "/tools/refund_order", body, no_key), "replayed")
+        jumped = {**copied, "X-Fencing-Token": str(10 ** 17)}
+        assert refused(await direct(session, url, "/tools/refund_order", body, jumped), "header_mismatch")
+        assert refused(await direct(session, url, "/tools/refund_order", body, copied), "replayed")
+        assert len([e for e in state.effects if e["tool"] == "refund_order"]) == 1
+
+        status, envelope = await stack.call("refund_order", {**arguments, "amount": 50},
+                                            headers={"Idempotency-Key": "genuine-2"})
+        assert status == 200 and envelope["outcome"] == "succeeded", envelope  # not lock_lost
+        assert len([e for e in state.effects if e["tool"] == "refund_order"]) == 2
+
+
+def test_a_deeply_nested_token_header_and_a_body_with_a_duplicate_key_are_refused_with_a_reason(tmp_path):
+    keys = TestKeys(tmp_path)
+    verifier = CallTokenVerifier(keys.jwks, audience="demo")
+    # 1400 levels within the 8 KiB a token may have: past the JSON parser's recursion limit.
+    nested = base64.urlsafe_b64encode(b'{"a":[' * 700 + b"1" + b"]}" * 700).rstrip(b"=").decode()
+    with pytest.raises(Refused) as refusal:
+        verifier.verify(nested + ".e30.c2ln", tool="get_order")
+    assert refusal.value.reason == "malformed"  # a 401 with a reason, never a RecursionError (a 500)
+    # The proxy hashed {"amount": 1}; a first-wins backend would read 100000 from this body.
+    token = keys.token("refund_order", b'{"amount":1}')
+    with pytest.raises(Refused) as refusal:
+        verifier.verify(token, tool="refund_order", body=b'{"amount":100000,"amount":1}')
+    assert refusal.value.reason == "wrong_arguments"
+    assert verifier.verify(token, tool="refund_order", body=b'{"amount": 1}').args_hash  # re-encoded: fine

@@ -70,12 +70,18 @@ def readable_problems(approver_may_read: Iterable[str], sensitive_fields: Iterab
 
 
 def related_problems(read: RelatedRead, *, request_input: Mapping[str, Any], sensitive_fields: Iterable[str],
-                     target_mode: str, target_input: Mapping[str, Any]) -> list[str]:
+                     target_mode: str, target_input: Mapping[str, Any], target_sink: str = "internal",
+                     target_risk: str = "read") -> list[str]:
     """Why a ``related_read`` does not fit the request's contract and the read's (empty: it fits)."""
     found: list[str] = []
     if target_mode != "read":
         found.append(f"{read.tool}@{read.version} is a {target_mode}, not a read (an approver's look never "
                      f"changes anything)")
+    elif target_sink == "external" or target_risk != "read":
+        # Its arguments come from the pending request (the agent's words) and it runs when an approver merely
+        # opens the approval, before anyone decided: a sink would send them out unapproved.
+        found.append(f"{read.tool}@{read.version} is an external sink (flow.sink: {target_sink}, risk: "
+                     f"{target_risk}), not an internal read (opening an approval must send nothing out)")
     sensitive = [tuple(p.split(".")) for p in sensitive_fields]
     for name, source in read.arguments.items():
         if source.pointer is None:

@@ -272,6 +272,17 @@ class Pipeline:
             await state.lease.renewer_stopped()
         return write.written
 
+    async def record_flow(self, caller: Caller, run_id: str | None, tool: ToolContract) -> None:
+        """A stored result of ``tool`` reached ``caller`` outside a call (an operation read): its labels count as
+        seen, as a call's do (an agent must not launder private data through ``GET /v1/operations``)."""
+        if self._flow is None or not tool.flow_produces:
+            return
+        trip = RoundTrip(self._redis)
+        self._flow.record_in(trip, caller, run_id, tool, now_ms=int(time.time() * 1000))
+        with unavailable_on_fault("The state store is unreachable; the result is not shown unrecorded.",
+                                  phase="request"):
+            await trip.send()
+
     async def _index_unknown(self, state: CallState, env: Envelope) -> None:
         meta = state.request.meta
         ref = UnknownIndex.ref(tenant=state.caller.tenant, tool=env.tool or "unknown",

@@ -441,7 +441,8 @@ def _check_related_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, T
     target = _other_callable(tool, by_name, read.tool, read.version, f"{where}: {read.tool}@{read.version}")
     found = approval_context.related_problems(read, request_input=tool.input_schema,
                                               sensitive_fields=tool.sensitive_fields, target_mode=target.mode,
-                                              target_input=target.input_schema)
+                                              target_input=target.input_schema, target_sink=target.flow_sink,
+                                              target_risk=target.risk)
     if found:
         raise RegistryError(f"{where}: {found[0]}")
 

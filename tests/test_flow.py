@@ -21,7 +21,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.redis_traffic import RedisTraffic
-from tests.support.stack import mcp_envelope, running_stack
+from tests.support.stack import extra_tools, mcp_envelope, running_stack
 from tests.support.tokens import jwt_overrides
 from tests.support.waits import wait_until
 from tests.test_openai_front import assistant, chat_call, tool_messages
@@ -303,3 +303,41 @@ async def test_a_store_fault_on_the_read_refuses_the_send_and_on_the_record_leav
         assert env["error"]["code"] == "dependency_unavailable", env
         assert env["side_effect"] == {"attempted": False, "committed": False}
         assert not sent(stack)
+
+
+PRIVATE_WRITE = """
+tools:
+  - name: labelled_adjust
+    version: "1.0.0"
+    description: adjust_counter, whose answer a test labels private.
+    mode: write
+    risk: write
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [counter, delta]
+      properties: {counter: {type: string, pattern: "^ctr_[a-z_]+$"}, delta: {type: integer}}
+    outputSchema: {type: object}
+    flow: {produces: [private]}
+    idempotency: {required: true}
+    timeout_ms: 3000
+    backend: {type: http, service: demo, path: /tools/adjust_counter}
+"""
+
+
+async def test_reading_a_stored_result_brings_its_labels_back(proxy_deps, tmp_path):
+    """An agent whose labels expired (or a fresh run) reads a private result again through
+    GET /v1/operations/{key}: the contract's labels count as seen again, as when the call returned it."""
+    async with running_stack({**proxy_deps, **extra_tools(tmp_path, PRIVATE_WRITE), "flow.window_s": 2,
+                              "reconcile.enabled": False}) as stack:
+        status, env = await stack.call("labelled_adjust", {"counter": "ctr_flow", "delta": 1},
+                                       headers={"Idempotency-Key": f"k-{uuid.uuid4().hex}"})
+        assert status == 200 and env["outcome"] == "succeeded", env
+        await wait_until(lambda: _none_left(stack.redis), timeout=30, what="the flow window to expire")
+        status, view = await stack.get(f"/v1/operations/{env['idempotency_key']}",
+                                       headers={"X-Run-Id": "another-run"})
+        assert status == 200 and view["result"] is not None, view
+        scopes = await stack.redis.keys("toolproxy:flow*")
+        assert len(scopes) == 2  # the principal scope and the reader's run
+        for key in scopes:
+            assert b"private/labelled_adjust" in await stack.redis.hkeys(key)

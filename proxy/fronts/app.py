@@ -75,12 +75,17 @@ def _operation_authorizer(runtime: Runtime, request: web.Request, caller: Caller
 
 
 async def get_operation(request: web.Request) -> web.Response:
-    """One operation of this caller (or, when OPA says so, of another subject of its tenant)."""
+    """One operation of this caller (or, when OPA says so, of another subject of its tenant). A stored result
+    (or partial items) it shows brings the contract's flow labels into the reader's context, as the call did."""
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
-    return json_response(await find_operation(
+    view = await find_operation(
         runtime.operations, request.match_info["key"], tenant=caller.tenant, registry=runtime.registry,
-        authorize=_operation_authorizer(runtime, request, caller, "read_operation"), integrity=runtime.integrity))
+        authorize=_operation_authorizer(runtime, request, caller, "read_operation"), integrity=runtime.integrity)
+    contract = runtime.registry.get(view.get("tool") or "", view.get("tool_version") or "")
+    if contract is not None and (view.get("result") is not None or view.get("partial")):
+        await runtime.pipeline.record_flow(caller, ingress.request_meta(request, runtime.config).run_id, contract)
+    return json_response(view)
 
 
 def operation_key_of(raw: str, tool: str | None, caller: Caller) -> str:

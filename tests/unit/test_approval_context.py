@@ -49,6 +49,8 @@ def test_the_demo_refund_declares_its_order_and_lets_an_approver_read_the_reason
 @pytest.mark.parametrize("change, problem", [
     (lambda t: t["refund_order"]["related_read"].update(tool="adjust_counter"),
      "adjust_counter@1.0.0 is a write, not a read"),
+    (lambda t: t["refund_order"]["related_read"].update(tool="fetch_page", arguments={"url": "/arguments/order_id"}),
+     "fetch_page@1.0.0 is an external sink"),  # opening the approval would have sent the agent's words out
     (lambda t: t["refund_order"]["related_read"].update(tool="no_such_tool"),
      "no_such_tool@1.0.0 is not another callable contract"),
     (lambda t: t["refund_order"]["related_read"].update(arguments={"order_id": "/arguments/reason"}),

@@ -292,8 +292,15 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if not $uid }}
 {{- fail "egressGuard.enabled needs proxy.securityContext.runAsUser (the UID the rules let through)" }}
 {{- end }}
-{{- if and .Values.agent.enabled (eq (int $uid) (int (default 0 .Values.agent.securityContext.runAsUser))) }}
-{{- fail "egressGuard.enabled: agent.securityContext.runAsUser must differ from proxy.securityContext.runAsUser (the guard lets only the proxy's UID through)" }}
+{{- if .Values.agent.enabled }}
+{{- /* The agent's UID: its container's, else the pod's; with neither, its image's USER, which the chart cannot see. */}}
+{{- $agentUid := default (default dict .Values.podSecurityContext).runAsUser .Values.agent.securityContext.runAsUser }}
+{{- if not $agentUid }}
+{{- fail "egressGuard.enabled needs the agent's UID: set agent.securityContext.runAsUser (or podSecurityContext.runAsUser); without one the agent runs as its image's USER, which may be the proxy's UID (the guard lets only that UID through)" }}
+{{- end }}
+{{- if eq (int $uid) (int $agentUid) }}
+{{- fail "egressGuard.enabled: the agent's UID (agent.securityContext.runAsUser, else podSecurityContext.runAsUser) must differ from proxy.securityContext.runAsUser (the guard lets only the proxy's UID through)" }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- with .Values.proxy.redis }}

@@ -25,6 +25,7 @@ from .operations import OperationStore, Record
 from .output_filter import visible
 from .registry import Registry, ToolContract
 from .store import unavailable_on_fault
+from .verify import model_partial
 
 SETTLED = ("SUCCEEDED", "FAILED_FINAL", "CANCELLED")  # states whose outcome is a fact a MAC vouches for
 
@@ -77,6 +78,8 @@ def agent_view(view: dict[str, Any], contract: ToolContract | None) -> dict[str,
     contract is gone from the registry shows its result as recorded."""
     if view.get("result") is not None and contract is not None and contract.output_policy.filters:
         view["result"] = visible(contract.output_policy, view["result"])
+    if view.get("partial") and contract is not None:  # committed items: pieces of that result
+        view["partial"] = dict(model_partial(contract, view["partial"]))
     return view
 
 

@@ -41,7 +41,7 @@ from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (i
 from .registry import Registry, ToolContract, service_resource
 from .store import RoundTrip, unavailable_on_fault
 from .transactions.unknowns import UnknownIndex
-from .verify import verify_output
+from .verify import model_partial, verify_output, verify_partial
 from .versions import VersionResolver, deprecation, deprecation_headers
 
 log = logging.getLogger("toolproxy.pipeline")
@@ -177,7 +177,7 @@ class Pipeline:
             if state.partial is not None:
                 env = self._envelope(state, side_effect=SideEffect(
                     attempted=True, committed=True if state.partial["committed"] else None),
-                    partial=partial_block(state.partial, state.idempotency_key))
+                    partial=partial_block(model_partial(state.tool, state.partial), state.idempotency_key))
             else:
                 view, truncated = self._model_view(state, data)
                 env = self._envelope(state, data=view, side_effect=SideEffect(
@@ -263,7 +263,8 @@ class Pipeline:
             evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
         if state.lease is not None:  # an unknown outcome keeps its resources frozen
             state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
-        if self._flow is not None and tool.flow_produces and env.outcome == "succeeded":  # output reached the model
+        if self._flow is not None and tool.flow_produces and env.outcome in ("succeeded", "partial"):  # output reached
+            # the model (a partial answer's committed items are pieces of that output)
             self._flow.record_in(trip, state.caller, state.request.meta.run_id, tool,
                                  now_ms=int(time.time() * 1000))
         if trip:  # (shielding costs a task: only when there is something to send)
@@ -511,9 +512,11 @@ class Pipeline:
             result = await (lease.guard(sending) if lease is not None else sending)  # lock_lost if the lease goes
             state.backend_request_id = result.backend_request_id
             state.server_time = result.server_time
-            if result.partial is not None:  # nothing to verify against outputSchema: items, not a result
-                state.partial = result.partial
-                return None
+            partial = result.partial
+        if partial is not None:  # items of the result, not a result: each checked as one (verify_partial)
+            with self._stage(state, "verify"):
+                state.partial = verify_partial(tool, partial)
+            return None
         with self._stage(state, "verify"):
             data = verify_output(tool, result.data)
             state.result_hash = digest(data)

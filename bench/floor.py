@@ -525,26 +525,18 @@ def pinned_lookup(url: str) -> str:
     writes them): its calls pay for the pin checks (the freshness bound: docs/mcp.md#pinned-upstream-tools)."""
     import asyncio
 
+    import yaml
+
     from proxy.authoring.mcp_import import fetch_tools
     from proxy.drift import pin_of
+    from tests.support.mcp_upstream import registry_yaml
 
     listed = asyncio.run(fetch_tools(url))
     pin = pin_of(next(tool for tool in listed if tool.name == "lookup"), listed)
-    return f"""  - name: up_lookup_pinned
-    version: "1.0.0"
-    description: Read one entry from the upstream MCP server (pinned).
-    mode: read
-    risk: read
-    inputSchema: {{type: object, additionalProperties: false, required: [key], properties: {{key: {{type: string}}}}}}
-    outputSchema:
-      type: object
-      additionalProperties: false
-      required: [key, value]
-      properties: {{key: {{type: string}}, value: {{type: string, pattern: "^value-of-"}}}}
-    timeout_ms: 3000
-    backend:
-      {{type: mcp, url: "{url}", tool: lookup, pin: {{definition: "{pin.definition}", tool_list: "{pin.tool_list}"}}}}
-"""
+    lookup = next(t for t in yaml.safe_load(registry_yaml(url))["tools"] if t["name"] == "up_lookup")
+    lookup["name"] = "up_lookup_pinned"
+    lookup["backend"]["pin"] = {"definition": pin.definition, "tool_list": pin.tool_list}
+    return "\n".join("  " + line for line in yaml.safe_dump([lookup], sort_keys=False).splitlines()) + "\n"
 
 
 def _open_session(url: str) -> str:

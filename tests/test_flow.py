@@ -305,30 +305,22 @@ async def test_a_store_fault_on_the_read_refuses_the_send_and_on_the_record_leav
         assert not sent(stack)
 
 
-PRIVATE_WRITE = """
-tools:
-  - name: labelled_adjust
-    version: "1.0.0"
-    description: adjust_counter, whose answer a test labels private.
-    mode: write
-    risk: write
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [counter, delta]
-      properties: {counter: {type: string, pattern: "^ctr_[a-z_]+$"}, delta: {type: integer}}
-    outputSchema: {type: object}
-    flow: {produces: [private]}
-    idempotency: {required: true}
-    timeout_ms: 3000
-    backend: {type: http, service: demo, path: /tools/adjust_counter}
-"""
+def private_write() -> str:
+    """The demo's adjust_counter again as labelled_adjust, whose answer is labelled private."""
+    import yaml
+
+    from tests.support.stack import DEMO_REGISTRY
+    demo = yaml.safe_load((DEMO_REGISTRY / "demo-tools.yaml").read_text())["tools"]
+    tool = {**next(t for t in demo if t["name"] == "adjust_counter"), "name": "labelled_adjust",
+            "flow": {"produces": ["private"]}}
+    tool.pop("related_read", None)
+    return yaml.safe_dump({"tools": [tool]}, sort_keys=False)
 
 
 async def test_reading_a_stored_result_brings_its_labels_back(proxy_deps, tmp_path):
     """An agent whose labels expired (or a fresh run) reads a private result again through
     GET /v1/operations/{key}: the contract's labels count as seen again, as when the call returned it."""
-    async with running_stack({**proxy_deps, **extra_tools(tmp_path, PRIVATE_WRITE), "flow.window_s": 2,
+    async with running_stack({**proxy_deps, **extra_tools(tmp_path, private_write()), "flow.window_s": 2,
                               "reconcile.enabled": False}) as stack:
         status, env = await stack.call("labelled_adjust", {"counter": "ctr_flow", "delta": 1},
                                        headers={"Idempotency-Key": f"k-{uuid.uuid4().hex}"})

@@ -508,6 +508,9 @@ def test_schema_refuses_bad_values_in_template_and_lint(args, message):
         assert message in str(info.value), str(info.value)
 
 
+GUARDED = {"egressGuard.enabled": "true", "podSecurityLevel": "privileged"}  # the guard needs NET_ADMIN
+
+
 @pytest.mark.parametrize("set_values, message", [
     ({"proxy.ports.admin": 8282}, "must all differ"),
     ({"opa.allowTcp": "true", "proxy.ports.ops": 8181}, "must all differ"),
@@ -524,9 +527,9 @@ def test_schema_refuses_bad_values_in_template_and_lint(args, message):
     ({"proxy.redis.tls.secretName": "tls"}, "not rediss://"),
     ({"opa.catalog.generate": "false"}, "no tool catalog for OPA"),
     # The agent's UID inherited from the pod, or left to its image: the egress guard would let the agent through.
-    ({"agent.securityContext.runAsUser": "null", "podSecurityContext.runAsUser": 10001},
+    ({**GUARDED, "agent.securityContext.runAsUser": "null", "podSecurityContext.runAsUser": 10001},
      "the agent's UID (agent.securityContext.runAsUser, else podSecurityContext.runAsUser) must differ"),
-    ({"agent.securityContext.runAsUser": "null"}, "egressGuard.enabled needs the agent's UID"),
+    ({**GUARDED, "agent.securityContext.runAsUser": "null"}, "egressGuard.enabled needs the agent's UID"),
 ])
 def test_template_or_schema_refuses_inconsistent_values(set_values, message):
     with pytest.raises(HelmError, match=re.escape(message)):

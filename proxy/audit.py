@@ -322,7 +322,7 @@ class Auditor:
             schema_version=self._schema_version(tool) if tool else None,
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
             args_hash=fp.args_hash,
-            arguments=redact(fp.arguments, tool.sensitive_fields, self._config.max_string_chars)
+            arguments=redact(fp.arguments, tool.record_masked, self._config.max_string_chars)
             if tool and fp.args_hash is not None else None,
             resources_hash=sha256_hex("\n".join(r.id for r in fp.resources).encode()) if fp.resources else None,
             approval_id=meta.approval_id, attempt=0,
@@ -344,7 +344,7 @@ class Auditor:
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
             idempotency_key=facts.idempotency_key,
             args_hash=normalized.args_hash if normalized else None,
-            arguments=redact(normalized.arguments, tool.sensitive_fields, self._config.max_string_chars)
+            arguments=redact(normalized.arguments, tool.record_masked, self._config.max_string_chars)
             if normalized and tool else None,
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,

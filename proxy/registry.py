@@ -162,6 +162,9 @@ class ToolContract:
     cancel_endpoint: Endpoint | None = None   # POSTed with the call's Idempotency-Key to cancel it (sent calls)
     compensation: CompensationSpec | None = None  # how a committed effect is compensated (docs/transactions.md)
     sensitive_fields: tuple[str, ...] = ()
+    # What audit and decision records mask: the sensitive fields, and every top-level argument the contract
+    # does not mark safe to show (``_record_masked``): records keep identifiers, numbers and enums, not text.
+    record_masked: tuple[str, ...] = ()
     approval_view: tuple[tuple[str, str, str], ...] = ()  # (argument, unit, currency): the console's view
     approver_may_read: tuple[str, ...] = ()   # sensitive fields an approver reads in clear (approval_context.py)
     related_read: RelatedRead | None = None   # the read shown beside a pending approval (approval_context.py)
@@ -612,6 +615,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         compensation=compensation_contract.spec_from_registry(raw["compensation"]) if raw.get("compensation")
         else None,
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
+        record_masked=_record_masked(at, raw, resources),
         approval_view=tuple((name, view["unit"], view["currency"])
                             for name, view in sorted((raw.get("approval_view") or {}).items())),
         approver_may_read=tuple(raw.get("approver_may_read", [])),
@@ -702,6 +706,28 @@ def _resources(at: _At, raw: dict[str, Any]) -> list[ResourceTemplate]:
                                "form in an earlier template (one argument names one object: give it one form)")
         resources.append(template)
     return resources
+
+
+def _record_masked(at: _At, raw: Mapping[str, Any], resources: list[ResourceTemplate]) -> tuple[str, ...]:
+    """The argument paths audit and decision records mask: ``sensitive_fields``, and each top-level argument
+    that is not safe to show: one that names a resource (a template placeholder), a number, a boolean, an
+    ``enum`` / ``const`` is; so is one the contract lists in ``safe_to_show``; free text, objects and arrays
+    are not (a security code in an e-mail body must not sit in a decision record)."""
+    properties = raw["inputSchema"].get("properties") or {}
+    sensitive = list(raw.get("sensitive_fields", []))
+    safe = set(raw.get("safe_to_show", []))
+    for name in sorted(safe):
+        if name not in properties:
+            raise at.error("safe_to_show", f"{name!r} is not a property of inputSchema")
+        if name in sensitive:
+            raise at.error("safe_to_show", f"{name!r} is in sensitive_fields: it cannot also be safe to show")
+    placeholders = {p for r in resources for p in r.placeholders}
+    scalar = {"integer", "number", "boolean"}
+    masked = [name for name, sub in properties.items()
+              if name not in safe and name not in placeholders and name not in sensitive
+              and not (isinstance(sub, Mapping) and ("enum" in sub or "const" in sub or (
+                  sub.get("type") in scalar or (isinstance(sub.get("type"), list) and set(sub["type"]) <= scalar))))]
+    return tuple(sensitive + masked)
 
 
 def _canonical_form(at: _At, where: str, raw: Mapping[str, Any] | None) -> CanonicalForm | None:

@@ -101,3 +101,18 @@ def test_an_explicitly_open_object_stays_open_and_the_review_note_says_so():
     assert "# REVIEW inputSchema: kept open where the upstream says additionalProperties: true " \
            "(inputSchema.properties.metadata)" in text
     assert "strict: false" in text
+
+
+def test_the_draft_proposes_sensitive_fields_for_review(tmp_path: Path):
+    schema = {"type": "object", "properties": {"to": {"type": "string"}, "emailBody": {"type": "string"},
+                                               "api_key": {"type": "string"}, "count": {"type": "integer"}}}
+    text = draft([UpstreamTool("send", None, schema, None, {})], url="http://u/mcp")
+    assert "# REVIEW sensitive_fields: proposed from the argument names (emailBody, api_key)" in text
+    path = tmp_path / "draft.yaml"
+    path.write_text(text)
+    [tool] = load_file(path)
+    assert tool.sensitive_fields == ("emailBody", "api_key")
+    assert set(tool.record_masked) == {"emailBody", "api_key", "to"}  # free text is masked in records too
+    bare = draft([UpstreamTool("count", None, {"type": "object", "properties": {"n": {"type": "integer"}}},
+                               None, {})], url="http://u/mcp")
+    assert "sensitive_fields: none proposed" in bare

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from ..drift import UNREPRESENTABLE, UpstreamTool, definition_digest, list_digest
+from ..telemetry.redaction import looks_secret
 
 __all__ = ["UpstreamTool", "draft", "fetch_tools"]
 
@@ -39,6 +40,9 @@ _SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitio
 _SCHEMA_ONE = frozenset({"items", "additionalProperties", "not", "if", "then", "else", "contains",
                          "propertyNames", "unevaluatedItems"})
 _SCHEMA_LISTS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+# Argument names that usually carry a secret or a person's data: proposed as sensitive_fields for review.
+_SENSITIVE_NAME = re.compile(r"(^|_)(body|message|content|text|note|comment|code|otp|pin|ssn|card|cvv|iban|"
+                             r"account|email|phone|address|birth|dob|salary|diagnosis)(_|$)", re.I)
 
 
 async def fetch_tools(url: str, *, mode: str = "auto", timeout_s: float = 15.0) -> list[UpstreamTool]:
@@ -120,7 +124,24 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
     if output_schema is not None:
         entry["outputSchema"] = output_schema
     entry.update({"idempotency": {"required": True}, "timeout_ms": 10000, "backend": backend})
+    proposed = _proposed_sensitive(input_schema)
+    if proposed:
+        entry["sensitive_fields"] = proposed
+        notes.append(f"sensitive_fields: proposed from the argument names ({', '.join(proposed)}); keep the ones "
+                     "that carry secrets or a person's data, add any other (they are masked for approvers, in "
+                     "records and logs, and never shown to the model in output).")
+    else:
+        notes.append("sensitive_fields: none proposed; list the arguments that carry secrets or a person's data.")
     return entry, notes
+
+
+def _proposed_sensitive(input_schema: Any) -> list[str]:
+    """Top-level arguments whose names suggest a secret or personal data (a proposal for the reviewer)."""
+    properties = input_schema.get("properties") if isinstance(input_schema, dict) else None
+    if not isinstance(properties, dict):
+        return []
+    return [name for name in properties if isinstance(name, str) and (looks_secret(name) or _SENSITIVE_NAME.search(
+        re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name)))]
 
 
 def _description(tool: UpstreamTool, notes: list[str]) -> str:

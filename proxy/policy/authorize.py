@@ -98,7 +98,7 @@ class Authorizer:
                                    normalized=normalized, approval=None,
                                    flow=await self._flow_input(caller, tool, request))
             decision = await self._policy.decide(document, budget_s=budget_s,
-                                                 sensitive_fields=tool.sensitive_fields)
+                                                 sensitive_fields=tool.record_masked)
         except ProxyError as error:
             return error.with_phase("authorize")
         if decision.allow:
@@ -134,7 +134,7 @@ class Authorizer:
             document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                    normalized=normalized,
                                    approval=approval.policy_input() if approval is not None else None, flow=flow)
-            return await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.sensitive_fields)
+            return await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.record_masked)
 
         decision = await decide()
         standing = None

@@ -162,7 +162,7 @@ class Compensations:
                                catalog_digest=self._policy.catalog_digest, tool=target, normalized=normalized,
                                original=original, compensation=spec.to_json())
         decision = await self._policy.decide(document, budget_s=meta.deadline.remaining(),
-                                             sensitive_fields=target.sensitive_fields)
+                                             sensitive_fields=target.record_masked)
         if not decision.allow:
             self._metrics.child(self._metrics.compensations, "refused").inc()
             await self._audit.record("compensation", **_fields(record), subject=caller.subject, agent=caller.agent,

@@ -13,7 +13,7 @@ them), the rest linked to this repository. What the harness changes, and only th
 (8787, 8788, 9464, 6390, 8790 and the guide's backend 8085) become free ones, so the test runs
 beside anything else on the machine; ``./scripts/dev.sh`` (set-up, then ``toolproxy dev``) becomes
 ``toolproxy dev`` (the test session is set up), given the scratch clone's policies and OPA data; the
-``export APPROVER=...`` line the banner prints is exported for the commands, as the page tells its reader
+``export NAME='...'`` lines the banner prints are exported for the commands, as the page tells its reader
 to do; and after a new file under ``policies/`` it waits until OPA serves it (the page says a saved file
 applies at once; a person types slower than a script). ``PYTHONPATH`` names this checkout, whose
 environment the scratch clone borrows.
@@ -106,7 +106,9 @@ class Reader:
             assert time.monotonic() < deadline, "the dev stack printed no banner in 90 s"
             time.sleep(0.2)
         banner = self.log.read_text(errors="replace")
-        self.env["APPROVER"] = re.search(r"export APPROVER='([^']+)'", banner)[1]
+        exported = dict(re.findall(r"export (\w+)='([^']*)'", banner))
+        assert {"APPROVER", "TOOLPROXY_REDIS_PASSWORD"} <= set(exported), banner
+        self.env.update(exported)
         self.opa_socket = re.search(r"OPA\s+unix://(\S+)", banner)[1]
         self.wait_listening(self.ports["proxy"], self.stack)
 

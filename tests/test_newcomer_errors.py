@@ -166,3 +166,28 @@ def test_policy_check_on_ref_schemas_nullable_amounts_unreached_packages_and_the
     [lonely] = [p["message"] for p in problems if p["kind"] == "package_never_reached"]
     assert lonely.startswith("package toolproxy.vouchers is never read by the decision (data.toolproxy.decision)")
     assert "toolproxy.tools" in lonely and "docs/policy-authors.md#your-first-rule" in lonely
+
+
+# -- policy replay --redis against a Redis that wants a password ------------------------------------------
+
+def test_policy_replay_against_a_password_redis_is_one_line_and_honours_the_variable(tmp_path):
+    import os
+
+    from tests.support.servers import RedisServer
+
+    server = RedisServer(data_dir=tmp_path / "redis", password="dev-stack-secret")
+    server.start()
+    try:
+        argv = [sys.executable, "-m", "proxy.cli", "policy", "replay", "--redis", server.url]
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("TOOLPROXY_REDIS_")}
+        refused = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO, env=bare)
+        assert refused.returncode == 2
+        assert refused.stderr.count("\n") == 1 and "Traceback" not in refused.stderr, refused.stderr
+        assert refused.stderr.startswith(f"toolproxy policy replay: Redis at {server.url} refused the read")
+        assert "set TOOLPROXY_REDIS_PASSWORD" in refused.stderr and "dev-stack-secret" not in refused.stderr
+        read = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO,
+                              env={**bare, "TOOLPROXY_REDIS_PASSWORD": "dev-stack-secret"})
+        assert read.returncode == 0, read.stderr
+        assert read.stdout.startswith("records: 0"), read.stdout
+    finally:
+        server.stop()

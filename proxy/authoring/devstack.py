@@ -165,6 +165,7 @@ def run_dev(args: argparse.Namespace) -> int:
         # the demo registry and its backend service, demo quotas (docs/quotas.md): every tenant gets a
         # budget, and the quota class OPA data gives acme/noisy-bot (examples/opa/data.json) a smaller one.
         dev_defaults = {"identity.mode": "static",
+                        "decisions.enabled": True,  # policy replay reads them (the banner says how)
                         "quotas.tenant": "rate=50/1s burst=100 concurrency=20",
                         "quotas.classes": {"reduced": "rate=2/1s burst=2 concurrency=1"},
                         "registry.paths": [str(REPO / "examples" / "registry")],
@@ -193,7 +194,7 @@ def run_dev(args: argparse.Namespace) -> int:
     from ..event_loop import run_loop
     from ..telemetry.logs import configure as configure_logging
     configure_logging(config.log.level, config.log.format)
-    _print_banner(args, approver_token, config.registry.paths, policies, opa_data, opa_socket)
+    _print_banner(args, approver_token, config.registry.paths, policies, opa_data, opa_socket, redis_password)
 
     async def main_async() -> None:
         stop = asyncio.Event()
@@ -283,7 +284,7 @@ def _dev_approver(workdir: Path) -> tuple[dict[str, object], str]:
 
 
 def _print_banner(args: argparse.Namespace, approver_token: str | None, registry: Sequence[str],
-                  policies: Path, opa_data: Path, opa_socket: str) -> None:
+                  policies: Path, opa_data: Path, opa_socket: str, redis_password: str) -> None:
     a = args.admin_port
     approvals = f"""
 approvals (a refund above 50.00 needs one; the approver token below is for this dev stack only;
@@ -312,7 +313,8 @@ toolproxy dev stack is up (Ctrl-C stops everything)
                 answers the proxy's bearer token only: set TOOLPROXY_OPA_ADMIN_TOKEN to script it with
                 curl --unix-socket {opa_socket} http://localhost/v1/...)
   registry      {", ".join(map(str, registry))}
-  Redis         redis://127.0.0.1:{args.redis_port}/0   (password: TOOLPROXY_REDIS_PASSWORD, or generated)
+  Redis         redis://127.0.0.1:{args.redis_port}/0   (password: TOOLPROXY_REDIS_PASSWORD, or generated; this stack's:
+                export TOOLPROXY_REDIS_PASSWORD='{redis_password}' )
   demo backend  http://127.0.0.1:{args.backend_port}   (fault switches: POST /_control/faults)
 
 try:
@@ -341,4 +343,6 @@ data flow (docs/policy-authors.md#flow): a private read, then a web page, then a
   do curl -s -X POST http://127.0.0.1:{p}/v1/tool-calls -H 'Content-Type: application/json' \\
        -H 'X-Run-Id: flow-1' -d "$body"; echo; done
   # the send: approval_required (the approver sees flow_private_to_external); under X-Run-Id: flow-2 too
+policy replay (decisions are recorded; docs/policy-authors.md): replay them against an edited policy:
+  TOOLPROXY_REDIS_PASSWORD='{redis_password}' .venv/bin/toolproxy policy replay --redis redis://127.0.0.1:{args.redis_port}/0
 {approvals}""", flush=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -59,7 +60,15 @@ def read_jsonl(lines: Iterable[str]) -> tuple[list[dict[str, Any]], int]:
 
 
 async def read_stream(url: str, key: str, *, page: int = 1000) -> tuple[list[dict[str, Any]], int]:
-    client = redis_async.Redis.from_url(url, decode_responses=True)
+    """The records of the decision stream at ``url``. A password in the URL wins; else
+    ``TOOLPROXY_REDIS_PASSWORD`` (and ``TOOLPROXY_REDIS_USERNAME``), as the proxy reads them. A refusal or an
+    unreachable server is one line (ValueError) naming the address and how to connect."""
+    from redis import exceptions as redis_errors
+
+    client = redis_async.Redis.from_url(url, decode_responses=True,
+                                        password=os.environ.get("TOOLPROXY_REDIS_PASSWORD") or None,
+                                        username=os.environ.get("TOOLPROXY_REDIS_USERNAME") or None)
+    where = _without_password(url)
     lines: list[str] = []
     try:
         start = "-"
@@ -69,9 +78,29 @@ async def read_stream(url: str, key: str, *, page: int = 1000) -> tuple[list[dic
             if len(entries) < page:
                 break
             start = "(" + entries[-1][0]
+    except (redis_errors.AuthenticationError, redis_errors.AuthorizationError, redis_errors.ResponseError) as exc:
+        if isinstance(exc, redis_errors.ResponseError) and not any(
+                word in str(exc) for word in ("NOAUTH", "WRONGPASS", "NOPERM")):
+            raise ValueError(f"Redis at {where} answered an error reading {key}: {exc}") from None
+        raise ValueError(f"Redis at {where} refused the read ({exc}): set TOOLPROXY_REDIS_PASSWORD (the dev "
+                         f"stack's banner prints its own), or put it in --redis (redis://:PASSWORD@host:port/0)"
+                         ) from None
+    except (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError) as exc:
+        raise ValueError(f"cannot reach Redis at {where} (--redis): {exc}") from None
     finally:
         await client.aclose()
     return read_jsonl(lines)
+
+
+def _without_password(url: str) -> str:
+    """The URL as it may be printed: a password in it becomes ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + parts.netloc.rpartition("@")[2]))
 
 
 async def load_records(args: argparse.Namespace) -> tuple[list[dict[str, Any]], int]:

@@ -85,7 +85,7 @@ from .integrity import IntegrityGuard
 from .telemetry import spans
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
-from .operations import OperationStore, Transition
+from .operations import OperationStore, RecordTooLarge, Transition
 from .outcome_forms import OutcomeContext, compact, expand
 from .telemetry.redaction import redact
 from .registry import ToolContract
@@ -288,6 +288,11 @@ class IdempotencyStage:
                     max_attempts=self._config.max_attempts, meta=record_meta,
                     first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
                     observe=replay_only_for is not None, then=then if replay_only_for is None else None)
+            except RecordTooLarge:  # planted: no proxy writes one; refused unread, like a record its MAC refuses
+                raise await self._integrity.refused(
+                    "outcome", op.key, phase="idempotency", committed=None, idempotency_key=op.key,
+                    tenant=caller.tenant, subject=caller.subject, agent=caller.agent, tool=tool.name,
+                    tool_version=tool.version, args_hash=normalized.args_hash) from None
             except StoreError:  # policy: per tool: reads may proceed, writes fail closed (_store_down)
                 return self._store_down(tool)
             except asyncio.CancelledError:  # the script may have run: nobody would ever release what it took

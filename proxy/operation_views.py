@@ -20,8 +20,8 @@ from typing import Any, Awaitable, Callable, Mapping
 from .envelope import iso
 from .errors import ProxyError
 from .idempotency import KEY_PATTERN
-from .integrity import IntegrityGuard
-from .operations import OperationStore, Record
+from .integrity import IntegrityGuard, integrity_error
+from .operations import OperationStore, Record, RecordTooLarge
 from .output_filter import visible
 from .registry import Registry, ToolContract
 from .store import unavailable_on_fault
@@ -43,7 +43,13 @@ async def find_operation(store: OperationStore, key: str, *, tenant: str | None,
     if not re.match(KEY_PATTERN, key):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     with unavailable_on_fault("The idempotency store is unreachable.", phase="request"):
-        record = await store.get(key)
+        try:
+            record = await store.get(key)
+        except RecordTooLarge:  # refused unread (whose it is cannot be known): like a record its MAC refuses
+            if integrity is None:
+                raise integrity_error("outcome", key, phase="request", committed=None) from None
+            raise await integrity.refused("outcome", key, phase="request", committed=None,
+                                          idempotency_key=key) from None
     if record is None or (tenant is not None and record.tenant != tenant):
         raise ProxyError("operation_not_found", "No such operation.", phase="request")
     if authorize is not None:

@@ -57,9 +57,34 @@ from .outcome_forms import OutcomeContext, expand
 log = logging.getLogger("toolproxy.operations")
 
 BUCKETS = "0123456789abcdef"
+# The largest operation record a script reads and hands to the proxy: twice the largest answer a tool may give
+# (its data, and an MCP answer's content beside its structured data) and then some; ``answer_bound_problem``
+# keeps the answer bounds under it. A larger record is refused inside the script (``oversized``), before
+# it is unpacked or sent: a Redis writer cannot make the proxy read and parse a planted 48 MB text.
+MAX_RECORD_BYTES = 40 * 1024 * 1024
 SHORTFALL_LOG_INTERVAL_S = 60.0
 STATES = ("IN_PROGRESS", "SUCCEEDED", "FAILED_RETRYABLE", "FAILED_FINAL", "UNKNOWN", "NEEDS_TAKEOVER", "CANCELLED")
 OPEN_STATES = ("UNKNOWN", "NEEDS_TAKEOVER")
+
+# Whether a record (a string, or an earlier version's hash) is larger than MAX_RECORD_BYTES, by its length alone
+# (STRLEN / HSTRLEN: nothing of it is copied into the script). Under an ACL from before these two commands were
+# needed, the lengths are taken from the values themselves (slower for a large record, but still never sent on).
+_OVERSIZED = r"""
+local function oversized(name, kind)
+  local size = 0
+  if kind == 'string' then
+    size = redis.pcall('STRLEN', name)
+    if type(size) ~= 'number' then size = #redis.call('GET', name) end
+  elseif kind == 'hash' then
+    for _, f in ipairs(redis.call('HKEYS', name)) do
+      local n = redis.pcall('HSTRLEN', name, f)
+      if type(n) ~= 'number' then n = #(redis.call('HGET', name, f) or '') end
+      size = size + #f + n
+    end
+  end
+  return size > %d
+end
+""" % MAX_RECORD_BYTES
 
 # The record is one Redis string: a MessagePack map (``cmsgpack``) of short field names (``FIELDS``) to string
 # values (the meta and the outcome packed by ``record_text``, opaque to the scripts: they index by the record's
@@ -77,6 +102,8 @@ local now = now_ms()
 local SHORT = %(short)s
 local R, changed, ttl_ms = nil, false, nil
 local kind = redis.call('TYPE', rec)['ok']
+%(oversized)s
+if oversized(rec, kind) then return {'oversized'} end  -- never read, unpacked or sent to the proxy
 if kind == 'string' then
   R = cmsgpack.unpack(redis.call('GET', rec))
 elseif kind == 'hash' then  -- an earlier version's record
@@ -186,7 +213,8 @@ _SHORT_LUA = "{" + ", ".join(f"{long} = '{short}'" for long, short in FIELDS.ite
 
 def _script(body: str) -> str:
     """A transition script: the prelude, ``body`` (which may return anywhere), then the record saved once."""
-    return (_PRELUDE % {"short": _SHORT_LUA} + "local function body()\n" + body
+    return (_PRELUDE % {"short": _SHORT_LUA, "oversized": _OVERSIZED}
+            + "local function body()\n" + body
             + "\nend\nlocal result = body()\nsave()\nreturn result\n")
 
 
@@ -408,15 +436,18 @@ return {'refused', state, current}
 """)
 
 
-# KEYS[1] a record. Its packed value ({'p', value}), an earlier version's hash ({'h', field, value, ...}), or {}.
+# KEYS[1] a record. Its packed value ({'p', value}), an earlier version's hash ({'h', field, value, ...}), {},
+# or {'o'}: larger than MAX_RECORD_BYTES (never sent to the proxy).
 _READ = r"""
 local kind = redis.call('TYPE', KEYS[1])['ok']
+%(oversized)s
+if oversized(KEYS[1], kind) then return {'o'} end
 if kind == 'string' then return {'p', redis.call('GET', KEYS[1])} end
 if kind ~= 'hash' then return {} end
 local flat = redis.call('HGETALL', KEYS[1])
 table.insert(flat, 1, 'h')
 return flat
-"""
+""" % {"oversized": _OVERSIZED}
 
 # KEYS[1] an index (sorted set scored by Redis ms). ARGV: limit. Members whose score passed, by this master's clock.
 _PASSED = r"""
@@ -552,9 +583,10 @@ class OperationStore:
                                                       acks=self._replica_acks, timeout_ms=self._ack_timeout_ms)
             if acked < self._replica_acks:
                 self._shortfall(transition, acked)
-        if chain is None:
-            return _transition(reply)
-        return replace(_transition(reply[0]), then_reply=reply[1] if len(reply) > 1 else None)
+        first = _transition(reply if chain is None else reply[0])
+        if first.status == "oversized":
+            raise RecordTooLarge(f"operation record {key} is larger than {MAX_RECORD_BYTES} bytes")
+        return first if chain is None else replace(first, then_reply=reply[1] if len(reply) > 1 else None)
 
     def _chained(self, script: Any, then: store.Then) -> Any:
         """``begin`` and the call that follows a reservation (the first lock attempt) as one script, where one
@@ -663,6 +695,8 @@ class OperationStore:
     # -- reads -----------------------------------------------------------------
     async def get(self, key: str) -> Record | None:
         reply = await store.redis_call(self._read(keys=[self._keys(key)[0]], args=[]))
+        if reply and reply[0] == b"o":
+            raise RecordTooLarge(f"operation record {key} is larger than {MAX_RECORD_BYTES} bytes")
         return _record(key, record_fields(reply)) if reply else None
 
     async def expired_leases(self, bucket: str, limit: int) -> list[str]:
@@ -753,6 +787,22 @@ class OperationStore:
 
 
 _RESERVED = "r[1] == 'new' or r[1] == 'retry'"  # (Lua) begin reserved the key: what chains after it may run
+
+
+class RecordTooLarge(store.StoreError):
+    """An operation record larger than ``MAX_RECORD_BYTES``: no proxy wrote it, and nothing of it was read.
+    A store fault to a caller without a policy of its own; the readers that hand an outcome back refuse it
+    like a record whose MAC does not verify."""
+
+
+def answer_bound_problem(largest_answer_bytes: int) -> str | None:
+    """Why answers of up to ``largest_answer_bytes`` could make records this proxy refuses to read (None: they
+    fit). Checked at start, naming the settings."""
+    if 2 * largest_answer_bytes + 1024 * 1024 <= MAX_RECORD_BYTES:
+        return None
+    return (f"backends.max_response_bytes / mcp.upstream_max_answer_bytes: {largest_answer_bytes} bytes; an "
+            f"operation record holds up to twice an answer and must stay under {MAX_RECORD_BYTES} bytes: set "
+            f"both to at most {(MAX_RECORD_BYTES - 1024 * 1024) // 2}")
 
 
 def _transition(reply: Any) -> Transition:

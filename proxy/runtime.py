@@ -49,7 +49,7 @@ from .wire.http import HttpWire, Limits
 from .locks import LockManager
 from .telemetry import spans
 from .telemetry.metrics import Metrics
-from .operations import OperationStore
+from .operations import OperationStore, answer_bound_problem
 from .integrity import IntegrityGuard, IntegrityKeyError, RecordMac
 from .policy.opa_control import read_token
 from .pipeline import Pipeline
@@ -229,6 +229,10 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics)
         integrity = IntegrityGuard(mac, metrics, audit)
+        too_large = answer_bound_problem(max(config.backends.max_response_bytes,
+                                             config.mcp.upstream_max_answer_bytes))
+        if too_large:
+            raise ConfigError(too_large)
         operations = OperationStore(redis, config.redis.key_prefix, mac=mac, replica_acks=config.redis.replica_acks,
                                     ack_timeout_ms=config.redis.replica_ack_timeout_ms,
                                     on_shortfall=metrics.replica_ack_shortfall)

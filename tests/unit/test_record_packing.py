@@ -30,3 +30,10 @@ def test_the_short_names_are_unique_and_short():
 def test_a_value_that_is_not_a_map_of_strings_is_refused():
     with pytest.raises(ValueError):
         unpack_record(b"\x81\xa1s\xcc\x01")  # a uint8 value
+
+
+def test_the_answer_bounds_must_fit_under_the_record_bound():
+    from proxy.operations import MAX_RECORD_BYTES, answer_bound_problem
+    assert answer_bound_problem(16 * 1024 * 1024) is None  # the defaults fit
+    problem = answer_bound_problem(MAX_RECORD_BYTES // 2)
+    assert problem is not None and "mcp.upstream_max_answer_bytes" in problem and "\n" not in problem

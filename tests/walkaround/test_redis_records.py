@@ -19,7 +19,7 @@ import zlib
 import pytest
 import redis
 
-from proxy.operations import record_keys
+from proxy.operations import pack_record, record_keys
 from proxy.record_text import DICTIONARY_V1
 from proxy.store import key
 from tests.support.audit import audit_records
@@ -368,3 +368,54 @@ async def test_a_written_back_approval_is_refused_by_another_proxy_of_the_fleet(
                                        headers={"Idempotency-Key": "walk-7", "X-Approval-Id": approval_id})
         assert status == 409 and env["error"]["code"] == "record_integrity_failed", env
     assert [r["tool"] for r in stack.backend.requests].count("refund_order") == 1
+
+
+def peak_rss_reset() -> None:
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # the kernel resets the peak resident set (VmHWM) to the current one
+
+
+def rss_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith(field + ":"))
+
+
+@pytest.fixture
+async def patient_stack(opa_server, locked_redis, issuers):
+    """The stack with a Redis timeout long enough to read a 48 MB record whole (were it read)."""
+    locked_redis.flushall()
+    agent, admin = issuers
+    settings = {**opa_server.settings, "redis.url": locked_redis.url, "redis.password": PASSWORD,
+                **jwt_overrides(agent, admin), "reconcile.enabled": False, "redis.timeout_ms": 20000}
+    async with running_stack(settings) as s:
+        s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+        yield s
+
+
+async def test_a_planted_48_mb_outcome_is_refused_unread(patient_stack, locked_redis):
+    """A leaked password is enough to write an operation record of 48 MB: the scripts refuse it by its length
+    before reading it, and none of it reaches the proxy (its peak memory grows by far less than the record;
+    read and parsed, it grew by about five times the record)."""
+    import gc
+    stack = patient_stack
+    record, env = await succeeded_write(stack)
+    fields = await read_fields(stack.redis, record)
+    fields["outcome"] = json.dumps({"data": {"note": "A" * 48_000_000}})
+    writer = redis.Redis.from_url(locked_redis.url, password=PASSWORD, socket_timeout=60)
+    try:
+        writer.set(record, pack_record(fields), keepttl=True)
+    finally:
+        writer.close()
+    del fields
+    gc.collect()
+    peak_rss_reset()
+    before = rss_kib("VmRSS")
+    status, replay = await stack.call("refund_order", SMALL_REFUND, headers={"Idempotency-Key": "walk-2"})
+    status_view, view = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    grown_mb = (rss_kib("VmHWM") - before) / 1024
+    assert status == 409 and replay["error"]["code"] == "record_integrity_failed", replay
+    assert status_view == 409 and view["error"]["code"] == "record_integrity_failed", view
+    assert stack.backend.effect_counts()["refund_order"] == 1
+    assert failures(stack, "outcome") == 2
+    print(f"peak RSS grew {grown_mb:.1f} MB answering two reads of a 48 MB record")
+    assert grown_mb < 16, grown_mb  # the record itself was 48 MB: none of it was read

@@ -11,6 +11,7 @@ alters a pending approval before an approver decides: every forged record is ref
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import secrets
@@ -46,14 +47,23 @@ def locked_redis(tmp_path_factory):
         server.stop()
 
 
+def locked_settings(opa_server, locked_redis, issuers, **extra) -> dict:
+    agent, admin = issuers
+    return {**opa_server.settings, "redis.url": locked_redis.url, "redis.password": PASSWORD,
+            **jwt_overrides(agent, admin), "reconcile.enabled": False, **extra}
+
+
+@contextlib.asynccontextmanager
+async def alice_stack(opa_server, locked_redis, issuers, **extra):
+    locked_redis.flushall()
+    async with running_stack(locked_settings(opa_server, locked_redis, issuers, **extra)) as s:
+        s.headers["Authorization"] = f"Bearer {issuers[0].token('alice')}"
+        yield s
+
+
 @pytest.fixture
 async def stack(opa_server, locked_redis, issuers):
-    locked_redis.flushall()
-    agent, admin = issuers
-    settings = {**opa_server.settings, "redis.url": locked_redis.url, "redis.password": PASSWORD,
-                **jwt_overrides(agent, admin), "reconcile.enabled": False}
-    async with running_stack(settings) as s:
-        s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+    async with alice_stack(opa_server, locked_redis, issuers) as s:
         yield s
 
 
@@ -359,10 +369,7 @@ async def test_a_written_back_approval_is_refused_by_another_proxy_of_the_fleet(
     refuses the written-back copy there."""
     approval_id, saved = await approved_and_saved(stack, approver)
     await write_back(stack.redis, approval_id, saved)
-    agent, admin = issuers
-    settings = {**opa_server.settings, "redis.url": locked_redis.url, "redis.password": PASSWORD,
-                **jwt_overrides(agent, admin), "reconcile.enabled": False}
-    async with running_stack(settings, share=stack) as other:
+    async with running_stack(locked_settings(opa_server, locked_redis, issuers), share=stack) as other:
         other.headers["Authorization"] = stack.headers["Authorization"]
         status, env = await other.call("refund_order", BIG_REFUND,
                                        headers={"Idempotency-Key": "walk-7", "X-Approval-Id": approval_id})
@@ -383,12 +390,7 @@ def rss_kib(field: str) -> int:
 @pytest.fixture
 async def patient_stack(opa_server, locked_redis, issuers):
     """The stack with a Redis timeout long enough to read a 48 MB record whole (were it read)."""
-    locked_redis.flushall()
-    agent, admin = issuers
-    settings = {**opa_server.settings, "redis.url": locked_redis.url, "redis.password": PASSWORD,
-                **jwt_overrides(agent, admin), "reconcile.enabled": False, "redis.timeout_ms": 20000}
-    async with running_stack(settings) as s:
-        s.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+    async with alice_stack(opa_server, locked_redis, issuers, **{"redis.timeout_ms": 20000}) as s:
         yield s
 
 

@@ -321,8 +321,6 @@ def unmapped_services(registry: Registry, services: Mapping[str, str]) -> list[s
     naming the file, the tool, the service and the fix. Such a call could only fail (as a retryable
     ``dependency_unavailable``, telling the model to retry a configuration error), so the registry is refused
     at start-up and at reload instead."""
-    import difflib  # only when a name is wrong
-
     problems = []
     for tool in registry.all():
         places = [("backend", tool.backend), ("status_endpoint", tool.status_endpoint),
@@ -331,6 +329,8 @@ def unmapped_services(registry: Registry, services: Mapping[str, str]) -> list[s
             name = endpoint.service if endpoint is not None and not endpoint.url else None
             if name is None or name in services:
                 continue
+            import difflib  # only when a name is wrong: a correct start never imports it
+
             near = difflib.get_close_matches(name, list(services), n=1)
             hint = f"did you mean {near[0]}? " if near else ""
             mapped = ", ".join(sorted(services)) or "none"

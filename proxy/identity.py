@@ -151,6 +151,9 @@ class KeySource:
         # A forced refetch (an unknown kid) is throttled by the same interval.
         interval = JWKS_MIN_REFETCH_S if force or not self._keys else config.jwks_refresh_s
         if not self._due(interval):
+            if not self._keys and self._lock.locked():  # the first fetch is under way: its keys, not a refusal
+                async with self._lock:
+                    pass
             return
         async with self._lock:
             if not self._due(interval):  # another request fetched while this one waited

@@ -19,36 +19,13 @@ import pytest
 from aiohttp import web
 
 from proxy.registry import RegistryError
-from tests.support.credential_backends import KeyBackend, PrivateCA
+from tests.support.credential_backends import KeyBackend, PrivateCA, echo_tool as tool, write_file as write
 from tests.support.stack import running_stack
 
 KEY = "sk-canary-5f1e2d3c4b5a69788796a5b4"          # planted: must appear nowhere but at the backend
 API_KEY = "ak-canary-0a1b2c3d4e5f60718293"
 PASSWORD = "pw-canary-9z8y7x6w5v4u3t2s"
 CLIENT_SECRET = "cs-canary-1q2w3e4r5t6y7u8i9o0p"
-
-
-def tool(name: str, service: str, auth: str | None) -> str:
-    auth_line = f", auth: {auth}" if auth else ""
-    return f"""
-  - name: {name}
-    version: "1.0.0"
-    description: Echo text through a backend that wants a credential.
-    mode: read
-    risk: read
-    inputSchema:
-      type: object
-      additionalProperties: false
-      required: [text]
-      properties: {{text: {{type: string}}}}
-    outputSchema: {{type: object}}
-    backend: {{type: http, service: {service}, path: /echo{auth_line}}}
-"""
-
-
-def write(path, text: str) -> str:
-    path.write_text(text)
-    return str(path)
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
 """Tool backends that want a credential, for the credential tests: real HTTP(S) on loopback, no mocks.
 
 ``KeyBackend``: answers only a request that carries the expected header value (a bearer key, an API key header,
-basic auth), 401 otherwise; it records what each request carried. ``PrivateCA``: a private CA made in the test
+basic auth), 401 otherwise; it records what each request carried. ``VerifyingBackend``: answers only a bearer
+token a real authorization server signed for it (its JWKS), and records the token's claims. ``PrivateCA``: a private CA made in the test
 (cryptography), a server certificate for 127.0.0.1 and a client certificate, as PEM files; ``mtls_context()`` is
 the server side that demands a client certificate of that CA.
 """
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+import jwt
 from aiohttp import web
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -108,3 +111,71 @@ class PrivateCA:
         context.load_cert_chain(self.server_cert, self.server_key)
         context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+class VerifyingBackend:
+    """A backend that accepts only a bearer token its authorization server signed (``issuer``, keys at ``jwks_url``)
+    for it (``audience``; None: any), and records each token and its claims."""
+
+    def __init__(self, issuer: str, jwks_url: str, audience: str | None) -> None:
+        self.issuer, self.jwks_url, self.audience = issuer, jwks_url, audience
+        self.claims: list[dict] = []
+        self.tokens: list[str] = []
+        self.keys: dict[str, jwt.PyJWK] = {}
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> "VerifyingBackend":
+        async with aiohttp.ClientSession() as session:
+            async with session.get(self.jwks_url) as response:
+                self.keys = {k.key_id: k for k in jwt.PyJWKSet.from_dict(await response.json()).keys}
+        app = web.Application()
+        app.router.add_post("/{tail:.*}", self._handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        return self
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        try:
+            key = self.keys[jwt.get_unverified_header(token)["kid"]]
+            claims = jwt.decode(token, key.key, algorithms=["RS256", "ES256"], issuer=self.issuer,
+                                audience=self.audience, options={"verify_aud": self.audience is not None})
+        except (jwt.PyJWTError, KeyError):
+            return web.json_response({"error": {"code": "unauthenticated"}}, status=401)
+        self.claims.append(claims)
+        self.tokens.append(token)
+        body = await request.json()
+        return web.json_response({"echo": body.get("text", ""), "sub": claims["sub"], "azp": claims.get("azp")})
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+def echo_tool(name: str, service: str, auth: str | None) -> str:
+    """A registry entry (YAML, under ``tools:``) for a read that echoes ``text`` through ``service``, with the
+    credential ``auth`` (None: none)."""
+    auth_line = f", auth: {auth}" if auth else ""
+    return f"""
+  - name: {name}
+    version: "1.0.0"
+    description: Echo text through a backend that wants a credential.
+    mode: read
+    risk: read
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [text]
+      properties: {{text: {{type: string}}}}
+    outputSchema: {{type: object}}
+    backend: {{type: http, service: {service}, path: /echo{auth_line}}}
+"""
+
+
+def write_file(path: Path, text: str) -> str:
+    """``text`` into ``path`` (a secret file, a registry file); its path as a string, for the config."""
+    path.write_text(text)
+    return str(path)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from proxy.authoring import devstack
 from proxy.policy.opa_control import AUTHZ_POLICY
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = [
     "BinaryNotFound",
@@ -34,6 +34,8 @@ __all__ = [
     "OpaServer",
     "RedisServer",
     "mac_key_file",
+    "session_server",
+    "stop_group",
 ]
 
 DEFAULT_START_TIMEOUT = 15.0
@@ -94,6 +96,18 @@ def stop_group(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def session_server(artifact: Path | None, missing: str, make: Callable[[Path], Any]) -> Iterator[Any]:
+    """A fixture's body for a server built by scripts/setup.sh (``artifact``): ``make(artifact).start()`` once,
+    yielded, stopped after; BinaryNotFound saying ``missing`` when setup did not build it."""
+    if artifact is None:
+        raise BinaryNotFound(missing)
+    server = make(artifact).start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 def _read_log(path: Path, limit: int = 4000) -> str:

@@ -1,0 +1,174 @@
+"""Credentials against a real authorization server: Keycloak (scripts/setup.sh installs its distribution).
+
+- Token exchange on behalf of the caller (RFC 8693, Keycloak's standard token exchange): the agent's token for
+  alice (audience ``toolproxy``) becomes, at the proxy, a token for the backend ``crm`` whose ``sub`` is alice,
+  which the backend verifies against Keycloak's keys; the agent's own token is refused there. One exchange serves
+  100 calls of alice to ``crm``: Keycloak's own event log holds one TOKEN_EXCHANGE.
+- Client credentials with client_secret_basic, client_secret_post and private_key_jwt: one CLIENT_LOGIN per
+  client for all of its calls.
+- The canary search: a static key, the client secrets, a wrong secret Keycloak refuses, and the tokens the proxy
+  obtained appear nowhere an agent, an operator or a log reader can see: envelopes, stdout (audit records),
+  log records, the audit and decision streams, /metrics, the admin API's answers.
+
+Keycloak starts once per session (bounded by TOOLPROXY_KEYCLOAK_START_S, default 300 s on this 2-core machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aiohttp
+import jwt
+import pytest
+
+from tests.support import keycloak as kc
+from tests.support.credential_backends import KeyBackend, VerifyingBackend, echo_tool as tool, write_file
+from tests.support.servers import session_server
+from tests.support.stack import running_stack
+from tests.support.tokens import Issuer
+
+STATIC_KEY = "sk-canary-kc-8c7b6a5f4e3d2c1b"
+WRONG_SECRET = "kc-canary-wrong-secret-0f9e8d7c"
+
+
+@pytest.fixture(scope="session")
+def keycloak(tmp_path_factory):
+    yield from session_server(kc.keycloak_home(), "Keycloak's distribution is missing: run scripts/setup.sh (it links "
+                              ".venv/keycloak)", lambda home: kc.KeycloakServer(home, tmp_path_factory.mktemp("kc")))
+
+
+def secret_file(path, value: str) -> str:
+    return write_file(path, value + "\n")
+
+
+def keycloak_identity(keycloak: kc.KeycloakServer, admin: Issuer) -> dict:
+    """The agent authenticates with Keycloak's token for alice; approvers with the test's own admin issuer."""
+    return {"identity.mode": "jwt", "identity.agent_id": "agent-under-test",
+            "identity.jwt": {"issuer": keycloak.issuer, "audience": "toolproxy", "jwks_url": keycloak.jwks_url,
+                             "claim_scopes": "toolproxy_scopes"},
+            "admin_identity.jwt": {"issuer": admin.issuer, "audience": "toolproxy-admin",
+                                   "jwks_file": str(admin.jwks_file)}}
+
+
+async def test_token_exchange_gives_the_backend_the_caller_once_for_100_calls(proxy_deps, tmp_path, keycloak,
+                                                                              issuers):
+    crm = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, "crm").start()
+    try:
+        overrides = {**proxy_deps, **keycloak_identity(keycloak, issuers[1]),
+                     "registry.paths": [secret_file(tmp_path / "tools.yaml",
+                                                    "tools:\n" + tool("crm_echo", "crm", "crm-as-user"))],
+                     "backends.services": {"crm": crm.url},
+                     "credentials": {"crm-as-user": {
+                         "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                         "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
+        before = len(keycloak.events("TOKEN_EXCHANGE"))
+        user_token = keycloak.user_token("alice")
+        alice = jwt.decode(user_token, options={"verify_signature": False})["sub"]
+        async with running_stack(overrides) as stack:
+            stack.headers["Authorization"] = f"Bearer {user_token}"
+            results = []
+            for batch in range(10):  # 100 calls, ten at a time
+                results += await asyncio.gather(*(stack.call("crm_echo", {"text": f"{batch}-{i}"}) for i in range(10)))
+            failed = [body["error"] for _, body in results if body["outcome"] != "succeeded"]
+            assert not failed, failed[:2]
+            assert {body["data"]["sub"] for _, body in results} == {alice}
+            # The agent's own token, straight to the backend: refused (it is for the proxy, not for crm).
+            async with aiohttp.ClientSession() as session:
+                async with session.post(crm.url + "/echo", json={"text": "direct"},
+                                        headers={"Authorization": f"Bearer {user_token}"}) as response:
+                    assert response.status == 401
+            async with stack.session.get(stack.ops_url + "/metrics") as response:
+                metrics = await response.text()
+        assert {(c["sub"], c["aud"], c["azp"]) for c in crm.claims} == {(alice, "crm", "toolproxy")}
+        exchanges = keycloak.events("TOKEN_EXCHANGE")
+        assert len(exchanges) - before == 1, exchanges[:3]
+        assert exchanges[0]["clientId"] == "toolproxy" and exchanges[0]["userId"] == alice
+        assert 'toolproxy_credential_tokens_total{credential="crm-as-user",kind="token_exchange",result="issued"} 1.0' \
+            in metrics
+    finally:
+        await crm.stop()
+
+
+async def test_client_credentials_with_each_client_authentication(proxy_deps, tmp_path, keycloak):
+    backend = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, None).start()
+    try:
+        credentials = {
+            "basic": {"kind": "client_credentials", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                      "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET)},
+            "post": {"kind": "client_credentials", "token_url": keycloak.token_url, "client_id": "toolproxy-post",
+                     "client_auth": "client_secret_post",
+                     "client_secret_file": secret_file(tmp_path / "ps", kc.POST_SECRET)},
+            "jwt": {"kind": "client_credentials", "token_url": keycloak.token_url, "client_id": "toolproxy-jwt",
+                    "client_auth": "private_key_jwt", "private_key_file": keycloak.jwt_client_key},
+        }
+        tools = "".join(tool(f"echo_{name}", "app", name) for name in credentials)
+        overrides = {**proxy_deps, "registry.paths": [secret_file(tmp_path / "tools.yaml", "tools:\n" + tools)],
+                     "backends.services": {"app": backend.url}, "credentials": credentials}
+        before = len(keycloak.events("CLIENT_LOGIN"))
+        async with running_stack(overrides) as stack:
+            for name in credentials:
+                results = await asyncio.gather(*(stack.call(f"echo_{name}", {"text": str(i)}) for i in range(5)))
+                assert [body["outcome"] for _, body in results] == ["succeeded"] * 5, results[0]
+        azps = [c["azp"] for c in backend.claims]
+        assert sorted(set(azps)) == ["toolproxy", "toolproxy-jwt", "toolproxy-post"] and len(azps) == 15
+        logins = keycloak.events("CLIENT_LOGIN")[: len(keycloak.events("CLIENT_LOGIN")) - before]
+        assert sorted(e["clientId"] for e in logins) == ["toolproxy", "toolproxy-jwt", "toolproxy-post"]
+    finally:
+        await backend.stop()
+
+
+async def test_the_canary_search_finds_no_secret_anywhere(proxy_deps, tmp_path, keycloak, issuers, caplog, capsys):
+    """Every output the agent, an operator or a log reader sees, searched for every secret the proxy held or got."""
+    crm = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, "crm").start()
+    keyed = await KeyBackend("Authorization", f"Bearer {STATIC_KEY}").start()
+    try:
+        credentials = {
+            "crm-as-user": {"kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                            "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"},
+            "refused": {"kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                        "client_secret_file": secret_file(tmp_path / "ws", WRONG_SECRET), "audience": "crm"},
+            "static": {"kind": "bearer", "secret_file": secret_file(tmp_path / "sk", STATIC_KEY)},
+        }
+        tools = tool("crm_echo", "crm", "crm-as-user") + tool("crm_refused", "crm", "refused") \
+            + tool("keyed_echo", "keyed", "static")
+        overrides = {**proxy_deps, **keycloak_identity(keycloak, issuers[1]),
+                     "registry.paths": [secret_file(tmp_path / "tools.yaml", "tools:\n" + tools)],
+                     "backends.services": {"crm": crm.url, "keyed": keyed.url}, "credentials": credentials,
+                     "audit.sinks": ["stdout", "redis"], "decisions.sinks": ["redis", "stdout"],
+                     "log.level": "debug"}
+        caplog.set_level(logging.DEBUG)
+        user_token = keycloak.user_token("alice")
+        seen: list[str] = []
+        async with running_stack(overrides) as stack:
+            stack.headers["Authorization"] = f"Bearer {user_token}"
+            for name in ("crm_echo", "keyed_echo", "crm_refused", "crm_echo"):
+                status, body = await stack.call(name, {"text": "canary run"})
+                seen.append(json.dumps(body))
+            assert json.loads(seen[2])["error"]["code"] == "credential_unavailable"
+            assert json.loads(seen[2])["error"]["details"]["reason"] == "refused"
+            for path in ("/metrics", "/readyz", "/.well-known/jwks.json"):
+                async with stack.session.get(stack.ops_url + path) as response:
+                    seen.append(await response.text())
+            admin = issuers[1].token("ops", audience="toolproxy-admin", roles=["approver", "operator"])
+            key = json.loads(seen[0])["idempotency_key"]
+            for path in ("/v1/approvals", "/v1/approvals/decided", "/v1/denials", "/v1/unknown-calls",
+                         "/v1/takeovers", "/v1/locks", "/v1/quotas", f"/v1/operations/{key}", "/ui"):
+                async with stack.session.get(stack.admin_url + path,
+                                             headers={"Authorization": f"Bearer {admin}"}) as response:
+                    seen.append(await response.text())
+            for stream in await stack.redis.keys("*stream*"):
+                for _, fields in await stack.redis.xrange(stream):
+                    seen.append(json.dumps({str(k): str(v) for k, v in fields.items()}))
+        captured = capsys.readouterr()
+        seen += [captured.out, captured.err, caplog.text]
+        exchanged = set(crm.tokens)
+        assert exchanged and len(keyed.seen) == 1  # the canaries did travel, to the backends only
+        everything = "\n".join(seen)
+        assert "toolproxy_credential_tokens_total" in everything and "credential_unavailable" in everything
+        for canary in (STATIC_KEY, kc.CLIENT_SECRET, WRONG_SECRET, *exchanged, user_token):
+            assert canary not in everything
+    finally:
+        await crm.stop()
+        await keyed.stop()

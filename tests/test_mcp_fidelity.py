@@ -295,7 +295,7 @@ async def test_dev_stack_serves_an_imported_registry(tmp_path, how):
         opa_data = tmp_path / "my-data"
         opa_data.mkdir()
         (opa_data / "data.json").write_text((REPO / "examples" / "opa" / "data.json").read_text())
-        ports = {name: free_port() for name in ("proxy", "admin", "ops", "opa", "redis", "backend")}
+        ports = {name: free_port() for name in ("proxy", "admin", "ops", "redis", "backend")}
         argv = [sys.executable, "-m", "proxy.cli", "dev", *[f"--{n}-port={p}" for n, p in ports.items()],
                 "--opa-data", str(opa_data)]
         if how == "flags":

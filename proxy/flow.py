@@ -149,6 +149,19 @@ class FlowLedger:
                          run=parse_scope(run, now_ms=now_ms, window_ms=self._window_ms) if run_id is not None
                          else None, window_s=self._window_s)
 
+    async def note(self, caller: Caller, run_id: str | None, labels: Sequence[str], source: str, *,
+                   now_ms: int) -> None:
+        """Labels brought into the caller's context by something other than a call's output (an MCP upstream's
+        relayed request: ``source`` names the tool whose upstream sent it); one command. A store fault is
+        ``dependency_unavailable``: the caller must not see what could not be labelled."""
+        fields = [f"{label}/{source}" for label in labels if label in LABELS]
+        if not fields:
+            return
+        with store.unavailable_on_fault("The state store is unreachable; the relayed message's data-flow "
+                                        "label cannot be recorded.", phase="execute"):
+            await store.redis_call(self._record(keys=self.keys(caller, run_id), args=[self._window_ms, now_ms,
+                                                                                       *fields]))
+
     def record_in(self, trip: store.RoundTrip, caller: Caller, run_id: str | None, tool: ToolContract, *,
                   now_ms: int) -> None:
         """Add the record of a call that returned output of a labelled tool to the commit's round trip."""

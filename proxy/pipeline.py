@@ -135,6 +135,11 @@ class Pipeline:
                 cut += 1
         return cut
 
+    @property
+    def flow(self) -> FlowLedger | None:
+        """The flow labels (the MCP relay records and reads them too: proxy/fronts/mcp/relay.py)."""
+        return self._flow
+
     async def aclose(self) -> None:
         """Close adapters that hold connections of their own (MCP upstream sessions)."""
         for adapter in self._adapters.values():
@@ -367,7 +372,7 @@ class Pipeline:
             auth = await self._authorizer.authorize(
                 state.caller, tool, normalized,
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
-                             trace_id=meta.trace.trace_id),
+                             trace_id=meta.trace.trace_id, flow_as=meta.flow_as),
                 approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
                 operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision),
                 origin=origin_of(meta, request.call_id, op))

@@ -32,6 +32,9 @@ class RequestMeta:
     plan_call_id: str | None = None  # the call's id within a batch plan, when it scopes the operation key
     wait_for_quota: bool = False  # a batch call waits (within the deadline) for a quota instead of rate_limited
     if_match: str | None = None  # the expected state of If-Match (proxy/state_guard.py), single calls only
+    flow_as: tuple[str, str] | None = None  # (agent, subject) whose flow labels the decision reads, not the
+                                            # caller's: a related read runs under its requester's (never from a
+                                            # request)
     key_subject: str | None = None  # the subject an Idempotency-Key's operation is scoped to when it is not the
                                     # caller's: a compensation's is its original's (one per original, whoever
                                     # asks), never set from a request

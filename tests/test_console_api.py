@@ -191,3 +191,27 @@ async def test_related_reads_past_the_limit_are_refused_while_the_first_ones_wai
     assert all(s == 200 and body["data"] is None and body["error"] is not None for s, body, _ in answers)
     status, again, _ = await request(stack, "GET", path, approver)  # the backend answers again
     assert (status, again["permitted"], again["data"]["order_id"]) == (200, True, "ord_1003")
+
+
+async def test_the_related_read_is_decided_under_the_requesters_flow_labels(proxy_deps, issuers):
+    """The read's arguments are the requesting agent's words: its decision sees what that agent saw (here a
+    person's preferences), never the approver's clean context. Before, input.flow was the approver's, or absent."""
+    from proxy.authoring.policy_replay import read_stream
+    from tests.support.stack import running_stack
+    from tests.support.tokens import jwt_overrides
+
+    agent, _ = issuers
+    async with running_stack({**proxy_deps, **jwt_overrides(*issuers), "reconcile.enabled": False,
+                              "decisions.enabled": True, "decisions.timeout_ms": 5000}) as stack:
+        stack.headers["Authorization"] = f"Bearer {agent.token('alice')}"
+        status, env = await stack.call("get_user_preferences", {"user_ref": "usr_alice"})
+        assert env["outcome"] == "succeeded", env
+        _, envelope = await stack.call("refund_order", REFUNDED, headers={"Idempotency-Key": "refund-flow"})
+        approval_id = envelope["error"]["details"]["approval_id"]
+        status, read, _ = await request(stack, "GET", f"/v1/approvals/{approval_id}/related",
+                                        reading_approver(issuers))
+        assert status == 200 and read["permitted"] is True, read
+        records, _ = await read_stream(proxy_deps["redis.url"], "toolproxy:decisions:{stream}")
+        [decided] = [r for r in records if r["request_id"] == read["request_id"]]
+        assert decided["input"]["flow"]["labels"] == ["private"]
+        assert [s["tool"] for s in decided["input"]["flow"]["principal"]["seen"]] == ["get_user_preferences"]

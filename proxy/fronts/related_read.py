@@ -7,7 +7,8 @@ through the pipeline like any call (resolve, decode, OPA's decision, quotas,
 audit, the contract's output filter) with the approver's own authority: the
 admin token's subject, roles, scopes and person, in the approval's tenant, as
 source ``admin`` and agent ``toolproxy-console`` (so a policy tells it apart:
-``policies/tools.rego`` lets it read only) — and the answer the console
+``policies/tools.rego`` lets it read only), its decision under the requester's
+flow labels (``input.flow`` is the requesting agent and subject's) — and the answer the console
 shows: the read's data, or ``permitted: false`` for a policy's denial, or the
 error. Must never: reach a backend except through the pipeline, run a write,
 act on an approval the approver cannot see, or run more than
@@ -67,8 +68,11 @@ def approver_caller(principal: AdminPrincipal, tenant: str) -> Caller:
 async def run_read(runtime: Runtime, principal: AdminPrincipal, approval: dict[str, Any],
                    declared: dict[str, Any]) -> dict[str, Any]:
     request_id = new_request_id()
+    # Under the requester's flow labels: its arguments are the requester's (the agent's words), so its decision
+    # sees what that agent saw, never the approver's clean context.
     meta = RequestMeta(request_id=request_id, trace=TraceContext(secrets.token_hex(16), secrets.token_hex(8)),
-                       deadline=Deadline(time.monotonic() + TIMEOUT_S))
+                       deadline=Deadline(time.monotonic() + TIMEOUT_S),
+                       flow_as=(str(approval.get("agent") or ""), str(approval.get("subject") or "")))
     call = ToolCallRequest(call_id="related-" + approval["id"], tool=declared["tool"], version=declared["version"],
                            arguments=declared["arguments"], meta=meta)
     result = await runtime.pipeline.execute(call, approver_caller(principal, approval["tenant"]))

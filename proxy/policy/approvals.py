@@ -658,7 +658,7 @@ class ApprovalStore:
                 "decided_at_ms": int(record["decided_at_ms"]) if "decided_at_ms" in record else None,
                 "request_id": record.get("request_id"), "call_id": record.get("call_id"),
                 "caller_key": record.get("caller_key"), "caller_key_source": record.get("caller_key_source"),
-                "operation_key": record.get("operation_key"),
+                "operation_key": record.get("operation_key"), "agent": record.get("agent"),
                 "revealed": json.loads(revealed) if revealed else None}
 
     async def refresh_gauges(self) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable
 
 from .approvals import MCP_APPROVAL_META, ApprovalOrigin, ApprovalStore, denial
@@ -115,8 +115,10 @@ class Authorizer:
 
     async def _flow_input(self, caller: Caller, tool: ToolContract, request: RequestFacts) -> dict[str, Any] | None:
         """``input.flow`` for a call whose decision may use it (proxy/flow.py), else None (not read)."""
-        if self._flow is None or not self._flow.wanted(tool):
+        if self._flow is None or not (request.flow_as or self._flow.wanted(tool)):
             return None
+        if request.flow_as is not None:  # a read run for someone else's request: under that requester's labels
+            caller = replace(caller, agent=request.flow_as[0], subject=request.flow_as[1])
         state = await self._flow.read(caller, request.run_id, now_ms=int(time.time() * 1000))
         return state.policy_input()
 

@@ -49,6 +49,7 @@ class RequestFacts:
     call_id: str | None = None
     run_id: str | None = None
     trace_id: str | None = None
+    flow_as: tuple[str, str] | None = None  # (agent, subject) whose flow labels input.flow holds (a related read)
 
 
 def catalog_document(registry: Registry) -> dict[str, Any]:

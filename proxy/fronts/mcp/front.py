@@ -189,7 +189,7 @@ class McpFront:
         self._hosts = HostGuard(mcp)  # the agent listener's Host/Origin check, answered here in JSON-RPC shape
         # In-flight tools/call per (session id, JSON-RPC id): the signal notifications/cancelled sets.
         self._inflight: dict[tuple[str, Any], asyncio.Event] = {}
-        self._relays = mcp_relay.Desk(mcp, metrics, audit)  # relayed requests waiting for their client's response
+        self._relays = mcp_relay.Desk(mcp, metrics, audit, pipeline.flow)  # relayed requests waiting for their client's response
 
     def install(self, app: web.Application) -> None:
         app.router.add_post("/mcp", self._guarded(self.post))
@@ -506,8 +506,10 @@ class McpFront:
         call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
                                arguments=params.get("arguments") or {}, meta=meta)
         channel = input_relay.get()
-        if isinstance(channel, mcp_relay.Channel):  # its audit records name the call
-            channel.call_id, channel.tool = call.call_id, name
+        if isinstance(channel, mcp_relay.Channel):  # its audit records name the call; its flow, the contract's
+            channel.call_id, channel.tool, channel.run_id = call.call_id, name, meta.run_id
+            contract = self._pipeline.registry.default(name) if isinstance(name, str) else None
+            channel.sink = contract.flow_sink if contract is not None else "external"
         async with contextlib.AsyncExitStack() as held:
             traced = spans.mcp_request(meta.trace, exchange.version, exchange.session.id if exchange.session else None)
             if traced is not None:  # the MCP conventions' server span, parent of the call's execute_tool span

@@ -15,6 +15,16 @@ or the 2026-07-28 request's ``_meta`` log level), at or above that level and at
 most ``mcp.log_message_max_bytes``; each is counted
 (``toolproxy_mcp_log_messages_total``), its content never logged.
 
+Data flow, decided per direction (``flow``): what the upstream sends the client
+(a relayed request: the upstream asking the model to act; a log message) is
+untrusted input, so the first of a call records the ``untrusted`` label for the
+caller (principal and run scope, as a call's output would); what the client
+answers goes to the upstream, so a call whose contract is an external sink
+(``flow.sink: external``) relays no request while the caller's context holds
+``private`` or ``secret`` data (refused to the upstream as the client's error,
+``flow_refused``): an upstream must not get the model to read private data out
+to it.
+
 Must never: give a relayed request any authority (it is the untrusted upstream's
 text, shown to the client as the upstream's; nothing in the proxy acts on it),
 deliver a client's answer to anything but the call that asked, or an upstream's
@@ -27,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from mcp_types.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
@@ -36,6 +47,8 @@ from ...adapters import InputRefused
 from ...audit import Auditor
 from ...config import McpConfig
 from ...envelope import dumps as json_bytes
+from ...errors import ProxyError
+from ...flow import FlowLedger
 from ...identity import Caller
 from .sessions import Session
 from ...telemetry.metrics import Metrics
@@ -46,6 +59,7 @@ METHODS = (_SAMPLING, _ELICITATION)
 # As the SDK's own client answers a request it has no callback for.
 _NOT_SUPPORTED = {_SAMPLING: "Sampling not supported", _ELICITATION: "Elicitation not supported"}
 MAX_OUTSTANDING = 4  # per call: an upstream cannot park more questions than this on a client
+OUT_OF_BOUNDS = frozenset({"private", "secret"})  # labels an external sink's upstream never gets an answer under
 _MESSAGE_CHARS = 200  # of a client's error message passed back to the upstream
 # MCP log levels, least severe first (RFC 5424 severities); a client gets its level and above.
 LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
@@ -84,10 +98,11 @@ def required(method: str, params: Mapping[str, Any]) -> str | None:
 class Desk:
     """The relayed requests of one MCP front still waiting for their client's answer, and their accounting."""
 
-    def __init__(self, config: McpConfig, metrics: Metrics, audit: Auditor) -> None:
+    def __init__(self, config: McpConfig, metrics: Metrics, audit: Auditor, flow: FlowLedger | None = None) -> None:
         self._config = config
         self._metrics = metrics
         self._audit = audit
+        self.flow = flow  # None: no flow labels (then nothing is recorded or refused for them)
         self._waiting: dict[str, tuple[str, "asyncio.Future[Mapping[str, Any]]"]] = {}  # id -> (session id, answer)
 
     @property
@@ -128,14 +143,19 @@ class Desk:
     def count_log(self, result: str) -> None:
         self._metrics.child(self._metrics.mcp_log_messages, result).inc()
 
-    async def account(self, channel: "Channel", method: str, result: str, size: int | None) -> None:
-        """Count and audit one request an upstream sent during ``channel``'s call (never its content)."""
+    async def account(self, channel: "Channel", method: str, result: str, size: int | None,
+                      flow: Mapping[str, Any] | None = None) -> None:
+        """Count and audit one request an upstream sent during ``channel``'s call (never its content; ``flow``:
+        the labels it recorded or the ones that refused it)."""
         metrics, caller = self._metrics, channel.caller
         label = method if method in METHODS else "other"
         metrics.child(metrics.mcp_relayed, label, result).inc()
+        details: dict[str, Any] = {"method": label, "result": result, "bytes": size}
+        if flow:
+            details["flow"] = dict(flow)
         await self._audit.record("mcp_relay", call_id=channel.call_id, tool=channel.tool,
                                          tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
-                                         details={"method": label, "result": result, "bytes": size})
+                                         details=details)
 
 
 @dataclass
@@ -149,7 +169,29 @@ class Channel:
     call_id: str | None = None
     tool: str | None = None
     log_level: str | None = None  # None: the client did not ask for log messages, or cannot receive them
+    run_id: str | None = None     # the call's X-Run-Id (its flow labels' run scope)
+    sink: str = "internal"        # the call's contract's flow.sink: where the client's answers end up
     _outstanding: int = 0
+    _labelled: bool = False       # the untrusted label of this call's relayed messages is recorded
+    # One at a time through the label's first recording, first come first served: log messages keep their order.
+    _flow_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def _flow_in(self) -> None:
+        """The upstream's words reach the client: the caller has seen untrusted data (once per call)."""
+        flow = self.desk.flow
+        if flow is None or self._labelled:
+            return
+        await flow.note(self.caller, self.run_id, ("untrusted",), self.tool or "mcp_relay",
+                        now_ms=int(time.time() * 1000))
+        self._labelled = True
+
+    async def _flow_out(self) -> list[str]:
+        """The labels that forbid answering this upstream (empty: it may be answered)."""
+        flow = self.desk.flow
+        if flow is None or self.sink != "external":
+            return []
+        state = await flow.read(self.caller, self.run_id, now_ms=int(time.time() * 1000))
+        return sorted(OUT_OF_BOUNDS & set(state.policy_input()["labels"]))
 
     async def __call__(self, method: str, params: Mapping[str, Any],
                        timeout_s: float) -> Mapping[str, Any] | InputRefused:
@@ -165,8 +207,25 @@ class Channel:
         if self._outstanding >= MAX_OUTSTANDING:
             return await self._done(method, "too_many", InputRefused(INVALID_REQUEST,
                                                                      "Too many outstanding requests"), size)
+        self._outstanding += 1  # the slot is taken before anything is awaited
+        try:
+            seen = await self._flow_out()
+            if not seen:
+                async with self._flow_lock:
+                    await self._flow_in()
+        except ProxyError:  # the labels cannot be read or recorded: nothing is relayed unlabelled
+            self._outstanding -= 1
+            return await self._done(method, "flow_unavailable", InputRefused(
+                INVALID_REQUEST, "Cannot relay now (data-flow state unavailable)"), size)
+        except BaseException:
+            self._outstanding -= 1
+            raise
+        if seen:
+            self._outstanding -= 1
+            return await self._done(method, "flow_refused", InputRefused(
+                INVALID_REQUEST, "Refused: the client's context holds private data, and this server is an "
+                "external sink"), size, {"refused_by": seen})
         rpc_id, answer = self.desk.expect(self.session)
-        self._outstanding += 1
         try:
             self.push({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params)})
             async with asyncio.timeout(timeout_s):
@@ -210,10 +269,18 @@ class Channel:
         elif len(json_bytes(message)) > self.desk.log_max_bytes:
             result = "too_large"
         else:
-            self.push({"jsonrpc": "2.0", "method": "notifications/message", "params": message})
-            result = "relayed"
+            try:
+                async with self._flow_lock:  # (uncontended once labelled: no wait, and the order stays)
+                    await self._flow_in()
+                    self.push({"jsonrpc": "2.0", "method": "notifications/message", "params": message})
+                result = "relayed"
+            except ProxyError:  # never shown unlabelled
+                result = "flow_unavailable"
         self.desk.count_log(result)
 
-    async def _done(self, method: str, result: str, value: Any, size: int | None = None) -> Any:
-        await self.desk.account(self, method, result, size)
+    async def _done(self, method: str, result: str, value: Any, size: int | None = None,
+                    flow: Mapping[str, Any] | None = None) -> Any:
+        if flow is None and result == "answered" and self._labelled:
+            flow = {"recorded": ["untrusted"]}
+        await self.desk.account(self, method, result, size, flow)
         return value

@@ -437,6 +437,10 @@ def _run_sidecar(config_path: str | None) -> int:
     except ConfigError as exc:  # found while opening the runtime (a key file, an algorithm list)
         print(f"toolproxy: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a listener's port is taken (or the address is not this host's)
+        print(f"toolproxy: cannot listen: {exc.strerror or exc}: check listen.port {config.listen.port}, admin.port "
+              f"{config.admin.port} and ops.port {config.ops.port} (and their hosts)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -474,6 +474,19 @@ class RedisConfig:
                                            "same-key retry run a write twice. false: such a Redis stops the process "
                                            "at start-up and makes /readyz not ready")
 
+    @property
+    def address(self) -> str:
+        """Where this Redis is, as a log line may name it (never a password) and the setting that says so."""
+        from urllib.parse import urlsplit
+
+        if self.mode == "sentinel":
+            return f"Sentinels {', '.join(self.sentinels)} (redis.sentinels)"
+        if self.mode == "cluster":
+            return f"cluster nodes {', '.join(self.cluster_nodes)} (redis.cluster_nodes)"
+        parts = urlsplit(self.url)
+        host = parts.netloc.rpartition("@")[2]
+        return f"{parts.scheme}://{host}{parts.path} (redis.url)"
+
     def __post_init__(self) -> None:
         if self.mode not in REDIS_MODES:
             raise ConfigError(f"redis.mode: expected standalone, sentinel or cluster, got {self.mode!r}")

@@ -96,6 +96,7 @@ class EvictionWatch:
     def __init__(self, config: RedisConfig, redis: store.Client, metrics: Metrics) -> None:
         self._accept = config.accept_eviction
         self._timeout_s = config.timeout_ms / 1000.0
+        self._address = config.address
         self._redis = redis
         self._metrics = metrics
         self._last: dict[str, int] = {}  # evicted_keys per master at the last read
@@ -113,8 +114,9 @@ class EvictionWatch:
                 verdict = await self._read()
         except (TimeoutError, OSError, store.StoreError) as exc:
             self._startup_warnings.append(
-                f"redis: could not read maxmemory-policy at start-up ({type(exc).__name__}); /readyz stays not "
-                f"ready until every master answers with noeviction")
+                f"redis: {self._address} does not answer at start-up ({type(exc).__name__}): calls that need it "
+                f"fail with dependency_unavailable and /readyz stays not ready until every master answers (and "
+                f"with noeviction); check the address and that Redis runs")
             return
         if not verdict.ok:
             raise ConfigError(verdict.refusal())

@@ -565,13 +565,15 @@ class ChannelListener:
             await asyncio.wait({task}, timeout=0.5)
 
     async def _listen(self) -> None:
-        backoff = 0.1
+        backoff, lost = 0.1, False
         while True:
             pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await translated(pubsub.subscribe(self._channel))
                 await self._on_subscribed()
-                backoff = 0.1
+                if lost:
+                    self._log.info("%s back", self._what)
+                backoff, lost = 0.1, False
                 while True:
                     message = await translated(pubsub.get_message(timeout=5.0))
                     task = asyncio.current_task()
@@ -580,7 +582,10 @@ class ChannelListener:
                     if message is not None and message.get("type") == "message":
                         self._on_message(message["data"])
             except (StoreError, OSError) as exc:  # policy: retry with backoff: the listener must come back
-                self._log.warning("%s lost (%s); retrying", self._what, type(exc).__name__)
+                if not lost:  # once per loss: an unreachable Redis is one line, not one per retry
+                    self._log.warning("%s lost (%s); retrying with backoff until Redis answers", self._what,
+                                      type(exc).__name__)
+                lost = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:

@@ -191,3 +191,64 @@ def test_policy_replay_against_a_password_redis_is_one_line_and_honours_the_vari
         assert read.stdout.startswith("records: 0"), read.stdout
     finally:
         server.stop()
+
+
+# -- toolproxy run with Redis and OPA unreachable; a port that is taken --------------------------------------
+
+def test_run_with_redis_and_opa_away_names_each_once_and_does_not_storm(tmp_path):
+    import os
+    import signal
+    import time
+
+    from tests.support.servers import free_port
+
+    dead = free_port()  # nothing listens there
+    env = {"PATH": "/usr/bin:/bin", "TOOLPROXY_IDENTITY_MODE": "static", **fleet_key_env(),
+           "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY), "TOOLPROXY_BACKENDS_SERVICES": "demo=http://127.0.0.1:9",
+           "TOOLPROXY_REDIS_URL": f"redis://:hunter2@127.0.0.1:{dead}/0",
+           "TOOLPROXY_OPA_URL": f"unix://{tmp_path}/no-opa.sock",
+           "TOOLPROXY_LISTEN_PORT": str(free_port()), "TOOLPROXY_ADMIN_PORT": str(free_port()),
+           "TOOLPROXY_OPS_PORT": str(free_port())}
+    log = tmp_path / "run.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while "toolproxy listening" not in log.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        time.sleep(4)  # several retry periods of every listener (backoff from 0.1 s)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    text = log.read_text()
+    assert "hunter2" not in text
+    assert text.count(f"redis://127.0.0.1:{dead}/0 (redis.url) does not answer at start-up") == 1, text
+    assert text.count(f"OPA at unix://{tmp_path}/no-opa.sock (opa.url)") == 1, text
+    for listener in ("back-pressure channel lost", "cancellation channel lost"):
+        assert text.count(listener) <= 1, text  # once per loss, not once per retry
+    assert "Traceback" not in text
+
+
+def test_dev_and_run_name_a_taken_port_in_one_line(tmp_path):
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        dev = subprocess.run([sys.executable, "-m", "proxy.cli", "dev", "--proxy-port", str(port)], cwd=REPO,
+                             capture_output=True, text=True, timeout=60)
+        assert dev.returncode == 1 and dev.stderr.count("\n") == 1 and "Traceback" not in dev.stderr, dev.stderr
+        assert dev.stderr.startswith(f"toolproxy dev: --proxy-port {port} already in use")
+        run = subprocess.run([sys.executable, "-m", "proxy.cli", "run"], cwd=REPO, capture_output=True, text=True,
+                             timeout=60, env={"PATH": "/usr/bin:/bin", "TOOLPROXY_IDENTITY_MODE": "static",
+                                              **fleet_key_env(), "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY),
+                                              "TOOLPROXY_LISTEN_PORT": str(port)})
+        assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+        [line] = [line for line in run.stderr.splitlines() if line.startswith("toolproxy:")]
+        assert "cannot listen" in line and f"listen.port {port}" in line
+    finally:
+        holder.close()

@@ -139,6 +139,12 @@ def run_dev(args: argparse.Namespace) -> int:
                 proc.kill()
         shutil.rmtree(workdir, ignore_errors=True)
 
+    taken = taken_ports(args)
+    if taken:
+        print(f"toolproxy dev: {', '.join(taken)} already in use: stop what listens there, or choose free "
+              f"ports with those options", file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 1
     try:
         import secrets
 
@@ -222,9 +228,28 @@ def run_dev(args: argparse.Namespace) -> int:
     except ConfigError as exc:  # found while opening the runtime (a backend service the registry names, ...)
         print(f"toolproxy dev: {exc}", file=sys.stderr)
         return 1
+    except OSError as exc:  # a listener's port taken since the check above
+        print(f"toolproxy dev: cannot listen: {exc.strerror or exc} ({', '.join(taken_ports(args)) or 'a port'}"
+              f"): choose free ports with --proxy-port, --admin-port and --ops-port", file=sys.stderr)
+        return 1
     finally:
         stop_all()
     return 0
+
+
+def taken_ports(args: argparse.Namespace) -> list[str]:
+    """The stack's ports something else already listens on, each as its option and value."""
+    import socket
+
+    taken = []
+    for option in ("proxy_port", "admin_port", "ops_port", "redis_port", "backend_port"):
+        port = getattr(args, option)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                taken.append(f"--{option.replace('_', '-')} {port}")
+    return taken
 
 
 def _wait_redis(port: int, proc: subprocess.Popen[bytes], password: str) -> None:

@@ -127,6 +127,7 @@ class PolicyClient:
         # strict-builtin-errors: a builtin that fails (to_number("x"), a bad regex) is an evaluation error
         # OPA reports, not an undefined expression that lets a deny rule silently not match.
         self._url = config.http_base + "/v1/data/" + config.decision_path.strip("/") + STRICT
+        self._opa_at = config.url
         self._timeout_s = config.timeout_ms / 1000.0
         self._push_lock = asyncio.Lock()
         self._pushed_mono = 0.0
@@ -150,7 +151,8 @@ class PolicyClient:
             self._pushed_mono = time.monotonic()
             log.info("tool catalog loaded into OPA (digest %s)", self.catalog_digest[:12])
         else:
-            log.warning("could not load the tool catalog into OPA; decisions fail closed until it is")
+            log.warning("could not load the tool catalog into OPA at %s (opa.url); decisions fail closed "
+                        "(policy_unavailable) until it answers: check the address and that OPA runs", self._opa_at)
         return ok
 
     async def decide(self, document: Mapping[str, Any], *, budget_s: float | None = None,

@@ -371,6 +371,9 @@ class ApprovalsConfig:
 
     ttl_s: int = setting(900, "how long a pending or approved approval stays valid")
     max_list: int = setting(200, "most approvals one admin listing returns")
+    max_pending_per_subject: int = setting(50, "most approvals one subject may have waiting for a decision in its "
+                                               "tenant; one more is refused (rate_limited) until one is decided or "
+                                               "expires", bounds=(1, 100000))
     max_summary_bytes: int = setting(65536, "largest summary an approver is shown (every bound argument in full, "
                                             "masked fields as hashes); a call whose summary is larger is refused "
                                             "(approval_summary_too_large) rather than shown in part",

@@ -325,15 +325,37 @@ class ApprovalStore:
             self._spent.pop(next(iter(self._spent)))
         self._spent[approval_id] = int(expires_at_ms) if expires_at_ms.isdigit() else now + self._config.ttl_s * 1000
 
-    @property
-    def _pending_index(self) -> str:
-        return key(self._prefix, "approvals", "pending")
+    def _pending_index(self, tenant: str | None = None) -> str:
+        """Pending approvals (id -> expires_at_ms): the fleet's (``tenant`` None: a principal of every tenant,
+        the gauge) or one tenant's, kept beside it, so one tenant's many approvals never push another's out of
+        its approvers' listing."""
+        return key(self._prefix, "approvals", "pending") if tenant is None else \
+            key(self._prefix, "approvals-pending", tenant)
 
-    @property
-    def _decided_index(self) -> str:
+    def _subject_index(self, tenant: str, subject: str) -> str:
+        """One subject's pending approvals in its tenant: what ``approvals.max_pending_per_subject`` counts."""
+        return key(self._prefix, "approvals-pending", tenant, "subject", subject)
+
+    def _decided_index(self, tenant: str | None = None) -> str:
         """The most recent decisions (id -> decided_at_ms), capped at ``approvals.max_list``: the console's
-        "decided" panel. The records themselves expire with their approval."""
-        return key(self._prefix, "approvals", "decided")
+        "decided" panel, the fleet's or one tenant's. The records themselves expire with their approval."""
+        return key(self._prefix, "approvals", "decided") if tenant is None else \
+            key(self._prefix, "approvals-decided", tenant)
+
+    async def _within_quota(self, caller: Caller) -> None:
+        """Refuse a new approval when the caller's subject already has ``max_pending_per_subject`` waiting: one
+        agent cannot flood its approvers (nor, by the tenant's own index, anyone else's)."""
+        now, mine = now_ms(), self._subject_index(caller.tenant, caller.subject)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zremrangebyscore(mine, "-inf", now)
+            pipe.zcount(mine, now, "+inf")
+            _, waiting = await redis_call(pipe.execute())
+        limit = self._config.max_pending_per_subject
+        if int(waiting) >= limit:
+            self._metrics.approvals.labels("refused").inc()
+            raise ProxyError("rate_limited", f"{limit} approvals of this caller are already waiting for a decision; "
+                             "nothing was done. Ask again once one is decided or has expired.",
+                             details={"limit": limit, "pending": int(waiting)}, phase="authorize")
 
     # -- the agent side ---------------------------------------------------------------
     async def create(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, *, risk: str,
@@ -341,6 +363,8 @@ class ApprovalStore:
                      operation_key: str | None = None) -> tuple[str, int]:
         """A pending approval bound to exactly this call, and the one this call (its arguments and operation
         key) asked for from now on (``standing``); returns (id, expires_at_ms)."""
+        with _store_faults():
+            await self._within_quota(caller)
         approval_id = "apr_" + secrets.token_hex(12)
         created = now_ms()
         expires = created + self._config.ttl_s * 1000
@@ -364,7 +388,11 @@ class ApprovalStore:
                 pipe.hset(self._key(approval_id), mapping=record)
                 pipe.pexpireat(self._key(approval_id), expires + RETAIN_AFTER_EXPIRY_MS)
                 await redis_call(pipe.execute())
-            await redis_call(self._redis.zadd(self._pending_index, {approval_id: expires}))
+            async with self._redis.pipeline(transaction=False) as pipe:  # (other slots than the record's)
+                for index in (self._pending_index(), self._pending_index(caller.tenant),
+                              self._subject_index(caller.tenant, caller.subject)):
+                    pipe.zadd(index, {approval_id: expires})
+                await redis_call(pipe.execute())
             # (Another slot: a lost write only means the next re-send asks anew.)
             await redis_call(self._redis.set(self._asked_key(caller, tool, normalized, operation_key), approval_id,
                                              pxat=expires + RETAIN_AFTER_EXPIRY_MS))
@@ -494,11 +522,10 @@ class ApprovalStore:
 
     # -- the approver side (admin listener) --------------------------------------------
     async def list_pending(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
-        now = now_ms()
+        now, index = now_ms(), self._pending_index(principal.tenant)
         with _store_faults():
-            await redis_call(self._redis.zremrangebyscore(self._pending_index, "-inf", now))
-            ids = await redis_call(self._redis.zrangebyscore(self._pending_index, now, "+inf", start=0,
-                                                             num=self._config.max_list))
+            await redis_call(self._redis.zremrangebyscore(index, "-inf", now))
+            ids = await redis_call(self._redis.zrangebyscore(index, now, "+inf", start=0, num=self._config.max_list))
             records = [(i.decode(), await self._record(i.decode())) for i in ids]
         await self._update_pending_gauge()
         return await self._views([(i, r) for i, r in records
@@ -510,7 +537,7 @@ class ApprovalStore:
         if principal.tenant is not None:
             return None
         with _store_faults():
-            return int(await redis_call(self._redis.zcount(self._pending_index, now_ms(), "+inf")))
+            return int(await redis_call(self._redis.zcount(self._pending_index(), now_ms(), "+inf")))
 
     @property
     def list_limit(self) -> int:
@@ -528,11 +555,12 @@ class ApprovalStore:
     async def list_decided(self, principal: AdminPrincipal) -> list[dict[str, Any]]:
         """The most recent decisions (approved, denied, then used or expired), newest first."""
         with _store_faults():
-            ids = await redis_call(self._redis.zrevrange(self._decided_index, 0, self._config.max_list - 1))
+            index = self._decided_index(principal.tenant)
+            ids = await redis_call(self._redis.zrevrange(index, 0, self._config.max_list - 1))
             records = [(i.decode(), await self._record(i.decode())) for i in ids]
             gone = [i for i, r in records if r is None]
             if gone:
-                await redis_call(self._redis.zrem(self._decided_index, *gone))
+                await redis_call(self._redis.zrem(index, *gone))
         return await self._views([(i, r) for i, r in records if r and self._visible_to(principal, r)])
 
     async def decide(self, approval_id: str, principal: AdminPrincipal, *, approve: bool,
@@ -554,10 +582,14 @@ class ApprovalStore:
                 (record or {}).get("mac", ""), decision_mac]))
             verdict = verdict.decode() if isinstance(verdict, bytes) else str(verdict)
             if verdict == "ok":
+                tenant, subject = (record or {}).get("tenant", ""), (record or {}).get("subject", "")
                 async with self._redis.pipeline(transaction=False) as pipe:
-                    pipe.zrem(self._pending_index, approval_id)
-                    pipe.zadd(self._decided_index, {approval_id: decided_at})
-                    pipe.zremrangebyrank(self._decided_index, 0, -self._config.max_list - 1)
+                    for index in (self._pending_index(), self._pending_index(tenant),
+                                  self._subject_index(tenant, subject)):
+                        pipe.zrem(index, approval_id)
+                    for index in (self._decided_index(), self._decided_index(tenant)):
+                        pipe.zadd(index, {approval_id: decided_at})
+                        pipe.zremrangebyrank(index, 0, -self._config.max_list - 1)
                     await redis_call(pipe.execute())
         if verdict != "ok":
             await self._audit.record("approval", approval_id=approval_id,
@@ -667,7 +699,7 @@ class ApprovalStore:
 
     async def _update_pending_gauge(self) -> None:
         try:
-            count = await redis_call(self._redis.zcount(self._pending_index, now_ms(), "+inf"))
+            count = await redis_call(self._redis.zcount(self._pending_index(), now_ms(), "+inf"))
             self._metrics.pending_approvals.set(count)
         except StoreError:
             pass  # the gauge is refreshed on the next approval event

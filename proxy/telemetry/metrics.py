@@ -86,7 +86,8 @@ class Metrics:
                                        "by an operation whose outcome is unknown (operation_unknown)",
                                        ["tool"], registry=r)
         self.approvals = Counter("toolproxy_approvals",
-                                 "Approval events by state (created, approved, denied, expired, consumed, mismatch)",
+                                 "Approval events by state (created, approved, denied, expired, consumed, mismatch, "
+                                 "refused: over approvals.max_pending_per_subject)",
                                  ["state"], registry=r)
         self.pending_approvals = Gauge("toolproxy_pending_approvals", "Approvals waiting for a decision",
                                        registry=r)

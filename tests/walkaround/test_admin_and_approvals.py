@@ -145,3 +145,40 @@ async def test_person_claims_both_sub_across_two_idps_are_named_at_start(proxy_d
                                   "identity.person_claim": "email", "admin_identity.person_claim": "email"}):
             pass
     assert not [r for r in caplog.records if "self-approval check" in r.getMessage()]
+
+
+async def flood_approvals(stack, agent, count: int) -> list[str]:
+    flood = {"Authorization": f"Bearer {agent.token('mallory')}"}
+    codes = []
+    for i in range(count):
+        status, env = await stack.call("wipe_archive", {"note": f"flood {i}", "items": []}, headers=flood)
+        codes.append(env["error"]["code"])
+    return codes
+
+
+async def test_one_agent_cannot_hide_another_tenants_pending_approvals(proxy_deps, issuers, tmp_path):
+    """Approvals are indexed per tenant: the fleet's index, capped before it was filtered by tenant, let a
+    flood from one agent hide globex's approval from globex's approver."""
+    agent, admin = issuers
+    settings = {**proxy_deps, **jwt_overrides(agent, admin), **extra_tools(tmp_path, WIPE),
+                "reconcile.enabled": False, "approvals.max_list": 5}
+    async with running_stack(settings) as stack:
+        assert await flood_approvals(stack, agent, 6) == ["approval_required"] * 6
+        status, env = await stack.call("wipe_archive", {"note": "globex's own", "items": []},
+                                       headers={"Authorization": f"Bearer {agent.token('gina', tenant='globex')}"})
+        assert env["error"]["code"] == "approval_required", env
+        theirs = env["error"]["details"]["approval_id"]
+        status, listed = await stack.admin("GET", "/v1/approvals",
+                                           admin_token(issuers, "gus", roles=["approver"], tenant="globex"))
+        assert status == 200 and [a["id"] for a in listed["approvals"]] == [theirs], listed
+
+
+async def test_a_subject_has_a_quota_of_pending_approvals(proxy_deps, issuers, tmp_path):
+    agent, admin = issuers
+    settings = {**proxy_deps, **jwt_overrides(agent, admin), **extra_tools(tmp_path, WIPE),
+                "reconcile.enabled": False, "approvals.max_pending_per_subject": 8}
+    async with running_stack(settings) as stack:
+        assert await flood_approvals(stack, agent, 10) == ["approval_required"] * 8 + ["rate_limited"] * 2
+        status, env = await stack.call("wipe_archive", {"note": "alice's own", "items": []},
+                                       headers={"Authorization": f"Bearer {agent.token('alice')}"})
+        assert env["error"]["code"] == "approval_required", env  # another subject's quota is its own

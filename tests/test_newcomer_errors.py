@@ -252,3 +252,23 @@ def test_dev_and_run_name_a_taken_port_in_one_line(tmp_path):
         assert "cannot listen" in line and f"listen.port {port}" in line
     finally:
         holder.close()
+
+
+# -- forbidden: the developer gets where to look, never the policy's reasons ---------------------------------
+
+async def test_forbidden_points_the_developer_at_the_explanation_without_the_reasons(proxy_deps):
+    async with running_stack({**proxy_deps, "decisions.enabled": True, "reconcile.enabled": False}) as stack:
+        status, env = await stack.call("refund_order", {"order_id": "ord_2001", "amount": 100, "reason": "x"},
+                                       headers={"Idempotency-Key": "forbidden-1"})
+    assert env["error"]["code"] == "forbidden", env
+    details = env["error"]["details"]
+    found_by = details.get("decision_id") or env["request_id"]
+    assert details["explain"] == f"toolproxy policy explain --decision-id {found_by} --redis <the proxy's redis.url>"
+    assert details["console"].startswith("/ui#denials")
+    assert "resource_not_owned" not in str(env)  # the reason stays with operators
+    # The command it names explains this very decision, from the recorded ones.
+    command = details["explain"].replace("<the proxy's redis.url>", proxy_deps["redis.url"]).split()
+    done = subprocess.run([sys.executable, "-m", "proxy.cli", *command[1:]], capture_output=True, text=True,
+                          timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "reason resource_not_owned:order:ord_2001" in done.stdout, done.stdout

@@ -45,6 +45,14 @@ APPROVAL_REQUIRED = ("This call needs a person's approval; nothing was done. Onc
                      f"params._meta[\"{MCP_APPROVAL_META}\"] (details.approval_id).")
 
 
+def explain_pointer(found_by: str) -> dict[str, str]:
+    """Where a developer reads why a call was refused: the console's denials panel (approvers and operators,
+    by request id) and the command that explains the decision from the recorded ones (decision or request
+    id). Pointers only: the reasons stay with them."""
+    return {"explain": f"toolproxy policy explain --decision-id {found_by} --redis <the proxy's redis.url>",
+            "console": "/ui#denials (admin listener: Recent policy denials, by request id)"}
+
+
 @dataclass(frozen=True)
 class Authorization:
     """What the authorize stage established; kept on the call for the audit record."""
@@ -189,7 +197,9 @@ class Authorizer:
                                        decision_id=decision.decision_id, policy_revision=decision.policy_revision,
                                        request_id=request.request_id, call_id=request.call_id,
                                        trace_id=request.trace_id)
-        # Reasons stay in the audit trail (audit_facts); the model learns only "forbidden".
-        error = ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
+        # Reasons stay in the audit trail (audit_facts); the model learns only "forbidden". The developer gets
+        # where to look (the same ids an operator searches by), never the policy's reasons.
+        error = ProxyError("forbidden", "The caller is not permitted to make this call.",
+                           details={**details, **explain_pointer(decision.decision_id or request.request_id)},
                            phase="authorize")
         return Authorization(decision=decision, approval_id=approval_id, error=error)

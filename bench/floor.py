@@ -62,7 +62,9 @@ WIRE_FLOOR = "floor: two hops on the proxy's wire"
 FLOW_RECORD = "JSON read labelled (flow record)"
 FLOW_READ = "JSON read of an external sink (flow read)"
 PINNED_READ = "read via pinned MCP upstream"
-FLOW_ALIASES = ["--alias", "flow_labelled_order=get_order", "--alias", "flow_sink_order=get_order"]
+CREDENTIAL_READ = "JSON read with a credential"
+CONTRACT_ALIASES = ["--alias", "flow_labelled_order=get_order", "--alias", "flow_sink_order=get_order",
+                    "--alias", "credentialed_order=get_order"]
 _ORDER_CONTRACT = """
     version: "1.0.0"
     description: get_order for the flow stage's bench cases.
@@ -78,7 +80,10 @@ _ORDER_CONTRACT = """
     backend: {type: http, service: demo, path: /tools/get_order}
 """
 FLOW_TOOLS = ("tools:\n  - name: flow_labelled_order" + _ORDER_CONTRACT + "    flow: {produces: [private]}\n"
-              "  - name: flow_sink_order" + _ORDER_CONTRACT + "    flow: {sink: external}\n")
+              "  - name: flow_sink_order" + _ORDER_CONTRACT + "    flow: {sink: external}\n"
+              # get_order with a bearer key the proxy attaches per call (proxy/credentials): what a credential costs
+              "  - name: credentialed_order" + _ORDER_CONTRACT.replace(
+                  "path: /tools/get_order}", "path: /tools/get_order, auth: bench-key}"))
 MODERN_HEADERS = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2026-07-28",
                   "Mcp-Method": "tools/call"}
 
@@ -379,7 +384,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     admin_port, ops_port = free_port(), free_port()
     signing_key, backend_keys = _call_token_key(workdir)
     backend = procs.spawn("backend", [python, "-m", "examples.demo_backend", "--port", str(backend_port),
-                                      "--jwks-file", str(backend_keys), *FLOW_ALIASES])
+                                      "--jwks-file", str(backend_keys), *CONTRACT_ALIASES])
     upstream = procs.spawn("upstream", [python, "-m", "bench.mcp_upstream", "--port", str(upstream_port)])
     backend_url = f"http://127.0.0.1:{backend_port}"
     upstream_url = f"http://127.0.0.1:{upstream_port}/mcp"
@@ -410,6 +415,10 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     }
     env = {**os.environ, "PYTHONPATH": str(src),
            **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}}
+    if not args.proxy_src:  # the credential the "with a credential" case's contract names (a bearer key)
+        key_file = workdir / "bench-key"
+        key_file.write_text(uuid.uuid4().hex + "\n")
+        env["TOOLPROXY_CREDENTIALS"] = json.dumps({"bench-key": {"kind": "bearer", "secret_file": str(key_file)}})
     proxy = procs.spawn("proxy", [python, "-m", "proxy.cli", "run"], env=env, cwd=src)
     traced = _traced_proxies(args, procs, env, src, settings) if args.tracing else []
     wait_http(f"{backend_url}/healthz", backend)
@@ -459,6 +468,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
              '"outcome":"succeeded"', pid_of(proxy)),
         Case(FLOW_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"flow_sink_order"'),
              '"outcome":"succeeded"', pid_of(proxy)),
+        Case(CREDENTIAL_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"credentialed_order"'),
+             '"outcome":"succeeded"', pid_of(proxy)),
         Case("JSON write (unique keys)", proxy_url + "/v1/tool-calls", write_body, '"outcome":"succeeded"',
              pid_of(proxy), unique=True),
         Case("write replay", proxy_url + "/v1/tool-calls", replay_body, '"replayed":true', pid_of(proxy),
@@ -479,7 +490,7 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
              '"outcome":"succeeded"', pid_of(proxy)),
     ]
     if args.proxy_src:  # an older checkout knows no flow contracts (its registry has none loaded for it)
-        cases = [c for c in cases if c.name not in (FLOW_RECORD, FLOW_READ)]
+        cases = [c for c in cases if c.name not in (FLOW_RECORD, FLOW_READ, CREDENTIAL_READ)]
     for label, url, _, process in traced:
         cases.append(Case(f"JSON read ({label})", url + "/v1/tool-calls", read_body, '"outcome":"succeeded"',
                           pid_of(process)))
@@ -617,6 +628,10 @@ def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[
             a, b = m(case, attr, where), m(read, attr, where)
             if None not in (a, b):
                 line(f"read with {what} {label} / JSON read {label}", a / b, "")
+    for label, attr, where in (("CPU", "cpu_ms", conc), ("p50", "p50_ms", seq)):  # an attached credential's cost
+        a, b = m(CREDENTIAL_READ, attr, where), m(read, attr, where)
+        if None not in (a, b):
+            line(f"read with a credential {label} / JSON read {label}", a / b, "<= 1.05")
     a, b = m("JSON write (unique keys)", "cpu_ms", conc), fc
     if None not in (a, b):
         line("write CPU / floor CPU", a / b, "<= 2.5")

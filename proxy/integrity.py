@@ -14,7 +14,10 @@ Protected records and their bindings (docs/scale.md, "Records a Redis writer can
 * a spent-approval mark (``approval-used``): the same binding plus when and for which operation key it
   was spent;
 * a settled operation outcome (``outcome``): operation key, fingerprint (subject, version, ``args_hash``),
-  state and the SHA-256 of the stored outcome.
+  state and the SHA-256 of the stored outcome;
+* an operation's meta (``meta``): operation key, fingerprint, tenant and the SHA-256 of the stored meta
+  (tool, version, target, compensation inputs), written when the record is created and checked with the
+  outcome's.
 
 A record without a MAC (written by a version before this one) or with a MAC that does not verify is never
 honoured: the caller raises ``integrity_error``. Must never: put the key in a log, an error, a record or
@@ -106,6 +109,12 @@ class RecordMac:
         record stores it packed or not: ``record_text``)."""
         digest = hashlib.sha256(outcome.encode()).hexdigest()
         return self._mac("outcome", [key, fingerprint, state, digest], version)
+
+    def meta(self, *, key: str, fingerprint: str, tenant: str, meta: str) -> str:
+        """The MAC of an operation record's meta (its JSON text, packed or not) and tenant, written once with
+        them when the record is created: what names the operation's tool and contract, its target and its
+        compensation's inputs."""
+        return self._mac("meta", [key, fingerprint, tenant, hashlib.sha256(meta.encode()).hexdigest()], COMPACT)
 
     def outcome_matches(self, stored: str | None, *, key: str, fingerprint: str, state: str, outcome: str) -> bool:
         """Whether ``stored`` is this outcome's MAC, in the form it was written (``m2``; ``m1`` by a version

@@ -206,7 +206,7 @@ FIELDS = {"state": "s", "attempt": "a", "token": "t", "owner": "o", "lease_until
           "created_at": "c", "fp": "f", "is_write": "w", "meta": "m", "retention": "r", "outcome": "x",
           "omac": "y", "evidence": "e", "final_reason": "fr", "unknown_since": "us", "rec_until": "ru",
           "rec_next": "rn", "rec_attempts": "ra", "rec_owner": "ro", "rec_owner_until": "rt",
-          "takeover_at": "ta", "cancel": "k", "compensation": "p", "held": "h", "tenant": "n"}
+          "takeover_at": "ta", "cancel": "k", "compensation": "p", "held": "h", "tenant": "n", "mmac": "mm"}
 LONG_NAMES = {short: long for long, short in FIELDS.items()}
 _SHORT_LUA = "{" + ", ".join(f"{long} = '{short}'" for long, short in FIELDS.items()) + "}"
 
@@ -219,7 +219,8 @@ def _script(body: str) -> str:
 
 
 # ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms,
-#       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state)), tenant
+#       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state)), tenant,
+#       the MAC of (key, fingerprint, tenant, meta) (proxy/integrity.py; written with the meta, never changed)
 _BEGIN = _script(r"""
 local fp, nonce = ARGV[2], ARGV[3]
 local observe = ARGV[11] == "1"
@@ -236,7 +237,7 @@ end
 local state = field('state')
 if not state then
   if observe then return {'not_admitted', 'ABSENT'} end
-  hset('fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'tenant', ARGV[12], 'created_at', now,
+  hset('fp', fp, 'is_write', ARGV[6], 'meta', ARGV[8], 'tenant', ARGV[12], 'mmac', ARGV[13], 'created_at', now,
              'retention', retention_s)
   return start(1, 1)
 end
@@ -500,6 +501,8 @@ class Record:
     fingerprint: str = ""          # (subject, contract version, args_hash) digest the key was reserved with
     outcome_text: str = ""         # the stored outcome as written (what its MAC covers)
     outcome_mac: str | None = None  # proxy/integrity.py; OperationStore.record_verified checks it
+    meta_text: str = ""            # the stored meta as written (what its MAC covers, with the tenant)
+    meta_mac: str | None = None    # proxy/integrity.py; OperationStore.record_verified checks it too
 
     @property
     def tenant(self) -> str:
@@ -613,10 +616,11 @@ class OperationStore:
 
         ``then``: a script call to make in the same round trip only if this one reserved the key (new or
         retry), its reply in ``then_reply``; on a Cluster client it is not made (``then_reply`` None)."""
+        text, tenant = _dumps(_stored_meta(meta)), str(meta.get("tenant", ""))
+        meta_mac = self._mac.meta(key=key, fingerprint=fingerprint, tenant=tenant, meta=text)
         return await self._run(self._begin, key, fingerprint, nonce, lease_ms, retention_s, int(is_write),
-                               max_attempts, record_text.pack(_dumps(_stored_meta(meta))), first_check_ms,
-                               window_ms, int(observe), str(meta.get("tenant", "")),
-                               replicate=is_write and not observe, then=then)
+                               max_attempts, record_text.pack(text), first_check_ms, window_ms, int(observe), tenant,
+                               meta_mac, replicate=is_write and not observe, then=then)
 
     async def commit(self, key: str, *, token: int, target: str, outcome: Mapping[str, Any] | None,
                      evidence: Mapping[str, Any], first_check_ms: int, window_ms: int,
@@ -653,9 +657,13 @@ class OperationStore:
         return self._mac.outcome_matches(mac, key=key, fingerprint=fingerprint, state=state, outcome=outcome)
 
     def record_verified(self, record: "Record") -> bool:
-        """``outcome_verified`` for a record read with ``get`` (its own fingerprint)."""
+        """``outcome_verified`` for a record read with ``get`` (its own fingerprint), and its meta and tenant
+        (which name its tool and contract, its target, its compensation's inputs) those its first execution
+        wrote: a record written before metas carried a MAC is not verified."""
         return self.outcome_verified(record.key, fingerprint=record.fingerprint, state=record.state,
-                                     outcome=record.outcome_text, mac=record.outcome_mac)
+                                     outcome=record.outcome_text, mac=record.outcome_mac) and \
+            self._mac.same(self._mac.meta(key=record.key, fingerprint=record.fingerprint, tenant=record.tenant,
+                                          meta=record.meta_text), record.meta_mac)
 
     def _check_acks(self, transition: str) -> Callable[[int], None]:
         def checked(acked: int) -> None:
@@ -974,4 +982,5 @@ def _record(key: str, f: Mapping[str, str]) -> Record:
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),
         reconcile_attempts=num("rec_attempts") or 0, takeover_at=num("takeover_at"),
         owner=f.get("owner") or None, cancel=obj("cancel"), compensation=obj("compensation"),
-        fingerprint=f.get("fp", ""), outcome_text=f.get("outcome", ""), outcome_mac=f.get("omac") or None)
+        fingerprint=f.get("fp", ""), outcome_text=f.get("outcome", ""), outcome_mac=f.get("omac") or None,
+        meta_text=f.get("meta", ""), meta_mac=f.get("mmac") or None)

@@ -421,3 +421,28 @@ async def test_a_planted_48_mb_outcome_is_refused_unread(patient_stack, locked_r
     assert failures(stack, "outcome") == 2
     print(f"peak RSS grew {grown_mb:.1f} MB answering two reads of a 48 MB record")
     assert grown_mb < 16, grown_mb  # the record itself was 48 MB: none of it was read
+
+
+async def test_a_compensations_inputs_rewritten_in_redis_are_never_sent(stack):
+    """A compensation is built from the original's meta (the arguments it needs) and its result: the meta is
+    under a MAC written with it, so a writer cannot make a compensation release another quantity or sku."""
+    status, env = await stack.call("reserve_inventory", RESERVE, headers={"Idempotency-Key": "walk-8"})
+    assert status == 200, env
+    record = record_keys("toolproxy", env["idempotency_key"])[0]
+    meta = json.loads((await read_fields(stack.redis, record))["meta"])
+    assert meta["compensation_inputs"], meta
+    meta["compensation_inputs"] = {**meta["compensation_inputs"], "quantity": 300, "sku": "sku_gadget"}
+    await alter_fields(stack.redis, record, meta=json.dumps(meta))
+    status, answer = await stack.post(f"/v1/operations/{env['idempotency_key']}:compensate", {})
+    assert status == 409 and answer["error"]["code"] == "record_integrity_failed", answer
+    assert not [r for r in stack.backend.requests if r["tool"] == "release_reservation"]
+
+
+async def test_an_operations_meta_rewritten_in_redis_is_not_shown(stack):
+    """The meta names the operation's contract (whose output filter shapes what the agent sees) and its
+    target: a view of a settled operation whose meta or tenant was rewritten is refused."""
+    record, env = await succeeded_write(stack)
+    meta = json.loads((await read_fields(stack.redis, record))["meta"])
+    await alter_fields(stack.redis, record, meta=json.dumps({**meta, "tool_version": "0.9.0"}))
+    status, view = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert status == 409 and view["error"]["code"] == "record_integrity_failed", view

@@ -159,6 +159,9 @@ class Envelope:
             "data": self.data,
             "error": self.error.to_error() if self.error is not None else None,
             "side_effect": self.side_effect.to_json(),
+            # The operation key the proxy derived (ik_...), named apart from the caller's Idempotency-Key
+            # header; "idempotency_key" carries the same value for programs that read it (deprecated).
+            "operation_key": self.idempotency_key,
             "idempotency_key": self.idempotency_key,
             "timing": dict(self.timing),
         }

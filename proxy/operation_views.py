@@ -95,7 +95,8 @@ def operation_view(record: Record, contract: ToolContract | None = None) -> dict
     outcome = record.outcome or {}
     cancelling = record.state == "IN_PROGRESS" and record.cancel is not None
     view: dict[str, Any] = {
-        "idempotency_key": record.key,
+        "operation_key": record.key,
+        "idempotency_key": record.key,  # the same value: read operation_key
         "state": "CANCELLING" if cancelling else record.state,
         "tool": record.tool,
         "tool_version": record.tool_version,
@@ -133,7 +134,8 @@ def takeover_record(record: Record) -> dict[str, Any]:
     meta = record.meta
     outcome = record.outcome or {}
     return {
-        "idempotency_key": record.key,
+        "operation_key": record.key,
+        "idempotency_key": record.key,  # the same value: read operation_key
         "tool": record.tool,
         "tool_version": record.tool_version,
         "tenant": record.tenant,

@@ -272,3 +272,19 @@ async def test_forbidden_points_the_developer_at_the_explanation_without_the_rea
                           timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "reason resource_not_owned:order:ord_2001" in done.stdout, done.stdout
+
+
+# -- one key form everywhere, and the two keys named apart --------------------------------------------------
+
+async def test_an_operation_is_read_by_the_callers_own_key_as_cancel_takes_it(proxy_deps):
+    async with running_stack({**proxy_deps, "reconcile.enabled": False}) as stack:
+        _, env = await stack.call("refund_order", {"order_id": "ord_1001", "amount": 100, "reason": "dup"},
+                                  headers={"Idempotency-Key": "my-refund-1"})
+        assert env["outcome"] == "succeeded", env
+        assert env["operation_key"].startswith("ik_") and env["idempotency_key"] == env["operation_key"]
+        async with stack.session.get(stack.proxy_url + "/v1/operations/my-refund-1?tool=refund_order") as response:
+            by_own_key = await response.json()
+        async with stack.session.get(stack.proxy_url + f"/v1/operations/{env['operation_key']}") as response:
+            by_operation_key = await response.json()
+    assert by_own_key["operation_key"] == env["operation_key"] == by_operation_key["operation_key"]
+    assert by_own_key["state"] == "SUCCEEDED"

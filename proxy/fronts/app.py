@@ -75,12 +75,14 @@ def _operation_authorizer(runtime: Runtime, request: web.Request, caller: Caller
 
 
 async def get_operation(request: web.Request) -> web.Response:
-    """One operation of this caller (or, when OPA says so, of another subject of its tenant). A stored result
+    """One operation of this caller (or, when OPA says so, of another subject of its tenant), by its operation
+    key or, with ``?tool=<name>``, by the caller's own Idempotency-Key as :cancel and :compensate take it. A stored result
     (or partial items) it shows brings the contract's flow labels into the reader's context, as the call did."""
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
+    key = operation_key_of(request.match_info["key"], request.query.get("tool"), caller)
     view = await find_operation(
-        runtime.operations, request.match_info["key"], tenant=caller.tenant, registry=runtime.registry,
+        runtime.operations, key, tenant=caller.tenant, registry=runtime.registry,
         authorize=_operation_authorizer(runtime, request, caller, "read_operation"), integrity=runtime.integrity)
     contract = runtime.registry.get(view.get("tool") or "", view.get("tool_version") or "")
     if contract is not None and (view.get("result") is not None or view.get("partial")):

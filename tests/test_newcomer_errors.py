@@ -288,3 +288,26 @@ async def test_an_operation_is_read_by_the_callers_own_key_as_cancel_takes_it(pr
             by_operation_key = await response.json()
     assert by_own_key["operation_key"] == env["operation_key"] == by_operation_key["operation_key"]
     assert by_own_key["state"] == "SUCCEEDED"
+
+
+# -- an OpenAI-shaped tool listing a runner passes to the model as it is ---------------------------------------
+
+async def test_the_openai_tool_listing_is_the_callers_tools_in_openais_shape(proxy_deps):
+    async with running_stack({**proxy_deps, "reconcile.enabled": False}) as stack:
+        async with stack.session.get(stack.proxy_url + "/v1/openai/tools") as response:
+            assert response.status == 200
+            listed = (await response.json())["tools"]
+        async with stack.session.get(stack.proxy_url + "/v1/tools") as response:
+            plain = (await response.json())["tools"]
+        names = [t["function"]["name"] for t in listed]
+        assert len(names) == len(set(names)) and set(names) == {t["name"] for t in plain}
+        assert all(set(t) == {"type", "function"} and t["type"] == "function" for t in listed)
+        [get_order] = [t["function"] for t in listed if t["function"]["name"] == "get_order"]
+        [contract] = [t for t in plain if t["name"] == "get_order"]
+        assert get_order == {"name": "get_order", "description": contract["description"],
+                             "parameters": contract["inputSchema"]}
+        # What the model calls from that listing runs.
+        status, turn = await stack.post("/v1/openai/tool-calls", {"role": "assistant", "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_order", "arguments": '{"order_id": "ord_1001"}'}}]})
+        assert status == 200 and turn["batch"]["status"] == "succeeded", turn

@@ -128,14 +128,28 @@ async def cancel_batch(request: web.Request) -> web.Response:
                                                         subject=caller.subject))
 
 
-async def list_tools(request: web.Request) -> web.Response:
+async def _callers_tools(request: web.Request) -> list[Any]:
     """Discovery follows authorization: only the tools this caller may call (OPA, action "list")."""
     runtime = request.app[RUNTIME]
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     meta = ingress.request_meta(request, runtime.config)
-    tools = await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id, trace_id=meta.trace.trace_id,
-                                budget_s=meta.deadline.remaining(), quarantine=runtime.pipeline.quarantine)
-    return json_response({"tools": [tool.listing() for tool in tools]})
+    return await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id,
+                               trace_id=meta.trace.trace_id, budget_s=meta.deadline.remaining(),
+                               quarantine=runtime.pipeline.quarantine)
+
+
+async def list_tools(request: web.Request) -> web.Response:
+    return json_response({"tools": [tool.listing() for tool in await _callers_tools(request)]})
+
+
+async def list_openai_tools(request: web.Request) -> web.Response:
+    """The same tools in OpenAI's function-calling shape (``tools: [{type: function, function: {...}}]``), one
+    per name (the version a call without one gets), so a runner passes them to the model as they are."""
+    functions: dict[str, dict[str, Any]] = {}
+    for tool in await _callers_tools(request):
+        functions.setdefault(tool.name, {"type": "function", "function": {
+            "name": tool.name, "description": tool.description, "parameters": tool.listing()["inputSchema"]}})
+    return json_response({"tools": list(functions.values())})
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -169,6 +183,7 @@ def agent_app(runtime: Runtime) -> web.Application:
     app.router.add_post("/v1/tool-calls", post_tool_call)
     app.router.add_post("/v1/tool-calls:batch", post_tool_call_batch)
     app.router.add_get("/v1/tools", list_tools)
+    app.router.add_get("/v1/openai/tools", list_openai_tools)
     # The fronts get the few collaborators they use, not the runtime.
     if runtime.config.mcp.front:  # the MCP SDK's server side is imported only by a process that serves /mcp
         from .mcp.front import McpFront

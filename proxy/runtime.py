@@ -258,7 +258,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         reconciler = Reconciler(store=operations, registry=registry, session=session,
                                 services=config.backends.services, config=config.reconcile, metrics=metrics,
                                 audit=audit, max_json_depth=config.decode.max_depth, locks=locks,
-                                tokens=call_tokens)
+                                tokens=call_tokens, credentials=credentials)
         cancellations = Cancellations(config=config.cancellation, store=operations, adapters=adapters, audit=audit,
                                       metrics=metrics, redis=redis, registry=registry, integrity=integrity,
                                       channel=key(config.redis.key_prefix, "cancel", "all"))

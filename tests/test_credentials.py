@@ -207,3 +207,59 @@ async def test_one_fetch_serves_every_call_waiting_for_it(proxy_deps, tmp_path, 
     finally:
         endpoint.release.set()
         await endpoint.runner.cleanup()
+
+
+WRITE = """
+  - name: keyed_write
+    version: "1.0.0"
+    description: A write whose backend wants a bearer key, on its call and on its status endpoint.
+    mode: write
+    risk: write
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [text]
+      properties: {text: {type: string}}
+    outputSchema: {type: object}
+    timeout_ms: 600
+    backend: {type: http, service: saas, path: /write, auth: saas-key}
+    status_endpoint: {service: saas, path: /status}
+"""
+
+
+async def test_the_status_query_of_an_unknown_write_carries_the_credential_too(proxy_deps, tmp_path):
+    """A write whose answer never came is reconciled through its status endpoint, which wants the same key."""
+    status_headers: list[str | None] = []
+    release = asyncio.Event()
+
+    async def write_(request: web.Request) -> web.Response:
+        await asyncio.wait_for(release.wait(), 30)  # answers after the call's deadline: the outcome is unknown
+        return web.json_response({"ok": True})
+
+    async def status(request: web.Request) -> web.Response:
+        status_headers.append(request.headers.get("Authorization"))
+        if request.headers.get("Authorization") != f"Bearer {KEY}":
+            return web.json_response({"error": {"code": "unauthenticated"}}, status=401)
+        return web.json_response({"state": "committed", "result": {"ok": True}})
+
+    app = web.Application()
+    app.router.add_post("/write", write_)
+    app.router.add_get("/status/{key}", status)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    overrides = {**proxy_deps, **registry(tmp_path, WRITE), "reconcile.enabled": False,
+                 "reconcile.backoff_initial_ms": 0,
+                 "backends.services": {"saas": f"http://127.0.0.1:{runner.addresses[0][1]}"},
+                 "credentials": {"saas-key": {"kind": "bearer", "secret_file": write(tmp_path / "key", KEY)}}}
+    try:
+        async with running_stack(overrides) as stack:
+            status_, body = await stack.call("keyed_write", {"text": "x"})
+            assert body["error"]["code"] == "timeout_unknown", body
+            await stack.runtime.reconciler.scan_once()
+            record = await stack.runtime.operations.get(body["idempotency_key"])
+            assert record is not None and record.state == "SUCCEEDED", record
+            assert status_headers == [f"Bearer {KEY}"]
+    finally:
+        release.set()
+        await runner.cleanup()

@@ -51,6 +51,7 @@ from ..audit import Auditor
 from ..normalize import digest
 from ..config import ReconcileConfig
 from ..decode import schema_violations, strict_loads
+from ..credentials import Credentials, OnBehalfOf
 from ..errors import ProxyError, SideEffect
 from ..idempotency import outcome_of
 from ..locks import LockManager
@@ -90,8 +91,10 @@ class Verdict:
 class Reconciler:
     def __init__(self, *, store: OperationStore, registry: Registry, session: aiohttp.ClientSession,
                  services: Mapping[str, str], config: ReconcileConfig, metrics: Metrics, audit: Auditor,
-                 max_json_depth: int, tokens: CallTokens, locks: LockManager | None = None) -> None:
+                 max_json_depth: int, tokens: CallTokens, locks: LockManager | None = None,
+                 credentials: Credentials | None = None) -> None:
         self._store = store
+        self._credentials = credentials or Credentials()  # what the tool's backend wants (backend.auth)
         self._tokens = tokens
         self._locks = locks  # thaws what an operation froze once it settles
         self._max_json_depth = max_json_depth
@@ -271,13 +274,23 @@ class Reconciler:
                    "X-Toolproxy-Tool-Version": record.tool_version, "X-Request-Id": uuid.uuid4().hex,
                    "Txn-Token": token, **spans.outgoing()}
         evidence: dict[str, Any] = {"source": "status_endpoint", "at_ms": _now_ms()}
+        auth = tool.backend.auth
         try:
             async with asyncio.timeout(timeout_s):
-                async with self._session.get(url, headers=headers, allow_redirects=False) as response:
+                if auth is not None:  # the backend's credential, as on the call (a token exchange needs the caller's
+                    # token, which a background query has not: it keeps watching until a person takes over)
+                    headers.update(await self._credentials.attach(
+                        auth, audience=tool.backend_name, caller=OnBehalfOf(str(record.meta.get("subject", "")),
+                                                                            record.tenant), wait_s=timeout_s))
+                async with self._session.get(url, headers=headers, allow_redirects=False,
+                                             ssl=self._credentials.tls(auth) or True) as response:
                     evidence["http_status"] = response.status
                     body = await response.content.read(MAX_STATUS_BYTES + 1)
         except (TimeoutError, aiohttp.ClientError, OSError):
             return Verdict("WATCH", "error", {**evidence, "observed": "unreachable"})
+        except ProxyError as exc:  # credential_unavailable: nothing was asked
+            return Verdict("WATCH", "error", {**evidence, "observed": "credential_unavailable",
+                                              "reason": exc.details.get("reason")})
         if response.status != 200 or len(body) > MAX_STATUS_BYTES:
             return Verdict("WATCH", "error", {**evidence, "observed": "invalid_answer"})
         try:

@@ -701,3 +701,32 @@ def test_the_call_token_key_is_mounted_into_the_proxy_alone_and_its_public_keys_
         render(set_json={"proxy.callTokens.jwks": {"keys": [{**public, "d": "private"}]}})
     with pytest.raises(HelmError, match="proxy.callTokens.jwks: no public keys"):
         render(set_json={"proxy.callTokens.jwks": {"keys": []}})
+
+
+def test_backend_credentials_are_mounted_into_the_proxy_only_and_named_in_its_config(tmp_path):
+    """Each credential's Secret in the toolproxy container only; its _file settings name keys of that Secret."""
+    credentials = {"stripe-key": {"secretName": "stripe-api-key", "settings": {"kind": "bearer", "secret_file": "key"}},
+                   "crm-as-user": {"secretName": "toolproxy-oidc", "settings": {
+                       "kind": "client_credentials", "token_url": "https://sso.example.com/token",
+                       "client_id": "toolproxy", "client_secret_file": "client-secret", "scope": "crm.read"}}}
+    manifests = render(set_json={"proxy.credentials": credentials})
+    pod = agent_pod(manifests)["spec"]
+    proxy, opa, agent = containers(pod)["toolproxy"], containers(pod)["toolproxy-opa"], containers(pod)["agent"]
+    config = yaml.safe_load(configmap_of(manifests, pod, "toolproxy-config")["data"]["config.yaml"])
+    secrets = {"stripe-api-key": {"key": "sk-live"}, "toolproxy-oidc": {"client-secret": "cs"}, **DEMO_SECRETS}
+    local = LocalPod(manifests, pod, tmp_path, secrets=secrets)
+    for name, credential in credentials.items():
+        volume = f"toolproxy-cred-{name}"
+        assert volume in mounts(proxy).values() and volume not in mounts(opa).values()
+        assert volume not in mounts(agent).values()
+        assert next(v for v in pod["volumes"] if v["name"] == volume)["secret"]["secretName"] == credential["secretName"]
+        rendered = config["credentials"][name]
+        file_setting = next(k for k in rendered if k.endswith("_file"))
+        path = Path(rendered[file_setting])
+        assert mounts(proxy)[str(path.parent)] == volume
+        assert path.name in local.volume_files(volume)  # the key the setting names is in the mounted Secret
+    assert config["credentials"]["crm-as-user"]["scope"] == "crm.read"
+    config_file = local.volume_dir("toolproxy-config") / "config.yaml"
+    assert load_config(config_file, env=local.env("toolproxy")).credentials["stripe-key"].kind == "bearer"
+    with pytest.raises(HelmError, match="credentials"):
+        render(set_json={"proxy.credentials": {"Stripe_Key": credentials["stripe-key"]}})

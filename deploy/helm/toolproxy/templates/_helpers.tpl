@@ -205,6 +205,23 @@ merged over it (ports, bind addresses, mount paths, OPA URL, Redis, backends).
 {{- if $p.backends }}
 {{- $_ := set $owned "backends" (dict "services" $p.backends) }}
 {{- end }}
+{{- /* Backend credentials: each _file setting names a key of the credential's own Secret, mounted at
+      credentialsMountPath/<name> in the toolproxy container only. */}}
+{{- if $p.credentials }}
+{{- $credentials := dict }}
+{{- range $name, $credential := $p.credentials }}
+{{- $settings := dict }}
+{{- range $key, $value := $credential.settings }}
+{{- if hasSuffix "_file" $key }}
+{{- $_ := set $settings $key (printf "%s/%s/%s" $p.credentialsMountPath $name $value) }}
+{{- else }}
+{{- $_ := set $settings $key $value }}
+{{- end }}
+{{- end }}
+{{- $_ := set $credentials $name $settings }}
+{{- end }}
+{{- $_ := set $owned "credentials" $credentials }}
+{{- end }}
 {{- with $p.callTokens }}
 {{- if .secretName }}
 {{- $tokens := dict "signing_key_file" (printf "%s/%s" .mountPath .key) "key_id" .keyId }}

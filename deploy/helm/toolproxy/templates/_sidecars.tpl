@@ -283,6 +283,10 @@ chart that still includes it under containers: renders the same pod instead of f
     {{- if $p.hopSecret.secretName }}
     - {name: toolproxy-hop-secret, mountPath: {{ $p.hopSecret.mountPath }}, readOnly: true}
     {{- end }}
+    {{- range $name, $_ := $p.credentials }}
+    # A backend credential (docs/backends.md#credentials): this container only.
+    - {name: toolproxy-cred-{{ $name }}, mountPath: {{ printf "%s/%s" $p.credentialsMountPath $name }}, readOnly: true}
+    {{- end }}
     {{- if $p.callTokens.secretName }}
     # The call-token signing key: this container only (no other container of the pod mounts it).
     - {name: toolproxy-call-tokens, mountPath: {{ $p.callTokens.mountPath }}, readOnly: true}
@@ -337,6 +341,12 @@ chart that still includes it under containers: renders the same pod instead of f
       - {key: {{ .verificationKeysKey | quote }}, path: {{ .verificationKeysKey | quote }}}
       {{- end }}
 {{- end }}
+{{- end }}
+{{- range $name, $credential := $p.credentials }}
+- name: toolproxy-cred-{{ $name }}
+  secret:
+    secretName: {{ $credential.secretName }}
+    defaultMode: 0444
 {{- end }}
 {{- range $volume, $ref := dict "toolproxy-jwks" $p.jwks "toolproxy-admin-jwks" $p.adminJwks "toolproxy-hop-secret" $p.hopSecret }}
 {{- if $ref.secretName }}

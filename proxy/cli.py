@@ -99,7 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "set opa.push_catalog=false).")
     opa_data.add_argument("--registry", nargs="+", required=True, help="registry YAML files or directories")
 
-    sub.add_parser("config-reference", help="print every setting with its env variable, default and help")
+    reference = sub.add_parser("config-reference", help="print every setting with its env variable, default and help")
+    reference.add_argument("--json-schema", action="store_true",
+                           help="print the config file's JSON Schema instead (the Helm chart's proxy.config schema)")
 
     key_cmd = sub.add_parser(
         "call-token-key", help="make a call-token signing key and print its public JWKS",
@@ -171,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return registry_diff(args.old, args.new)
     if args.command == "opa-data":
         return print_opa_data(args.registry)
+    if args.command == "config-reference" and args.json_schema:
+        from .config import json_schema
+        print(json.dumps(json_schema(), indent=2))
+        return 0
     if args.command == "config-reference":
         for key, env, default, help_ in describe():
             print(f"{key}\t{env}\t{default!r}\t{help_}")

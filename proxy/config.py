@@ -1042,6 +1042,47 @@ def _describe(cls: type, instance: Any, prefix: str) -> Iterator[tuple[str, str,
             yield key, ENV_PREFIX + key.replace(".", "_").upper(), value, f.metadata.get("help", "")
 
 
+def json_schema() -> dict[str, Any]:
+    """The config file's shape as a JSON Schema (draft-07 keywords only, for the Helm chart's
+    ``proxy.config``): every section and key, each key's type, its choices and bounds, nothing else allowed.
+    Generated from the typed config, so the chart refuses at render what ``toolproxy run`` would refuse."""
+    return _object_schema(Config)
+
+
+def _object_schema(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    properties: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            properties[f.name] = _object_schema(hint)
+            continue
+        schema = _value_schema(hint)
+        choices, bounds, help_ = f.metadata.get("choices"), f.metadata.get("bounds"), f.metadata.get("help")
+        target = schema.get("items", schema) if schema.get("type") == "array" else schema
+        if choices:
+            target["enum"] = list(choices)
+        if bounds is not None:
+            schema["minimum"], schema["maximum"] = bounds
+        if help_:
+            schema["description"] = help_
+        properties[f.name] = schema
+    return {"type": "object", "additionalProperties": False, "properties": properties}
+
+
+def _value_schema(hint: Any) -> dict[str, Any]:
+    scalar = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    if hint in scalar:
+        return {"type": scalar[hint]}
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is list:
+        return {"type": "array", "items": _value_schema(args[0])}
+    if origin is dict:
+        value = _object_schema(args[1]) if dataclasses.is_dataclass(args[1]) else _value_schema(args[1])
+        return {"type": "object", "additionalProperties": value}
+    return {}  # a type the loader checks itself
+
+
 def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):

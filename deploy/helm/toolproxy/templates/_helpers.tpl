@@ -101,7 +101,14 @@ for people reading the manifest). Takes (dict "image" <values image> "tag" <defa
 {{- $doc = mustMergeOverwrite $doc ($.Files.Get $path | fromJson) }}
 {{- end }}
 {{- end }}
-{{- toJson (mustMergeOverwrite $doc (deepCopy .Values.opa.data.document)) }}
+{{- $extra := .Values.opa.data.document }}
+{{- if kindIs "string" $extra }}{{/* --set-file opa.data.document=data.json: the file's text (JSON or YAML) */}}
+{{- $extra = fromYaml $extra }}
+{{- if hasKey $extra "Error" }}
+{{- fail (printf "opa.data.document: not a JSON or YAML object: %s" (get $extra "Error")) }}
+{{- end }}
+{{- end }}
+{{- toJson (mustMergeOverwrite $doc (deepCopy $extra)) }}
 {{- end }}
 
 {{/*
@@ -131,8 +138,40 @@ on the registry) or "" (bundle mode: the bundle ships it).
 {{- if include "toolproxy.catalogSource" . }}true{{ end }}
 {{- end }}
 
+{{/*
+The registry's user files checked at render for what would stop the proxy at start: YAML that does not
+parse, a tool without its required keys, a mode, risk or backend type the registry does not have.
+`toolproxy check-registry` checks everything else; run it on the files before shipping them.
+*/}}
+{{- define "toolproxy.checkRegistryFiles" -}}
+{{- range $name, $text := .Values.registry.files }}
+{{- $doc := fromYaml $text }}
+{{- if hasKey $doc "Error" }}
+{{- fail (printf "registry.files[%s]: not YAML: %s" $name (get $doc "Error")) }}
+{{- end }}
+{{- range $i, $tool := (get $doc "tools" | default list) }}
+{{- $where := printf "registry.files[%s]: tools[%d] (%v)" $name $i (get $tool "name" | default "no name") }}
+{{- range $key := list "name" "version" "description" "mode" "risk" "inputSchema" "backend" }}
+{{- if not (hasKey $tool $key) }}
+{{- fail (printf "%s: %s is required (toolproxy check-registry %s says what else)" $where $key $name) }}
+{{- end }}
+{{- end }}
+{{- if not (has (get $tool "mode") (list "read" "write")) }}
+{{- fail (printf "%s: mode %v is not read or write" $where (get $tool "mode")) }}
+{{- end }}
+{{- if not (has (get $tool "risk") (list "read" "write" "external" "financial" "destructive")) }}
+{{- fail (printf "%s: risk %v is not one of read, write, external, financial, destructive" $where (get $tool "risk")) }}
+{{- end }}
+{{- if not (has (get (get $tool "backend") "type") (list "http" "mcp")) }}
+{{- fail (printf "%s: backend.type %v is not http or mcp" $where (get (get $tool "backend") "type")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{/* Registry files rendered into the chart's registry ConfigMap: name -> text. */}}
 {{- define "toolproxy.registryFiles" -}}
+{{- include "toolproxy.checkRegistryFiles" . }}
 {{- $files := dict }}
 {{- if .Values.registry.includeExamples }}
 {{- range $path, $_ := .Files.Glob "files/registry/*.yaml" }}

@@ -8,7 +8,8 @@
   client for all of its calls.
 - The canary search: a static key, the client secrets, a wrong secret Keycloak refuses, and the tokens the proxy
   obtained appear nowhere an agent, an operator or a log reader can see: envelopes, stdout (audit records),
-  log records, the audit and decision streams, /metrics, the admin API's answers.
+  log records, the audit and decision streams, /metrics, the admin API's answers, and every span exported to a
+  real Jaeger (read back through its query API).
 
 Keycloak starts once per session (bounded by TOOLPROXY_KEYCLOAK_START_S, default 300 s on this 2-core machine).
 """
@@ -28,6 +29,8 @@ from tests.support.credential_backends import KeyBackend, VerifyingBackend, echo
 from tests.support.servers import session_server
 from tests.support.stack import running_stack
 from tests.support.tokens import Issuer
+from tests.support.traces import JaegerServer, jaeger_binary
+from tests.support.waits import wait_until
 
 STATIC_KEY = "sk-canary-kc-8c7b6a5f4e3d2c1b"
 WRONG_SECRET = "kc-canary-wrong-secret-0f9e8d7c"
@@ -119,7 +122,18 @@ async def test_client_credentials_with_each_client_authentication(proxy_deps, tm
         await backend.stop()
 
 
-async def test_the_canary_search_finds_no_secret_anywhere(proxy_deps, tmp_path, keycloak, issuers, caplog, capsys):
+@pytest.fixture(scope="module")
+def jaeger():
+    server = JaegerServer(jaeger_binary())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+async def test_the_canary_search_finds_no_secret_anywhere(proxy_deps, tmp_path, keycloak, issuers, caplog, capsys,
+                                                         jaeger):
     """Every output the agent, an operator or a log reader sees, searched for every secret the proxy held or got."""
     crm = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, "crm").start()
     keyed = await KeyBackend("Authorization", f"Bearer {STATIC_KEY}").start()
@@ -137,7 +151,8 @@ async def test_the_canary_search_finds_no_secret_anywhere(proxy_deps, tmp_path, 
                      "registry.paths": [secret_file(tmp_path / "tools.yaml", "tools:\n" + tools)],
                      "backends.services": {"crm": crm.url, "keyed": keyed.url}, "credentials": credentials,
                      "audit.sinks": ["stdout", "redis"], "decisions.sinks": ["redis", "stdout"],
-                     "log.level": "debug"}
+                     "log.level": "debug", "tracing.endpoint": jaeger.otlp_url, "tracing.sampler": "always_on",
+                     "tracing.stages": "spans", "tracing.schedule_delay_ms": 50}
         caplog.set_level(logging.DEBUG)
         user_token = keycloak.user_token("alice")
         seen: list[str] = []
@@ -163,6 +178,15 @@ async def test_the_canary_search_finds_no_secret_anywhere(proxy_deps, tmp_path, 
                     seen.append(json.dumps({str(k): str(v) for k, v in fields.items()}))
         captured = capsys.readouterr()
         seen += [captured.out, captured.err, caplog.text]
+        trace_ids = {json.loads(line)["trace_id"] for line in captured.out.splitlines()
+                     if line.startswith('{"record":"toolproxy.audit') and '"trace_id"' in line}
+        assert len(trace_ids) >= 4
+        traces = {}
+        for trace_id in trace_ids:  # every span of every call, as Jaeger stored it
+            await wait_until(lambda: jaeger.raw_trace(trace_id), timeout=10, what=f"trace {trace_id}", interval=0.2)
+            traces[trace_id] = jaeger.raw_trace(trace_id)
+        assert sum(len(t["spans"]) for t in traces.values()) >= 8
+        seen.append(json.dumps(traces))
         exchanged = set(crm.tokens)
         assert exchanged and len(keyed.seen) == 1  # the canaries did travel, to the backends only
         everything = "\n".join(seen)

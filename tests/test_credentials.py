@@ -179,8 +179,8 @@ async def test_a_misbehaving_token_endpoint_costs_one_call_a_clear_error_and_lea
             assert "oauth_error" not in envelopes[3]["error"]["details"]
             async with stack.session.get(stack.ops_url + "/metrics") as response:
                 metrics = await response.text()
-            assert 'toolproxy_credential_tokens_total{credential="oauth",kind="client_credentials",result="refused"} 2.0' \
-                in metrics
+            refused = 'toolproxy_credential_tokens_total{credential="oauth",kind="client_credentials",result="refused"}'
+            assert f"{refused} 2.0" in metrics
             assert not key_backends["saas"].seen  # nothing reached the backend
     finally:
         await endpoint.runner.cleanup()

@@ -22,8 +22,9 @@ from tests.support.stack import running_stack
 
 @pytest.fixture(scope="session")
 def authserver(tmp_path_factory):
-    yield from session_server(sas.authserver_jar(), "the authorization server is not built: run scripts/setup.sh (it "
-                              "links .venv/authserver.jar)", lambda jar: sas.AuthServer(jar, tmp_path_factory.mktemp("as")))
+    missing = "the authorization server is not built: run scripts/setup.sh (it links .venv/authserver.jar)"
+    yield from session_server(sas.authserver_jar(), missing,
+                              lambda jar: sas.AuthServer(jar, tmp_path_factory.mktemp("as")))
 
 
 async def test_the_backend_sees_the_user_with_the_proxy_as_its_actor(proxy_deps, tmp_path, authserver, issuers):

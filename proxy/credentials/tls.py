@@ -25,8 +25,9 @@ def tls_context(config: CredentialConfig, where: str) -> ssl.SSLContext | None:
         try:
             context.load_cert_chain(config.tls_cert_file, config.tls_key_file)
         except (OSError, ssl.SSLError) as exc:
+            why = getattr(exc, "strerror", None) or type(exc).__name__
             raise ConfigError(f"{where}.tls_cert_file: cannot use {config.tls_cert_file} with "
-                              f"{config.tls_key_file}: {getattr(exc, 'strerror', None) or type(exc).__name__}") from None
+                              f"{config.tls_key_file}: {why}") from None
     return context
 
 

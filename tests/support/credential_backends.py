@@ -2,9 +2,9 @@
 
 ``KeyBackend``: answers only a request that carries the expected header value (a bearer key, an API key header,
 basic auth), 401 otherwise; it records what each request carried. ``VerifyingBackend``: answers only a bearer
-token a real authorization server signed for it (its JWKS), and records the token's claims. ``PrivateCA``: a private CA made in the test
-(cryptography), a server certificate for 127.0.0.1 and a client certificate, as PEM files; ``mtls_context()`` is
-the server side that demands a client certificate of that CA.
+token a real authorization server signed for it (its JWKS), and records the token's claims. ``PrivateCA``: a
+private CA made in the test (cryptography), a server certificate for 127.0.0.1 and a client certificate, as PEM
+files; ``mtls_context()`` is the server side that demands a client certificate of that CA.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ class PrivateCA:
         self.directory = directory
         now = datetime.datetime.now(datetime.timezone.utc)
         self._key = ec.generate_private_key(ec.SECP256R1())
-        self._cert = (x509.CertificateBuilder().subject_name(_name("toolproxy test CA")).issuer_name(_name("toolproxy test CA"))
+        ca_name = _name("toolproxy test CA")
+        self._cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
                       .public_key(self._key.public_key()).serial_number(x509.random_serial_number())
                       .not_valid_before(now - datetime.timedelta(minutes=5))
                       .not_valid_after(now + datetime.timedelta(days=1))

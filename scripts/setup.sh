@@ -332,7 +332,7 @@ start_go_tools() {
 }
 stop_go_tools() {
     [[ -n "$GO_TOOLS_PID" ]] && kill -TERM -- "-$GO_TOOLS_PID" 2>/dev/null
-    [[ -n "${JAVA_TOOLS_PID:-}" ]] && kill -TERM -- "-$JAVA_TOOLS_PID" 2>/dev/null
+    if [[ -n "${JAVA_TOOLS_PID:-}" ]]; then kill -TERM -- "-$JAVA_TOOLS_PID" 2>/dev/null || true; fi
     return 0
 }
 wait_go_tools() {
@@ -422,6 +422,7 @@ set +m
 wait_java_tools() {
     local rc=0
     wait "$JAVA_TOOLS_PID" || rc=$?
+    JAVA_TOOLS_PID=""
     grep '^setup: ' "$JAVA_LOG" >&2 || true
     (( rc == 0 )) || die "the Java tools failed (exit $rc; log: $JAVA_LOG)"
 }

@@ -109,8 +109,9 @@ class BackendsConfig:
                                             "0: only the deadline. Not for event streams", bounds=(0, 3600000))
 
 
-CREDENTIAL_KINDS = ("header", "bearer", "basic", "client_credentials", "token_exchange", "tls")
-CLIENT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "private_key_jwt")
+CREDENTIAL_KINDS = ("header", "bearer", "basic", "client_credentials", "token_exchange", "tls",
+                    "mcp_client_credentials", "mcp_authorization_code")
+CLIENT_AUTH_METHODS = ("client_secret_basic", "client_secret_post", "private_key_jwt", "none")
 ASSERTION_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512")
 TOKEN_TYPE = "urn:ietf:params:oauth:token-type:"
 SUBJECT_TOKEN_TYPES = (TOKEN_TYPE + "access_token", TOKEN_TYPE + "jwt", TOKEN_TYPE + "id_token")
@@ -123,7 +124,9 @@ class CredentialConfig:
 
     kind: str = setting("bearer", "header (secret_file as the value of `header`), bearer (Authorization: Bearer), "
                                   "basic (username + secret_file), client_credentials (OAuth 2.0), token_exchange "
-                                  "(RFC 8693, on behalf of the caller), tls (client certificate and CA only)",
+                                  "(RFC 8693, on behalf of the caller), tls (client certificate and CA only); MCP "
+                                  "upstreams behind OAuth: mcp_client_credentials (the proxy's own client), "
+                                  "mcp_authorization_code (each user's grant, connected in the console)",
                         choices=CREDENTIAL_KINDS)
     header: str = setting("", "kind header: the header that carries the secret (e.g. X-API-Key)")
     secret_file: str = setting("", "header, bearer: file with the secret; basic: file with the password")
@@ -132,7 +135,8 @@ class CredentialConfig:
                                  "(https, or http on a loopback address)")
     client_id: str = setting("", "client_credentials, token_exchange: the proxy's client id at the server")
     client_secret_file: str = setting("", "client_secret_basic, client_secret_post: file with the client secret")
-    client_auth: str = setting("client_secret_basic", "how the proxy authenticates at the token endpoint",
+    client_auth: str = setting("client_secret_basic", "how the proxy authenticates at the token endpoint (none: a "
+                                                      "public client, mcp_authorization_code only)",
                                choices=CLIENT_AUTH_METHODS)
     private_key_file: str = setting("", "private_key_jwt: PEM private key that signs the client assertion")
     private_key_alg: str = setting("RS256", "private_key_jwt: the assertion's algorithm", choices=ASSERTION_ALGORITHMS)
@@ -140,7 +144,9 @@ class CredentialConfig:
     scope: str = setting("", "client_credentials, token_exchange: space-separated scopes asked for (empty: none)")
     audience: str = setting("", "token_exchange: the audience asked for (empty: the tool's backend service name); "
                                 "client_credentials: an `audience` parameter, for servers that want one")
-    resource: str = setting("", "client_credentials, token_exchange: an RFC 8707 resource indicator (empty: none)")
+    resource: str = setting("", "client_credentials, token_exchange: an RFC 8707 resource indicator (empty: none); "
+                                "mcp_authorization_code: the MCP server's URL the users connect to (the tools naming "
+                                "this credential call it)")
     subject_token_type: str = setting(TOKEN_TYPE + "access_token", "token_exchange: the type of the caller's "
                                                                    "verified token sent as subject_token",
                                       choices=SUBJECT_TOKEN_TYPES)
@@ -160,17 +166,30 @@ class CredentialConfig:
     tls_cert_file: str = setting("", "any kind: client certificate (PEM) presented to the backend (mutual TLS)")
     tls_key_file: str = setting("", "any kind: private key (PEM) of tls_cert_file")
     tls_ca_file: str = setting("", "any kind: CA bundle that verifies the backend (empty: the system's CAs)")
+    issuer: str = setting("", "mcp kinds: the issuer identifier of the authorization server the client is "
+                              "registered with; its credentials go only to that server's token endpoint, "
+                              "whatever server the MCP upstream's metadata names (required with a client_id)")
+    redirect_uri: str = setting("", "mcp_authorization_code: where the authorization server sends the user's "
+                                    "browser back: the admin listener's /connect/callback as the browser reaches "
+                                    "it (registered with the client)")
+    grant_key_file: str = setting("", "mcp_authorization_code: file with the 32-byte AES-GCM key (base64) that "
+                                      "seals each user's grant in Redis (a Secret; the same file for every replica)")
 
     def check(self, where: str) -> None:
         """The kind's own needs, one line naming the setting and the fix (the loader calls it per entry)."""
         needs = {"header": ("header", "secret_file"), "bearer": ("secret_file",), "basic": ("username", "secret_file"),
                  "client_credentials": ("token_url", "client_id"), "token_exchange": ("token_url", "client_id"),
-                 "tls": ()}[self.kind]
+                 "tls": (), "mcp_client_credentials": ("client_id", "issuer"),
+                 "mcp_authorization_code": ("resource", "redirect_uri", "grant_key_file")}[self.kind]
         for name in needs:
             if not getattr(self, name):
                 raise ConfigError(f"{where}.{name}: kind {self.kind} needs it")
+        if self.client_auth == "none" and self.kind != "mcp_authorization_code":
+            raise ConfigError(f"{where}.client_auth: none (a public client) is for kind mcp_authorization_code only")
         if self.kind in ("client_credentials", "token_exchange"):
             self._check_token_endpoint(where)
+        if self.kind.startswith("mcp_"):
+            self._check_mcp_client(where)
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError(f"{where}.tls_cert_file and tls_key_file go together (mutual TLS needs both)")
         if self.kind == "tls" and not (self.tls_cert_file or self.tls_ca_file):
@@ -186,6 +205,26 @@ class CredentialConfig:
         if parts.scheme == "http" and not _loopback(parts.hostname):
             raise ConfigError(f"{where}.token_url: plain http sends the client's secret in clear; use https "
                               "(http only on a loopback address)")
+        if self.client_auth == "private_key_jwt" and not self.private_key_file:
+            raise ConfigError(f"{where}.private_key_file: client_auth private_key_jwt needs it")
+        if self.client_auth != "private_key_jwt" and not self.client_secret_file:
+            raise ConfigError(f"{where}.client_secret_file: client_auth {self.client_auth} needs it")
+
+
+    def _check_mcp_client(self, where: str) -> None:
+        """An MCP upstream's client: its authorization server is found through the upstream (RFC 9728); a
+        configured client is bound to ``issuer``; without ``client_id`` the client registers itself (RFC 7591)."""
+        if self.client_id and not self.issuer:
+            raise ConfigError(f"{where}.issuer: a configured client_id belongs to one authorization server; name "
+                              "its issuer so the client's credentials go nowhere else")
+        for name in ("issuer", "resource", "redirect_uri"):
+            value = getattr(self, name)
+            if value:
+                parts = urllib.parse.urlsplit(value)
+                if parts.scheme not in ("https", "http") or not parts.hostname:
+                    raise ConfigError(f"{where}.{name}: {value!r} is not an http(s) URL")
+        if not self.client_id or self.client_auth == "none":
+            return
         if self.client_auth == "private_key_jwt" and not self.private_key_file:
             raise ConfigError(f"{where}.private_key_file: client_auth private_key_jwt needs it")
         if self.client_auth != "private_key_jwt" and not self.client_secret_file:

@@ -58,6 +58,9 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "dependency_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
     # a credential the backend needs (proxy/credentials) could not be had: nothing was sent
     "credential_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),
+    # the tool acts with the user's own account at an MCP upstream, and the user has not connected it (or the
+    # grant was revoked or refused on refresh): the agent asks the user to connect it in the console
+    "user_grant_required": ErrorSpec("authorization", False, "ask_user", 403, expose_to_user=True),
     "timeout_not_started": ErrorSpec("execution", True, "retry_same_key", 504),
     "timeout": ErrorSpec("execution", True, "retry", 504),
     "timeout_unknown": ErrorSpec("execution", False, "reconcile", 504, expose_to_user=True),

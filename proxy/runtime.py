@@ -97,6 +97,9 @@ class Runtime:
     integrity: IntegrityGuard | None = None  # refuses (counts, audits) records whose MAC does not verify
     pins: PinWatcher | None = None  # pinned MCP upstreams, checked; their drifted tools quarantined (proxy/drift.py)
     credentials: Credentials | None = None  # what backend requests carry (backend.auth), asked per call by adapters
+    # MCP upstreams behind OAuth (credentials of kind mcp_*): their token sources; None when none is configured
+    mcp_credentials: Any = None
+    user_grants: Any = None  # the per-user grants the console's connections page connects (mcp_authorization_code)
 
     def count_refusal(self, code: str) -> None:
         """A request refused before it reached a handler (aiohttp's parser): counted like any other."""
@@ -112,6 +115,8 @@ class Runtime:
         await self.pipeline.aclose()
         if self.credentials is not None:
             await self.credentials.aclose()
+        if self.mcp_credentials is not None:
+            await self.mcp_credentials.aclose()
         await self.session.close()
         await self.wire.close()
         await self.decision_wire.close()
@@ -119,11 +124,16 @@ class Runtime:
         await asyncio.to_thread(spans.shutdown)  # the last spans, bounded by tracing.export_timeout_ms
 
 
-def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire) -> Any:
+def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, credentials: Any = None) -> Any:
     """The MCP adapter, and with it the MCP SDK's client side (imported here: ``DeferredAdapter``)."""
     from .adapters.mcp import McpAdapter
     from .wire import mcp as mcp_wire
-    return McpAdapter(config.backends.services, tokens=call_tokens, max_response_bytes=config.backends.max_response_bytes,
+    oauth = None
+    if credentials is not None:
+        def oauth(call: Any, url: str) -> Any:  # the access tokens of the call's upstream, as its caller
+            return credentials.source(call.tool.backend.auth, url, call.tenant, call.subject)
+    return McpAdapter(config.backends.services, tokens=call_tokens, oauth=oauth,
+                      max_response_bytes=config.backends.max_response_bytes,
                       max_json_depth=config.decode.max_depth,
                       connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
                       handshake_timeout_s=config.mcp.upstream_handshake_timeout_ms / 1000.0,
@@ -216,7 +226,16 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         eviction = EvictionWatch(config.redis, redis, metrics)
         await eviction.at_startup()
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
-        mcp_adapter = DeferredAdapter(lambda: _mcp_adapter(config, call_tokens, wire), cancel_by_closing=True)
+        mcp_credentials = None
+        if any(entry.kind.startswith("mcp_") for entry in config.credentials.values()):
+            from .credentials.mcp_load import load_mcp_credentials  # the MCP SDK's OAuth client: only then
+            mcp_credentials = load_mcp_credentials(
+                config.credentials, redis=redis, key_prefix=config.redis.key_prefix,
+                connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
+                on_answer=lambda name, kind, result: metrics.credential_tokens.labels(name, kind, result).inc())
+            opened.push_async_callback(mcp_credentials.aclose)
+        mcp_adapter = DeferredAdapter(lambda: _mcp_adapter(config, call_tokens, wire, mcp_credentials),
+                                      cancel_by_closing=True)
         if any(tool.backend.type == "mcp" for tool in registry.all()):
             mcp_adapter.warm()  # the MCP SDK: imported at start-up when a tool needs it, never by a first call
         opened.push_async_callback(mcp_adapter.aclose)
@@ -301,7 +320,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         opened.push_async_callback(cancellations.stop)
         pins = PinWatcher(registry, pipeline.quarantine, services=config.backends.services, config=config.mcp_pins,
                           mode=config.mcp.upstream_mode, metrics=metrics,
-                          connect_timeout_s=config.backends.connect_timeout_ms / 1000.0)
+                          connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
+                          auth_for=mcp_credentials.pin_auth if mcp_credentials is not None else None)
         opened.push_async_callback(pins.stop)
         await pins.start()  # the first check of every pinned upstream, bounded by mcp_pins.check_timeout_ms
         reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,
@@ -321,7 +341,9 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           health=health, policy=policy, approvals=approvals, operations=operations,
                           reconciler=reconciler, scheduler=scheduler, denials=denials, locks=locks,
                           reloader=reloader, quotas=quotas, compensations=compensations, integrity=integrity,
-                          call_tokens=call_tokens, pins=pins, drain=drain, credentials=credentials)
+                          call_tokens=call_tokens, pins=pins, drain=drain, credentials=credentials,
+                          mcp_credentials=mcp_credentials,
+                          user_grants=mcp_credentials.user_grants if mcp_credentials is not None else None)
         opened.pop_all()  # from here on Runtime.close() closes them
     eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
     warning = self_approval_warning(config.identity, config.admin_identity)

@@ -19,10 +19,15 @@ refused as the SDK client refuses what it cannot answer when the front has no
 client to ask), within what is left of the call's budget, and
 classifying every outcome honestly: whether the request left the proxy and
 whether the effect is known to have happened (mirrors ``adapters/http.py``).
+An upstream behind OAuth (its tools' ``backend.auth`` names an ``mcp_*`` credential) gets its access token on
+every request of the call and of its session (``credentials.mcp_oauth``: the proxy's own client's, or the
+calling user's grant, with a session per user), obtained before anything is sent (``credential_unavailable``
+or ``user_grant_required`` when it cannot be had) and renewed once when the upstream challenges it: a
+challenged request did not run, so it is sent once more with the new token.
 
 Must never: retry a call that may have reached the upstream (the one resend
 it makes is after a definite "not processed" answer: HTTP 404 for an expired
-legacy session, or a header mismatch), read the upstream's tool list,
+legacy session, a header mismatch, or a 401 or 403 challenge of its access token), read the upstream's tool list,
 descriptions or annotations to decide anything (the trusted registry is the
 only source of execution metadata; upstream output is checked by the verify
 stage against the registry's outputSchema), or pass upstream error text,
@@ -39,6 +44,7 @@ audio, resource_link, embedded resource): the data is
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import json
@@ -67,6 +73,7 @@ from mcp_types.jsonrpc import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from ..credentials.mcp_oauth import TokenSource, UpstreamBearer, is_challenge
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
 from ..wire.http import HttpWire
@@ -85,6 +92,8 @@ _REFUSED = frozenset({PARSE_ERROR, INVALID_REQUEST, METHOD_NOT_FOUND, INVALID_PA
 # Transport-synthesized: the request went out and no answer came back.
 _NO_ANSWER = frozenset({CONNECTION_CLOSED, REQUEST_TIMEOUT})
 _CONNECT_ERRORS = (httpx2.ConnectError, httpx2.ConnectTimeout, httpx2.PoolTimeout)
+# Sessions held to upstreams that take an access token per user (one per user and upstream), at most.
+MAX_USER_SESSIONS = 1000
 # 2026-07-28 InputRequiredResult rounds one call may take (the SDK client's default cap).
 MAX_INPUT_ROUNDS = 10
 # How the SDK's own client refuses a server request it has no callback for.
@@ -102,6 +111,7 @@ class _Progress:
     connect_failed: bool = False
     status: int | None = None
     refused: AnswerRefused | None = None  # an answer of the call cut by ``bounded_answers``
+    auth_failure: ProxyError | None = None  # the upstream's access token could not be had during the call
 
     @property
     def sent(self) -> bool:
@@ -146,11 +156,29 @@ class _ObservedTransport(httpx2.AsyncBaseTransport):
         except _CONNECT_ERRORS:
             progress.connect_failed = True
             raise
+        if "authorization" in request.headers and is_challenge(response):
+            # The upstream refused the access token without running the request: the retry with a renewed
+            # token (``UpstreamBearer``) is the call's first POST.
+            progress.observed = progress.headers_sent = False
+            return response
         progress.status = response.status_code
         return response
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class _SharedTransport(httpx2.AsyncBaseTransport):
+    """The adapter's transport as used by one upstream's own client: closing that client leaves it open."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        return await self._inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        pass
 
 
 class _Upstream:
@@ -163,11 +191,13 @@ class _Upstream:
     """
 
     def __init__(self, url: str, http: httpx2.AsyncClient, handshake_timeout_s: float, mode: str,
-                 callbacks: Mapping[str, Any]) -> None:
+                 callbacks: Mapping[str, Any], source: TokenSource | None = None) -> None:
         self.url = url
+        self.source = source  # the upstream's access tokens (OAuth), None when it asks for none
+        self.auth_failure: ProxyError | None = None  # why the last session could not be opened, when it was that
         self._callbacks = callbacks
         self._mode = mode
-        self._http = http
+        self.http = http
         self._handshake_timeout_s = handshake_timeout_s
         self._ready: asyncio.Future[Client] | None = None
         self._stop: asyncio.Event | None = None
@@ -203,10 +233,13 @@ class _Upstream:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+        if self.source is not None:  # its own client (over the adapter's shared transport)
+            await self.http.aclose()
 
     async def _own(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
+        self.auth_failure = None
         try:
-            client = Client(streamable_http_client(self.url, http_client=self._http), mode=self._mode, cache=None,
+            client = Client(streamable_http_client(self.url, http_client=self.http), mode=self._mode, cache=None,
                             **self._callbacks)
             async with contextlib.AsyncExitStack() as stack:
                 async with asyncio.timeout(self._handshake_timeout_s):
@@ -231,8 +264,10 @@ class McpAdapter:
 
     def __init__(self, services: Mapping[str, str], *, tokens: CallTokens, max_response_bytes: int,
                  max_json_depth: int, connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
-                 wire: HttpWire | None = None, answer_limits: mcp_wire.Limits = mcp_wire.Limits()) -> None:
+                 wire: HttpWire | None = None, answer_limits: mcp_wire.Limits = mcp_wire.Limits(),
+                 oauth: Callable[[BackendCall, str], TokenSource | None] | None = None) -> None:
         self._tokens = tokens
+        self._oauth = oauth  # the access tokens of a call's upstream (one source per upstream and principal)
         self._max_json_depth = max_json_depth
         self._answer_limits = answer_limits  # of a stateless call's answer read over the wire (``mcp_wire``)
         self._wire = wire  # the hot path's: stateless tools/call POSTs go over it (``mcp_wire``)
@@ -249,13 +284,17 @@ class McpAdapter:
         self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation,
                            "logging_callback": self._on_log}
         # Every answer of every upstream bounded, the SDK's sessions included (never decoded: bounded_answers).
-        transport = _ObservedTransport(BoundedTransport(httpx2.AsyncHTTPTransport(retries=0),
-                                                        answer_limits.max_bytes, self._answer_refused),
-                                       self._progress)
+        self._transport = _ObservedTransport(BoundedTransport(httpx2.AsyncHTTPTransport(retries=0),
+                                                              answer_limits.max_bytes, self._answer_refused),
+                                             self._progress)
         # No read timeout here: every call is bounded by its own budget.
-        self._http = httpx2.AsyncClient(transport=transport, follow_redirects=False,
-                                        timeout=httpx2.Timeout(None, connect=connect_timeout_s))
-        self._upstreams: dict[str, _Upstream] = {}
+        self._timeout = httpx2.Timeout(None, connect=connect_timeout_s)
+        self._http = httpx2.AsyncClient(transport=self._transport, follow_redirects=False, timeout=self._timeout)
+        # By URL and token source: an upstream that takes each user's own grant gets a session per user (its
+        # sessions may be bound to the user), the least recently used of them closed past MAX_USER_SESSIONS.
+        self._upstreams: collections.OrderedDict[tuple[str, TokenSource | None], _Upstream] = \
+            collections.OrderedDict()
+        self._closing: set[asyncio.Task[None]] = set()
 
     def _answer_refused(self, error: AnswerRefused) -> None:
         """An answer cut by the bounded transport: the call in this context learns why (the SDK sees a read
@@ -265,7 +304,7 @@ class McpAdapter:
             progress.refused = error
 
     async def aclose(self) -> None:
-        await asyncio.gather(*(u.aclose() for u in self._upstreams.values()))
+        await asyncio.gather(*(u.aclose() for u in self._upstreams.values()), *self._closing)
         self._upstreams.clear()
         await self._http.aclose()
 
@@ -278,10 +317,13 @@ class McpAdapter:
         if call.budget_s <= 0:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="execute", attempted=False, committed=False)
-        upstream = self._upstreams.get(url)
+        source = self._oauth(call, url) if self._oauth is not None else None
+        upstream = self._upstreams.get((url, source))
         if upstream is None:
-            upstream = self._upstreams[url] = _Upstream(url, self._http, self._handshake_timeout_s, self._mode,
-                                                        self._callbacks)
+            upstream = self._upstreams[(url, source)] = self._upstream(url, source)
+            self._bound_sessions()
+        elif source is not None and source.per_user:
+            self._upstreams.move_to_end((url, source))
         progress = _Progress(headers={k: v for k, v in forwarded_headers(call, self._tokens.for_call(call)).items()
                                       if k not in ('Content-Type', 'Accept')},
                              mint=lambda: self._tokens.for_call(call))
@@ -289,13 +331,19 @@ class McpAdapter:
         deadline = self._deadline.set(started + call.budget_s)
         try:
             async with asyncio.timeout(call.budget_s):
+                if source is not None and source.current() is None:
+                    await source.token()  # before anything is sent (raises credential_unavailable)
                 return self._classify(call, await self._send(call, upstream, progress))
         except TimeoutError:
             raise self._cut(call, progress) or self._timed_out(call, progress, time.monotonic() - started) from None
         except _ConnectFailed:
+            if upstream.auth_failure is not None:
+                raise upstream.auth_failure from None
             raise ProxyError("dependency_unavailable", "The tool's MCP server could not be reached.",
                              details={"tool": tool.name}, phase="execute", attempted=False, committed=False) from None
         except MCPError as exc:
+            if progress.auth_failure is not None:
+                raise progress.auth_failure from None
             raise self._cut(call, progress) or self._rpc_failure(call, progress, exc.error.code) from None
         except mcp_wire.AnswerTooLarge as exc:
             raise self._unreadable(call, {"limit": exc.what, "limit_value": exc.limit}) from None
@@ -312,6 +360,33 @@ class McpAdapter:
             return None
         return self._unreadable(call, {"limit": progress.refused.what, "limit_value": progress.refused.limit})
 
+    def _upstream(self, url: str, source: TokenSource | None) -> _Upstream:
+        upstream = _Upstream(url, self._http, self._handshake_timeout_s, self._mode, self._callbacks, source)
+        if source is not None:  # a client of its own: every request of its session carries the access token
+            bearer = UpstreamBearer(source, lambda failure: self._auth_failed(upstream, failure))
+            upstream.http = httpx2.AsyncClient(transport=_SharedTransport(self._transport), auth=bearer,
+                                               follow_redirects=False, timeout=self._timeout)
+        return upstream
+
+    def _bound_sessions(self) -> None:
+        """Past ``MAX_USER_SESSIONS`` sessions of per-user sources, the least recently used closes (a call still
+        running on it ends as a lost connection: honest, and rare with the bound well above the users at once)."""
+        per_user = [key for key, upstream in self._upstreams.items()
+                    if upstream.source is not None and upstream.source.per_user]
+        for key in per_user[:max(0, len(per_user) - MAX_USER_SESSIONS)]:
+            task = asyncio.get_running_loop().create_task(self._upstreams.pop(key).aclose())
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    def _auth_failed(self, upstream: _Upstream, failure: ProxyError) -> None:
+        """A renewal of the upstream's access token failed: the call that needed it (or, while a session was
+        being opened, its callers) report why instead of the upstream's refusal."""
+        progress = self._progress.get()
+        if progress is not None:
+            progress.auth_failure = failure
+        else:
+            upstream.auth_failure = failure
+
     async def _send(self, call: BackendCall, upstream: _Upstream, progress: _Progress) -> types.CallToolResult:
         for attempt in (1, 2):
             if attempt == 2:  # the one resend: a token of its own
@@ -321,7 +396,7 @@ class McpAdapter:
             progress.status = None
             token = self._progress.set(progress)
             try:
-                return await self._call_once(call, upstream, client, progress)
+                return await self._call_once(call, upstream, client, progress, plain_post_allowed=attempt == 1)
             except MCPError as exc:
                 if attempt == 2 or progress.connect_failed or not await _nothing_ran(upstream, client, progress, exc):
                     raise
@@ -329,8 +404,8 @@ class McpAdapter:
                 self._progress.reset(token)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    async def _call_once(self, call: BackendCall, upstream: _Upstream, client: Client,
-                         progress: _Progress) -> types.CallToolResult:
+    async def _call_once(self, call: BackendCall, upstream: _Upstream, client: Client, progress: _Progress,
+                         plain_post_allowed: bool = True) -> types.CallToolResult:
         """One attempt: a plain POST (mcp_wire) when nothing is to be relayed, else the SDK's session, then the
         2026-07-28 input rounds (answered requests go back with a retry of the same call)."""
         name, arguments = call.tool.backend.tool or "", dict(call.arguments)
@@ -342,10 +417,15 @@ class McpAdapter:
         if relay is not None:
             async def relayed(value: float, total: float | None, message: str | None) -> None:
                 await relay(value, total)  # the upstream's progress text is not passed on
+        headers: Mapping[str, str] | None = progress.headers
+        if upstream.source is not None:  # the access token as the session's client has it, or the SDK's way
+            bearer = upstream.source.current()
+            headers = {**progress.headers, "Authorization": f"Bearer {bearer}"} if bearer is not None else None
         if relayed is None and meta is None and self._wire is not None and not upstream.streams \
+                and headers is not None and plain_post_allowed \
                 and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
             answer = await mcp_wire.call_tool(self._wire, upstream.url, client, name, arguments,
-                                              progress.headers, progress, self._answer_limits)
+                                              headers, progress, self._answer_limits)
             upstream.streams = answer.streamed
             result = answer.result
         else:
@@ -501,6 +581,12 @@ async def _nothing_ran(upstream: _Upstream, client: Client, progress: _Progress,
     session (404 on a session revision: a new one is opened), or refused our Mcp-Param headers (learnt now)."""
     if progress.status == 404 and client.protocol_version in HANDSHAKE_PROTOCOL_VERSIONS:
         upstream.drop()
+        return True
+    if upstream.source is not None and progress.status in (401, 403):
+        # A plain POST (mcp_wire) the upstream refused without running it: its token was refused (renewed
+        # now) or its scope was short (the session's client steps up); the SDK's way sends it once more.
+        if progress.status == 401:
+            upstream.source.invalidate(upstream.source.current())
         return True
     if exc.error.code == HEADER_MISMATCH:
         await client.session.list_tools()

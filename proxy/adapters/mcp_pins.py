@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..config import McpPinsConfig
 from ..drift import KINDS, Quarantine, UpstreamTool, compare
@@ -75,29 +75,34 @@ def pinned_upstreams(registry: Registry, services: Mapping[str, str]) -> dict[st
     return found
 
 
-def capped_http_client(max_bytes: int, connect_timeout_s: float) -> Any:
+def capped_http_client(max_bytes: int, connect_timeout_s: float, auth: Any = None) -> Any:
     """An ``httpx2`` client whose every answer is cut (a read error) past ``max_bytes``, and never decoded
-    (``bounded_answers``: an encoded answer is refused, whatever it would inflate to)."""
+    (``bounded_answers``: an encoded answer is refused, whatever it would inflate to); with ``auth``, an
+    upstream's access token on each request."""
     import httpx2
 
     from .bounded_answers import BoundedTransport
 
     return httpx2.AsyncClient(transport=BoundedTransport(httpx2.AsyncHTTPTransport(retries=0), max_bytes),
-                              follow_redirects=False, timeout=httpx2.Timeout(None, connect=connect_timeout_s))
+                              follow_redirects=False, auth=auth,
+                              timeout=httpx2.Timeout(None, connect=connect_timeout_s))
 
 
 class PinWatcher:
     """The watches of every pinned upstream of the live registry, and what they found."""
 
     def __init__(self, registry: Registry, quarantine: Quarantine, *, services: Mapping[str, str],
-                 config: McpPinsConfig, mode: str, metrics: Metrics, connect_timeout_s: float) -> None:
+                 config: McpPinsConfig, mode: str, metrics: Metrics, connect_timeout_s: float,
+                 auth_for: Callable[[str, Sequence[ToolContract]], Any] | None = None) -> None:
         self.registry = registry
+        # An upstream behind OAuth: the httpx2 auth of its pinned tools' credential (None: it asks for none)
+        self.auth_for = auth_for
         self.quarantine = quarantine
         self.config = config
         self.mode = mode
         self._services = dict(services)
         self._metrics = metrics
-        self._connect_timeout_s = connect_timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._watches: dict[str, _Watch] = {}
         self._http: Any = None
         quarantine.checker = self  # the call path's freshness bound asks for checks here (drift.Quarantine.fresh)
@@ -115,7 +120,7 @@ class PinWatcher:
     @property
     def http(self) -> Any:
         if self._http is None:
-            self._http = capped_http_client(self.config.max_answer_bytes, self._connect_timeout_s)
+            self._http = capped_http_client(self.config.max_answer_bytes, self.connect_timeout_s)
         return self._http
 
     async def start(self) -> None:
@@ -274,9 +279,14 @@ class _Watch:
 
         config = self.owner.config
         timeout_s = config.check_timeout_ms / 1000.0
-        client = Client(streamable_http_client(self.url, http_client=self.owner.http), mode=self.owner.mode,
-                        cache=None, message_handler=on_message)
         async with contextlib.AsyncExitStack() as stack:
+            http = self.owner.http
+            auth = self.owner.auth_for(self.url, self.contracts) if self.owner.auth_for is not None else None
+            if auth is not None:  # a client of its own, carrying the upstream's access token
+                http = capped_http_client(config.max_answer_bytes, self.owner.connect_timeout_s, auth=auth)
+                stack.push_async_callback(http.aclose)
+            client = Client(streamable_http_client(self.url, http_client=http), mode=self.owner.mode,
+                            cache=None, message_handler=on_message)
             async with asyncio.timeout(timeout_s):
                 await stack.enter_async_context(client)
             listener = asyncio.create_task(self._listen(client), name=f"mcp-pins listen {self.url}")

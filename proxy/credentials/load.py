@@ -23,6 +23,8 @@ def load_credentials(configs: Mapping[str, CredentialConfig], session: aiohttp.C
     ``on_answer(name, kind, result)`` is told of every token endpoint answer (``issued`` or a failure reason)."""
     entries: dict[str, Credential] = {}
     for name, config in configs.items():
+        if config.kind.startswith("mcp_"):
+            continue  # an MCP upstream's OAuth client: built by ``mcp_load`` for the MCP adapter
         where = f"credentials.{name}"
         tls = tls_context(config, where)
         if config.kind in ("client_credentials", "token_exchange"):

@@ -1,7 +1,8 @@
 """The registry's references to credentials: every ``backend.auth`` names a configured credential that fits.
 
 Owns: refusing a registry (at start-up, and as a whole on a reload) whose tool names a credential the
-configuration lacks, names one on a backend kind that cannot carry it, or pairs a credential's TLS settings with
+configuration lacks, names one on a backend kind that cannot carry it (the ``mcp_*`` kinds are for MCP upstreams
+and the only kinds they take; a per-user one for the upstream its users connect to), or pairs a credential's TLS settings with
 a plain-http backend. Must never: read a secret (only names and settings are compared).
 """
 
@@ -26,10 +27,15 @@ def check_references(registry: Registry, credentials: Mapping[str, CredentialCon
             known = ", ".join(sorted(credentials)) or "none"
             raise RegistryError(f"{where} is not a configured credential (configured: {known}); add "
                                 f"credentials.{name} to the proxy's configuration or fix the name")
-        if tool.backend.type != "http":
-            raise RegistryError(f"{where}: credentials are attached to HTTP backends only (an MCP upstream's "
-                                "authorization is its own setting)")
         url = tool.backend.resolve(services) or ""
+        if (tool.backend.type == "mcp") != entry.kind.startswith("mcp_"):
+            raise RegistryError(f"{where}: kind {entry.kind} is for " + (
+                "MCP upstreams; an HTTP backend takes the other kinds" if tool.backend.type == "http" else
+                "HTTP backends; an MCP upstream takes kind mcp_client_credentials or mcp_authorization_code"))
+        if entry.kind == "mcp_authorization_code" and url != entry.resource:
+            raise RegistryError(f"{where}: the users connect their accounts to {entry.resource!r} (the "
+                                "credential's resource), not to this tool's upstream; give the tool that URL or "
+                                "name a credential of its own")
         if (entry.tls_cert_file or entry.tls_ca_file) and url.startswith("http://"):
             raise RegistryError(f"{where} carries TLS settings but the backend's URL is plain http; use an "
                                 "https URL (backends.services, or the tool's backend.url)")

@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from . import console, ingress, related_read
+from . import connections, console, ingress, related_read
 from ..audit import Auditor
 from ..decode import schema_violations
 from ..errors import ProxyError, SideEffect
@@ -293,6 +293,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app[RUNTIME] = runtime
     console.install(app)
     related_read.install(app)  # the read beside a pending approval, run through the pipeline as the approver
+    connections.install(app)  # "connect your accounts": users' grants to MCP upstreams (their own identity)
     app.router.add_get("/v1/whoami", admin_whoami)
     app.router.add_get("/v1/denials", admin_list_denials)
     app.router.add_get("/v1/approvals", list_approvals)

@@ -70,19 +70,26 @@ async def favicon(request: web.Request) -> web.Response:
 FAVICON = ('<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 16 16"><rect width="16" height="16" rx="3" '
            'fill="#24292f"/><path d="M4 4h8v2H9v7H7V6H4z" fill="#fff"/></svg>')
 
-# The page is static on purpose: every value it shows arrives through the admin API and is written as text.
-PAGE = """<!doctype html>
+
+
+def page_head(title: str, script: str) -> str:
+    """The head of an admin listener page: its title, the console's icon and stylesheet, and one script."""
+    return f"""<!doctype html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <meta name="referrer" content="no-referrer">
-<title>toolproxy console</title>
+<title>{title}</title>
 <link rel="icon" href="/ui/favicon.svg" type="image/svg+xml">
 <link rel="stylesheet" href="/ui/console.css">
-<script src="/ui/console.js" defer></script>
+<script src="{script}" defer></script>
 </head>
-<body>
+"""
+
+
+# The page is static on purpose: every value it shows arrives through the admin API and is written as text.
+PAGE = page_head("toolproxy console", "/ui/console.js") + """<body>
 <header>
   <h1>toolproxy console</h1>
   <div id="who" hidden><span id="who-text"></span>
@@ -102,6 +109,8 @@ PAGE = """<!doctype html>
     <input id="token" name="token" type="password" autocomplete="off" spellcheck="false" required>
     <button type="submit" id="sign-in-button">Sign in</button>
   </form>
+  <p>Not an approver? Tools that act with your own account at their service are connected on
+  <a href="/ui/connect">Connect your accounts</a>.</p>
 </section>
 
 <main id="panels" hidden>

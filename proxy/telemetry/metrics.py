@@ -33,7 +33,8 @@ class Metrics:
             "deprecated): who still uses an old version", ["tool", "version", "status"], registry=r)
         self.credential_tokens = Counter("toolproxy_credential_tokens",
                                          "Token endpoint answers by credential, kind and result (issued, or why "
-                                         "none: timeout, unreachable, refused, invalid_answer, answer_too_large)",
+                                         "none: timeout, unreachable, refused, invalid_answer, answer_too_large; "
+                                         "MCP upstreams also resource_mismatch, grant_required)",
                                          ["credential", "kind", "result"], registry=r)
         self.registry_reloads = Counter("toolproxy_registry_reloads",
                                         "Registry reloads by result (applied; refused: the new files failed "

@@ -68,7 +68,7 @@ def _logged(app: Any, state: UpstreamState) -> Any:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
             entry = {"verb": scope["method"], "session": headers.get("mcp-session-id"),
                      "mcp_method": headers.get("mcp-method"), "user_agent": headers.get("user-agent", ""),
-                     "body": b""}
+                     "authorization": headers.get("authorization"), "body": b""}
             state.http.append(entry)
 
             async def receive_logged() -> Any:

@@ -456,17 +456,20 @@ async def test_an_expired_token_is_named_and_a_pasted_bearer_prefix_is_stripped(
 
 async def test_three_hundred_pending_approvals_are_counted_filtered_searched_and_paged(jwt_proxy, issuers, http):
     agent, admin = issuers
-    tokens = {"acme": agent.token("alice"), "globex": agent.token("bob", tenant="globex")}
+    # Five acme clerks: a subject may have approvals.max_pending_per_subject (50) waiting.
+    tokens = {"globex": agent.token("bob", tenant="globex"), **{f"acme{c}": agent.token(f"clerk-{c}")
+                                                               for c in range(5)}}
     gate = asyncio.Semaphore(6)
 
     async def ask(n: int, tenant: str) -> str:
         order = "ord_1001" if tenant == "acme" else "ord_2001"
+        token = tokens["globex"] if tenant == "globex" else tokens[f"acme{n % 5}"]
         for _ in range(5):  # on a loaded machine OPA may answer late (policy_unavailable): the same call again
             async with gate:
                 _, envelope = await agent_call(http, jwt_proxy.url, "refund_order",
                                                {**REFUND, "order_id": order, "amount": 6000 + n},
                                                {"Idempotency-Key": f"queue-{n}",
-                                                "Authorization": f"Bearer {tokens[tenant]}"}, call_id=f"q{n}")
+                                                "Authorization": f"Bearer {token}"}, call_id=f"q{n}")
             if envelope["error"]["code"] != "policy_unavailable":
                 break
         assert envelope["error"]["code"] == "approval_required", envelope

@@ -25,7 +25,7 @@ from .policy.decisions import check_config as check_decisions_config
 from .event_loop import run_loop
 from .identity import HopProof, configuration_problem
 from .telemetry.logs import configure as configure_logging
-from .registry import Registry, RegistryError, load_registry, notices
+from .registry import Registry, RegistryError, SERVICE_WIDE, load_registry, notices
 from .credentials.references import check_references
 
 
@@ -73,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     check = sub.add_parser("check-registry", help="validate registry files without starting anything")
     check.add_argument("paths", nargs="+", help="registry YAML files or directories")
+    check.add_argument("--dev", action="store_true",
+                       help="a development registry: a write that declares no resources and states no "
+                            "service_wide_reason is a warning, not an error")
     check.add_argument("--previous", metavar="DIR", action="append",
                        help="the registry before this change (files or directories; repeatable): refuse a breaking "
                             "change that keeps the version number (exit 3)")
@@ -143,6 +146,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     repin_cmd.add_argument("--timeout", type=float, default=15.0,
                            help="seconds to wait for each upstream (default 15)")
 
+    resolve_cmd = sub.add_parser(
+        "resolve", help="settle an open operation from your evidence (lifts the freeze it holds)",
+        description="POST the operator's resolution of an UNKNOWN or NEEDS_TAKEOVER operation to the admin "
+                    "listener (the same request as the console's Resolve button): audited, recorded, and the "
+                    "resources it froze are thawed. The admin token is read from TOOLPROXY_ADMIN_TOKEN. "
+                    "GET /v1/freezes lists the frozen resources and their operations.")
+    resolve_cmd.add_argument("key", help="the operation key (a freeze's operation, a takeover's idempotency_key)")
+    resolve_cmd.add_argument("--outcome", required=True, choices=["committed", "not_applied", "rejected"],
+                             help="what you found at the target")
+    resolve_cmd.add_argument("--evidence", required=True, help="what you checked (recorded and audited)")
+    resolve_cmd.add_argument("--result", help="the result as JSON (committed only; checked against the outputSchema)")
+    resolve_cmd.add_argument("--admin-url", default="http://127.0.0.1:8788",
+                             help="the admin listener (default http://127.0.0.1:8788)")
+
     egress = sub.add_parser(
         "egress-rules", help="print (or apply) the nftables egress guard: default-deny for every UID but the proxy's",
         description="Print the nft script that lets --uid connect anywhere and every other socket of the pod only "
@@ -166,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "run":
         startup.end(freeze=False)  # only the sidecar's start-up runs with young collections only
     if args.command == "check-registry":
-        return check_registry(args.paths, previous=args.previous)
+        return check_registry(args.paths, previous=args.previous, dev=args.dev)
     if args.command == "check-policy-data":
         return check_policy_data(args.file)
     if args.command == "registry":
@@ -196,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "dev":
         from .authoring.devstack import run_dev
         return run_dev(args)
+    if args.command == "resolve":
+        from .authoring.operator_resolve import resolve
+        return resolve(args.admin_url, args.key, args.outcome, args.evidence, args.result)
     if args.command == "egress-rules":
         return egress_rules(args)
     return 2
@@ -232,7 +252,7 @@ def _registry_or_report(paths: Sequence[str]) -> Registry | None:
 EXIT_BREAKING_SAME_VERSION = 3
 
 
-def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) -> int:
+def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None, *, dev: bool = False) -> int:
     registry = _registry_or_report(paths)
     if registry is None:
         return 1
@@ -251,8 +271,13 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
         if tool.approver_may_read:
             status += f", approvers read {', '.join(tool.approver_may_read)}"
         print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
+    refused = 0
     for level, line in notices(registry):  # opt-outs of the key requirement, old defaults, service-wide writes
-        print(f"{level}: {line}")
+        if level == SERVICE_WIDE and not dev:  # one unknown outcome would freeze the whole service
+            print(f"error: {line}", file=sys.stderr)
+            refused += 1
+        else:
+            print(f"{'warning' if level == SERVICE_WIDE else level}: {line}")
     if previous:
         from .authoring.contract_diff import diff, same_version_breaks
         old = _registry_or_report(previous)
@@ -263,6 +288,10 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None) 
             print(f"refused: {change.line()} -- bump the version", file=sys.stderr)
         if breaks:
             return EXIT_BREAKING_SAME_VERSION
+    if refused:
+        print(f"registry refused: {refused} write(s) declare no resources without a service_wide_reason "
+              f"(check-registry --dev accepts them for a development registry)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -483,9 +483,9 @@ class LockManager:
             await self.forget(plan)
             raise
 
-    async def held(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:
-        """``GET /v1/locks``: the locks held now, one tenant's (or every tenant's for ``None``), resource
-        order. Lease time is judged on Redis's clock, as the locks themselves are."""
+    async def _lock_hashes(self, tenant: str | None) -> tuple[int, list[tuple[str, str, dict[bytes, bytes]]]]:
+        """Redis's clock in ms and every lock hash as (domain, resource id, fields): one tenant's (or every
+        tenant's for ``None``), read in one pipeline after a SCAN."""
         if tenant is not None and self._config.scope == "tenant":
             pattern = _glob_escape(self.resource_key(tenant, "")) + "*"
         else:
@@ -499,9 +499,38 @@ class LockManager:
                 pipe.hgetall(found)
             seconds_micros, *hashes = await store.redis_call(pipe.execute())
         now_ms = int(seconds_micros[0]) * 1000 + int(seconds_micros[1]) // 1000
-        locks: list[dict[str, Any]] = []
+        rows = []
         for found, fields in zip(keys, hashes):
-            resource = found.decode().split("}:", 1)[-1]
+            tagged, _, resource = found.decode().partition("}:")
+            rows.append((unquote(tagged.rpartition("{")[2]), resource, fields))
+        return now_ms, rows
+
+    async def frozen(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:
+        """``GET /v1/freezes`` and the freeze gauges: every freeze mark, oldest first (one tenant's, or every
+        tenant's for ``None``): the resource, the operation whose unknown outcome froze it and since when.
+        ``count`` and ``oldest_age_s`` cover all of them, ``freezes`` the first ``limit``."""
+        now_ms, rows = await self._lock_hashes(tenant)
+        marks: list[dict[str, Any]] = []
+        for tag, resource, fields in rows:
+            for name, value in fields.items():
+                name = name.decode()
+                if not name.startswith("u:"):
+                    continue
+                since = int(value) if value.isdigit() else now_ms
+                marks.append({"resource": resource, "operation": name[2:],
+                              "tenant": tag if self._config.scope == "tenant" else None,
+                              "since_ms": since, "age_s": max(0, now_ms - since) / 1000.0})
+        marks.sort(key=lambda mark: (mark["since_ms"], mark["resource"], mark["operation"]))
+        resources = len({(m["tenant"], m["resource"]) for m in marks})
+        return {"freezes": marks[:limit], "truncated": len(marks) > limit, "frozen_resources": resources,
+                "oldest_age_s": marks[0]["age_s"] if marks else 0.0}
+
+    async def held(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:
+        """``GET /v1/locks``: the locks held now, one tenant's (or every tenant's for ``None``), resource
+        order. Lease time is judged on Redis's clock, as the locks themselves are."""
+        now_ms, rows = await self._lock_hashes(tenant)
+        locks: list[dict[str, Any]] = []
+        for _, resource, fields in rows:
             for name, value in fields.items():
                 name, value = name.decode(), value.decode()
                 holder = Holder.parse(name[2:]) if name.startswith("h:") else None

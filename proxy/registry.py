@@ -178,6 +178,7 @@ class ToolContract:
     output_policy: OutputPolicy = NO_POLICY  # what of a result the model sees (proxy/output_filter.py)
     visible_output_schema: Mapping[str, Any] = field(default_factory=dict)  # its advertised shape
     state_guard: str | None = None  # the argument carrying the expected state, forwarded as If-Match
+    service_wide_reason: str | None = None  # why a write declares no resources (else check-registry refuses it)
     flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
     flow_sink: str = "internal"          # where its arguments go: internal | external
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
@@ -380,8 +381,9 @@ class LiveRegistry(Registry):
 def notices(registry: Registry) -> list[tuple[str, str]]:
     """What a registry relies on that an operator should know, as (level, line): writes that left the key
     requirement to the default (they require a key), writes that opted out (with
-    their reason), and writes without resources (serialized with every write of their service). Logged at
-    start-up and printed by ``check-registry``."""
+    their reason), and writes without resources (serialized with every write of their service, and frozen with
+    it by an unknown outcome: ``SERVICE_WIDE`` without a stated reason). Logged at start-up and printed by
+    ``check-registry``."""
     found: list[tuple[str, str]] = []
     for tool in registry.all():
         if not tool.callable or not tool.is_write:
@@ -395,11 +397,21 @@ def notices(registry: Registry) -> list[tuple[str, str]]:
                                      f"idempotency: {{required: false, reason: ...}}"))
         if tool.keyless_write:
             found.append(("opt-out", f"{label}: runs without a key a retry reproduces: {tool.idempotency_reason}"))
-        if tool.service_wide:
-            found.append(("warning", f"{label}: a write that declares no resources conflicts with every write of "
-                                     f"service {tool.backend_name}: it never runs beside them (declare the "
-                                     f"resources it writes to let unrelated writes run in parallel)"))
+        if tool.service_wide and tool.service_wide_reason:
+            found.append(("opt-out", f"{label}: declares no resources, so it locks and an unknown outcome of it "
+                                     f"freezes all of service {tool.backend_name}: {tool.service_wide_reason}"))
+        elif tool.service_wide:
+            found.append((SERVICE_WIDE, f"{label}: a write that declares no resources conflicts with every write "
+                                        f"of service {tool.backend_name}: it never runs beside them, and one "
+                                        f"unknown outcome of it freezes every write there until an operator "
+                                        f"resolves it (declare the resources it writes, or state why it has none: "
+                                        f"service_wide_reason: ...)"))
     return found
+
+
+# The level of a write without resources that states no reason: a warning at start-up and for a development
+# registry (``check-registry --dev``), an error for the registry ``check-registry`` vets for production.
+SERVICE_WIDE = "service-wide"
 
 
 def _check_successor(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
@@ -630,6 +642,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         output_policy=output_policy,
         visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema or {})),
         state_guard=guard["argument"] if guard is not None else None,
+        service_wide_reason=raw.get("service_wide_reason"),
         flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
         flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),

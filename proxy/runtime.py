@@ -156,10 +156,10 @@ def log_notices(registry: Registry) -> None:
     without saying so (a warning each, with how to opt out), the opt-outs with their reasons, and writes
     serialized with their whole service for declaring no resources."""
     for level, line in notices(registry):
-        if level == "warning":
-            log.warning("registry: %s", line)
+        if level == "opt-out":
+            log.info("registry: opt-out: %s", line)
         else:
-            log.info("registry: idempotency opt-out: %s", line)
+            log.warning("registry: %s", line)
 
 
 def check_services(registry: Registry, services: Mapping[str, str]) -> None:
@@ -301,11 +301,16 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         async def refresh_records_held() -> None:
             metrics.operation_records.set(await operations.held_records())
 
+        async def refresh_freezes() -> None:
+            frozen = await locks.frozen(tenant=None, limit=0)
+            metrics.frozen_resources.set(frozen["frozen_resources"])
+            metrics.oldest_freeze_age.set(frozen["oldest_age_s"])
+
         drain = Drain(config.shutdown)
         health = Health(config=config, registry=registry, redis=redis, metrics=metrics, opa_wire=decision_wire,
                         accepting=lambda: not drain.draining,
                         unknowns=unknowns, eviction=eviction,
-                        gauge_refreshers=(approvals.refresh_gauges, refresh_records_held))
+                        gauge_refreshers=(approvals.refresh_gauges, refresh_records_held, refresh_freezes))
         authenticator = Authenticator(config.identity, config.admin_identity, session)
         check_services(registry, config.backends.services)  # after the settings' own checks: one line each
         if config.identity.mode == "static":

@@ -20,7 +20,8 @@ UNIT_TESTS = Path(__file__).resolve().parent / "prometheus" / "alert-rules.test.
 REQUIRED_ALERTS = {"ToolproxyUnknownOutcomeRateHigh", "ToolproxyUnknownsOpenTooLong", "ToolproxyTakeoverRaised",
                    "ToolproxyOpaUnavailable", "ToolproxyRedisUnavailable", "ToolproxyApprovalBacklog",
                    "ToolproxyBreakerStuckOpen", "ToolproxyRedisEvictedKeys", "ToolproxyRedisMayEvict",
-                   "ToolproxyContractDrift", "ToolproxyToolsQuarantined", "ToolproxyPinsUnverified"}
+                   "ToolproxyContractDrift", "ToolproxyToolsQuarantined", "ToolproxyPinsUnverified",
+                   "ToolproxyResourceFrozenTooLong", "ToolproxyFrozenWritesRefused"}
 
 
 def rules() -> list[dict]:

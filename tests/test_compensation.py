@@ -236,7 +236,7 @@ def test_check_registry_checks_a_compensation_against_both_contracts(tmp_path, c
     from proxy.cli import main as cli_main
     path = tmp_path / "pair.yaml"
     path.write_text(PAIR.format(mapping=mapping))
-    code = cli_main(["check-registry", str(path)])
+    code = cli_main(["check-registry", "--dev", str(path)])
     out, err = capsys.readouterr()
     if problem is None:
         assert code == 0 and "ok book_slot 1.0.0 (write, write, compensated by cancel_booking@1.0.0)" in out

@@ -294,6 +294,33 @@ async def test_a_takeover_from_the_fault_switches_is_resolved_from_the_page(dev,
                                                                       {"counter": "ctr_console", "value": 3})
 
 
+async def test_a_frozen_resource_is_listed_and_resolving_it_from_the_page_lifts_the_freeze(dev, http):
+    async with http.post(dev.backend_url + "/_control/faults",
+                         json={"tool": "adjust_counter", "mode": "drop_after_commit", "count": 1}) as response:
+        assert response.status == 200
+    arguments = {"counter": "ctr_console_frozen", "delta": 2}
+    _, envelope = await agent_call(http, dev.agent_url, "adjust_counter", arguments, {"Idempotency-Key": "console-fz"})
+    assert envelope["error"]["code"] == "timeout_unknown", envelope
+    key = envelope["idempotency_key"]
+
+    async with chromium_page() as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#freezes tr[data-key="{key}"]')
+        text = await row.inner_text()
+        for shown in ("counter:ctr_console_frozen", "acme", "adjust_counter", key):
+            assert shown in text, shown
+        assert "frozen" in await page.locator("#freezes-hint").inner_text()
+        await row.locator("select.outcome").select_option("committed")
+        await row.locator("textarea.evidence").fill("counter ledger shows +2")
+        await row.locator("button.resolve").click()
+        await page.locator("#status.ok").wait_for()
+        await row.wait_for(state="detached")
+
+    _, after = await agent_call(http, dev.agent_url, "adjust_counter", {**arguments, "delta": 1},
+                                {"Idempotency-Key": "console-fz-2"})
+    assert after["outcome"] == "succeeded", after
+
+
 async def test_recent_denials_are_shown_by_tool_and_reason(dev, http):
     for order in ("ord_2001", "ord_2001", "ord_9999"):  # globex's order, twice; an order nobody owns
         _, envelope = await agent_call(http, dev.agent_url, "get_order", {"order_id": order})

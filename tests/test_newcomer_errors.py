@@ -64,7 +64,7 @@ async def test_a_misspelled_backend_service_is_refused_at_reload(proxy_deps, tmp
 # -- check-registry: a required name that is not a property, with unknown properties refused ----------------
 
 def check_registry(path: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "check-registry", str(path)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "proxy.cli", "check-registry", "--dev", str(path)], cwd=REPO,
                           capture_output=True, text=True, timeout=60)
 
 

@@ -208,7 +208,7 @@ async def test_an_mcp_client_sends_its_key_in_meta(stack):
 async def test_a_stated_opt_out_runs_keyless_and_check_registry_lists_it(stack, tmp_path, capsys):
     status, env = await stack.call("bump_keyless", {"counter": "ctr_keyless", "delta": 1})
     assert status == 200 and env["outcome"] == "succeeded"
-    assert cli_main(["check-registry", str(tmp_path / "more" / "counters.yaml")]) == 0
+    assert cli_main(["check-registry", "--dev", str(tmp_path / "more" / "counters.yaml")]) == 0
     out = capsys.readouterr().out
     assert "opt-out: bump_keyless 1.0.0" in out and "a repeated increment is harmless here" in out
 
@@ -310,7 +310,7 @@ async def test_a_write_without_resources_never_runs_beside_another_write_of_its_
     _, read = await stack.call("get_inventory", {"sku": "sku_widget"})
     assert read["outcome"] == "succeeded"
 
-    cli_main(["check-registry", str(tmp_path / "more" / "counters.yaml")])
+    cli_main(["check-registry", "--dev", str(tmp_path / "more" / "counters.yaml")])
     warned = [line for line in capsys.readouterr().out.splitlines()
               if line.startswith("warning: bump_anything") and "declares no resources" in line]
     assert len(warned) == 1 and "service demo:" in warned[0]

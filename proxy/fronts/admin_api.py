@@ -1,7 +1,7 @@
 """The operator (admin) API: approvers' and operators' endpoints on the admin listener.
 
 Owns: the admin routes (approvals, operations and takeovers, unknown calls,
-locks, denials, quotas, pins, whoami, the console), authenticating an admin
+locks and freezes, denials, quotas, pins, whoami, the console), authenticating an admin
 principal with the role each route needs before anything else, checking
 request bodies against their JSON Schemas in ``schemas/``
 (``operation-resolution``, ``unknown-call-settlement``; a bad body is
@@ -106,6 +106,25 @@ async def admin_list_locks(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
     return json_response(await runtime.locks.held(tenant=operator.tenant))
+
+
+async def admin_list_freezes(request: web.Request) -> web.Response:
+    """Frozen resources, oldest first, each with the operation that froze it, its state and the one request
+    that lifts it: ``POST /v1/operations/{key}/resolve`` with the operator's evidence (the same resolution as a
+    takeover's; the freeze ends with it). An operator's tenant only, unless the operator is cross-tenant."""
+    runtime = request.app[RUNTIME]
+    operator = await runtime.authenticator.authenticate_admin(request.headers, role="operator")
+    listing = await runtime.locks.frozen(tenant=operator.tenant)
+    freezes = []
+    for mark in listing["freezes"]:
+        record = await runtime.operations.get(mark["operation"])
+        tenant = record.tenant if record is not None else mark["tenant"]
+        if operator.tenant is not None and tenant != operator.tenant:
+            continue
+        freezes.append({**mark, "tenant": tenant, "tool": record.tool if record is not None else None,
+                        "state": record.state if record is not None else None,
+                        "resolve": f"/v1/operations/{mark['operation']}/resolve"})
+    return json_response({**listing, "freezes": freezes})
 
 
 async def admin_list_unknown_calls(request: web.Request) -> web.Response:
@@ -307,6 +326,7 @@ def admin_app(runtime: Runtime) -> web.Application:
     app.router.add_get("/v1/unknown-calls", admin_list_unknown_calls)
     app.router.add_get("/v1/unknown-operations", admin_list_unknown_operations)
     app.router.add_get("/v1/locks", admin_list_locks)
+    app.router.add_get("/v1/freezes", admin_list_freezes)
     app.router.add_get("/v1/quotas", admin_quotas)
     app.router.add_post("/v1/unknown-calls/settle", admin_settle_unknown_call)
     app.router.add_get("/v1/pins", admin_pins)

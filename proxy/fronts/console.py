@@ -169,6 +169,14 @@ PAGE = page_head("toolproxy console", "/ui/console.js") + """<body>
   <p class="hint" id="locks-hint"></p>
 </section>
 
+<section id="panel-freezes" data-role="operator" hidden>
+  <h2>Frozen resources <span class="count" id="freezes-count"></span></h2>
+  <table id="freezes"><caption class="sr-only">Resources frozen by an unknown outcome</caption><thead><tr><th scope="col">frozen for</th><th scope="col">resource</th><th scope="col">tenant</th><th scope="col">operation</th><th scope="col">tool</th>
+  <th scope="col">resolve</th></tr></thead><tbody></tbody></table>
+  <p class="empty" id="freezes-empty" hidden>Nothing is frozen.</p>
+  <p class="hint" id="freezes-hint"></p>
+</section>
+
 <section id="panel-denials" data-role="any" hidden>
   <h2>Recent policy denials <span class="count" id="denials-count"></span></h2>
   <table id="denials"><caption class="sr-only">Denials by tool and reason</caption><thead><tr><th scope="col">tool</th><th scope="col">reason</th><th scope="col">as the policy said it</th><th scope="col">count</th>

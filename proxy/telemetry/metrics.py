@@ -86,6 +86,13 @@ class Metrics:
         self.frozen_refusals = Counter("toolproxy_frozen_refusals", "Writes refused because a resource is frozen "
                                        "by an operation whose outcome is unknown (operation_unknown)",
                                        ["tool"], registry=r)
+        # A freeze's blast radius, read from the lock hashes at scrape time (no tenant or resource label:
+        # GET /v1/freezes names them for operators).
+        self.frozen_resources = Gauge("toolproxy_frozen_resources",
+                                      "Resources frozen by an operation whose outcome is unknown (no write runs "
+                                      "there until it is reconciled or an operator resolves it)", registry=r)
+        self.oldest_freeze_age = Gauge("toolproxy_oldest_freeze_age_seconds",
+                                       "Age of the oldest freeze mark (0 when nothing is frozen)", registry=r)
         self.approvals = Counter("toolproxy_approvals",
                                  "Approval events by state (created, approved, denied, expired, consumed, mismatch, "
                                  "refused: over approvals.max_pending_per_subject)",

@@ -145,7 +145,7 @@ def test_a_breaking_change_under_a_new_version_passes_the_gate_and_is_reported(t
     old = write_tools(tmp_path / "old.yaml", [contract("get_order", "1.0.0")])
     new = write_tools(tmp_path / "new.yaml", [contract("get_order", "1.0.0"),
                                               contract("get_order", "2.0.0", mode="write")])
-    assert cli_main(["check-registry", str(new), "--previous", str(old)]) == 0
+    assert cli_main(["check-registry", "--dev", str(new), "--previous", str(old)]) == 0
     assert cli_main(["registry", "diff", str(old), str(new)]) == 0
     out = capsys.readouterr().out
     assert "compatible get_order@2.0.0 (against 1.0.0): new version" in out

@@ -429,8 +429,9 @@
       ...choices.map(([value, text]) => el("option", {value: value}, text)));
   }
 
-  function takeoverRow(t) {
-    const base = "takeover-" + t.idempotency_key.replace(/[^A-Za-z0-9_-]/g, "_");
+  // The resolution form of one operation: a takeover's, and a freeze's (resolving it lifts the freeze).
+  function resolveForm(kind, key, tool) {
+    const base = (kind + "-" + key).replace(/[^A-Za-z0-9_-]/g, "_");
     const outcome = outcomeField(base + "-outcome", [["committed", "it happened (committed)"],
       ["not_applied", "it did not happen (not_applied)"], ["rejected", "the target refused it (rejected)"]]);
     const note = el("textarea", {className: "evidence", id: base + "-evidence",
@@ -438,7 +439,24 @@
     const result = el("textarea", {className: "result", id: base + "-result", rows: 2,
                                    placeholder: "result as JSON (optional, committed only)"});
     const button = el("button", {type: "button", className: "resolve"}, "Resolve");
-    button.addEventListener("click", () => resolve(t.idempotency_key, outcome.value, note.value, result.value));
+    button.addEventListener("click", () => resolve(key, outcome.value, note.value, result.value));
+    button.setAttribute("aria-label", "Resolve " + tool + " " + key);
+    return el("td", {className: "actions"}, el("label", {htmlFor: outcome.id}, "Outcome of " + tool), outcome,
+              el("label", {htmlFor: note.id}, "Evidence"), note, el("label", {htmlFor: result.id}, "Result"), result,
+              button);
+  }
+
+  function freezeRow(f) {
+    const row = el("tr", null, el("td", null, Math.round(f.age_s) + " s"), el("td", null, f.resource),
+      el("td", null, f.tenant || "—"),
+      el("td", null, el("div", {className: "key"}, f.operation), el("div", {className: "muted"}, f.state || "gone")),
+      el("td", null, f.tool || "—"),
+      resolveForm("freeze-" + f.resource, f.operation, f.tool || "operation"));
+    row.dataset.key = f.operation;
+    return row;
+  }
+
+  function takeoverRow(t) {
     const row = el("tr", null,
       el("td", null, stamp(t.takeover_at), el("div", {className: "muted"}, "unknown " + age(t.unknown_since)),
          traceLine(t.trace_id)),
@@ -447,10 +465,7 @@
       el("td", null, who(t)),
       el("td", null, code(t.target)),
       el("td", null, evidence(t)),
-      el("td", {className: "actions"}, el("label", {htmlFor: outcome.id}, "Outcome of " + t.tool), outcome,
-         el("label", {htmlFor: note.id}, "Evidence"), note, el("label", {htmlFor: result.id}, "Result"), result,
-         button));
-    button.setAttribute("aria-label", "Resolve " + t.tool + " " + t.idempotency_key);
+      resolveForm("takeover", t.idempotency_key, t.tool));
     row.dataset.key = t.idempotency_key;
     return row;
   }
@@ -669,6 +684,12 @@
         fill("locks", b.locks, lockRow);
         $("locks-hint").textContent = "A crashed proxy's locks free themselves when their lease (" +
           b.lease_ms / 1000 + " s) runs out" + (b.truncated ? "; only the first locks are shown." : ".");
+      }));
+      jobs.push(load("/v1/freezes", (b) => {
+        fill("freezes", b.freezes, freezeRow, (f) => f.operation + " " + f.resource);
+        $("freezes-hint").textContent = b.frozen_resources + (b.frozen_resources === 1 ? " resource" : " resources") +
+          " frozen; no write runs there until its operation is resolved" +
+          (b.truncated ? "; only the oldest freezes are shown." : ".");
       }));
       jobs.push(load("/v1/pins", (b) => fill("pins", b.pins, pinRow)));  // pinned MCP tools
     }

@@ -10,7 +10,7 @@ optional with a heavy import does the same (e.g. OpenTelemetry only when tracing
     if config.tracing.enabled:
         tracer.warm()                                      # configured: imported at start-up, not by a call
 
-and ``tests/unit/test_lazy_imports.py`` asserts that a process without that configuration never imports
+and ``tests/test_lazy_imports.py`` asserts that a process without that configuration never imports
 it (a fresh interpreter, ``sys.modules``). Must never: import anything but the standard library at module
 level, or hide a failed import or build (the first use raises it, and the next use tries again).
 """

@@ -18,7 +18,7 @@ import aiohttp
 from examples.demo_backend import start_demo_backend
 from tests.support.calltokens import session_keys
 from tests.support.proxyproc import REPO, ProxyProcess
-from tests.unit.test_lazy_imports import NOT_IMPORTED
+from tests.test_lazy_imports import NOT_IMPORTED
 
 
 

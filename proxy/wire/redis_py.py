@@ -12,7 +12,7 @@ and right after it is importable again: whatever imports it later gets it as usu
 
 Every module of the package that imports redis-py imports this module first (``proxy/wire/resp.py``,
 ``proxy/store.py``, ``proxy/authoring/policy_replay.py``). redis-py is pinned exactly in pyproject.toml, and
-``tests/unit/test_redis_import.py`` fails when the block stops working, when redis-py's flag no longer reads
+``tests/test_redis_import.py`` fails when the block stops working, when redis-py's flag no longer reads
 it, or when a serving process imports redis-py before this module.
 
 Must never: block any other module, leave the block in place after redis-py is imported, block when the metrics

@@ -10,9 +10,10 @@ reaching up.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
-from tests.unit import REPO
+from tests.unit import REPO, parsed
 
 PACKAGE = REPO / "proxy"
 
@@ -23,11 +24,16 @@ def module_name(path: Path) -> str:
 
 
 def import_graph() -> dict[str, set[str]]:
+    return {name: set(targets) for name, targets in _import_graph().items()}  # a copy: checks never share edits
+
+
+@functools.cache
+def _import_graph() -> dict[str, set[str]]:
     modules = {module_name(p): p for p in PACKAGE.rglob("*.py")}
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -143,7 +149,7 @@ def test_only_the_store_speaks_redis_py_errors():
     which raises redis-py's own exceptions so nothing above it can tell the two apart) imports them."""
     speakers = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parsed(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n.startswith("redis.exceptions") for n in names):
@@ -158,8 +164,7 @@ def test_the_call_token_wing_stands_alone():
     outside = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.startswith("proxy.calltokens")
                      for t in targets if not t.startswith("proxy.calltokens"))
     assert not outside
-    source = (PACKAGE / "__init__.py").read_text(encoding="utf-8")
-    assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [n for n in ast.walk(parsed(PACKAGE / "__init__.py")) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 VERIFIER = PACKAGE.parent / "toolproxy_verifier"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from proxy.wire.redis_py import OTEL_METRICS_SDK
 from tests.unit import REPO
-from tests.unit.test_lazy_imports import imported_after
+from tests.test_lazy_imports import imported_after
 
 REDIS_FLAG = "import redis.observability.providers as p\nprint('OTEL_AVAILABLE', p.OTEL_AVAILABLE)"
 

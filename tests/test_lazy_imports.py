@@ -1,18 +1,14 @@
 """A deployment imports what it uses (issue 32): the MCP SDK (and its pydantic models), policy authoring
 and the dev stack are not imported by a process that does not serve MCP, call an MCP upstream or author
-policy. Each check runs in a fresh interpreter and reads its ``sys.modules`` (nothing is timed)."""
+policy. Each check runs in a fresh interpreter and reads its ``sys.modules`` (nothing is timed); the
+``OnFirstUse`` pattern itself is tests/unit/test_lazy.py's."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-import threading
 
-import pytest
-
-from proxy.adapters import DeferredAdapter
-from proxy.lazy import OnFirstUse
 from tests.unit import REPO
 
 # What the serving path of a JSON/OpenAI-only process must not pull in (opa-python-client, with requests and
@@ -47,52 +43,3 @@ def test_the_run_command_imports_no_authoring_before_it_serves():
 
 def test_the_mcp_front_brings_the_sdk_when_it_is_imported():  # the check above can fail: it sees the SDK
     assert {"mcp", "mcp_types"} <= imported_after("import proxy.fronts.mcp.front")
-
-
-def test_a_deferred_object_is_built_once_on_first_use():
-    builds = []
-    lazy = OnFirstUse(lambda: builds.append(1) or "built")
-    assert lazy.built is None and builds == []
-    assert lazy.get() == "built" and lazy.get() == "built" and lazy.warm() == "built"
-    assert builds == [1] and lazy.built == "built"
-
-
-def test_a_failed_build_raises_on_use_and_is_tried_again():
-    attempts = []
-
-    def build() -> str:
-        attempts.append(1)
-        if len(attempts) == 1:
-            raise ImportError("not yet")
-        return "ok"
-
-    lazy = OnFirstUse(build)
-    with pytest.raises(ImportError):
-        lazy.get()
-    assert lazy.built is None
-    assert lazy.get() == "ok" and len(attempts) == 2
-
-
-def test_threads_racing_a_first_use_build_once():
-    builds = []
-    gate = threading.Barrier(8)
-    lazy = OnFirstUse(lambda: builds.append(1) or object())
-
-    def use() -> None:
-        gate.wait(timeout=10)
-        lazy.get()
-
-    threads = [threading.Thread(target=use) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert builds == [1]
-
-
-async def test_a_deferred_adapter_is_not_built_to_be_closed_or_asked_how_it_cancels():
-    builds = []
-    adapter = DeferredAdapter(lambda: builds.append(1) or object(), cancel_by_closing=True)
-    assert adapter.cancel_by_closing is True
-    await adapter.aclose()
-    assert builds == [] and adapter.built is None

@@ -1043,9 +1043,10 @@ def load_config(path: str | os.PathLike[str] | None = None,
         _set_dotted(data, dotted, value)
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+            with Path(path).open(encoding="utf-8") as handle:  # a stream: the parser's marks name the file
+                loaded = yaml.safe_load(handle)
         except (OSError, yaml.YAMLError) as exc:
-            raise ConfigError(f"{path}: cannot read config: {exc}") from None
+            raise ConfigError(f"{path}: cannot read config: {' '.join(str(exc).split())}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping")
         deep_merge(data, loaded or {})

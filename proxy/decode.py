@@ -58,26 +58,27 @@ def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str 
         try:
             text = bytes(text).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ProxyError("invalid_json", f"{what} are not valid UTF-8",
+            raise ProxyError("invalid_json", f"{what} {_are(what)} not valid UTF-8",
                              details={"position": exc.start}, phase=phase) from None
     try:
         value, end = _DECODER.raw_decode(text, _skip_ws(text, 0))
     except json.JSONDecodeError as exc:
         # A fixed message: the parser's own text never reaches a client (only where it stopped).
-        raise ProxyError("invalid_json", f"{what} are not valid JSON",
+        raise ProxyError("invalid_json",
+                         f"{what} {_are(what)} not valid JSON at line {exc.lineno}, column {exc.colno}",
                          details={"position": exc.pos, "line": exc.lineno, "column": exc.colno},
                          phase=phase) from None
     except _DuplicateKey as exc:
-        raise ProxyError("invalid_json", f"{what} contain a duplicate key",
+        raise ProxyError("invalid_json", f"{what} {'contain' if _are(what) == 'are' else 'contains'} a duplicate key",
                          details={"key": exc.key[:MAX_MESSAGE]}, phase=phase) from None
     except RecursionError:  # deeper than the parser's own stack allows: far above any max_depth
         raise _nested_too_deep(what, phase, max_depth) from None
     except ValueError as exc:  # NaN, Infinity, -Infinity
-        raise ProxyError("invalid_json", f"{what} are not valid JSON: NaN and Infinity are not JSON numbers",
+        raise ProxyError("invalid_json", f"{what} {_are(what)} not valid JSON: NaN and Infinity are not JSON numbers",
                          phase=phase) from None
     end = _skip_ws(text, end)
     if end != len(text):
-        raise ProxyError("invalid_json", f"{what} are not valid JSON: extra data after the value",
+        raise ProxyError("invalid_json", f"{what} {_are(what)} not valid JSON: extra data after the value",
                          details={"position": end}, phase=phase)
     check_depth(value, max_depth, what=what, phase=phase)
     return value
@@ -100,6 +101,11 @@ def check_depth(value: Any, max_depth: int, *, what: str, phase: str) -> None:
 def _nested_too_deep(what: str, phase: str, max_depth: int) -> ProxyError:
     return ProxyError("invalid_json", f"{what} nest arrays/objects deeper than {max_depth} levels",
                       details={"max_depth": max_depth}, phase=phase)
+
+
+def _are(what: str) -> str:
+    """The verb for ``what``: "tool arguments are", "request body is" (every caller names a noun phrase)."""
+    return "are" if what.split()[-1].endswith("s") else "is"
 
 
 def _skip_ws(text: str, index: int) -> int:

@@ -534,9 +534,10 @@ def load_file(path: Path) -> list[ToolContract]:
 
 def _parse(path: Path) -> Any:
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
+        with path.open(encoding="utf-8") as handle:  # a stream: the parser's marks name the file, not a string
+            return yaml.load(handle, Loader=_YAML_LOADER)  # noqa: S506 (a safe loader)
     except (OSError, yaml.YAMLError) as exc:
-        raise RegistryError(f"{path}: cannot parse YAML: {exc}") from None
+        raise RegistryError(f"{path}: cannot parse YAML: {' '.join(str(exc).split())}") from None
 
 
 def _tools(path: Path, document: Any) -> list[ToolContract]:
@@ -570,7 +571,7 @@ def _tool_label(document: Any, path: Iterable[Any]) -> str:
     parts = list(path)
     if len(parts) >= 2 and parts[0] == "tools" and isinstance(parts[1], int):
         try:
-            return f"tool {document['tools'][parts[1]].get('name', '#' + str(parts[1]))!r} "
+            return f"tool {document['tools'][parts[1]].get('name', '#' + str(parts[1]))} "
         except (AttributeError, IndexError, KeyError, TypeError):
             pass
     return ""
@@ -586,7 +587,7 @@ def _json_path(parts: Iterable[Any]) -> str:
 def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     """One tool entry, checked (each family of checks below names the entry's JSON path) and frozen."""
     name = raw["name"]
-    at = _At(f"{path}: tool {name!r}", f"$.tools[{index}]")
+    at = _At(f"{path}: tool {name}", f"$.tools[{index}]")
     strict = raw.get("strict", True)
     output_schema = raw.get("outputSchema")
     _check_schemas(at, raw, strict)

@@ -531,7 +531,7 @@ async def test_a_parse_error_answers_a_fixed_message(proxy_deps):
     async with running_stack(proxy_deps) as stack:
         status, body = await stack.post("/v1/tool-calls", None, raw=b'{"call_id": "c", "tool": ')
         assert status == 400 and body["error"]["code"] == "invalid_json"
-        assert body["error"]["message"] == "request body are not valid JSON"  # never the parser's own text
+        assert body["error"]["message"] == "request body is not valid JSON at line 1, column 26"  # not the parser's text
         assert sorted(body["error"]["details"]) == ["column", "line", "position"]
         async with stack.session.post(stack.proxy_url + "/mcp", data=b"[{]", headers={
                 **ACCEPT, "Content-Type": "application/json"}) as response:

@@ -311,3 +311,18 @@ async def test_the_openai_tool_listing_is_the_callers_tools_in_openais_shape(pro
             {"id": "call_1", "type": "function",
              "function": {"name": "get_order", "arguments": '{"order_id": "ord_1001"}'}}]})
         assert status == 200 and turn["batch"]["status"] == "succeeded", turn
+
+
+# -- YAML errors name the file, in one line --------------------------------------------------------------------
+
+def test_a_yaml_error_names_the_file_in_one_line(tmp_path):
+    bad = tmp_path / "tools.yaml"
+    bad.write_text("tools:\n  - name: x\n    mode: [read\n")
+    result = check_registry(bad)
+    assert result.returncode == 1 and result.stderr.count("\n") == 1 and "<unicode string>" not in result.stderr
+    assert f'in "{bad}", line 3, column 11' in result.stderr, result.stderr
+    config = tmp_path / "config.yaml"
+    config.write_text("identity:\n  mode: [x\n")
+    run = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "-c", str(config)], cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1 and f'in "{config}", line 2' in run.stderr

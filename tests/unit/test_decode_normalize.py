@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from jsonschema import Draft202012Validator
 
@@ -40,10 +42,15 @@ def test_non_json_literals_are_refused(text):
                                   b"\xff", '"\\x"'])
 def test_a_parse_error_says_a_fixed_message_never_the_parsers_own_text(text):
     message = code_of(strict_loads, text).message
-    assert message.startswith("tool arguments are not valid") and message in {
-        "tool arguments are not valid JSON", "tool arguments are not valid UTF-8",
-        "tool arguments are not valid JSON: extra data after the value",
-        "tool arguments are not valid JSON: NaN and Infinity are not JSON numbers"}
+    assert re.fullmatch(r"tool arguments are not valid (JSON at line \d+, column \d+|UTF-8|JSON: extra data after "
+                        r"the value|JSON: NaN and Infinity are not JSON numbers)", message), message
+
+
+def test_a_parse_error_says_where_and_agrees_with_its_subject():
+    with pytest.raises(ProxyError) as info:
+        strict_loads('{"a":\n  1,,}', what="request body")
+    assert info.value.message == \
+        "request body is not valid JSON at line 2, column 5"
 
 
 def test_whitespace_around_a_value_is_fine():

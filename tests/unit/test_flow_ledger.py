@@ -78,7 +78,7 @@ def test_unknown_labels_and_sinks_are_refused_in_one_line(tmp_path, flow, messag
 """)
     with pytest.raises(RegistryError) as caught:
         load_registry([path])
-    assert str(caught.value) == f"{path}: tool 'leaky' {message}" and "\n" not in str(caught.value)
+    assert str(caught.value) == f"{path}: tool leaky {message}" and "\n" not in str(caught.value)
 
 
 def test_registry_diff_names_flow_changes_and_stricter_ones_break():

@@ -46,7 +46,7 @@ def test_loose_input_schema_is_refused_with_file_tool_and_path(tmp_path):
     with pytest.raises(RegistryError) as info:
         load_registry([path])
     message = str(info.value)
-    assert str(path) in message and "'t1'" in message and "$.tools[0].inputSchema" in message
+    assert str(path) in message and "tool t1 at" in message and "$.tools[0].inputSchema" in message
 
 
 def test_loose_schema_allowed_when_tool_says_strict_false(tmp_path):
@@ -61,7 +61,7 @@ def test_nested_loose_object_is_refused(tmp_path):
 
 
 def test_schema_violation_in_registry_names_the_json_path(tmp_path):
-    with pytest.raises(RegistryError, match=r"tool 't1' at \$\.tools\[0\]\.mode"):
+    with pytest.raises(RegistryError, match=r"tool t1 at \$\.tools\[0\]\.mode"):
         load_registry([write(tmp_path, TOOL.replace("mode: read", "mode: sometimes"))])
 
 

@@ -326,3 +326,32 @@ def test_a_yaml_error_names_the_file_in_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "-c", str(config)], cwd=REPO,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 1 and run.stderr.count("\n") == 1 and f'in "{config}", line 2' in run.stderr
+
+
+# -- resource ownership at scale: the documented rule for ids that carry their tenant ------------------------
+
+def test_the_documented_ownership_rule_for_ids_that_name_their_tenant(tmp_path):
+    import json
+    import re
+    import shutil
+
+    text = (REPO / "docs" / "authorization.md").read_text()
+    section = text.split("## Resource ownership at scale", 1)[1]
+    rule = re.search(r"```rego\n(.*?)```", section, flags=re.S)[1]
+    policies = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", policies)
+    (policies / "ownership_in_ids.rego").write_text(rule)
+
+    def explain(order_id: str) -> dict:
+        body = {"tool": "get_order", "arguments": {"order_id": order_id}}
+        done = subprocess.run([sys.executable, "-m", "proxy.cli", "policy", "explain", "--body", "-",
+                               "--policy", str(policies), "--tenant", "acme", "--roles", "agent",
+                               "--format", "json"], input=json.dumps(body), capture_output=True, text=True,
+                              timeout=120, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)["decision"]
+
+    assert explain("ord_acme7")["allow"] is True
+    refused = explain("ord_globex7")
+    assert refused["allow"] is False and "resource_not_owned:order:ord_globex7" in refused["reasons"]
+    assert explain("ord_1001")["allow"] is True  # ids listed in data still work beside the rule

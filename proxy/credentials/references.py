@@ -2,8 +2,8 @@
 
 Owns: refusing a registry (at start-up, and as a whole on a reload) whose tool names a credential the
 configuration lacks, names one on a backend kind that cannot carry it (the ``mcp_*`` kinds are for MCP upstreams
-and the only kinds they take; a per-user one for the upstream its users connect to), or pairs a credential's TLS settings with
-a plain-http backend. Must never: read a secret (only names and settings are compared).
+and the only kinds they take; a per-user one for the upstream its users connect to, and for no pinned tool), or
+pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ def check_references(registry: Registry, credentials: Mapping[str, CredentialCon
             raise RegistryError(f"{where}: the users connect their accounts to {entry.resource!r} (the "
                                 "credential's resource), not to this tool's upstream; give the tool that URL or "
                                 "name a credential of its own")
+        if entry.kind == "mcp_authorization_code" and tool.backend.pin is not None:
+            # A pin check lists the upstream's tools for no user: with only users' grants it could never pass,
+            # and every call of the tool would be refused as unverified.
+            raise RegistryError(f"{where}: a pinned tool (backend.pin) is checked with the proxy's own token, and "
+                                "a per-user credential has none; remove the pin, or reach the upstream with an "
+                                "mcp_client_credentials credential")
         if (entry.tls_cert_file or entry.tls_ca_file) and url.startswith("http://"):
             raise RegistryError(f"{where} carries TLS settings but the backend's URL is plain http; use an "
                                 "https URL (backends.services, or the tool's backend.url)")

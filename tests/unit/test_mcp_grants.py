@@ -112,3 +112,41 @@ def test_the_private_names_the_mcp_oauth_module_overrides_are_the_sdks():
     context_source = inspect.getsource(inspect.getmodule(OAuthClientProvider).OAuthContext)
     for name in ("current_tokens", "token_expiry_time", "def is_token_valid"):
         assert name in context_source
+
+
+def _registry(tmp_path, backend: str):
+    from proxy.registry import load_registry
+    path = tmp_path / "tools.yaml"
+    path.write_text(f"""tools:
+  - name: t
+    version: "1.0.0"
+    description: A tool.
+    mode: read
+    risk: read
+    inputSchema: {{type: object, additionalProperties: false}}
+    backend: {backend}
+""")
+    return load_registry([str(path)])
+
+
+@pytest.mark.parametrize("backend, credential, message", [
+    ('{type: http, url: "https://api.example/x", auth: k}', {"kind": "mcp_client_credentials"},
+     "kind mcp_client_credentials is for MCP upstreams"),
+    ('{type: mcp, url: "https://mcp.example/mcp", tool: x, auth: k}', {"kind": "bearer"},
+     "kind bearer is for HTTP backends"),
+    ('{type: mcp, url: "https://other.example/mcp", tool: x, auth: k}',
+     {"kind": "mcp_authorization_code", "resource": "https://mcp.example/mcp"}, "users connect their accounts to"),
+    ('{type: mcp, url: "https://mcp.example/mcp", tool: x, auth: k, pin: {definition: "sha256:' + "0" * 64 +
+     '", tool_list: "sha256:' + "0" * 64 + '"}}',
+     {"kind": "mcp_authorization_code", "resource": "https://mcp.example/mcp"}, "a pinned tool"),
+])
+def test_a_registry_naming_an_mcp_credential_that_cannot_serve_it_is_refused(tmp_path, backend, credential,
+                                                                             message):
+    from types import SimpleNamespace
+
+    from proxy.credentials.references import check_references
+    from proxy.registry import RegistryError
+
+    entry = SimpleNamespace(**{"tls_cert_file": "", "tls_ca_file": "", "resource": "", **credential})
+    with pytest.raises(RegistryError, match=message):
+        check_references(_registry(tmp_path, backend), {"k": entry}, {})

@@ -27,9 +27,9 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from ..config import ConfigError, load_config
+from ..config import ConfigError, JwtConfig, load_config
 from ..policy.opa_control import AUTHZ_POLICY
 from ..registry import RegistryError
 
@@ -155,27 +155,8 @@ def run_dev(args: argparse.Namespace) -> int:
         redis_password = os.environ.get("TOOLPROXY_REDIS_PASSWORD") or secrets.token_urlsafe(24)
         signing_key, backend_keys = _dev_call_token_key(secret_dir)
         opa_socket = str(secret_dir / "opa.sock")  # the work directory is 0700: nobody else can bind or reach it
-        overrides = {
-            "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
-            "opa.url": f"unix://{opa_socket}",
-            "opa.token_file": write_secret(secret_dir / "opa-token", opa_token),
-            "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
-            "redis.password": redis_password,
-            "integrity.mac_key_file": write_secret(secret_dir / "record-mac.key", secrets.token_hex(32)),
-            # the key the demo backend verifies with (a --config cannot swap it for one the backend does not know)
-            "call_tokens.signing_key_file": str(signing_key),
-        }
-        if args.registry:
-            overrides["registry.paths"] = [str(Path(p).resolve()) for p in args.registry]
-        # Defaults a --config (or TOOLPROXY_* variables) may replace: a fixed demo caller,
-        # the demo registry and its backend service, demo quotas (docs/quotas.md): every tenant gets a
-        # budget, and the quota class OPA data gives acme/noisy-bot (examples/opa/data.json) a smaller one.
-        dev_defaults = {"identity.mode": "static",
-                        "decisions.enabled": True,  # policy replay reads them (the banner says how)
-                        "quotas.tenant": "rate=50/1s burst=100 concurrency=20",
-                        "quotas.classes": {"reduced": "rate=2/1s burst=2 concurrency=1"},
-                        "registry.paths": [str(REPO / "examples" / "registry")],
-                        "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"}}
+        overrides = _dev_overrides(args, secret_dir, opa_socket, opa_token, redis_password, signing_key)
+        dev_defaults = _dev_defaults(args)
         config = load_config(args.config, overrides=overrides, base=dev_defaults)
         opa = start(opa_command(f"unix://{opa_socket}", [str(policies), str(opa_data)]),
                     env=opa_env(opa_token, decision_path=config.opa.decision_path,
@@ -187,8 +168,7 @@ def run_dev(args: argparse.Namespace) -> int:
         wait_http(f"http://127.0.0.1:{args.backend_port}/healthz", 20, backend)
         _wait_redis(args.redis_port, redis, redis_password)
         approver_token = None
-        jwt_admin = config.admin_identity.jwt
-        if not (jwt_admin.jwks_file or jwt_admin.jwks_url or jwt_admin.public_key_file or jwt_admin.hmac_secret_file):
+        if not _verifies_admin_tokens(config.admin_identity.jwt):
             overrides["admin_identity.jwt"], approver_token = _dev_approver(Path(workdir))
             config = load_config(args.config, overrides=overrides, base=dev_defaults)
     except (ConfigError, RegistryError, FileNotFoundError, RuntimeError, TimeoutError) as exc:
@@ -235,6 +215,44 @@ def run_dev(args: argparse.Namespace) -> int:
     finally:
         stop_all()
     return 0
+
+
+def _dev_overrides(args: argparse.Namespace, secret_dir: Path, opa_socket: str, opa_token: str, redis_password: str,
+                   signing_key: Path) -> dict[str, Any]:
+    """The settings the stack fixes, whatever a --config says: the ports of the options, the OPA, Redis and
+    backend it started, and the secrets it wrote under ``secret_dir``."""
+    import secrets
+
+    overrides: dict[str, Any] = {
+        "listen.port": args.proxy_port, "admin.port": args.admin_port, "ops.port": args.ops_port,
+        "opa.url": f"unix://{opa_socket}",
+        "opa.token_file": write_secret(secret_dir / "opa-token", opa_token),
+        "redis.url": f"redis://127.0.0.1:{args.redis_port}/0",
+        "redis.password": redis_password,
+        "integrity.mac_key_file": write_secret(secret_dir / "record-mac.key", secrets.token_hex(32)),
+        # the key the demo backend verifies with (a --config cannot swap it for one the backend does not know)
+        "call_tokens.signing_key_file": str(signing_key),
+    }
+    if args.registry:
+        overrides["registry.paths"] = [str(Path(p).resolve()) for p in args.registry]
+    return overrides
+
+
+def _dev_defaults(args: argparse.Namespace) -> dict[str, Any]:
+    """Defaults a --config (or TOOLPROXY_* variables) may replace: a fixed demo caller, the demo registry and
+    its backend service, demo quotas (docs/quotas.md): every tenant gets a budget, and the quota class OPA
+    data gives acme/noisy-bot (examples/opa/data.json) a smaller one."""
+    return {"identity.mode": "static",
+            "decisions.enabled": True,  # policy replay reads them (the banner says how)
+            "quotas.tenant": "rate=50/1s burst=100 concurrency=20",
+            "quotas.classes": {"reduced": "rate=2/1s burst=2 concurrency=1"},
+            "registry.paths": [str(REPO / "examples" / "registry")],
+            "backends.services": {"demo": f"http://127.0.0.1:{args.backend_port}"}}
+
+
+def _verifies_admin_tokens(jwt_admin: JwtConfig) -> bool:
+    """Whether the admin identity's JWT settings name a key (else the stack makes a dev approver's)."""
+    return bool(jwt_admin.jwks_file or jwt_admin.jwks_url or jwt_admin.public_key_file or jwt_admin.hmac_secret_file)
 
 
 def taken_ports(args: argparse.Namespace) -> list[str]:

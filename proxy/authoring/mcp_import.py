@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
 import yaml
@@ -186,6 +186,25 @@ def _registry_name(raw: str, used: set[str]) -> str:
     return name
 
 
+def _with_sub_schemas(node: dict[str, Any], where: str, walk: Callable[[Any, str], Any]) -> dict[str, Any]:
+    """A copy of ``node`` whose sub-schemas (in schema positions only) went through ``walk``."""
+    out = dict(node)
+    for key, value in node.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: walk(sub, f"{where}.{key}.{name}") for name, sub in value.items()}
+        elif key in _SCHEMA_ONE:
+            out[key] = walk(value, f"{where}.{key}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            out[key] = [walk(sub, f"{where}.{key}[{i}]") for i, sub in enumerate(value)]
+    return out
+
+
+def _is_object_schema(schema: dict[str, Any]) -> bool:
+    """Whether ``schema`` describes an object: its type says so, or it lists properties."""
+    kinds = schema.get("type")
+    return kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or "properties" in schema
+
+
 def _strict_schema(schema: Any) -> tuple[Any, bool, int, list[str]]:
     """A copy of ``schema`` whose object schemas forbid unknown fields where the upstream left it unsaid;
     (copy, strict_possible, changes, where the upstream said ``additionalProperties: true`` and it stays)."""
@@ -199,17 +218,8 @@ def _strict_schema(schema: Any) -> tuple[Any, bool, int, list[str]]:
         nonlocal strict, changes
         if not isinstance(node, dict):
             return node
-        out = dict(node)
-        for key, value in node.items():
-            if key in _SCHEMA_MAPS and isinstance(value, dict):
-                out[key] = {name: walk(sub, f"{where}.{key}.{name}") for name, sub in value.items()}
-            elif key in _SCHEMA_ONE:
-                out[key] = walk(value, f"{where}.{key}")
-            elif key in _SCHEMA_LISTS and isinstance(value, list):
-                out[key] = [walk(sub, f"{where}.{key}[{i}]") for i, sub in enumerate(value)]
-        kinds = out.get("type")
-        is_object = kinds == "object" or (isinstance(kinds, list) and "object" in kinds) or "properties" in out
-        if is_object and out.get("unevaluatedProperties") is not False:
+        out = _with_sub_schemas(node, where, walk)
+        if _is_object_schema(out) and out.get("unevaluatedProperties") is not False:
             if "additionalProperties" not in out:  # unsaid: JSON Schema's default is open; close it
                 out["additionalProperties"] = False
                 changes += 1

@@ -149,7 +149,8 @@ def _data_problems(data: DataFiles, registry: Registry) -> Iterator[Problem]:
     tools = {t.name: t for t in registry.all()}
     yield from _role_problems(data, tools)
     yield from _risk_problems(data, tools)
-    yield from _setting_problems(data, tools)
+    yield from _numeric_setting_problems(data, tools)
+    yield from _tool_list_problems(data, tools)
     yield from _resource_kind_problems(data, tools)
 
 
@@ -210,7 +211,8 @@ def _risk_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterat
                           f"{name} is financial and has no hard max_amount limit")
 
 
-def _setting_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
+def _numeric_setting_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
+    """Approval thresholds and amount limits: each names a registry tool and a numeric argument of it."""
     thresholds = data.get(*SETTINGS, "approval", "thresholds", default={}) or {}
     limits = data.get(*SETTINGS, "limits", "max_amount", default={}) or {}
     for section, entries in (("approval.thresholds", thresholds), ("limits.max_amount", limits)):
@@ -222,6 +224,10 @@ def _setting_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Ite
             elif not _numeric_argument(tools[name], (spec or {}).get("argument")):
                 yield Problem("argument_not_in_schema", where, path + ".argument",
                               f"{name} has no numeric argument {(spec or {}).get('argument')!r}: the rule never fires")
+
+
+def _tool_list_problems(data: DataFiles, tools: Mapping[str, ToolContract]) -> Iterator[Problem]:
+    """Scoped, never-for-agents and hidden tools: each names a registry tool."""
     for name in sorted(data.get(*SETTINGS, "scopes", "tools", default={}) or {}):
         if name not in tools:
             yield Problem("setting_for_unknown_tool", data.where(*SETTINGS, "scopes", "tools"),

@@ -422,17 +422,27 @@ def _comparisons(rule: Mapping[str, Any], file: str, tools: Mapping[str, Any]) -
             if operator not in ORDERING or len(terms) != 3:
                 continue
             for ref, literal in ((terms[1], terms[2]), (terms[2], terms[1])):
-                field = _argument(ref)
-                kind = literal.get("type") if isinstance(literal, dict) else None
-                if field is None or kind not in ("number", "string", "boolean", "null"):
-                    continue
-                declared = {t for schema in tools.values() for t in field_types(schema, field)}
-                if declared and "any" not in declared and not _compatible(kind, declared):
-                    yield TypeProblem(
-                        "argument_type_mismatch", file, _row(expr),
-                        f"input.arguments.{field} {ORDERING[operator]} {json.dumps(literal.get('value'))}: "
-                        f"{field} is {'/'.join(sorted(declared))} in {', '.join(sorted(tools))}, not a {kind}; "
-                        f"the comparison {'always' if operator == 'neq' else 'never'} holds")
+                problem = _comparison_problem(expr, operator, ref, literal, file, tools)
+                if problem is not None:
+                    yield problem
+
+
+def _comparison_problem(expr: Mapping[str, Any], operator: str, ref: Any, literal: Any, file: str,
+                        tools: Mapping[str, Any]) -> TypeProblem | None:
+    """The mismatch of ``ref OP literal``; None when ``ref`` is no argument, the literal no scalar, or some
+    tied tool's field may hold the literal's type (or any type)."""
+    field = _argument(ref)
+    kind = literal.get("type") if isinstance(literal, dict) else None
+    if field is None or kind not in ("number", "string", "boolean", "null"):
+        return None
+    declared = {t for schema in tools.values() for t in field_types(schema, field)}
+    if not declared or "any" in declared or _compatible(kind, declared):
+        return None
+    return TypeProblem(
+        "argument_type_mismatch", file, _row(expr),
+        f"input.arguments.{field} {ORDERING[operator]} {json.dumps(literal.get('value'))}: "
+        f"{field} is {'/'.join(sorted(declared))} in {', '.join(sorted(tools))}, not a {kind}; "
+        f"the comparison {'always' if operator == 'neq' else 'never'} holds")
 
 
 def _argument(term: Any) -> str | None:

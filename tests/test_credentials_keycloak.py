@@ -94,6 +94,34 @@ async def test_token_exchange_gives_the_backend_the_caller_once_for_100_calls(pr
         await crm.stop()
 
 
+async def test_each_caller_gets_a_token_of_their_own(proxy_deps, tmp_path, keycloak, issuers):
+    """Exchanged tokens are kept per subject: alice's and bob's calls, interleaved, each reach the backend as their
+    own caller, with one exchange each."""
+    crm = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, "crm").start()
+    try:
+        overrides = {**proxy_deps, **keycloak_identity(keycloak, issuers[1]),
+                     "registry.paths": [secret_file(tmp_path / "tools.yaml",
+                                                    "tools:\n" + tool("crm_echo", "crm", "crm-as-user"))],
+                     "backends.services": {"crm": crm.url},
+                     "credentials": {"crm-as-user": {
+                         "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                         "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
+        tokens = {name: keycloak.user_token(name) for name in ("alice", "bob")}
+        subjects = {name: jwt.decode(token, options={"verify_signature": False})["sub"] for name, token in tokens.items()}
+        before = len(keycloak.events("TOKEN_EXCHANGE"))
+        async with running_stack(overrides) as stack:
+            calls = [stack.call("crm_echo", {"text": f"{name}-{i}"}, headers={"Authorization": f"Bearer {tokens[name]}"})
+                     for i in range(10) for name in ("alice", "bob")]
+            results = await asyncio.gather(*calls)
+        for _, body in results:
+            assert body["outcome"] == "succeeded", body["error"]
+            assert body["data"]["sub"] == subjects[body["data"]["echo"].split("-")[0]]
+        exchanges = keycloak.events("TOKEN_EXCHANGE")[: len(keycloak.events("TOKEN_EXCHANGE")) - before]
+        assert sorted(e["userId"] for e in exchanges) == sorted(subjects.values())
+    finally:
+        await crm.stop()
+
+
 async def test_client_credentials_with_each_client_authentication(proxy_deps, tmp_path, keycloak):
     backend = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, None).start()
     try:

@@ -1,7 +1,7 @@
 """A real Keycloak (its server distribution, scripts/setup.sh puts it in the tools cache) for the credential tests.
 
 ``KeycloakServer`` starts ``kc.sh start-dev`` on a free loopback port with an in-memory database, bounded in time,
-then creates the test realm through Keycloak's own admin API: a user ``alice`` whose token (password grant of the
+then creates the test realm through Keycloak's own admin API: users ``alice`` and ``bob`` whose tokens (password grant of the
 public client ``agent-app``) is for the proxy (audience ``toolproxy``, claims ``tenant``, ``roles``,
 ``toolproxy_scopes``); the proxy's confidential client ``toolproxy`` (client credentials, standard token exchange
 on, may exchange for the audience ``crm``); ``toolproxy-post`` (client_secret_post) and ``toolproxy-jwt``
@@ -135,9 +135,10 @@ class KeycloakServer:
             "realm": REALM, "enabled": True, "eventsEnabled": True, "adminEventsEnabled": False,
             "enabledEventTypes": ["TOKEN_EXCHANGE", "TOKEN_EXCHANGE_ERROR", "CLIENT_LOGIN", "CLIENT_LOGIN_ERROR"],
             "accessTokenLifespan": 300,
-            "users": [{"username": "alice", "enabled": True, "email": "alice@acme.test", "emailVerified": True,
-                       "firstName": "Alice", "lastName": "Acme",
-                       "credentials": [{"type": "password", "value": USER_PASSWORD, "temporary": False}]}],
+            "users": [{"username": name, "enabled": True, "email": f"{name}@acme.test", "emailVerified": True,
+                       "firstName": name.title(), "lastName": "Acme",
+                       "credentials": [{"type": "password", "value": USER_PASSWORD, "temporary": False}]}
+                      for name in ("alice", "bob")],
             "clients": [
                 {"clientId": "agent-app", "publicClient": True, "directAccessGrantsEnabled": True,
                  "standardFlowEnabled": False, "protocolMappers": agent_mappers},

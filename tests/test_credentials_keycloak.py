@@ -107,10 +107,12 @@ async def test_each_caller_gets_a_token_of_their_own(proxy_deps, tmp_path, keycl
                          "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
                          "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
         tokens = {name: keycloak.user_token(name) for name in ("alice", "bob")}
-        subjects = {name: jwt.decode(token, options={"verify_signature": False})["sub"] for name, token in tokens.items()}
+        subjects = {name: jwt.decode(token, options={"verify_signature": False})["sub"]
+                    for name, token in tokens.items()}
         before = len(keycloak.events("TOKEN_EXCHANGE"))
         async with running_stack(overrides) as stack:
-            calls = [stack.call("crm_echo", {"text": f"{name}-{i}"}, headers={"Authorization": f"Bearer {tokens[name]}"})
+            calls = [stack.call("crm_echo", {"text": f"{name}-{i}"},
+                                headers={"Authorization": f"Bearer {tokens[name]}"})
                      for i in range(10) for name in ("alice", "bob")]
             results = await asyncio.gather(*calls)
         for _, body in results:

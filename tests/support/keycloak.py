@@ -1,8 +1,8 @@
 """A real Keycloak (its server distribution, scripts/setup.sh puts it in the tools cache) for the credential tests.
 
 ``KeycloakServer`` starts ``kc.sh start-dev`` on a free loopback port with an in-memory database, bounded in time,
-then creates the test realm through Keycloak's own admin API: users ``alice`` and ``bob`` whose tokens (password grant of the
-public client ``agent-app``) is for the proxy (audience ``toolproxy``, claims ``tenant``, ``roles``,
+then creates the test realm through Keycloak's own admin API: users ``alice`` and ``bob``, whose tokens (password
+grant of the public client ``agent-app``) are for the proxy (audience ``toolproxy``, claims ``tenant``, ``roles``,
 ``toolproxy_scopes``); the proxy's confidential client ``toolproxy`` (client credentials, standard token exchange
 on, may exchange for the audience ``crm``); ``toolproxy-post`` (client_secret_post) and ``toolproxy-jwt``
 (private_key_jwt, its certificate made here). Events are stored, so the test counts the exchanges in Keycloak's own

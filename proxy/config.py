@@ -1147,10 +1147,7 @@ def _parse_env(name: str, raw: str, hint: Any) -> Any:
     origin = typing.get_origin(hint)
     try:
         if hint is bool:
-            lowered = raw.strip().lower()
-            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
-                raise ValueError("expected true or false")
-            return lowered in {"1", "true", "yes", "on"}
+            return _env_bool(raw)
         if hint is int:
             return int(raw)
         if hint is float:
@@ -1163,17 +1160,29 @@ def _parse_env(name: str, raw: str, hint: Any) -> Any:
                 raise ValueError("expected a JSON object of named entries")
             return value
         if origin is dict:
-            pairs = [item for item in raw.split(",") if item.strip()]
-            result = {}
-            for pair in pairs:
-                key, sep, value = pair.partition("=")
-                if not sep:
-                    raise ValueError(f"expected name=value, got {pair!r}")
-                result[key.strip()] = value.strip()
-            return result
+            return _env_pairs(raw)
         return raw
     except ValueError as exc:
         raise ConfigError(f"{name}: {exc}") from None
+
+
+def _env_bool(raw: str) -> bool:
+    """``1/0``, ``true/false``, ``yes/no``, ``on/off`` (any case); ValueError otherwise."""
+    lowered = raw.strip().lower()
+    if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+        raise ValueError("expected true or false")
+    return lowered in {"1", "true", "yes", "on"}
+
+
+def _env_pairs(raw: str) -> dict[str, str]:
+    """``a=1,b=2`` as a mapping (blank items skipped); ValueError on an item without ``=``."""
+    result = {}
+    for pair in (item for item in raw.split(",") if item.strip()):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise ValueError(f"expected name=value, got {pair!r}")
+        result[key.strip()] = value.strip()
+    return result
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

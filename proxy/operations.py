@@ -956,6 +956,16 @@ def unpack_record(data: bytes) -> dict[str, str]:
     return fields
 
 
+def _expanded_outcome(text: str | None, state: str, meta: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The record's outcome field, expanded for its state; None when it has none, or holds no JSON (not a
+    text this proxy wrote: no MAC covers it, and ``record_verified`` refuses it)."""
+    try:
+        outcome = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return expand(outcome, OutcomeContext.of_meta(state, meta)) if outcome is not None else None
+
+
 def _record(key: str, f: Mapping[str, str]) -> Record:
 
     def num(name: str) -> int | None:
@@ -967,16 +977,12 @@ def _record(key: str, f: Mapping[str, str]) -> Record:
     meta = _read_meta(obj("meta") or {})
     if "tenant" in f:
         meta = {"tenant": f["tenant"], **meta}
-    try:
-        outcome = obj("outcome")
-    except ValueError:  # not a text this proxy wrote: no MAC covers it (``record_verified`` refuses it)
-        outcome = None
     state = f.get("state", "ABSENT")
     return Record(
         key=key, state=state, attempt=num("attempt") or 0, token=num("token") or 0,
         is_write=f.get("is_write") == "1", meta=meta, created_at=num("created_at") or 0,
         updated_at=num("updated_at") or 0, retention_s=num("retention") or 0, lease_until=num("lease_until"),
-        outcome=expand(outcome, OutcomeContext.of_meta(state, meta)) if outcome is not None else None,
+        outcome=_expanded_outcome(f.get("outcome"), state, meta),
         evidence=obj("evidence") or ({**EXECUTOR_SUCCESS, "at_ms": num("updated_at")} if state == "SUCCEEDED" else None),
         final_reason=f.get("final_reason") or None,
         unknown_since=num("unknown_since"), reconcile_until=num("rec_until"), reconcile_next=num("rec_next"),

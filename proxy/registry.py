@@ -589,18 +589,17 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     name = raw["name"]
     at = _At(f"{path}: tool {name}", f"$.tools[{index}]")
     strict = raw.get("strict", True)
-    output_schema = raw.get("outputSchema")
+    output_schema = raw.get("outputSchema") or {}
     _check_schemas(at, raw, strict)
     resources = _resources(at, raw)
     output_policy = output_filter.policy_from_registry(raw.get("output_filter"), raw.get("output_limit"))
     _check_filter_guard_readable(at, raw, output_policy)
     output_policy = output_filter.with_defaults(  # only declared fields, nothing sensitive (checked: from the schema)
-        output_policy, output_schema or {}, tuple(raw.get("sensitive_fields", ())),
+        output_policy, output_schema, tuple(raw.get("sensitive_fields", ())),
         declared_only=(raw.get("output_filter") or {}).get("declared_only", True))
     guard = raw.get("state_guard")
     idem, required = _idempotency(at, raw)
     timeout_ms, min_budget_ms = _budget(at, raw)
-    backend = raw["backend"]
     status = raw.get("status_endpoint")
     cancel = raw.get("cancel_endpoint")
     return ToolContract(
@@ -610,10 +609,8 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         mode=raw["mode"],
         risk=raw["risk"],
         input_schema=_freeze(raw["inputSchema"]),
-        output_schema=_freeze(output_schema or {}),
-        backend=Backend(type=backend["type"], url=backend.get("url"), service=backend.get("service"),
-                        path=backend.get("path"), tool=backend.get("tool"),
-                        pin=McpPin(**backend["pin"]) if backend.get("pin") else None, auth=backend.get("auth")),
+        output_schema=_freeze(output_schema),
+        backend=_backend(raw["backend"]),
         resources=tuple(resources),
         canonical_ids=tuple({name: r.canonical for r in resources if r.canonical is not None
                              for name in r.placeholders}.items()),
@@ -641,14 +638,20 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         source=str(path),
         quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
         output_policy=output_policy,
-        visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema or {})),
+        visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema)),
         state_guard=guard["argument"] if guard is not None else None,
         service_wide_reason=raw.get("service_wide_reason"),
         flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
         flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
-        output_validator=schema_fast.validator(output_schema or {}, formats=True),
+        output_validator=schema_fast.validator(output_schema, formats=True),
     )
+
+
+def _backend(raw: Mapping[str, Any]) -> Backend:
+    """A contract's ``backend`` entry (checked by the registry's schema) as its value."""
+    return Backend(type=raw["type"], url=raw.get("url"), service=raw.get("service"), path=raw.get("path"),
+                   tool=raw.get("tool"), pin=McpPin(**raw["pin"]) if raw.get("pin") else None, auth=raw.get("auth"))
 
 
 def _check_filter_guard_readable(at: "_At", raw: Mapping[str, Any], output_policy: Any) -> None:
@@ -729,19 +732,35 @@ def _record_masked(at: _At, raw: Mapping[str, Any], resources: list[ResourceTemp
     are not (a security code in an e-mail body must not sit in a decision record)."""
     properties = raw["inputSchema"].get("properties") or {}
     sensitive = list(raw.get("sensitive_fields", []))
+    safe = _safe_to_show(at, raw, properties, sensitive)
+    placeholders = {p for r in resources for p in r.placeholders}
+    masked = [name for name, sub in properties.items()
+              if name not in safe and name not in placeholders and name not in sensitive and not _shown_by_type(sub)]
+    return tuple(sensitive + masked)
+
+
+def _safe_to_show(at: _At, raw: Mapping[str, Any], properties: Mapping[str, Any], sensitive: list[str]) -> set[str]:
+    """The contract's ``safe_to_show``: each a property of inputSchema, none also sensitive."""
     safe = set(raw.get("safe_to_show", []))
     for name in sorted(safe):
         if name not in properties:
             raise at.error("safe_to_show", f"{name!r} is not a property of inputSchema")
         if name in sensitive:
             raise at.error("safe_to_show", f"{name!r} is in sensitive_fields: it cannot also be safe to show")
-    placeholders = {p for r in resources for p in r.placeholders}
-    scalar = {"integer", "number", "boolean"}
-    masked = [name for name, sub in properties.items()
-              if name not in safe and name not in placeholders and name not in sensitive
-              and not (isinstance(sub, Mapping) and ("enum" in sub or "const" in sub or (
-                  sub.get("type") in scalar or (isinstance(sub.get("type"), list) and set(sub["type"]) <= scalar))))]
-    return tuple(sensitive + masked)
+    return safe
+
+
+_SCALAR_TYPES = {"integer", "number", "boolean"}
+
+
+def _shown_by_type(sub: Any) -> bool:
+    """Whether an argument's schema alone makes it safe to show: an ``enum``, a ``const``, or only numbers and
+    booleans."""
+    if not isinstance(sub, Mapping):
+        return False
+    kinds = sub.get("type")
+    return "enum" in sub or "const" in sub or kinds in _SCALAR_TYPES or (
+        isinstance(kinds, list) and set(kinds) <= _SCALAR_TYPES)
 
 
 def _canonical_form(at: _At, where: str, raw: Mapping[str, Any] | None) -> CanonicalForm | None:

@@ -201,8 +201,7 @@ def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:
     nothing: the pipeline refuses it before any effect, with its own envelope."""
     if a.tool is None or b.tool is None or a.args_hash is None or b.args_hash is None:
         return ()
-    wide = (service_resource(a.tool),) if a.tool.is_write and b.tool.is_write \
-        and (a.tool.service_wide or b.tool.service_wide) and a.tool.backend_name == b.tool.backend_name else ()
+    wide = _service_wide(a.tool, b.tool)
     access_a = {r.id: r.access for r in a.resources}
     access_b = {r.id: r.access for r in b.resources}
     shared = sorted(access_a.keys() & access_b.keys())
@@ -211,6 +210,14 @@ def conflict(a: Footprint, b: Footprint) -> tuple[str, ...]:
     if a.tool.is_write or b.tool.is_write or any("exclusive" in (access_a[r], access_b[r]) for r in shared):
         return (*shared, *wide)
     return wide
+
+
+def _service_wide(a: ToolContract, b: ToolContract) -> tuple[str, ...]:
+    """The whole service as the one resource two writes share, when both write to one backend and either
+    declares no resources; () otherwise."""
+    if a.is_write and b.is_write and (a.service_wide or b.service_wide) and a.backend_name == b.backend_name:
+        return (service_resource(a),)
+    return ()
 
 
 def unordered_writes(plan: BatchPlan, footprints: Mapping[str, Footprint]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ anything another caller could share, or log either token.
 from __future__ import annotations
 
 import ssl
+from typing import Awaitable, Callable
 
 import aiohttp
 
@@ -50,7 +51,7 @@ class _OAuthCredential:
                             "client_credentials" else None)
         return await self._wait(("own",), lambda: self._endpoint.request(form), wait_s)
 
-    async def _wait(self, key: tuple[str, ...], fetch, wait_s: float) -> str:  # type: ignore[no-untyped-def]
+    async def _wait(self, key: tuple[str, ...], fetch: Callable[[], Awaitable[Token]], wait_s: float) -> str:
         try:
             return await self._cache.get(key, fetch, wait_s)
         except TimeoutError:
@@ -86,7 +87,7 @@ class TokenExchange(_OAuthCredential):
 
 def oauth_credential(name: str, config: CredentialConfig, where: str, session: aiohttp.ClientSession,
                      verify: ssl.SSLContext | bool, tls: ssl.SSLContext | None,
-                     on_answer=None) -> _OAuthCredential:  # type: ignore[no-untyped-def]
+                     on_answer: Callable[[str], None] | None = None) -> _OAuthCredential:
     endpoint = TokenEndpoint(name, config, where, session, verify, on_answer)
     kind = ClientCredentials if config.kind == "client_credentials" else TokenExchange
     return kind(name, config, endpoint, tls)

@@ -607,3 +607,42 @@ async def test_a_held_lock_is_shown_with_its_holder_and_lease(dev, http):
     assert envelope["outcome"] in {"succeeded", "unknown"}, (status, envelope)
     _, listing = await admin_get(http, dev.admin_url, "/v1/locks", dev.token)
     assert not any("ctr_console_lock" in lock["resource"] for lock in listing["locks"])
+
+
+NUMBER_ON_ONE_LINE = """([root, text]) => {
+  // every occurrence of text inside root, each laid out on one line box (never split across lines)
+  const found = [];
+  const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+  for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+    let at = node.data.indexOf(text);
+    while (at >= 0) {
+      const range = document.createRange();
+      range.setStart(node, at);
+      range.setEnd(node, at + text.length);
+      const tops = new Set([...range.getClientRects()].filter((r) => r.width > 0).map((r) => Math.round(r.top)));
+      found.push([tops.size, node.parentElement.tagName + "." + node.parentElement.className]);
+      at = node.data.indexOf(text, at + 1);
+    }
+  }
+  return found;
+}"""
+
+
+@pytest.mark.parametrize("viewport", [(1400, 900), (390, 844)], ids=["1400px", "390px"])
+async def test_amounts_and_ids_never_wrap_inside_a_number(dev, http, viewport):
+    arguments = {**REFUND, "order_id": "ord_1001", "amount": 60000}
+    _, envelope = await agent_call(http, dev.agent_url, "refund_order", arguments,
+                                   {"Idempotency-Key": f"console-wrap-{viewport[0]}"})
+    approval_id = envelope["error"]["details"]["approval_id"]
+    async with chromium_page(viewport=viewport) as page:
+        await signed_in(page, dev.console_url, dev.token)
+        row = page.locator(f'#approvals tr[data-approval-id="{approval_id}"]')
+        await row.wait_for()
+        await row.locator("td.related dl").wait_for()
+        handle = await row.element_handle()
+        for text in ("60000", "600.00", approval_id, envelope["request_id"]):
+            lines = await page.evaluate(NUMBER_ON_ONE_LINE, [handle, text])
+            assert lines and all(n == 1 for n, _ in lines), (text, lines)
+        widths = await page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        assert widths[0] <= widths[1], widths
+        await screenshot(page, f"console-amounts-{viewport[0]}px", locator=row)

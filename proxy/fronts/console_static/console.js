@@ -22,6 +22,12 @@
     return node;
   }
 
+  // An id or key, whole on one line: it scrolls inside its cell when longer (focusable, so a keyboard can
+  // scroll it too), never breaks in the middle.
+  function keyText(value) {
+    return el("span", {className: "key", tabIndex: 0, title: String(value)}, value);
+  }
+
   function pretty(value) {
     if (value === null || value === undefined) return "—";
     return typeof value === "string" ? value : JSON.stringify(value, null, 1);
@@ -227,7 +233,7 @@
   const KEY_SOURCES = {idempotency_key: "Idempotency-Key", run_id: "X-Run-Id", retry_id: "tool-call id"};
 
   function origin(a) {
-    const lines = [el("div", {className: "muted"}, a.id)];
+    const lines = [el("div", {className: "muted"}, keyText(a.id))];
     if (a.caller_key) {
       lines.push(el("div", {className: "agent-key"}, "key " + a.caller_key,
                     el("span", {className: "muted"}, " (" + (KEY_SOURCES[a.caller_key_source] || "key") + ")")));
@@ -237,7 +243,8 @@
                     "operation " + a.operation_key.slice(0, 15) + "\u2026"));
     }
     if (a.request_id || a.call_id) {
-      lines.push(el("div", {className: "muted"}, "request " + (a.request_id || "—") + " · call " + (a.call_id || "—")));
+      lines.push(el("div", {className: "muted"}, "request ", keyText(a.request_id || "—"),
+                    " · call ", keyText(a.call_id || "—")));
     }
     return lines;
   }
@@ -340,7 +347,7 @@
   // -- approvals ---------------------------------------------------------------------------------
   function approvalRow(a) {
     const fieldId = "reason-" + a.id;
-    const label = el("label", {htmlFor: fieldId}, "Reason for " + a.tool + " " + a.id);
+    const label = el("label", {htmlFor: fieldId}, "Reason for " + a.tool + " ", keyText(a.id));
     const reason = el("input", {type: "text", id: fieldId, placeholder: "reason", maxLength: 500,
                                 className: "reason"});
     const approve = el("button", {type: "button", className: "approve"}, "Approve");
@@ -418,7 +425,7 @@
   }
 
   function operationCell(t) {
-    return el("td", null, el("div", {className: "key"}, t.idempotency_key),
+    return el("td", null, keyText(t.idempotency_key),
               el("div", {className: "muted"}, "call " + (t.call_id || "—") + " · request " + (t.request_id || "—")));
   }
 
@@ -449,7 +456,7 @@
   function freezeRow(f) {
     const row = el("tr", null, el("td", null, Math.round(f.age_s) + " s"), el("td", null, f.resource),
       el("td", null, f.tenant || "—"),
-      el("td", null, el("div", {className: "key"}, f.operation), el("div", {className: "muted"}, f.state || "gone")),
+      el("td", null, keyText(f.operation), el("div", {className: "muted"}, f.state || "gone")),
       el("td", null, f.tool || "—"),
       resolveForm("freeze-" + f.resource, f.operation, f.tool || "operation"));
     row.dataset.key = f.operation;
@@ -540,7 +547,7 @@
     return el("tr", null, el("td", null, stamp(d.at_ms)), el("td", null, who(d)),
               el("td", null, d.tool + (d.tool_version ? " " + d.tool_version : "")),
               el("td", null, el("ul", null, ...(d.reasons || []).map((r) => el("li", null, r)))),
-              el("td", null, el("div", {className: "key"}, d.request_id || "—"),
+              el("td", null, keyText(d.request_id || "—"),
                  el("div", {className: "muted"}, "call " + (d.call_id || "—")), traceLine(d.trace_id)));
   }
 

@@ -108,6 +108,7 @@ FAULT_MODES = (
     "http_500",              # 500 without "applied" (nothing applied, but not said)
     "http_503_not_applied",  # 503 with "applied": false
     "crash",                 # os._exit(1) on arrival (only with allow_crash=True)
+    "lie_about_commit",      # adjust_counter: answer 200 with the new value, store nothing (a backend that lies)
     "stop_halfway",          # send_notices: apply the first half, answer 207 partial; with delay_ms > 0 the
                              # rest is applied that much later (the status endpoint goes partial -> committed)
 )
@@ -544,6 +545,11 @@ async def adjust_counter(call: Call) -> dict[str, Any]:
     return {"counter": name, "value": current + delta}
 
 
+async def get_counter(call: Call) -> dict[str, Any]:
+    name = call.args["counter"]
+    return {"counter": name, "value": call.state.counters.get(name, 0)}
+
+
 async def transfer_project(call: Call) -> dict[str, Any]:
     """Give a project to another owner, only if it still has the owner the caller expects (a
     compare-and-swap: the contract's state_guard; the proxy also forwards it as If-Match). A project
@@ -656,6 +662,8 @@ TOOLS: dict[str, ToolSpec] = {
     "adjust_counter": ToolSpec(adjust_counter, True, {
         "counter": _string(r"^ctr_[A-Za-z0-9_]+$", max_len=64), "delta": _integer(-1000, 1000)},
         ("counter:{counter}",)),
+    "get_counter": ToolSpec(get_counter, False, {"counter": _string(r"^ctr_[A-Za-z0-9_]+$", max_len=64)},
+                            ("counter:{counter}",)),
     "delete_customer": ToolSpec(delete_customer, True, {
         "customer_id": _string(r"^cus_[A-Za-z0-9]+$", max_len=64)}, ("customer:{customer_id}",)),
     "send_notices": ToolSpec(send_notices, True, {
@@ -823,7 +831,11 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
             if mode == "stop_halfway":
                 call.stop_after = max(1, len(args.get("recipients") or ()) // 2)
                 call.finish_after_ms = fault.delay_ms
+            kept = dict(state.counters) if mode == "lie_about_commit" else None
             response = await _run(call, spec, body_hash)
+            if kept is not None:  # the answer claims the new value; the store keeps the old one
+                state.counters.clear()
+                state.counters.update(kept)
 
         # Faults after the outcome is decided (and, for writes, committed).
         if mode == "drop_after_commit":

@@ -72,6 +72,8 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "operation_in_progress": ErrorSpec("concurrency", True, "poll", 409),
     "operation_unknown": ErrorSpec("execution", False, "reconcile", 409, expose_to_user=True),
     "outcome_unrecorded": ErrorSpec("execution", False, "reconcile", 503, expose_to_user=True),
+    # the backend said a write committed and the contract's independent read afterwards disagrees: a takeover
+    "verification_mismatch": ErrorSpec("execution", False, "ask_user", 409, expose_to_user=True),
     "operation_failed": ErrorSpec("execution", False, "stop", 409),
     "operation_not_found": ErrorSpec("protocol", False, "stop", 404),
     "operation_not_open": ErrorSpec("concurrency", False, "stop", 409),

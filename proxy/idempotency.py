@@ -87,6 +87,7 @@ from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
 from .operations import OperationStore, RecordTooLarge, Transition
 from .outcome_forms import OutcomeContext, compact, expand
+from .read_after_write import VerifyMismatch
 from .telemetry.redaction import redact
 from .registry import ToolContract
 from .store import RoundTrip, StoreError, Then, unavailable, unavailable_on_fault
@@ -438,6 +439,8 @@ class IdempotencyStage:
             target = "CANCELLED"
         elif error is not None and not error.attempted:
             target = "ABANDON"
+        elif isinstance(error, VerifyMismatch):  # the independent read contradicts the commit: to a person
+            target = "TAKEOVER"
         elif side_effect.committed is None:
             target = "UNKNOWN"
         elif error is None:
@@ -452,6 +455,8 @@ class IdempotencyStage:
             outcome = compact(outcome, replace(admission.outcome_context, state=target))
         observed = "partial" if partial is not None else error.code if error else "succeeded"
         evidence = {"source": "executor", "observed": observed, "at_ms": int(time.time() * 1000)}
+        if isinstance(error, VerifyMismatch):
+            evidence = {**error.evidence, "at_ms": evidence["at_ms"]}
 
         write = RecordWrite(False)
 

@@ -483,9 +483,11 @@ class LockManager:
             await self.forget(plan)
             raise
 
-    async def _lock_hashes(self, tenant: str | None) -> tuple[int, list[tuple[str, str, dict[bytes, bytes]]]]:
-        """Redis's clock in ms and every lock hash as (domain, resource id, fields): one tenant's (or every
-        tenant's for ``None``), read in one pipeline after a SCAN."""
+    async def _lock_hashes(self, tenant: str | None, *, clock: bool = True
+                           ) -> tuple[int, list[tuple[str, str, dict[bytes, bytes]]]]:
+        """Redis's clock in ms (with ``clock``; else this process's: a Cluster pipeline has no TIME) and every
+        lock hash as (domain, resource id, fields): one tenant's (or every tenant's for ``None``), read in one
+        pipeline after a SCAN."""
         if tenant is not None and self._config.scope == "tenant":
             pattern = _glob_escape(self.resource_key(tenant, "")) + "*"
         else:
@@ -494,11 +496,16 @@ class LockManager:
         async for found in self._redis.scan_iter(match=pattern, count=200):
             keys.append(found)
         async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.time()
+            if clock:
+                pipe.time()
             for found in keys:
                 pipe.hgetall(found)
-            seconds_micros, *hashes = await store.redis_call(pipe.execute())
-        now_ms = int(seconds_micros[0]) * 1000 + int(seconds_micros[1]) // 1000
+            replies = await store.redis_call(pipe.execute()) if len(pipe) else []
+        if clock:
+            seconds_micros, *hashes = replies
+            now_ms = int(seconds_micros[0]) * 1000 + int(seconds_micros[1]) // 1000
+        else:
+            hashes, now_ms = replies, _now_ms()
         rows = []
         for found, fields in zip(keys, hashes):
             tagged, _, resource = found.decode().partition("}:")
@@ -508,8 +515,9 @@ class LockManager:
     async def frozen(self, *, tenant: str | None, limit: int = 500) -> dict[str, Any]:
         """``GET /v1/freezes`` and the freeze gauges: every freeze mark, oldest first (one tenant's, or every
         tenant's for ``None``): the resource, the operation whose unknown outcome froze it and since when.
-        ``count`` and ``oldest_age_s`` cover all of them, ``freezes`` the first ``limit``."""
-        now_ms, rows = await self._lock_hashes(tenant)
+        ``count`` and ``oldest_age_s`` cover all of them, ``freezes`` the first ``limit``. Ages are judged on
+        this process's clock, the one a mark's time was written with."""
+        now_ms, rows = await self._lock_hashes(tenant, clock=False)
         marks: list[dict[str, Any]] = []
         for tag, resource, fields in rows:
             for name, value in fields.items():

@@ -9,6 +9,7 @@ of it, each one atomic Lua script registered once per process:
     UNKNOWN -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (reconciled) | NEEDS_TAKEOVER
     UNKNOWN, NEEDS_TAKEOVER -> SUCCEEDED | FAILED_RETRYABLE | FAILED_FINAL (operator with evidence)
     IN_PROGRESS -> CANCELLED (a requested cancellation, with evidence nothing was applied; final)
+    IN_PROGRESS -> NEEDS_TAKEOVER (the contract's independent read after the write contradicts its commit)
 
 plus two marks that never change the state (proxy/transactions/cancellation.py, proxy/transactions/compensation.py):
 ``cancel`` (an IN_PROGRESS record whose cancellation was requested: shown as CANCELLING)
@@ -296,6 +297,12 @@ if state == 'IN_PROGRESS' then
     to_unknown(tonumber(ARGV[6]), tonumber(ARGV[7]), evidence, outcome)
     return {'ok', 'UNKNOWN'}
   end
+  if target == 'TAKEOVER' then  -- unknown, and no status query can settle it: straight to a person
+    to_unknown(tonumber(ARGV[6]), tonumber(ARGV[7]), evidence, outcome)
+    hset('state', 'NEEDS_TAKEOVER', 'takeover_at', now)
+    redis.call('ZREM', due, id)
+    return {'ok', 'NEEDS_TAKEOVER'}
+  end
   settle(target, outcome, evidence, ARGV[8])
   return {'ok', target}
 end
@@ -303,7 +310,7 @@ if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then
   -- Our lease ran out before we could record, but we hold a definite answer: it settles the record.
   local mac = ARGV[8]
   if target == 'ABANDON' then target, mac = 'FAILED_RETRYABLE', '' end
-  if target == 'UNKNOWN' then return {'ok', state} end
+  if target == 'UNKNOWN' or target == 'TAKEOVER' then return {'ok', state} end
   settle(target, outcome, evidence, mac)
   return {'late', target}
 end

@@ -24,7 +24,7 @@ from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
 from .config import Config
 from .decode import decode_arguments
 from .drift import OPEN, Quarantine
-from . import output_filter
+from . import output_filter, read_after_write
 from .envelope import Envelope, Timing, with_summary
 from .flow import FlowLedger
 from .output_filter import NO_POLICY
@@ -34,12 +34,14 @@ from .identity import Caller
 from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError, outcome_unknown
 from .locks import Frozen, Lease, LockManager, LockPlan
 from .telemetry.metrics import Metrics
-from .normalize import NormalizedCall, ResourceRef, digest, normalize
+from .normalize import NormalizedCall, ResourceRef, canonical_json, digest, normalize, sha256_hex
 from .policy.client import Decision, RequestFacts
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
 from .registry import Registry, ToolContract, service_resource
-from .store import RoundTrip, unavailable_on_fault
+from .operation_views import takeover_record
+from .store import RoundTrip, StoreError, unavailable_on_fault
+from .transactions.reconcile import audit_fields
 from .transactions.unknowns import UnknownIndex
 from .verify import model_partial, verify_output, verify_partial
 from .versions import VersionResolver, deprecation, deprecation_headers
@@ -226,6 +228,8 @@ class Pipeline:
             written = await self._record_and_release(state, state.tool, env, error)
             if not written and state.sent and state.tool.is_write and env.side_effect.committed is not None:
                 env = with_summary(self._unrecorded(state, env), state.normalized)
+            elif written and isinstance(error, read_after_write.VerifyMismatch) and state.admission.holds:
+                await self._takeover_raised(state.tool, state.admission.key)
         await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
@@ -244,6 +248,18 @@ class Pipeline:
                   state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
                   env.timing["duration_ms"])
         return env
+
+    async def _takeover_raised(self, tool: ToolContract, key: str) -> None:
+        """A write its independent read contradicted went to a person: counted and audited like a takeover the
+        reconciler raises (the audit record carries the evidence with both values)."""
+        self._metrics.child(self._metrics.takeovers, tool.name).inc()
+        try:
+            record = await self._idempotency.store.get(key)
+        except StoreError as exc:
+            log.warning("could not read the takeover of %s for its audit record (%s)", key, type(exc).__name__)
+            return
+        if record is not None:
+            await self._audit.record("takeover", **audit_fields(record), details=takeover_record(record))
 
     def _unrecorded(self, state: CallState, env: Envelope) -> Envelope:
         """The answer of a sent write whose outcome record could not be written: unknown. Its key stays in
@@ -525,7 +541,41 @@ class Pipeline:
         with self._stage(state, "verify"):
             data = verify_output(tool, result.data)
             state.result_hash = digest(data)
+            if tool.verify_read is not None and tool.is_write:  # still under the write's locks
+                await self._check_after_write(state, tool, normalized, data)
             return data
+
+    async def _check_after_write(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
+                                 data: Any) -> None:
+        """The contract's independent read after a committed write: its result must show what the write
+        claims. A difference, or a read that fails, is ``verification_mismatch`` (the commit stage records a
+        takeover with both values; the write's resources stay frozen)."""
+        read = tool.verify_read
+        target = self.registry.get(read.tool, read.version)
+        arguments = read_after_write.read_arguments(read, arguments=normalized.arguments, result=data)
+        if target is None or arguments is None:
+            raise read_after_write.mismatch(read, read_error=ProxyError(
+                "tool_not_found", "The verify read is not in the registry or lacks an argument."))
+        meta = state.request.meta
+        canonical = canonical_json(arguments)
+        trace = state.span.outgoing() if state.span is not None else meta.trace.child().headers()
+        call = BackendCall(
+            tool=target, canonical_arguments=canonical, arguments=arguments, call_id=f"{state.request.call_id}.verify",
+            request_id=meta.request_id, budget_s=meta.deadline.budget(target.timeout_ms / 1000.0, self._margin_s),
+            traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
+            tenant=state.caller.tenant, agent=state.caller.agent, fencing_token=state.fencing_token,
+            args_hash=sha256_hex(canonical), caller_token=state.caller.token)
+        try:
+            observed = verify_output(target, (await self._adapters[target.backend.type].call(call)).data)
+        except ProxyError as failed:
+            log.warning("the verify read %s of %s failed (%s): the write goes to an operator", read.tool,
+                        tool.name, failed.code)
+            raise read_after_write.mismatch(read, read_error=failed) from None
+        found = read_after_write.differences(read, arguments=normalized.arguments, result=data, observed=observed)
+        if found:
+            log.warning("the verify read %s contradicts the commit of %s: the write goes to an operator",
+                        read.tool, tool.name)
+            raise read_after_write.mismatch(read, differences_found=found)
 
     def _model_view(self, state: CallState, data: Any) -> tuple[Any, bool]:
         """What of the verified result the model sees (the contract's filter and limit), and the evidence

@@ -27,10 +27,11 @@ from urllib.parse import quote
 
 import yaml
 
-from . import approval_context, compensation_contract, output_filter
+from . import approval_context, compensation_contract, output_filter, read_after_write
 from .approval_context import RelatedRead
 from .wire import schema_fast
 from .compensation_contract import CompensationSpec
+from .read_after_write import VerifyRead
 from .errors import ProxyError
 from .output_filter import NO_POLICY, OutputPolicy
 from .quota_rules import LimitSpec, spec_from_registry
@@ -179,6 +180,7 @@ class ToolContract:
     visible_output_schema: Mapping[str, Any] = field(default_factory=dict)  # its advertised shape
     state_guard: str | None = None  # the argument carrying the expected state, forwarded as If-Match
     service_wide_reason: str | None = None  # why a write declares no resources (else check-registry refuses it)
+    verify_read: VerifyRead | None = None  # the read that checks a committed write (proxy/read_after_write.py)
     flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
     flow_sink: str = "internal"          # where its arguments go: internal | external
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
@@ -265,6 +267,7 @@ class Registry:
                 _check_successor(tool, by_name)
                 _check_compensation(tool, by_name)
                 _check_related_read(tool, by_name)
+                _check_verify_read(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
         self._defaults = _defaults(self._tools)
 
@@ -462,6 +465,20 @@ def _check_related_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, T
         raise RegistryError(f"{where}: {found[0]}")
 
 
+def _check_verify_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
+    read = tool.verify_read
+    if read is None or not tool.callable:
+        return
+    where = f"{tool.source}: tool {tool.name!r} version {tool.version}: verify_read"
+    if not tool.is_write:
+        raise RegistryError(f"{where}: only a write's commit is checked")
+    target = _other_callable(tool, by_name, read.tool, read.version, f"{where}: {read.tool}@{read.version}")
+    found = read_after_write.problems(read, write_input=tool.input_schema, write_output=tool.output_schema,
+                                      target_mode=target.mode, target_input=target.input_schema)
+    if found:
+        raise RegistryError(f"{where}: {found[0]}")
+
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
@@ -641,6 +658,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema)),
         state_guard=guard["argument"] if guard is not None else None,
         service_wide_reason=raw.get("service_wide_reason"),
+        verify_read=read_after_write.from_registry(raw.get("verify_read")),
         flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
         flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),

@@ -22,6 +22,7 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
     "fetch_page": {"url": "https://shop.example/help"},
     "send_confirmation": {"order_id": "ord_1002", "channel": "email"},
     "adjust_counter": {"counter": "ctr_demo", "delta": 3},
+    "get_counter": {"counter": "ctr_demo"},
     "delete_customer": {"customer_id": "cus_1002"},
     "release_reservation": {"reservation_id": "rsv_seed1", "sku": "sku_gizmo", "quantity": 1},
     "generate_report": {"title": "weekly", "duration_ms": 20},

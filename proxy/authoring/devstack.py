@@ -263,8 +263,11 @@ def taken_ports(args: argparse.Namespace) -> list[str]:
     for option in ("proxy_port", "admin_port", "ops_port", "redis_port", "backend_port"):
         port = getattr(args, option)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            # as the servers bind: a port whose last connections wait out TIME_WAIT is free to listen on
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 probe.bind(("127.0.0.1", port))
+                probe.listen(1)
             except OSError:
                 taken.append(f"--{option.replace('_', '-')} {port}")
     return taken

@@ -550,6 +550,14 @@ async def get_counter(call: Call) -> dict[str, Any]:
     return {"counter": name, "value": call.state.counters.get(name, 0)}
 
 
+async def get_project(call: Call) -> dict[str, Any]:
+    project_id = call.args["project_id"]
+    project = call.state.projects.get(project_id)
+    if project is None or (call.tenant is not None and project["tenant"] != call.tenant):
+        raise BackendError(404, "project_not_found", f"no project {project_id}", field="project_id")
+    return {"project_id": project_id, "owner": project["owner"], "version": project["version"]}
+
+
 async def transfer_project(call: Call) -> dict[str, Any]:
     """Give a project to another owner, only if it still has the owner the caller expects (a
     compare-and-swap: the contract's state_guard; the proxy also forwards it as If-Match). A project
@@ -669,6 +677,8 @@ TOOLS: dict[str, ToolSpec] = {
     "send_notices": ToolSpec(send_notices, True, {
         "recipients": _list_of(_string(r"^usr_[A-Za-z0-9]+$", max_len=64), max_items=20),
         "message": _string(max_len=500)}, ("inbox:{recipients}",)),
+    "get_project": ToolSpec(get_project, False, {"project_id": _string(r"^prj_[A-Za-z0-9]+$", max_len=64)},
+                            ("project:{project_id}",)),
     "transfer_project": ToolSpec(transfer_project, True, {
         "project_id": _string(r"^prj_[A-Za-z0-9]+$", max_len=64), "to_owner": _string(max_len=64),
         "expected_owner": _string(max_len=64)}, ("project:{project_id}",)),

@@ -25,7 +25,7 @@ from .policy.decisions import check_config as check_decisions_config
 from .event_loop import run_loop
 from .identity import HopProof, configuration_problem
 from .telemetry.logs import configure as configure_logging
-from .registry import Registry, RegistryError, SERVICE_WIDE, load_registry, notices
+from .registry import Registry, RegistryError, SERVICE_WIDE, load_registry, notices, unchecked_state
 from .credentials.references import check_references
 
 
@@ -288,6 +288,8 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None, 
             print(f"refused: {change.line()} -- bump the version", file=sys.stderr)
         if breaks:
             return EXIT_BREAKING_SAME_VERSION
+    for line in unchecked_state(registry):  # the default: the backend alone checks a resource's state
+        print(f"warning: {line}")
     if refused:
         print(f"registry refused: {refused} write(s) declare no resources without a service_wide_reason "
               f"(check-registry --dev accepts them for a development registry)", file=sys.stderr)

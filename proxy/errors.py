@@ -53,6 +53,8 @@ CATALOGUE: Mapping[str, ErrorSpec] = MappingProxyType({
     "approval_not_pending": ErrorSpec("concurrency", False, "stop", 409),
     # business (the backend refused with a definite answer)
     "business_rejected": ErrorSpec("business", False, "ask_user", 422, expose_to_user=True),
+    # the proxy read the guarded state under the write's lock and it changed since the decision: nothing sent
+    "state_changed": ErrorSpec("business", False, "repair_arguments", 412),
     "rate_limited": ErrorSpec("dependency", True, "retry", 429),
     # dependency / execution outcomes
     "dependency_unavailable": ErrorSpec("dependency", True, "retry_same_key", 503),

@@ -526,6 +526,8 @@ class Pipeline:
                                  attempted=False, committed=False)
             # A pinned MCP tool: its upstream verified recently enough, or a check now (contract_drift if it drifted)
             await self.quarantine.fresh(tool, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
+            if tool.state_read is not None:  # under the lock, right before sending
+                await self._check_state(state, tool, normalized)
             self._enough_budget(tool, meta)  # again: the lock wait and the stages before took their time
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
@@ -545,28 +547,51 @@ class Pipeline:
                 await self._check_after_write(state, tool, normalized, data)
             return data
 
+    async def _read_for(self, state: CallState, read: read_after_write.VerifyRead, arguments: Mapping[str, Any],
+                        result: Any, *, suffix: str) -> Any:
+        """Run a contract's read (the state read before a write, the check after it) on the caller's behalf,
+        under the write's lock and fencing token; its verified result."""
+        target = self.registry.get(read.tool, read.version)
+        read_arguments = read_after_write.read_arguments(read, arguments=arguments, result=result)
+        if target is None or read_arguments is None:
+            raise ProxyError("tool_not_found", "The contract's read is not in the registry or lacks an argument.")
+        meta = state.request.meta
+        canonical = canonical_json(read_arguments)
+        trace = state.span.outgoing() if state.span is not None else meta.trace.child().headers()
+        call = BackendCall(
+            tool=target, canonical_arguments=canonical, arguments=read_arguments,
+            call_id=f"{state.request.call_id}.{suffix}", request_id=meta.request_id,
+            budget_s=meta.deadline.budget(target.timeout_ms / 1000.0, self._margin_s),
+            traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
+            tenant=state.caller.tenant, agent=state.caller.agent, fencing_token=state.fencing_token,
+            args_hash=sha256_hex(canonical), caller_token=state.caller.token)
+        return verify_output(target, (await self._adapters[target.backend.type].call(call)).data)
+
+    async def _check_state(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
+        """The guarded state, read again under the write's lock right before sending: a resource that changed
+        (hands, version) since the decision is refused with ``state_changed``, and nothing is sent."""
+        read = tool.state_read
+        try:
+            observed = await self._read_for(state, read, normalized.arguments, None, suffix="state")
+        except ProxyError as failed:
+            raise ProxyError("dependency_unavailable", "The state this write depends on could not be read; "
+                             "nothing was sent. Retry with the same key.",
+                             details={"state_read": f"{read.tool}@{read.version}", "read_error": failed.code},
+                             phase="execute", attempted=False, committed=False) from None
+        if read_after_write.differences(read, arguments=normalized.arguments, result=None, observed=observed):
+            raise ProxyError("state_changed", "The resource is no longer in the state this write was decided "
+                             f"on ({tool.state_guard}); nothing was sent. Read it again before deciding.",
+                             details={"field": tool.state_guard, "state_read": f"{read.tool}@{read.version}"},
+                             phase="execute", attempted=False, committed=False)
+
     async def _check_after_write(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
                                  data: Any) -> None:
         """The contract's independent read after a committed write: its result must show what the write
         claims. A difference, or a read that fails, is ``verification_mismatch`` (the commit stage records a
         takeover with both values; the write's resources stay frozen)."""
         read = tool.verify_read
-        target = self.registry.get(read.tool, read.version)
-        arguments = read_after_write.read_arguments(read, arguments=normalized.arguments, result=data)
-        if target is None or arguments is None:
-            raise read_after_write.mismatch(read, read_error=ProxyError(
-                "tool_not_found", "The verify read is not in the registry or lacks an argument."))
-        meta = state.request.meta
-        canonical = canonical_json(arguments)
-        trace = state.span.outgoing() if state.span is not None else meta.trace.child().headers()
-        call = BackendCall(
-            tool=target, canonical_arguments=canonical, arguments=arguments, call_id=f"{state.request.call_id}.verify",
-            request_id=meta.request_id, budget_s=meta.deadline.budget(target.timeout_ms / 1000.0, self._margin_s),
-            traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
-            tenant=state.caller.tenant, agent=state.caller.agent, fencing_token=state.fencing_token,
-            args_hash=sha256_hex(canonical), caller_token=state.caller.token)
         try:
-            observed = verify_output(target, (await self._adapters[target.backend.type].call(call)).data)
+            observed = await self._read_for(state, read, normalized.arguments, data, suffix="verify")
         except ProxyError as failed:
             log.warning("the verify read %s of %s failed (%s): the write goes to an operator", read.tool,
                         tool.name, failed.code)

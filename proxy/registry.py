@@ -181,6 +181,9 @@ class ToolContract:
     state_guard: str | None = None  # the argument carrying the expected state, forwarded as If-Match
     service_wide_reason: str | None = None  # why a write declares no resources (else check-registry refuses it)
     verify_read: VerifyRead | None = None  # the read that checks a committed write (proxy/read_after_write.py)
+    # the read of the guarded state under the write's lock, right before sending (expect: its pointer -> the
+    # guard argument); None: only the backend checks the state (If-Match)
+    state_read: VerifyRead | None = None
     flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
     flow_sink: str = "internal"          # where its arguments go: internal | external
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
@@ -268,6 +271,7 @@ class Registry:
                 _check_compensation(tool, by_name)
                 _check_related_read(tool, by_name)
                 _check_verify_read(tool, by_name)
+                _check_state_read(tool, by_name)
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
         self._defaults = _defaults(self._tools)
 
@@ -479,6 +483,31 @@ def _check_verify_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, To
         raise RegistryError(f"{where}: {found[0]}")
 
 
+def _check_state_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
+    read = tool.state_read
+    if read is None or not tool.callable:
+        return
+    where = f"{tool.source}: tool {tool.name!r} version {tool.version}: state_guard.read"
+    target = _other_callable(tool, by_name, read.tool, read.version, f"{where}: {read.tool}@{read.version}")
+    found = read_after_write.problems(read, write_input=tool.input_schema, write_output={"type": "object"},
+                                      target_mode=target.mode, target_input=target.input_schema)
+    found += [f"arguments: {p} is not one of the write's arguments (the state is read before the write)"
+              for p in (s.pointer for s in read.arguments.values()) if p and not p.startswith("/arguments/")]
+    if found:
+        raise RegistryError(f"{where}: {found[0]}")
+
+
+def unchecked_state(registry: "Registry") -> list[str]:
+    """Writes on exclusively locked resources whose state nothing checks at the write (no ``state_guard``):
+    a resource that changed hands or state between the decision and the write is written anyway, unless the
+    backend checks it itself. ``check-registry`` warns about each."""
+    return [f"{tool.name} {tool.version} ({tool.source}): its resources' state is not checked at the write: "
+            f"declare state_guard (an argument the backend honours as If-Match, and a read the proxy runs under "
+            f"the lock right before sending) unless the backend checks ownership and state itself"
+            for tool in registry.all() if tool.callable and tool.is_write and tool.state_guard is None
+            and any(r.access == "exclusive" for r in tool.resources)]
+
+
 def _version_key(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in version.split("."))
 
@@ -659,6 +688,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         state_guard=guard["argument"] if guard is not None else None,
         service_wide_reason=raw.get("service_wide_reason"),
         verify_read=read_after_write.from_registry(raw.get("verify_read")),
+        state_read=read_after_write.from_registry(
+            {**guard["read"], "expect": {guard["read"]["state"]: f"/arguments/{guard['argument']}"}})
+        if guard is not None and guard.get("read") else None,
         flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
         flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),

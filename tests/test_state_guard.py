@@ -85,3 +85,33 @@ async def test_an_if_match_that_cannot_be_honoured_runs_nothing(stack):
         headers={"If-Match": '"dev-user"', "Idempotency-Key": "b1"})
     assert status == 400 and batch["error"]["code"] == "invalid_request", batch
     assert not stack.backend.requests and stack.backend.projects["prj_1001"]["owner"] == "dev-user"
+
+
+async def test_a_project_transferred_between_the_decision_and_the_write_is_refused_unsent(stack):
+    """The proxy reads the guarded state itself (``state_guard.read``), under the project's lock, right before
+    sending. Here the project changes hands after this call's decision, while it waits for the lock held by
+    the write that transfers it: the read sees the new owner and nothing is sent."""
+    await stack.fault("transfer_project", "slow", delay_ms=600, count=1)
+    first = asyncio.create_task(stack.call("transfer_project", {**TRANSFER, "to_owner": "mallory"},
+                                           headers={"Idempotency-Key": "first-transfer"}))
+    await wait_until(lambda: _transfers(stack), timeout=10, what="the first transfer to hold the project's lock")
+    status, env = await stack.call("transfer_project", TRANSFER, headers={"Idempotency-Key": "second-transfer"})
+    _, done = await first
+    assert done["outcome"] == "succeeded" and stack.backend.projects["prj_1001"]["owner"] == "mallory"
+
+    assert status == 412 and env["outcome"] == "failed", env
+    assert env["error"]["code"] == "state_changed" and env["error"]["details"]["field"] == "expected_owner"
+    assert env["side_effect"] == {"attempted": False, "committed": False}
+    assert len(_transfers(stack)) == 1  # the second transfer never reached the backend
+    reads = [r for r in stack.backend.requests if r["tool"] == "get_project"]
+    assert len(reads) == 2  # each transfer read the owner under its lock
+    assert await stack.runtime.operations.get(env["idempotency_key"]) is None  # nothing sent: the key is free
+
+
+def test_check_registry_warns_about_writes_whose_state_nothing_checks(capsys):
+    from proxy.cli import main as cli_main
+    from tests.support.stack import DEMO_REGISTRY
+    assert cli_main(["check-registry", str(DEMO_REGISTRY)]) == 0
+    warned = [line for line in capsys.readouterr().out.splitlines() if "not checked at the write" in line]
+    assert any(line.startswith("warning: refund_order 1.0.0") for line in warned), warned
+    assert not any("transfer_project" in line or "get_project" in line for line in warned)

@@ -154,3 +154,60 @@ async def test_the_upstreams_token_rides_every_request_of_a_call_and_nothing_els
     printed = capsys.readouterr()
     for text in (json.dumps(envelope), json.dumps(refused), printed.out, printed.err, caplog.text):
         assert token not in text and SECRET not in text
+
+
+async def test_a_token_the_upstream_stops_accepting_is_renewed_once_and_the_call_fails_closed(tmp_path, proxy_deps):
+    """The upstream accepts the held token, then refuses it (revoked): the next call's plain POST is answered 401
+    without running, goes once more through the session (which renews: here there is no authorization server to
+    find), and fails closed: ``credential_unavailable``, nothing run, no loop."""
+    from tests.support.mcp_upstream import Upstream, _logged, build_server, free_port, registry_yaml
+    from tests.support.stack import DEMO_REGISTRY, running_stack
+    import uvicorn
+
+    accepted = {"token": "good-token-9a7c"}
+
+    class Refusing(Upstream):
+        async def start(self) -> None:
+            inner = build_server(self.state).streamable_http_app(json_response=True)
+
+            async def app(scope, receive, send):  # type: ignore[no-untyped-def]
+                headers = dict(scope.get("headers") or []) if scope["type"] == "http" else {}
+                if scope["type"] == "http" and headers.get(b"authorization") != f"Bearer {accepted['token']}".encode():
+                    await send({"type": "http.response.start", "status": 401, "headers": [
+                        (b"www-authenticate", f'Bearer resource_metadata="{self.url}-prm"'.encode())]})
+                    await send({"type": "http.response.body", "body": b""})
+                    return
+                await inner(scope, receive, send)
+
+            self._server = uvicorn.Server(uvicorn.Config(_logged(app, self.state), host="127.0.0.1",
+                                                         port=self.port, log_level="critical", lifespan="on"))
+            self._task = asyncio.create_task(self._server.serve())
+            async with asyncio.timeout(10):
+                while not self._server.started:
+                    await asyncio.sleep(0.02)
+
+    secret = tmp_path / "client-secret"
+    secret.write_text(SECRET)
+    upstream = Refusing(port=free_port(), json_response=True)
+    await upstream.start()
+    try:
+        registry = tmp_path / "upstream-tools.yaml"
+        registry.write_text(registry_yaml(upstream.url).replace("tool: lookup}", "tool: lookup, auth: held}"))
+        entry = {"kind": "mcp_client_credentials", "client_id": "proxy", "issuer": "https://as.example",
+                 "client_secret_file": str(secret)}
+        async with running_stack({**proxy_deps, "registry.paths": [str(DEMO_REGISTRY), str(registry)],
+                                  "credentials": {"held": entry}}) as stack:
+            held = stack.runtime.mcp_credentials.source("held", upstream.url, "", "")
+            held._token, held._good_until = accepted["token"], float("inf")
+            status, first = await stack.call("up_lookup", {"key": "k1"})
+            assert first["outcome"] == "succeeded", first
+            accepted["token"] = "rotated-elsewhere"  # the authorization server revoked the held token
+            status, second = await stack.call("up_lookup", {"key": "k2"})
+    finally:
+        await upstream.stop()
+    assert second["error"]["code"] == "credential_unavailable" and second["error"]["details"]["credential"] == "held"
+    assert second["side_effect"] == {"attempted": False, "committed": False}
+    assert upstream.state.count("lookup") == 1  # the refused POST ran nothing
+    calls = [r for r in upstream.state.http if r["mcp_method"] == "tools/call"]
+    assert [r["user_agent"].startswith("toolproxy/") for r in calls][:2] == [True, True]  # the wire, then refused
+    assert len(calls) <= 3  # the plain POST, once more through the session: no loop

@@ -101,7 +101,8 @@ def _write(directory: Path, name: str, text: str) -> str:
 async def _credential(args: argparse.Namespace, context: dict[str, Any], grant: str, work: Path,
                       redirect_uri: str) -> dict[str, Any]:
     client_id = args.client_id or context.get("client_id", "")
-    entry: dict[str, Any] = {"kind": f"mcp_{grant}", "client_id": client_id, "timeout_ms": 10000}
+    # generous: the conformance suite starts a process per scenario, all at once, on what may be a small machine
+    entry: dict[str, Any] = {"kind": f"mcp_{grant}", "client_id": client_id, "timeout_ms": 30000}
     if args.scope:
         entry["scope"] = args.scope
     key = Path(args.private_key_file).read_text(encoding="utf-8") if args.private_key_file else \
@@ -132,7 +133,7 @@ def _registry(url: str, tool: str) -> str:
     risk: read
     strict: false
     inputSchema: {{type: object}}
-    timeout_ms: 20000
+    timeout_ms: 60000
     backend: {{type: mcp, url: {json.dumps(url)}, tool: {json.dumps(tool)}, auth: {CREDENTIAL}}}
 """
 
@@ -268,7 +269,7 @@ async def run(args: argparse.Namespace) -> int:
                 await web.SockSite(runner, sock).start()
                 runners.append(runner)
             # the browser keeps the connection's cookie (set for 127.0.0.1: an address, hence ``unsafe``)
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60),
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120),
                                              cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
                 if grant == "authorization_code" and not await _connect(session, admin_url):
                     return 1

@@ -809,8 +809,9 @@ def _shown_by_type(sub: Any) -> bool:
     if not isinstance(sub, Mapping):
         return False
     kinds = sub.get("type")
-    return "enum" in sub or "const" in sub or kinds in _SCALAR_TYPES or (
-        isinstance(kinds, list) and set(kinds) <= _SCALAR_TYPES)
+    if isinstance(kinds, list):  # a list of types is hashable only as a set
+        return "enum" in sub or "const" in sub or (bool(kinds) and set(kinds) <= _SCALAR_TYPES)
+    return "enum" in sub or "const" in sub or kinds in _SCALAR_TYPES
 
 
 def _canonical_form(at: _At, where: str, raw: Mapping[str, Any] | None) -> CanonicalForm | None:

@@ -85,3 +85,11 @@ def test_retired_tool_is_not_found(tmp_path):
     with pytest.raises(ProxyError) as info:
         registry.resolve("t1")
     assert info.value.code == "tool_not_found"
+
+
+def test_an_argument_typed_by_a_list_loads_and_records_show_it_only_when_every_type_is_a_scalar(tmp_path):
+    text = TOOL.replace("properties: {x: {type: string}}",
+                        "properties: {x: {type: string}, n: {type: [integer, 'null']}, k: {type: [integer, number]}}")
+    tool = load_registry([write(tmp_path, text)]).resolve("t1")
+    assert "n" in tool.record_masked and "x" in tool.record_masked  # null or text: masked in records
+    assert "k" not in tool.record_masked  # numbers only: kept

@@ -15,7 +15,7 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
 from tests.support.stack import mcp_envelope, running_stack
-from tests.test_openai_front import assistant, chat_call, tool_messages
+from tests.test_openai_front import assistant, chat_call, envelopes
 
 REFUND = {"order_id": "ord_1001", "amount": 100, "reason": "duplicate charge"}
 
@@ -30,19 +30,19 @@ async def test_a_refund_replanned_in_a_later_openai_turn_refunds_once(proxy_deps
         status, first = await stack.post("/v1/openai/tool-calls",
                                           assistant(chat_call("call_a1", "refund_order", REFUND)), headers=run)
         assert status == 200, first
-        done = json.loads(tool_messages(first)[0]["content"])
+        done = envelopes(first)[0]
         assert done["outcome"] == "succeeded", done
         # The model re-plans: another turn, a new tool_call id, the arguments in another order.
         replanned = assistant(chat_call("call_b7", "refund_order", json.dumps(dict(reversed(REFUND.items())))))
         status, second = await stack.post("/v1/openai/tool-calls", replanned, headers=run)
-        again = json.loads(tool_messages(second)[0]["content"])
+        again = envelopes(second)[0]
         assert again["outcome"] == "succeeded" and again.get("replayed") is True, again
         assert again["idempotency_key"] == done["idempotency_key"] and again["call_id"] == "call_b7"
         assert refunds(stack) == 1
         # Another business request (a new task id) is another operation.
         status, third = await stack.post("/v1/openai/tool-calls", replanned,
                                          headers={"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"})
-        other = json.loads(tool_messages(third)[0]["content"])
+        other = envelopes(third)[0]
         assert other["outcome"] == "succeeded" and other["idempotency_key"] != done["idempotency_key"]
         assert refunds(stack) == 2
 
@@ -53,7 +53,7 @@ async def test_a_keyless_openai_write_is_refused_and_told_how_to_send_a_business
                                             assistant(chat_call("call_k1", "refund_order", REFUND),
                                                       chat_call("call_k2", "get_order", {"order_id": "ord_1001"})))
         assert status == 200, response
-        refused, read = (json.loads(m["content"]) for m in tool_messages(response))
+        refused, read = envelopes(response)
         assert refused["error"]["code"] == "idempotency_key_required", refused
         assert "X-Run-Id" in refused["error"]["message"] and "io.toolproxy/run-id" in refused["error"]["message"]
         assert refused["error"]["details"]["send_one_of"][0] == "X-Run-Id"

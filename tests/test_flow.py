@@ -24,7 +24,7 @@ from tests.support.redis_traffic import RedisTraffic
 from tests.support.stack import extra_tools, mcp_envelope, running_stack
 from tests.support.tokens import jwt_overrides
 from tests.support.waits import wait_until
-from tests.test_openai_front import assistant, chat_call, tool_messages
+from tests.test_openai_front import assistant, chat_call, envelopes
 
 PREFS = ("get_user_preferences", {"user_ref": "usr_alice"})
 PAGE = ("fetch_page", {"url": "https://shop.example/offers"})
@@ -157,7 +157,7 @@ async def via_openai(stack, tool, arguments, headers):
                                                                                      tool, arguments)),
                                         headers=headers)
     assert status == 200, response
-    return json.loads(tool_messages(response)[0]["content"])
+    return envelopes(response)[0]
 
 
 async def via_mcp(stack, tool, arguments, headers):

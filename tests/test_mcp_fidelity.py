@@ -145,7 +145,7 @@ async def test_upstream_content_blocks_pass_through_unchanged(tmp_path, proxy_de
             "id": "call_1", "type": "function",
             "function": {"name": "test_audio_content", "arguments": "{}"}}]})
         assert status == 200, body
-        message = json.loads(body["messages"][0]["content"])   # the OpenAI tool message: the envelope
+        message = json.loads(body["messages"][0]["content"])   # the OpenAI tool message: the model's view
         assert message["data"]["content"][0]["type"] == "audio"
         assert message["data"]["content"][0]["mimeType"] == "audio/wav"
 

@@ -160,22 +160,22 @@ async def test_an_openai_turn_resent_after_timeout_unknown_refunds_once(stack):
     run = {"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"}
     status, first = await stack.post("/v1/openai/tool-calls", turn, headers=run)
     assert status == 200 and first["batch"]["status"] == "uncertain", first  # item 6: never "failed"
-    envelope = json.loads(first["messages"][0]["content"])
+    envelope = first["envelopes"][0]
     assert envelope["error"]["code"] == "timeout_unknown"
     status, again = await stack.post("/v1/openai/tool-calls", turn, headers=run)
-    resent = json.loads(again["messages"][0]["content"])
+    resent = again["envelopes"][0]
     assert resent["error"]["code"] == "operation_unknown"
     assert resent["idempotency_key"] == envelope["idempotency_key"]
     replanned = {**turn, "tool_calls": [{**turn["tool_calls"][0], "id": "call_refund_2"}]}
     _, other = await stack.post("/v1/openai/tool-calls", replanned, headers=run)  # a re-plan: the same operation
-    other_env = json.loads(other["messages"][0]["content"])
+    other_env = other["envelopes"][0]
     assert other_env["idempotency_key"] == envelope["idempotency_key"]
     assert other_env["error"]["code"] == "operation_unknown"
     _, elsewhere = await stack.post("/v1/openai/tool-calls", replanned,
                                     headers={"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"})
     # ...another business request is another operation, which the first one's unknown outcome keeps off
     # the order (item 2)
-    elsewhere_env = json.loads(elsewhere["messages"][0]["content"])
+    elsewhere_env = elsewhere["envelopes"][0]
     assert elsewhere_env["idempotency_key"] != envelope["idempotency_key"]
     assert elsewhere_env["error"]["code"] == "operation_unknown"
     assert elsewhere_env["error"]["details"]["blocking_operation"] == envelope["idempotency_key"]

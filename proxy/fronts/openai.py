@@ -76,17 +76,42 @@ class TurnResult:
     batch: dict[str, Any]                  # summary: status, uncertain call ids, effects, next action
 
 
+def model_view(env: Envelope) -> dict[str, Any]:
+    """What the model reads of a call's result (each token of it is paid for every turn): the outcome, the
+    data, the error's code, message, whether to retry and what to do, whether a call that did not succeed
+    applied anything (``committed``: true, false, or null when unknown). Timing,
+    digests, ids and details are for programs: the response's ``envelopes``."""
+    view: dict[str, Any] = {"outcome": env.outcome}
+    if env.data is not None:
+        view["data"] = env.data
+    if env.error is not None:
+        error = env.error.to_error()
+        view["error"] = {k: error[k] for k in ("code", "message", "retryable", "resolution") if k in error}
+    side_effect = env.side_effect.to_json()
+    if env.outcome != "succeeded" and side_effect.get("attempted"):  # did a failed or unknown call apply anything
+        view["committed"] = side_effect.get("committed")
+    if env.partial is not None:
+        view["partial"] = env.partial
+    if env.truncated:
+        view["truncated"] = True
+    if env.replayed:
+        view["replayed"] = True
+    return view
+
+
 def render(turn: ModelTurn, result: TurnResult) -> dict[str, Any]:
-    """The response body: one item per call, in request order, each output the envelope as JSON text."""
-    def text(env: Envelope) -> str:  # the edge: the envelope's JSON, once
-        return json.dumps(env.to_json(), ensure_ascii=False, separators=(",", ":"))
+    """The response body: one item per call, in request order, each output the model's view of its result as
+    JSON text (``model_view``), and ``envelopes``: the whole envelope of each call, in the same order."""
+    def text(env: Envelope) -> str:  # the edge: the model's view as JSON, once
+        return json.dumps(model_view(env), ensure_ascii=False, separators=(",", ":"))
 
     pairs = list(zip(turn.calls, result.envelopes))
+    envelopes = [env.to_json() for env in result.envelopes]
     if turn.shape == CHAT:
         return {"messages": [{"role": "tool", "tool_call_id": call.call_id, "content": text(env)}
-                             for call, env in pairs], "batch": result.batch}
+                             for call, env in pairs], "envelopes": envelopes, "batch": result.batch}
     return {"items": [{"type": "function_call_output", "call_id": call.call_id, "output": text(env)}
-                      for call, env in pairs], "batch": result.batch}
+                      for call, env in pairs], "envelopes": envelopes, "batch": result.batch}
 
 
 def _summary(envelopes: Sequence[Envelope], request_id: str) -> dict[str, Any]:

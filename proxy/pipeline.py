@@ -36,6 +36,7 @@ from .locks import Frozen, Lease, LockManager, LockPlan
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall, ResourceRef, canonical_json, digest, normalize, sha256_hex
 from .policy.client import Decision, RequestFacts
+from .policy.listing import suggest_tool
 from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
 from .registry import Registry, ToolContract, service_resource
@@ -362,7 +363,11 @@ class Pipeline:
     async def _resolve_decode_normalize(self, state: CallState) -> tuple[ToolContract, NormalizedCall]:
         request = state.request
         with self._stage(state, "resolve"):  # the run's pinned version when X-Run-Id names a run
-            tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
+            try:
+                tool = state.tool = await self._versions.resolve(self.registry, request, state.caller)
+            except ProxyError as error:
+                await self._suggest(error, state.caller, request.meta)
+                raise
             self.quarantine.check(tool)  # contract_drift: a pinned MCP tool whose upstream changed
         with self._stage(state, "decode"):
             arguments = decode_arguments(
@@ -371,6 +376,21 @@ class Pipeline:
         with self._stage(state, "normalize"):
             normalized = state.normalized = normalize(tool, arguments)
         return tool, normalized
+
+    async def _suggest(self, error: ProxyError, caller: Caller, meta: RequestMeta) -> None:
+        """An unknown tool's name gets "did you mean" (in the message and ``details.did_you_mean``), drawn
+        only from the tools this caller's listing shows, so a hidden tool's name never leaks. A retired tool
+        or an unknown version names its tool already and gets none."""
+        name = error.details.get("tool")
+        if error.code != "tool_not_found" or not isinstance(name, str) or set(error.details) != {"tool"}:
+            return
+        suggestion = await suggest_tool(name, self.registry, self._authorizer.policy, caller,
+                                        request_id=meta.request_id, trace_id=meta.trace.trace_id,
+                                        budget_s=meta.deadline.remaining(), quarantine=self.quarantine)
+        if suggestion is not None:
+            error.details["did_you_mean"] = suggestion
+            error.message = f'{error.message} Did you mean "{suggestion}"?'
+            error.args = (error.message,)
 
     def _identify(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> OperationKey | None:
         """The operation's key, before an approval is used (a missing required key is refused here)."""
@@ -486,7 +506,11 @@ class Pipeline:
         None: the call would be allowed now; else the error that refuses it."""
         meta = request.meta
         try:
-            tool = await self._versions.resolve(self.registry, request, caller)
+            try:
+                tool = await self._versions.resolve(self.registry, request, caller)
+            except ProxyError as error:
+                await self._suggest(error, caller, meta)
+                raise
             self.quarantine.check(tool)
             arguments = decode_arguments(request.arguments, tool.input_validator,
                                          max_depth=self._config.decode.max_depth)

@@ -107,6 +107,10 @@ async def test_python_sdk(mode, proxy_deps):
             with pytest.raises(MCPError) as unknown:
                 await client.call_tool(UNKNOWN, {})
             assert unknown.value.error.code == -32602 and unknown.value.error.data["code"] == "tool_not_found"
+            with pytest.raises(MCPError) as misspelled:  # a listed tool, misspelled: the hint names it
+                await client.call_tool("get_ordr", {"order_id": "ord_1001"})
+            assert misspelled.value.error.data["did_you_mean"] == "get_order"
+            assert misspelled.value.error.message.endswith('Did you mean "get_order"?')
 
 
 async def test_openai_agents_mcp_server_streamable_http(proxy_deps):

@@ -3,7 +3,7 @@
 Owns: building the OPA input for one call exactly as the proxy would
 (registry resolve, strict decode, normalize, ``policy.build_input``) from a
 request body and a caller identity, or for one listing (``--list``: the
-registry's active tools, as ``fronts/listing`` asks), or taking a recorded
+registry's active tools, as ``policy/listing`` asks), or taking a recorded
 input by decision id (or request id); evaluating it with ``opa eval --explain
 full`` and naming, for each reason, the rule definitions (package, rule,
 file:line, source line) whose evaluation produced that value. Listing and

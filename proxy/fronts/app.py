@@ -25,7 +25,7 @@ from .http_edge import RUNTIME, envelope_errors, json_response  # noqa: F401  (i
 from .http_server import EnvelopeRunner
 from ..identity import Caller
 from ..idempotency import derive_key
-from .listing import visible_tools
+from ..policy.listing import visible_tools
 from .rebinding import HostGuard
 from ..operation_views import find_operation
 from ..pipeline import RequestMeta, ToolCallRequest

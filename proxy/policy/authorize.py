@@ -81,6 +81,11 @@ class Authorizer:
         self._approvals = approvals
         self._denials = denials
 
+    @property
+    def policy(self) -> PolicyClient:
+        """The policy client (the pipeline's ``tool_not_found`` hint asks it for the caller's listing)."""
+        return self._policy
+
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
                         budget_s: float | None, operation_key: str | None = None,

@@ -103,7 +103,7 @@ from ...requests import RequestMeta
 from ...telemetry import spans, tracing
 from ...telemetry.tracing import safe_id
 from ...identity import Authenticator, Caller
-from ..listing import visible_tools
+from ...policy.listing import visible_tools
 from .sessions import Session, SessionsFull, SessionTable
 from ...telemetry.metrics import Metrics
 from ...batch.plan import BatchPlan, PlannedCall
@@ -526,7 +526,9 @@ class McpFront:
             # says: "Unknown tool" is a JSON-RPC error -32602, not a tool result.
             # The pipeline ran it (audit record, metrics); the envelope's facts travel in ``data``.
             error = env.error
-            raise RpcError(INVALID_PARAMS, f"Unknown tool: {str(name)[:128]}",
+            hint = error.details.get("did_you_mean") if error is not None else None
+            raise RpcError(INVALID_PARAMS, f"Unknown tool: {str(name)[:128]}"
+                           + (f'. Did you mean "{hint}"?' if isinstance(hint, str) else ""),
                            {"code": "tool_not_found", **(dict(error.details) if error is not None else {}),
                             mcp_tools.ENVELOPE_META_KEY: env.to_json()})
         try:

@@ -79,7 +79,7 @@ async def test_each_call_fails_on_its_own_and_writes_keep_request_order(proxy_de
         body = assistant(chat_call("call_1", "adjust_counter", {"counter": "ctr_oa", "delta": 1}),
                          chat_call("call_2", "adjust_counter", '{"counter": "ctr_oa", "delta": 2'),
                          chat_call("call_3", "adjust_counter", {"counter": "ctr_oa", "delta": 10}),
-                         chat_call("call_4", "no_such_tool", {}))
+                         chat_call("call_4", "get_countr", {"counter": "ctr_oa"}))  # misspelled
         run = {"X-Run-Id": "task-oa"}  # the business request the turn serves: the writes' key
         status, response = await stack.post("/v1/openai/tool-calls", body, headers=run)  # two writes, no order
         assert status == 400 and response["error"]["code"] == "invalid_plan", response
@@ -93,6 +93,9 @@ async def test_each_call_fails_on_its_own_and_writes_keep_request_order(proxy_de
         assert envelopes_[1]["error"]["code"] == "invalid_json"
         assert envelopes_[2]["data"] == {"counter": "ctr_oa", "value": 11}
         assert envelopes_[3]["error"]["code"] == "tool_not_found"
+        assert envelopes_[3]["error"]["details"]["did_you_mean"] == "get_counter"
+        model_view = json.loads(response["messages"][3]["content"])  # what the model reads names the tool
+        assert model_view["error"]["message"].endswith('Did you mean "get_counter"?')
         assert response["batch"]["status"] == "partially_succeeded"
 
 

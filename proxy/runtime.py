@@ -124,7 +124,8 @@ class Runtime:
         await asyncio.to_thread(spans.shutdown)  # the last spans, bounded by tracing.export_timeout_ms
 
 
-def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, credentials: Any = None) -> Any:
+def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, credentials: Any = None,
+                 fixed_headers: Any = None) -> Any:
     """The MCP adapter, and with it the MCP SDK's client side (imported here: ``DeferredAdapter``)."""
     from .adapters.mcp import McpAdapter
     from .wire import mcp as mcp_wire
@@ -132,7 +133,7 @@ def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, creden
     if credentials is not None:
         def oauth(call: Any, url: str) -> Any:  # the access tokens of the call's upstream, as its caller
             return credentials.source(call.tool.backend.auth, url, call.tenant, call.subject)
-    return McpAdapter(config.backends.services, tokens=call_tokens, oauth=oauth,
+    return McpAdapter(config.backends.services, tokens=call_tokens, oauth=oauth, fixed_headers=fixed_headers,
                       max_response_bytes=config.backends.max_response_bytes,
                       max_json_depth=config.decode.max_depth,
                       connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
@@ -234,15 +235,16 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                 connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
                 on_answer=lambda name, kind, result: metrics.credential_tokens.labels(name, kind, result).inc())
             opened.push_async_callback(mcp_credentials.aclose)
-        mcp_adapter = DeferredAdapter(lambda: _mcp_adapter(config, call_tokens, wire, mcp_credentials),
-                                      cancel_by_closing=True)
-        if any(tool.backend.type == "mcp" for tool in registry.all()):
-            mcp_adapter.warm()  # the MCP SDK: imported at start-up when a tool needs it, never by a first call
-        opened.push_async_callback(mcp_adapter.aclose)
         credentials = load_credentials(config.credentials, session,
                                        on_answer=lambda name, kind, result:
                                        metrics.credential_tokens.labels(name, kind, result).inc())
         opened.push_async_callback(credentials.aclose)
+        mcp_adapter = DeferredAdapter(lambda: _mcp_adapter(config, call_tokens, wire, mcp_credentials,
+                                                            credentials.fixed_headers),
+                                      cancel_by_closing=True)
+        if any(tool.backend.type == "mcp" for tool in registry.all()):
+            mcp_adapter.warm()  # the MCP SDK: imported at start-up when a tool needs it, never by a first call
+        opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, tokens=call_tokens,
                                         credentials=credentials, **limits), "mcp": mcp_adapter}
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
@@ -326,7 +328,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         pins = PinWatcher(registry, pipeline.quarantine, services=config.backends.services, config=config.mcp_pins,
                           mode=config.mcp.upstream_mode, metrics=metrics,
                           connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
-                          auth_for=mcp_credentials.pin_auth if mcp_credentials is not None else None)
+                          auth_for=mcp_credentials.pin_auth if mcp_credentials is not None else None,
+                          headers_for=credentials.fixed_headers)
         opened.push_async_callback(pins.stop)
         await pins.start()  # the first check of every pinned upstream, bounded by mcp_pins.check_timeout_ms
         reloader = RegistryReloader(paths=config.registry.paths, live=registry, policy=policy, metrics=metrics,

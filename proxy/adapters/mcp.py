@@ -23,7 +23,8 @@ An upstream behind OAuth (its tools' ``backend.auth`` names an ``mcp_*`` credent
 every request of the call and of its session (``credentials.mcp_oauth``: the proxy's own client's, or the
 calling user's grant, with a session per user), obtained before anything is sent (``credential_unavailable``
 or ``user_grant_required`` when it cannot be had) and renewed once when the upstream challenges it: a
-challenged request did not run, so it is sent once more with the new token.
+challenged request did not run, so it is sent once more with the new token. An upstream behind a static secret
+(kind header, bearer or basic) gets its header on every request of the call and of its session.
 
 Must never: retry a call that may have reached the upstream (the one resend
 it makes is after a definite "not processed" answer: HTTP 404 for an expired
@@ -73,6 +74,7 @@ from mcp_types.jsonrpc import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
+from ..credentials import Headers
 from ..credentials.mcp_oauth import TokenSource, UpstreamBearer, is_challenge
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
@@ -194,6 +196,7 @@ class _Upstream:
                  callbacks: Mapping[str, Any], source: TokenSource | None = None) -> None:
         self.url = url
         self.source = source  # the upstream's access tokens (OAuth), None when it asks for none
+        self.fixed_headers: Mapping[str, str] = {}  # a static secret's header, on every request (its own client)
         self.auth_failure: ProxyError | None = None  # why the last session could not be opened, when it was that
         self._callbacks = callbacks
         self._mode = mode
@@ -233,7 +236,7 @@ class _Upstream:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        if self.source is not None:  # its own client (over the adapter's shared transport)
+        if self.source is not None or self.fixed_headers:  # its own client (over the adapter's shared transport)
             await self.http.aclose()
 
     async def _own(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
@@ -265,8 +268,10 @@ class McpAdapter:
     def __init__(self, services: Mapping[str, str], *, tokens: CallTokens, max_response_bytes: int,
                  max_json_depth: int, connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
                  wire: HttpWire | None = None, answer_limits: mcp_wire.Limits = mcp_wire.Limits(),
-                 oauth: Callable[[BackendCall, str], TokenSource | None] | None = None) -> None:
+                 oauth: Callable[[BackendCall, str], TokenSource | None] | None = None,
+                 fixed_headers: Callable[[str | None], Headers | None] | None = None) -> None:
         self._tokens = tokens
+        self._fixed_headers = fixed_headers  # a static secret credential's headers, by credential name
         self._oauth = oauth  # the access tokens of a call's upstream (one source per upstream and principal)
         self._max_json_depth = max_json_depth
         self._answer_limits = answer_limits  # of a stateless call's answer read over the wire (``mcp_wire``)
@@ -292,7 +297,8 @@ class McpAdapter:
         self._http = httpx2.AsyncClient(transport=self._transport, follow_redirects=False, timeout=self._timeout)
         # By URL and token source: an upstream that takes each user's own grant gets a session per user (its
         # sessions may be bound to the user), the least recently used of them closed past MAX_USER_SESSIONS.
-        self._upstreams: collections.OrderedDict[tuple[str, TokenSource | None], _Upstream] = \
+        # A static secret's upstream is keyed by its credential's name too (a client of its own carries it).
+        self._upstreams: collections.OrderedDict[tuple[str, TokenSource | None, str | None], _Upstream] = \
             collections.OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -318,12 +324,14 @@ class McpAdapter:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="execute", attempted=False, committed=False)
         source = self._oauth(call, url) if self._oauth is not None else None
-        upstream = self._upstreams.get((url, source))
+        fixed = self._fixed_headers(tool.backend.auth) if self._fixed_headers is not None else None
+        key = (url, source, tool.backend.auth if fixed else None)
+        upstream = self._upstreams.get(key)
         if upstream is None:
-            upstream = self._upstreams[(url, source)] = self._upstream(url, source)
+            upstream = self._upstreams[key] = self._upstream(url, source, fixed)
             self._bound_sessions()
         elif source is not None and source.per_user:
-            self._upstreams.move_to_end((url, source))
+            self._upstreams.move_to_end(key)
         progress = _Progress(headers={k: v for k, v in forwarded_headers(call, self._tokens.for_call(call)).items()
                                       if k not in ('Content-Type', 'Accept')},
                              mint=lambda: self._tokens.for_call(call))
@@ -360,8 +368,13 @@ class McpAdapter:
             return None
         return self._unreadable(call, {"limit": progress.refused.what, "limit_value": progress.refused.limit})
 
-    def _upstream(self, url: str, source: TokenSource | None) -> _Upstream:
+    def _upstream(self, url: str, source: TokenSource | None, fixed: Headers | None = None) -> _Upstream:
         upstream = _Upstream(url, self._http, self._handshake_timeout_s, self._mode, self._callbacks, source)
+        if fixed:  # a client of its own: every request of its session carries the static secret's header
+            upstream.fixed_headers = dict(fixed)
+            upstream.http = httpx2.AsyncClient(transport=_SharedTransport(self._transport),
+                                               headers=upstream.fixed_headers, follow_redirects=False,
+                                               timeout=self._timeout)
         if source is not None:  # a client of its own: every request of its session carries the access token
             bearer = UpstreamBearer(source, lambda failure: self._auth_failed(upstream, failure))
             upstream.http = httpx2.AsyncClient(transport=_SharedTransport(self._transport), auth=bearer,
@@ -417,7 +430,7 @@ class McpAdapter:
         if relay is not None:
             async def relayed(value: float, total: float | None, message: str | None) -> None:
                 await relay(value, total)  # the upstream's progress text is not passed on
-        headers: Mapping[str, str] | None = progress.headers
+        headers: Mapping[str, str] | None = {**progress.headers, **upstream.fixed_headers}
         if upstream.source is not None:  # the access token as the session's client has it, or the SDK's way
             bearer = upstream.source.current()
             headers = {**progress.headers, "Authorization": f"Bearer {bearer}"} if bearer is not None else None

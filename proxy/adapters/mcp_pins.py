@@ -75,16 +75,17 @@ def pinned_upstreams(registry: Registry, services: Mapping[str, str]) -> dict[st
     return found
 
 
-def capped_http_client(max_bytes: int, connect_timeout_s: float, auth: Any = None) -> Any:
+def capped_http_client(max_bytes: int, connect_timeout_s: float, auth: Any = None,
+                       headers: Sequence[tuple[str, str]] | None = None) -> Any:
     """An ``httpx2`` client whose every answer is cut (a read error) past ``max_bytes``, and never decoded
     (``bounded_answers``: an encoded answer is refused, whatever it would inflate to); with ``auth``, an
-    upstream's access token on each request."""
+    upstream's access token on each request; with ``headers``, a static secret's header on each request."""
     import httpx2
 
     from .bounded_answers import BoundedTransport
 
     return httpx2.AsyncClient(transport=BoundedTransport(httpx2.AsyncHTTPTransport(retries=0), max_bytes),
-                              follow_redirects=False, auth=auth,
+                              follow_redirects=False, auth=auth, headers=dict(headers or ()),
                               timeout=httpx2.Timeout(None, connect=connect_timeout_s))
 
 
@@ -93,10 +94,13 @@ class PinWatcher:
 
     def __init__(self, registry: Registry, quarantine: Quarantine, *, services: Mapping[str, str],
                  config: McpPinsConfig, mode: str, metrics: Metrics, connect_timeout_s: float,
-                 auth_for: Callable[[str, Sequence[ToolContract]], Any] | None = None) -> None:
+                 auth_for: Callable[[str, Sequence[ToolContract]], Any] | None = None,
+                 headers_for: Callable[[str | None], Sequence[tuple[str, str]] | None] | None = None) -> None:
         self.registry = registry
         # An upstream behind OAuth: the httpx2 auth of its pinned tools' credential (None: it asks for none)
         self.auth_for = auth_for
+        # An upstream behind a static secret: its header, by the pinned tools' credential name (None: not one)
+        self.headers_for = headers_for
         self.quarantine = quarantine
         self.config = config
         self.mode = mode
@@ -282,8 +286,12 @@ class _Watch:
         async with contextlib.AsyncExitStack() as stack:
             http = self.owner.http
             auth = self.owner.auth_for(self.url, self.contracts) if self.owner.auth_for is not None else None
-            if auth is not None:  # a client of its own, carrying the upstream's access token
-                http = capped_http_client(config.max_answer_bytes, self.owner.connect_timeout_s, auth=auth)
+            fixed = None
+            if auth is None and self.owner.headers_for is not None:
+                fixed = next(filter(None, (self.owner.headers_for(c.backend.auth) for c in self.contracts)), None)
+            if auth is not None or fixed:  # a client of its own, carrying the upstream's access token or secret
+                http = capped_http_client(config.max_answer_bytes, self.owner.connect_timeout_s, auth=auth,
+                                          headers=fixed)
                 stack.push_async_callback(http.aclose)
             client = Client(streamable_http_client(self.url, http_client=http), mode=self.owner.mode,
                             cache=None, message_handler=on_message)

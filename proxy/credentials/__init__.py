@@ -22,6 +22,7 @@ from typing import Callable, Mapping, Protocol
 from ..errors import ProxyError
 
 Headers = tuple[tuple[str, str], ...]
+STATIC_SECRET_KINDS = ("header", "bearer", "basic")  # a secret read at start-up, the same header on every request
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,15 @@ class Credentials:
         """The TLS context of a credential's backend (None: the wire's default, the system's CAs)."""
         return self._entries[name].tls if name is not None else None
 
+    def fixed_headers(self, name: str | None) -> Headers | None:
+        """The headers of a static secret credential (kinds header, bearer, basic): the same on every request, so
+        an MCP upstream's client can carry them; None for no credential or any other kind."""
+        entry = self._entries.get(name) if name is not None else None
+        if entry is None or entry.kind not in STATIC_SECRET_KINDS:
+            return None
+        fixed: Headers = getattr(entry, "fixed")  # a StaticCredential (credentials.static)
+        return fixed
+
     async def attach(self, name: str, *, audience: str, caller: OnBehalfOf, wait_s: float) -> Headers:
         """The headers credential ``name`` adds to one request of ``caller`` to ``audience`` (the backend service),
         waiting at most ``wait_s`` for a token endpoint."""
@@ -81,4 +91,4 @@ class Credentials:
                 await close()  # type: ignore[misc]
 
 
-__all__ = ["Credential", "Credentials", "Headers", "OnBehalfOf", "unavailable"]
+__all__ = ["STATIC_SECRET_KINDS", "Credential", "Credentials", "Headers", "OnBehalfOf", "unavailable"]

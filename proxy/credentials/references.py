@@ -2,8 +2,8 @@
 
 Owns: refusing a registry (at start-up, and as a whole on a reload) whose tool names a credential the
 configuration lacks, names one on a backend kind that cannot carry it (the ``mcp_*`` kinds are for MCP upstreams
-and the only kinds they take; a per-user one for the upstream its users connect to, and for no pinned tool), or
-pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
+only, which take them or a static secret: header, bearer, basic; a per-user one for the upstream its users
+connect to, and for no pinned tool), or pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..config import CredentialConfig
+from . import STATIC_SECRET_KINDS
 from ..registry import Registry, RegistryError
 
 
@@ -28,10 +29,17 @@ def check_references(registry: Registry, credentials: Mapping[str, CredentialCon
             raise RegistryError(f"{where} is not a configured credential (configured: {known}); add "
                                 f"credentials.{name} to the proxy's configuration or fix the name")
         url = tool.backend.resolve(services) or ""
-        if (tool.backend.type == "mcp") != entry.kind.startswith("mcp_"):
-            raise RegistryError(f"{where}: kind {entry.kind} is for " + (
-                "MCP upstreams; an HTTP backend takes the other kinds" if tool.backend.type == "http" else
-                "HTTP backends; an MCP upstream takes kind mcp_client_credentials or mcp_authorization_code"))
+        if tool.backend.type == "http" and entry.kind.startswith("mcp_"):
+            raise RegistryError(f"{where}: kind {entry.kind} is for MCP upstreams; an HTTP backend takes the other "
+                                "kinds")
+        if tool.backend.type == "mcp" and not entry.kind.startswith("mcp_") and entry.kind not in STATIC_SECRET_KINDS:
+            raise RegistryError(f"{where}: kind {entry.kind} cannot ride an MCP upstream; give it a credential of "
+                                "kind mcp_client_credentials, mcp_authorization_code, header, bearer or basic")
+        if tool.backend.type == "mcp" and entry.kind in STATIC_SECRET_KINDS and (entry.tls_cert_file or
+                                                                                entry.tls_ca_file):
+            # The MCP adapter's connections use the system's CAs and no client certificate: settings it would drop.
+            raise RegistryError(f"{where}: an MCP upstream's static key is sent without the credential's TLS "
+                                "settings; remove tls_cert_file, tls_key_file and tls_ca_file from it")
         if entry.kind == "mcp_authorization_code" and url != entry.resource:
             raise RegistryError(f"{where}: the users connect their accounts to {entry.resource!r} (the "
                                 "credential's resource), not to this tool's upstream; give the tool that URL or "

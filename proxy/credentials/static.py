@@ -25,6 +25,11 @@ class StaticCredential:
     async def headers(self, audience: str, caller: OnBehalfOf, wait_s: float) -> Headers:
         return self._headers
 
+    @property
+    def fixed(self) -> Headers:
+        """The same headers, for a client that sets them once (an MCP upstream's)."""
+        return self._headers
+
 
 def static_credential(name: str, config: CredentialConfig, where: str, tls: ssl.SSLContext | None) -> StaticCredential:
     if config.kind == "tls":

@@ -62,6 +62,18 @@ class UpstreamState:
                    (r["mcp_method"] == "server/discover" or (r["mcp_method"] is None and r["session"] is None)))
 
 
+def _key_required(app: Any, authorization: str) -> Any:
+    """An upstream behind a static key: a request without it is refused (401) before the MCP server sees it."""
+    async def asgi(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != authorization.encode():
+            await send({"type": "http.response.start", "status": 401,
+                        "headers": [(b"www-authenticate", b'Bearer realm="test"'), (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await app(scope, receive, send)
+    return asgi
+
+
 def _logged(app: Any, state: UpstreamState) -> Any:
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
@@ -368,6 +380,7 @@ def conformance_registry_yaml(url: str) -> str:
 class Upstream:
     port: int
     json_response: bool
+    required_authorization: str | None = None  # every request without this Authorization value gets 401
     state: UpstreamState = field(default_factory=UpstreamState)
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
@@ -378,6 +391,8 @@ class Upstream:
 
     async def start(self) -> None:
         app = _logged(build_server(self.state).streamable_http_app(json_response=self.json_response), self.state)
+        if self.required_authorization is not None:
+            app = _key_required(app, self.required_authorization)
         self._server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="critical",
                                                      lifespan="on"))
         self._task = asyncio.create_task(self._server.serve())
@@ -400,8 +415,9 @@ class Upstream:
 
 
 @contextlib.asynccontextmanager
-async def running_upstream(*, json_response: bool = True) -> AsyncIterator[Upstream]:
-    upstream = Upstream(port=free_port(), json_response=json_response)
+async def running_upstream(*, json_response: bool = True,
+                           required_authorization: str | None = None) -> AsyncIterator[Upstream]:
+    upstream = Upstream(port=free_port(), json_response=json_response, required_authorization=required_authorization)
     await upstream.start()
     try:
         yield upstream

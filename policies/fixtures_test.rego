@@ -36,6 +36,7 @@ subjects := {"acme": {
 resource_kinds := {
 	"order": {"ownership": "tenant"},
 	"counter": {"ownership": "shared"},
+	"doc": {"ownership": "at_write"},
 }
 
 resources := {

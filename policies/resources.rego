@@ -1,6 +1,6 @@
 # Resource ownership: every resource a call touches belongs to the caller's tenant
 # (ResourceOwned). Facts come from OPA data, never from the tool arguments:
-#   data.toolproxy.resource_kinds[kind].ownership  "tenant" (look the id up) or "shared"
+#   data.toolproxy.resource_kinds[kind].ownership  "tenant" (look the id up), "shared" or "at_write" (below)
 #   data.toolproxy.resources[id]                   {"tenant": ..., "owner"?: subject}
 # A resource id or kind that OPA does not know is refused (fail closed).
 package toolproxy.resource_access
@@ -41,4 +41,12 @@ deny contains sprintf("resource_not_owned:%s", [resource.id]) if {
 	some resource in input.resources
 	ownership(resource)
 	not owned(resource)
+}
+
+# "at_write": too many ids for OPA data; the contract has the proxy read the owning tenant from the system
+# of record under the call's lock, right before sending (ownership_read), and refuse another tenant's.
+# A contract that declares no such read cannot touch the kind.
+owned(resource) if {
+	ownership(resource) == "at_write"
+	input.tool.ownership_read == true
 }

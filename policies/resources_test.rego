@@ -50,3 +50,14 @@ test_override_role_may_act_on_another_subjects_resource if {
 	other := object.union(inp, {"subject": object.union(inp.subject, {"id": "dave", "roles": ["agent", "support_admin"]})})
 	fixtures.decide(other).allow
 }
+
+test_at_write_kind_is_allowed_when_the_contract_reads_the_owner if {
+	inp := object.union(fixtures.call("get_order", {}, ["doc:d_1"]), {"tool": {"name": "get_order", "version": "1.0.0", "ownership_read": true}})
+	fixtures.decide(inp).allow
+}
+
+test_at_write_kind_is_denied_when_the_contract_reads_no_owner if {
+	d := fixtures.decide(fixtures.call("get_order", {}, ["doc:d_1"]))
+	not d.allow
+	d.reasons == ["resource_not_owned:doc:d_1"]
+}

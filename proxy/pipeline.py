@@ -552,6 +552,8 @@ class Pipeline:
             await self.quarantine.fresh(tool, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
             if tool.state_read is not None:  # under the lock, right before sending
                 await self._check_state(state, tool, normalized)
+            if tool.ownership_read is not None:  # the owner in the system of record, under the lock
+                await self._check_owner(state, tool, normalized)
             self._enough_budget(tool, meta)  # again: the lock wait and the stages before took their time
             await self._idempotency.before_send(
                 admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
@@ -606,6 +608,23 @@ class Pipeline:
             raise ProxyError("state_changed", "The resource is no longer in the state this write was decided "
                              f"on ({tool.state_guard}); nothing was sent. Read it again before deciding.",
                              details={"field": tool.state_guard, "state_read": f"{read.tool}@{read.version}"},
+                             phase="execute", attempted=False, committed=False)
+
+    async def _check_owner(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
+        """The resource's owning tenant, read from the system of record under the call's lock right before
+        sending: another tenant's resource (or one the read cannot place) is ``forbidden``, and nothing is sent.
+        This is how a deployment with more ids than OPA data could hold checks ownership (kind ``at_write``)."""
+        read = tool.ownership_read
+        try:
+            observed = await self._read_for(state, read, normalized.arguments, None, suffix="owner")
+        except ProxyError as failed:
+            raise ProxyError("dependency_unavailable", "The resource's owner could not be read; nothing was "
+                             "sent. Retry with the same key.",
+                             details={"ownership_read": f"{read.tool}@{read.version}", "read_error": failed.code},
+                             phase="execute", attempted=False, committed=False) from None
+        if read_after_write.pointed(observed, tool.owner_at) != state.caller.tenant:
+            raise ProxyError("forbidden", "The resource does not belong to the caller's tenant; nothing was sent.",
+                             details={"ownership_read": f"{read.tool}@{read.version}"},
                              phase="execute", attempted=False, committed=False)
 
     async def _check_after_write(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,

@@ -86,6 +86,11 @@ def differences(read: VerifyRead, *, arguments: Mapping[str, Any], result: Any, 
     return found
 
 
+def pointed(value: Any, pointer: str) -> Any:
+    """The value at a JSON pointer into a read's result (``MISSING`` when there is none)."""
+    return resolve(value, _parts(pointer))
+
+
 class VerifyMismatch(ProxyError):
     """The write's backend said it committed, and the independent read says otherwise (or could not say):
     the outcome is unknown and a person takes it over. ``evidence`` goes to the operation record only."""

@@ -184,6 +184,8 @@ class ToolContract:
     # the read of the guarded state under the write's lock, right before sending (expect: its pointer -> the
     # guard argument); None: only the backend checks the state (If-Match)
     state_read: VerifyRead | None = None
+    ownership_read: VerifyRead | None = None  # the owning tenant's read at the call (``owner_at``: where it is)
+    owner_at: str = ""  # ownership_read's pointer into the read's result: the owning tenant
     flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
     flow_sink: str = "internal"          # where its arguments go: internal | external
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
@@ -272,6 +274,7 @@ class Registry:
                 _check_related_read(tool, by_name)
                 _check_verify_read(tool, by_name)
                 _check_state_read(tool, by_name)
+                _check_read_before_send(tool, by_name, tool.ownership_read, "ownership_read")
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
         self._defaults = _defaults(self._tools)
 
@@ -484,10 +487,16 @@ def _check_verify_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, To
 
 
 def _check_state_read(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]]) -> None:
-    read = tool.state_read
+    _check_read_before_send(tool, by_name, tool.state_read, "state_guard.read")
+
+
+def _check_read_before_send(tool: ToolContract, by_name: Mapping[str, Mapping[str, ToolContract]],
+                            read: VerifyRead | None, label: str) -> None:
+    """A read the proxy runs right before sending (the guarded state, the owning tenant): a read tool of this
+    registry whose arguments come from the call's own arguments (nothing has a result yet)."""
     if read is None or not tool.callable:
         return
-    where = f"{tool.source}: tool {tool.name!r} version {tool.version}: state_guard.read"
+    where = f"{tool.source}: tool {tool.name!r} version {tool.version}: {label}"
     target = _other_callable(tool, by_name, read.tool, read.version, f"{where}: {read.tool}@{read.version}")
     found = read_after_write.problems(read, write_input=tool.input_schema, write_output={"type": "object"},
                                       target_mode=target.mode, target_input=target.input_schema)
@@ -691,6 +700,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         state_read=read_after_write.from_registry(
             {**guard["read"], "expect": {guard["read"]["state"]: f"/arguments/{guard['argument']}"}})
         if guard is not None and guard.get("read") else None,
+        ownership_read=read_after_write.from_registry({**raw["ownership_read"], "expect": {}})
+        if raw.get("ownership_read") else None,
+        owner_at=(raw.get("ownership_read") or {}).get("tenant", ""),
         flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
         flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),

@@ -21,7 +21,7 @@ which file holds which path, and the consistency rules between
   inputSchema has no integer/number property for (the rule never fires);
 * ``resource_kind_without_ownership``: a registry resource template whose
   kind has no ``resource_kinds[kind].ownership`` (every call refused);
-* ``ownership_invalid``: an ownership other than tenant or shared;
+* ``ownership_invalid``: an ownership other than tenant, shared or at_write;
 * ``policy_data_schema``: what ``check-policy-data`` says of ``data.toolproxy``
   (schemas/opa-data.schema.json and its cross references);
 * ``package_never_reached`` (``policy_types``): a package the decision document
@@ -48,7 +48,7 @@ from .policy_scratch import find_opa
 from ..registry import Registry, ToolContract, load_registry, thaw
 
 DATA_SUFFIXES = (".json", ".yaml", ".yml")
-OWNERSHIPS = ("tenant", "shared")
+OWNERSHIPS = ("tenant", "shared", "at_write")
 
 
 @dataclass(frozen=True)
@@ -245,7 +245,7 @@ def _resource_kind_problems(data: DataFiles, tools: Mapping[str, ToolContract]) 
         if (spec or {}).get("ownership") not in OWNERSHIPS:
             yield Problem("ownership_invalid", data.where("toolproxy", "resource_kinds", kind),
                           f"toolproxy.resource_kinds.{kind}.ownership",
-                          f"ownership must be tenant or shared, not {(spec or {}).get('ownership')!r}")
+                          f"ownership must be tenant, shared or at_write, not {(spec or {}).get('ownership')!r}")
     for name, tool in sorted(tools.items()):
         for i, resource in enumerate(tool.resources):
             kind = resource.template.partition(":")[0]

@@ -88,7 +88,8 @@ def build_input(action: str, caller: Caller, request: RequestFacts, *, catalog_d
         document.update({
             "tool": {**{k: summary[k] for k in ("name", "version", "mode", "risk", "resources",
                                                 "idempotency_required")}, "backend": tool.backend_name,
-                     "flow": tool.flow_facts()},
+                     "flow": tool.flow_facts(),
+                     **({"ownership_read": True} if tool.ownership_read is not None else {})},
             "arguments": dict(normalized.arguments),
             "args_hash": normalized.args_hash,
             "resources": [{"id": r.id, "kind": r.id.partition(":")[0], "access": r.access}

@@ -593,17 +593,23 @@ class Pipeline:
             args_hash=sha256_hex(canonical), caller_token=state.caller.token)
         return verify_output(target, (await self._adapters[target.backend.type].call(call)).data)
 
+    async def _read_before_send(self, state: CallState, read: read_after_write.VerifyRead,
+                                normalized: NormalizedCall, label: str, what: str) -> Any:
+        """A contract's read right before sending (the guarded state, the owner); one that fails is
+        ``dependency_unavailable`` with nothing sent."""
+        try:
+            return await self._read_for(state, read, normalized.arguments, None, suffix=label.partition("_")[0])
+        except ProxyError as failed:
+            raise ProxyError("dependency_unavailable", f"{what} could not be read; nothing was sent. Retry with "
+                             "the same key.", details={label: f"{read.tool}@{read.version}", "read_error": failed.code},
+                             phase="execute", attempted=False, committed=False) from None
+
     async def _check_state(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
         """The guarded state, read again under the write's lock right before sending: a resource that changed
         (hands, version) since the decision is refused with ``state_changed``, and nothing is sent."""
         read = tool.state_read
-        try:
-            observed = await self._read_for(state, read, normalized.arguments, None, suffix="state")
-        except ProxyError as failed:
-            raise ProxyError("dependency_unavailable", "The state this write depends on could not be read; "
-                             "nothing was sent. Retry with the same key.",
-                             details={"state_read": f"{read.tool}@{read.version}", "read_error": failed.code},
-                             phase="execute", attempted=False, committed=False) from None
+        observed = await self._read_before_send(state, read, normalized, "state_read",
+                                                "The state this write depends on")
         if read_after_write.differences(read, arguments=normalized.arguments, result=None, observed=observed):
             raise ProxyError("state_changed", "The resource is no longer in the state this write was decided "
                              f"on ({tool.state_guard}); nothing was sent. Read it again before deciding.",
@@ -615,13 +621,7 @@ class Pipeline:
         sending: another tenant's resource (or one the read cannot place) is ``forbidden``, and nothing is sent.
         This is how a deployment with more ids than OPA data could hold checks ownership (kind ``at_write``)."""
         read = tool.ownership_read
-        try:
-            observed = await self._read_for(state, read, normalized.arguments, None, suffix="owner")
-        except ProxyError as failed:
-            raise ProxyError("dependency_unavailable", "The resource's owner could not be read; nothing was "
-                             "sent. Retry with the same key.",
-                             details={"ownership_read": f"{read.tool}@{read.version}", "read_error": failed.code},
-                             phase="execute", attempted=False, committed=False) from None
+        observed = await self._read_before_send(state, read, normalized, "ownership_read", "The resource's owner")
         if read_after_write.pointed(observed, tool.owner_at) != state.caller.tenant:
             raise ProxyError("forbidden", "The resource does not belong to the caller's tenant; nothing was sent.",
                              details={"ownership_read": f"{read.tool}@{read.version}"},

@@ -118,5 +118,8 @@ def test_a_kind_that_cannot_ride_an_mcp_upstream_is_refused_with_the_fix(tmp_pat
         check_references(load_registry([str(path)]), {"upkey": entry}, {})
     check_references(load_registry([str(path)]), {"upkey": SimpleNamespace(**{**vars(entry), "kind": "bearer"})}, {})
     tls = SimpleNamespace(**{**vars(entry), "kind": "bearer", "tls_ca_file": "/etc/ca.pem"})
-    with pytest.raises(RegistryError, match="static key is sent without the credential's TLS settings; remove"):
+    with pytest.raises(RegistryError, match="reached without the credential's TLS settings; remove"):
         check_references(load_registry([str(path)]), {"upkey": tls}, {})
+    oauth_tls = SimpleNamespace(**{**vars(entry), "kind": "mcp_client_credentials", "tls_cert_file": "/etc/c.pem"})
+    with pytest.raises(RegistryError, match="reached without the credential's TLS settings; remove"):
+        check_references(load_registry([str(path)]), {"upkey": oauth_tls}, {})

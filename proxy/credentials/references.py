@@ -35,11 +35,11 @@ def check_references(registry: Registry, credentials: Mapping[str, CredentialCon
         if tool.backend.type == "mcp" and not entry.kind.startswith("mcp_") and entry.kind not in STATIC_SECRET_KINDS:
             raise RegistryError(f"{where}: kind {entry.kind} cannot ride an MCP upstream; give it a credential of "
                                 "kind mcp_client_credentials, mcp_authorization_code, header, bearer or basic")
-        if tool.backend.type == "mcp" and entry.kind in STATIC_SECRET_KINDS and (entry.tls_cert_file or
-                                                                                entry.tls_ca_file):
-            # The MCP adapter's connections use the system's CAs and no client certificate: settings it would drop.
-            raise RegistryError(f"{where}: an MCP upstream's static key is sent without the credential's TLS "
-                                "settings; remove tls_cert_file, tls_key_file and tls_ca_file from it")
+        if tool.backend.type == "mcp" and (entry.tls_cert_file or entry.tls_ca_file):
+            # The MCP adapter's connections (and the OAuth client's) use the system's CAs and no client
+            # certificate: settings they would silently drop.
+            raise RegistryError(f"{where}: an MCP upstream is reached without the credential's TLS settings; "
+                                "remove tls_cert_file, tls_key_file and tls_ca_file from it")
         if entry.kind == "mcp_authorization_code" and url != entry.resource:
             raise RegistryError(f"{where}: the users connect their accounts to {entry.resource!r} (the "
                                 "credential's resource), not to this tool's upstream; give the tool that URL or "

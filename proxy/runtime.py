@@ -125,7 +125,7 @@ class Runtime:
 
 
 def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, credentials: Any = None,
-                 fixed_headers: Any = None) -> Any:
+                 backend_credentials: Any = None) -> Any:
     """The MCP adapter, and with it the MCP SDK's client side (imported here: ``DeferredAdapter``)."""
     from .adapters.mcp import McpAdapter
     from .wire import mcp as mcp_wire
@@ -133,7 +133,9 @@ def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, creden
     if credentials is not None:
         def oauth(call: Any, url: str) -> Any:  # the access tokens of the call's upstream, as its caller
             return credentials.source(call.tool.backend.auth, url, call.tenant, call.subject)
-    return McpAdapter(config.backends.services, tokens=call_tokens, oauth=oauth, fixed_headers=fixed_headers,
+    return McpAdapter(config.backends.services, tokens=call_tokens, oauth=oauth,
+                      fixed_headers=backend_credentials.fixed_headers if backend_credentials is not None else None,
+                      backend_credentials=backend_credentials,
                       max_response_bytes=config.backends.max_response_bytes,
                       max_json_depth=config.decode.max_depth,
                       connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,
@@ -240,7 +242,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                        metrics.credential_tokens.labels(name, kind, result).inc())
         opened.push_async_callback(credentials.aclose)
         mcp_adapter = DeferredAdapter(lambda: _mcp_adapter(config, call_tokens, wire, mcp_credentials,
-                                                            credentials.fixed_headers),
+                                                            credentials),
                                       cancel_by_closing=True)
         if any(tool.backend.type == "mcp" for tool in registry.all()):
             mcp_adapter.warm()  # the MCP SDK: imported at start-up when a tool needs it, never by a first call

@@ -4,6 +4,9 @@
   alice (audience ``toolproxy``) becomes, at the proxy, a token for the backend ``crm`` whose ``sub`` is alice,
   which the backend verifies against Keycloak's keys; the agent's own token is refused there. One exchange serves
   100 calls of alice to ``crm``: Keycloak's own event log holds one TOKEN_EXCHANGE.
+- The same on an MCP upstream (a real ``mcp`` SDK server that accepts only a token Keycloak signed for ``crm``):
+  every request of each caller's session and of the stateless hot path carries that caller's exchanged token,
+  two callers each their own, one exchange per caller for all of their calls.
 - Client credentials with client_secret_basic, client_secret_post and private_key_jwt: one CLIENT_LOGIN per
   client for all of its calls.
 - The canary search: a static key, the client secrets, a wrong secret Keycloak refuses, and the tokens the proxy
@@ -26,6 +29,7 @@ import pytest
 
 from tests.support import keycloak as kc
 from tests.support.credential_backends import KeyBackend, VerifyingBackend, echo_tool as tool, write_file
+from tests.support.mcp_upstream import registry_yaml, running_upstream
 from tests.support.servers import session_server
 from tests.support.stack import running_stack
 from tests.support.tokens import Issuer
@@ -122,6 +126,51 @@ async def test_each_caller_gets_a_token_of_their_own(proxy_deps, tmp_path, keycl
         assert sorted(e["userId"] for e in exchanges) == sorted(subjects.values())
     finally:
         await crm.stop()
+
+
+@pytest.mark.parametrize("upstream_mode", ["auto", "legacy"])
+async def test_an_mcp_upstream_gets_each_callers_own_exchanged_token(proxy_deps, tmp_path, keycloak, issuers,
+                                                                     upstream_mode):
+    """Alice's and bob's calls to an MCP upstream, interleaved: every request that reaches it (the session's
+    handshake, the stateless hot path's POSTs, the SDK session's calls on a legacy upstream) carries an exchanged
+    token for ``crm`` whose ``sub`` is the caller of that call; one exchange per caller for three calls each."""
+    gate = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, "crm").load_keys()
+    async with running_upstream(required_authorization=gate.verify) as upstream:
+        registry = registry_yaml(upstream.url).replace("{type: mcp, ", "{type: mcp, auth: crm-as-user, ")
+        overrides = {**proxy_deps, **keycloak_identity(keycloak, issuers[1]),
+                     "registry.paths": [secret_file(tmp_path / "tools.yaml", registry)],
+                     "mcp.upstream_mode": upstream_mode,
+                     "credentials": {"crm-as-user": {
+                         "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                         "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
+        tokens = {name: keycloak.user_token(name) for name in ("alice", "bob")}
+        subjects = {name: jwt.decode(token, options={"verify_signature": False})["sub"]
+                    for name, token in tokens.items()}
+        before = len(keycloak.events("TOKEN_EXCHANGE"))
+        async with running_stack(overrides) as stack:
+            for i in range(3):
+                for name in ("alice", "bob"):
+                    status, body = await stack.call("up_lookup", {"key": f"{name}-{i}"},
+                                                    headers={"Authorization": f"Bearer {tokens[name]}"})
+                    assert (status, body["outcome"]) == (200, "succeeded"), body
+                    assert body["data"] == {"key": f"{name}-{i}", "value": f"value-of-{name}-{i}"}
+        # The agent's own token, straight to the upstream: refused (it is for the proxy, not for crm).
+        async with aiohttp.ClientSession() as session:
+            async with session.post(upstream.url, json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"},
+                                    headers={"Authorization": f"Bearer {tokens['alice']}",
+                                             "Accept": "application/json, text/event-stream"}) as response:
+                assert response.status == 401
+    calls = [r for r in upstream.state.http if r["verb"] == "POST" and b'"tools/call"' in r["body"]]
+    assert len(calls) == 6
+    for request in calls:  # each call reached the upstream with its own caller's token
+        caller = json.loads(request["body"])["params"]["arguments"]["key"].split("-")[0]
+        sub = jwt.decode(request["authorization"].partition(" ")[2], options={"verify_signature": False})["sub"]
+        assert sub == subjects[caller]
+    assert upstream.state.http and all(r["authorization"] for r in upstream.state.http)
+    assert {(c["sub"], c["aud"], c["azp"]) for c in gate.claims} == {(s, "crm", "toolproxy")
+                                                                     for s in subjects.values()}
+    exchanges = keycloak.events("TOKEN_EXCHANGE")[: len(keycloak.events("TOKEN_EXCHANGE")) - before]
+    assert sorted(e["userId"] for e in exchanges) == sorted(subjects.values())
 
 
 async def test_client_credentials_with_each_client_authentication(proxy_deps, tmp_path, keycloak):

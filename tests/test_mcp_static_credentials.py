@@ -117,6 +117,14 @@ def test_a_kind_that_cannot_ride_an_mcp_upstream_is_refused_with_the_fix(tmp_pat
                                             "credential of kind mcp_client_credentials"):
         check_references(load_registry([str(path)]), {"upkey": entry}, {})
     check_references(load_registry([str(path)]), {"upkey": SimpleNamespace(**{**vars(entry), "kind": "bearer"})}, {})
+    exchange = SimpleNamespace(**{**vars(entry), "kind": "token_exchange"})
+    check_references(load_registry([str(path)]), {"upkey": exchange}, {})  # on behalf of the caller
+    with pytest.raises(RegistryError, match="a pinned tool .* is checked with no caller, and a token_exchange"):
+        check_references(load_registry([str(_registry(tmp_path, "https://mcp.example/mcp", pinned=True))]),
+                         {"upkey": exchange}, {})
+    with pytest.raises(RegistryError, match="kind tls cannot ride an MCP upstream"):
+        check_references(load_registry([str(path)]), {"upkey": SimpleNamespace(**{**vars(entry), "kind": "tls"})},
+                         {})
     tls = SimpleNamespace(**{**vars(entry), "kind": "bearer", "tls_ca_file": "/etc/ca.pem"})
     with pytest.raises(RegistryError, match="reached without the credential's TLS settings; remove"):
         check_references(load_registry([str(path)]), {"upkey": tls}, {})

@@ -24,7 +24,10 @@ every request of the call and of its session (``credentials.mcp_oauth``: the pro
 calling user's grant, with a session per user), obtained before anything is sent (``credential_unavailable``
 or ``user_grant_required`` when it cannot be had) and renewed once when the upstream challenges it: a
 challenged request did not run, so it is sent once more with the new token. An upstream behind a static secret
-(kind header, bearer or basic) gets its header on every request of the call and of its session.
+(kind header, bearer or basic) gets its header on every request of the call and of its session. An upstream
+reached on behalf of the caller (kind ``token_exchange``: the caller's verified token exchanged for one to the
+upstream, kept per tenant, subject and audience by ``credentials``) gets the caller's exchanged token on every
+request of the call and of a session of that caller's own, obtained before anything is sent.
 
 Must never: retry a call that may have reached the upstream (the one resend
 it makes is after a definite "not processed" answer: HTTP 404 for an expired
@@ -74,7 +77,7 @@ from mcp_types.jsonrpc import (
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
-from ..credentials import Headers
+from ..credentials import Credentials, Headers, OnBehalfOf
 from ..credentials.mcp_oauth import TokenSource, UpstreamBearer, is_challenge
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
@@ -197,6 +200,10 @@ class _Upstream:
         self.url = url
         self.source = source  # the upstream's access tokens (OAuth), None when it asks for none
         self.fixed_headers: Mapping[str, str] = {}  # a static secret's header, on every request (its own client)
+        self.caller: OnBehalfOf | None = None  # whom a per-caller session runs for (its latest verified token)
+        self.caller_credential: tuple[str, str] = ("", "")  # a per-caller session's credential name and audience
+        self.per_principal = False  # a session of one user's or caller's own (bounded: MAX_USER_SESSIONS)
+        self.owns_http = False  # a client of its own (over the adapter's shared transport), closed with it
         self.auth_failure: ProxyError | None = None  # why the last session could not be opened, when it was that
         self._callbacks = callbacks
         self._mode = mode
@@ -236,7 +243,7 @@ class _Upstream:
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
-        if self.source is not None or self.fixed_headers:  # its own client (over the adapter's shared transport)
+        if self.owns_http:
             await self.http.aclose()
 
     async def _own(self, ready: "asyncio.Future[Client]", stop: asyncio.Event) -> None:
@@ -269,8 +276,10 @@ class McpAdapter:
                  max_json_depth: int, connect_timeout_s: float, handshake_timeout_s: float, mode: str = "auto",
                  wire: HttpWire | None = None, answer_limits: mcp_wire.Limits = mcp_wire.Limits(),
                  oauth: Callable[[BackendCall, str], TokenSource | None] | None = None,
-                 fixed_headers: Callable[[str | None], Headers | None] | None = None) -> None:
+                 fixed_headers: Callable[[str | None], Headers | None] | None = None,
+                 backend_credentials: Credentials | None = None) -> None:
         self._tokens = tokens
+        self._credentials = backend_credentials  # a per-caller credential's tokens (token_exchange), by name
         self._fixed_headers = fixed_headers  # a static secret credential's headers, by credential name
         self._oauth = oauth  # the access tokens of a call's upstream (one source per upstream and principal)
         self._max_json_depth = max_json_depth
@@ -297,9 +306,10 @@ class McpAdapter:
         self._http = httpx2.AsyncClient(transport=self._transport, follow_redirects=False, timeout=self._timeout)
         # By URL and token source: an upstream that takes each user's own grant gets a session per user (its
         # sessions may be bound to the user), the least recently used of them closed past MAX_USER_SESSIONS.
-        # A static secret's upstream is keyed by its credential's name too (a client of its own carries it).
-        self._upstreams: collections.OrderedDict[tuple[str, TokenSource | None, str | None], _Upstream] = \
-            collections.OrderedDict()
+        # A static secret's upstream is keyed by its credential's name too (a client of its own carries it), a
+        # per-caller credential's by its name, tenant and subject (a session per caller, bounded the same way).
+        self._upstreams: collections.OrderedDict[
+            tuple[str, TokenSource | None, str | tuple[str, ...] | None], _Upstream] = collections.OrderedDict()
         self._closing: set[asyncio.Task[None]] = set()
 
     def _answer_refused(self, error: AnswerRefused) -> None:
@@ -325,13 +335,21 @@ class McpAdapter:
                              phase="execute", attempted=False, committed=False)
         source = self._oauth(call, url) if self._oauth is not None else None
         fixed = self._fixed_headers(tool.backend.auth) if self._fixed_headers is not None else None
-        key = (url, source, tool.backend.auth if fixed else None)
+        caller = None
+        if tool.backend.auth is not None and self._credentials is not None \
+                and self._credentials.kind(tool.backend.auth) == "token_exchange":
+            caller = OnBehalfOf(call.subject, call.tenant, call.caller_token)
+        principal = (tool.backend.auth, call.tenant, call.subject) if caller is not None else None
+        key = (url, source, tool.backend.auth if fixed else principal)
         upstream = self._upstreams.get(key)
         if upstream is None:
-            upstream = self._upstreams[key] = self._upstream(url, source, fixed)
+            upstream = self._upstreams[key] = self._upstream(url, source, fixed, caller is not None)
             self._bound_sessions()
-        elif source is not None and source.per_user:
+        elif upstream.per_principal:
             self._upstreams.move_to_end(key)
+        if caller is not None:
+            upstream.caller = caller  # the session's later requests are exchanged from the newest token
+            upstream.caller_credential = (tool.backend.auth or "", tool.backend_name)
         progress = _Progress(headers={k: v for k, v in forwarded_headers(call, self._tokens.for_call(call)).items()
                                       if k not in ('Content-Type', 'Accept')},
                              mint=lambda: self._tokens.for_call(call))
@@ -341,6 +359,8 @@ class McpAdapter:
             async with asyncio.timeout(call.budget_s):
                 if source is not None and source.current() is None:
                     await source.token()  # before anything is sent (raises credential_unavailable)
+                if caller is not None:  # before anything is sent (raises credential_unavailable)
+                    progress.headers = {**progress.headers, **dict(await self._caller_headers(call, caller))}
                 return self._classify(call, await self._send(call, upstream, progress))
         except TimeoutError:
             raise self._cut(call, progress) or self._timed_out(call, progress, time.monotonic() - started) from None
@@ -368,8 +388,21 @@ class McpAdapter:
             return None
         return self._unreadable(call, {"limit": progress.refused.what, "limit_value": progress.refused.limit})
 
-    def _upstream(self, url: str, source: TokenSource | None, fixed: Headers | None = None) -> _Upstream:
+    def _caller_headers(self, call: BackendCall, caller: OnBehalfOf) -> Any:
+        """The caller's exchanged token for the call's upstream (cached per tenant, subject and audience)."""
+        assert self._credentials is not None and call.tool.backend.auth is not None
+        return self._credentials.attach(call.tool.backend.auth, audience=call.tool.backend_name, caller=caller,
+                                        wait_s=call.budget_s)
+
+    def _upstream(self, url: str, source: TokenSource | None, fixed: Headers | None = None,
+                  per_caller: bool = False) -> _Upstream:
         upstream = _Upstream(url, self._http, self._handshake_timeout_s, self._mode, self._callbacks, source)
+        upstream.per_principal = per_caller or (source is not None and source.per_user)
+        upstream.owns_http = bool(fixed) or per_caller or source is not None
+        if per_caller:  # a client of its own: every request of the caller's session carries their token
+            upstream.http = httpx2.AsyncClient(transport=_SharedTransport(self._transport),
+                                               auth=_CallerBearer(self, upstream), follow_redirects=False,
+                                               timeout=self._timeout)
         if fixed:  # a client of its own: every request of its session carries the static secret's header
             upstream.fixed_headers = dict(fixed)
             upstream.http = httpx2.AsyncClient(transport=_SharedTransport(self._transport),
@@ -384,8 +417,7 @@ class McpAdapter:
     def _bound_sessions(self) -> None:
         """Past ``MAX_USER_SESSIONS`` sessions of per-user sources, the least recently used closes (a call still
         running on it ends as a lost connection: honest, and rare with the bound well above the users at once)."""
-        per_user = [key for key, upstream in self._upstreams.items()
-                    if upstream.source is not None and upstream.source.per_user]
+        per_user = [key for key, upstream in self._upstreams.items() if upstream.per_principal]
         for key in per_user[:max(0, len(per_user) - MAX_USER_SESSIONS)]:
             task = asyncio.get_running_loop().create_task(self._upstreams.pop(key).aclose())
             self._closing.add(task)
@@ -573,6 +605,27 @@ class McpAdapter:
         if not progress.sent or code in _NO_ANSWER:
             return unanswered(call, sent=progress.sent, why="connection_lost", backend="MCP server", details=details)
         return failed_answer(call, backend="MCP server", details=details)
+
+
+class _CallerBearer(httpx2.Auth):
+    """Attaches the session's caller's exchanged token to every request of a per-caller session (the session's
+    own requests: its handshake, its stream, its close). A token that cannot be had is handed to the adapter's
+    ``_auth_failed`` and the request goes without one (the upstream refuses it)."""
+
+    def __init__(self, adapter: McpAdapter, upstream: _Upstream) -> None:
+        self._adapter = adapter
+        self._upstream = upstream
+
+    async def async_auth_flow(self, request: httpx2.Request) -> Any:
+        credentials, caller = self._adapter._credentials, self._upstream.caller
+        name, audience = self._upstream.caller_credential
+        if credentials is not None and caller is not None and "authorization" not in request.headers:
+            try:
+                request.headers.update(dict(await credentials.attach(
+                    name, audience=audience, caller=caller, wait_s=self._adapter._handshake_timeout_s)))
+            except ProxyError as exc:
+                self._adapter._auth_failed(self._upstream, exc)
+        yield request
 
 
 def _tool_error(call: BackendCall, result: types.CallToolResult) -> ProxyError:

@@ -2,8 +2,8 @@
 
 Owns: refusing a registry (at start-up, and as a whole on a reload) whose tool names a credential the
 configuration lacks, names one on a backend kind that cannot carry it (the ``mcp_*`` kinds are for MCP upstreams
-only, which take them or a static secret: header, bearer, basic; a per-user one for the upstream its users
-connect to, and for no pinned tool), or pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
+only, which take them, a static secret: header, bearer, basic, or token_exchange on behalf of the caller; a
+per-user or per-caller one for no pinned tool, and a per-user one for the upstream its users connect to), or pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
 """
 
 from __future__ import annotations
@@ -32,9 +32,16 @@ def check_references(registry: Registry, credentials: Mapping[str, CredentialCon
         if tool.backend.type == "http" and entry.kind.startswith("mcp_"):
             raise RegistryError(f"{where}: kind {entry.kind} is for MCP upstreams; an HTTP backend takes the other "
                                 "kinds")
-        if tool.backend.type == "mcp" and not entry.kind.startswith("mcp_") and entry.kind not in STATIC_SECRET_KINDS:
+        if tool.backend.type == "mcp" and not entry.kind.startswith("mcp_") \
+                and entry.kind not in (*STATIC_SECRET_KINDS, "token_exchange"):
             raise RegistryError(f"{where}: kind {entry.kind} cannot ride an MCP upstream; give it a credential of "
-                                "kind mcp_client_credentials, mcp_authorization_code, header, bearer or basic")
+                                "kind mcp_client_credentials, mcp_authorization_code, token_exchange, header, "
+                                "bearer or basic")
+        if tool.backend.type == "mcp" and entry.kind == "token_exchange" and tool.backend.pin is not None:
+            # A pin check lists the upstream's tools for no caller: there is no caller's token to exchange.
+            raise RegistryError(f"{where}: a pinned tool (backend.pin) is checked with no caller, and a "
+                                "token_exchange credential needs one; remove the pin, or reach the upstream with an "
+                                "mcp_client_credentials credential")
         if tool.backend.type == "mcp" and (entry.tls_cert_file or entry.tls_ca_file):
             # The MCP adapter's connections (and the OAuth client's) use the system's CAs and no client
             # certificate: settings they would silently drop.

@@ -126,10 +126,27 @@ class VerifyingBackend:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def start(self) -> "VerifyingBackend":
+    async def load_keys(self) -> "VerifyingBackend":
         async with aiohttp.ClientSession() as session:
             async with session.get(self.jwks_url) as response:
                 self.keys = {k.key_id: k for k in jwt.PyJWKSet.from_dict(await response.json()).keys}
+        return self
+
+    def verify(self, authorization: str) -> bool:
+        """Whether ``authorization`` is a bearer token this backend accepts (recorded with its claims if so)."""
+        scheme, _, token = authorization.partition(" ")
+        try:
+            key = self.keys[jwt.get_unverified_header(token)["kid"]]
+            claims = jwt.decode(token, key.key, algorithms=["RS256", "ES256"], issuer=self.issuer,
+                                audience=self.audience, options={"verify_aud": self.audience is not None})
+        except (jwt.PyJWTError, KeyError):
+            return False
+        self.claims.append(claims)
+        self.tokens.append(token)
+        return scheme == "Bearer"
+
+    async def start(self) -> "VerifyingBackend":
+        await self.load_keys()
         app = web.Application()
         app.router.add_post("/{tail:.*}", self._handle)
         self.runner = web.AppRunner(app, access_log=None)
@@ -139,15 +156,9 @@ class VerifyingBackend:
         return self
 
     async def _handle(self, request: web.Request) -> web.Response:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        try:
-            key = self.keys[jwt.get_unverified_header(token)["kid"]]
-            claims = jwt.decode(token, key.key, algorithms=["RS256", "ES256"], issuer=self.issuer,
-                                audience=self.audience, options={"verify_aud": self.audience is not None})
-        except (jwt.PyJWTError, KeyError):
+        if not self.verify(request.headers.get("Authorization", "")):
             return web.json_response({"error": {"code": "unauthenticated"}}, status=401)
-        self.claims.append(claims)
-        self.tokens.append(token)
+        claims = self.claims[-1]
         body = await request.json()
         return web.json_response({"echo": body.get("text", ""), "sub": claims["sub"], "azp": claims.get("azp")})
 

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, TypedDict
+from typing import Any, AsyncIterator, Callable, TypedDict
 
 import mcp_types as types
 import uvicorn
@@ -62,10 +62,13 @@ class UpstreamState:
                    (r["mcp_method"] == "server/discover" or (r["mcp_method"] is None and r["session"] is None)))
 
 
-def _key_required(app: Any, authorization: str) -> Any:
-    """An upstream behind a static key: a request without it is refused (401) before the MCP server sees it."""
+def _key_required(app: Any, authorization: str | Callable[[str], bool]) -> Any:
+    """An upstream behind a static key (or a token ``authorization`` accepts: a callable given the header): a
+    request without it is refused (401) before the MCP server sees it."""
+    accepts = authorization if callable(authorization) else authorization.__eq__
+
     async def asgi(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and dict(scope["headers"]).get(b"authorization") != authorization.encode():
+        if scope["type"] == "http" and not accepts(dict(scope["headers"]).get(b"authorization", b"").decode()):
             await send({"type": "http.response.start", "status": 401,
                         "headers": [(b"www-authenticate", b'Bearer realm="test"'), (b"content-length", b"0")]})
             await send({"type": "http.response.body", "body": b""})
@@ -380,7 +383,8 @@ def conformance_registry_yaml(url: str) -> str:
 class Upstream:
     port: int
     json_response: bool
-    required_authorization: str | None = None  # every request without this Authorization value gets 401
+    # every request without this Authorization value (or one the callable does not accept) gets 401
+    required_authorization: str | Callable[[str], bool] | None = None
     state: UpstreamState = field(default_factory=UpstreamState)
     _server: uvicorn.Server | None = None
     _task: asyncio.Task[None] | None = None
@@ -416,7 +420,8 @@ class Upstream:
 
 @contextlib.asynccontextmanager
 async def running_upstream(*, json_response: bool = True,
-                           required_authorization: str | None = None) -> AsyncIterator[Upstream]:
+                           required_authorization: str | Callable[[str], bool] | None = None
+                           ) -> AsyncIterator[Upstream]:
     upstream = Upstream(port=free_port(), json_response=json_response, required_authorization=required_authorization)
     await upstream.start()
     try:

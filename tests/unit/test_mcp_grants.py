@@ -132,8 +132,8 @@ def _registry(tmp_path, backend: str):
 @pytest.mark.parametrize("backend, credential, message", [
     ('{type: http, url: "https://api.example/x", auth: k}', {"kind": "mcp_client_credentials"},
      "kind mcp_client_credentials is for MCP upstreams"),
-    ('{type: mcp, url: "https://mcp.example/mcp", tool: x, auth: k}', {"kind": "token_exchange"},
-     "kind token_exchange cannot ride an MCP upstream"),
+    ('{type: mcp, url: "https://mcp.example/mcp", tool: x, auth: k}', {"kind": "tls"},
+     "kind tls cannot ride an MCP upstream"),
     ('{type: mcp, url: "https://other.example/mcp", tool: x, auth: k}',
      {"kind": "mcp_authorization_code", "resource": "https://mcp.example/mcp"}, "users connect their accounts to"),
     ('{type: mcp, url: "https://mcp.example/mcp", tool: x, auth: k, pin: {definition: "sha256:' + "0" * 64 +

@@ -59,6 +59,19 @@ def keycloak_identity(keycloak: kc.KeycloakServer, admin: Issuer) -> dict:
                                    "jwks_file": str(admin.jwks_file)}}
 
 
+def exchange_credential(tmp_path, keycloak: kc.KeycloakServer) -> dict:
+    """``crm-as-user``: the caller's Keycloak token exchanged for one to ``crm``."""
+    return {"crm-as-user": {"kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
+                            "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}
+
+
+def two_callers(keycloak: kc.KeycloakServer) -> tuple[dict[str, str], dict[str, str]]:
+    """Keycloak's tokens for alice and bob, and their subjects, by name."""
+    tokens = {name: keycloak.user_token(name) for name in ("alice", "bob")}
+    return tokens, {name: jwt.decode(token, options={"verify_signature": False})["sub"]
+                    for name, token in tokens.items()}
+
+
 async def test_token_exchange_gives_the_backend_the_caller_once_for_100_calls(proxy_deps, tmp_path, keycloak,
                                                                               issuers):
     crm = await VerifyingBackend(keycloak.issuer, keycloak.jwks_url, "crm").start()
@@ -67,9 +80,7 @@ async def test_token_exchange_gives_the_backend_the_caller_once_for_100_calls(pr
                      "registry.paths": [secret_file(tmp_path / "tools.yaml",
                                                     "tools:\n" + tool("crm_echo", "crm", "crm-as-user"))],
                      "backends.services": {"crm": crm.url},
-                     "credentials": {"crm-as-user": {
-                         "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
-                         "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
+                     "credentials": exchange_credential(tmp_path, keycloak)}
         before = len(keycloak.events("TOKEN_EXCHANGE"))
         user_token = keycloak.user_token("alice")
         alice = jwt.decode(user_token, options={"verify_signature": False})["sub"]
@@ -107,12 +118,8 @@ async def test_each_caller_gets_a_token_of_their_own(proxy_deps, tmp_path, keycl
                      "registry.paths": [secret_file(tmp_path / "tools.yaml",
                                                     "tools:\n" + tool("crm_echo", "crm", "crm-as-user"))],
                      "backends.services": {"crm": crm.url},
-                     "credentials": {"crm-as-user": {
-                         "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
-                         "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
-        tokens = {name: keycloak.user_token(name) for name in ("alice", "bob")}
-        subjects = {name: jwt.decode(token, options={"verify_signature": False})["sub"]
-                    for name, token in tokens.items()}
+                     "credentials": exchange_credential(tmp_path, keycloak)}
+        tokens, subjects = two_callers(keycloak)
         before = len(keycloak.events("TOKEN_EXCHANGE"))
         async with running_stack(overrides) as stack:
             calls = [stack.call("crm_echo", {"text": f"{name}-{i}"},
@@ -140,12 +147,8 @@ async def test_an_mcp_upstream_gets_each_callers_own_exchanged_token(proxy_deps,
         overrides = {**proxy_deps, **keycloak_identity(keycloak, issuers[1]),
                      "registry.paths": [secret_file(tmp_path / "tools.yaml", registry)],
                      "mcp.upstream_mode": upstream_mode,
-                     "credentials": {"crm-as-user": {
-                         "kind": "token_exchange", "token_url": keycloak.token_url, "client_id": "toolproxy",
-                         "client_secret_file": secret_file(tmp_path / "cs", kc.CLIENT_SECRET), "audience": "crm"}}}
-        tokens = {name: keycloak.user_token(name) for name in ("alice", "bob")}
-        subjects = {name: jwt.decode(token, options={"verify_signature": False})["sub"]
-                    for name, token in tokens.items()}
+                     "credentials": exchange_credential(tmp_path, keycloak)}
+        tokens, subjects = two_callers(keycloak)
         before = len(keycloak.events("TOKEN_EXCHANGE"))
         async with running_stack(overrides) as stack:
             for i in range(3):

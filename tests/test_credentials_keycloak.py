@@ -165,10 +165,14 @@ async def test_an_mcp_upstream_gets_each_callers_own_exchanged_token(proxy_deps,
                 assert response.status == 401
     calls = [r for r in upstream.state.http if r["verb"] == "POST" and b'"tools/call"' in r["body"]]
     assert len(calls) == 6
+    sessions: dict[str, set] = {"alice": set(), "bob": set()}
     for request in calls:  # each call reached the upstream with its own caller's token
         caller = json.loads(request["body"])["params"]["arguments"]["key"].split("-")[0]
         sub = jwt.decode(request["authorization"].partition(" ")[2], options={"verify_signature": False})["sub"]
         assert sub == subjects[caller]
+        sessions[caller].add(request["session"])
+    if upstream_mode == "legacy":  # a session of each caller's own
+        assert len(sessions["alice"]) == len(sessions["bob"]) == 1 and not sessions["alice"] & sessions["bob"]
     assert upstream.state.http and all(r["authorization"] for r in upstream.state.http)
     assert {(c["sub"], c["aud"], c["azp"]) for c in gate.claims} == {(s, "crm", "toolproxy")
                                                                      for s in subjects.values()}

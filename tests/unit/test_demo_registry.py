@@ -23,7 +23,7 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
     "send_confirmation": {"order_id": "ord_1002", "channel": "email"},
     "adjust_counter": {"counter": "ctr_demo", "delta": 3},
     "get_counter": {"counter": "ctr_demo"},
-    "get_project": {"project_id": "prj_1"},
+    "get_project": {"project_id": "prj_1001"},
     "delete_customer": {"customer_id": "cus_1002"},
     "release_reservation": {"reservation_id": "rsv_seed1", "sku": "sku_gizmo", "quantity": 1},
     "generate_report": {"title": "weekly", "duration_ms": 20},

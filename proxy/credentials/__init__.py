@@ -63,8 +63,11 @@ class Credentials:
     def names(self) -> frozenset[str]:
         return frozenset(self._entries)
 
-    def kind(self, name: str) -> str:
-        return self._entries[name].kind
+    def kind(self, name: str) -> str | None:
+        """A loaded credential's kind; None for a name this object does not hold (the ``mcp_*`` kinds live in
+        the MCP OAuth sources, not here)."""
+        entry = self._entries.get(name)
+        return entry.kind if entry is not None else None
 
     def tls(self, name: str | None) -> ssl.SSLContext | None:
         """The TLS context of a credential's backend (None: the wire's default, the system's CAs)."""

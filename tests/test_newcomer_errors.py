@@ -198,11 +198,18 @@ def test_policy_replay_against_a_password_redis_is_one_line_and_honours_the_vari
 def test_run_with_redis_and_opa_away_names_each_once_and_does_not_storm(tmp_path):
     import os
     import signal
+    import socket
     import time
 
     from tests.support.servers import free_port
 
-    dead = free_port()  # nothing listens there
+    # A port that accepts and at once closes every connection: Redis never answers there, and the count of
+    # connections says how many retries the proxy made (the observation window ends on it, not on a clock).
+    refuser = socket.socket()
+    refuser.bind(("127.0.0.1", 0))
+    refuser.listen(64)
+    refuser.settimeout(0.2)
+    dead = refuser.getsockname()[1]
     env = {"PATH": "/usr/bin:/bin", "TOOLPROXY_IDENTITY_MODE": "static", **fleet_key_env(),
            "TOOLPROXY_REGISTRY_PATHS": str(DEMO_REGISTRY), "TOOLPROXY_BACKENDS_SERVICES": "demo=http://127.0.0.1:9",
            "TOOLPROXY_REDIS_URL": f"redis://:hunter2@127.0.0.1:{dead}/0",
@@ -218,10 +225,21 @@ def test_run_with_redis_and_opa_away_names_each_once_and_does_not_storm(tmp_path
         while "toolproxy listening" not in log.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
-        time.sleep(4)  # several retry periods of every listener (backoff from 0.1 s)
+        # Several retry periods of every listener (backoff from 0.1 s): wait until Redis was tried 12 times
+        # after start-up, bounded.
+        attempts, deadline = 0, time.monotonic() + 60
+        while attempts < 12:
+            assert proc.poll() is None and time.monotonic() < deadline, (attempts, log.read_text()[-3000:])
+            try:
+                conn, _ = refuser.accept()
+            except socket.timeout:
+                continue
+            conn.close()
+            attempts += 1
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+        refuser.close()
     text = log.read_text()
     assert "hunter2" not in text
     assert text.count(f"redis://127.0.0.1:{dead}/0 (redis.url) does not answer at start-up") == 1, text

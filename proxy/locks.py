@@ -485,27 +485,25 @@ class LockManager:
 
     async def _lock_hashes(self, tenant: str | None, *, clock: bool = True
                            ) -> tuple[int, list[tuple[str, str, dict[bytes, bytes]]]]:
-        """Redis's clock in ms (with ``clock``; else this process's: a Cluster pipeline has no TIME) and every
-        lock hash as (domain, resource id, fields): one tenant's (or every tenant's for ``None``), read in one
-        pipeline after a SCAN."""
+        """Redis's clock in ms (with ``clock``, read before the scan, apart from the pipeline: a Cluster
+        pipeline refuses TIME; else this process's) and every lock hash as (domain, resource id, fields):
+        one tenant's (or every tenant's for ``None``), read in one pipeline after a SCAN."""
         if tenant is not None and self._config.scope == "tenant":
             pattern = _glob_escape(self.resource_key(tenant, "")) + "*"
         else:
             pattern = _glob_escape(f"{self._prefix}:lock:") + "*"
+        if clock:  # before the scan: a lease that ends meanwhile shows with a little time left, never negative
+            seconds, micros = await store.redis_call(self._redis.time())
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        else:
+            now_ms = _now_ms()
         keys: list[bytes] = []
         async for found in self._redis.scan_iter(match=pattern, count=200):
             keys.append(found)
         async with self._redis.pipeline(transaction=False) as pipe:
-            if clock:
-                pipe.time()
             for found in keys:
                 pipe.hgetall(found)
-            replies = await store.redis_call(pipe.execute()) if len(pipe) else []
-        if clock:
-            seconds_micros, *hashes = replies
-            now_ms = int(seconds_micros[0]) * 1000 + int(seconds_micros[1]) // 1000
-        else:
-            hashes, now_ms = replies, _now_ms()
+            hashes = await store.redis_call(pipe.execute()) if len(pipe) else []
         rows = []
         for found, fields in zip(keys, hashes):
             tagged, _, resource = found.decode().partition("}:")

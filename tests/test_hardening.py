@@ -24,6 +24,7 @@ from aiohttp import web
 
 from proxy.config import Config, ConfigError, describe, load_config
 from tests.support.metrics import sample, samples
+from tests.support.modes import all_redis_modes
 from tests.support.proxyproc import ProxyProcess, fleet_key_env
 from tests.support.stack import DEMO_REGISTRY, UNLOCKED_COUNTER, assert_envelope, extra_tools, running_stack
 from tests.support.tokens import jwt_overrides
@@ -522,6 +523,7 @@ async def test_operation_in_progress_answers_say_outcome_unknown(stack):
 
 # --------------------------------------------------------------------------- leftovers: locks
 
+@all_redis_modes  # a Cluster pipeline has no TIME: the clock is read apart from the scan
 async def test_operators_see_held_locks_of_their_tenant_only(proxy_deps, issuers):
     agent, admin = issuers
     async with running_stack({**proxy_deps, **jwt_overrides(agent, admin)}) as stack:

@@ -28,7 +28,9 @@ def proxy_settings(backend_url: str, proxy_deps: dict[str, Any], **extra: Any) -
     return {**proxy_deps,
             "backends.services": {"demo": backend_url}, "registry.paths": [str(DEMO_REGISTRY)],
             "reconcile.scan_interval_ms": 100, "reconcile.backoff_initial_ms": 50,
-            "reconcile.backoff_max_ms": 200, "idempotency.lease_grace_ms": 300, **extra}
+            "reconcile.backoff_max_ms": 200, "idempotency.lease_grace_ms": 300,
+            "opa.timeout_ms": 5000,  # fifty calls at once on two loaded cores: the decisions queue
+            **extra}
 
 
 async def call(session: aiohttp.ClientSession, proxy: ProxyProcess, headers: dict[str, str],

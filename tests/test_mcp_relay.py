@@ -31,7 +31,8 @@ PERSON = {"username": "ann", "email": "ann@example.com"}
 
 def relay_stack(tmp_path: Any, deps: dict[str, Any], overrides: dict[str, Any]) -> Any:
     """The upstream answers with SSE streams: a JSON-only upstream has no channel to ask on."""
-    return upstream_stack(tmp_path, deps, overrides, json_response=False)
+    # opa.timeout_ms 5 s: these tests assert on relayed messages, not on OPA's speed on two loaded cores.
+    return upstream_stack(tmp_path, deps, {"opa.timeout_ms": 5000, **overrides}, json_response=False)
 
 
 async def relayed(stack: Stack, method: str, result: str) -> float:

@@ -27,7 +27,7 @@ from urllib.parse import quote
 
 import yaml
 
-from . import approval_context, compensation_contract, output_filter, read_after_write
+from . import approval_context, compensation_contract, output_filter, provenance, read_after_write
 from .approval_context import RelatedRead
 from .wire import schema_fast
 from .compensation_contract import CompensationSpec
@@ -188,6 +188,9 @@ class ToolContract:
     owner_at: str = ""  # ownership_read's pointer into the read's result: the owning tenant
     flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
     flow_sink: str = "internal"          # where its arguments go: internal | external
+    flow_sink_arguments: tuple[str, ...] = ()  # JSON pointers of the arguments that aim the call (provenance.py)
+    flow_integrity: str | None = None    # destructive | state_changing: a target must not come from untrusted output
+    flow_trusted_source: bool = False    # its output is the user's own records: values seen in it are trusted
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -217,7 +220,17 @@ class ToolContract:
 
     def flow_facts(self) -> dict[str, Any]:
         """The contract's flow facts as the policy sees them (``input.tool.flow``, the catalog)."""
-        return {"produces": list(self.flow_produces), "sink": self.flow_sink}
+        facts: dict[str, Any] = {"produces": list(self.flow_produces), "sink": self.flow_sink,
+                                 "sink_arguments": list(self.flow_sink_arguments),
+                                 "trusted_source": self.flow_trusted_source}
+        if self.flow_integrity is not None:
+            facts["integrity"] = self.flow_integrity
+        return facts
+
+    @property
+    def records_provenance(self) -> bool:
+        """Whether a call's output is fingerprinted (proxy/provenance.py): untrusted, or the user's records."""
+        return self.flow_trusted_source or "untrusted" in self.flow_produces
 
     @property
     def backend_name(self) -> str:
@@ -705,6 +718,9 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         owner_at=(raw.get("ownership_read") or {}).get("tenant", ""),
         flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
         flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
+        flow_sink_arguments=tuple(provenance.pointer(p) for p in (raw.get("flow") or {}).get("sink_arguments", ())),
+        flow_integrity=(raw.get("flow") or {}).get("integrity"),
+        flow_trusted_source=bool((raw.get("flow") or {}).get("trusted_source", False)),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
         output_validator=schema_fast.validator(output_schema, formats=True),
     )
@@ -724,6 +740,17 @@ def _check_filter_guard_readable(at: "_At", raw: Mapping[str, Any], output_polic
     guard = raw.get("state_guard")
     if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
         raise at.error("state_guard.argument", f"{guard['argument']!r} is not a required property of inputSchema")
+    flow = raw.get("flow") or {}
+    for index, path in enumerate(flow.get("sink_arguments", ())):
+        problem = provenance.schema_problem(path, raw["inputSchema"])
+        if problem:
+            raise at.error(f"flow.sink_arguments[{index}]", problem)
+    if flow.get("trusted_source") and "untrusted" in flow.get("produces", ()):
+        raise at.error("flow.trusted_source", "a tool whose output is untrusted cannot be a trusted source "
+                       "(drop one of them)")
+    if flow.get("integrity") and not flow.get("sink_arguments"):
+        raise at.error("flow.integrity", "names no target: list the arguments that aim the write in "
+                       "flow.sink_arguments")
     readable = approval_context.readable_problems(raw.get("approver_may_read", []), raw.get("sensitive_fields", []))
     if readable:
         raise at.error("approver_may_read" + readable[0].partition(":")[0], readable[0].partition(": ")[2])

@@ -105,6 +105,14 @@ def _flow_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]
     found += [(False, f"flow.produces drops {label}") for label in old.flow_produces if label not in new.flow_produces]
     if old.flow_sink != new.flow_sink:
         found.append((new.flow_sink == "external", f"flow.sink {old.flow_sink} -> {new.flow_sink}"))
+    found += [(True, f"flow.sink_arguments adds {p}") for p in new.flow_sink_arguments
+              if p not in old.flow_sink_arguments]
+    found += [(False, f"flow.sink_arguments drops {p}") for p in old.flow_sink_arguments
+              if p not in new.flow_sink_arguments]
+    if old.flow_integrity != new.flow_integrity:
+        found.append((new.flow_integrity is not None, f"flow.integrity {old.flow_integrity} -> {new.flow_integrity}"))
+    if old.flow_trusted_source != new.flow_trusted_source:  # no longer trusting a source holds values it cleared
+        found.append((old.flow_trusted_source, f"flow.trusted_source {old.flow_trusted_source} -> {new.flow_trusted_source}"))
     return found
 
 

@@ -1,0 +1,354 @@
+"""Argument provenance: where the values aiming a call (its sink arguments) came from.
+
+A contract names the arguments that aim its call (``flow.sink_arguments``: a recipient, a URL, an IBAN, a
+file id, a hotel). After a call of a tool whose output a third party may have written (``flow.produces``
+has ``untrusted``) or whose output is the user's own records (``flow.trusted_source``), the proxy keeps,
+per principal, keyed fingerprints of the tokens that output held: whole short string values, and inside
+longer text the addresses, URLs and their hosts, IBANs, id-like words, quoted strings and capitalized
+names. A later call's sink-argument values are fingerprinted the same way and looked up: a value seen
+only in untrusted output is reported with the sources (tool, call id, time) that brought it; a value also
+seen in a trusted source, or named by the caller's trusted task context, is trusted.
+
+Everything here is bounded: tokens per output (``MAX_TOKENS``; more sets the output's overflow mark, so
+nothing an attacker pushed past the bound goes unseen), characters scanned per output, a token's length,
+sink values per call. Fingerprints are HMAC-SHA256 under a key derived from the record MAC key, cut to
+128 bits: a reader of Redis learns neither the values nor, without the key, can test a guess.
+
+Owns: the normalization of a value, token extraction, fingerprints, the sink-argument paths of a contract
+and the values at them, the trusted task context's tokens, and the ``input.flow.provenance`` entries.
+Must never: keep or return a raw value outside the process (fingerprints only), call Redis (proxy/flow.py
+does, in its existing round trips), or trust a value because the model or a tool's output says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import re
+import unicodedata
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from .envelope import iso
+
+MAX_TOKENS = 512          # distinct tokens kept per output; more: the output's overflow mark is set
+MAX_TOKEN_CHARS = 200     # a whole string value longer than this is scanned for tokens, not kept whole
+MAX_SCAN_CHARS = 262144   # characters of one output's strings scanned; past it: the overflow mark
+MAX_SINK_VALUES = 32      # sink-argument values looked up per call; more: the rest are reported unseen-overflow
+MAX_DEPTH = 32            # nesting walked in an output or an argument
+MIN_TOKEN_CHARS = 2
+
+OVERFLOW = "!over"        # the field of a scope whose bound was reached (proxy/flow.py)
+
+_EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+")
+_URL = re.compile(r"(?:https?://|www\.)[^\s<>\"'()\[\]{}]{1,300}", re.IGNORECASE)
+_DOMAIN = re.compile(r"\b(?:[A-Za-z0-9-]{1,63}\.)+(?:com|org|net|io|ai|co|dev|app|info|biz|me|uk|de|fr|eu|us|"
+                     r"ch|it|es|nl|ru|cn|xyz|site|online|top|link|shop|store)\b", re.IGNORECASE)
+_IBAN = re.compile(r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
+_ID_LIKE = re.compile(r"\b[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,62}[A-Za-z0-9]\b|\b[0-9]\b")
+_QUOTED = re.compile(r"'([^'\n]{2,200})'|\"([^\"\n]{2,200})\"|\u201c([^\u201d\n]{2,200})\u201d")
+_NAME = re.compile(r"\b[A-Z][\w'&-]*(?:\s+(?:of|the|de|la|von|van|and|&)?\s*[A-Z][\w'&-]*){1,5}")
+_SPACE = re.compile(r"\s+")
+_EDGE = ".,;:!?\"'()<>[]{}`*\u201c\u201d\u2018\u2019"
+
+
+def normalize(text: str) -> str:
+    """A value as compared: NFKC, case-folded, inner whitespace collapsed, edge punctuation stripped."""
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip().strip(_EDGE).strip().casefold()
+
+
+def _host(url: str) -> str | None:
+    text = url if "://" in url else "http://" + url
+    try:
+        host = urlsplit(text).hostname
+    except ValueError:
+        return None
+    if not host:
+        return None
+    return host[4:] if host.startswith("www.") else host
+
+
+def text_tokens(text: str) -> Iterator[str]:
+    """The tokens of one string: itself when short, and what a target looks like inside it (not normalized)."""
+    if len(text) <= MAX_TOKEN_CHARS:
+        yield text
+    for match in _EMAIL.finditer(text):
+        yield match.group(0)
+        yield match.group(0).rpartition("@")[2]
+    for match in _URL.finditer(text):
+        url = match.group(0).rstrip(_EDGE)
+        yield url
+        host = _host(url)
+        if host:
+            yield host
+    for match in _DOMAIN.finditer(text):
+        yield match.group(0)
+    for match in _IBAN.finditer(text):
+        yield match.group(0).replace(" ", "")
+    for match in _QUOTED.finditer(text):
+        yield next(g for g in match.groups() if g)
+    for match in _NAME.finditer(text):
+        yield match.group(0)
+    for match in _ID_LIKE.finditer(text):
+        word = match.group(0)
+        if any(c.isdigit() for c in word):  # ids, numbers, phone numbers: not every plain word
+            yield word
+
+
+def value_candidates(value: str) -> list[str]:
+    """The normalized forms a sink value is looked up by: the whole value first, then, for a URL or an
+    address, its host (a page that names a site names every URL on it)."""
+    whole = normalize(value)
+    found = [whole] if len(whole) >= 1 else []
+    if _URL.match(value.strip()) or value.strip().lower().startswith(("http://", "https://")):
+        host = _host(value.strip())
+        if host and normalize(host) not in found:
+            found.append(normalize(host))
+    elif "@" in value and _EMAIL.fullmatch(value.strip()):
+        pass  # an address is looked up whole: a domain shared with the user's own contacts must not clear it
+    if whole.replace(" ", "") != whole and _IBAN.fullmatch(value.strip().upper()):
+        found.append(whole.replace(" ", ""))
+    return [c[:MAX_TOKEN_CHARS] for c in found]
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """The normalized tokens of one output; ``overflow``: a bound cut it short (tokens, scanned text)."""
+
+    tokens: tuple[str, ...]
+    overflow: bool
+
+
+def extract(output: Any) -> Extracted:
+    """The distinct normalized tokens of a tool's output (strings and numbers anywhere in it), bounded."""
+    seen: dict[str, None] = {}
+    budget = [MAX_SCAN_CHARS]
+    overflow = False
+    for leaf in _leaves(output, 0):
+        if isinstance(leaf, str):
+            if budget[0] <= 0:
+                overflow = True
+                break
+            text = leaf[:budget[0]]
+            overflow = overflow or len(text) < len(leaf)
+            budget[0] -= len(text)
+            raw: Iterable[str] = text_tokens(text)
+        else:
+            raw = (str(leaf),)
+        for token in raw:
+            norm = normalize(token)
+            if MIN_TOKEN_CHARS <= len(norm) <= MAX_TOKEN_CHARS or (norm.isdigit() and norm):
+                if norm not in seen:
+                    if len(seen) >= MAX_TOKENS:
+                        return Extracted(tuple(seen), True)
+                    seen[norm] = None
+    return Extracted(tuple(seen), overflow)
+
+
+def _leaves(value: Any, depth: int) -> Iterator[Any]:
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, bool) or value is None:
+        return
+    elif isinstance(value, (int, float)):
+        yield value if isinstance(value, int) or not value.is_integer() else int(value)
+    elif isinstance(value, Mapping):
+        for sub in value.values():
+            yield from _leaves(sub, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for sub in value:
+            yield from _leaves(sub, depth + 1)
+
+
+class Fingerprints:
+    """Keyed fingerprints of normalized tokens (one instance per process: the key is the MAC key's)."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def of(self, token: str) -> str:
+        digest = hmac.new(self._key, token.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()[:16]
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+# ---- sink arguments ------------------------------------------------------------------------------------------
+
+def pointer(path: str) -> str:
+    """A contract's sink-argument path as a JSON pointer ("recipient" -> "/recipient")."""
+    return path if path.startswith("/") else "/" + path.replace("~", "~0").replace("/", "~1")
+
+
+def _parts(path: str) -> list[str]:
+    return [p.replace("~1", "/").replace("~0", "~") for p in pointer(path).split("/")[1:]]
+
+
+def schema_problem(path: str, input_schema: Mapping[str, Any]) -> str | None:
+    """Why ``path`` does not name an argument the input schema declares (None: it does; arrays are walked)."""
+    schema: Any = input_schema
+    for part in _parts(path):
+        while isinstance(schema, Mapping) and schema.get("type") == "array" and isinstance(schema.get("items"),
+                                                                                           Mapping):
+            schema = schema["items"]
+        properties = schema.get("properties") if isinstance(schema, Mapping) else None
+        if not isinstance(properties, Mapping) or part not in properties:
+            return f"{path!r}: {part!r} is not a property of inputSchema there"
+        schema = properties[part]
+    return None
+
+
+@dataclass(frozen=True)
+class SinkValue:
+    argument: str                 # a JSON pointer to the value itself ("/recipients/1")
+    candidates: tuple[str, ...]   # its normalized lookup forms, the whole value first
+
+
+def sink_values(arguments: Mapping[str, Any], paths: Sequence[str]) -> tuple[tuple[SinkValue, ...], bool]:
+    """The string and number values at the sink-argument paths (arrays walked element by element, objects
+    by their leaves), at most ``MAX_SINK_VALUES``; the flag says some were left out."""
+    found: list[SinkValue] = []
+    for path in paths:
+        for where, value in _at(arguments, _parts(path), "", 0):
+            if len(found) >= MAX_SINK_VALUES:
+                return tuple(found), True
+            text = value if isinstance(value, str) else str(value)
+            candidates = value_candidates(text)
+            if candidates and candidates[0]:
+                found.append(SinkValue(where, tuple(candidates)))
+    return tuple(found), False
+
+
+def _at(value: Any, parts: list[str], where: str, depth: int) -> Iterator[tuple[str, Any]]:
+    if depth > MAX_DEPTH:
+        return
+    if isinstance(value, list):
+        for index, sub in enumerate(value):
+            yield from _at(sub, parts, f"{where}/{index}", depth + 1)
+        return
+    if parts:
+        if isinstance(value, Mapping) and parts[0] in value:
+            name = parts[0].replace("~", "~0").replace("/", "~1")
+            yield from _at(value[parts[0]], parts[1:], f"{where}/{name}", depth + 1)
+        return
+    if isinstance(value, Mapping):
+        for key, sub in value.items():
+            yield from _at(sub, [], f"{where}/{str(key).replace('~', '~0').replace('/', '~1')}", depth + 1)
+    elif isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        yield where, value
+
+
+# ---- the trusted task context -------------------------------------------------------------------------------
+
+MAX_TASK_CHARS = 16384
+MAX_TASK_VALUES = 64
+
+
+@dataclass(frozen=True)
+class TaskContext:
+    """What the user asked, from a channel the agent's model cannot write (proxy/identity.py): the normalized
+    tokens of the task text and of the values the user named. Held in memory for the call only."""
+
+    tokens: frozenset[str] = field(default_factory=frozenset, repr=False)
+
+    def names(self, candidates: Sequence[str]) -> bool:
+        return bool(candidates) and candidates[0] in self.tokens
+
+
+@lru_cache(maxsize=256)
+def task_context(text: str, values: tuple[str, ...]) -> TaskContext:
+    """The task context of a claim or header: its text's tokens and its named values, bounded."""
+    tokens = set(extract(text[:MAX_TASK_CHARS]).tokens)
+    for value in values[:MAX_TASK_VALUES]:
+        tokens.update(value_candidates(value[:MAX_TOKEN_CHARS])[:1])
+        tokens.update(extract(value[:MAX_TOKEN_CHARS]).tokens)
+    return TaskContext(frozenset(t for t in tokens if t))
+
+
+def task_context_from(raw: Any) -> TaskContext | None:
+    """A claim's or header's task context: a string (the task text) or {"text": str, "values": [str]}; None
+    when absent or of another shape (nothing is trusted then)."""
+    if isinstance(raw, str) and raw.strip():
+        return task_context(raw, ())
+    if isinstance(raw, Mapping):
+        text = raw.get("text") if isinstance(raw.get("text"), str) else ""
+        values = raw.get("values") if isinstance(raw.get("values"), list) else []
+        named = tuple(v if isinstance(v, str) else str(v) for v in values
+                      if isinstance(v, (str, int)) and not isinstance(v, bool))
+        if text or named:
+            return task_context(text, named)
+    return None
+
+
+# ---- what OPA is given --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Source:
+    tool: str
+    call_id: str
+    at_ms: int
+
+    @staticmethod
+    def parse(stored: Any) -> "Source | None":
+        """A stored ``<at_ms>|<tool>|<call id>`` (None when it is not one: never trusted)."""
+        text = stored.decode("utf-8", "replace") if isinstance(stored, bytes) else stored
+        if not isinstance(text, str):
+            return None
+        at, _, rest = text.partition("|")
+        tool, _, call_id = rest.partition("|")
+        if not at.isdigit() or not tool:
+            return None
+        return Source(tool, call_id, int(at))
+
+    def stored(self) -> str:
+        return f"{self.at_ms}|{self.tool}|{self.call_id}"
+
+
+def lookup_fields(values: Sequence[SinkValue], fingerprints: Fingerprints) -> list[str]:
+    """The hash fields a read asks for: per candidate its untrusted then its trusted field, then the
+    overflow mark (proxy/flow.py's read script)."""
+    fields = []
+    for value in values:
+        for candidate in value.candidates:
+            fp = fingerprints.of(candidate)
+            fields += ["u" + fp, "t" + fp]
+    return fields + [OVERFLOW]
+
+
+def entries(values: Sequence[SinkValue], replies: Sequence[Any], *, task: TaskContext | None, now_ms: int,
+            window_ms: int, truncated: bool = False) -> list[dict[str, Any]]:
+    """``input.flow.provenance``: one entry per sink value, from the read's replies to ``lookup_fields``."""
+    def fresh(stored: Any) -> Source | None:
+        source = Source.parse(stored)
+        return source if source is not None and now_ms - source.at_ms < window_ms else None
+
+    overflow = fresh(replies[-1]) if replies else None
+    out = []
+    at = 0
+    for value in values:
+        untrusted: list[Source] = []
+        trusted_by: list[str] = []
+        if task is not None and task.names(value.candidates):
+            trusted_by.append("task_context")
+        for index, _ in enumerate(value.candidates):
+            bad, good = fresh(replies[at]), fresh(replies[at + 1])
+            at += 2
+            if good is not None and index == 0:  # a trusted source names the whole value
+                trusted_by.append(f"tool:{good.tool}")
+            if bad is not None and bad not in untrusted:
+                untrusted.append(bad)
+        if not trusted_by and not untrusted and overflow is not None:
+            untrusted.append(overflow)  # the scope lost values past its bound: unseen is not clean
+        trusted = bool(trusted_by)
+        out.append({"argument": value.argument,
+                    "seen": "trusted" if trusted else "untrusted" if untrusted else "unseen",
+                    "trusted": trusted, "trusted_by": sorted(set(trusted_by)),
+                    "untrusted_sources": [{"tool": s.tool, "call_id": s.call_id, "at": iso(s.at_ms / 1000.0)}
+                                          for s in untrusted]})
+    if truncated:
+        out.append({"argument": "(past the sink values' bound)", "seen": "untrusted", "trusted": False, "trusted_by": [],
+                    "untrusted_sources": [{"tool": "(too many sink values)", "call_id": "", "at": iso(now_ms / 1000)}]})
+    return out

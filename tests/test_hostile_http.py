@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import fcntl
+import os
 import socket
 import struct
 from pathlib import Path
@@ -30,6 +31,24 @@ F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 POOL = 4
 
 
+def _peer_closed(transport: Any) -> bool:
+    """Whether the peer closed this connection (its FIN or RST is in the kernel), read without consuming."""
+    if transport.is_closing():
+        return True
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return True
+    probe = socket.socket(fileno=os.dup(sock.fileno()))
+    try:
+        return probe.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+
+
 class SlowBackend:
     """An aiohttp backend whose ``/slow`` answers after ``delay_s``; counts what arrived and what it answered."""
 
@@ -39,17 +58,24 @@ class SlowBackend:
         self.answered = 0
         self.in_flight = 0  # requests whose connection is still open (a closed one cancels its handler)
         self.peak = 0
+        self._open: set[Any] = set()
         self.runner: web.AppRunner | None = None
 
     async def _slow(self, request: web.Request) -> web.Response:
         await request.read()
         self.arrived += 1
         self.in_flight += 1
-        self.peak = max(self.peak, self.in_flight)
+        # The peak counts the requests whose connection the proxy still holds open. A handler whose peer
+        # already closed (an abandoned call) is cancelled only once this loop reads the close, which on two
+        # loaded cores can come after the next request's arrival: ask the kernel instead.
+        self._open.add(request.transport)
+        self._open = {t for t in self._open if t is not None and not _peer_closed(t)}
+        self.peak = max(self.peak, len(self._open))
         try:
             await asyncio.sleep(self.delay_s)
         finally:
             self.in_flight -= 1
+            self._open.discard(request.transport)
         self.answered += 1
         return web.json_response({"ok": True})
 

@@ -112,13 +112,17 @@ def test_a_kind_that_cannot_ride_an_mcp_upstream_is_refused_with_the_fix(tmp_pat
     from proxy.registry import RegistryError, load_registry
 
     path = _registry(tmp_path, "https://mcp.example/mcp")
-    entry = SimpleNamespace(kind="client_credentials", tls_cert_file="", tls_ca_file="", resource="")
+    entry = SimpleNamespace(kind="client_credentials", tls_cert_file="", tls_ca_file="", resource="", audience="")
     with pytest.raises(RegistryError, match="kind client_credentials cannot ride an MCP upstream; give it a "
                                             "credential of kind mcp_client_credentials"):
         check_references(load_registry([str(path)]), {"upkey": entry}, {})
     check_references(load_registry([str(path)]), {"upkey": SimpleNamespace(**{**vars(entry), "kind": "bearer"})}, {})
     exchange = SimpleNamespace(**{**vars(entry), "kind": "token_exchange"})
-    check_references(load_registry([str(path)]), {"upkey": exchange}, {})  # on behalf of the caller
+    # On behalf of the caller: an upstream reached by URL has no service name to stand for its audience.
+    with pytest.raises(RegistryError, match="needs the upstream's audience; set credentials.upkey.audience"):
+        check_references(load_registry([str(path)]), {"upkey": exchange}, {})
+    exchange = SimpleNamespace(**{**vars(exchange), "audience": "mcp-crm"})
+    check_references(load_registry([str(path)]), {"upkey": exchange}, {})
     with pytest.raises(RegistryError, match="a pinned tool .* is checked with no caller, and a token_exchange"):
         check_references(load_registry([str(_registry(tmp_path, "https://mcp.example/mcp", pinned=True))]),
                          {"upkey": exchange}, {})

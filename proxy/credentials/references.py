@@ -3,7 +3,8 @@
 Owns: refusing a registry (at start-up, and as a whole on a reload) whose tool names a credential the
 configuration lacks, names one on a backend kind that cannot carry it (the ``mcp_*`` kinds are for MCP upstreams
 only, which take them, a static secret: header, bearer, basic, or token_exchange on behalf of the caller; a
-per-user or per-caller one for no pinned tool, and a per-user one for the upstream its users connect to), or pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
+per-user or per-caller one for no pinned tool, a per-user one for the upstream its users connect to, and
+a token_exchange one for an upstream reached by URL only with the credential's audience), or pairs a credential's TLS settings with a plain-http backend. Must never: read a secret (only names and settings are compared).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def check_references(registry: Registry, credentials: Mapping[str, CredentialCon
             raise RegistryError(f"{where}: a pinned tool (backend.pin) is checked with no caller, and a "
                                 "token_exchange credential needs one; remove the pin, or reach the upstream with an "
                                 "mcp_client_credentials credential")
+        if tool.backend.type == "mcp" and entry.kind == "token_exchange" and not entry.audience \
+                and tool.backend.service is None:
+            # Without a service name the default audience is the tool's own (tool.<name>): two tools of one
+            # upstream would exchange each caller's token twice, for audiences the server knows neither of.
+            raise RegistryError(f"{where}: a token_exchange credential for an MCP upstream reached by URL needs "
+                                f"the upstream's audience; set credentials.{name}.audience, or name the upstream "
+                                "in backends.services and give the tool backend.service")
         if tool.backend.type == "mcp" and (entry.tls_cert_file or entry.tls_ca_file):
             # The MCP adapter's connections (and the OAuth client's) use the system's CAs and no client
             # certificate: settings they would silently drop.

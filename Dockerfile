@@ -23,7 +23,7 @@ RUN /opt/toolproxy/bin/python -m compileall -q /app/proxy /app/toolproxy_verifie
 FROM ${PYTHON_IMAGE} AS runtime
 # The base image's own pip is not needed at run time. nft (Debian's nftables)
 # is: the chart's egress guard init container runs `toolproxy egress-rules
-# --apply` from this image (docs/security.md); it is inert without NET_ADMIN.
+# --apply` (proxy/guard/) from this image (docs/security.md); it is inert without NET_ADMIN.
 RUN python -m pip uninstall -y -q pip \
  && apt-get update -qq && apt-get install -y -qq --no-install-recommends nftables \
  && rm -rf /var/lib/apt/lists/*

@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def egress_rules(args: argparse.Namespace) -> int:
-    from .authoring import egress_rules as rules
+    from .guard import egress_rules as rules
     try:
         bad = [uid for uid in args.uid if not 0 < uid < 2 ** 32]
         if bad:

@@ -3,7 +3,7 @@
 Owns: ``OnFirstUse(build)``, an object built (its module imported inside ``build``) the first time it is
 needed, once; ``warm()`` builds it ahead of time where the first caller must not pay for the import.
 Used for the MCP SDK (its client machinery only when a tool's backend is an MCP upstream: the MCP adapter
-in ``proxy/runtime.py``; its server side only when ``mcp.front`` is on: ``proxy/fronts/app.py``). Anything
+in ``proxy/process/runtime.py``; its server side only when ``mcp.front`` is on: ``proxy/fronts/app.py``). Anything
 optional with a heavy import does the same (e.g. OpenTelemetry only when tracing is configured):
 
     tracer = OnFirstUse(lambda: _build_tracer(config))  # _build_tracer does ``from opentelemetry import ...``

@@ -29,7 +29,7 @@ def imported_after(code: str) -> set[str]:
 
 
 def test_the_run_entry_without_an_mcp_configuration_does_not_import_mcp():
-    modules = imported_after("import proxy.fronts.app, proxy.cli, proxy.runtime")
+    modules = imported_after("import proxy.fronts.app, proxy.cli, proxy.process.runtime")
     assert not modules & set(NOT_IMPORTED), sorted(modules & set(NOT_IMPORTED))
 
 

@@ -237,7 +237,7 @@ async def run(args: argparse.Namespace) -> int:
     from ..config import ConfigError, load_config
     from ..fronts.admin_api import admin_app
     from ..fronts.app import agent_app
-    from ..runtime import create_runtime
+    from ..process.runtime import create_runtime
     from ..telemetry.logs import configure as configure_logging
 
     configure_logging("warning", "json")

@@ -38,7 +38,7 @@ from ..locks import LockManager
 from ..operations import OperationStore
 from ..transactions.reconcile import audit_fields
 from ..registry import Registry
-from ..runtime import Runtime
+from ..process.runtime import Runtime
 from ..transactions.unknowns import UnknownIndex
 
 log = logging.getLogger("toolproxy.admin")

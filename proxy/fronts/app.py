@@ -5,7 +5,7 @@ pipeline calls and envelopes back, and running the three listeners
 (``serve``). The admin listener's routes are ``proxy/fronts/admin_api.py``'s, the
 shared edge (runtime key, JSON answers, the error middleware)
 ``proxy/fronts/http_edge.py``'s, and the runtime is opened and closed by
-``proxy/runtime.py``. Must never: hold business rules — every decision lives
+``proxy/process/runtime.py``. Must never: hold business rules — every decision lives
 in a stage module; handlers translate.
 """
 
@@ -34,7 +34,7 @@ from ..policy.operation_access import Authorize, authorizer
 from ..batch.plan import plan_from_json
 from ..quotas import retry_after_header
 from ..registry import Registry
-from ..runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
+from ..process.runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("toolproxy.app")
 

@@ -20,7 +20,7 @@ from . import ingress
 from ..telemetry import logs
 from ..envelope import dumps
 from ..errors import ProxyError
-from ..runtime import Runtime
+from ..process.runtime import Runtime
 from ..store import StoreError, unavailable
 
 log = logging.getLogger("toolproxy.app")

@@ -29,7 +29,7 @@ from ..deadline import Deadline
 from ..errors import ProxyError
 from ..identity import AdminPrincipal, Caller
 from ..requests import RequestMeta, ToolCallRequest
-from ..runtime import Runtime
+from ..process.runtime import Runtime
 from ..telemetry.tracing import TraceContext, new_request_id
 from .http_edge import RUNTIME, json_response
 

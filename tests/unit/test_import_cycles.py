@@ -1,5 +1,5 @@
-"""Imports inside ``proxy/`` run one way: authoring → fronts → batch → pipeline → transactions → adapters →
-policy → credentials → the stages and stores at the package's face → telemetry → wire.
+"""Imports inside ``proxy/`` run one way: authoring → fronts → process → batch → pipeline → transactions →
+adapters → policy → credentials → guard → the stages and stores at the package's face → telemetry → wire.
 
 Parses every module of the package (ast, nothing is imported) and fails on
 any import cycle, counting every import: module level, inside functions and
@@ -103,15 +103,16 @@ def test_proxy_has_no_import_cycle():
 
 
 # The wings of the package, lowest first (calltokens: the call-token signer and the verifier backend owners
-# import, which must not pull in the rest of the proxy). A module may import its own tier and any tier below it,
-# never one above. The face of the package (``proxy/*.py``: the stages and their values) is the "core"
-# tier, except the few face modules that assemble the others, named in FACE_TIERS (and the package
-# itself, which holds only its version).
-TIERS = ["calltokens", "wire", "telemetry", "core", "credentials", "policy", "adapters", "transactions", "pipeline", "batch", "fronts",
-         "authoring"]
-WINGS = {"calltokens", "wire", "telemetry", "credentials", "policy", "adapters", "transactions", "batch", "fronts", "authoring"}
-FACE_TIERS = {"proxy": "wire", "proxy.pipeline": "pipeline", "proxy.runtime": "fronts", "proxy.registry_reload": "fronts",
-              "proxy.cli": "authoring"}
+# import, which must not pull in the rest of the proxy; guard: the init container's egress rules, which need
+# only the setting error; process: what the running process opens and watches, held by the fronts above it).
+# A module may import its own tier and any tier below it, never one above. The face of the package
+# (``proxy/*.py``: the stages and their values) is the "core" tier, except the few face modules that assemble
+# the others, named in FACE_TIERS (and the package itself, which holds only its version).
+TIERS = ["calltokens", "wire", "telemetry", "core", "guard", "credentials", "policy", "adapters", "transactions",
+         "pipeline", "batch", "process", "fronts", "authoring"]
+WINGS = {"calltokens", "wire", "telemetry", "guard", "credentials", "policy", "adapters", "transactions", "batch",
+         "process", "fronts", "authoring"}
+FACE_TIERS = {"proxy": "wire", "proxy.pipeline": "pipeline", "proxy.cli": "authoring"}
 
 
 def tier(module: str) -> str:
@@ -142,6 +143,36 @@ def test_every_module_sits_in_a_known_tier():
 def test_no_wing_imports_a_wing_above_it():
     problems = upward_imports(import_graph())
     assert not problems, "upward imports in proxy/:\n" + "\n".join(problems)
+
+
+def test_the_package_has_0_cycles_and_0_arrows_up():
+    """The two facts together, counted over every module, with no face module lifted to a wing's tier but
+    the pipeline (the stage list) and the command line (the entry point)."""
+    graph = import_graph()
+    assert (len(cycles(graph)), len(upward_imports(graph))) == (0, 0)
+    assert set(FACE_TIERS) == {"proxy", "proxy.pipeline", "proxy.cli"}
+
+
+def test_the_running_process_lives_in_its_wing():
+    """What one process opens, watches and closes sits below the fronts that hold it: a front imports the
+    runtime, never the other way round."""
+    graph = import_graph()
+    assert {"proxy.process.runtime", "proxy.process.registry_reload", "proxy.process.health",
+            "proxy.process.drain"} <= set(graph)
+    assert "proxy.process.runtime" in graph["proxy.fronts.app"]
+    assert not [t for m, targets in graph.items() if m.startswith("proxy.process") for t in targets
+                if t.startswith("proxy.fronts")]
+
+
+def test_the_egress_guard_stands_apart():
+    """The init container's rules import only the setting error, and only the command line imports them."""
+    graph = import_graph()
+    needs = {t for m, targets in graph.items() if m.startswith("proxy.guard") for t in targets
+             if not t.startswith("proxy.guard")}
+    assert needs == {"proxy.config"}
+    users = {m for m, targets in graph.items() if not m.startswith("proxy.guard")
+             and any(t.startswith("proxy.guard") for t in targets)}
+    assert users == {"proxy.cli"}
 
 
 def test_only_the_store_speaks_redis_py_errors():

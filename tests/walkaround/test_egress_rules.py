@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.authoring.egress_rules import Allowed, nft_script
+from proxy.guard.egress_rules import Allowed, nft_script
 from proxy.config import ConfigError
 from tests.support.stack import REPO
 

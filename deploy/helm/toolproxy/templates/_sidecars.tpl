@@ -53,7 +53,7 @@ Init containers (list items for initContainers:): the egress guard (opt-in), the
 {{- define "toolproxy.initContainers" -}}
 {{- include "toolproxy.validate" . }}
 {{- if .Values.egressGuard.enabled }}
-{{- /* The egress guard (values.yaml egressGuard): the default-deny rules of `toolproxy egress-rules`, loaded with
+{{- /* The egress guard (values.yaml egressGuard; proxy/guard/): the default-deny rules of `toolproxy egress-rules`, loaded with
        nft in the pod's network namespace; root with NET_ADMIN only here, and only until the rules are in. */}}
 - name: toolproxy-egress-guard
   image: {{ include "toolproxy.image" . | quote }}

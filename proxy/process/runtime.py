@@ -20,48 +20,48 @@ from typing import Any, Mapping
 
 import aiohttp
 
-from .policy import approvals as approvals_module
-from . import flow as flow_module, locks as locks_module, operations as operations_module, store
-from .adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
-from .adapters import DeferredAdapter
-from .adapters.http import HttpAdapter
-from .credentials import Credentials
-from .credentials.load import load_credentials
-from .credentials.references import check_references
-from .adapters.mcp_pins import PinWatcher
-from .policy.approvals import ApprovalStore
-from .audit import Auditor, build_sinks
-from .policy.authorize import Authorizer
-from .transactions.cancellation import Cancellations
-from .transactions.compensation import Compensations
-from .backpressure import BackendGuard
-from .config import Config, ConfigError
-from .drift import Quarantine
-from .policy.decisions import build_recorder
-from .policy.denials import DenialLog
-from .eviction import EvictionWatch
-from .flow import FlowLedger
-from .fronts.drain import Drain
-from .fronts.health import Health
-from .idempotency import IdempotencyStage
-from .identity import Authenticator, self_approval_warning
-from .wire.http import HttpWire, Limits
-from .locks import LockManager
-from .telemetry import spans
-from .telemetry.metrics import Metrics
-from .operations import OperationStore, answer_bound_problem
-from .integrity import IntegrityGuard, IntegrityKeyError, RecordMac
-from .policy.opa_control import read_token
-from .pipeline import Pipeline
-from .policy.client import PolicyClient
-from .quotas import QuotaStage
-from .transactions.reconcile import Reconciler
-from .registry import LiveRegistry, Registry, load_registry, notices, unmapped_services
+from ..policy import approvals as approvals_module
+from .. import flow as flow_module, locks as locks_module, operations as operations_module, store
+from ..adapters.call_tokens import CallTokens, load_call_tokens, warn_if_ephemeral
+from ..adapters import DeferredAdapter
+from ..adapters.http import HttpAdapter
+from ..credentials import Credentials
+from ..credentials.load import load_credentials
+from ..credentials.references import check_references
+from ..adapters.mcp_pins import PinWatcher
+from ..policy.approvals import ApprovalStore
+from ..audit import Auditor, build_sinks
+from ..policy.authorize import Authorizer
+from ..transactions.cancellation import Cancellations
+from ..transactions.compensation import Compensations
+from ..backpressure import BackendGuard
+from ..config import Config, ConfigError
+from ..drift import Quarantine
+from ..policy.decisions import build_recorder
+from ..policy.denials import DenialLog
+from ..eviction import EvictionWatch
+from ..flow import FlowLedger
+from .drain import Drain
+from .health import Health
+from ..idempotency import IdempotencyStage
+from ..identity import Authenticator, self_approval_warning
+from ..wire.http import HttpWire, Limits
+from ..locks import LockManager
+from ..telemetry import spans
+from ..telemetry.metrics import Metrics
+from ..operations import OperationStore, answer_bound_problem
+from ..integrity import IntegrityGuard, IntegrityKeyError, RecordMac
+from ..policy.opa_control import read_token
+from ..pipeline import Pipeline
+from ..policy.client import PolicyClient
+from ..quotas import QuotaStage
+from ..transactions.reconcile import Reconciler
+from ..registry import LiveRegistry, Registry, load_registry, notices, unmapped_services
 from .registry_reload import RegistryReloader
-from .batch.scheduler import Scheduler
-from .store import key
-from .transactions.unknowns import UnknownIndex
-from .versions import VersionResolver
+from ..batch.scheduler import Scheduler
+from ..store import key
+from ..transactions.unknowns import UnknownIndex
+from ..versions import VersionResolver
 
 log = logging.getLogger("toolproxy.runtime")
 
@@ -127,8 +127,8 @@ class Runtime:
 def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, credentials: Any = None,
                  backend_credentials: Any = None) -> Any:
     """The MCP adapter, and with it the MCP SDK's client side (imported here: ``DeferredAdapter``)."""
-    from .adapters.mcp import McpAdapter
-    from .wire import mcp as mcp_wire
+    from ..adapters.mcp import McpAdapter
+    from ..wire import mcp as mcp_wire
     oauth = None
     if credentials is not None:
         def oauth(call: Any, url: str) -> Any:  # the access tokens of the call's upstream, as its caller
@@ -231,7 +231,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         limits = {"max_response_bytes": config.backends.max_response_bytes, "max_json_depth": config.decode.max_depth}
         mcp_credentials = None
         if any(entry.kind.startswith("mcp_") for entry in config.credentials.values()):
-            from .credentials.mcp_load import load_mcp_credentials  # the MCP SDK's OAuth client: only then
+            from ..credentials.mcp_load import load_mcp_credentials  # the MCP SDK's OAuth client: only then
             mcp_credentials = load_mcp_credentials(
                 config.credentials, redis=redis, key_prefix=config.redis.key_prefix,
                 connect_timeout_s=config.backends.connect_timeout_ms / 1000.0,

@@ -21,9 +21,9 @@ import hashlib
 import logging
 from typing import Callable, Mapping, Sequence
 
-from .telemetry.metrics import Metrics
-from .policy.client import PolicyClient
-from .registry import LiveRegistry, Registry, RegistryError, load_registry, registry_files, unmapped_services
+from ..telemetry.metrics import Metrics
+from ..policy.client import PolicyClient
+from ..registry import LiveRegistry, Registry, RegistryError, load_registry, registry_files, unmapped_services
 
 log = logging.getLogger("toolproxy.registry")
 

@@ -3,11 +3,12 @@
 Owns: the one canonical form of a decoded call (so that key order and
 whitespace never change identity) and the canonical resource identifiers
 built from the contract's templates, after the canonical form a template
-declares for its arguments (Unicode normal form, case, pattern): one object
-is one id, for the decision, the locks and freezes, the operation key and the
-backend alike. Must never: change a value the caller supplied other than by
-its contract's declared defaults and canonical forms, or trust a resource id
-that did not come from a template.
+declares for its arguments (Unicode normal form, case, aliases, time notation,
+pattern; proxy/canonical_ids.py): one object is one id, for the decision, the
+locks and freezes, the operation key and the backend alike. Must never:
+change a value the caller supplied other than by its contract's declared
+defaults and canonical forms, or trust a resource id that did not come from a
+template.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import unicodedata
 from dataclasses import dataclass, field, replace
 from functools import cache
 from pathlib import Path
@@ -28,6 +27,7 @@ from urllib.parse import quote
 import yaml
 
 from . import approval_context, compensation_contract, output_filter, provenance, read_after_write
+from .canonical_ids import CanonicalForm, FormError, form_from_registry
 from .approval_context import RelatedRead
 from .wire import schema_fast
 from .compensation_contract import CompensationSpec
@@ -53,37 +53,6 @@ class RegistryError(Exception):
 @cache
 def load_schema(name: str) -> dict[str, Any]:
     return json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
-
-
-@dataclass(frozen=True)
-class CanonicalForm:
-    """How a resource id's argument is written before it names a lock, a freeze, a key or the backend's
-    object: a Unicode normal form, a case, and the pattern the result must match (one object, one id)."""
-
-    unicode: str | None = None        # NFC | NFKC
-    case: str | None = None           # lower | upper | fold
-    pattern: re.Pattern[str] | None = None
-
-    def apply(self, name: str, value: Any) -> Any:
-        """``value`` in this form (strings; an array's strings one by one); ``invalid_arguments`` naming the
-        argument when the result does not match the pattern."""
-        if isinstance(value, list):
-            return [self.apply(name, item) for item in value]
-        if not isinstance(value, str):
-            return value
-        if self.unicode is not None:
-            value = unicodedata.normalize(self.unicode, value)
-        if self.case == "lower":
-            value = value.lower()
-        elif self.case == "upper":
-            value = value.upper()
-        elif self.case == "fold":
-            value = value.casefold()
-        if self.pattern is not None and not self.pattern.fullmatch(value):
-            raise ProxyError("invalid_arguments", f"argument {name!r} does not name a resource in its canonical "
-                             f"form (must match {self.pattern.pattern[:100]})", details={"path": name},
-                             phase="normalize")
-        return value
 
 
 @dataclass(frozen=True)
@@ -290,6 +259,10 @@ class Registry:
                 _check_read_before_send(tool, by_name, tool.ownership_read, "ownership_read")
         self._tools = MappingProxyType({k: MappingProxyType(v) for k, v in by_name.items()})
         self._defaults = _defaults(self._tools)
+        # Files contracts name beside the registry files (alias tables): a change to one reloads the registry.
+        self.named_files: tuple[str, ...] = tuple(sorted({
+            form.aliases_file for versions in by_name.values() for tool in versions.values()
+            for _, form in tool.canonical_ids if form.aliases_file}))
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._tools.values())
@@ -394,11 +367,13 @@ class LiveRegistry(Registry):
     def __init__(self, registry: Registry) -> None:
         self._tools, self._defaults = registry._tools, registry._defaults
         self.services = registry.services
+        self.named_files = registry.named_files
 
     def swap(self, registry: Registry) -> None:
         # A call sees the old tool set or the new one, never a mix; the services' defaults follow.
         self._tools, self._defaults = registry._tools, registry._defaults
         self.services = registry.services
+        self.named_files = registry.named_files
 
 
 def notices(registry: Registry) -> list[tuple[str, str]]:
@@ -655,7 +630,7 @@ def _json_path(parts: Iterable[Any]) -> str:
 def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
     """One tool entry, checked (each family of checks below names the entry's JSON path) and frozen."""
     name = raw["name"]
-    at = _At(f"{path}: tool {name}", f"$.tools[{index}]")
+    at = _At(f"{path}: tool {name}", f"$.tools[{index}]", path.parent)
     strict = raw.get("strict", True)
     output_schema = raw.get("outputSchema") or {}
     _check_schemas(at, raw, strict)
@@ -762,6 +737,7 @@ class _At:
 
     where: str
     path: str
+    base_dir: Path = Path(".")  # the registry file's folder (files a contract names are relative to it)
 
     def error(self, field_path: str, what: str) -> RegistryError:
         return RegistryError(f"{self.where} at {self.path}.{field_path}: {what}")
@@ -854,13 +830,10 @@ def _shown_by_type(sub: Any) -> bool:
 
 
 def _canonical_form(at: _At, where: str, raw: Mapping[str, Any] | None) -> CanonicalForm | None:
-    if not raw:
-        return None
     try:
-        pattern = re.compile(raw["pattern"]) if "pattern" in raw else None
-    except re.error as exc:
-        raise at.error(f"{where}.pattern", f"not a regular expression ({exc})") from None
-    return CanonicalForm(unicode=raw.get("unicode"), case=raw.get("case"), pattern=pattern)
+        return form_from_registry(raw, at.base_dir)
+    except FormError as exc:
+        raise at.error(f"{where}.{exc.where}", str(exc)) from None
 
 
 def _idempotency(at: _At, raw: dict[str, Any]) -> tuple[Mapping[str, Any], bool]:

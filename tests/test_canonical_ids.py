@@ -1,17 +1,21 @@
 """Canonical resource ids: a template declares the canonical form of the arguments it names (Unicode normal
-form, case, pattern), and the proxy applies it before anything derives from them, so two spellings of one
-mailbox (composed or decomposed accents, other case) are one lock, one freeze, one operation key and one
-object at the backend. Real OPA, Redis and demo backend; effects counted there."""
+form, case, aliases, time notation, pattern), and the proxy applies it before anything derives from them, so
+two spellings of one mailbox (composed or decomposed accents, other case), two notations of one instant and
+an alias of a report are each one lock, one freeze, one operation key and one object at the backend. Real
+OPA, Redis and demo backend; effects counted there."""
 
 from __future__ import annotations
 
+import asyncio
 import unicodedata
 import uuid
 
 import pytest
 
 from proxy.registry import RegistryError, load_registry
+from proxy.process.registry_reload import files_digest
 from tests.support.stack import DEMO_REGISTRY, extra_tools, running_stack
+from tests.support.waits import wait_until
 
 CONTRACT = """
 tools:
@@ -94,3 +98,81 @@ def test_one_argument_has_one_canonical_form(tmp_path):
     path.write_text(CONTRACT.replace("[^@\\\\s]+@[^@\\\\s]+", "(unclosed"))
     with pytest.raises(RegistryError, match="not a regular expression"):
         load_registry([DEMO_REGISTRY, path])
+
+
+REPORTS = """
+tools:
+  - name: {name}
+    version: "1.0.0"
+    description: generate_report whose report titles have one canonical form.
+    mode: write
+    risk: write
+    inputSchema:
+      type: object
+      additionalProperties: false
+      required: [title, duration_ms]
+      properties:
+        title: {{type: string, minLength: 1, maxLength: 200}}
+        duration_ms: {{type: integer, minimum: 1, maximum: 600000}}
+    outputSchema:
+      type: object
+      additionalProperties: false
+      required: [report_id, title, status]
+      properties:
+        report_id: {{type: string}}
+        title: {{type: string}}
+        status: {{enum: [ready]}}
+    resources:
+      - template: "report:{{title}}"
+        access: exclusive
+        canonical: {canonical}
+    idempotency: {{required: true}}
+    timeout_ms: 10000
+    backend: {{type: http, service: demo, path: /tools/generate_report}}
+    status_endpoint: {{service: demo, path: /status/generate_report}}
+"""
+TIMED = REPORTS.format(name="daily_report", canonical="{time: instant}")
+ALIASED = REPORTS.format(name="board_report",
+                         canonical='{case: fold, aliases_file: board-aliases.json, aliases: {"the board pack": '
+                                   'board-2026-q4}}')
+
+
+@pytest.mark.parametrize("tool, first, second, canonical", [
+    ("daily_report", "2026-12-02T10:00:00+01:00", "20261202T090000Z", "2026-12-02T09:00:00Z"),
+    ("board_report", "Q4 Board Pack", "board-2026-q4", "board-2026-q4"),
+])
+async def test_a_time_notation_or_an_alias_is_one_lock_and_one_operation_key(proxy_deps, tmp_path, tool, first,
+                                                                            second, canonical):
+    (tmp_path / "board-aliases.json").write_text('{"q4 board pack": "board-2026-q4"}')
+    async with running_stack({**proxy_deps, **extra_tools(tmp_path, TIMED + ALIASED.replace("tools:\n", ""))}) \
+            as stack:
+        run = {"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}"}
+        holder = asyncio.ensure_future(stack.call(tool, {"title": first, "duration_ms": 1500}, headers=run))
+        await wait_until(lambda: any(r["tool"] == "generate_report" for r in stack.backend.requests),
+                         what="the first report under way")
+        # Another report of the same object, in the other spelling, while the first holds the lock.
+        status, busy = await stack.call(tool, {"title": second, "duration_ms": 1},
+                                        headers={"X-Run-Id": f"task-{uuid.uuid4().hex[:8]}",
+                                                 "Request-Timeout": "0.3"})
+        assert busy["error"]["code"] == "resource_busy", busy
+        status, held = await asyncio.wait_for(holder, 10)
+        assert held["outcome"] == "succeeded" and held["data"]["title"] == canonical, held
+        # The same intent in the other spelling is the same operation: replayed, never run again.
+        status, again = await stack.call(tool, {"title": second, "duration_ms": 1500}, headers=run)
+        assert again.get("replayed") is True and again["idempotency_key"] == held["idempotency_key"], again
+        assert len([r for r in stack.backend.requests if r["tool"] == "generate_report"]) == 1
+        assert list(stack.backend.reports.values()) == [canonical]  # the backend saw one spelling
+
+
+def test_a_registry_reload_watches_the_alias_files_its_contracts_name(tmp_path):
+    (tmp_path / "board-aliases.json").write_text('{"q4 board pack": "board-2026-q4"}')
+    registry_file = tmp_path / "reports.yaml"
+    registry_file.write_text(ALIASED)
+    registry = load_registry([DEMO_REGISTRY, registry_file])
+    assert registry.named_files == (str((tmp_path / "board-aliases.json").resolve()),)
+    before = files_digest([str(DEMO_REGISTRY), str(registry_file)], registry.named_files)
+    (tmp_path / "board-aliases.json").write_text('{"q4 board pack": "board-2026-q4", "board": "board-2026-q4"}')
+    assert files_digest([str(DEMO_REGISTRY), str(registry_file)], registry.named_files) != before
+    (tmp_path / "board-aliases.json").write_text('{"q4 board pack": "board-2026-q4", "x": "q4 board pack"}')
+    with pytest.raises(RegistryError, match=r"canonical\.aliases.*both an alias and the target"):
+        load_registry([DEMO_REGISTRY, registry_file])

@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ..telemetry.metrics import Metrics
@@ -28,11 +29,12 @@ from ..registry import LiveRegistry, Registry, RegistryError, load_registry, reg
 log = logging.getLogger("toolproxy.registry")
 
 
-def files_digest(paths: Sequence[str]) -> str:
-    """What the registry files say now; a missing or unreadable file changes it too."""
+def files_digest(paths: Sequence[str], named: Sequence[str] = ()) -> str:
+    """What the registry files, and the files their contracts name (``named``: alias tables), say now; a
+    missing or unreadable file changes it too."""
     digest = hashlib.sha256()
     try:
-        for path in registry_files(paths):
+        for path in [*registry_files(paths), *map(Path, named)]:
             digest.update(str(path).encode() + b"\x00" + path.read_bytes() + b"\x00")
     except (RegistryError, OSError) as exc:
         digest.update(b"error\x00" + type(exc).__name__.encode())
@@ -54,7 +56,7 @@ class RegistryReloader:
         self._metrics = metrics
         self._interval_s = interval_ms / 1000.0
         self._push_catalog = push_catalog
-        self._seen = files_digest(self._paths)
+        self._seen = files_digest(self._paths, live.named_files)
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -91,7 +93,7 @@ class RegistryReloader:
     async def reload(self, *, force: bool = True) -> str:
         """Reload when forced or when the files changed: ``applied``, ``refused`` or ``unchanged``."""
         async with self._lock:
-            digest = await asyncio.to_thread(files_digest, self._paths)
+            digest = await asyncio.to_thread(files_digest, self._paths, self._live.named_files)
             if digest == self._seen and not force:
                 return "unchanged"
             self._seen = digest
@@ -107,7 +109,10 @@ class RegistryReloader:
                 log.error("registry reload refused, the running registry (%d contracts) stays: %s",
                           len(self._live), exc)
                 return "refused"
+            named_before = self._live.named_files
             self._live.swap(registry)
+            if registry.named_files != named_before:  # watch the files the new contracts name from now on
+                self._seen = await asyncio.to_thread(files_digest, self._paths, registry.named_files)
             self._policy.use_registry(registry)
             if self._on_swap is not None:
                 self._on_swap(self._live)

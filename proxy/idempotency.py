@@ -433,37 +433,17 @@ class IdempotencyStage:
         The returned ``RecordWrite`` says, once the trip is sent, whether the outcome was recorded."""
         if not admission.holds:
             return RecordWrite(True)
-        if partial is not None:  # some items committed, others pending: the reconciler settles the rest
-            target = "UNKNOWN"
-        elif cancelled and side_effect.committed is False:
-            target = "CANCELLED"
-        elif error is not None and not error.attempted:
-            target = "ABANDON"
-        elif isinstance(error, VerifyMismatch):  # the independent read contradicts the commit: to a person
-            target = "TAKEOVER"
-        elif side_effect.committed is None:
-            target = "UNKNOWN"
-        elif error is None:
-            target = "SUCCEEDED"
-        elif side_effect.committed is False and error.retryable:
-            target = "FAILED_RETRYABLE"
-        else:
-            target = "FAILED_FINAL"
+        target = commit_target(error, side_effect, cancelled=cancelled, partial=partial is not None)
         outcome = outcome_of(data=data, error=error, side_effect=side_effect, tool=tool, call_id=call_id,
                              request_id=request_id, evidence=evidence, partial=partial)
         if admission.outcome_context is not None:  # the record's bytes: nothing its meta or data derive
             outcome = compact(outcome, replace(admission.outcome_context, state=target))
-        observed = "partial" if partial is not None else error.code if error else "succeeded"
-        evidence = {"source": "executor", "observed": observed, "at_ms": int(time.time() * 1000)}
-        if isinstance(error, VerifyMismatch):
-            evidence = {**error.evidence, "at_ms": evidence["at_ms"]}
-
         write = RecordWrite(False)
 
         def recorded(answer: Transition | BaseException) -> None:
             if isinstance(answer, BaseException):
-                log.warning("could not record the outcome of %s (%s); its lease will expire and reconciliation "
-                            "will find it", admission.key, target)
+                log.warning("could not record the outcome of %s (%s); the key stays in progress until its lease "
+                            "expires and reconciliation finds it", admission.key, target)
                 return
             # "stale" / "settled": the record moved on without this call (taken over, resolved); it holds an
             # outcome a retry will see. "missing": nothing holds one.
@@ -473,8 +453,9 @@ class IdempotencyStage:
                             answer.text(0), answer.status)
 
         self.store.commit_in(trip, admission.key, token=admission.token, target=target, outcome=outcome,
-                             evidence=evidence, first_check_ms=self._reconcile.backoff_initial_ms,
-                             window_ms=self._reconcile.window_ms, on_reply=recorded,
+                             evidence=executor_evidence(error, partial=partial is not None),
+                             first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
+                             on_reply=recorded,
                              fingerprint=admission.fingerprint)
         return write
 
@@ -496,6 +477,35 @@ class IdempotencyStage:
         if remaining is not None:
             wait = min(wait, remaining - self._margin_s)
         return time.monotonic() + wait if wait > 0 else None
+
+
+def commit_target(error: ProxyError | None, side_effect: SideEffect, *, cancelled: bool, partial: bool) -> str:
+    """The state a commit moves its record to (the commit script's ``target``). ``cancelled``: a requested
+    cancellation that applied nothing ends in the final CANCELLED state; ``partial``: some items committed,
+    others pending, which the reconciler settles."""
+    if partial:
+        return "UNKNOWN"
+    if cancelled and side_effect.committed is False:
+        return "CANCELLED"
+    if error is not None and not error.attempted:
+        return "ABANDON"
+    if isinstance(error, VerifyMismatch):  # the independent read contradicts the commit: to a person
+        return "TAKEOVER"
+    if side_effect.committed is None:
+        return "UNKNOWN"
+    if error is None:
+        return "SUCCEEDED"
+    return "FAILED_RETRYABLE" if side_effect.committed is False and error.retryable else "FAILED_FINAL"
+
+
+def executor_evidence(error: ProxyError | None, *, partial: bool) -> dict[str, Any]:
+    """What the commit records as its evidence: what the executor observed (a contradicting independent read
+    brings its own)."""
+    at_ms = int(time.time() * 1000)
+    if isinstance(error, VerifyMismatch):
+        return {**error.evidence, "at_ms": at_ms}
+    observed = "partial" if partial else error.code if error else "succeeded"
+    return {"source": "executor", "observed": observed, "at_ms": at_ms}
 
 
 def outcome_unknown(error: ProxyError | None, side_effect: SideEffect) -> bool:

@@ -31,7 +31,8 @@ from .output_filter import NO_POLICY
 from .state_guard import carry_if_match
 from .errors import ProxyError, SideEffect
 from .identity import Caller
-from .idempotency import NO_RECORD, Admission, IdempotencyStage, OperationKey, ReplayedError, outcome_unknown
+from .idempotency import (NO_RECORD, Admission, IdempotencyStage, OperationKey, RecordWrite, ReplayedError,
+                          outcome_unknown)
 from .locks import Frozen, Lease, LockManager, LockPlan
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall, ResourceRef, canonical_json, digest, normalize, sha256_hex
@@ -226,11 +227,7 @@ class Pipeline:
         if state.span is not None:
             state.span.enter("commit")
         if state.tool is not None:
-            written = await self._record_and_release(state, state.tool, env, error)
-            if not written and state.sent and state.tool.is_write and env.side_effect.committed is not None:
-                env = with_summary(self._unrecorded(state, env), state.normalized)
-            elif written and isinstance(error, read_after_write.VerifyMismatch) and state.admission.holds:
-                await self._takeover_raised(state.tool, state.admission.key)
+            env = await self._record(state, state.tool, env, error)
         await self._quotas.finish(state.quota, sent=state.sent, error=error)
         self._observe(state, env)
         # A call with an operation record is indexed by the record's own transitions (proxy/operations.py);
@@ -241,14 +238,28 @@ class Pipeline:
         await self._audit.call_final(facts, env)
         if state.cancellation is not None:
             await audit_outcome(self._audit, facts, env, state.cancellation)
-        self._metrics.child(self._metrics.stage_duration, "commit").observe(
-            time.monotonic() - started, state.span.exemplar() if state.span is not None else None)
-        if state.span is not None:
-            state.span.leave("commit")
-        log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
-                  state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
-                  env.timing["duration_ms"])
+        self._committed(state, env, started)
         return env
+
+    async def _record(self, state: CallState, tool: ToolContract, env: Envelope,
+                      error: ProxyError | None) -> Envelope:
+        """The outcome record and the lock release; the answer they allow."""
+        written = await self._record_and_release(state, tool, env, error)
+        if not written and state.sent and tool.is_write and env.side_effect.committed is not None:
+            return with_summary(self._unrecorded(state, env), state.normalized)
+        if written and isinstance(error, read_after_write.VerifyMismatch) and state.admission.holds:
+            await self._takeover_raised(tool, state.admission.key)
+        return env
+
+    def _committed(self, state: CallState, env: Envelope, started: float) -> None:
+        """The commit stage's own duration and span, and the call's closing log line."""
+        span = state.span
+        self._metrics.child(self._metrics.stage_duration, "commit").observe(
+            time.monotonic() - started, span.exemplar() if span is not None else None)
+        if span is not None:
+            span.leave("commit")
+        log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
+                  state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none", env.timing["duration_ms"])
 
     async def _takeover_raised(self, tool: ToolContract, key: str) -> None:
         """A write its independent read contradicted went to a person: counted and audited like a takeover the
@@ -275,25 +286,45 @@ class Pipeline:
 
     async def _record_and_release(self, state: CallState, tool: ToolContract, env: Envelope,
                                   error: ProxyError | None) -> bool:
-        """The outcome record and the lock release: independent steps (different slots), one round trip.
-        Whether the outcome was recorded (True when the call holds no record)."""
+        """The outcome record and the lock release: independent steps (different slots), one round trip,
+        except for a sent write with a definite outcome: its record is written first, and only then are its
+        resources let go. If that record cannot be written, the release freezes them instead (the key stays
+        in progress; the freeze holds until the record settles). Whether the outcome was recorded (True
+        when the call holds no record)."""
+        lease = state.lease
+        unknown = bool(state.partial) or outcome_unknown(error, env.side_effect)
+        record_first = lease is not None and state.admission.holds and state.sent and tool.is_write and not unknown
         trip = RoundTrip(self._redis)
         write = self._idempotency.finish_in(
             trip, state.admission, tool=tool, data=state.result if env.error is None else None,
             error=error, side_effect=env.side_effect, call_id=state.request.call_id,
             request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
             evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
-        if state.lease is not None:  # an unknown outcome keeps its resources frozen
-            state.lease.release_in(trip, unknown=bool(state.partial) or outcome_unknown(error, env.side_effect))
-        if self._flow is not None and tool.flow_produces and env.outcome in ("succeeded", "partial"):  # output reached
-            # the model (a partial answer's committed items are pieces of that output)
+        if lease is not None and not record_first:  # an unknown outcome keeps its resources frozen
+            lease.release_in(trip, unknown=unknown)
+        self._record_flow_in(trip, state, tool, env)
+        if trip or record_first:  # (shielding costs a task: only when there is something to send)
+            # a cancelled caller must not leave the locks held
+            await asyncio.shield(self._send_commit(trip, lease if record_first else None, write))
+        if lease is not None:
+            await lease.renewer_stopped()
+        return write.written
+
+    def _record_flow_in(self, trip: RoundTrip, state: CallState, tool: ToolContract, env: Envelope) -> None:
+        """The flow labels of an output that reached the model (a partial answer's committed items are pieces
+        of that output), recorded in the commit's round trip."""
+        if self._flow is not None and tool.flow_produces and env.outcome in ("succeeded", "partial"):
             self._flow.record_in(trip, state.caller, state.request.meta.run_id, tool,
                                  now_ms=int(time.time() * 1000))
-        if trip:  # (shielding costs a task: only when there is something to send)
-            await asyncio.shield(trip.send())  # a cancelled caller must not leave the locks held
-        if state.lease is not None:
-            await state.lease.renewer_stopped()
-        return write.written
+
+    async def _send_commit(self, trip: RoundTrip, release_after: Lease | None, write: RecordWrite) -> None:
+        """The commit stage's round trip; then, for ``release_after``, the release its reply decides: a record
+        that was not written leaves the lease's exclusive resources frozen for its operation."""
+        await trip.send()
+        if release_after is not None:
+            then = RoundTrip(self._redis)
+            release_after.release_in(then, unknown=not write.written)
+            await then.send()
 
     async def record_flow(self, caller: Caller, run_id: str | None, tool: ToolContract) -> None:
         """A stored result of ``tool`` reached ``caller`` outside a call (an operation read): its labels count as

@@ -1,7 +1,9 @@
 """No answer without a record: a write whose outcome record cannot be written at commit is answered
 ``unknown`` (``outcome_unrecorded``), never with its result, and its key stays in progress, so a retry cannot
-run it again. Redis refuses the commit for real: its ACL takes the proxy's user's script permission away
-while the backend holds the call (a Redis of this test's own, run with the documented least-privilege ACL)."""
+run it again, and its resources stay frozen, so no other write runs on them before the outcome is known.
+Redis refuses the commit for real: its ACL takes the proxy's user's script permission away, or only its write
+permission on the operation records, while the backend holds the call (a Redis of this test's own, run with
+the documented least-privilege ACL)."""
 
 from __future__ import annotations
 
@@ -31,30 +33,77 @@ def refund_requests(stack) -> int:
     return sum(1 for r in stack.backend.requests if r["tool"] == "refund_order")
 
 
-async def test_a_write_whose_outcome_cannot_be_recorded_is_answered_unknown(acl_redis, opa_server):
+@pytest.fixture
+async def stack(acl_redis, opa_server):
     settings = {**opa_server.settings, "redis.url": acl_redis.url, "redis.username": "toolproxy",
                 "redis.password": PASSWORD, "reconcile.enabled": False,
                 "locks.renew_interval_ms": 4500}  # no lock renewal while the backend holds the call
-    async with running_stack(settings) as stack:
-        key = {"Idempotency-Key": "refund-unrecorded-1"}
-        await stack.fault("refund_order", "slow", delay_ms=1000, count=1)
-        call = asyncio.ensure_future(stack.call("refund_order", REFUND, headers=key))
-        admin = acl_redis.client()
-        try:
-            await wait_until(lambda: refund_requests(stack) == 1, timeout=10, what="the refund at the backend")
-            admin.execute_command("ACL", "SETUSER", "toolproxy", "-evalsha")  # the commit's script is refused
-            status, env = await asyncio.wait_for(call, 30)
-        finally:
-            admin.execute_command("ACL", "SETUSER", "toolproxy", "+evalsha")
-            admin.close()
-        assert stack.backend.effect_counts().get("refund_order") == 1  # the backend did refund
-        assert status == 503 and env["outcome"] == "unknown", env
-        assert env["error"]["code"] == "outcome_unrecorded" and env["error"]["resolution"] == "reconcile"
-        assert env["error"]["details"]["observed"] == "succeeded"
-        assert env["data"] is None and env["side_effect"] == {"attempted": True, "committed": None}
-        # The key stays in progress: a retry with it learns that and sends nothing.
-        _, record = await stack.get(f"/v1/operations/{env['idempotency_key']}")
-        assert record["state"] == "IN_PROGRESS", record
-        status, again = await stack.call("refund_order", REFUND, headers=key)
-        assert again["error"]["code"] in ("operation_in_progress", "operation_unknown"), again
-        assert refund_requests(stack) == 1 and stack.backend.effect_counts()["refund_order"] == 1
+    async with running_stack(settings) as s:
+        yield s
+
+
+async def refund_while_refused(stack, acl_redis, key: str, refuse: list[str], allow: list[str]):
+    """A refund whose commit meets the ACL rule ``refuse`` (set while the backend holds the call, taken back
+    with ``allow`` once it has answered): its status and envelope."""
+    await stack.fault("refund_order", "slow", delay_ms=1000, count=1)
+    call = asyncio.ensure_future(stack.call("refund_order", REFUND, headers={"Idempotency-Key": key}))
+    admin = acl_redis.client()
+    try:
+        await wait_until(lambda: refund_requests(stack) == 1, timeout=10, what="the refund at the backend")
+        admin.execute_command("ACL", "SETUSER", "toolproxy", *refuse)
+        return await asyncio.wait_for(call, 30)
+    finally:
+        admin.execute_command("ACL", "SETUSER", "toolproxy", *allow)
+        admin.close()
+
+
+async def test_a_write_whose_outcome_cannot_be_recorded_is_answered_unknown(stack, acl_redis):
+    key = {"Idempotency-Key": "refund-unrecorded-1"}
+    # the commit's scripts are refused
+    status, env = await refund_while_refused(stack, acl_redis, key["Idempotency-Key"], ["-evalsha"], ["+evalsha"])
+    assert stack.backend.effect_counts().get("refund_order") == 1  # the backend did refund
+    assert status == 503 and env["outcome"] == "unknown", env
+    assert env["error"]["code"] == "outcome_unrecorded" and env["error"]["resolution"] == "reconcile"
+    assert env["error"]["details"]["observed"] == "succeeded"
+    assert env["data"] is None and env["side_effect"] == {"attempted": True, "committed": None}
+    # The key stays in progress: a retry with it learns that and sends nothing.
+    _, record = await stack.get(f"/v1/operations/{env['idempotency_key']}")
+    assert record["state"] == "IN_PROGRESS", record
+    status, again = await stack.call("refund_order", REFUND, headers=key)
+    assert again["error"]["code"] in ("operation_in_progress", "operation_unknown"), again
+    assert refund_requests(stack) == 1 and stack.backend.effect_counts()["refund_order"] == 1
+
+
+async def test_a_write_whose_record_alone_cannot_be_written_keeps_its_resources_frozen(stack, acl_redis):
+    """Only the outcome record's write fails (the ACL makes the operation records read-only; the locks stay
+    writable): the resources are not let go. The release freezes them for the operation, whose key stays in
+    progress: the same key sends nothing again, and another key's write on the same order is refused."""
+    key = {"Idempotency-Key": "refund-unrecorded-2"}
+    # every key but the operation records (toolproxy:op*) stays writable
+    status, env = await refund_while_refused(stack, acl_redis, key["Idempotency-Key"],
+                                             ["resetkeys", "~toolproxy:[^o]*", "%R~toolproxy:o*"],
+                                             ["resetkeys", "~toolproxy:*"])
+    admin = acl_redis.client()
+    try:
+        denied = [entry for entry in admin.acl_log() if str(entry.get("reason")) == "key"]
+        fields = sorted(admin.hgetall(stack.runtime.pipeline._locks.resource_key("acme", "order:ord_1001")))
+    finally:
+        admin.close()
+    assert denied, "the record's write was not refused by the ACL"  # (by key: the scripts still ran)
+    assert status == 503 and env["outcome"] == "unknown", env
+    assert env["error"]["code"] == "outcome_unrecorded" and env["data"] is None
+    assert stack.backend.effect_counts().get("refund_order") == 1
+
+    # Nothing half-written: the record is as the reservation left it, and the order's lock hash holds the
+    # operation's freeze mark and no holder.
+    record = await stack.runtime.operations.get(env["idempotency_key"])
+    assert record.state == "IN_PROGRESS" and record.outcome is None and record.evidence is None, record
+    assert fields == [f"u:{env['idempotency_key']}".encode()], fields
+
+    status, again = await stack.call("refund_order", REFUND, headers=key)
+    assert again["error"]["code"] in ("operation_in_progress", "operation_unknown"), again
+    status, other = await stack.call("refund_order", REFUND, headers={"Idempotency-Key": "refund-unrecorded-3"})
+    assert other["error"]["code"] == "operation_unknown", other
+    assert other["error"]["details"]["blocking_operation"] == env["idempotency_key"], other
+    assert other["side_effect"] == {"attempted": False, "committed": False}
+    assert refund_requests(stack) == 1 and stack.backend.effect_counts()["refund_order"] == 1

@@ -224,13 +224,12 @@ def target_summary(tool: ToolContract, normalized: NormalizedCall) -> dict[str, 
 
 class IdempotencyStage:
     def __init__(self, *, store: OperationStore, config: IdempotencyConfig, reconcile: ReconcileConfig,
-                 metrics: Metrics, margin_s: float, integrity: IntegrityGuard) -> None:
+                 metrics: Metrics, integrity: IntegrityGuard) -> None:
         self.store = store
         self._integrity = integrity
         self._config = config
         self._reconcile = reconcile
         self._metrics = metrics
-        self._margin_s = margin_s
 
     def identify(self, *, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                  meta: "RequestMeta") -> OperationKey | None:
@@ -266,7 +265,7 @@ class IdempotencyStage:
         where the store can (``OperationStore.begin``); its reply is the admission's ``then_reply``."""
         if op is None:
             return NO_RECORD
-        budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
+        budget = meta.deadline.budget(tool.timeout_ms / 1000.0)
         nonce = uuid.uuid4().hex
         record_meta = {"tenant": caller.tenant, "subject": caller.subject, "agent": caller.agent,
                         "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
@@ -473,9 +472,7 @@ class IdempotencyStage:
         if not meta.wait_s:
             return None
         wait = min(meta.wait_s, self._config.max_wait_ms / 1000.0)
-        remaining = meta.deadline.remaining()
-        if remaining is not None:
-            wait = min(wait, remaining - self._margin_s)
+        wait = min(wait, meta.deadline.budget())
         return time.monotonic() + wait if wait > 0 else None
 
 

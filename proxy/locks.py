@@ -326,13 +326,11 @@ class LockPlan:
 class LockManager:
     """One per process; hands out ``Lease`` objects for lock sets."""
 
-    def __init__(self, redis: store.Client, config: LocksConfig, *, key_prefix: str, metrics: Metrics,
-                 margin_s: float = 0.0) -> None:
+    def __init__(self, redis: store.Client, config: LocksConfig, *, key_prefix: str, metrics: Metrics) -> None:
         self._redis = redis
         self._config = config
         self._prefix = key_prefix
         self._metrics = metrics
-        self._margin_s = margin_s
         self._acquire = store.script(redis, "locks.acquire", _ACQUIRE)
         self._renew = store.script(redis, "locks.renew", _RENEW)
         self._release = store.script(redis, "locks.release", _RELEASE)
@@ -443,8 +441,7 @@ class LockManager:
         config = self._config
         tool = plan.tool
         started = time.monotonic()
-        remaining = deadline.remaining()
-        until = started + (config.max_wait_ms / 1000.0 if remaining is None else remaining - self._margin_s)
+        until = started + deadline.budget_or(config.max_wait_ms / 1000.0)
         pause = config.poll_min_ms / 1000.0
         kept_alive = started
         try:

@@ -117,7 +117,6 @@ class Pipeline:
         self._unknowns = unknowns
         self.registry = registry
         self._adapters = dict(adapters)
-        self._margin_s = config.deadline.margin_ms / 1000.0
         self._running: dict[asyncio.Task[Any], CallState] = {}  # the calls in flight, by the task running each
         self._cut_all = False  # the drain cut the calls in flight: a call that starts now is refused at once
 
@@ -417,7 +416,7 @@ class Pipeline:
             return
         suggestion = await suggest_tool(name, self.registry, self._authorizer.policy, caller,
                                         request_id=meta.request_id, trace_id=meta.trace.trace_id,
-                                        budget_s=meta.deadline.remaining(), quarantine=self.quarantine)
+                                        deadline=meta.deadline, quarantine=self.quarantine)
         if suggestion is not None:
             error.details["did_you_mean"] = suggestion
             error.message = f'{error.message} Did you mean "{suggestion}"?'
@@ -440,7 +439,7 @@ class Pipeline:
                 state.caller, tool, normalized,
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id, flow_as=meta.flow_as),
-                approval_id=meta.approval_id, budget_s=meta.deadline.remaining(),
+                approval_id=meta.approval_id, deadline=meta.deadline,
                 operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision),
                 origin=origin_of(meta, request.call_id, op))
             state.policy = auth.audit_facts()
@@ -481,8 +480,7 @@ class Pipeline:
         # A long lock wait must not let the key's lease (budget + grace) run out: the reconciler would take
         # the call for a dead one. Renewed every half grace while waiting.
         async def keep_reservation() -> None:
-            await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0,
-                                                                                self._margin_s))
+            await self._idempotency.before_send(admission, meta.deadline.budget(tool.timeout_ms / 1000.0))
 
         with self._stage(state, "lock"):  # after the key is reserved, before anything is sent
             if state.lease is None:
@@ -523,7 +521,7 @@ class Pipeline:
         own doing."""
         if meta.deadline.remaining() is None:
             return
-        budget_ms = int(meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s) * 1000)
+        budget_ms = int(meta.deadline.budget(tool.timeout_ms / 1000.0) * 1000)
         if budget_ms < tool.min_budget_ms:
             raise ProxyError("timeout_not_started", "Too little of the deadline is left for this call to finish; "
                              "it was not sent. Retry with a longer deadline (the same key).",
@@ -551,7 +549,7 @@ class Pipeline:
         return await self._authorizer.preflight(
             caller, tool, normalized,
             RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
-                         trace_id=meta.trace.trace_id), budget_s=meta.deadline.remaining())
+                         trace_id=meta.trace.trace_id), deadline=meta.deadline)
 
     async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
         """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
@@ -580,14 +578,14 @@ class Pipeline:
                 raise ProxyError("cancelled", "The caller cancelled the call before it was sent.",
                                  attempted=False, committed=False)
             # A pinned MCP tool: its upstream verified recently enough, or a check now (contract_drift if it drifted)
-            await self.quarantine.fresh(tool, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
+            await self.quarantine.fresh(tool, meta.deadline.budget(tool.timeout_ms / 1000.0))
             if tool.state_read is not None:  # under the lock, right before sending
                 await self._check_state(state, tool, normalized)
             if tool.ownership_read is not None:  # the owner in the system of record, under the lock
                 await self._check_owner(state, tool, normalized)
             self._enough_budget(tool, meta)  # again: the lock wait and the stages before took their time
             await self._idempotency.before_send(
-                admission, meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s))
+                admission, meta.deadline.budget(tool.timeout_ms / 1000.0))
             sending = self._adapters[tool.backend.type].call(self._backend_call(state, tool, normalized))
             result = await (lease.guard(sending) if lease is not None else sending)  # lock_lost if the lease goes
             state.backend_request_id = result.backend_request_id
@@ -618,7 +616,7 @@ class Pipeline:
         call = BackendCall(
             tool=target, canonical_arguments=canonical, arguments=read_arguments,
             call_id=f"{state.request.call_id}.{suffix}", request_id=meta.request_id,
-            budget_s=meta.deadline.budget(target.timeout_ms / 1000.0, self._margin_s),
+            deadline=meta.deadline.within(target.timeout_ms / 1000.0),
             traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
             tenant=state.caller.tenant, agent=state.caller.agent, fencing_token=state.fencing_token,
             args_hash=sha256_hex(canonical), caller_token=state.caller.token)
@@ -696,12 +694,12 @@ class Pipeline:
 
     def _backend_call(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> BackendCall:
         meta = state.request.meta
-        budget = meta.deadline.budget(tool.timeout_ms / 1000.0, self._margin_s)
         state.sent = True
         trace = state.span.outgoing() if state.span is not None else meta.trace.child().headers()
         return BackendCall(
             tool=tool, canonical_arguments=normalized.canonical, arguments=normalized.arguments,
-            call_id=state.request.call_id, request_id=meta.request_id, budget_s=budget,
+            call_id=state.request.call_id, request_id=meta.request_id,
+            deadline=meta.deadline.within(tool.timeout_ms / 1000.0),
             traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
             tenant=state.caller.tenant, agent=state.caller.agent,
             idempotency_key=state.idempotency_key, fencing_token=state.fencing_token,

@@ -143,7 +143,6 @@ class QuotaStage:
         self._config = config.quotas
         self._prefix = config.redis.key_prefix
         self._metrics = metrics
-        self._margin_s = config.deadline.margin_ms / 1000.0
         # Without a deadline a call lives at most: lock wait + duplicate wait + the tool's timeout.
         self._undeadlined_s = (config.locks.max_wait_ms + config.idempotency.max_wait_ms) / 1000.0
         self.rules = build_rules(config, registry)
@@ -195,7 +194,7 @@ class QuotaStage:
             retry_s = int(reply[2]) / 1000.0
             # A batch call waits: exactly until the rate allows it, or polling (with jitter) for a slot.
             pause = retry_s if kind == "r" else min(retry_s, poll_s * random.uniform(0.5, 1.0))
-            if not wait or deadline.budget(float("inf"), self._margin_s) <= pause:
+            if not wait or deadline.budget() <= pause:
                 self._metrics.quota_decisions.labels(limit.name, "limited").inc()
                 raise ProxyError("rate_limited", "Too many calls: a quota is exhausted; retry after the given time.",
                                  details={"limit": limit.name, "retry_after_s": round(max(retry_s, 0.001), 3)},

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping, Protocol
 
+from ..deadline import Deadline
 from ..errors import ProxyError
 from ..lazy import OnFirstUse
 from ..registry import ToolContract
@@ -65,7 +66,7 @@ class BackendCall:
     arguments: Mapping[str, Any]
     call_id: str
     request_id: str
-    budget_s: float
+    deadline: Deadline  # the call's own, absolute: the caller's less the margin, within the tool's timeout
     traceparent: str
     subject: str
     tenant: str
@@ -180,9 +181,10 @@ def failed_answer(call: BackendCall, *, backend: str = "backend", details: Mappi
 
 
 def deadline_passed(call: BackendCall, *, sent: bool, elapsed_s: float, backend: str = "backend") -> ProxyError:
-    """A call whose budget ran out: ``unanswered`` with the budget and the time it took."""
+    """A call whose budget ran out: ``unanswered`` with the budget it had when it started and the time it took."""
+    budget_s = elapsed_s + (call.deadline.remaining() or 0.0)
     return unanswered(call, sent=sent, why="deadline", backend=backend,
-                      details={"budget_ms": int(call.budget_s * 1000), "elapsed_ms": int(elapsed_s * 1000)})
+                      details={"budget_ms": int(budget_s * 1000), "elapsed_ms": int(elapsed_s * 1000)})
 
 
 class DeferredAdapter:

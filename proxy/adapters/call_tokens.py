@@ -63,7 +63,8 @@ class CallTokens:
             context["approval_id"] = call.approval_id
         return self._signer.sign(audience=self.audience(tool.backend), scope="tool:call",
                                  txn=call.idempotency_key or uuid.uuid4().hex, subject=call.subject,
-                                 tenant=call.tenant, agent=call.agent, context=context, budget_s=call.budget_s)
+                                 tenant=call.tenant, agent=call.agent, context=context,
+                                 budget_s=call.deadline.budget())
 
     def for_operation(self, tool: ToolContract, endpoint: Endpoint, *, scope: str, key: str, tenant: str,
                       subject: str, agent: str, version: str, budget_s: float) -> str:

@@ -54,20 +54,20 @@ class HttpAdapter:
         if url is None:
             raise ProxyError("dependency_unavailable", "The tool's backend is not configured.",
                              details={"tool": tool.name}, phase="execute")
-        if call.budget_s <= 0:
+        if call.deadline.expired:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="execute", attempted=False, committed=False)
         progress = Progress()
         started = time.monotonic()
         try:
-            async with asyncio.timeout(call.budget_s):
+            async with call.deadline.timeout():
                 # A read may go once more on a fresh connection when a reused one closed before answering
                 # (the wire never re-sends a write whose bytes may have reached the backend).
                 headers = forwarded_headers(call, self._tokens.for_call(call))
                 auth = tool.backend.auth
                 if auth is not None:  # the credential's headers replace any of the same name
                     headers.update(await self._credential(tool, auth, call.subject, call.tenant, call.caller_token,
-                                                          call.budget_s))
+                                                          call.deadline.budget()))
                 answer = await self._wire.post(url, call.canonical_arguments, headers.items(),
                                                progress=progress, max_body=self._max_response_bytes,
                                                retry_stale=not tool.is_write, tls=self._credentials.tls(auth))
@@ -201,7 +201,7 @@ def forwarded_headers(call: BackendCall, token: str) -> dict[str, str]:
         "Accept": "application/json",
         "X-Call-Id": call.call_id,
         "X-Request-Id": call.request_id,
-        "X-Request-Timeout-Ms": str(max(1, int(call.budget_s * 1000))),
+        "X-Request-Timeout-Ms": str(max(1, int(call.deadline.budget() * 1000))),
         "traceparent": call.traceparent,
         "X-Toolproxy-Subject": call.subject,
         "X-Toolproxy-Tenant": call.tenant,

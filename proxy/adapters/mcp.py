@@ -79,6 +79,7 @@ from pydantic import ValidationError
 
 from ..credentials import Credentials, Headers, OnBehalfOf
 from ..credentials.mcp_oauth import TokenSource, UpstreamBearer, is_challenge
+from ..deadline import Deadline
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
 from ..wire.http import HttpWire
@@ -291,9 +292,9 @@ class McpAdapter:
         self._handshake_timeout_s = handshake_timeout_s
         self._progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
             f"toolproxy_mcp_progress_{id(self)}", default=None)
-        # The monotonic deadline of the call running in this context: the SDK runs a server
+        # The deadline of the call running in this context: the SDK runs a server
         # request's callback in the context of the POST it arrived on, so it reaches the callbacks.
-        self._deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+        self._deadline: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
             f"toolproxy_mcp_deadline_{id(self)}", default=None)
         self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation,
                            "logging_callback": self._on_log}
@@ -330,7 +331,7 @@ class McpAdapter:
         if url is None or not tool.backend.tool:
             raise ProxyError("dependency_unavailable", "The tool's backend is not configured.",
                              details={"tool": tool.name}, phase="execute")
-        if call.budget_s <= 0:
+        if call.deadline.expired:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="execute", attempted=False, committed=False)
         source = self._oauth(call, url) if self._oauth is not None else None
@@ -354,9 +355,9 @@ class McpAdapter:
                                       if k not in ('Content-Type', 'Accept')},
                              mint=lambda: self._tokens.for_call(call))
         started = time.monotonic()
-        deadline = self._deadline.set(started + call.budget_s)
+        deadline = self._deadline.set(call.deadline)
         try:
-            async with asyncio.timeout(call.budget_s):
+            async with call.deadline.timeout():
                 if source is not None and source.current() is None:
                     await source.token()  # before anything is sent (raises credential_unavailable)
                 if caller is not None:  # before anything is sent (raises credential_unavailable)
@@ -392,7 +393,7 @@ class McpAdapter:
         """The caller's exchanged token for the call's upstream (cached per tenant, subject and audience)."""
         assert self._credentials is not None and call.tool.backend.auth is not None
         return self._credentials.attach(call.tool.backend.auth, audience=call.tool.backend_name, caller=caller,
-                                        wait_s=call.budget_s)
+                                        wait_s=call.deadline.budget())
 
     def _upstream(self, url: str, source: TokenSource | None, fixed: Headers | None = None,
                   per_caller: bool = False) -> _Upstream:
@@ -531,7 +532,7 @@ class McpAdapter:
             log.info("MCP upstream's %s refused: no MCP client behind this call to ask", method)
             return types.ErrorData(code=INVALID_REQUEST, message=_NOT_SUPPORTED[method])
         answer = await relay(method, params.model_dump(mode="json", by_alias=True, exclude_none=True),
-                             max(0.0, deadline - time.monotonic()))
+                             max(0.0, deadline.budget()))
         if isinstance(answer, InputRefused):
             return types.ErrorData(code=answer.code, message=answer.message)
         return answer

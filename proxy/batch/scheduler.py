@@ -31,8 +31,7 @@ from typing import Any, AsyncIterator, Mapping, Sequence
 
 from ..audit import Auditor
 from ..transactions.cancellation import withdrawn, withdrawn_by
-from ..config import DeadlineConfig, SchedulerConfig
-from ..deadline import Deadline
+from ..config import SchedulerConfig
 from ..envelope import Envelope, Timing
 from ..errors import ProxyError
 from ..identity import Caller
@@ -92,7 +91,7 @@ class BatchRun:
 
 class Scheduler:
     def __init__(self, *, pipeline: Pipeline, registry: Registry, config: SchedulerConfig,
-                 deadline: DeadlineConfig, metrics: Metrics, audit: Auditor,
+                 metrics: Metrics, audit: Auditor,
                  cancel_answer_wait_s: float = 10.0) -> None:
         # Keyed by (tenant, subject, request id): a batch id names only its own caller's batch.
         self._batches: collections.OrderedDict[tuple[str, str, str], BatchRun] = collections.OrderedDict()
@@ -101,7 +100,6 @@ class Scheduler:
         self._audit = audit
         self._registry = registry
         self._config = config
-        self._margin_s = deadline.margin_ms / 1000.0
         self._metrics = metrics
         self._limits = ConcurrencyLimits(config)
 
@@ -187,10 +185,7 @@ class Scheduler:
         return {"batch_id": batch_id, "status": status, "results": batch.results}
 
     def _with_deadline(self, meta: RequestMeta) -> RequestMeta:
-        if meta.deadline.at is not None:
-            return meta
-        clock = meta.deadline.clock
-        return replace(meta, deadline=Deadline(clock() + self._config.default_timeout_ms / 1000.0, clock))
+        return replace(meta, deadline=meta.deadline.defaulted(self._config.default_timeout_ms / 1000.0))
 
     async def _execute(self, plan: BatchPlan, meta: RequestMeta, graph: Graph, footprints: Mapping[str, Footprint],
                        caller: Caller, batch: BatchRun) -> dict[str, Envelope]:
@@ -240,7 +235,7 @@ class Scheduler:
             return await self._not_started(plan, call, footprint, meta, caller, blocked_by=blockers)
         if batch.cancel.is_set():
             return await self._not_started(plan, call, footprint, meta, caller, cancelled=True)
-        if meta.deadline.budget(float("inf"), self._margin_s) <= 0:
+        if meta.deadline.expired:
             return await self._not_started(plan, call, footprint, meta, caller)
         return None
 
@@ -276,7 +271,7 @@ class Scheduler:
             withdrawn_by.set("batch")
         async with contextlib.AsyncExitStack() as held:
             try:
-                async with asyncio.timeout(meta.deadline.budget(float("inf"), self._margin_s)):
+                async with asyncio.timeout(meta.deadline.budget()):
                     await held.enter_async_context(self._limits.slot(caller.tenant, fp.tool.name if fp.tool else None))
             except TimeoutError:
                 return await self._not_started(plan, call, fp, meta, caller)

@@ -71,7 +71,7 @@ def _operation_authorizer(runtime: Runtime, request: web.Request, caller: Caller
     meta = ingress.request_meta(request, runtime.config)
     return authorizer(runtime.policy, caller, action, RequestFacts(request_id=meta.request_id,
                                                                    trace_id=meta.trace.trace_id),
-                      meta.deadline.remaining)
+                      meta.deadline)
 
 
 async def get_operation(request: web.Request) -> web.Response:
@@ -134,7 +134,7 @@ async def _callers_tools(request: web.Request) -> list[Any]:
     caller = await runtime.authenticator.authenticate(request.headers, request.remote)
     meta = ingress.request_meta(request, runtime.config)
     return await visible_tools(runtime.registry, runtime.policy, caller, request_id=meta.request_id,
-                               trace_id=meta.trace.trace_id, budget_s=meta.deadline.remaining(),
+                               trace_id=meta.trace.trace_id, deadline=meta.deadline,
                                quarantine=runtime.pipeline.quarantine)
 
 

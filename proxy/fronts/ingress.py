@@ -86,7 +86,8 @@ def request_meta(request: web.Request, config: Config) -> RequestMeta:
     return RequestMeta(
         request_id=request_id_of(request),
         trace=tracing.accept(headers),
-        deadline=deadlines.from_headers(headers, max_timeout_s=config.deadline.max_request_timeout_ms / 1000.0),
+        deadline=deadlines.from_headers(headers, max_timeout_s=config.deadline.max_request_timeout_ms / 1000.0,
+                                     margin_s=config.deadline.margin_ms / 1000.0),
         run_id=_header_id(headers, "X-Run-Id"),
         idempotency_key=_header_id(headers, "Idempotency-Key"),
         approval_id=_header_id(headers, "X-Approval-Id"),

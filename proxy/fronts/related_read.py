@@ -71,7 +71,7 @@ async def run_read(runtime: Runtime, principal: AdminPrincipal, approval: dict[s
     # Under the requester's flow labels: its arguments are the requester's (the agent's words), so its decision
     # sees what that agent saw, never the approver's clean context.
     meta = RequestMeta(request_id=request_id, trace=TraceContext(secrets.token_hex(16), secrets.token_hex(8)),
-                       deadline=Deadline(time.monotonic() + TIMEOUT_S),
+                       deadline=Deadline.after(TIMEOUT_S, margin_s=runtime.config.deadline.margin_ms / 1000.0),
                        flow_as=(str(approval.get("agent") or ""), str(approval.get("subject") or "")))
     call = ToolCallRequest(call_id="related-" + approval["id"], tool=declared["tool"], version=declared["version"],
                            arguments=declared["arguments"], meta=meta)

@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable
 
 from .approvals import MCP_APPROVAL_META, ApprovalOrigin, ApprovalStore, denial
 from ..audit import PolicyFacts
+from ..deadline import Deadline
 from .denials import DenialLog
 from ..envelope import iso
 from ..errors import ProxyError
@@ -88,20 +89,20 @@ class Authorizer:
 
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
-                        budget_s: float | None, operation_key: str | None = None,
+                        deadline: Deadline, operation_key: str | None = None,
                         admit: Callable[[Decision], Awaitable[Any]] | None = None,
                         origin: ApprovalOrigin | None = None) -> Authorization:
         """``admit`` runs once the decision allows and before an approval is spent (the quota stage: a
         call refused by a quota must not use up its approval); its ProxyError becomes the call's error.
         ``origin`` is what a new pending approval shows the approver of the agent's request and key."""
         try:
-            return await self._authorize(caller, tool, normalized, request, approval_id, budget_s, operation_key,
+            return await self._authorize(caller, tool, normalized, request, approval_id, deadline, operation_key,
                                          admit, origin)
         except ProxyError as error:
             return Authorization(decision=None, approval_id=approval_id, error=error)
 
     async def preflight(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                        request: RequestFacts, *, budget_s: float | None) -> ProxyError | None:
+                        request: RequestFacts, *, deadline: Deadline) -> ProxyError | None:
         """Would OPA allow this call outright, now? For an ``all_or_nothing`` batch, asked of every call
         before any runs: nothing is consumed, created or counted (the call, if it runs, is authorized
         again by ``authorize``). A call that needs an approval is not allowed outright: it is refused with
@@ -110,7 +111,7 @@ class Authorizer:
             document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                    normalized=normalized, approval=None,
                                    flow=await self._flow_input(caller, tool, request))
-            decision = await self._policy.decide(document, budget_s=budget_s,
+            decision = await self._policy.decide(document, deadline=deadline,
                                                  sensitive_fields=tool.record_masked)
         except ProxyError as error:
             return error.with_phase("authorize")
@@ -136,7 +137,7 @@ class Authorizer:
         return state.policy_input()
 
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
-                         request: RequestFacts, approval_id: str | None, budget_s: float | None,
+                         request: RequestFacts, approval_id: str | None, deadline: Deadline,
                          operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None,
                          origin: ApprovalOrigin | None = None) -> Authorization:
         approval = None
@@ -149,7 +150,7 @@ class Authorizer:
             document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                    normalized=normalized,
                                    approval=approval.policy_input() if approval is not None else None, flow=flow)
-            return await self._policy.decide(document, budget_s=budget_s, sensitive_fields=tool.record_masked)
+            return await self._policy.decide(document, deadline=deadline, sensitive_fields=tool.record_masked)
 
         decision = await decide()
         standing = None

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import orjson
 
 from ..config import OpaConfig
+from ..deadline import NO_DEADLINE, Deadline
 from .decisions import Decision, DecisionRecorder  # Decision: importable from here too
 from ..errors import ProxyError
 from ..wire.http import HttpWire, TooLarge
@@ -156,15 +157,16 @@ class PolicyClient:
                         "(policy_unavailable) until it answers: check the address and that OPA runs", self._opa_at)
         return ok
 
-    async def decide(self, document: Mapping[str, Any], *, budget_s: float | None = None,
+    async def decide(self, document: Mapping[str, Any], *, deadline: Deadline = NO_DEADLINE,
                      sensitive_fields: Sequence[str] = ()) -> Decision:
-        """One decision; recorded (masked) when decision records are on."""
+        """One decision within ``opa.timeout_ms`` and the call's ``deadline``; recorded (masked) when decision
+        records are on."""
         started = time.monotonic()
-        decision = await self._query(document, budget_s)
+        decision = await self._query(document, deadline)
         if not decision[1] and self._config.push_catalog:
             # OPA lost the catalog (restarted) or holds another one: load ours, ask once more.
             await self._reload_catalog(started)
-            decision = await self._query(document, _left(budget_s, started))
+            decision = await self._query(document, deadline)  # what is left of it now
             if not decision[1]:
                 self._fail("catalog_missing")
         self._metrics.child(self._metrics.policy_decisions, decision[0].result).inc()
@@ -178,8 +180,8 @@ class PolicyClient:
                 return  # another call reloaded it meanwhile
             await self.push_catalog()
 
-    async def _query(self, document: Mapping[str, Any], budget_s: float | None) -> tuple[Decision, bool]:
-        timeout = self._timeout_s if budget_s is None else min(self._timeout_s, budget_s)
+    async def _query(self, document: Mapping[str, Any], deadline: Deadline) -> tuple[Decision, bool]:
+        timeout = deadline.budget(self._timeout_s)
         if timeout <= 0:
             raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
                              phase="authorize")
@@ -275,6 +277,3 @@ def decision_ok(result: Any) -> bool:
             return False
     return all(name not in result or type(result[name]) is kind for name, kind in _OPTIONAL)
 
-
-def _left(budget_s: float | None, started: float) -> float | None:
-    return None if budget_s is None else budget_s - (time.monotonic() - started)

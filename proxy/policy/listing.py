@@ -13,10 +13,10 @@ the hint fail or stall the error it decorates.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 
+from ..deadline import NO_DEADLINE, Deadline
 from ..drift import OPEN, Quarantine
 from ..identity import Caller
 from .client import PolicyClient, RequestFacts, build_input
@@ -29,7 +29,7 @@ SUGGESTION_BUDGET_S = 0.5
 
 
 async def visible_tools(registry: Registry, policy: PolicyClient, caller: Caller, *, request_id: str | None = None,
-                        trace_id: str | None = None, budget_s: float | None = None,
+                        trace_id: str | None = None, deadline: Deadline = NO_DEADLINE,
                         quarantine: Quarantine = OPEN) -> list[ToolContract]:
     """The newest active version of each tool this caller may call, sorted by name.
 
@@ -42,13 +42,13 @@ async def visible_tools(registry: Registry, policy: PolicyClient, caller: Caller
     document = build_input("list", caller, RequestFacts(request_id=request_id or uuid.uuid4().hex,
                                                         trace_id=trace_id),
                            catalog_digest=policy.catalog_digest, tools=tools)
-    decision = await policy.decide(document, budget_s=budget_s)
+    decision = await policy.decide(document, deadline=deadline)
     visible = set(decision.visible_tools) if decision.allow else set()
     return [tool for tool in tools if tool.name in visible]
 
 
 async def suggest_tool(name: str, registry: Registry, policy: PolicyClient, caller: Caller, *,
-                       request_id: str | None = None, trace_id: str | None = None, budget_s: float | None = None,
+                       request_id: str | None = None, trace_id: str | None = None, deadline: Deadline = NO_DEADLINE,
                        quarantine: Quarantine = OPEN) -> str | None:
     """The closest name this caller's listing shows to a misspelled ``name``, or None.
 
@@ -56,13 +56,13 @@ async def suggest_tool(name: str, registry: Registry, policy: PolicyClient, call
     listing rules hide from this caller. Any failure of the listing decision
     (OPA down, slow, refusing) gives no hint rather than a different error.
     """
-    budget = SUGGESTION_BUDGET_S if budget_s is None else min(SUGGESTION_BUDGET_S, budget_s)
-    if budget <= 0:
+    hint = deadline.within(SUGGESTION_BUDGET_S)
+    if hint.expired:
         return None
     try:
-        async with asyncio.timeout(budget):
+        async with hint.timeout():
             tools = await visible_tools(registry, policy, caller, request_id=request_id, trace_id=trace_id,
-                                        budget_s=budget, quarantine=quarantine)
+                                        deadline=hint, quarantine=quarantine)
     except Exception:  # policy: fail quiet: the caller still gets its tool_not_found, without a hint
         log.debug("no tool suggestion: the listing decision failed", exc_info=True)
         return None

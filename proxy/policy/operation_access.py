@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
+from ..deadline import Deadline
 from ..errors import ProxyError
 from ..identity import Caller
 from ..operations import Record
@@ -39,7 +40,7 @@ def is_own(caller: Caller, record: Record) -> bool:
 
 
 def authorizer(policy: PolicyClient, caller: Caller, action: str, request: RequestFacts,
-               budget_s: Callable[[], float | None]) -> Authorize:
+               deadline: Deadline) -> Authorize:
     """The check one request runs on the record it found (``action``: read_operation or cancel)."""
 
     async def authorize(record: Record) -> None:
@@ -49,7 +50,7 @@ def authorizer(policy: PolicyClient, caller: Caller, action: str, request: Reque
             return
         document = build_input(action, caller, request, catalog_digest=policy.catalog_digest,
                                original=original_facts(record))
-        decision = await policy.decide(document, budget_s=budget_s())
+        decision = await policy.decide(document, deadline=deadline)
         if not decision.allow:
             raise not_found()
 

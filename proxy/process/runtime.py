@@ -268,7 +268,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                   ack_timeout_ms=config.redis.replica_ack_timeout_ms)
         denials = DenialLog(redis, config.redis.key_prefix, metrics)
         idempotency = IdempotencyStage(store=operations, config=config.idempotency, reconcile=config.reconcile,
-                                       metrics=metrics, margin_s=config.deadline.margin_ms / 1000.0,
+                                       metrics=metrics,
                                        integrity=integrity)
         quotas = QuotaStage(redis, config, registry, metrics,
                             BackendGuard(redis, config.quotas, registry, key_prefix=config.redis.key_prefix,
@@ -276,8 +276,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         if config.quotas.enabled:
             quotas.guard.start()
             opened.push_async_callback(quotas.guard.stop)
-        locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics,
-                            margin_s=config.deadline.margin_ms / 1000.0)
+        locks = LockManager(redis, config.locks, key_prefix=config.redis.key_prefix, metrics=metrics)
         reconciler = Reconciler(store=operations, registry=registry, session=session,
                                 services=config.backends.services, config=config.reconcile, metrics=metrics,
                                 audit=audit, max_json_depth=config.decode.max_depth, locks=locks,
@@ -342,7 +341,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                                                        config.backends.services))
         reloader.start()
         opened.push_async_callback(reloader.stop)
-        scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler, deadline=config.deadline,
+        scheduler = Scheduler(pipeline=pipeline, registry=registry, config=config.scheduler,
                               metrics=metrics, audit=audit,
                               cancel_answer_wait_s=config.cancellation.answer_wait_ms / 1000.0)
         runtime = Runtime(config=config, registry=registry, session=session, wire=wire, decision_wire=decision_wire,

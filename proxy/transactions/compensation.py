@@ -85,7 +85,7 @@ class Compensations:
             # compensate decision below then asks again, with its own rule for other subjects.
             await authorizer(self._policy, caller, "read_operation",
                              RequestFacts(request_id=meta.request_id, run_id=meta.run_id,
-                                          trace_id=meta.trace.trace_id), meta.deadline.remaining)(record)
+                                          trace_id=meta.trace.trace_id), meta.deadline)(record)
         contract = self._registry.get(record.tool, record.tool_version)
         spec = contract.compensation if contract is not None else None
         block = record.compensation or {}
@@ -161,7 +161,7 @@ class Compensations:
                                                                   trace_id=meta.trace.trace_id),
                                catalog_digest=self._policy.catalog_digest, tool=target, normalized=normalized,
                                original=original, compensation=spec.to_json())
-        decision = await self._policy.decide(document, budget_s=meta.deadline.remaining(),
+        decision = await self._policy.decide(document, deadline=meta.deadline,
                                              sensitive_fields=target.record_masked)
         if not decision.allow:
             self._metrics.child(self._metrics.compensations, "refused").inc()

@@ -20,6 +20,7 @@ from toolproxy_verifier.middleware import AsgiCallTokens, Expect
 from proxy.calltokens.signer import CallTokenSigner
 from toolproxy_verifier.verifier import CallTokenVerifier, JwksFile, Refused, ReplayCache
 from proxy.config import ConfigError, load_config
+from proxy.deadline import Deadline
 from proxy.normalize import normalize
 from proxy.registry import load_registry
 from tests.unit import DEMO_REGISTRY
@@ -182,7 +183,7 @@ def test_a_backend_call_token_carries_the_calls_facts():
     tool = registry.resolve("refund_order", None)
     normalized = normalize(tool, {"order_id": "ord_1001", "amount": 500, "reason": "damaged"})
     call = BackendCall(tool=tool, canonical_arguments=normalized.canonical, arguments=normalized.arguments,
-                       call_id="c1", request_id="r1", budget_s=5.0, traceparent="", subject="alice", tenant="acme",
+                       call_id="c1", request_id="r1", deadline=Deadline.after(5.0), traceparent="", subject="alice", tenant="acme",
                        agent="agent-1", idempotency_key="ik_" + "b" * 64, fencing_token=7,
                        args_hash=normalized.args_hash, decision_id="dec-1", approval_id="apr_1")
     s = signer()

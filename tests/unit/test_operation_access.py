@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from proxy.deadline import Deadline
 from proxy.errors import ProxyError
 from proxy.identity import Caller
 from proxy.operations import Record
@@ -51,13 +52,13 @@ def test_own_means_the_same_subject_in_the_same_tenant(caller, own):
 
 
 async def test_the_callers_own_operation_is_allowed_without_asking_opa():
-    check = authorizer(NO_POLICY, CAROL, "cancel", RequestFacts(request_id="r1"), budget_s=lambda: 1.0)
+    check = authorizer(NO_POLICY, CAROL, "cancel", RequestFacts(request_id="r1"), deadline=Deadline.after(1.0))
     await check(RECORD)
 
 
 async def test_another_tenants_operation_does_not_exist_for_the_caller():
     stranger = Caller(subject="carol", tenant="globex", roles=("admin",), scopes=(), agent="bot", source="static")
-    check = authorizer(NO_POLICY, stranger, "read_operation", RequestFacts(request_id="r1"), budget_s=lambda: 1.0)
+    check = authorizer(NO_POLICY, stranger, "read_operation", RequestFacts(request_id="r1"), deadline=Deadline.after(1.0))
     with pytest.raises(ProxyError) as refused:
         await check(RECORD)
     assert refused.value.code == "operation_not_found" and refused.value.phase == "request"

@@ -11,6 +11,22 @@
 #
 #   data.toolproxy.settings.flow.private_to_external  "approval" (default) or "deny":
 #       what an external sink gets once both private and untrusted were seen.
+#
+# Argument provenance: a contract names the arguments that aim its call
+# (flow.sink_arguments: a recipient, a URL, an IBAN, a file id); the proxy gives,
+# per value at them, whether it was seen only in output a third party could
+# write (input.flow.provenance, proxy/provenance.py). Such a target on an
+# external sink, or on a write declaring flow.integrity (destructive,
+# state_changing: deleting a file, changing a password, a message inside the
+# workspace), is the injected action the labels alone miss. Values the user
+# named (the trusted task context) or seen in a trusted_source tool's output pass.
+#
+#   data.toolproxy.settings.flow.untrusted_target  "approval" (default), "deny" or "off":
+#       what such a call gets; its reason names the argument, the source tool and
+#       call, and the rule: "flow_untrusted_target /to/0 from read_inbox call c-7".
+#   data.toolproxy.settings.flow.unseen_target  "allow" (default) or "approval":
+#       a target seen in no output at all, on a call after untrusted output (a
+#       value the model composed: an attacker can spell an address out).
 package toolproxy.flow
 
 import data.toolproxy.tools
@@ -23,7 +39,23 @@ default private_to_external := "approval"
 
 private_to_external := settings.private_to_external
 
-external_sink if tools.contract(input.tool.name, input.tool.version).flow.sink == "external"
+contract_flow := tools.contract(input.tool.name, input.tool.version).flow
+
+external_sink if contract_flow.sink == "external"
+
+# Where a target that came from untrusted output is an attack: a sink, or a
+# write whose integrity the contract guards.
+guarded_target if external_sink
+
+guarded_target if contract_flow.integrity in {"destructive", "state_changing"}
+
+default untrusted_target := "approval"
+
+untrusted_target := settings.untrusted_target
+
+default unseen_target := "allow"
+
+unseen_target := settings.unseen_target
 
 seen(label) if label in input.flow.labels
 
@@ -51,3 +83,53 @@ needs contains "flow_context_missing" if {
 	external_sink
 	not input.flow
 }
+
+# A write guarding its integrity, decided without the flow context, is looked
+# at by a person too.
+needs contains "flow_context_missing" if {
+	input.action == "call"
+	not external_sink
+	guarded_target
+	not input.flow
+}
+
+# The proxy read the flow context without the provenance the contract asks for.
+needs contains "flow_provenance_missing" if {
+	input.action == "call"
+	guarded_target
+	count(object.get(contract_flow, "sink_arguments", [])) > 0
+	input.flow
+	not input.flow.provenance
+}
+
+# One reason per untrusted value, naming it and its latest source.
+untrusted_targets contains sprintf("flow_untrusted_target %s from %s call %s", [entry.argument, source.tool, source.call_id]) if {
+	input.action == "call"
+	untrusted_target != "off"
+	guarded_target
+	some entry in input.flow.provenance
+	entry.seen == "untrusted"
+	source := entry.untrusted_sources[0]
+}
+
+unseen_targets contains sprintf("flow_unseen_target %s after untrusted output of %s", [entry.argument, seen.tool]) if {
+	input.action == "call"
+	unseen_target == "approval"
+	guarded_target
+	some entry in input.flow.provenance
+	entry.seen == "unseen"
+	some seen in input.flow.principal.seen
+	seen.label == "untrusted"
+}
+
+deny contains reason if {
+	untrusted_target == "deny"
+	some reason in untrusted_targets
+}
+
+needs contains reason if {
+	untrusted_target != "deny"
+	some reason in untrusted_targets
+}
+
+needs contains reason if some reason in unseen_targets

@@ -18,9 +18,16 @@ send_after(principal, run) := object.union(send, {"flow": flow(principal, run)})
 
 with_setting(mode) := object.union(fixtures.settings, {"flow": {"private_to_external": mode}})
 
+# Tools naming the arguments that aim them: an external sink, and an internal write guarding its integrity.
+catalog := object.union(fixtures.catalog, {"tools": {
+	"send_message": {"1.0.0": {"name": "send_message", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "external", "sink_arguments": ["/recipients"], "trusted_source": false}}},
+	"delete_file": {"1.0.0": {"name": "delete_file", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "internal", "sink_arguments": ["/file_id"], "trusted_source": false, "integrity": "destructive"}}},
+	"rename_file": {"1.0.0": {"name": "rename_file", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "internal", "sink_arguments": ["/file_id"], "trusted_source": false}}},
+}})
+
 decide_with(inp, settings) := d if {
 	d := data.toolproxy.decision with input as inp
-		with data.toolproxy.catalog as fixtures.catalog
+		with data.toolproxy.catalog as catalog
 		with data.toolproxy.roles as fixtures.roles
 		with data.toolproxy.subjects as fixtures.subjects
 		with data.toolproxy.resource_kinds as object.union(fixtures.resource_kinds, {"mailbox": {"ownership": "shared"}})
@@ -78,4 +85,89 @@ test_external_sink_without_flow_context_needs_approval if {
 
 test_secret_alone_does_not_trigger_the_rule if {
 	decide_with(send_after(["secret", "untrusted"], []), fixtures.settings).allow
+}
+
+# ---- argument provenance -------------------------------------------------------------------------------
+
+entry(argument, seen, sources) := {
+	"argument": argument, "seen": seen, "trusted": seen == "trusted",
+	"trusted_by": [x | seen == "trusted"; x := "task_context"],
+	"untrusted_sources": [{"tool": t, "call_id": c, "at": "2026-12-01T18:00:00.000Z"} | some [t, c] in sources],
+}
+
+with_provenance(tool, arguments, labels, entries) := object.union(fixtures.call(tool, arguments, []), {"flow": object.union(flow(labels, []), {"provenance": entries})})
+
+flow_setting(name, mode) := object.union(fixtures.settings, {"flow": {name: mode}})
+
+poisoned_send := with_provenance("send_message", {"recipients": ["mallory@evil.example", "bob@corp.example"]}, ["untrusted"], [
+	entry("/recipients/0", "untrusted", [["read_inbox", "call-7"], ["fetch_page", "call-3"]]),
+	entry("/recipients/1", "trusted", []),
+])
+
+test_a_target_seen_only_in_untrusted_output_needs_approval_naming_argument_source_and_rule if {
+	d := decide_with(poisoned_send, fixtures.settings)
+	not d.allow
+	d.require_approval
+	d.reasons == ["flow_untrusted_target /recipients/0 from read_inbox call call-7"]
+}
+
+test_untrusted_alone_is_enough_no_private_needed if {
+	inp := with_provenance("send_message", {"recipients": ["x@evil.example"]}, ["untrusted"], [entry("/recipients/0", "untrusted", [["get_reviews", "c1"]])])
+	decide_with(inp, fixtures.settings).require_approval
+}
+
+test_data_may_refuse_untrusted_targets_or_turn_the_rule_off if {
+	d := decide_with(poisoned_send, flow_setting("untrusted_target", "deny"))
+	not d.allow
+	not d.require_approval
+	d.reasons == ["flow_untrusted_target /recipients/0 from read_inbox call call-7"]
+	decide_with(poisoned_send, flow_setting("untrusted_target", "off")).allow
+}
+
+test_trusted_and_unseen_targets_pass_by_default if {
+	inp := with_provenance("send_message", {"recipients": ["bob@corp.example", "new@corp.example"]}, ["untrusted"], [
+		entry("/recipients/0", "trusted", [["read_inbox", "call-7"]]),
+		entry("/recipients/1", "unseen", []),
+	])
+	decide_with(inp, fixtures.settings).allow
+}
+
+test_unseen_targets_after_untrusted_output_may_need_approval if {
+	inp := with_provenance("send_message", {"recipients": ["new@corp.example"]}, ["untrusted"], [entry("/recipients/0", "unseen", [])])
+	d := decide_with(inp, flow_setting("unseen_target", "approval"))
+	d.require_approval
+	d.reasons == ["flow_unseen_target /recipients/0 after untrusted output of a_tool"]
+	clean := with_provenance("send_message", {"recipients": ["new@corp.example"]}, [], [entry("/recipients/0", "unseen", [])])
+	decide_with(clean, flow_setting("unseen_target", "approval")).allow
+}
+
+test_an_integrity_write_inside_the_company_is_guarded_like_a_sink if {
+	inp := with_provenance("delete_file", {"file_id": "13"}, ["untrusted"], [entry("/file_id", "untrusted", [["read_file", "call-2"]])])
+	d := decide_with(inp, fixtures.settings)
+	d.require_approval
+	d.reasons == ["flow_untrusted_target /file_id from read_file call call-2"]
+}
+
+test_an_internal_write_without_integrity_is_not_concerned if {
+	inp := with_provenance("rename_file", {"file_id": "13"}, ["untrusted"], [entry("/file_id", "untrusted", [["read_file", "call-2"]])])
+	decide_with(inp, fixtures.settings).allow
+}
+
+test_a_guarded_write_without_its_provenance_or_flow_context_needs_approval if {
+	d := decide_with(fixtures.call("delete_file", {"file_id": "13"}, []), fixtures.settings)
+	d.reasons == ["flow_context_missing"]
+	d.require_approval
+	no_provenance := object.union(fixtures.call("delete_file", {"file_id": "13"}, []), {"flow": flow([], [])})
+	decide_with(no_provenance, fixtures.settings).reasons == ["flow_provenance_missing"]
+}
+
+test_both_flow_rules_name_themselves if {
+	inp := object.union(poisoned_send, {"flow": object.union(poisoned_send.flow, {"labels": ["private", "untrusted"]})})
+	d := decide_with(inp, fixtures.settings)
+	d.reasons == ["flow_private_to_external", "flow_untrusted_target /recipients/0 from read_inbox call call-7"]
+}
+
+test_an_approval_satisfies_the_provenance_rule if {
+	inp := object.union(poisoned_send, {"approval": fixtures.approval({"tool": "send_message"})})
+	decide_with(inp, fixtures.settings).allow
 }

@@ -375,6 +375,12 @@ class IdentityConfig:
     person_claim: str = setting("sub", "jwt mode: claim that names the person behind the agent's token, stored "
                                        "on an approval and compared with the approver's admin_identity.person_claim "
                                        "(self-approval check; other modes use the subject)")
+    task_context_claim: str = setting("task_context", "jwt mode: claim of the caller's token with what the user "
+                                                     "asked (a string, or {text, values}); values it names are "
+                                                     "trusted targets (input.flow.provenance, docs/security.md)")
+    task_context_header: str = setting("X-Task-Context", "headers mode (behind the hop proof: the mesh sets it) and "
+                                                         "static mode: header with what the user asked (text, or "
+                                                         "JSON {text, values}); ignored in jwt mode")
     agent_id: str = setting("", "identity of the agent this sidecar serves (pod service account), written into "
                                 "every audit record; required unless identity.mode is static (which uses "
                                 "`dev-agent` when it is empty)")
@@ -949,6 +955,13 @@ class FlowConfig:
     read_for: str = setting("external_sinks", "which calls read the flow labels for their decision (one Redis "
                                               "command each): external_sinks (tools with flow.sink external) or "
                                               "every_call", choices=("external_sinks", "every_call"))
+    # A working day of an agent reading mail, pages and files rarely holds more distinct targets than this;
+    # past it the scope is marked full and every unseen sink value counts as untrusted until the mark leaves
+    # the window (nothing an attacker floods past the bound goes unnoticed).
+    provenance_max_values: int = setting(4096, "how many value fingerprints (tokens of untrusted or trusted_source "
+                                               "output, for input.flow.provenance) are kept per tenant, agent and "
+                                               "subject within flow.window_s; past it, unseen sink values count as "
+                                               "untrusted", bounds=(64, 1_000_000))
 
 
 @dataclass(frozen=True)

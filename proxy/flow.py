@@ -19,11 +19,20 @@ an unknown outcome or a partial answer put nothing of the tool's output before t
 one EVALSHA (``flow.read``, both scopes), only for a call whose decision may use it: by default a tool
 whose sink is external (``flow.read_for: every_call`` reads for every call). Every other call costs nothing.
 
+Provenance (proxy/provenance.py) rides in the same two commands: a call of a tool whose output is untrusted
+(or a ``trusted_source``) adds the fingerprints of its output's tokens to its ``flow.record``, into a third
+hash of the principal scope ``<prefix>:prov:{<tenant>}:<sha256(agent, subject)>`` (field ``u<fp>`` or
+``t<fp>`` -> ``<at ms>|<tool>|<call id>``; at most ``flow.provenance_max_values`` fields, past which the
+``!over`` mark makes every unseen value count as untrusted); a call of a tool naming ``flow.sink_arguments``
+looks its values' fingerprints up in its ``flow.read`` (HMGET) and gets ``input.flow.provenance``. Only the
+principal scope is kept: a fresh run id must not wash a value.
+
 Faults: a read that fails refuses the call (``dependency_unavailable``, nothing sent: the policy cannot
 decide without it); a record that fails is logged (a warning) and does not change the call's answer
 (the output was already produced).
 
-Owns: the flow keys, the record and read scripts, and the ``input.flow`` document.
+Owns: the flow keys, the record and read scripts, and the ``input.flow`` document (its provenance entries
+are provenance.py's).
 Must never: take labels from anything but the trusted registry, let a run id choose the principal scope,
 or cost a Redis command to a call whose tool neither produces labels nor needs them read.
 """
@@ -32,10 +41,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import secrets
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from . import store
+from . import provenance, store
 from .envelope import iso
 from .identity import Caller
 from .registry import ToolContract
@@ -45,25 +55,74 @@ log = logging.getLogger("toolproxy.flow")
 LABELS = ("private", "untrusted", "secret")  # schemas/tool-registry.schema.json flow.produces
 SINKS = ("internal", "external")
 
-# KEYS[1]: principal scope; KEYS[2] (optional): run scope. ARGV[1]: window in ms (the keys' expiry);
-# ARGV[2]: the call's time in ms; ARGV[3..]: the fields "<label>/<tool>". A field keeps its latest time.
+# KEYS[1]: principal scope; KEYS[2] (optional): run scope; then, when ARGV[4+n] is not empty, the provenance
+# hash (last key). ARGV[1]: window in ms (the keys' expiry); ARGV[2]: the call's time in ms; ARGV[3]: n, the
+# number of label fields; ARGV[4..3+n]: the fields "<label>/<tool>" (a field keeps its latest time).
+# Provenance (proxy/provenance.py): ARGV[4+n]: "u" (untrusted output) or "t" (a trusted source) or "";
+# ARGV[5+n]: the source "<tool>|<call id>"; ARGV[6+n]: the hash's bound; ARGV[7+n]: "1" when the output's
+# own bound cut it; ARGV[8+n..]: the fingerprints. Each becomes the field "<u|t><fp>" -> "<at>|<source>";
+# a full hash first drops the fields older than the window (at most once per tenth of a window), then sets
+# the overflow mark for what did not fit.
 _RECORD = """
+local window = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
-for _, key in ipairs(KEYS) do
-  for i = 3, #ARGV do
+local n = tonumber(ARGV[3])
+local kind = ARGV[4 + n] or ''
+local labelled = #KEYS
+if kind ~= '' then labelled = #KEYS - 1 end
+for k = 1, labelled do
+  local key = KEYS[k]
+  for i = 4, 3 + n do
     local old = tonumber(redis.call('HGET', key, ARGV[i]))
     if old == nil or old < at then redis.call('HSET', key, ARGV[i], ARGV[2]) end
   end
   redis.call('PEXPIRE', key, ARGV[1])
 end
+if kind ~= '' then
+  local key = KEYS[#KEYS]
+  local value = ARGV[2] .. '|' .. ARGV[5 + n]
+  local bound = tonumber(ARGV[6 + n])
+  local over = ARGV[7 + n] == '1'
+  local first = 8 + n
+  local size = redis.call('HLEN', key)
+  if size + #ARGV - first + 1 > bound then
+    local pruned = tonumber(redis.call('HGET', key, '!pruned')) or 0
+    if at - pruned > window / 10 then
+      local all = redis.call('HGETALL', key)
+      for i = 1, #all, 2 do
+        local t = tonumber(string.match(all[i + 1], '^(%d+)'))
+        if t == nil or at - t >= window then redis.call('HDEL', key, all[i]) end
+      end
+      redis.call('HSET', key, '!pruned', ARGV[2])
+      size = redis.call('HLEN', key)
+    end
+  end
+  for i = first, #ARGV do
+    local field = kind .. ARGV[i]
+    if redis.call('HSET', key, field, value) == 1 then
+      size = size + 1
+      if size > bound then
+        redis.call('HDEL', key, field)
+        size = size - 1
+        over = true
+      end
+    end
+  end
+  if over then redis.call('HSET', key, '!over', value) end
+  redis.call('PEXPIRE', key, ARGV[1])
+end
 return 1
 """
 
-# KEYS as _RECORD's. Reply: {principal fields and values, run fields and values (empty without KEYS[2])}.
+# KEYS as _RECORD's (the provenance hash last, when ARGV[2..] names fields). ARGV[1]: "2" with a run scope,
+# else "1"; ARGV[2..]: the provenance fields to look up. Reply: {principal fields and values, run fields and
+# values (empty without a run scope), the looked-up values (nil when absent)}.
 _READ = """
 local run = {}
-if #KEYS > 1 then run = redis.call('HGETALL', KEYS[2]) end
-return {redis.call('HGETALL', KEYS[1]), run}
+if ARGV[1] == '2' then run = redis.call('HGETALL', KEYS[2]) end
+local found = {}
+if #ARGV > 1 then found = redis.call('HMGET', KEYS[#KEYS], unpack(ARGV, 2)) end
+return {redis.call('HGETALL', KEYS[1]), run, found}
 """
 
 
@@ -81,14 +140,18 @@ class FlowState:
     principal: tuple[Seen, ...]
     run: tuple[Seen, ...] | None  # None: the call carries no run id
     window_s: int
+    provenance: tuple[Mapping[str, Any], ...] | None = None  # None: the tool names no sink arguments
 
     def policy_input(self) -> dict[str, Any]:
         """``input.flow`` (schemas/opa-input.schema.json)."""
         scopes = [self.principal] + ([self.run] if self.run is not None else [])
-        return {"labels": sorted({s.label for scope in scopes for s in scope}),
-                "principal": _scope(self.principal),
-                "run": _scope(self.run) if self.run is not None else None,
-                "window_s": self.window_s}
+        document = {"labels": sorted({s.label for scope in scopes for s in scope}),
+                    "principal": _scope(self.principal),
+                    "run": _scope(self.run) if self.run is not None else None,
+                    "window_s": self.window_s}
+        if self.provenance is not None:
+            document["provenance"] = [dict(entry) for entry in self.provenance]
+        return document
 
 
 def _scope(seen: Sequence[Seen]) -> dict[str, Any]:
@@ -115,11 +178,15 @@ def parse_scope(raw: Sequence[Any], *, now_ms: int, window_ms: int) -> tuple[See
 class FlowLedger:
     """Records and reads the flow labels of callers (one instance per process)."""
 
-    def __init__(self, redis: Any, *, prefix: str, window_s: int, read_for: str = "external_sinks") -> None:
+    def __init__(self, redis: Any, *, prefix: str, window_s: int, read_for: str = "external_sinks",
+                 fingerprint_key: bytes | None = None, provenance_max_values: int = 4096) -> None:
         self._prefix = prefix
         self._window_s = window_s
         self._window_ms = window_s * 1000
         self._every_call = read_for == "every_call"
+        # a process without the MAC key's derived key (a unit test) still fingerprints, under a key of its own
+        self._fingerprints = provenance.Fingerprints(fingerprint_key or secrets.token_bytes(32))
+        self._max_values = provenance_max_values
         self._record = store.script(redis, "flow.record", _RECORD)
         self._read = store.script(redis, "flow.read", _READ)
 
@@ -135,19 +202,39 @@ class FlowLedger:
             keys.append(store.key(self._prefix, "flowrun", caller.tenant, _digest(f"{who}\x00{run_id}")))
         return keys
 
-    def wanted(self, tool: ToolContract) -> bool:
-        """Whether this call's decision reads the labels (``flow.read_for``)."""
-        return self._every_call or tool.flow_sink == "external"
+    def provenance_key(self, caller: Caller) -> str:
+        """The principal's value fingerprints (provenance.py): the tenant's hash tag, so the flow keys' slot."""
+        return store.key(self._prefix, "prov", caller.tenant, _digest(f"{caller.agent}\x00{caller.subject}"))
 
-    async def read(self, caller: Caller, run_id: str | None, *, now_ms: int) -> FlowState:
-        """Both scopes, one command; a store fault refuses the call (nothing was sent)."""
+    def wanted(self, tool: ToolContract) -> bool:
+        """Whether this call's decision reads the labels (``flow.read_for``; a tool naming sink arguments
+        always: its provenance is read in the same command)."""
+        return self._every_call or tool.flow_sink == "external" or bool(tool.flow_sink_arguments)
+
+    async def read(self, caller: Caller, run_id: str | None, *, now_ms: int, tool: ToolContract | None = None,
+                   arguments: Mapping[str, Any] | None = None,
+                   task: provenance.TaskContext | None = None) -> FlowState:
+        """Both scopes and, for a ``tool`` naming sink arguments, the provenance of their values in
+        ``arguments``: one command; a store fault refuses the call (nothing was sent)."""
         keys = self.keys(caller, run_id)
+        scopes = str(len(keys))
+        values: tuple[provenance.SinkValue, ...] = ()
+        truncated = False
+        fields: list[str] = []
+        if tool is not None and tool.flow_sink_arguments:
+            values, truncated = provenance.sink_values(arguments or {}, tool.flow_sink_arguments)
+            fields = provenance.lookup_fields(values, self._fingerprints)
+            keys = [*keys, self.provenance_key(caller)]
         with store.unavailable_on_fault("The state store is unreachable; the call's data-flow context cannot be "
                                         "read, nothing was sent.", phase="authorize"):
-            principal, run = await store.redis_call(self._read(keys=keys, args=[]))
+            principal, run, found = await store.redis_call(self._read(keys=keys, args=[scopes, *fields]))
+        entries = None
+        if tool is not None and tool.flow_sink_arguments:
+            entries = tuple(provenance.entries(values, found, task=task, now_ms=now_ms, window_ms=self._window_ms,
+                                               truncated=truncated))
         return FlowState(principal=parse_scope(principal, now_ms=now_ms, window_ms=self._window_ms),
                          run=parse_scope(run, now_ms=now_ms, window_ms=self._window_ms) if run_id is not None
-                         else None, window_s=self._window_s)
+                         else None, window_s=self._window_s, provenance=entries)
 
     async def note(self, caller: Caller, run_id: str | None, labels: Sequence[str], source: str, *,
                    now_ms: int) -> None:
@@ -159,17 +246,27 @@ class FlowLedger:
             return
         with store.unavailable_on_fault("The state store is unreachable; the relayed message's data-flow "
                                         "label cannot be recorded.", phase="execute"):
-            await store.redis_call(self._record(keys=self.keys(caller, run_id), args=[self._window_ms, now_ms,
-                                                                                       *fields]))
+            await store.redis_call(self._record(keys=self.keys(caller, run_id),
+                                                args=[self._window_ms, now_ms, len(fields), *fields, ""]))
 
     def record_in(self, trip: store.RoundTrip, caller: Caller, run_id: str | None, tool: ToolContract, *,
-                  now_ms: int) -> None:
-        """Add the record of a call that returned output of a labelled tool to the commit's round trip."""
-        if not tool.flow_produces:
+                  now_ms: int, output: Any = None, call_id: Any = "") -> None:
+        """Add the record of a call that returned ``output`` of a labelled tool (or a trusted source) to the
+        commit's round trip: its labels, and the fingerprints of the output's tokens (provenance.py)."""
+        if not tool.flow_produces and not tool.flow_trusted_source:
             return
         fields = [f"{label}/{tool.name}" for label in tool.flow_produces]
-        trip.add(self._record, self.keys(caller, run_id), [self._window_ms, now_ms, *fields],
-                 lambda reply: _recorded(reply, tool))
+        keys = self.keys(caller, run_id)
+        args: list[Any] = [self._window_ms, now_ms, len(fields), *fields]
+        if tool.records_provenance and output is not None:
+            extracted = provenance.extract(output)
+            keys.append(self.provenance_key(caller))
+            args += ["t" if tool.flow_trusted_source else "u", f"{tool.name}|{str(call_id)[:128]}",
+                     self._max_values, "1" if extracted.overflow else "0",
+                     *(self._fingerprints.of(token) for token in extracted.tokens)]
+        else:
+            args.append("")
+        trip.add(self._record, keys, args, lambda reply: _recorded(reply, tool))
 
 
 def _recorded(reply: Any, tool: ToolContract) -> None:
@@ -187,4 +284,5 @@ def script_key_sets(prefix: str) -> Mapping[str, Sequence[Sequence[str]]]:
     who = f"agent\x00subject"
     keys = [store.key(prefix, "flow", "tenant", _digest(who)),
             store.key(prefix, "flowrun", "tenant", _digest(f"{who}\x00run"))]
+    keys.append(store.key(prefix, "prov", "tenant", _digest(who)))
     return {"flow.record": [keys], "flow.read": [keys]}

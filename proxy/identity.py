@@ -34,6 +34,7 @@ from jwt.exceptions import PyJWKError, PyJWKSetError, PyJWTError
 from .config import (AdminIdentityConfig, ConfigError, HeaderIdentityConfig, IdentityConfig, JwtConfig,
                      xfcc_range_problem)
 from .errors import ProxyError
+from .provenance import TaskContext, task_context_from
 
 log = logging.getLogger("toolproxy.identity")
 
@@ -56,6 +57,9 @@ class Caller:
     # jwt mode: the verified bearer token itself, which a token_exchange credential sends to its authorization
     # server as the subject token (proxy/credentials). Never in a record, a log or the policy's input.
     token: str = field(default="", repr=False, compare=False)
+    # What the user asked, from the token's claim or a header behind the hop proof (never from the call's
+    # arguments): values it names are trusted targets (proxy/provenance.py). Never in a record or a log.
+    task: TaskContext | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"subject": self.subject, "tenant": self.tenant, "roles": list(self.roles),
@@ -226,6 +230,18 @@ class JwtVerifier:
             raise _unauthorized()
         return subject, tenant, _string_list(claims.get(config.claim_roles)), \
             _string_list(claims.get(config.claim_scopes))
+
+
+def _task_header(headers: Mapping[str, str], config: IdentityConfig) -> TaskContext | None:
+    """The task context header (headers mode: checked by the hop proof with the identity headers; static
+    mode: believed as static mode believes everything): JSON {text, values}, or the task's text."""
+    text = single_header(headers, config.task_context_header).strip()
+    if text.startswith("{"):
+        try:
+            return task_context_from(json.loads(text))
+        except (ValueError, RecursionError):
+            return None
+    return task_context_from(text)
 
 
 def _person(claims: Mapping[str, Any], claim: str) -> str:
@@ -405,7 +421,8 @@ class Authenticator:
             if tenant is None:
                 raise _unauthorized()
             return Caller(subject=subject, tenant=tenant, roles=roles, scopes=scopes, agent=self._agent,
-                          source="jwt", person=_person(claims, config.person_claim), token=token)
+                          source="jwt", person=_person(claims, config.person_claim), token=token,
+                          task=task_context_from(claims.get(config.task_context_claim)))
         if config.mode == "headers":
             assert self._hop is not None
             self._hop.check(headers, peer)
@@ -416,12 +433,13 @@ class Authenticator:
                 raise _unauthorized()
             return Caller(subject=subject, tenant=tenant, roles=_string_list(single_header(headers, names.roles)),
                           scopes=_string_list(single_header(headers, names.scopes)), agent=self._agent,
-                          source="headers", person=subject.lower())
+                          source="headers", person=subject.lower(), task=_task_header(headers, config))
         if not config.static_subject or not config.static_tenant:
             raise _unauthorized("No trusted identity is configured.")
         return Caller(subject=config.static_subject, tenant=config.static_tenant,
                       roles=tuple(config.static_roles), scopes=tuple(config.static_scopes),
-                      agent=self._agent, source="static", person=config.static_subject.lower())
+                      agent=self._agent, source="static", person=config.static_subject.lower(),
+                      task=_task_header(headers, config))
 
     async def admin_console_roles(self, headers: Mapping[str, str]) -> tuple[AdminPrincipal, tuple[str, ...]]:
         """The console's sign-in check: the admin token and which of the admin API's roles

@@ -312,9 +312,11 @@ class Pipeline:
     def _record_flow_in(self, trip: RoundTrip, state: CallState, tool: ToolContract, env: Envelope) -> None:
         """The flow labels of an output that reached the model (a partial answer's committed items are pieces
         of that output), recorded in the commit's round trip."""
-        if self._flow is not None and tool.flow_produces and env.outcome in ("succeeded", "partial"):
+        if self._flow is not None and (tool.flow_produces or tool.flow_trusted_source) and \
+                env.outcome in ("succeeded", "partial"):
             self._flow.record_in(trip, state.caller, state.request.meta.run_id, tool,
-                                 now_ms=int(time.time() * 1000))
+                                 now_ms=int(time.time() * 1000), call_id=state.request.call_id,
+                                 output=state.result if state.result is not None else state.partial)
 
     async def _send_commit(self, trip: RoundTrip, release_after: Lease | None, write: RecordWrite) -> None:
         """The commit stage's round trip; then, for ``release_after``, the release its reply decides: a record
@@ -325,13 +327,16 @@ class Pipeline:
             release_after.release_in(then, unknown=not write.written)
             await then.send()
 
-    async def record_flow(self, caller: Caller, run_id: str | None, tool: ToolContract) -> None:
-        """A stored result of ``tool`` reached ``caller`` outside a call (an operation read): its labels count as
-        seen, as a call's do (an agent must not launder private data through ``GET /v1/operations``)."""
-        if self._flow is None or not tool.flow_produces:
+    async def record_flow(self, caller: Caller, run_id: str | None, tool: ToolContract, *, output: Any = None,
+                          call_id: str = "") -> None:
+        """A stored result of ``tool`` reached ``caller`` outside a call (an operation read): its labels and its
+        values' provenance count as seen, as a call's do (an agent must not launder private data, or an
+        attacker's target, through ``GET /v1/operations``)."""
+        if self._flow is None or not (tool.flow_produces or tool.flow_trusted_source):
             return
         trip = RoundTrip(self._redis)
-        self._flow.record_in(trip, caller, run_id, tool, now_ms=int(time.time() * 1000))
+        self._flow.record_in(trip, caller, run_id, tool, now_ms=int(time.time() * 1000), output=output,
+                             call_id=call_id)
         with unavailable_on_fault("The state store is unreachable; the result is not shown unrecorded.",
                                   phase="request"):
             await trip.send()

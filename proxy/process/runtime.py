@@ -286,7 +286,8 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                       channel=key(config.redis.key_prefix, "cancel", "all"))
         cancellations.status_query = reconciler.query_status
         flow = FlowLedger(redis, prefix=config.redis.key_prefix, window_s=config.flow.window_s,
-                          read_for=config.flow.read_for)
+                          read_for=config.flow.read_for, fingerprint_key=mac.derived_key("provenance"),
+                          provenance_max_values=config.flow.provenance_max_values)
         pipeline = Pipeline(config=config, registry=registry, adapters=adapters, metrics=metrics, audit=audit,
                             unknowns=unknowns, authorizer=Authorizer(policy, approvals, denials, flow),
                             idempotency=idempotency,

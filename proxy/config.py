@@ -190,13 +190,15 @@ class CredentialConfig:
             self._check_token_endpoint(where)
         if self.kind.startswith("mcp_"):
             self._check_mcp_client(where)
+        self._check_tls(where)
+        if self.header and not _header_name(self.header):
+            raise ConfigError(f"{where}.header: {self.header!r} is not an HTTP header name")
+
+    def _check_tls(self, where: str) -> None:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError(f"{where}.tls_cert_file and tls_key_file go together (mutual TLS needs both)")
         if self.kind == "tls" and not (self.tls_cert_file or self.tls_ca_file):
             raise ConfigError(f"{where}: kind tls needs tls_cert_file and tls_key_file, or tls_ca_file")
-        if self.header and (not self.header.isascii() or ":" in self.header or not self.header.strip()
-                            or any(c in self.header for c in " \t\r\n")):
-            raise ConfigError(f"{where}.header: {self.header!r} is not an HTTP header name")
 
     def _check_token_endpoint(self, where: str) -> None:
         parts = urllib.parse.urlsplit(self.token_url)
@@ -229,6 +231,11 @@ class CredentialConfig:
             raise ConfigError(f"{where}.private_key_file: client_auth private_key_jwt needs it")
         if self.client_auth != "private_key_jwt" and not self.client_secret_file:
             raise ConfigError(f"{where}.client_secret_file: client_auth {self.client_auth} needs it")
+
+
+def _header_name(name: str) -> bool:
+    """ASCII, no colon, no whitespace anywhere (a header name no HTTP library would refuse to send)."""
+    return name.isascii() and ":" not in name and name.strip() != "" and not any(c in name for c in " \t\r\n")
 
 
 def _loopback(host: str) -> bool:

@@ -230,8 +230,30 @@ async def _revocations(runtime: Any, session: Any, admin_url: str, agent_url: st
     return 0
 
 
-async def run(args: argparse.Namespace) -> int:
+async def _drive(args: argparse.Namespace, runtime: Any, grant: str, admin_url: str, agent_url: str) -> int:
+    """What the scenario asks of the running proxy: connect the user (authorization code), call, connect again
+    when the agent is asked to, then (``--then-revoke``) the grant's ends. 0 when the calls succeeded."""
     import aiohttp
+
+    # the browser keeps the connection's cookie (set for 127.0.0.1: an address, hence ``unsafe``)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120),
+                                     cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
+        if grant == "authorization_code" and not await _connect(session, admin_url):
+            return 1
+        arguments = json.loads(args.arguments)
+        envelope = await _call(session, agent_url, arguments, args.calls)
+        code = (envelope.get("error") or {}).get("code")
+        if code == "user_grant_required" and grant == "authorization_code":
+            # the agent asks the user to connect (here: for the scope the upstream asked for), then calls again
+            if not await _connect(session, admin_url):
+                return 1
+            envelope = await _call(session, agent_url, arguments)
+        if envelope.get("outcome") == "succeeded" and args.then_revoke and grant == "authorization_code":
+            return await _revocations(runtime, session, admin_url, agent_url, arguments)
+        return 0 if envelope.get("outcome") == "succeeded" else 1
+
+
+async def run(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from ..config import ConfigError, load_config
@@ -268,22 +290,7 @@ async def run(args: argparse.Namespace) -> int:
                 await runner.setup()
                 await web.SockSite(runner, sock).start()
                 runners.append(runner)
-            # the browser keeps the connection's cookie (set for 127.0.0.1: an address, hence ``unsafe``)
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120),
-                                             cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
-                if grant == "authorization_code" and not await _connect(session, admin_url):
-                    return 1
-                arguments = json.loads(args.arguments)
-                envelope = await _call(session, agent_url, arguments, args.calls)
-                code = (envelope.get("error") or {}).get("code")
-                if code == "user_grant_required" and grant == "authorization_code":
-                    # the agent asks the user to connect (here: for the scope the upstream asked for), then calls again
-                    if not await _connect(session, admin_url):
-                        return 1
-                    envelope = await _call(session, agent_url, arguments)
-                if envelope.get("outcome") == "succeeded" and args.then_revoke and grant == "authorization_code":
-                    return await _revocations(runtime, session, admin_url, agent_url, arguments)
-                return 0 if envelope.get("outcome") == "succeeded" else 1
+            return await _drive(args, runtime, grant, admin_url, agent_url)
         finally:
             for runner in runners:
                 await runner.cleanup()

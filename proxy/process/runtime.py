@@ -181,15 +181,7 @@ def check_services(registry: Registry, services: Mapping[str, str]) -> None:
 async def create_runtime(config: Config, registry: Registry | None = None) -> Runtime:
     """Open everything the process shares. If any step fails, what was already opened is closed
     again (no unclosed session or pool, no reconciler left running) and the error goes on."""
-    check_key_layout(config)
-    try:
-        mac = RecordMac.from_file(config.integrity.mac_key_file)
-    except IntegrityKeyError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        read_token(config.opa.token_file)  # read again by the OPA clients; a bad file stops start-up here
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    mac = _check_files(config)
     call_tokens = load_call_tokens(config.call_tokens)
     registry = LiveRegistry(registry or load_registry(config.registry.paths))
     check_references(registry, config.credentials, config.backends.services)
@@ -355,11 +347,32 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                           mcp_credentials=mcp_credentials,
                           user_grants=mcp_credentials.user_grants if mcp_credentials is not None else None)
         opened.pop_all()  # from here on Runtime.close() closes them
-    eviction.log_startup_warnings()  # after any refusal could have come: a refusal stays one line
+    _warn_once_up(config, eviction, mac)
+    return runtime
+
+
+def _check_files(config: Config) -> RecordMac:
+    """What start-up reads before opening anything: the Lua scripts' key layout, the record MAC key and the OPA
+    token file. A bad one stops start-up in one line; the MAC key is returned."""
+    check_key_layout(config)
+    try:
+        mac = RecordMac.from_file(config.integrity.mac_key_file)
+    except IntegrityKeyError as exc:
+        raise ConfigError(str(exc)) from None
+    try:
+        read_token(config.opa.token_file)  # read again by the OPA clients; a bad file stops start-up here
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return mac
+
+
+def _warn_once_up(config: Config, eviction: EvictionWatch, mac: RecordMac) -> None:
+    """The warnings said once the process is up, after any refusal could have come: a start-up failure stays
+    one line."""
+    eviction.log_startup_warnings()
     warning = self_approval_warning(config.identity, config.admin_identity)
-    if warning:  # said once the process is up (a start-up failure stays one line)
+    if warning:
         log.warning("%s", warning)
-    if mac.ephemeral:  # said once the process is up (a start-up failure stays one line)
+    if mac.ephemeral:
         log.warning("integrity.mac_key_file is not set: records are signed with a key of this process only, so "
                     "approvals and outcomes written by any other process (or before a restart) are refused")
-    return runtime

@@ -13,3 +13,9 @@ DEMO_REGISTRY = REPO / "examples" / "registry"
 def parsed(path: Path) -> ast.Module:
     """``path``'s syntax tree (shared between the checks: they only read it)."""
     return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def setup_scripts() -> str:
+    """``scripts/setup.sh`` and the tool families it sources (``scripts/setup/*.sh``), as one text."""
+    paths = [REPO / "scripts" / "setup.sh", *sorted((REPO / "scripts" / "setup").glob("*.sh"))]
+    return "\n".join(path.read_text(encoding="utf-8") for path in paths)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import re
 
-from tests.unit import REPO
+from tests.unit import REPO, setup_scripts
 
-SETUP = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
+SETUP = setup_scripts()
 PATCH = (REPO / "scripts" / "jaeger-slim.patch").read_text(encoding="utf-8")
 TRACES = (REPO / "tests" / "support" / "traces.py").read_text(encoding="utf-8")
 

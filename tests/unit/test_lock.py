@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import re
 
-from tests.unit import REPO
+from tests.unit import REPO, setup_scripts
 
 _spec = importlib.util.spec_from_file_location("check_lock", REPO / "scripts" / "check_lock.py")
 check_lock = importlib.util.module_from_spec(_spec)
@@ -45,7 +45,7 @@ def test_the_lock_is_refreshed_with_the_options_setup_installs_it_with():
     for option in ("--generate-hashes", "--allow-unsafe", "--extra=test", "--build-deps-for=editable",
                    "--strip-extras"):
         assert option in header and option.replace("=", " ") in script, option
-    setup = (REPO / "scripts" / "setup.sh").read_text(encoding="utf-8")
+    setup = setup_scripts()
     assert '--require-hashes -r "$LOCK"' in setup and "--no-deps --no-build-isolation -e" in setup
     assert "check_lock.py\" --installed" in setup
     assert "npm ci" in setup

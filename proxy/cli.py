@@ -217,28 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .authoring.operator_resolve import resolve
         return resolve(args.admin_url, args.key, args.outcome, args.evidence, args.result)
     if args.command == "egress-rules":
-        return egress_rules(args)
+        from .guard.egress_rules import run as run_egress_rules
+        return run_egress_rules(args)
     return 2
-
-
-def egress_rules(args: argparse.Namespace) -> int:
-    from .guard import egress_rules as rules
-    try:
-        bad = [uid for uid in args.uid if not 0 < uid < 2 ** 32]
-        if bad:
-            raise ConfigError(f"egress-rules: --uid {bad[0]} is not a non-root UID")
-        port = args.agent_port or load_config(args.config).listen.port
-        script = rules.nft_script(args.uid, port, [rules.Allowed.parse(item) for item in args.allow], args.dns)
-        if args.apply:
-            rules.apply(script)
-            print(f"toolproxy: egress guard installed (UID {', '.join(map(str, args.uid))} unrestricted)",
-                  file=sys.stderr)
-        else:
-            sys.stdout.write(script)
-    except ConfigError as exc:
-        print(f"toolproxy: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _registry_or_report(paths: Sequence[str]) -> Registry | None:

@@ -16,18 +16,21 @@ a peer has more addresses than any list resolved at start holds (a Service's Clu
 IPs; a CNI that translates the ClusterIP at ``connect()`` never shows it at all), and they change as pods
 come and go. An allow-list of what the agent needs is short and written by hand; nothing in it is resolved.
 
-Owns: the nft script and loading it. Must never: resolve a name (an allow-list entry is an address or a
+Owns: the nft script, loading it, and the ``toolproxy egress-rules`` command that does both (the arguments
+are parsed in ``proxy/cli.py``). Must never: resolve a name (an allow-list entry is an address or a
 network), allow a root UID through, or leave a path out silently.
 """
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import subprocess
+import sys
 from dataclasses import dataclass
 from typing import Iterable, Sequence
 
-from ..config import ConfigError
+from ..config import ConfigError, load_config
 
 TABLE = "toolproxy_egress"
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -105,3 +108,23 @@ def apply(script: str, nft: str = "nft") -> None:
     if result.returncode != 0:
         message = " ".join(result.stderr.split())[:300]
         raise ConfigError(f"egress-rules --apply: nft refused the rules: {message}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``toolproxy egress-rules``: print the script, or load it (``--apply``); a bad argument is one line, exit 1."""
+    try:
+        bad = [uid for uid in args.uid if not 0 < uid < 2 ** 32]
+        if bad:
+            raise ConfigError(f"egress-rules: --uid {bad[0]} is not a non-root UID")
+        port = args.agent_port or load_config(args.config).listen.port
+        script = nft_script(args.uid, port, [Allowed.parse(item) for item in args.allow], args.dns)
+        if args.apply:
+            apply(script)
+            print(f"toolproxy: egress guard installed (UID {', '.join(map(str, args.uid))} unrestricted)",
+                  file=sys.stderr)
+        else:
+            sys.stdout.write(script)
+    except ConfigError as exc:
+        print(f"toolproxy: {exc}", file=sys.stderr)
+        return 1
+    return 0

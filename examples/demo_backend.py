@@ -40,6 +40,9 @@ proxy's HTTP adapter speaks:
 * ``transfer_project`` is a compare-and-swap: it applies only if the project still has
   ``expected_owner`` (the contract's ``state_guard``; the proxy forwards it as ``If-Match``
   too), else 412 ``state_changed`` with nothing applied.
+* ``rename_project`` names a project; it honours ``If-Match: "<version>"`` (the project's version, as
+  ``get_project`` reads it): another version is 412 ``state_changed`` with nothing applied. A rename moves
+  the version on, as a transfer does.
 * ``release_reservation`` is ``reserve_inventory``'s compensation: it gives the
   reserved units back, once (``already_released`` after that).
 * Fencing: write tools remember, per resource key (``order:ord_1001``), the
@@ -379,6 +382,7 @@ class Call:
     idempotency_key: str | None
     call_id: str | None
     resources: list[str]
+    if_match: str | None = None     # the request's If-Match header (rename_project honours it)
     stop_after: int | None = None   # send_notices under stop_halfway: items applied before it stops
     finish_after_ms: int = 0        # ...and when the rest is applied in the background (0: never)
 
@@ -576,6 +580,22 @@ async def transfer_project(call: Call) -> dict[str, Any]:
     return {"project_id": project_id, "owner": project["owner"], "version": project["version"]}
 
 
+async def rename_project(call: Call) -> dict[str, Any]:
+    """Name a project, only in the version the caller names in ``If-Match`` (when it names one): an entity
+    tag the backend honours. A project whose version moved on is 412 ``state_changed``, nothing applied."""
+    project_id = call.args["project_id"]
+    project = call.state.projects.get(project_id)
+    if project is None or (call.tenant is not None and project["tenant"] != call.tenant):
+        raise BackendError(404, "project_not_found", f"no project {project_id}", field="project_id")
+    if call.if_match is not None and call.if_match != f'"{project["version"]}"':
+        raise BackendError(412, "state_changed", "the project is not in the version expected")
+    call.fence()
+    project["name"] = call.args["name"]
+    project["version"] += 1
+    call.record_effect()
+    return {"project_id": project_id, "name": project["name"], "version": project["version"]}
+
+
 class PartiallyApplied(Exception):
     """A multi-item tool stopped with some items applied: answered 207 ``{"state": "partial", ...}``."""
 
@@ -682,6 +702,9 @@ TOOLS: dict[str, ToolSpec] = {
     "transfer_project": ToolSpec(transfer_project, True, {
         "project_id": _string(r"^prj_[A-Za-z0-9]+$", max_len=64), "to_owner": _string(max_len=64),
         "expected_owner": _string(max_len=64)}, ("project:{project_id}",)),
+    "rename_project": ToolSpec(rename_project, True, {
+        "project_id": _string(r"^prj_[A-Za-z0-9]+$", max_len=64), "name": _string(max_len=100)},
+        ("project:{project_id}",)),
 }
 
 
@@ -837,7 +860,8 @@ async def _handle_tool(request: web.Request, state: DemoState, tool: str,
             call = Call(state=state, tool=tool, args=args,
                         tenant=request[CALL_TOKEN].tenant,
                         fencing_token=token if spec.writes else None, idempotency_key=key,
-                        call_id=call_id, resources=_resource_keys(spec, args))
+                        call_id=call_id, resources=_resource_keys(spec, args),
+                        if_match=request.headers.get("If-Match"))
             if mode == "stop_halfway":
                 call.stop_after = max(1, len(args.get("recipients") or ()) // 2)
                 call.finish_after_ms = fault.delay_ms

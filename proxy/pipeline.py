@@ -28,7 +28,7 @@ from . import output_filter, read_after_write
 from .envelope import Envelope, Timing, with_summary
 from .flow import FlowLedger
 from .output_filter import NO_POLICY
-from .state_guard import carry_if_match
+from .state_guard import carry_if_match, entity_tag
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .idempotency import (NO_RECORD, Admission, IdempotencyStage, OperationKey, RecordWrite, ReplayedError,
@@ -67,6 +67,10 @@ class CallState:
     quota: Ticket = NO_TICKET                 # the quota stage's slots and back-pressure facts
     replayed: bool = False
     fencing_token: int | None = None
+    # a state_guard that reads the state and names no argument: the state the decision was made on (canonical
+    # JSON), compared under the lock right before sending, and its entity tag when the backend honours If-Match
+    decided_state: bytes | None = None
+    decided_tag: str | None = None
     lease: Lease | None = None                # held locks: released by the commit stage (or on cancellation)
     phase: str = "resolve"
     sent: bool = False
@@ -258,7 +262,8 @@ class Pipeline:
         if span is not None:
             span.leave("commit")
         log.debug("tool call finished: tool=%s outcome=%s code=%s duration_ms=%s",
-                  state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none", env.timing["duration_ms"])
+                  state.tool.name if state.tool else "unknown", env.outcome, env.error_code or "none",
+                  env.timing["duration_ms"])
 
     async def _takeover_raised(self, tool: ToolContract, key: str) -> None:
         """A write its independent read contradicted went to a person: counted and audited like a takeover the
@@ -451,6 +456,8 @@ class Pipeline:
             state.approval_id = auth.approval_id
             if auth.error is not None:
                 raise auth.error
+            if tool.state_at:  # the state this decision was made on: checked again under the lock before sending
+                await self._capture_state(state, tool, normalized)
         return auth
 
     async def _reserve(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
@@ -628,26 +635,51 @@ class Pipeline:
         return verify_output(target, (await self._adapters[target.backend.type].call(call)).data)
 
     async def _read_before_send(self, state: CallState, read: read_after_write.VerifyRead,
-                                normalized: NormalizedCall, label: str, what: str) -> Any:
-        """A contract's read right before sending (the guarded state, the owner); one that fails is
+                                normalized: NormalizedCall, label: str, what: str, *, phase: str = "execute") -> Any:
+        """A contract's read before sending (the guarded state, the owner); one that fails is
         ``dependency_unavailable`` with nothing sent."""
         try:
             return await self._read_for(state, read, normalized.arguments, None, suffix=label.partition("_")[0])
         except ProxyError as failed:
             raise ProxyError("dependency_unavailable", f"{what} could not be read; nothing was sent. Retry with "
                              "the same key.", details={label: f"{read.tool}@{read.version}", "read_error": failed.code},
-                             phase="execute", attempted=False, committed=False) from None
+                             phase=phase, attempted=False, committed=False) from None
+
+    async def _capture_state(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
+        """The guarded state as the decision saw it, read right after the decision allowed the call (a
+        ``state_guard`` with a read and no argument): kept on the call for ``_check_state``, and sent as
+        ``If-Match`` where the contract says the backend honours it. A read without that state (or, for
+        ``If-Match``, one that cannot be an entity tag) is ``dependency_unavailable``: nothing is sent."""
+        read = tool.state_read
+        what = "The state this write depends on"
+        observed = await self._read_before_send(state, read, normalized, "state_read", what, phase="authorize")
+        value = read_after_write.pointed(observed, tool.state_at)
+        tag = entity_tag(value) if tool.state_if_match else None
+        if value is read_after_write.MISSING or (tool.state_if_match and tag is None):
+            raise ProxyError("dependency_unavailable", f"{what} is not in the read's answer; nothing was sent.",
+                             details={"state_read": f"{read.tool}@{read.version}", "state": tool.state_at},
+                             phase="authorize", attempted=False, committed=False)
+        state.decided_state, state.decided_tag = canonical_json(value), tag
 
     async def _check_state(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
         """The guarded state, read again under the write's lock right before sending: a resource that changed
-        (hands, version) since the decision is refused with ``state_changed``, and nothing is sent."""
+        (hands, version) since the decision is refused with ``state_changed``, and nothing is sent. It is
+        compared with the guard argument, or without one with the state captured at the decision."""
         read = tool.state_read
         observed = await self._read_before_send(state, read, normalized, "state_read",
                                                 "The state this write depends on")
-        if read_after_write.differences(read, arguments=normalized.arguments, result=None, observed=observed):
+        if tool.state_at:
+            now = read_after_write.pointed(observed, tool.state_at)
+            changed = now is read_after_write.MISSING or canonical_json(now) != state.decided_state
+            where = {"state": tool.state_at}
+        else:
+            changed = bool(read_after_write.differences(read, arguments=normalized.arguments, result=None,
+                                                        observed=observed))
+            where = {"field": tool.state_guard}
+        if changed:
             raise ProxyError("state_changed", "The resource is no longer in the state this write was decided "
-                             f"on ({tool.state_guard}); nothing was sent. Read it again before deciding.",
-                             details={"field": tool.state_guard, "state_read": f"{read.tool}@{read.version}"},
+                             f"on ({next(iter(where.values()))}); nothing was sent. Read it again before deciding.",
+                             details={**where, "state_read": f"{read.tool}@{read.version}"},
                              phase="execute", attempted=False, committed=False)
 
     async def _check_owner(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
@@ -709,7 +741,7 @@ class Pipeline:
             tenant=state.caller.tenant, agent=state.caller.agent,
             idempotency_key=state.idempotency_key, fencing_token=state.fencing_token,
             args_hash=normalized.args_hash, decision_id=state.policy.decision_id if state.policy else None,
-            approval_id=state.approval_id, caller_token=state.caller.token)
+            approval_id=state.approval_id, caller_token=state.caller.token, captured_if_match=state.decided_tag)
 
     def _stage(self, state: CallState, name: str) -> "_Stage":
         return _Stage(state, name)

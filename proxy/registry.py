@@ -153,6 +153,11 @@ class ToolContract:
     # the read of the guarded state under the write's lock, right before sending (expect: its pointer -> the
     # guard argument); None: only the backend checks the state (If-Match)
     state_read: VerifyRead | None = None
+    # a state_guard without an argument: the pointer into state_read's result to the state captured when the
+    # call is decided and compared under the lock (``state_if_match``: it is the backend's entity tag, sent as
+    # If-Match); "" with an argument, which states the expected state itself
+    state_at: str = ""
+    state_if_match: bool = False
     ownership_read: VerifyRead | None = None  # the owning tenant's read at the call (``owner_at``: where it is)
     owner_at: str = ""  # ownership_read's pointer into the read's result: the owning tenant
     flow_produces: tuple[str, ...] = ()  # labels its output brings into the agent's context (proxy/flow.py)
@@ -499,9 +504,11 @@ def unchecked_state(registry: "Registry") -> list[str]:
     a resource that changed hands or state between the decision and the write is written anyway, unless the
     backend checks it itself. ``check-registry`` warns about each."""
     return [f"{tool.name} {tool.version} ({tool.source}): its resources' state is not checked at the write: "
-            f"declare state_guard (an argument the backend honours as If-Match, and a read the proxy runs under "
-            f"the lock right before sending) unless the backend checks ownership and state itself"
+            f"declare state_guard (a read of the state the proxy captures at the decision and compares under the "
+            f"lock right before sending, or an argument the backend honours as If-Match, or both) unless the "
+            f"backend checks ownership and state itself"
             for tool in registry.all() if tool.callable and tool.is_write and tool.state_guard is None
+            and tool.state_read is None
             and any(r.access == "exclusive" for r in tool.resources)]
 
 
@@ -682,12 +689,12 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         quota=spec_from_registry(raw["quotas"]) if raw.get("quotas") else None,
         output_policy=output_policy,
         visible_output_schema=_freeze(output_filter.visible_schema(output_policy, output_schema)),
-        state_guard=guard["argument"] if guard is not None else None,
+        state_guard=(guard or {}).get("argument"),
         service_wide_reason=raw.get("service_wide_reason"),
         verify_read=read_after_write.from_registry(raw.get("verify_read")),
-        state_read=read_after_write.from_registry(
-            {**guard["read"], "expect": {guard["read"]["state"]: f"/arguments/{guard['argument']}"}})
-        if guard is not None and guard.get("read") else None,
+        state_read=_state_read(guard),
+        state_at=_captured_state_at(guard),
+        state_if_match=bool((guard or {}).get("if_match")),
         ownership_read=read_after_write.from_registry({**raw["ownership_read"], "expect": {}})
         if raw.get("ownership_read") else None,
         owner_at=(raw.get("ownership_read") or {}).get("tenant", ""),
@@ -712,9 +719,7 @@ def _check_filter_guard_readable(at: "_At", raw: Mapping[str, Any], output_polic
     found = output_filter.problems(output_policy, raw.get("outputSchema") or {})
     if found:
         raise at.error("output_filter", found[0])
-    guard = raw.get("state_guard")
-    if guard is not None and guard["argument"] not in (raw["inputSchema"].get("required") or []):
-        raise at.error("state_guard.argument", f"{guard['argument']!r} is not a required property of inputSchema")
+    _check_state_guard(at, raw)
     flow = raw.get("flow") or {}
     for index, path in enumerate(flow.get("sink_arguments", ())):
         problem = provenance.schema_problem(path, raw["inputSchema"])
@@ -729,6 +734,37 @@ def _check_filter_guard_readable(at: "_At", raw: Mapping[str, Any], output_polic
     readable = approval_context.readable_problems(raw.get("approver_may_read", []), raw.get("sensitive_fields", []))
     if readable:
         raise at.error("approver_may_read" + readable[0].partition(":")[0], readable[0].partition(": ")[2])
+
+
+def _check_state_guard(at: "_At", raw: Mapping[str, Any]) -> None:
+    """A guard argument is a required argument; a captured state sent as If-Match needs a read to capture it
+    and an HTTP backend to send it to (with an argument, the argument is what If-Match carries)."""
+    guard = raw.get("state_guard")
+    if guard is None:
+        return
+    argument = guard.get("argument")
+    if argument is not None and argument not in (raw["inputSchema"].get("required") or []):
+        raise at.error("state_guard.argument", f"{argument!r} is not a required property of inputSchema")
+    if guard.get("if_match") and (argument is not None or not guard.get("read")):
+        raise at.error("state_guard.if_match", "only a guard without an argument sends the state its read "
+                       "captured as If-Match (a guard argument is sent as If-Match already)")
+    if guard.get("if_match") and raw["backend"]["type"] != "http":
+        raise at.error("state_guard.if_match", "If-Match is an HTTP header: only an http backend receives it")
+
+
+def _captured_state_at(guard: Mapping[str, Any] | None) -> str:
+    """A guard without an argument: where its read's result holds the state captured at the decision."""
+    return guard["read"]["state"] if guard and guard.get("read") and "argument" not in guard else ""
+
+
+def _state_read(guard: Mapping[str, Any] | None) -> VerifyRead | None:
+    """The read of a guarded state: compared with the guard argument, or (without one) with what the same
+    read gave when the call was decided (no ``expect``)."""
+    if not guard or not guard.get("read"):
+        return None
+    read = guard["read"]
+    expect = {read["state"]: f"/arguments/{guard['argument']}"} if "argument" in guard else {}
+    return read_after_write.from_registry({**read, "expect": expect})
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,8 @@ Owns: how a call carries the state it expects — the contract's ``state_guard.a
 argument, so it is part of ``args_hash``, the operation key, the approval binding and OPA's input), which
 a caller may also send as an ``If-Match`` header: the proxy copies the header's entity tag into that
 argument before decoding (both given: they must agree) — and the ``If-Match`` value forwarded to the
-backend, which applies the write only if the state still holds.
+backend, which applies the write only if the state still holds: the argument, or for a guard without one
+the state its read captured when the call was decided (``entity_tag``; the pipeline runs the reads).
 
 Must never: evaluate the condition itself (only the backend knows the current state), let a header that
 names a state reach a tool whose contract declares no guard (refused: silently dropping a precondition
@@ -63,7 +64,11 @@ def if_match_tag(tool: ToolContract, arguments: Mapping[str, Any]) -> str | None
     name = tool.state_guard
     if name is None:
         return None
-    value = arguments.get(name)
+    return entity_tag(arguments.get(name))
+
+
+def entity_tag(value: Any) -> str | None:
+    """A state value as a strong entity tag (``"v7"``), or None when it cannot travel in a header."""
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return None
     text = str(value)

@@ -32,6 +32,19 @@ def _transfers(stack):
     return [r for r in stack.backend.requests if r["tool"] == "transfer_project"]
 
 
+async def while_transferred(stack, tool: str, arguments: dict, key: str):
+    """``tool``'s call made while a transfer of prj_1001 to mallory holds the project's lock at the backend: it
+    is decided, then waits for the lock, and the project has changed hands when it gets it. Its answer."""
+    await stack.fault("transfer_project", "slow", delay_ms=1500, count=1)
+    first = asyncio.create_task(stack.call("transfer_project", {**TRANSFER, "to_owner": "mallory"},
+                                           headers={"Idempotency-Key": "first-transfer"}))
+    await wait_until(lambda: _transfers(stack), timeout=10, what="the first transfer to hold the project's lock")
+    answer = await stack.call(tool, arguments, headers={"Idempotency-Key": key})
+    _, done = await first
+    assert done["outcome"] == "succeeded" and stack.backend.projects["prj_1001"]["owner"] == "mallory"
+    return answer
+
+
 async def test_the_expected_state_is_forwarded_and_a_current_one_applies(stack):
     status, env = await stack.call("transfer_project", TRANSFER)
     assert status == 200 and env["outcome"] == "succeeded", env
@@ -91,13 +104,7 @@ async def test_a_project_transferred_between_the_decision_and_the_write_is_refus
     """The proxy reads the guarded state itself (``state_guard.read``), under the project's lock, right before
     sending. Here the project changes hands after this call's decision, while it waits for the lock held by
     the write that transfers it: the read sees the new owner and nothing is sent."""
-    await stack.fault("transfer_project", "slow", delay_ms=600, count=1)
-    first = asyncio.create_task(stack.call("transfer_project", {**TRANSFER, "to_owner": "mallory"},
-                                           headers={"Idempotency-Key": "first-transfer"}))
-    await wait_until(lambda: _transfers(stack), timeout=10, what="the first transfer to hold the project's lock")
-    status, env = await stack.call("transfer_project", TRANSFER, headers={"Idempotency-Key": "second-transfer"})
-    _, done = await first
-    assert done["outcome"] == "succeeded" and stack.backend.projects["prj_1001"]["owner"] == "mallory"
+    status, env = await while_transferred(stack, "transfer_project", TRANSFER, "second-transfer")
 
     assert status == 412 and env["outcome"] == "failed", env
     assert env["error"]["code"] == "state_changed" and env["error"]["details"]["field"] == "expected_owner"
@@ -114,4 +121,60 @@ def test_check_registry_warns_about_writes_whose_state_nothing_checks(capsys):
     assert cli_main(["check-registry", str(DEMO_REGISTRY)]) == 0
     warned = [line for line in capsys.readouterr().out.splitlines() if "not checked at the write" in line]
     assert any(line.startswith("warning: refund_order 1.0.0") for line in warned), warned
-    assert not any("transfer_project" in line or "get_project" in line for line in warned)
+    assert not any(name in line for line in warned for name in ("transfer_project", "rename_project", "get_project"))
+
+
+RENAME = {"project_id": "prj_1001", "name": "Apollo"}
+
+
+def _renames(stack):
+    return [r for r in stack.backend.requests if r["tool"] == "rename_project"]
+
+
+async def test_a_state_captured_at_the_decision_is_checked_under_the_lock_and_sent_as_if_match(stack):
+    """``rename_project`` names no state in its arguments: its ``state_guard`` reads the project's version
+    right after the decision allows the call, and that version is what the write expects. It is sent as
+    ``If-Match``, which the demo backend honours."""
+    status, env = await stack.call("rename_project", RENAME)
+    assert status == 200 and env["outcome"] == "succeeded", env
+    assert _renames(stack)[0]["headers"]["If-Match"] == '"1"'
+    assert stack.backend.projects["prj_1001"]["name"] == "Apollo"
+    reads = [r for r in stack.backend.requests if r["tool"] == "get_project"]
+    assert len(reads) == 2  # at the decision, and under the lock right before sending
+
+
+async def test_a_project_transferred_after_the_decision_is_refused_unsent_without_a_guard_argument(stack):
+    """The project changes hands after the rename was allowed, while the rename waits for the project's lock
+    (held by the transfer): under the lock the version read differs from the one the decision saw, and the
+    rename is refused with nothing sent."""
+    status, env = await while_transferred(stack, "rename_project", RENAME, "rename-after")
+
+    assert status == 412 and env["outcome"] == "failed", env
+    assert env["error"]["code"] == "state_changed" and env["error"]["phase"] == "execute", env
+    assert env["error"]["details"] == {"state": "/version", "state_read": "get_project@1.0.0"}, env
+    assert env["side_effect"] == {"attempted": False, "committed": False}
+    assert not _renames(stack) and "name" not in stack.backend.projects["prj_1001"]
+    assert stack.backend.effect_counts().get("rename_project") is None
+    assert await stack.runtime.operations.get(env["idempotency_key"]) is None  # nothing sent: the key is free
+
+
+async def test_a_change_after_the_last_read_meets_the_captured_if_match_at_the_backend(stack):
+    """A change that lands after the read under the lock (here: while the rename is on its way) is the
+    backend's to catch: the version the decision saw travels as If-Match, and the stale write is refused."""
+    await stack.fault("rename_project", "slow", delay_ms=800, count=1)
+    call = asyncio.create_task(stack.call("rename_project", RENAME))
+    await wait_until(lambda: _renames(stack), timeout=10, what="the rename at the backend")
+    project = stack.backend.projects["prj_1001"]
+    project["owner"], project["version"] = "mallory", project["version"] + 1  # transferred outside the proxy
+    status, env = await call
+    assert env["outcome"] == "failed" and env["error"]["details"]["backend_status"] == 412, env
+    assert env["side_effect"] == {"attempted": True, "committed": False}
+    assert "name" not in project and stack.backend.effect_counts().get("rename_project") is None
+
+
+async def test_a_captured_state_the_read_cannot_give_sends_nothing(stack):
+    await stack.fault("get_project", "http_500", count=1)  # the read at the decision fails
+    _, env = await stack.call("rename_project", RENAME)
+    assert env["error"]["code"] == "dependency_unavailable" and env["error"]["phase"] == "authorize", env
+    assert env["error"]["details"]["state_read"] == "get_project@1.0.0" and env["error"]["details"]["read_error"]
+    assert env["side_effect"] == {"attempted": False, "committed": False} and not _renames(stack)

@@ -79,6 +79,9 @@ class BackendCall:
     tracestate: str | None = None       # W3C tracestate forwarded beside traceparent (the caller's, if any)
     # jwt mode: the caller's verified token, for a token_exchange credential (never logged or recorded)
     caller_token: str = field(default="", repr=False)
+    # the entity tag of the state the decision was made on (a state_guard with a read, no argument, and
+    # if_match): sent as If-Match
+    captured_if_match: str | None = None
 
 
 @dataclass(frozen=True)

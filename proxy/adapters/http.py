@@ -214,7 +214,7 @@ def forwarded_headers(call: BackendCall, token: str) -> dict[str, str]:
         headers["Idempotency-Key"] = call.idempotency_key
     if call.fencing_token is not None:
         headers["X-Fencing-Token"] = str(call.fencing_token)
-    expected = if_match_tag(call.tool, call.arguments)
+    expected = if_match_tag(call.tool, call.arguments) or call.captured_if_match
     if expected is not None:
         headers["If-Match"] = expected
     return headers

@@ -28,6 +28,7 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
     "release_reservation": {"reservation_id": "rsv_seed1", "sku": "sku_gizmo", "quantity": 1},
     "generate_report": {"title": "weekly", "duration_ms": 20},
     "transfer_project": {"project_id": "prj_1001", "to_owner": "bob", "expected_owner": "dev-user"},
+    "rename_project": {"project_id": "prj_1001", "name": "Apollo"},
     "send_notices": {"recipients": ["usr_alice"], "message": "hello"},
 }
 

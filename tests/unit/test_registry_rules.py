@@ -93,3 +93,46 @@ def test_an_argument_typed_by_a_list_loads_and_records_show_it_only_when_every_t
     tool = load_registry([write(tmp_path, text)]).resolve("t1")
     assert "n" in tool.record_masked and "x" in tool.record_masked  # null or text: masked in records
     assert "k" not in tool.record_masked  # numbers only: kept
+
+
+WRITE_WITH_READ = TOOL + """
+  - name: w1
+    version: "1.0.0"
+    description: test write
+    mode: write
+    risk: write
+    inputSchema: {type: object, additionalProperties: false, required: [x, v], properties: {x: {type: string},
+                  v: {type: string}}}
+    outputSchema: {type: object}
+    resources: [{template: "thing:{x}", access: exclusive}]
+    idempotency: {required: true}
+    backend: {type: http, url: "http://127.0.0.1:1/w1"}
+    state_guard: GUARD
+"""
+READ_STATE = "{tool: t1, version: '1.0.0', arguments: {x: /arguments/x}, state: /version}"
+
+
+def test_a_state_guard_may_read_the_state_without_naming_an_argument(tmp_path):
+    text = WRITE_WITH_READ.replace("GUARD", f"{{read: {READ_STATE}, if_match: true}}")
+    write_tool = load_registry([write(tmp_path, text)]).resolve("w1")
+    assert write_tool.state_guard is None and write_tool.state_read is not None
+    assert (write_tool.state_at, write_tool.state_if_match) == ("/version", True)
+    assert write_tool.state_read.expect == ()  # compared with what the decision saw, not with an argument
+    with_argument = load_registry([write(tmp_path, WRITE_WITH_READ.replace(
+        "GUARD", f"{{argument: v, read: {READ_STATE}}}"))]).resolve("w1")
+    assert with_argument.state_at == "" and with_argument.state_read.expect == (("/version", "/arguments/v"),)
+
+
+@pytest.mark.parametrize("guard, where", [
+    ("{}", "state_guard"),  # neither an argument nor a read
+    ("{argument: v, if_match: true}", "state_guard.if_match"),  # the argument is If-Match already
+    (f"{{read: {READ_STATE}, if_match: true}}|mcp", "state_guard.if_match"),  # If-Match is HTTP
+])
+def test_a_state_guard_that_cannot_be_honoured_is_refused(tmp_path, guard, where):
+    guard, _, backend = guard.partition("|")
+    text = WRITE_WITH_READ.replace("GUARD", guard)
+    if backend:
+        text = text.replace('backend: {type: http, url: "http://127.0.0.1:1/w1"}',
+                            'backend: {type: mcp, url: "http://127.0.0.1:1/mcp", tool: w1}')
+    with pytest.raises(RegistryError, match=where.replace(".", r"\.")):
+        load_registry([write(tmp_path, text)])

@@ -58,7 +58,7 @@ PROBE_BUSY_RETRY_S = 1.0
 
 # KEYS[1] state hash, KEYS[2] probe claim. ARGV[1] backend, ARGV[2] closed|paused|open, ARGV[3] ms from now,
 # ARGV[4] code, ARGV[5] channel. A pause never shortens a longer one already recorded. Reply: ms from now.
-_TRANSITION = """
+_TRANSITION = store.lua("backpressure.transition", """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local name, state, ms, code = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
@@ -78,10 +78,10 @@ end
 redis.call('DEL', KEYS[2])
 redis.call('PUBLISH', ARGV[5], name .. ' ' .. state .. ' ' .. string.format('%d', ms) .. ' ' .. code)
 return ms
-"""
+""")
 
 # KEYS[1] state hash. Reply: {now ms, field, value, field, value, ...}; paused entries that ran out are dropped.
-_SNAPSHOT = """
+_SNAPSHOT = store.lua("backpressure.snapshot", """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local out = {now}
@@ -96,7 +96,7 @@ for i = 1, #fields, 2 do
   end
 end
 return out
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,8 @@ class BackendGuard:
         self._hash = store.key(key_prefix, "bp", "bp")
         self._prefix = key_prefix
         self._channel = f"{key_prefix}:bp-events"
-        self._transition = redis.register_script(_TRANSITION)
-        self._snapshot = redis.register_script(_SNAPSHOT)
+        self._transition = store.script(redis, _TRANSITION)
+        self._snapshot = store.script(redis, _SNAPSHOT)
         self._backends: dict[str, _Backend] = {}
         self._listener = store.ChannelListener(redis, self._channel, self._apply_event,
                                                on_subscribed=self._subscribed, what="back-pressure channel", log=log)
@@ -221,11 +221,10 @@ class BackendGuard:
 
     async def _claim_probe(self, backend: str) -> bool:
         settings = self.settings(backend)
-        try:
-            return bool(await store.redis_call(self._redis.set(
-                self._probe_key(backend), secrets.token_hex(8), nx=True, px=int(settings.open_s * 1000))))
-        except store.StoreError:
-            return False  # cannot coordinate one probe: keep refusing (open is the safe state)
+        claimed = await store.degrade_on_fault(store.redis_call(self._redis.set(
+            self._probe_key(backend), secrets.token_hex(8), nx=True, px=int(settings.open_s * 1000))),
+            lambda _: False)  # cannot coordinate one probe: keep refusing (open is the safe state)
+        return bool(claimed)
 
     async def abandon_probe(self, backend: str) -> None:
         """The probe call never reached the backend (refused later, cancelled): let another call probe."""
@@ -294,14 +293,12 @@ class BackendGuard:
         """Apply locally at once, then share: one script records it and tells every replica."""
         ms = int(math.ceil(seconds * 1000))
         self._set(backend, state, ms, code)
-        try:
+        with store.logged_on_fault(log, "could not share the %s state of backend %s; this replica applies it alone",
+                                   state, backend):
             shared_ms = await asyncio.shield(self._transition(
                 keys=[self._hash, self._probe_key(backend)], args=[backend, state, ms, code, self._channel]))
             if state == "paused":
                 self._set(backend, state, int(shared_ms), code)  # a longer pause another replica recorded
-        except store.StoreError as exc:  # policy: fail open: this replica applies the state alone
-            log.warning("could not share the %s state of backend %s (%s); this replica applies it alone",
-                        state, backend, type(exc).__name__)
 
     def describe(self) -> list[dict[str, Any]]:
         """Every backend service this process knows: its state, how long it lasts, its window and settings."""

@@ -109,14 +109,9 @@ class EvictionWatch:
         An unreachable Redis is not refused here: readiness checks the policy once it answers. The warnings
         this check has (an unreadable policy, an accepted risk) wait for ``log_startup_warnings``: a later
         refusal of the start-up stays one line."""
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                verdict = await self._read()
-        except (TimeoutError, OSError, store.StoreError) as exc:
-            self._startup_warnings.append(
-                f"redis: {self._address} does not answer at start-up ({type(exc).__name__}): calls that need it "
-                f"fail with dependency_unavailable and /readyz stays not ready until every master answers (and "
-                f"with noeviction); check the address and that Redis runs")
+        verdict = await store.degrade_on_fault(self._read_bounded(), self._unanswered_at_startup,
+                                               faults=store.STORE_OR_SOCKET_FAULTS)
+        if verdict is None:
             return
         if not verdict.ok:
             raise ConfigError(verdict.refusal())
@@ -125,6 +120,16 @@ class EvictionWatch:
                 f"redis: maxmemory-policy {verdict.describe()} may evict the proxy's records; accepted by "
                 f"redis.accept_eviction (an evicted operation record lets a same-key retry run a write twice; "
                 f"evictions are counted in toolproxy_redis_evicted_keys_total)")
+
+    async def _read_bounded(self) -> Verdict:
+        async with asyncio.timeout(self._timeout_s):
+            return await self._read()
+
+    def _unanswered_at_startup(self, fault: Exception) -> None:
+        self._startup_warnings.append(
+            f"redis: {self._address} does not answer at start-up ({type(fault).__name__}): calls that need it "
+            f"fail with dependency_unavailable and /readyz stays not ready until every master answers (and "
+            f"with noeviction); check the address and that Redis runs")
 
     def log_startup_warnings(self) -> None:
         """Log what ``at_startup`` found worth a warning, once the whole runtime has opened."""

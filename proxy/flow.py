@@ -63,7 +63,7 @@ SINKS = ("internal", "external")
 # own bound cut it; ARGV[8+n..]: the fingerprints. Each becomes the field "<u|t><fp>" -> "<at>|<source>";
 # a full hash first drops the fields older than the window (at most once per tenth of a window), then sets
 # the overflow mark for what did not fit.
-_RECORD = """
+_RECORD = store.lua("flow.record", """
 local window = tonumber(ARGV[1])
 local at = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
@@ -112,18 +112,18 @@ if kind ~= '' then
   redis.call('PEXPIRE', key, ARGV[1])
 end
 return 1
-"""
+""")
 
 # KEYS as _RECORD's (the provenance hash last, when ARGV[2..] names fields). ARGV[1]: "2" with a run scope,
 # else "1"; ARGV[2..]: the provenance fields to look up. Reply: {principal fields and values, run fields and
 # values (empty without a run scope), the looked-up values (nil when absent)}.
-_READ = """
+_READ = store.lua("flow.read", """
 local run = {}
 if ARGV[1] == '2' then run = redis.call('HGETALL', KEYS[2]) end
 local found = {}
 if #ARGV > 1 then found = redis.call('HMGET', KEYS[#KEYS], unpack(ARGV, 2)) end
 return {redis.call('HGETALL', KEYS[1]), run, found}
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -187,8 +187,8 @@ class FlowLedger:
         # a process without the MAC key's derived key (a unit test) still fingerprints, under a key of its own
         self._fingerprints = provenance.Fingerprints(fingerprint_key or secrets.token_bytes(32))
         self._max_values = provenance_max_values
-        self._record = store.script(redis, "flow.record", _RECORD)
-        self._read = store.script(redis, "flow.read", _READ)
+        self._record = store.script(redis, _RECORD)
+        self._read = store.script(redis, _READ)
 
     @property
     def window_s(self) -> int:

@@ -85,12 +85,12 @@ from .integrity import IntegrityGuard
 from .telemetry import spans
 from .telemetry.metrics import Metrics
 from .normalize import NormalizedCall
-from .operations import OperationStore, RecordTooLarge, Transition
+from .operations import OperationStore, Record, RecordTooLarge, Transition
 from .outcome_forms import OutcomeContext, compact, expand
 from .read_after_write import VerifyMismatch
 from .telemetry.redaction import redact
 from .registry import ToolContract
-from .store import RoundTrip, StoreError, Then, unavailable, unavailable_on_fault
+from .store import RoundTrip, StoreError, Then, logged_on_fault, unavailable, unavailable_on_fault
 
 if TYPE_CHECKING:  # pragma: no cover
     from .requests import RequestMeta
@@ -334,15 +334,13 @@ class IdempotencyStage:
 
     async def _withdraw(self, key: str, nonce: str) -> None:
         """A cancelled ``admit``: undo the reservation its ``begin`` made, if it made one (matched by nonce)."""
-        try:
+        with logged_on_fault(log, "could not undo the reservation of cancelled call %s; its lease will expire", key):
             record = await self.store.get(key)
             if record is not None and record.state == "IN_PROGRESS" and record.owner == nonce:
                 await self.store.commit(key, token=record.token, target="ABANDON", outcome=None,
                                         evidence={"source": "proxy", "observed": "cancelled before sending"},
                                         first_check_ms=self._reconcile.backoff_initial_ms,
                                         window_ms=self._reconcile.window_ms)
-        except StoreError:
-            log.warning("could not undo the reservation of cancelled call %s; its lease will expire", key)
 
     def _decide(self, tool: ToolContract, key: str, answer: Any, *, reserved_at: float,
                 lease_s: float, fingerprint: str, context: OutcomeContext) -> Admission:
@@ -386,6 +384,17 @@ class IdempotencyStage:
         raise ProxyError("operation_failed",
                          "This operation failed for good (its retry budget is used up); use a new operation.",
                          details=details, phase="idempotency")
+
+    async def state_of(self, key: str) -> str | None:
+        """The state of operation ``key``'s record (None: it has none): what the lock stage asks of the operation
+        whose freeze mark it met. A store fault is raised as ``StoreError`` (the caller names its policy)."""
+        record = await self.store.get(key)
+        return record.state if record is not None else None
+
+    async def record(self, key: str) -> Record | None:
+        """Operation ``key``'s record (None: none), for an audit record about it. A store fault is raised as
+        ``StoreError``."""
+        return await self.store.get(key)
 
     def _store_down(self, tool: ToolContract) -> Admission:
         if not tool.is_write and self._config.read_policy == "proceed":

@@ -100,7 +100,7 @@ GLOBAL_TAG = "*"  # never a percent-encoded tenant, so it cannot collide with on
 # Reply: {1, token|-1, lease ms} when every resource was taken; {0, i, ...} (1-based
 # indexes into the resource list of the busy ones) when nothing was taken; {2, operation key, i} when a
 # write meets the freeze mark of another operation whose outcome is not settled (nothing taken).
-_ACQUIRE = """
+_ACQUIRE = store.lua("locks.acquire", """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local owner, lease, intent = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -172,10 +172,10 @@ for i = 2, #KEYS do
   extend(KEYS[i], lease)
 end
 return {1, token, lease}
-"""
+""")
 
 # KEYS resource hashes; ARGV[1] owner, ARGV[2] lease ms. 1 = extended, 0 = lost (nothing changed).
-_RENEW = """
+_RENEW = store.lua("locks.renew", """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local me_h, lease = 'h:' .. ARGV[1], tonumber(ARGV[2])
@@ -199,13 +199,13 @@ for i = 1, #KEYS do
   if ttl < lease and not (ttl == -1 and marked(KEYS[i])) then redis.call('PEXPIRE', KEYS[i], lease) end
 end
 return 1
-"""
+""")
 
 # KEYS resource hashes; ARGV[1] owner, ARGV[2] operation key to freeze resources for ('' for none: the
 # outcome is known), ARGV[3] now ms, ARGV[3+i] '1' to freeze KEYS[i] (the call's exclusive resources).
 # Drops the owner's holder and waiter fields; sets the operation's freeze mark (``u:<key>``, no expiry: the
 # hash stays until the mark is thawed) on the resources to freeze.
-_RELEASE = """
+_RELEASE = store.lua("locks.release", """
 local removed = 0
 for i = 1, #KEYS do
   removed = removed + redis.call('HDEL', KEYS[i], 'h:' .. ARGV[1], 'w:' .. ARGV[1])
@@ -217,11 +217,11 @@ for i = 1, #KEYS do
   end
 end
 return removed
-"""
+""")
 
 # KEYS resource hashes; ARGV[1] operation key, ARGV[2] lease ms. Thaws: drops that operation's freeze mark
 # (its outcome settled); a hash left without marks expires again like any lock. Returns the marks dropped.
-_THAW = """
+_THAW = store.lua("locks.thaw", """
 local removed = 0
 for i = 1, #KEYS do
   removed = removed + redis.call('HDEL', KEYS[i], 'u:' .. ARGV[1])
@@ -236,7 +236,7 @@ for i = 1, #KEYS do
   end
 end
 return removed
-"""
+""")
 
 
 class Frozen(ProxyError):
@@ -331,10 +331,10 @@ class LockManager:
         self._config = config
         self._prefix = key_prefix
         self._metrics = metrics
-        self._acquire = store.script(redis, "locks.acquire", _ACQUIRE)
-        self._renew = store.script(redis, "locks.renew", _RENEW)
-        self._release = store.script(redis, "locks.release", _RELEASE)
-        self._thaw = store.script(redis, "locks.thaw", _THAW)
+        self._acquire = store.script(redis, _ACQUIRE)
+        self._renew = store.script(redis, _RENEW)
+        self._release = store.script(redis, _RELEASE)
+        self._thaw = store.script(redis, _THAW)
 
     def domain(self, tenant: str) -> str:
         return domain(self._config.scope, tenant)
@@ -386,11 +386,9 @@ class LockManager:
         marks, tenant = meta.get("marks"), meta.get("tenant")
         if not marks or not isinstance(tenant, str):
             return
-        try:
+        with store.logged_on_fault(log, "could not thaw the resources of settled operation %s; the next write "
+                                   "there will", operation):
             await self.thaw(tenant, [str(m) for m in marks], operation)
-        except store.StoreError as exc:
-            log.warning("could not thaw the resources of settled operation %s (%s); the next write there will",
-                        operation, type(exc).__name__)
 
     async def freeze_unknown(self, operation: str, meta: Mapping[str, Any]) -> None:
         """Freeze what an operation whose outcome became unknown without its proxy wrote (its record's
@@ -398,10 +396,8 @@ class LockManager:
         marks, tenant = meta.get("marks"), meta.get("tenant")
         if not marks or not isinstance(tenant, str):
             return
-        try:
+        with store.logged_on_fault(log, "could not freeze the resources of unknown operation %s", operation):
             await self.freeze(tenant, [str(m) for m in marks], operation)
-        except store.StoreError as exc:
-            log.warning("could not freeze the resources of unknown operation %s (%s)", operation, type(exc).__name__)
 
     async def freeze(self, tenant: str, resource_ids: Sequence[str], operation: str) -> None:
         """Mark an operation's resources frozen (its outcome became unknown without its proxy: a lease that ran
@@ -471,7 +467,7 @@ class LockManager:
         except ProxyError:
             await self.forget(plan)
             raise
-        except store.StoreError as exc:
+        except store.StoreError as exc:  # policy: fail closed, once what this owner may hold is dropped
             log.warning("lock store unavailable while acquiring for tool %s (%s)", tool, type(exc).__name__)
             # The script may have run before the reply was lost: drop whatever this owner may hold.
             await self.forget(plan)
@@ -561,14 +557,10 @@ class LockManager:
                       marks: Sequence[str] | None = None) -> None:
         """Release (or withdraw a waiter) shielded from cancellation; errors only logged (the lease expires).
         ``freeze``: the operation whose outcome is unknown, marked on every resource (None: known)."""
-        try:
+        with store.logged_on_fault(log, "could not release locks of owner %s; they expire with their lease", owner,
+                                   faults=store.STORE_OR_SOCKET_FAULTS):
             await asyncio.shield(store.translated(self._release(keys=keys, args=[owner, freeze or "", _now_ms(),
                                                                                  *(marks or ())])))
-        except (store.StoreError, OSError) as exc:
-            log.warning("could not release locks of owner %s (%s); they expire with their lease", owner,
-                        type(exc).__name__)
-        except asyncio.CancelledError:
-            raise
 
 
 class Lease:

@@ -222,7 +222,7 @@ def _script(body: str) -> str:
 # ARGV: id, fingerprint, nonce, lease_ms, retention_s, is_write, max_attempts, meta, first_ms, window_ms,
 #       observe ("1": answer from the record only, never create or reserve it -> not_admitted (state)), tenant,
 #       the MAC of (key, fingerprint, tenant, meta) (proxy/integrity.py; written with the meta, never changed)
-_BEGIN = _script(r"""
+_BEGIN = store.lua("operations.begin", _script(r"""
 local fp, nonce = ARGV[2], ARGV[3]
 local observe = ARGV[11] == "1"
 local lease_ms, retention_s, max_attempts = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[7])
@@ -272,11 +272,11 @@ if attempt >= max_attempts then
   return {'exhausted', attempt}
 end
 return start(attempt + 1, tonumber(field('token')) + 1)
-""")
+"""))
 
 # ARGV: id, token, target (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|CANCELLED|UNKNOWN|ABANDON), outcome, evidence,
 #       first_ms, window_ms, the MAC of (target, outcome) (proxy/integrity.py; stored with a settled record)
-_COMMIT = _script(r"""
+_COMMIT = store.lua("operations.commit", _script(r"""
 local target, outcome, evidence = ARGV[3], ARGV[4], ARGV[5]
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
@@ -315,10 +315,10 @@ if state == 'UNKNOWN' or state == 'NEEDS_TAKEOVER' then
   return {'late', target}
 end
 return {'settled', state}
-""")
+"""))
 
 # ARGV: id, token, lease_ms
-_RENEW = _script(r"""
+_RENEW = store.lua("operations.renew", _script(r"""
 local state = field('state')
 if state == 'IN_PROGRESS' and tonumber(field('token')) == tonumber(ARGV[2]) then
   hset('lease_until', now + tonumber(ARGV[3]))
@@ -326,10 +326,10 @@ if state == 'IN_PROGRESS' and tonumber(field('token')) == tonumber(ARGV[2]) then
   return {'ok', state}
 end
 return {'lost', state or 'ABSENT'}
-""")
+"""))
 
 # ARGV: id, first_ms, window_ms
-_EXPIRE = _script(r"""
+_EXPIRE = store.lua("operations.expire", _script(r"""
 local state = field('state')
 if state ~= 'IN_PROGRESS' then
   redis.call('ZREM', leases, id)
@@ -347,10 +347,10 @@ if field('is_write') == '1' then
 end
 settle('FAILED_RETRYABLE', '', '', '')
 return {'released', 'FAILED_RETRYABLE'}
-""")
+"""))
 
 # ARGV: id, owner, claim_ms
-_CLAIM = _script(r"""
+_CLAIM = store.lua("operations.claim", _script(r"""
 local state = field('state')
 if state ~= 'UNKNOWN' then  -- settled, handed over or gone: nothing left to schedule
   redis.call('ZREM', due, id)
@@ -373,11 +373,11 @@ end
 hset('rec_owner', ARGV[2], 'rec_owner_until', now + tonumber(ARGV[3]))
 redis.call('ZADD', due, now + tonumber(ARGV[3]), id)
 return {'claimed', now}
-""")
+"""))
 
 # ARGV: id, owner, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL|WATCH|TAKEOVER), outcome, evidence, delay_ms,
 #       the MAC of (verdict, outcome)
-_RESOLVE = _script(r"""
+_RESOLVE = store.lua("operations.resolve", _script(r"""
 local state = field('state')
 if not state then
   redis.call('ZREM', open, id)
@@ -402,20 +402,20 @@ if verdict == 'TAKEOVER' then
 end
 settle(verdict, outcome, evidence, ARGV[7])
 return {'ok', verdict}
-""")
+"""))
 
 # ARGV: id, verdict (SUCCEEDED|FAILED_RETRYABLE|FAILED_FINAL), outcome, evidence, the MAC of (verdict, outcome)
-_OPERATOR = _script(r"""
+_OPERATOR = store.lua("operations.operator", _script(r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 if state ~= 'UNKNOWN' and state ~= 'NEEDS_TAKEOVER' then return {'not_open', state} end
 settle(ARGV[2], ARGV[3], ARGV[4], ARGV[5])
 return {'ok', ARGV[2]}
-""")
+"""))
 
 
 # ARGV: id, request (JSON). Marks an IN_PROGRESS record's cancellation as requested, once.
-_CANCEL = _script(r"""
+_CANCEL = store.lua("operations.cancel", _script(r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 local existing = field('cancel')
@@ -423,11 +423,11 @@ if state ~= 'IN_PROGRESS' then return {'settled', state, existing or ''} end
 if existing then return {'already', state, existing} end
 hset('cancel', ARGV[2], 'updated_at', now)
 return {'marked', state, ARGV[2]}
-""")
+"""))
 
 # ARGV: id, block (JSON), allowed current block statuses ("," separated; "none" = no block yet), state wanted.
 # Sets a settled record's compensation block when its state and current block allow it; never changes the state.
-_COMPENSATION = _script(r"""
+_COMPENSATION = store.lua("operations.compensation", _script(r"""
 local state = field('state')
 if not state then return {'missing', 'ABSENT'} end
 local current = field('compensation') or ''
@@ -441,12 +441,12 @@ for allowed in string.gmatch(ARGV[3], '[^,]+') do
   end
 end
 return {'refused', state, current}
-""")
+"""))
 
 
 # KEYS[1] a record. Its packed value ({'p', value}), an earlier version's hash ({'h', field, value, ...}), {},
 # or {'o'}: larger than MAX_RECORD_BYTES (never sent to the proxy).
-_READ = r"""
+_READ = store.lua("operations.read", r"""
 local kind = redis.call('TYPE', KEYS[1])['ok']
 %(oversized)s
 if oversized(KEYS[1], kind) then return {'o'} end
@@ -455,14 +455,14 @@ if kind ~= 'hash' then return {} end
 local flat = redis.call('HGETALL', KEYS[1])
 table.insert(flat, 1, 'h')
 return flat
-""" % {"oversized": _OVERSIZED}
+""" % {"oversized": _OVERSIZED})
 
 # KEYS[1] an index (sorted set scored by Redis ms). ARGV: limit. Members whose score passed, by this master's clock.
-_PASSED = r"""
+_PASSED = store.lua("operations.passed", r"""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[1]))
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -554,17 +554,17 @@ class OperationStore:
         self._ack_timeout_ms = ack_timeout_ms
         self._on_shortfall = on_shortfall or (lambda transition: None)
         self._shortfall_logged = 0.0
-        self._begin = store.script(redis, "operations.begin", _BEGIN)
-        self._commit = store.script(redis, "operations.commit", _COMMIT)
-        self._renew = store.script(redis, "operations.renew", _RENEW)
-        self._expire = store.script(redis, "operations.expire", _EXPIRE)
-        self._claim = store.script(redis, "operations.claim", _CLAIM)
-        self._resolve = store.script(redis, "operations.resolve", _RESOLVE)
-        self._operator = store.script(redis, "operations.operator", _OPERATOR)
-        self._passed = store.script(redis, "operations.passed", _PASSED)
-        self._read = store.script(redis, "operations.read", _READ)
-        self._cancel = store.script(redis, "operations.cancel", _CANCEL)
-        self._compensation = store.script(redis, "operations.compensation", _COMPENSATION)
+        self._begin = store.script(redis, _BEGIN)
+        self._commit = store.script(redis, _COMMIT)
+        self._renew = store.script(redis, _RENEW)
+        self._expire = store.script(redis, _EXPIRE)
+        self._claim = store.script(redis, _CLAIM)
+        self._resolve = store.script(redis, _RESOLVE)
+        self._operator = store.script(redis, _OPERATOR)
+        self._passed = store.script(redis, _PASSED)
+        self._read = store.script(redis, _READ)
+        self._cancel = store.script(redis, _CANCEL)
+        self._compensation = store.script(redis, _COMPENSATION)
         self._chains: dict[str, Any] = {}  # then-script sha -> begin chained with it (None: not possible)
         self._durable = {self._begin: "begin", self._commit: "commit", self._expire: "expire",
                          self._resolve: "resolve", self._operator: "operator", self._cancel: "cancel",
@@ -748,11 +748,8 @@ class OperationStore:
         await trip.send()
         for bucket in BUCKETS:
             for into, read in ((expired, self.expired_leases), (due, self.due)):
-                if isinstance(into[bucket], BaseException):
-                    try:
-                        into[bucket] = await read(bucket, limit)
-                    except store.StoreError as exc:  # policy: count per bucket: the sweep reports it and goes on
-                        into[bucket] = exc
+                if isinstance(into[bucket], BaseException):  # the sweep reports a failed bucket and goes on
+                    into[bucket] = await store.fault_as_value(read(bucket, limit))
         return expired, due
 
     async def open_keys(self, limit: int, *, tenant: str | None = None) -> list[str]:

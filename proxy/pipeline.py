@@ -42,7 +42,7 @@ from .quotas import NO_TICKET, QuotaStage, Ticket
 from .requests import CallResult, RequestMeta, ToolCallRequest  # noqa: F401  (importable from here too)
 from .registry import Registry, ToolContract, service_resource
 from .operation_views import takeover_record
-from .store import RoundTrip, StoreError, unavailable_on_fault
+from .store import RoundTrip, logged_on_fault, unavailable_on_fault
 from .transactions.reconcile import audit_fields
 from .transactions.unknowns import UnknownIndex
 from .verify import model_partial, verify_output, verify_partial
@@ -98,6 +98,30 @@ class CallState:
             idempotency_key=self.idempotency_key, fencing_token=self.fencing_token,
             policy=self.policy, approval_id=self.approval_id, attempt=self.attempt,
             backend_request_id=self.backend_request_id, result_hash=self.result_hash)
+
+
+@dataclass(frozen=True)
+class CallQuota:
+    """The quota stage of one call, as the authorize stage runs it (``QuotaGate``): once the decision allows,
+    before an approval is spent, a key reserved or a lock taken. Its ticket stays on the call (``state.quota``);
+    a batch call waits for its quota within the deadline."""
+
+    quotas: QuotaStage
+    state: CallState
+    tool: ToolContract
+
+    async def admit(self, decision: Decision) -> None:
+        state, started = self.state, time.monotonic()
+        if state.span is not None:
+            state.span.enter("quota")
+        try:
+            meta = state.request.meta
+            state.quota = await self.quotas.admit(state.caller, self.tool, decision.quota_class, meta.deadline,
+                                                  wait=meta.wait_for_quota)
+        finally:
+            state.timing.stage("quota", time.monotonic() - started)
+            if state.span is not None:
+                state.span.leave("quota")
 
 
 class Pipeline:
@@ -269,11 +293,9 @@ class Pipeline:
         """A write its independent read contradicted went to a person: counted and audited like a takeover the
         reconciler raises (the audit record carries the evidence with both values)."""
         self._metrics.child(self._metrics.takeovers, tool.name).inc()
-        try:
-            record = await self._idempotency.store.get(key)
-        except StoreError as exc:
-            log.warning("could not read the takeover of %s for its audit record (%s)", key, type(exc).__name__)
-            return
+        record = None
+        with logged_on_fault(log, "could not read the takeover of %s for its audit record", key):
+            record = await self._idempotency.record(key)
         if record is not None:
             await self._audit.record("takeover", **audit_fields(record), details=takeover_record(record))
 
@@ -450,7 +472,7 @@ class Pipeline:
                 RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                              trace_id=meta.trace.trace_id, flow_as=meta.flow_as),
                 approval_id=meta.approval_id, deadline=meta.deadline,
-                operation_key=op.key if op else None, admit=lambda decision: self._admit(state, tool, decision),
+                operation_key=op.key if op else None, quota=CallQuota(self._quotas, state, tool),
                 origin=origin_of(meta, request.call_id, op))
             state.policy = auth.audit_facts()
             state.approval_id = auth.approval_id
@@ -514,14 +536,14 @@ class Pipeline:
                     keepalive_s=self._config.idempotency.lease_grace_ms / 2000.0)
             except Frozen as frozen:
                 with unavailable_on_fault("The operation store is unreachable; nothing was sent.", phase="lock"):
-                    record = await self._idempotency.store.get(frozen.operation)
-                if record is not None and record.state in FREEZING_STATES:
+                    operation_state = await self._idempotency.state_of(frozen.operation)
+                if operation_state in FREEZING_STATES:
                     self._metrics.child(self._metrics.frozen_refusals,
                                         state.tool.name if state.tool else "unknown").inc()
-                    frozen.details["state"] = record.state
+                    frozen.details["state"] = operation_state
                     raise frozen
                 log.info("thawing %s on %s: the operation is %s", frozen.operation, frozen.resource,
-                         record.state if record else "gone")
+                         operation_state or "gone")
                 with unavailable_on_fault("The lock store is unreachable; nothing was sent.", phase="lock"):
                     await self._locks.thaw(state.caller.tenant, [frozen.resource], frozen.operation)
         raise ProxyError("resource_busy", "A resource this call needs stays frozen; nothing was sent.",
@@ -562,21 +584,6 @@ class Pipeline:
             caller, tool, normalized,
             RequestFacts(request_id=meta.request_id, call_id=request.call_id, run_id=meta.run_id,
                          trace_id=meta.trace.trace_id), deadline=meta.deadline)
-
-    async def _admit(self, state: CallState, tool: ToolContract, decision: Decision) -> None:
-        """Quota stage: run by the authorize stage once the decision allows, before an approval is spent,
-        a key reserved or a lock taken. A batch call waits for its quota within the deadline."""
-        started = time.monotonic()
-        if state.span is not None:
-            state.span.enter("quota")
-        try:
-            meta = state.request.meta
-            state.quota = await self._quotas.admit(state.caller, tool, decision.quota_class, meta.deadline,
-                                                   wait=meta.wait_for_quota)
-        finally:
-            state.timing.stage("quota", time.monotonic() - started)
-            if state.span is not None:
-                state.span.leave("quota")
 
     async def _run_locked(self, state: CallState, tool: ToolContract, normalized: NormalizedCall,
                           admission: Admission, lease: Lease | None) -> Any:

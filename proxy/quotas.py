@@ -66,7 +66,7 @@ CONCURRENCY_RETRY_CAP_MS = 1000  # a full concurrency quota cannot know when a s
 # KEYS one per counter. ARGV[1] member (the call's slot id), ARGV[2] slot lease ms, then per KEYS[i]:
 # ARGV[3i] 'r' (rate) or 'c' (concurrency), ARGV[3i+1] emission ms | slots, ARGV[3i+2] burst | unused.
 # Reply: {1} admitted (every counter counted), or {0, i, retry ms}: KEYS[i] refused, nothing changed.
-_ADMIT = """
+_ADMIT = store.lua("quotas.admit", """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local member, lease = ARGV[1], tonumber(ARGV[2])
@@ -98,13 +98,13 @@ for i = 1, #KEYS do
   end
 end
 return {1}
-"""
+""")
 
 # KEYS slot sets; ARGV[1] member.
-_RELEASE = """
+_RELEASE = store.lua("quotas.release", """
 for i = 1, #KEYS do redis.call('ZREM', KEYS[i], ARGV[1]) end
 return 1
-"""
+""")
 
 
 @dataclass(frozen=True)
@@ -147,8 +147,8 @@ class QuotaStage:
         self._undeadlined_s = (config.locks.max_wait_ms + config.idempotency.max_wait_ms) / 1000.0
         self.rules = build_rules(config, registry)
         self.guard = guard
-        self._admit = redis.register_script(_ADMIT)
-        self._release = redis.register_script(_RELEASE)
+        self._admit = store.script(redis, _ADMIT)
+        self._release = store.script(redis, _RELEASE)
 
     async def admit(self, caller: Caller, tool: ToolContract, quota_class: str | None, deadline: Deadline, *,
                     wait: bool) -> Ticket:
@@ -167,7 +167,9 @@ class QuotaStage:
                                  phase="quota") from None
             if not limits:
                 return Ticket(backend=backend, probe=probe)
-            return await self._count(limits, tool, deadline, wait, backend, probe)
+            # The store away: per quotas' ``unreachable`` setting (fail closed by default)
+            return await store.degrade_on_fault(self._count(limits, tool, deadline, wait, backend, probe),
+                                                lambda fault: self._unreachable(limits, tool, backend, probe, fault))
         except BaseException:
             if probe:
                 await self.guard.abandon_probe(backend)
@@ -184,10 +186,7 @@ class QuotaStage:
         keys = [key for _, _, key in counters]
         poll_s = 0.005
         while True:
-            try:
-                reply = await store.redis_call(self._admit(keys=keys, args=args))
-            except store.StoreError as exc:  # policy: per quota.unreachable policy (fail closed by default)
-                return self._unreachable(limits, tool, backend, probe, exc)
+            reply = await store.redis_call(self._admit(keys=keys, args=args))
             if int(reply[0]) == 1:
                 return self._admitted(limits, counters, backend, member, probe)
             limit, kind, _ = counters[int(reply[1]) - 1]
@@ -246,10 +245,8 @@ class QuotaStage:
         if ticket.slot_keys:
             for name in ticket.slot_limits:
                 self._metrics.quota_in_flight.labels(name).dec()
-            try:
+            with store.logged_on_fault(log, "could not release quota slots; their lease will"):
                 await asyncio.shield(self._release(keys=list(ticket.slot_keys), args=[ticket.member]))
-            except store.StoreError as exc:  # the lease frees the slot when it runs out
-                log.warning("could not release quota slots (%s); their lease will", type(exc).__name__)
         if ticket.backend is not None:
             with contextlib.suppress(store.StoreError):
                 await self.guard.observe(ticket.backend, sent=sent, error=error, probe=ticket.probe)

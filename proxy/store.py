@@ -6,16 +6,17 @@ Owns: creating the process's one Redis client for the configured mode
 proxy/wire/resp.py; ``sentinel``: redis-py's
 Sentinel client, which asks the Sentinels for the current master and follows a
 failover; ``cluster``: redis-py's RedisCluster, which routes each command to
-the master of its key's slot), building keys, naming the Lua scripts
-(``script``), checking that every Lua script's keys share one Cluster slot,
+the master of its key's slot), building keys, the registry of Lua scripts
+(``lua`` declares one, ``script`` runs it), checking that every Lua script's keys share one Cluster slot,
 running a script and ``WAIT`` for replica acknowledgement on one connection,
 sending independent script calls of different stages in one network round
 trip (``RoundTrip``, with their ``WAIT`` in the same pipeline), the
 readiness probe of the masters and reading each master's ``INFO``. Every key is ``<prefix>:<kind>:{<tag>}:<rest>``
 where ``{<tag>}`` is a Redis Cluster hash tag, so all keys one Lua script
-touches live in the same slot. Must never: hold state of its own, or let Redis
-exceptions escape as stack traces (stages translate them into their own error
-codes).
+touches live in the same slot; and the vocabulary a stage answers a store fault in (fail closed, degrade,
+count and go on, keep as a value: ``unavailable_on_fault`` and its siblings). Must never: hold state of its
+own beyond the script registry, or let Redis exceptions escape as stack traces (stages answer them with one
+of the named policies, in their own error codes).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
 
@@ -126,11 +129,41 @@ class _WiredScript(AsyncScript):
         return reply
 
 
-def script(redis: Client, name: str, source: str) -> AsyncScript:
-    """``redis.register_script(source)``, remembered under ``name`` (e.g. ``operations.begin``)."""
-    registered = redis.register_script(source)
-    SCRIPT_NAMES[registered.sha] = name
-    return registered
+# -- Lua scripts: declared once, in one registry --------------------------------
+
+@dataclass(frozen=True)
+class Lua:
+    """A Lua script the proxy runs: its name (``<module>.<name>``, e.g. ``locks.acquire``) and its source.
+    Made only by ``lua``, which keeps it in ``LUA_SCRIPTS``; run through ``script``."""
+
+    name: str
+    source: str
+
+    @property
+    def sha(self) -> str:
+        """The SHA1 EVALSHA names it by (what ``SCRIPT LOAD`` answers)."""
+        return hashlib.sha1(self.source.encode()).hexdigest()
+
+
+LUA_SCRIPTS: dict[str, Lua] = {}  # name -> script: every Lua script of the proxy, declared at import
+
+
+def lua(name: str, source: str) -> Lua:
+    """Declare the Lua script ``name`` (a module-level constant of the stage that runs it). The one way a
+    script enters the proxy: tests/unit/test_lua_registry.py fails on Lua source declared otherwise."""
+    declared = LUA_SCRIPTS.get(name)
+    if declared is not None and declared.source != source:
+        raise ValueError(f"Lua script {name} is declared twice with different sources")
+    declared = LUA_SCRIPTS[name] = Lua(name, source)
+    SCRIPT_NAMES[declared.sha] = name
+    return declared
+
+
+def script(redis: Client, declared: Lua) -> AsyncScript:
+    """A declared script on ``redis``: EVALSHA; on NOSCRIPT (a fresh server, a flushed cache, a new master)
+    it is loaded and run once more (redis-py's ``AsyncScript``; standalone: over the wire,
+    ``_WiredScript``). Nothing is sent until it first runs."""
+    return redis.register_script(declared.source)
 
 
 @dataclass(frozen=True)
@@ -178,8 +211,8 @@ def chained(redis: Client, first: AsyncScript, then: Then, *, proceed_if: str) -
     if isinstance(redis, RedisCluster):
         return None
     source = _CHAIN % {"first": first.script, "second": then.script.script, "proceed_if": proceed_if}
-    return script(redis, f"{SCRIPT_NAMES.get(first.sha, 'first')}+{SCRIPT_NAMES.get(then.script.sha, 'then')}",
-                  source)
+    return script(redis, lua(f"{SCRIPT_NAMES.get(first.sha, 'first')}+{SCRIPT_NAMES.get(then.script.sha, 'then')}",
+                             source))
 
 
 class StoreUnavailable(RedisConnectionError):
@@ -203,16 +236,69 @@ def unavailable(message: str, *, phase: str, attempted: bool = False, committed:
                       phase=phase, attempted=attempted, committed=committed)
 
 
+# -- store faults: a call site names its policy ---------------------------------
+#
+# A store fault reaches a stage as a ``StoreError`` (above); the stage answers it with one of these named
+# policies rather than an ``except`` clause of its own:
+#   fail closed      ``with unavailable_on_fault(message, phase=...)``: the call is answered
+#                    ``dependency_unavailable`` (nothing applied);
+#   degrade          ``await degrade_on_fault(command, fallback)``: the command's answer, or ``fallback(fault)``
+#                    (a default, a read that proceeds, a refusal of its own);
+#   count and go on  ``with logged_on_fault(log, message, count=...)``: logged (and counted), the caller goes
+#                    on without the command's effect (a lease, a TTL or the next pass makes up for it);
+#   keep as a value  ``await fault_as_value(command)``: the answer, or the fault itself (a sweep that
+#                    reports a failed part and goes on with the others).
+# The few ``except`` clauses left on store faults (tests/unit/test_store_fault_policies.py counts them) each
+# say their policy on a ``# policy:`` line.
+
+# A store fault, or a socket error or time bound around a store call not made through ``redis_call`` (a
+# shielded cleanup, a probe under ``asyncio.timeout``; ``TimeoutError`` is an ``OSError``).
+STORE_OR_SOCKET_FAULTS: tuple[type[Exception], ...] = (StoreError, OSError)
+
+D = TypeVar("D")
+
+
 @contextlib.contextmanager
 def unavailable_on_fault(message: str, *, phase: str, **details: Any) -> Iterator[None]:
-    """The one place a store fault without a policy of its own becomes an answer: a ``StoreError`` raised in
-    the block is re-raised as ``unavailable(message, phase=...)`` (nothing applied). A caller that has a
-    policy for the fault (fail open, count it, freeze, retry later) catches ``StoreError`` itself and says
-    which in a one-line comment."""
+    """Fail closed: a ``StoreError`` raised in the block is re-raised as ``unavailable(message, phase=...)``
+    (``dependency_unavailable``, nothing applied)."""
     try:
         yield
     except StoreError:
         raise unavailable(message, phase=phase, **details) from None
+
+
+async def degrade_on_fault(command: Awaitable[T], fallback: Callable[[Exception], D], *,
+                           faults: tuple[type[Exception], ...] = (StoreError,)) -> T | D:
+    """Degrade: ``command``'s answer, or ``fallback(fault)`` when it fails with one of ``faults`` (a default
+    such as ``lambda _: False``, or the stage's own answer for the store being away, which may raise)."""
+    try:
+        return await command
+    except faults as fault:
+        return fallback(fault)
+
+
+@contextlib.contextmanager
+def logged_on_fault(log: logging.Logger, message: str, *args: Any, count: Callable[[], object] | None = None,
+                    level: int = logging.WARNING,
+                    faults: tuple[type[Exception], ...] = (StoreError,)) -> Iterator[None]:
+    """Count and go on: one of ``faults`` raised in the block ends the block; ``count()`` runs (a metric's
+    ``inc``), ``message % args`` is logged at ``level`` with the fault's class (never its text: it may name a
+    host), and the caller goes on after the block."""
+    try:
+        yield
+    except faults as fault:
+        if count is not None:
+            count()
+        log.log(level, message + " (%s)", *args, type(fault).__name__)
+
+
+async def fault_as_value(command: Awaitable[T]) -> T | StoreError:
+    """Keep as a value: ``command``'s answer, or the ``StoreError`` it failed with, returned (not raised)."""
+    try:
+        return await command
+    except StoreError as fault:
+        return fault
 
 
 async def redis_call(command: Awaitable[T]) -> T:

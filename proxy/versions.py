@@ -56,11 +56,15 @@ class VersionResolver:
         run_id = request.meta.run_id
         if run_id is None:
             return wanted
-        key = self.pin_key(caller, run_id, wanted.name)
-        try:
-            pinned = await store.redis_call(self._redis.set(key, wanted.version, nx=True, get=True, ex=self._ttl_s))
-        except store.StoreError:  # policy: per read_policy: an explicit version or a read proceeds unpinned
-            return self._pin_unavailable(wanted, explicit=request.version is not None)
+        # The store away: per read_policy, an explicit version or a read proceeds unpinned (_pin_unavailable)
+        return await store.degrade_on_fault(
+            self._pinned(registry, request, self.pin_key(caller, run_id, wanted.name), wanted),
+            lambda _: self._pin_unavailable(wanted, explicit=request.version is not None))
+
+    async def _pinned(self, registry: Registry, request: "ToolCallRequest", key: str,
+                      wanted: ToolContract) -> ToolContract:
+        """The contract of the run's pin ``key``, pinned to ``wanted`` by the run's first call of the tool."""
+        pinned = await store.redis_call(self._redis.set(key, wanted.version, nx=True, get=True, ex=self._ttl_s))
         if pinned is None:
             return wanted  # the run's first call of this tool: pinned to what it resolved
         pinned_version = pinned.decode() if isinstance(pinned, bytes) else str(pinned)
@@ -82,10 +86,9 @@ class VersionResolver:
         old = registry.get(wanted.name, pinned)
         if old is not None and old.callable:
             return  # an explicit version for one call; the run keeps its pin
-        try:
+        # the run keeps its old pin until the TTL
+        with store.logged_on_fault(log, "could not re-pin a run of %s to %s", wanted.name, wanted.version):
             await store.redis_call(self._redis.set(key, wanted.version, xx=True, keepttl=True))
-        except store.StoreError:  # policy: fail open: the run keeps its old pin until the TTL
-            log.warning("could not re-pin a run of %s to %s", wanted.name, wanted.version)
 
     def _pin_unavailable(self, wanted: ToolContract, *, explicit: bool) -> ToolContract:
         """Redis is away: an explicit version or a read (read_policy proceed) goes on; else nothing is sent."""

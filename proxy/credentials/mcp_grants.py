@@ -42,7 +42,7 @@ from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from mcp_types import LATEST_PROTOCOL_VERSION
 
 from ..errors import ProxyError
-from ..store import Client as RedisClient, StoreError, key as store_key, redis_call, unavailable
+from ..store import Client as RedisClient, key as store_key, redis_call, unavailable_on_fault
 from .mcp_oauth import AuthHttp, GrantRequired, OAuthClientSpec, TokenSource, authorization_code_class, failure
 
 log = logging.getLogger("toolproxy.credentials.mcp_grants")
@@ -117,29 +117,23 @@ class GrantStore:
         return store_key(self._prefix, "grant", owner.tenant, owner.digest)
 
     async def get(self, owner: Owner) -> dict[str, Any] | None:
-        try:
+        with unavailable_on_fault("The user's connection to the tool's service could not be read.",
+                                  phase="execute"):
             blob = await redis_call(self._redis.get(self._key(owner)))
-        except StoreError:
-            raise unavailable("The user's connection to the tool's service could not be read.",
-                              phase="execute") from None
         if blob is None:
             return None
         return self._sealers[owner.credential].open(bytes(blob), owner.associated_data)
 
     async def put(self, owner: Owner, record: dict[str, Any]) -> None:
         blob = self._sealers[owner.credential].seal(record, owner.associated_data)
-        try:
+        with unavailable_on_fault("The user's connection to the tool's service could not be saved.",
+                                  phase="execute"):
             await redis_call(self._redis.set(self._key(owner), blob))
-        except StoreError:
-            raise unavailable("The user's connection to the tool's service could not be saved.",
-                              phase="execute") from None
 
     async def drop(self, owner: Owner) -> bool:
-        try:
+        with unavailable_on_fault("The user's connection to the tool's service could not be removed.",
+                                  phase="execute"):
             return bool(await redis_call(self._redis.delete(self._key(owner))))
-        except StoreError:
-            raise unavailable("The user's connection to the tool's service could not be removed.",
-                              phase="execute") from None
 
 
 class UserStorage:

@@ -44,7 +44,7 @@ from ..normalize import NormalizedCall, digest
 from ..registry import ToolContract
 from ..requests import RequestMeta
 from .. import store
-from ..store import StoreError, key, redis_call
+from ..store import key, redis_call
 
 log = logging.getLogger("toolproxy.approvals")
 
@@ -65,7 +65,7 @@ MAX_SPENT_REMEMBERED = 100_000  # approvals a process remembers having spent (ea
 # "changed": the record moved since Python read it (read again); "integrity" / "integrity_used": the fields
 # are those Python expected but the stored MAC is not: a record no key holder wrote, never honoured;
 # "restored": an unspent record whose spent mark exists: a copy written back after it was spent.
-_CHECK = """
+_CHECK = store.lua("approvals.check", """
 local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'tool', 'tool_version', 'args_hash',
                      'expires_at_ms', 'used_at_ms', 'used_for', 'approver', 'mac', 'used_mac', 'risk', 'requester')
 if not f[1] or f[2] ~= ARGV[2] then return 'not_found' end
@@ -93,7 +93,7 @@ if ARGV[7] == '1' then
   redis.call('PEXPIREAT', KEYS[2], ARGV[19])
 end
 return 'ok'
-"""
+""")
 
 # KEYS[1] the approval. ARGV: now_ms, new status, approver subject, approver tenant ("" = any), reason,
 # approver person (admin_identity.person_claim; "" = the token lacks it), the pending record's MAC Python
@@ -101,7 +101,7 @@ return 'ok'
 # sensitive fields an approver could read while it waited). The record's ``requester`` is the
 # person of the agent's token (identity.person_claim): the same person never decides on their own request,
 # across the two IdPs. A record from before this field existed is checked by subject only.
-_DECIDE = """
+_DECIDE = store.lua("approvals.decide", """
 local f = redis.call('HMGET', KEYS[1], 'status', 'tenant', 'subject', 'expires_at_ms', 'requester', 'mac')
 if not f[1] or (ARGV[4] ~= '' and f[2] ~= ARGV[4]) then return 'not_found' end
 if f[3] == ARGV[3] then return 'self_approval' end
@@ -116,7 +116,7 @@ redis.call('HSET', KEYS[1], 'status', ARGV[2], 'approver', ARGV[3], 'decided_at_
            'mac', ARGV[8])
 redis.call('HDEL', KEYS[1], 'revealed')
 return 'ok'
-"""
+""")
 
 MAX_REASON_CHARS = 500  # an approver's note on a decision
 SUMMARY_PARTS = ("arguments", "resources", "view", "related_read")  # what a stored summary may add to a view
@@ -305,9 +305,9 @@ class ApprovalStore:
         self._config = config
         self._metrics = metrics
         self._prefix = prefix
-        self._check = store.script(redis, "approvals.check", _CHECK)
+        self._check = store.script(redis, _CHECK)
         self._spent: dict[str, int] = {}  # approvals this process spent -> their expiry (ms): _spent_here
-        self._decide = store.script(redis, "approvals.decide", _DECIDE)
+        self._decide = store.script(redis, _DECIDE)
 
     def _key(self, approval_id: str) -> str:
         return approval_key(self._prefix, approval_id)
@@ -698,11 +698,10 @@ class ApprovalStore:
         await self._update_pending_gauge()
 
     async def _update_pending_gauge(self) -> None:
-        try:
+        # the gauge is refreshed on the next approval event or scrape
+        with store.logged_on_fault(log, "could not refresh the pending approvals gauge", level=logging.DEBUG):
             count = await redis_call(self._redis.zcount(self._pending_index(), now_ms(), "+inf"))
             self._metrics.pending_approvals.set(count)
-        except StoreError:
-            pass  # the gauge is refreshed on the next approval event
 
 
 def _mark_expiry(record: Mapping[str, str]) -> int:

@@ -23,7 +23,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable
+from typing import Any, Protocol
 
 from .approvals import MCP_APPROVAL_META, ApprovalOrigin, ApprovalStore, denial
 from ..audit import PolicyFacts
@@ -52,6 +52,14 @@ def explain_pointer(found_by: str) -> dict[str, str]:
     id). Pointers only: the reasons stay with them."""
     return {"explain": f"toolproxy policy explain --decision-id {found_by} --redis <the proxy's redis.url>",
             "console": "/ui#denials (admin listener: Recent policy denials, by request id)"}
+
+
+class QuotaGate(Protocol):
+    """What the authorize stage needs of the quota stage: admit the call once the decision allows it, before an
+    approval is spent (a call a quota refuses must not use up its approval). A ``ProxyError`` it raises is the
+    call's answer. The pipeline's ``CallQuota`` is one."""
+
+    async def admit(self, decision: Decision) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,14 +98,13 @@ class Authorizer:
     async def authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                         request: RequestFacts, *, approval_id: str | None,
                         deadline: Deadline, operation_key: str | None = None,
-                        admit: Callable[[Decision], Awaitable[Any]] | None = None,
+                        quota: QuotaGate | None = None,
                         origin: ApprovalOrigin | None = None) -> Authorization:
-        """``admit`` runs once the decision allows and before an approval is spent (the quota stage: a
-        call refused by a quota must not use up its approval); its ProxyError becomes the call's error.
+        """``quota`` admits the call once the decision allows and before an approval is spent (``QuotaGate``).
         ``origin`` is what a new pending approval shows the approver of the agent's request and key."""
         try:
             return await self._authorize(caller, tool, normalized, request, approval_id, deadline, operation_key,
-                                         admit, origin)
+                                         quota, origin)
         except ProxyError as error:
             return Authorization(decision=None, approval_id=approval_id, error=error)
 
@@ -143,7 +150,7 @@ class Authorizer:
 
     async def _authorize(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
                          request: RequestFacts, approval_id: str | None, deadline: Deadline,
-                         operation_key: str | None, admit: Callable[[Decision], Awaitable[Any]] | None,
+                         operation_key: str | None, quota: QuotaGate | None,
                          origin: ApprovalOrigin | None = None) -> Authorization:
         approval = None
         if approval_id is not None:
@@ -175,9 +182,9 @@ class Authorizer:
         if decision.allow:
             if approval is not None and approval.replay_only:
                 return Authorization(decision=decision, approval_id=approval_id, replay_only=True)
-            if admit is not None:
+            if quota is not None:
                 try:
-                    await admit(decision)
+                    await quota.admit(decision)
                 except ProxyError as error:
                     return Authorization(decision=decision, approval_id=approval_id, error=error)
             if approval_id is not None:

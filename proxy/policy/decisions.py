@@ -27,12 +27,13 @@ from ..audit import StdoutSink, iso_now
 from ..telemetry.redaction import MASK, looks_secret
 from ..config import ConfigError, DecisionsConfig
 from ..telemetry.metrics import Metrics
-from ..store import Client, redis_call, StoreError
+from ..store import STORE_OR_SOCKET_FAULTS, Client, logged_on_fault, redis_call
 
 log = logging.getLogger("toolproxy.decisions")
 
 RECORD_TYPE = "toolproxy.decision.v1"
 SINKS = frozenset({"redis", "stdout"})
+SINK_FAULTS = (*STORE_OR_SOCKET_FAULTS, ValueError)  # a sink's write: Redis, a pipe, a line it cannot take
 
 Path = tuple[str | int, ...]
 
@@ -150,14 +151,11 @@ class DecisionRecorder:
                      sensitive_fields: Sequence[str] = ()) -> None:
         line = serialize(build_record(document, decision, decision_path=self._path,
                                       sensitive_fields=sensitive_fields, max_bytes=self._config.max_record_bytes))
-        for sink in self._sinks:
-            try:
+        for sink in self._sinks:  # a lost decision record is counted, never blocks the call
+            with logged_on_fault(log, "decision record sink %s failed", sink.name, faults=SINK_FAULTS,
+                                 count=lambda: self._metrics.decision_record_failures.labels(sink.name).inc()):
                 async with asyncio.timeout(self._timeout_s):
                     await sink.write(line)
-            except (OSError, ValueError, TimeoutError, StoreError) as exc:
-                # policy: count: a lost decision record is counted, never blocks the call
-                self._metrics.decision_record_failures.labels(sink.name).inc()
-                log.warning("decision record sink %s failed (%s)", sink.name, type(exc).__name__)
 
 
 def check_config(config: DecisionsConfig) -> None:

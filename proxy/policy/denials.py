@@ -23,7 +23,7 @@ from typing import Any
 
 
 from ..telemetry.metrics import Metrics
-from ..store import Client, key, redis_call, StoreError
+from ..store import Client, key, logged_on_fault, redis_call
 
 log = logging.getLogger("toolproxy.denials")
 
@@ -59,14 +59,12 @@ class DenialLog:
                             "policy_revision": policy_revision, "request_id": request_id, "call_id": call_id,
                             "trace_id": trace_id},
                            separators=(",", ":"))
-        try:
+        with logged_on_fault(log, "could not record a denial for the console (the call is denied all the same)"):
             for list_key in (self._key, self._tenant_key(tenant)):  # two slots in Cluster: one MULTI each
                 async with self._redis.pipeline(transaction=True) as pipe:
                     pipe.lpush(list_key, entry)
                     pipe.ltrim(list_key, 0, KEEP - 1)
                     await redis_call(pipe.execute())
-        except StoreError:  # policy: fail open: the console's list only; the call is denied all the same
-            log.warning("could not record a denial for the console (the call is denied all the same)")
 
     async def recent(self, *, tenant: str | None, limit: int = 100) -> dict[str, Any]:
         """The latest denials (newest first, at most ``limit``) and counts by (tool, reason) over all kept."""

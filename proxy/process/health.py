@@ -84,32 +84,30 @@ class Health:
         readiness = await self.readiness()
         if not readiness.checks.get("redis"):
             return  # keep the last known values; dependency_up{redis} already says why
-        try:
+        # the gauges keep their values until the next scrape
+        with store.logged_on_fault(log, "could not refresh the Redis-backed gauges",
+                                   faults=store.STORE_OR_SOCKET_FAULTS):
             async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
                 stats = await self._unknowns.stats()
                 for refresh in self._refreshers:
                     await refresh()
-        except (TimeoutError, OSError, store.StoreError) as exc:  # policy: skip: gauges refresh on the next scrape
-            log.warning("could not refresh the Redis-backed gauges (%s)", type(exc).__name__)
-            return
-        self._metrics.open_unknowns.set(stats.open)
-        self._metrics.oldest_open_unknown_age.set(stats.oldest_age_s)
+            self._metrics.open_unknowns.set(stats.open)
+            self._metrics.oldest_open_unknown_age.set(stats.oldest_age_s)
 
     async def _check_opa(self) -> bool:
         return await self._opa.healthy()
 
     async def _check_redis(self) -> bool:
-        try:
-            async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
-                return await store.masters_reachable(self._redis)
-        except (TimeoutError, OSError, store.StoreError):  # policy: not ready: readiness reports the store away
-            return False
+        """Not ready while a master does not answer (within the store's timeout)."""
+        return await store.degrade_on_fault(self._bounded(store.masters_reachable(self._redis)), lambda _: False,
+                                            faults=store.STORE_OR_SOCKET_FAULTS)
 
     async def _check_eviction(self) -> bool:
         """Every master's maxmemory-policy keeps the proxy's records (or the risk is accepted); also counts
         the evictions since the last check. False while a master cannot be read."""
-        try:
-            async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
-                return await self._eviction.check()
-        except (TimeoutError, OSError, store.StoreError):
-            return False
+        return await store.degrade_on_fault(self._bounded(self._eviction.check()), lambda _: False,
+                                            faults=store.STORE_OR_SOCKET_FAULTS)
+
+    async def _bounded(self, check: Awaitable[bool]) -> bool:
+        async with asyncio.timeout(self._config.redis.timeout_ms / 1000.0):
+            return await check

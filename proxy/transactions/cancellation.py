@@ -212,10 +212,9 @@ class Cancellations:
     async def _publish(self, key: str, request: Mapping[str, Any]) -> None:
         if self._redis is None or self._channel is None:
             return
-        try:
+        # the local cancel stands; the other replicas' calls run to their deadline
+        with store.logged_on_fault(log, "could not publish the cancel of %s to the other replicas", key):
             await store.redis_call(self._redis.publish(self._channel, json.dumps({"key": key, "request": request})))
-        except store.StoreError:  # policy: fail open: the local cancel stands; other replicas time out
-            log.warning("could not publish the cancel of %s to the other replicas", key)
 
     async def _settled(self, key: str) -> None:
         """Wait (bounded by the caller) until the record leaves IN_PROGRESS: a call of another replica."""

@@ -60,6 +60,7 @@ from ..telemetry import spans
 from ..telemetry.metrics import Metrics
 from ..operations import BUCKETS, OperationStore, Record
 from ..registry import Registry, ToolContract
+from .. import store
 from ..store import StoreError
 
 log = logging.getLogger("toolproxy.reconcile")
@@ -152,12 +153,13 @@ class Reconciler:
         failed: list[Exception] = []
         due: list[str] = []
         expired_by_bucket, due_by_bucket = await self._store.sweep_candidates(self._config.batch_size)
-        for bucket in BUCKETS:
-            try:
-                await self._expire_keys(_keys_or_raise(expired_by_bucket[bucket]), counts)
-                due.extend(_keys_or_raise(due_by_bucket[bucket]))
-            except StoreError as exc:  # policy: count: the sweep reports failed keys, others go on
-                failed.append(exc)
+        for bucket in BUCKETS:  # a bucket whose master failed is reported; the others are swept
+            swept = await store.fault_as_value(self._sweep_bucket(expired_by_bucket[bucket], due_by_bucket[bucket],
+                                                                  counts))
+            if isinstance(swept, StoreError):
+                failed.append(swept)
+            else:
+                due.extend(swept)
         results = await asyncio.gather(*(self._guarded(key) for key in due), return_exceptions=True)
         for result in results:
             if isinstance(result, StoreError):
@@ -170,6 +172,12 @@ class Reconciler:
             counts["buckets_failed"] = len(failed)
             raise failed[0]
         return counts
+
+    async def _sweep_bucket(self, expired: list[str] | Exception, due: list[str] | Exception,
+                            counts: dict[str, int]) -> list[str]:
+        """Expire one bucket's dead leases; its keys due for reconciliation (raises its master's fault)."""
+        await self._expire_keys(_keys_or_raise(expired), counts)
+        return _keys_or_raise(due)
 
     async def _expire_keys(self, keys: list[str], counts: dict[str, int]) -> None:
         for key in keys:

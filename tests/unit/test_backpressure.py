@@ -29,7 +29,7 @@ class ScriptContract:
 
     def register_script(self, source: str):
         async def run(keys: list[str], args: list[object] | None = None) -> object:
-            assert source == _SNAPSHOT, "only the snapshot script is played here"
+            assert source == _SNAPSHOT.source, "only the snapshot script is played here"
             self.commands.append("snapshot")
             return self.snapshots.pop(0)
         return run

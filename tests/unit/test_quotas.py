@@ -34,10 +34,10 @@ class AdmitContract:
 
     def register_script(self, source: str):
         async def run(keys: list[str], args: list[object]) -> object:
-            if source == _RELEASE:
+            if source == _RELEASE.source:
                 self.released.append((keys, args))
                 return 1
-            assert source == _ADMIT, "back-pressure keeps to its in-memory state here: no script of its own"
+            assert source == _ADMIT.source, "back-pressure keeps to its in-memory state here: no script of its own"
             self.admits.append((keys, args))
             reply = self.replies.pop(0)
             if isinstance(reply, Exception):

@@ -61,9 +61,12 @@ CLIENT_META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
 WIRE_FLOOR = "floor: two hops on the proxy's wire"
 FLOW_RECORD = "JSON read labelled (flow record)"
 FLOW_READ = "JSON read of an external sink (flow read)"
+PROVENANCE_RECORD = "JSON read labelled and fingerprinted (provenance record)"
+PROVENANCE_READ = "JSON read of a sink naming its target (provenance read)"
 PINNED_READ = "read via pinned MCP upstream"
 CREDENTIAL_READ = "JSON read with a credential"
 CONTRACT_ALIASES = ["--alias", "flow_labelled_order=get_order", "--alias", "flow_sink_order=get_order",
+                    "--alias", "flow_source_order=get_order", "--alias", "flow_target_order=get_order",
                     "--alias", "credentialed_order=get_order"]
 _ORDER_CONTRACT = """
     version: "1.0.0"
@@ -81,6 +84,11 @@ _ORDER_CONTRACT = """
 """
 FLOW_TOOLS = ("tools:\n  - name: flow_labelled_order" + _ORDER_CONTRACT + "    flow: {produces: [private]}\n"
               "  - name: flow_sink_order" + _ORDER_CONTRACT + "    flow: {sink: external}\n"
+              # the same two with argument provenance (proxy/provenance.py): the labelled read's output is also
+              # fingerprinted (a trusted source, so the sink case below is not held), the sink looks its
+              # order_id up; both inside the same flow.record / flow.read as the cases above
+              "  - name: flow_source_order" + _ORDER_CONTRACT + "    flow: {produces: [private], trusted_source: true}\n"
+              "  - name: flow_target_order" + _ORDER_CONTRACT + "    flow: {sink: external, sink_arguments: [order_id]}\n"
               # get_order with a bearer key the proxy attaches per call (proxy/credentials): what a credential costs
               "  - name: credentialed_order" + _ORDER_CONTRACT.replace(
                   "path: /tools/get_order}", "path: /tools/get_order, auth: bench-key}"))
@@ -468,6 +476,10 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
              '"outcome":"succeeded"', pid_of(proxy)),
         Case(FLOW_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"flow_sink_order"'),
              '"outcome":"succeeded"', pid_of(proxy)),
+        Case(PROVENANCE_RECORD, proxy_url + "/v1/tool-calls",
+             read_body.replace('"get_order"', '"flow_source_order"'), '"outcome":"succeeded"', pid_of(proxy)),
+        Case(PROVENANCE_READ, proxy_url + "/v1/tool-calls",
+             read_body.replace('"get_order"', '"flow_target_order"'), '"outcome":"succeeded"', pid_of(proxy)),
         Case(CREDENTIAL_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"credentialed_order"'),
              '"outcome":"succeeded"', pid_of(proxy)),
         Case("JSON write (unique keys)", proxy_url + "/v1/tool-calls", write_body, '"outcome":"succeeded"',
@@ -490,7 +502,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
              '"outcome":"succeeded"', pid_of(proxy)),
     ]
     if args.proxy_src:  # an older checkout knows no flow contracts (its registry has none loaded for it)
-        cases = [c for c in cases if c.name not in (FLOW_RECORD, FLOW_READ, CREDENTIAL_READ)]
+        cases = [c for c in cases if c.name not in (FLOW_RECORD, FLOW_READ, PROVENANCE_RECORD, PROVENANCE_READ,
+                                                    CREDENTIAL_READ)]
     for label, url, _, process in traced:
         cases.append(Case(f"JSON read ({label})", url + "/v1/tool-calls", read_body, '"outcome":"succeeded"',
                           pid_of(process)))
@@ -628,6 +641,13 @@ def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[
             a, b = m(case, attr, where), m(read, attr, where)
             if None not in (a, b):
                 line(f"read with {what} {label} / JSON read {label}", a / b, "")
+    # argument provenance's cost: the same record and read with fingerprints (proxy/provenance.py)
+    for case, base, what in ((PROVENANCE_RECORD, FLOW_RECORD, "provenance record"),
+                             (PROVENANCE_READ, FLOW_READ, "provenance read")):
+        for label, attr, where in (("CPU", "cpu_ms", conc), ("p50", "p50_ms", seq)):
+            a, b = m(case, attr, where), m(base, attr, where)
+            if None not in (a, b):
+                line(f"{what} {label} / flow {what.split()[1]} {label}", a / b, "<= 1.10")
     for label, attr, where in (("CPU", "cpu_ms", conc), ("p50", "p50_ms", seq)):  # an attached credential's cost
         a, b = m(CREDENTIAL_READ, attr, where), m(read, attr, where)
         if None not in (a, b):

@@ -247,6 +247,12 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None, 
             status += f", flow produces {'+'.join(tool.flow_produces)}"
         if tool.flow_sink != "internal":
             status += f", flow sink {tool.flow_sink}"
+        if tool.flow_sink_arguments:
+            status += f", sink arguments {' '.join(tool.flow_sink_arguments)}"
+        if tool.flow_integrity:
+            status += f", integrity {tool.flow_integrity}"
+        if tool.flow_trusted_source:
+            status += ", trusted source"
         if tool.related_read is not None:  # shown to approvers beside a pending approval (docs/registry.md)
             status += f", related read {tool.related_read.tool}@{tool.related_read.version}"
         if tool.approver_may_read:
@@ -270,6 +276,9 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None, 
         if breaks:
             return EXIT_BREAKING_SAME_VERSION
     for line in unchecked_state(registry):  # the default: the backend alone checks a resource's state
+        print(f"warning: {line}")
+    from .authoring.flow_labels import unlabelled_others
+    for line in unlabelled_others(registry.all()):  # a channel others write into, left unlabelled
         print(f"warning: {line}")
     if refused:
         print(f"registry refused: {refused} write(s) declare no resources without a service_wide_reason "

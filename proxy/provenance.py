@@ -45,12 +45,8 @@ OVERFLOW = "!over"        # the field of a scope whose bound was reached (proxy/
 
 _EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})+")
 _URL = re.compile(r"(?:https?://|www\.)[^\s<>\"'()\[\]{}]{1,300}", re.IGNORECASE)
-_DOMAIN = re.compile(r"\b(?:[A-Za-z0-9-]{1,63}\.)+(?:com|org|net|io|ai|co|dev|app|info|biz|me|uk|de|fr|eu|us|"
-                     r"ch|it|es|nl|ru|cn|xyz|site|online|top|link|shop|store)\b", re.IGNORECASE)
 _IBAN = re.compile(r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
-_ID_LIKE = re.compile(r"\b[A-Za-z0-9][A-Za-z0-9_.:/+-]{0,62}[A-Za-z0-9]\b|\b[0-9]\b")
 _QUOTED = re.compile(r"'([^'\n]{2,200})'|\"([^\"\n]{2,200})\"|\u201c([^\u201d\n]{2,200})\u201d")
-_NAME = re.compile(r"\b[A-Z][\w'&-]*(?:\s+(?:of|the|de|la|von|van|and|&)?\s*[A-Z][\w'&-]*){1,5}")
 _SPACE = re.compile(r"\s+")
 _EDGE = ".,;:!?\"'()<>[]{}`*\u201c\u201d\u2018\u2019"
 
@@ -71,31 +67,84 @@ def _host(url: str) -> str | None:
     return host[4:] if host.startswith("www.") else host
 
 
+_TLDS = frozenset("com org net io ai co dev app info biz me uk de fr eu us ch it es nl ru cn xyz site online top "
+                  "link shop store edu gov".split())
+_CONNECTORS = frozenset("of the de la von van and & du di da del le".split())
+_IBAN_HEAD = re.compile(r"[A-Z]{2}[0-9]{2}")
+_IBAN_GROUP = re.compile(r"[A-Z0-9]{1,4}")
+_PLAIN = re.compile(r"[A-Za-z0-9_-]+")  # one word, no address, URL or host in it
+MAX_NAME_WORDS = 6
+
+
 def text_tokens(text: str) -> Iterator[str]:
-    """The tokens of one string: itself when short, and what a target looks like inside it (not normalized)."""
+    """The tokens of one string: itself when short, and what a target looks like inside it (not normalized).
+    One pass over its whitespace-separated words (linear on any text, an attacker's included)."""
     if len(text) <= MAX_TOKEN_CHARS:
         yield text
-    for match in _EMAIL.finditer(text):
-        yield match.group(0)
-        yield match.group(0).rpartition("@")[2]
-    for match in _URL.finditer(text):
-        url = match.group(0).rstrip(_EDGE)
-        yield url
-        host = _host(url)
-        if host:
-            yield host
-    for match in _DOMAIN.finditer(text):
-        yield match.group(0)
-    for match in _IBAN.finditer(text):
-        yield match.group(0).replace(" ", "")
+        if text.isalnum() or (text.isascii() and _PLAIN.fullmatch(text)):  # an id or a word: itself only
+            return
+    words = text.split()
+    run: list[str] = []  # consecutive Capitalized words (with connectors inside): a name
+    for index, raw in enumerate(words):
+        word = raw.strip(_EDGE)
+        if not word or len(word) > MAX_TOKEN_CHARS:  # (no target is that long: a blob is skipped whole)
+            yield from _names(run)
+            run = []
+            continue
+        if "@" in word:
+            match = _EMAIL.search(word)
+            if match:
+                yield match.group(0)
+                yield match.group(0).rpartition("@")[2]
+        elif "://" in word or word[:4].lower() == "www.":
+            yield word
+            host = _host(word)
+            if host:
+                yield host
+        elif "." in word and word.rpartition(".")[2].lower() in _TLDS:
+            yield word
+        if any(c.isdigit() for c in word):  # ids, numbers, IBANs written whole
+            yield word
+            if _IBAN_HEAD.fullmatch(word):  # an IBAN in groups: "GB29 NWBK 6016 1331 9268 19"
+                groups = [word]
+                for nxt in words[index + 1:index + 9]:
+                    part = nxt.strip(_EDGE)
+                    if not _IBAN_GROUP.fullmatch(part):
+                        break
+                    groups.append(part)
+                    if len(part) < 4:
+                        break
+                if len(groups) >= 3:
+                    yield "".join(groups)
+        if word[0].isupper() or (run and word in _CONNECTORS):
+            run.append(word)
+            if raw[-1:] in ".,;:!?)\"'" or len(run) >= 2 * MAX_NAME_WORDS:  # a sentence or clause ends the name
+                yield from _names(run)
+                run = []
+        else:
+            yield from _names(run)
+            run = []
+    yield from _names(run)
     for match in _QUOTED.finditer(text):
         yield next(g for g in match.groups() if g)
-    for match in _NAME.finditer(text):
-        yield match.group(0)
-    for match in _ID_LIKE.finditer(text):
-        word = match.group(0)
-        if any(c.isdigit() for c in word):  # ids, numbers, phone numbers: not every plain word
-            yield word
+
+
+def _names(run: list[str]) -> Iterator[str]:
+    """A run of Capitalized words as names: the whole run and each of its prefixes and suffixes of two words
+    or more (a sentence's first word is capitalized too: "Book Riverside View Hotel"), connectors trimmed."""
+    while run and run[-1] in _CONNECTORS:  # (lower-case ones only: "Le Marais" is a name)
+        run = run[:-1]
+    if len(run) < 2:
+        return
+    run = run[-MAX_NAME_WORDS:] if len(run) > MAX_NAME_WORDS else run
+    for cut in range(len(run) - 1):
+        tail = run[cut:]
+        if tail[0] not in _CONNECTORS:
+            yield " ".join(tail)
+    for cut in range(2, len(run)):
+        head = run[:cut]
+        if head[-1] not in _CONNECTORS:
+            yield " ".join(head)
 
 
 def value_candidates(value: str) -> list[str]:
@@ -125,6 +174,7 @@ class Extracted:
 def extract(output: Any) -> Extracted:
     """The distinct normalized tokens of a tool's output (strings and numbers anywhere in it), bounded."""
     seen: dict[str, None] = {}
+    raw_seen: set[str] = set()  # a repeated token is normalized once (a page repeats its words)
     budget = [MAX_SCAN_CHARS]
     overflow = False
     for leaf in _leaves(output, 0):
@@ -139,6 +189,9 @@ def extract(output: Any) -> Extracted:
         else:
             raw = (str(leaf),)
         for token in raw:
+            if token in raw_seen:
+                continue
+            raw_seen.add(token)
             norm = normalize(token)
             if MIN_TOKEN_CHARS <= len(norm) <= MAX_TOKEN_CHARS or (norm.isdigit() and norm):
                 if norm not in seen:

@@ -116,3 +116,42 @@ def test_the_draft_proposes_sensitive_fields_for_review(tmp_path: Path):
     bare = draft([UpstreamTool("count", None, {"type": "object", "properties": {"n": {"type": "integer"}}},
                                None, {})], url="http://u/mcp")
     assert "sensitive_fields: none proposed" in bare
+
+
+def test_the_draft_proposes_flow_labels_from_what_a_tool_returns_and_what_aims_it(tmp_path: Path, capsys):
+    """A mail reader's output has fields others write (untrusted); a sender's arguments aim it (sink arguments).
+    The draft loads as written, and check-registry warns about the same reader left unlabelled."""
+    from proxy.cli import main as cli_main
+    inbox_out = {"type": "object", "properties": {"emails": {"type": "array", "items": {
+        "type": "object", "properties": {"id_": {"type": "string"}, "sender": {"type": "string"},
+                                         "body": {"type": "string"}, "message_id": {"type": "string"}}}}}}
+    send_in = {"type": "object", "properties": {"recipients": {"type": "array", "items": {"type": "string"}},
+                                                "event": {"type": "object", "properties": {
+                                                    "participants": {"type": "array", "items": {"type": "string"}}}},
+                                                "count": {"type": "integer"}}}
+    text = draft([UpstreamTool("get_received_emails", "Your inbox.", {"type": "object", "properties": {}},
+                               inbox_out, {}),
+                  UpstreamTool("send_email", "Send.", send_in, None, {}),
+                  UpstreamTool("get_balance", "Your balance.", {"type": "object", "properties": {}},
+                               {"type": "object", "properties": {"balance": {"type": "number"}}}, {})],
+                 url="http://u/mcp")
+    assert "# REVIEW flow.produces: untrusted proposed: the output has fields others usually write " \
+           "(emails, emails.sender, emails.body)" in text
+    assert "# REVIEW flow.sink_arguments: proposed from the argument names (/recipients, /event/participants)" in text
+    assert "flow.produces: none proposed" in text  # the balance: nobody else writes it
+    path = tmp_path / "draft.yaml"
+    path.write_text(text)
+    inbox, send, balance = load_file(path)
+    assert inbox.flow_produces == ("untrusted",) and not inbox.flow_sink_arguments
+    assert send.flow_sink_arguments == ("/recipients", "/event/participants") and send.flow_integrity == "destructive"
+    assert balance.flow_produces == () and not balance.flow_sink_arguments
+
+    unlabelled = tmp_path / "unlabelled.yaml"
+    unlabelled.write_text(text.replace("flow:\n      produces:\n      - untrusted\n", ""))
+    assert cli_main(["check-registry", "--dev", str(unlabelled)]) == 0
+    out = capsys.readouterr().out
+    assert f"warning: get_received_emails 1.0.0 ({unlabelled}): its output has fields others usually write " \
+           "(emails, emails.sender, emails.body) but flow.produces does not say untrusted" in out
+    assert out.count("flow.produces does not say untrusted") == 1  # not the balance, not the sender
+    assert cli_main(["check-registry", "--dev", str(path)]) == 0
+    assert "flow.produces does not say untrusted" not in capsys.readouterr().out

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from . import flow_labels
 from ..drift import UNREPRESENTABLE, UpstreamTool, definition_digest, list_digest
 from ..telemetry.redaction import looks_secret
 
@@ -70,7 +71,9 @@ def draft(tools: Iterable[UpstreamTool], *, url: str, service: str | None = None
         "#   2. add resources templates for writes, tighten inputSchema, write an outputSchema if the tool",
         "#      returns JSON (without one its content blocks pass through unverified);",
         "#   3. delete the tools the agent must not have (tools not listed here stay refused);",
-        "#   4. `toolproxy check-registry FILE`, then `toolproxy dev --registry FILE` to try it.",
+        "#   4. check each flow label: untrusted where others write the output, sink_arguments for what aims",
+        "#      a call (docs/policy-authors.md#argument-provenance);",
+        "#   5. `toolproxy check-registry FILE`, then `toolproxy dev --registry FILE` to try it.",
         "# backend.pin holds digests of each upstream tool's definition and of the upstream's tool list as",
         "# imported: the proxy refuses (contract_drift) and hides a tool while its live upstream differs.",
         "# After reviewing a change, `toolproxy mcp repin FILE` prints the diff and records the new digests.",
@@ -132,6 +135,11 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
                      "records and logs, and never shown to the model in output).")
     else:
         notes.append("sensitive_fields: none proposed; list the arguments that carry secrets or a person's data.")
+    flow, flow_notes = flow_labels.proposal(description=description, input_schema=input_schema,
+                                            output_schema=output_schema)
+    if flow:
+        entry["flow"] = flow
+    notes.extend(flow_notes)
     return entry, notes
 
 

@@ -34,6 +34,7 @@ from proxy.authoring.policy_reads import policy_reads
 from proxy.authoring.policy_replay import replay
 from proxy.authoring.policy_scratch import ScratchOpa
 from proxy.registry import load_registry
+from proxy.telemetry.record_view import ephemeral_key
 
 REPO = Path(__file__).resolve().parent.parent
 POLICY = str(REPO / "policies")
@@ -45,7 +46,7 @@ def inputs(n: int, catalog_digest: str) -> tuple[list[dict], list[tuple[str, ...
     caller = Caller(subject="dev-user", tenant="acme", roles=("agent",), scopes=("tools:read", "tools:write"),
                     agent="dev-agent", source="jwt")
     rng = random.Random(18)
-    documents, sensitive = [], []
+    documents, views = [], []
     for i in range(n):
         roll = rng.random()
         if roll < 0.5:
@@ -61,22 +62,22 @@ def inputs(n: int, catalog_digest: str) -> tuple[list[dict], list[tuple[str, ...
         documents.append(build_input("call", caller, RequestFacts(request_id=f"req-{i}"),
                                      catalog_digest=catalog_digest, tool=contract,
                                      normalized=normalize(contract, args)))
-        sensitive.append(contract.sensitive_fields)
-    return documents, sensitive
+        views.append(contract.record_view)
+    return documents, views
 
 
 async def main(n: int) -> None:
     catalog = catalog_document(load_registry([str(REPO / "examples" / "registry")]))
-    documents, sensitive = inputs(n, catalog["digest"])
+    documents, views = inputs(n, catalog["digest"])
     async with ScratchOpa(POLICY, [DATA], catalog=catalog) as opa:
         decided = await opa.evaluate(documents)
-    records = []
-    for document, fields, result in zip(documents, sensitive, decided):
+    records, key = [], ephemeral_key()
+    for document, view, result in zip(documents, views, decided):
         decision = Decision(allow=result["allow"], require_approval=result["require_approval"],
                             reasons=tuple(result["reasons"]), risk=result.get("risk", "unknown"),
                             policy_revision=result["policy_revision"])
         records.append(build_record(document, decision, decision_path="toolproxy/decision",
-                                    sensitive_fields=fields, max_bytes=65536))
+                                    view=view, key=key, max_bytes=65536))
     masked = sum(1 for r in records if r["masked_paths"])
     print(f"{n} records ({masked} with a masked path)")
 

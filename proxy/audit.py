@@ -1,7 +1,9 @@
 """Audit records: evidence of who asked for what, what was decided and what happened.
 
 Owns: the shape of every audit record (``schemas/audit-record.schema.json``),
-its arguments redacted by the one rule of ``proxy/telemetry/redaction.py``, the sinks
+its arguments as the contract's record view keeps them (``proxy/telemetry/record_view.py``: what it
+shows in clear, keyed fingerprints of the rest) and its details redacted by the one rule of
+``proxy/telemetry/redaction.py``, the sinks
 (stdout JSON lines, a bounded Redis Stream), and the failure policy: when a
 sink fails, a call that must be audited fail-closed is stopped *before* its
 side effect (the intent record is written before execution), and a record that
@@ -40,6 +42,7 @@ from .errors import ProxyError
 from .telemetry.metrics import Metrics
 from .normalize import canonical_json, sha256_hex
 from .telemetry import outlet
+from .telemetry import record_view
 from .telemetry.redaction import redact
 from .registry import ToolContract, thaw
 from .store import Client, redis_call, StoreError
@@ -242,9 +245,13 @@ class AuditPolicy:
 
 
 class Auditor:
-    def __init__(self, config: AuditConfig, sinks: Sequence[Sink], metrics: Metrics) -> None:
+    def __init__(self, config: AuditConfig, sinks: Sequence[Sink], metrics: Metrics, *,
+                 fingerprint_key: bytes | None = None) -> None:
         check_config(config)
         self._config = config
+        # The key of the arguments' fingerprints (derived from the record MAC key: every record of every
+        # sidecar sharing it fingerprints one value alike; the decision records use the same one).
+        self._fingerprint_key = fingerprint_key or record_view.ephemeral_key()
         self._sinks = tuple(sinks)
         self._metrics = metrics
         self._timeout_s = config.timeout_ms / 1000.0
@@ -322,8 +329,7 @@ class Auditor:
             schema_version=self._schema_version(tool) if tool else None,
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
             args_hash=fp.args_hash,
-            arguments=redact(fp.arguments, tool.record_masked, self._config.max_string_chars)
-            if tool and fp.args_hash is not None else None,
+            arguments=self._arguments(tool, fp.arguments) if tool and fp.args_hash is not None else None,
             resources_hash=sha256_hex("\n".join(r.id for r in fp.resources).encode()) if fp.resources else None,
             approval_id=meta.approval_id, attempt=0,
             started_at=env.timing["started_at"], deadline_at=_deadline_at(timing.started_wall, timing.deadline_ms),
@@ -344,8 +350,7 @@ class Auditor:
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
             idempotency_key=facts.idempotency_key,
             args_hash=normalized.args_hash if normalized else None,
-            arguments=redact(normalized.arguments, tool.record_masked, self._config.max_string_chars)
-            if normalized and tool else None,
+            arguments=self._arguments(tool, normalized.arguments) if normalized and tool else None,
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,
             policy=facts.policy.to_json() if facts.policy is not None else None,
@@ -353,6 +358,11 @@ class Auditor:
             started_at=iso(facts.started_wall), deadline_at=_deadline_at(facts.started_wall, facts.deadline_ms),
             fencing_token=facts.fencing_token,
         )
+
+    def _arguments(self, tool: ToolContract, arguments: Any) -> Any:
+        """A call's arguments as its contract's record view keeps them (long text and arrays cut)."""
+        return record_view.apply(arguments, tool.record_view, self._fingerprint_key,
+                                 max_chars=self._config.max_string_chars, max_items=record_view.MAX_ITEMS)[0]
 
     def _schema_version(self, tool: ToolContract) -> str:
         cache_key = (tool.name, tool.version, tool.source)

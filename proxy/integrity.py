@@ -127,7 +127,8 @@ class RecordMac:
 
     def derived_key(self, purpose: str) -> bytes:
         """A key for one other purpose, derived from the MAC key (HMAC of the purpose's name), never the MAC
-        key itself: ``field-hash`` (the keyed hash of a masked field), ``seal`` (approver-readable fields)."""
+        key itself: ``field-hash`` (the keyed hash of a masked field), ``seal`` (approver-readable fields),
+        ``record-fingerprint`` (argument values audit and decision records do not show)."""
         return hmac.new(self._key, b"toolproxy.derived/1\n" + purpose.encode(), hashlib.sha256).digest()
 
     def seal(self, kind: str, record_id: str, text: str) -> str:

@@ -28,6 +28,7 @@ import yaml
 
 from . import approval_context, compensation_contract, output_filter, provenance, read_after_write
 from .canonical_ids import CanonicalForm, FormError, form_from_registry
+from .telemetry.record_view import EACH_VALUE_HIDDEN, RecordView, view_from_schema
 from .approval_context import RelatedRead
 from .wire import schema_fast
 from .compensation_contract import CompensationSpec
@@ -132,9 +133,9 @@ class ToolContract:
     cancel_endpoint: Endpoint | None = None   # POSTed with the call's Idempotency-Key to cancel it (sent calls)
     compensation: CompensationSpec | None = None  # how a committed effect is compensated (docs/transactions.md)
     sensitive_fields: tuple[str, ...] = ()
-    # What audit and decision records mask: the sensitive fields, and every top-level argument the contract
-    # does not mark safe to show (``_record_masked``): records keep identifiers, numbers and enums, not text.
-    record_masked: tuple[str, ...] = ()
+    # What audit and decision records keep of the arguments (``_record_view``): what names a resource,
+    # numbers, booleans, enums and ``safe_to_show`` in clear; every other value as its keyed fingerprint.
+    record_view: RecordView = EACH_VALUE_HIDDEN
     approval_view: tuple[tuple[str, str, str], ...] = ()  # (argument, unit, currency): the console's view
     approver_may_read: tuple[str, ...] = ()   # sensitive fields an approver reads in clear (approval_context.py)
     related_read: RelatedRead | None = None   # the read shown beside a pending approval (approval_context.py)
@@ -675,7 +676,7 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         compensation=compensation_contract.spec_from_registry(raw["compensation"]) if raw.get("compensation")
         else None,
         sensitive_fields=tuple(raw.get("sensitive_fields", [])),
-        record_masked=_record_masked(at, raw, resources),
+        record_view=_record_view(at, raw, resources),
         approval_view=tuple((name, view["unit"], view["currency"])
                             for name, view in sorted((raw.get("approval_view") or {}).items())),
         approver_may_read=tuple(raw.get("approver_may_read", [])),
@@ -826,43 +827,21 @@ def _resources(at: _At, raw: dict[str, Any]) -> list[ResourceTemplate]:
     return resources
 
 
-def _record_masked(at: _At, raw: Mapping[str, Any], resources: list[ResourceTemplate]) -> tuple[str, ...]:
-    """The argument paths audit and decision records mask: ``sensitive_fields``, and each top-level argument
-    that is not safe to show: one that names a resource (a template placeholder), a number, a boolean, an
-    ``enum`` / ``const`` is; so is one the contract lists in ``safe_to_show``; free text, objects and arrays
-    are not (a security code in an e-mail body must not sit in a decision record)."""
-    properties = raw["inputSchema"].get("properties") or {}
+def _record_view(at: _At, raw: Mapping[str, Any], resources: list[ResourceTemplate]) -> RecordView:
+    """What audit and decision records keep of a call's arguments (proxy/telemetry/record_view.py): in clear
+    what names a resource (a template placeholder), numbers, booleans, ``enum`` / ``const`` values and the
+    paths the contract lists in ``safe_to_show``; every other value, and each of ``sensitive_fields``, as its
+    keyed fingerprint (a security code in an e-mail body must not sit in a decision record)."""
     sensitive = list(raw.get("sensitive_fields", []))
-    safe = _safe_to_show(at, raw, properties, sensitive)
-    placeholders = {p for r in resources for p in r.placeholders}
-    masked = [name for name, sub in properties.items()
-              if name not in safe and name not in placeholders and name not in sensitive and not _shown_by_type(sub)]
-    return tuple(sensitive + masked)
-
-
-def _safe_to_show(at: _At, raw: Mapping[str, Any], properties: Mapping[str, Any], sensitive: list[str]) -> set[str]:
-    """The contract's ``safe_to_show``: each a property of inputSchema, none also sensitive."""
-    safe = set(raw.get("safe_to_show", []))
-    for name in sorted(safe):
-        if name not in properties:
-            raise at.error("safe_to_show", f"{name!r} is not a property of inputSchema")
-        if name in sensitive:
-            raise at.error("safe_to_show", f"{name!r} is in sensitive_fields: it cannot also be safe to show")
-    return safe
-
-
-_SCALAR_TYPES = {"integer", "number", "boolean"}
-
-
-def _shown_by_type(sub: Any) -> bool:
-    """Whether an argument's schema alone makes it safe to show: an ``enum``, a ``const``, or only numbers and
-    booleans."""
-    if not isinstance(sub, Mapping):
-        return False
-    kinds = sub.get("type")
-    if isinstance(kinds, list):  # a list of types is hashable only as a set
-        return "enum" in sub or "const" in sub or (bool(kinds) and set(kinds) <= _SCALAR_TYPES)
-    return "enum" in sub or "const" in sub or kinds in _SCALAR_TYPES
+    safe = list(raw.get("safe_to_show", []))
+    for path in safe:
+        problem = provenance.schema_problem("/" + path.replace(".", "/"), raw["inputSchema"])
+        if problem:
+            raise at.error("safe_to_show", problem)
+        if path in sensitive:
+            raise at.error("safe_to_show", f"{path!r} is in sensitive_fields: it cannot also be safe to show")
+    placeholders = sorted({p for r in resources for p in r.placeholders})
+    return view_from_schema(raw["inputSchema"], shown=[*placeholders, *safe], hidden=sensitive)
 
 
 def _canonical_form(at: _At, where: str, raw: Mapping[str, Any] | None) -> CanonicalForm | None:

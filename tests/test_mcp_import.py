@@ -8,6 +8,7 @@ from pathlib import Path
 
 from proxy.authoring.mcp_import import UpstreamTool, _strict_schema, draft
 from proxy.registry import load_file
+from proxy.telemetry.record_view import apply, ephemeral_key
 from tests.support.mcp_upstream import running_upstream
 from tests.support.stack import DEMO_REGISTRY, running_stack
 from tests.support.tokens import Issuer
@@ -107,12 +108,23 @@ def test_the_draft_proposes_sensitive_fields_for_review(tmp_path: Path):
     schema = {"type": "object", "properties": {"to": {"type": "string"}, "emailBody": {"type": "string"},
                                                "api_key": {"type": "string"}, "count": {"type": "integer"}}}
     text = draft([UpstreamTool("send", None, schema, None, {})], url="http://u/mcp")
-    assert "# REVIEW sensitive_fields: proposed from the argument names (emailBody, api_key)" in text
+    assert "# REVIEW sensitive_fields: proposed from the argument names and formats (emailBody, api_key)" in text
     path = tmp_path / "draft.yaml"
     path.write_text(text)
     [tool] = load_file(path)
     assert tool.sensitive_fields == ("emailBody", "api_key")
-    assert set(tool.record_masked) == {"emailBody", "api_key", "to"}  # free text is masked in records too
+    _, masked = apply({"to": "a", "emailBody": "b", "api_key": "c", "count": 2}, tool.record_view, ephemeral_key())
+    assert set(masked) == {("emailBody",), ("api_key",), ("to",)}  # free text is fingerprinted in records too
+    nested = {"type": "object", "properties": {
+        "recipient": {"type": "string", "format": "email"},
+        "payment": {"type": "object", "properties": {"iban": {"type": "string"}, "amount": {"type": "integer"}}},
+        "lines": {"type": "array", "items": {"type": "object", "properties": {
+            "securityCode": {"type": "string"}, "sku": {"type": "string"}}}},
+        "login": {"type": "string", "writeOnly": True}}}
+    text = draft([UpstreamTool("pay", None, nested, None, {})], url="http://u/mcp")
+    path.write_text(text)
+    [tool] = load_file(path)
+    assert tool.sensitive_fields == ("recipient", "payment.iban", "lines.securityCode", "login")
     bare = draft([UpstreamTool("count", None, {"type": "object", "properties": {"n": {"type": "integer"}}},
                                None, {})], url="http://u/mcp")
     assert "sensitive_fields: none proposed" in bare

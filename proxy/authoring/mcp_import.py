@@ -130,9 +130,9 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
     proposed = _proposed_sensitive(input_schema)
     if proposed:
         entry["sensitive_fields"] = proposed
-        notes.append(f"sensitive_fields: proposed from the argument names ({', '.join(proposed)}); keep the ones "
-                     "that carry secrets or a person's data, add any other (they are masked for approvers, in "
-                     "records and logs, and never shown to the model in output).")
+        notes.append(f"sensitive_fields: proposed from the argument names and formats ({', '.join(proposed)}); keep "
+                     "the ones that carry secrets or a person's data, add any other (they are masked for approvers "
+                     "and in logs, fingerprinted in records, and never shown to the model in output).")
     else:
         notes.append("sensitive_fields: none proposed; list the arguments that carry secrets or a person's data.")
     flow, flow_notes = flow_labels.proposal(description=description, input_schema=input_schema,
@@ -143,13 +143,33 @@ def _entry(tool: UpstreamTool, *, url: str, service: str | None, path: str | Non
     return entry, notes
 
 
-def _proposed_sensitive(input_schema: Any) -> list[str]:
-    """Top-level arguments whose names suggest a secret or personal data (a proposal for the reviewer)."""
+def _proposed_sensitive(input_schema: Any, prefix: str = "", depth: int = 0) -> list[str]:
+    """Arguments, at any depth (dotted paths, crossing arrays), whose names suggest a secret or personal data,
+    or whose schema says so (``format: email`` / ``password``, ``writeOnly``): a proposal for the reviewer."""
     properties = input_schema.get("properties") if isinstance(input_schema, dict) else None
-    if not isinstance(properties, dict):
+    if not isinstance(properties, dict) or depth > _PROPOSAL_DEPTH:
         return []
-    return [name for name in properties if isinstance(name, str) and (looks_secret(name) or _SENSITIVE_NAME.search(
-        re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name)))]
+    found: list[str] = []
+    for name, sub in properties.items():
+        if not isinstance(name, str):
+            continue
+        if _looks_sensitive(name, sub):
+            found.append(prefix + name)
+            continue
+        while isinstance(sub, dict) and isinstance(sub.get("items"), dict):  # a path crosses arrays
+            sub = sub["items"]
+        found.extend(_proposed_sensitive(sub, f"{prefix}{name}.", depth + 1))
+    return found
+
+
+_PROPOSAL_DEPTH = 8
+_SENSITIVE_FORMATS = frozenset({"email", "idn-email", "password"})
+
+
+def _looks_sensitive(name: str, schema: Any) -> bool:
+    if looks_secret(name) or _SENSITIVE_NAME.search(re.sub(r"(?<=[a-z])(?=[A-Z])", "_", name)):
+        return True
+    return isinstance(schema, dict) and (schema.get("format") in _SENSITIVE_FORMATS or schema.get("writeOnly") is True)
 
 
 def _description(tool: UpstreamTool, notes: list[str]) -> str:

@@ -119,7 +119,7 @@ class Authorizer:
                                    normalized=normalized, approval=None,
                                    flow=await self._flow_input(caller, tool, request, normalized))
             decision = await self._policy.decide(document, deadline=deadline,
-                                                 sensitive_fields=tool.record_masked)
+                                                 record_view=tool.record_view)
         except ProxyError as error:
             return error.with_phase("authorize")
         if decision.allow:
@@ -162,7 +162,7 @@ class Authorizer:
             document = build_input("call", caller, request, catalog_digest=self._policy.catalog_digest, tool=tool,
                                    normalized=normalized,
                                    approval=approval.policy_input() if approval is not None else None, flow=flow)
-            return await self._policy.decide(document, deadline=deadline, sensitive_fields=tool.record_masked)
+            return await self._policy.decide(document, deadline=deadline, record_view=tool.record_view)
 
         decision = await decide()
         standing = None

@@ -20,7 +20,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping
 
 import orjson
 
@@ -31,6 +31,7 @@ from ..errors import ProxyError
 from ..wire.http import HttpWire, TooLarge
 from ..identity import Caller
 from ..telemetry.metrics import Metrics
+from ..telemetry.record_view import EACH_VALUE_HIDDEN, RecordView
 from ..normalize import NormalizedCall, canonical_json, sha256_hex
 from .opa_control import ControlError, OpaControl, read_token
 from ..registry import Registry, ToolContract
@@ -158,9 +159,10 @@ class PolicyClient:
         return ok
 
     async def decide(self, document: Mapping[str, Any], *, deadline: Deadline = NO_DEADLINE,
-                     sensitive_fields: Sequence[str] = ()) -> Decision:
-        """One decision within ``opa.timeout_ms`` and the call's ``deadline``; recorded (masked) when decision
-        records are on."""
+                     record_view: RecordView = EACH_VALUE_HIDDEN) -> Decision:
+        """One decision within ``opa.timeout_ms`` and the call's ``deadline``; recorded when decision records
+        are on, its arguments as ``record_view`` (the contract's) keeps them: every value fingerprinted
+        without one."""
         started = time.monotonic()
         decision = await self._query(document, deadline)
         if not decision[1] and self._config.push_catalog:
@@ -171,7 +173,7 @@ class PolicyClient:
                 self._fail("catalog_missing")
         self._metrics.child(self._metrics.policy_decisions, decision[0].result).inc()
         if self._recorder is not None:
-            await self._recorder.record(document, decision[0], sensitive_fields)
+            await self._recorder.record(document, decision[0], record_view)
         return decision[0]
 
     async def _reload_catalog(self, asked_at: float) -> None:

@@ -1,16 +1,17 @@
 """Decision records: the exact OPA input of each policy decision, for replay by policy authors.
 
 Owns: the shape of a decision record (``schemas/decision-record.schema.json``):
-the OPA input as sent, with the arguments a contract marks sensitive (and
-credential-looking keys) masked and every masked path listed; the decision,
-the policy revision and OPA's decision id; the sinks (a Redis Stream trimmed
-by length and by age, stdout JSON lines) and the record-size bound (an
-oversized record keeps its decision and drops its input, saying so).
+the OPA input as sent, its arguments as the contract's record view keeps them
+(what it shows in clear, keyed fingerprints of the rest, as audit records do)
+and every fingerprinted path listed; the decision, the policy revision and
+OPA's decision id; the sinks (a Redis Stream trimmed by length and by age,
+stdout JSON lines) and the record-size bound (an oversized record keeps its
+decision and drops its input, saying so).
 
-Must never: record an unmasked sensitive argument, truncate a value silently
-(a truncated input would replay as a different call: the record drops the
-whole input instead), or let a failed write change a call's outcome or delay
-it past ``decisions.timeout_ms``.
+Must never: record in clear an argument value the contract does not show,
+truncate a value silently (a truncated input would replay as a different call:
+the record drops the whole input instead), or let a failed write change a
+call's outcome or delay it past ``decisions.timeout_ms``.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 
 from ..audit import StdoutSink, iso_now
-from ..telemetry.redaction import MASK, looks_secret
+from ..telemetry import record_view
+from ..telemetry.record_view import EACH_VALUE_HIDDEN, RecordView
 from ..config import ConfigError, DecisionsConfig
 from ..telemetry.metrics import Metrics
 from ..store import STORE_OR_SOCKET_FAULTS, Client, logged_on_fault, redis_call
@@ -56,41 +58,20 @@ class Decision:
         return "allow" if self.allow else "require_approval" if self.require_approval else "deny"
 
 
-def mask_input(document: Mapping[str, Any], sensitive_fields: Iterable[str]) -> tuple[dict[str, Any], list[Path]]:
-    """A copy of the OPA input with sensitive arguments replaced by MASK, and the masked paths.
-
-    ``sensitive_fields`` are the contract's dotted paths under ``arguments``
-    (``card.number``; a path crosses arrays element-wise, as in audit records).
-    Credential-looking keys are masked anywhere under ``arguments``. A path is
-    listed from the input's root: ``["arguments", "items", 0, "pin"]``.
-    """
-    masked: list[Path] = []
+def mask_input(document: Mapping[str, Any], view: RecordView, key: bytes) -> tuple[dict[str, Any], list[Path]]:
+    """A copy of the OPA input whose ``arguments`` are as the contract's record view keeps them (values it
+    does not show replaced by their keyed fingerprints: proxy/telemetry/record_view.py), and the path of each
+    replaced value from the input's root: ``["arguments", "items", 0, "pin"]``."""
     out = dict(document)
     if isinstance(document.get("arguments"), dict):
-        wanted = [tuple(p.split(".")) for p in sensitive_fields]
-        out["arguments"] = _mask(document["arguments"], wanted, ("arguments",), masked)
-    return out, masked
+        out["arguments"], masked = record_view.apply(document["arguments"], view, key, at=("arguments",))
+        return out, masked
+    return out, []
 
 
-def _mask(value: Any, wanted: list[tuple[str, ...]], at: Path, masked: list[Path]) -> Any:
-    if isinstance(value, dict):
-        result: dict[str, Any] = {}
-        for key, sub in value.items():
-            if (key,) in wanted or looks_secret(key):
-                result[key] = MASK
-                masked.append(at + (key,))
-                continue
-            below = [p[1:] for p in wanted if len(p) > 1 and p[0] == key]
-            result[key] = _mask(sub, below, at + (key,), masked)
-        return result
-    if isinstance(value, list):
-        return [_mask(item, wanted, at + (i,), masked) for i, item in enumerate(value)]
-    return value
-
-
-def build_record(document: Mapping[str, Any], decision: Decision, *, decision_path: str,
-                 sensitive_fields: Sequence[str], max_bytes: int) -> dict[str, Any]:
-    masked_input, masked_paths = mask_input(document, sensitive_fields)
+def build_record(document: Mapping[str, Any], decision: Decision, *, decision_path: str, view: RecordView,
+                 key: bytes, max_bytes: int) -> dict[str, Any]:
+    masked_input, masked_paths = mask_input(document, view, key)
     tool = document.get("tool") or {}
     subject = document.get("subject") or {}
     record: dict[str, Any] = {
@@ -140,17 +121,19 @@ class DecisionStreamSink:
 class DecisionRecorder:
     """Writes decision records; counts and logs a failed write, never raises it."""
 
-    def __init__(self, config: DecisionsConfig, sinks: Sequence[Any], metrics: Metrics, decision_path: str) -> None:
+    def __init__(self, config: DecisionsConfig, sinks: Sequence[Any], metrics: Metrics, decision_path: str, *,
+                 fingerprint_key: bytes | None = None) -> None:
         self._config = config
+        self._fingerprint_key = fingerprint_key or record_view.ephemeral_key()  # the audit records' key
         self._sinks = tuple(sinks)
         self._metrics = metrics
         self._path = decision_path
         self._timeout_s = config.timeout_ms / 1000.0
 
     async def record(self, document: Mapping[str, Any], decision: Decision,
-                     sensitive_fields: Sequence[str] = ()) -> None:
-        line = serialize(build_record(document, decision, decision_path=self._path,
-                                      sensitive_fields=sensitive_fields, max_bytes=self._config.max_record_bytes))
+                     view: RecordView = EACH_VALUE_HIDDEN) -> None:
+        line = serialize(build_record(document, decision, decision_path=self._path, view=view,
+                                      key=self._fingerprint_key, max_bytes=self._config.max_record_bytes))
         for sink in self._sinks:  # a lost decision record is counted, never blocks the call
             with logged_on_fault(log, "decision record sink %s failed", sink.name, faults=SINK_FAULTS,
                                  count=lambda: self._metrics.decision_record_failures.labels(sink.name).inc()):
@@ -169,10 +152,10 @@ def check_config(config: DecisionsConfig) -> None:
 
 
 def build_recorder(config: DecisionsConfig, redis: Client, stream_key: str, metrics: Metrics,
-                   decision_path: str) -> DecisionRecorder | None:
+                   decision_path: str, *, fingerprint_key: bytes | None = None) -> DecisionRecorder | None:
     check_config(config)
     if not config.enabled:
         return None
     sinks = [DecisionStreamSink(redis, stream_key, config.stream_maxlen, config.retention_s)
              if name == "redis" else StdoutSink() for name in config.sinks]
-    return DecisionRecorder(config, sinks, metrics, decision_path)
+    return DecisionRecorder(config, sinks, metrics, decision_path, fingerprint_key=fingerprint_key)

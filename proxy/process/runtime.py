@@ -241,8 +241,11 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
         opened.push_async_callback(mcp_adapter.aclose)
         adapters = {"http": HttpAdapter(wire, session, config.backends.services, tokens=call_tokens,
                                         credentials=credentials, **limits), "mcp": mcp_adapter}
+        # One fingerprint key for audit and decision records (derived from the record MAC key): one value has
+        # one fingerprint in both, on every sidecar that shares the key.
+        fingerprint_key = mac.derived_key("record-fingerprint")
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
-                                                  metrics), metrics)
+                                                  metrics), metrics, fingerprint_key=fingerprint_key)
         integrity = IntegrityGuard(mac, metrics, audit)
         too_large = answer_bound_problem(max(config.backends.max_response_bytes,
                                              config.mcp.upstream_max_answer_bytes))
@@ -253,7 +256,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                     on_shortfall=metrics.replica_ack_shortfall)
         unknowns = UnknownIndex(redis, config.redis.key_prefix, operations)
         recorder = build_recorder(config.decisions, redis, key(config.redis.key_prefix, "decisions", "stream"),
-                                  metrics, config.opa.decision_path)
+                                  metrics, config.opa.decision_path, fingerprint_key=fingerprint_key)
         policy = PolicyClient(config.opa, decision_wire, metrics, registry, recorder)
         approvals = ApprovalStore(redis, config.approvals, metrics, config.redis.key_prefix, audit, integrity,
                                   replica_acks=config.redis.replica_acks,

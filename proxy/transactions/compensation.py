@@ -162,7 +162,7 @@ class Compensations:
                                catalog_digest=self._policy.catalog_digest, tool=target, normalized=normalized,
                                original=original, compensation=spec.to_json())
         decision = await self._policy.decide(document, deadline=meta.deadline,
-                                             sensitive_fields=target.record_masked)
+                                             record_view=target.record_view)
         if not decision.allow:
             self._metrics.child(self._metrics.compensations, "refused").inc()
             await self._audit.record("compensation", **_fields(record), subject=caller.subject, agent=caller.agent,

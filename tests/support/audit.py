@@ -8,6 +8,7 @@ Tests that read stdout themselves (``capsys``) call ``audit_records`` directly.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -44,3 +45,8 @@ def audit_records(text: str | Iterable[str]) -> list[dict[str, Any]]:
     _, problems = violations(text)
     assert not problems, "audit records violate schemas/audit-record.schema.json:\n" + "\n".join(problems)
     return [json.loads(line) for line in text.splitlines() if RECORD_TYPE in line]
+
+
+def fingerprinted(value: Any) -> bool:
+    """Whether a record holds ``value`` as a keyed fingerprint (proxy/telemetry/record_view.py), not in clear."""
+    return isinstance(value, str) and re.fullmatch(r"hmac:[0-9a-f]{16}", value) is not None

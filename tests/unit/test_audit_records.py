@@ -18,7 +18,7 @@ from proxy.identity import Caller
 from proxy.telemetry.metrics import Metrics
 from proxy.normalize import normalize
 from proxy.batch.plan import PlannedCall, footprint
-from proxy.telemetry.redaction import MASK
+from tests.support.audit import fingerprinted
 from proxy.registry import load_registry
 from proxy.requests import RequestMeta, ToolCallRequest
 from proxy.telemetry.tracing import accept_traceparent
@@ -76,7 +76,7 @@ def test_a_final_record_holds_the_facts_handed_over_and_the_envelope_and_matches
     assert record["policy"] == {"result": "allow", "reasons": ["support may refund"], "decision_id": "d-1",
                                 "policy_revision": "rev-1", "risk": "financial"}
     assert record["approval_id"] == "apr_presented" and record["attempt"] == 2 and record["fencing_token"] == 7
-    assert record["arguments"]["reason"] == MASK and record["arguments"]["amount"] == 500
+    assert fingerprinted(record["arguments"]["reason"]) and record["arguments"]["amount"] == 500
     assert record["finished_at"] == env.timing["finished_at"] and record["deadline_at"] > record["started_at"]
 
 

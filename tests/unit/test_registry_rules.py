@@ -91,8 +91,10 @@ def test_an_argument_typed_by_a_list_loads_and_records_show_it_only_when_every_t
     text = TOOL.replace("properties: {x: {type: string}}",
                         "properties: {x: {type: string}, n: {type: [integer, 'null']}, k: {type: [integer, number]}}")
     tool = load_registry([write(tmp_path, text)]).resolve("t1")
-    assert "n" in tool.record_masked and "x" in tool.record_masked  # null or text: masked in records
-    assert "k" not in tool.record_masked  # numbers only: kept
+    from proxy.telemetry.record_view import apply, ephemeral_key
+    kept, masked = apply({"x": "text", "n": 3, "k": 1.5}, tool.record_view, ephemeral_key())
+    assert masked == [("x",)]  # text: a fingerprint in records
+    assert (kept["n"], kept["k"]) == (3, 1.5)  # numbers (or null) only: kept
 
 
 WRITE_WITH_READ = TOOL + """

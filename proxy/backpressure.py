@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import logging
 import math
 import secrets
@@ -228,7 +227,9 @@ class BackendGuard:
 
     async def abandon_probe(self, backend: str) -> None:
         """The probe call never reached the backend (refused later, cancelled): let another call probe."""
-        with _quiet():
+        # best effort: the claim runs out with its own expiry (a cleanup must not hide the call's outcome)
+        with store.logged_on_fault(log, "could not free the probe of backend %s", backend, level=logging.DEBUG,
+                                   faults=store.STORE_OR_SOCKET_FAULTS):
             await asyncio.shield(store.translated(self._redis.delete(self._probe_key(backend))))
 
     def _probe_key(self, backend: str) -> str:
@@ -326,8 +327,3 @@ class BackendGuard:
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
-
-
-def _quiet() -> contextlib.suppress:
-    """Best-effort cleanup: a Redis or connection error here must not hide the real outcome."""
-    return contextlib.suppress(store.StoreError, OSError)

@@ -39,7 +39,6 @@ a call that was sent, or let a Redis exception escape as a stack trace.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import random
@@ -248,7 +247,8 @@ class QuotaStage:
             with store.logged_on_fault(log, "could not release quota slots; their lease will"):
                 await asyncio.shield(self._release(keys=list(ticket.slot_keys), args=[ticket.member]))
         if ticket.backend is not None:
-            with contextlib.suppress(store.StoreError):
+            # the call's outcome stands; the breaker learns from the next one
+            with store.logged_on_fault(log, "back-pressure could not learn from a call to backend %s", ticket.backend):
                 await self.guard.observe(ticket.backend, sent=sent, error=error, probe=ticket.probe)
 
 

@@ -69,7 +69,8 @@ def test_every_lua_source_of_a_module_is_a_declared_script(path):
     assert not nested_lua(parsed(path)), f"{module_of(path)}: Lua source outside a module-level constant"
     module = importlib.import_module(module_of(path))
     prefix = module_of(path).rsplit(".", 1)[1] + "."
-    scripts = [declared for declared in store.LUA_SCRIPTS.values() if declared.name.startswith(prefix)]
+    scripts = [declared for declared in store.LUA_SCRIPTS.values()  # (a chain, "a+b", is made at run time)
+               if declared.name.startswith(prefix) and "+" not in declared.name]
     assert scripts, f"{module_of(path)} declares no script with store.lua"
     assert not unregistered(module, scripts), f"{module_of(path)}: Lua not declared with store.lua"
     declared = {value.name for value in vars(module).values() if isinstance(value, store.Lua)}

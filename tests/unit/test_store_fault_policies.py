@@ -21,10 +21,21 @@ STORE_ERRORS = {"StoreError", "StoreUnavailable", "RedisError"}
 MOST_CLAUSES = 8
 
 
+def is_store_error(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id in STORE_ERRORS) or \
+        (isinstance(node, ast.Attribute) and node.attr in STORE_ERRORS)
+
+
 def catches_store_error(handler: ast.ExceptHandler) -> bool:
     caught = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any((isinstance(t, ast.Name) and t.id in STORE_ERRORS)
-               or (isinstance(t, ast.Attribute) and t.attr in STORE_ERRORS) for t in caught)
+    return any(is_store_error(t) for t in caught)
+
+
+def silent_suppressions(tree: ast.Module) -> list[int]:
+    """Lines of ``contextlib.suppress(<a store error>, ...)``: a fault dropped without a named policy."""
+    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and (getattr(node.func, "attr", None) == "suppress" or getattr(node.func, "id", None) == "suppress")
+            and any(is_store_error(arg) for arg in node.args)]
 
 
 def store_clauses(tree: ast.Module, lines: list[str]) -> list[tuple[int, bool]]:
@@ -51,6 +62,8 @@ def test_the_scan_sees_each_way_to_catch_a_store_error():
               "try:\n    pass\nexcept StoreUnavailable:\n    pass\n"
               "try:\n    pass\nexcept ValueError:  # policy: not a store error\n    pass\n")
     assert store_clauses(ast.parse(source), source.splitlines()) == [(3, True), (7, True), (12, False)]
+    assert silent_suppressions(ast.parse("with contextlib.suppress(store.StoreError, OSError):\n    pass\n"
+                                         "with suppress(ValueError):\n    pass\n")) == [1]
 
 
 def test_few_store_fault_clauses_remain_and_each_names_its_policy():
@@ -60,6 +73,12 @@ def test_few_store_fault_clauses_remain_and_each_names_its_policy():
         "add a `# policy:` line naming what the clause does with the fault (or use a helper of proxy/store.py)"
     count = sum(len(clauses) for clauses in found.values())
     assert count <= MOST_CLAUSES, f"{count} except clauses on store errors: use the named helpers of proxy/store.py"
+
+
+def test_no_store_fault_is_dropped_silently():
+    found = {str(p.relative_to(REPO)): lines for p in sorted(PACKAGE.rglob("*.py"))
+             if p != PACKAGE / "store.py" and (lines := silent_suppressions(parsed(p)))}
+    assert not found, f"name the policy (store.logged_on_fault, level=logging.DEBUG for a quiet cleanup): {found}"
 
 
 # -- the helpers ---------------------------------------------------------------

@@ -36,7 +36,6 @@ call whose pins are fresh more than a few dictionary lookups.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import time
@@ -46,6 +45,7 @@ from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import rfc8785
 
+from .deadline import Deadline
 from .errors import ProxyError
 from .registry import McpPin, ToolContract, thaw
 
@@ -247,9 +247,9 @@ class Quarantine:
                          details={"tool": tool.name, "version": tool.version, "drift": verdict.kind},
                          phase="resolve", attempted=False, committed=False)
 
-    async def fresh(self, tool: ToolContract, budget_s: float | None) -> None:
+    async def fresh(self, tool: ToolContract, deadline: Deadline) -> None:
         """Right before a pinned call is sent: its pins verified recently enough (module docstring), else
-        wait for a check, at most ``budget_s``; then ``check`` again. Raises as ``check`` does, or
+        wait for a check, until ``deadline`` (the call's own); then ``check`` again. Raises as ``check`` does, or
         ``dependency_unavailable`` (``pins_stale``) when no check ends within the budget. (A check that
         failed leaves the tool unverified, which ``check`` refuses unless ``mcp_pins.unverified: serve``.)"""
         key, checker = self._key(tool), self.checker
@@ -263,7 +263,7 @@ class Quarantine:
         age = time.monotonic() - self._checked_at.get(upstream, float("-inf"))
         if age > bound:
             try:
-                async with asyncio.timeout(budget_s):
+                async with deadline.timeout():
                     await checker.recheck(upstream)
             except TimeoutError:
                 raise ProxyError("dependency_unavailable", "The tool's MCP server could not be checked against "

@@ -79,6 +79,7 @@ import rfc8785
 
 from . import compensation_contract
 from .config import IdempotencyConfig, ReconcileConfig
+from .deadline import Deadline
 from .errors import ProxyError, SideEffect
 from .identity import Caller
 from .integrity import IntegrityGuard
@@ -300,7 +301,7 @@ class IdempotencyStage:
                 raise
             status = answer.status
             if status == "in_progress" and wait_until is not None:
-                left = wait_until - time.monotonic()
+                left = wait_until.budget()
                 if left > 0:
                     await asyncio.sleep(min(left, self._config.wait_poll_ms / 1000.0))
                     continue
@@ -477,12 +478,12 @@ class IdempotencyStage:
     def _lease_ms(self, budget_s: float) -> int:
         return max(1, int(max(budget_s, 0.0) * 1000)) + self._config.lease_grace_ms
 
-    def _wait_until(self, meta: "RequestMeta") -> float | None:
+    def _wait_until(self, meta: "RequestMeta") -> Deadline | None:
+        """How long a call waits for a running duplicate (``Prefer: wait``, bounded), within its deadline."""
         if not meta.wait_s:
             return None
-        wait = min(meta.wait_s, self._config.max_wait_ms / 1000.0)
-        wait = min(wait, meta.deadline.budget())
-        return time.monotonic() + wait if wait > 0 else None
+        wait = meta.deadline.within(min(meta.wait_s, self._config.max_wait_ms / 1000.0))
+        return None if wait.expired else wait
 
 
 def commit_target(error: ProxyError | None, side_effect: SideEffect, *, cancelled: bool, partial: bool) -> str:

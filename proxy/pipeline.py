@@ -20,7 +20,7 @@ from .adapters import Adapter, BackendCall
 from .audit import Auditor, CallFacts, PolicyFacts
 from .policy.approvals import origin_of
 from .policy.authorize import Authorization, Authorizer
-from .transactions.cancellation import Cancellations, audit_outcome, withdrawn
+from .transactions.cancellation import Cancellations, audit_outcome
 from .config import Config
 from .decode import decode_arguments
 from .drift import OPEN, Quarantine
@@ -592,12 +592,12 @@ class Pipeline:
         with self._stage(state, "audit"):
             await self._audit.call_intent(tool, state.facts)  # fail-closed calls stop here if the sink is down
         with self._stage(state, "execute"):
-            signal = withdrawn.get()
+            signal = state.request.channel.withdrawn
             if signal is not None and signal.is_set():
                 raise ProxyError("cancelled", "The caller cancelled the call before it was sent.",
                                  attempted=False, committed=False)
             # A pinned MCP tool: its upstream verified recently enough, or a check now (contract_drift if it drifted)
-            await self.quarantine.fresh(tool, meta.deadline.budget(tool.timeout_ms / 1000.0))
+            await self.quarantine.fresh(tool, meta.deadline.within(tool.timeout_ms / 1000.0))
             if tool.state_read is not None:  # under the lock, right before sending
                 await self._check_state(state, tool, normalized)
             if tool.ownership_read is not None:  # the owner in the system of record, under the lock
@@ -635,7 +635,7 @@ class Pipeline:
         call = BackendCall(
             tool=target, canonical_arguments=canonical, arguments=read_arguments,
             call_id=f"{state.request.call_id}.{suffix}", request_id=meta.request_id,
-            deadline=meta.deadline.within(target.timeout_ms / 1000.0),
+            deadline=meta.deadline.within(target.timeout_ms / 1000.0), channel=state.request.channel,
             traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
             tenant=state.caller.tenant, agent=state.caller.agent, fencing_token=state.fencing_token,
             args_hash=sha256_hex(canonical), caller_token=state.caller.token)
@@ -743,7 +743,7 @@ class Pipeline:
         return BackendCall(
             tool=tool, canonical_arguments=normalized.canonical, arguments=normalized.arguments,
             call_id=state.request.call_id, request_id=meta.request_id,
-            deadline=meta.deadline.within(tool.timeout_ms / 1000.0),
+            deadline=meta.deadline.within(tool.timeout_ms / 1000.0), channel=state.request.channel,
             traceparent=trace["traceparent"], tracestate=trace.get("tracestate"), subject=state.caller.subject,
             tenant=state.caller.tenant, agent=state.caller.agent,
             idempotency_key=state.idempotency_key, fencing_token=state.fencing_token,

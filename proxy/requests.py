@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .call_channel import NO_CHANNEL, CallChannel
 from .deadline import Deadline
 from .envelope import Envelope
 from .telemetry.tracing import TraceContext
@@ -47,6 +48,7 @@ class ToolCallRequest:
     version: str | None
     arguments: Any  # untrusted: a JSON object or a JSON-encoded string
     meta: RequestMeta
+    channel: CallChannel = NO_CHANNEL  # the front's relays to its client and the caller's withdrawal signal
 
 
 @dataclass(frozen=True)

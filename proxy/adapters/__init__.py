@@ -7,56 +7,15 @@ or decide authorization, idempotency or locking.
 
 from __future__ import annotations
 
-import contextvars
 import re
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
+from ..call_channel import NO_CHANNEL, CallChannel
 from ..deadline import Deadline
 from ..errors import ProxyError
 from ..lazy import OnFirstUse
 from ..registry import ToolContract
-
-
-# Where an adapter reports the backend's progress on the call running in this context:
-# set by a client-facing front whose client asked for progress (MCP ``_meta.progressToken``),
-# called with (progress, total). Only numbers pass: a backend's progress text is untrusted.
-ProgressRelay = Callable[[float, "float | None"], Awaitable[None]]
-progress_relay: contextvars.ContextVar[ProgressRelay | None] = contextvars.ContextVar(
-    "toolproxy_progress_relay", default=None)
-
-
-
-@dataclass(frozen=True)
-class LogRelay:
-    """Where an MCP adapter hands the log messages (``notifications/message`` params) its upstream
-    sends during the call running in this context, and the lowest level the call's client asked for.
-
-    Set by the MCP front only when that client asked for log messages and can receive them; unset,
-    an upstream's log messages are dropped. The messages are the upstream's untrusted data."""
-
-    level: str
-    deliver: Callable[[Mapping[str, Any]], Awaitable[None]]
-
-
-log_relay: contextvars.ContextVar[LogRelay | None] = contextvars.ContextVar("toolproxy_log_relay", default=None)
-
-
-@dataclass(frozen=True)
-class InputRefused:
-    """A relayed request's error answer (JSON-RPC ``code`` and ``message``) for the upstream that asked."""
-
-    code: int
-    message: str
-
-
-# Where an MCP adapter hands a request its upstream sent back during the call running in this
-# context (``sampling/createMessage``, ``elicitation/create``) to the client that made the call:
-# set by the MCP front when that client can answer (``proxy/fronts/mcp/relay.py``); called with
-# (method, params, seconds left of the call's deadline), it returns the client's result object or an
-# ``InputRefused``. Unset: refused.
-InputRelay = Callable[[str, Mapping[str, Any], float], Awaitable["Mapping[str, Any] | InputRefused"]]
-input_relay: contextvars.ContextVar[InputRelay | None] = contextvars.ContextVar("toolproxy_input_relay", default=None)
 
 
 @dataclass(frozen=True)
@@ -77,6 +36,7 @@ class BackendCall:
     decision_id: str | None = None      # the policy decision that allowed the call
     approval_id: str | None = None      # the approval it consumed
     tracestate: str | None = None       # W3C tracestate forwarded beside traceparent (the caller's, if any)
+    channel: CallChannel = NO_CHANNEL   # the call's relays to its client (progress, logs, input), from its front
     # jwt mode: the caller's verified token, for a token_exchange credential (never logged or recorded)
     caller_token: str = field(default="", repr=False)
     # the entity tag of the state the decision was made on (a state_guard with a read, no argument, and

@@ -7,16 +7,16 @@ drops), sending ``tools/call`` for the contract's ``backend.tool`` (through the
 SDK session, or — the first round of a call with nothing to relay, on a
 stateless session — as one POST over the hot path's wire:
 ``adapters.mcp_wire``) within
-the call's budget (with a progress token when the caller's front relays
-progress: ``adapters.progress_relay``, and with the log level the caller's client asked for:
-``adapters.log_relay``) with the trusted headers and the signed ``Txn-Token`` the HTTP adapter forwards (on every POST of the call),
+the call's deadline (``BackendCall.deadline``) (with a progress token when the caller's front relays
+progress: the call's ``CallChannel.progress``, and with the log level the caller's client asked for:
+``CallChannel.log``) with the trusted headers and the signed ``Txn-Token`` the HTTP adapter forwards (on every POST of the call),
 handing the upstream's log messages (``notifications/message``) of that call to the caller's
 front (dropped when no call in this context asked for them),
 carrying the requests the upstream sends back during the call (``sampling/createMessage``,
 ``elicitation/create``: mid-call requests on a legacy session, or the 2026-07-28
-``InputRequiredResult`` rounds) to the caller's front (``adapters.input_relay``;
+``InputRequiredResult`` rounds) to the caller's front (``CallChannel.input``;
 refused as the SDK client refuses what it cannot answer when the front has no
-client to ask), within what is left of the call's budget, and
+client to ask), within the call's deadline, and
 classifying every outcome honestly: whether the request left the proxy and
 whether the effect is known to have happened (mirrors ``adapters/http.py``).
 An upstream behind OAuth (its tools' ``backend.auth`` names an ``mcp_*`` credential) gets its access token on
@@ -51,11 +51,12 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import functools
 import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Awaitable, Callable, Mapping
 
 import httpx2
 import mcp_types as types
@@ -79,12 +80,11 @@ from pydantic import ValidationError
 
 from ..credentials import Credentials, Headers, OnBehalfOf
 from ..credentials.mcp_oauth import TokenSource, UpstreamBearer, is_challenge
-from ..deadline import Deadline
 from ..decode import check_depth, strict_loads
 from ..errors import ProxyError
 from ..wire.http import HttpWire
-from . import (BackendCall, BackendResult, InputRefused, deadline_passed, input_relay, log_relay,
-               progress_relay, safe_error_fields, unanswered, failed_answer)
+from ..call_channel import InputRefused, ProgressRelay
+from . import BackendCall, BackendResult, deadline_passed, safe_error_fields, unanswered, failed_answer
 from .bounded_answers import AnswerRefused, BoundedTransport
 from .call_tokens import CallTokens
 from .http import forwarded_headers
@@ -292,10 +292,10 @@ class McpAdapter:
         self._handshake_timeout_s = handshake_timeout_s
         self._progress: contextvars.ContextVar[_Progress | None] = contextvars.ContextVar(
             f"toolproxy_mcp_progress_{id(self)}", default=None)
-        # The deadline of the call running in this context: the SDK runs a server
-        # request's callback in the context of the POST it arrived on, so it reaches the callbacks.
-        self._deadline: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(
-            f"toolproxy_mcp_deadline_{id(self)}", default=None)
+        # The call running in this context (its deadline and its channel to the client): the SDK runs a
+        # server request's callback in the context of the POST it arrived on, so it reaches the callbacks.
+        self._running: contextvars.ContextVar[BackendCall | None] = contextvars.ContextVar(
+            f"toolproxy_mcp_call_{id(self)}", default=None)
         self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation,
                            "logging_callback": self._on_log}
         # Every answer of every upstream bounded, the SDK's sessions included (never decoded: bounded_answers).
@@ -355,7 +355,7 @@ class McpAdapter:
                                       if k not in ('Content-Type', 'Accept')},
                              mint=lambda: self._tokens.for_call(call))
         started = time.monotonic()
-        deadline = self._deadline.set(call.deadline)
+        running = self._running.set(call)
         try:
             async with call.deadline.timeout():
                 if source is not None and source.current() is None:
@@ -381,7 +381,7 @@ class McpAdapter:
         except (httpx2.HTTPError, ConnectionError, OSError):
             raise self._cut(call, progress) or self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
         finally:
-            self._deadline.reset(deadline)
+            self._running.reset(running)
 
     def _cut(self, call: BackendCall, progress: _Progress) -> ProxyError | None:
         """The call's error when the bounded transport cut one of its answers (whatever the SDK made of it)."""
@@ -455,35 +455,32 @@ class McpAdapter:
         """One attempt: a plain POST (mcp_wire) when nothing is to be relayed, else the SDK's session, then the
         2026-07-28 input rounds (answered requests go back with a retry of the same call)."""
         name, arguments = call.tool.backend.tool or "", dict(call.arguments)
-        relay = progress_relay.get()
-        logs = log_relay.get()
+        relayed = _progress_callback(call.channel.progress)
+        logs = call.channel.log
         # 2026-07-28 upstreams send log messages only to a request that opts in; legacy ones send every level.
         meta = {types.LOG_LEVEL_META_KEY: logs.level} if logs is not None else None
-        relayed = None
-        if relay is not None:
-            async def relayed(value: float, total: float | None, message: str | None) -> None:
-                await relay(value, total)  # the upstream's progress text is not passed on
-        headers: Mapping[str, str] | None = {**progress.headers, **upstream.fixed_headers}
-        if upstream.source is not None:  # the access token as the session's client has it, or the SDK's way
-            bearer = upstream.source.current()
-            headers = {**progress.headers, "Authorization": f"Bearer {bearer}"} if bearer is not None else None
-        if relayed is None and meta is None and self._wire is not None and not upstream.streams \
-                and headers is not None and plain_post_allowed \
+        ask = functools.partial(client.session.call_tool, name, arguments, progress_callback=relayed,
+                                allow_input_required=True, meta=meta)
+        headers = _plain_post_headers(upstream, progress) if relayed is None and meta is None else None
+        if headers is not None and plain_post_allowed and self._wire is not None and not upstream.streams \
                 and mcp_wire.stateless(client):  # nothing to relay: one plain POST (mcp_wire)
             answer = await mcp_wire.call_tool(self._wire, upstream.url, client, name, arguments,
                                               headers, progress, self._answer_limits)
             upstream.streams = answer.streamed
             result = answer.result
         else:
-            result = await client.session.call_tool(name, arguments, progress_callback=relayed,
-                                                    allow_input_required=True, meta=meta)
+            result = await ask()
+        return await self._input_rounds(call, client, ask, result)
+
+    async def _input_rounds(self, call: BackendCall, client: Client, ask: Callable[..., Awaitable[Any]],
+                            result: Any) -> types.CallToolResult:
+        """The 2026-07-28 input rounds of an answer that asks for input: each answered request goes back with a
+        retry of the same call (``ask``), at most ``MAX_INPUT_ROUNDS`` of them."""
         for _ in range(MAX_INPUT_ROUNDS):
             if not isinstance(result, types.InputRequiredResult):
                 break
-            result = await client.session.call_tool(
-                name, arguments, progress_callback=relayed, allow_input_required=True, meta=meta,
-                input_responses=await self._input_responses(call, client, result),
-                request_state=result.request_state)
+            result = await ask(input_responses=await self._input_responses(call, client, result),
+                               request_state=result.request_state)
         if not isinstance(result, types.CallToolResult):
             raise _input_not_given(call, "kept asking for input")
         return result
@@ -519,7 +516,8 @@ class McpAdapter:
 
     async def _on_log(self, params: types.LoggingMessageNotificationParams) -> None:
         """An upstream's log message: to the call it arrived during (the SDK runs this in that call's context)."""
-        relay = log_relay.get()
+        call = self._running.get()
+        relay = call.channel.log if call is not None else None
         if relay is None:  # outside any call, or a call whose client did not ask: never anyone else's
             log.debug("MCP upstream log message dropped: no call in this context asked for log messages")
             return
@@ -527,12 +525,13 @@ class McpAdapter:
 
     async def _relay(self, method: str, params: Any) -> Mapping[str, Any] | types.ErrorData:
         """An upstream's request during a call, to the caller's client (or refused, as the SDK refuses it)."""
-        relay, deadline = input_relay.get(), self._deadline.get()
-        if relay is None or deadline is None:  # a front with no MCP client behind it (/v1, OpenAI)
+        call = self._running.get()
+        relay = call.channel.input if call is not None else None
+        if call is None or relay is None:  # a front with no MCP client behind it (/v1, OpenAI)
             log.info("MCP upstream's %s refused: no MCP client behind this call to ask", method)
             return types.ErrorData(code=INVALID_REQUEST, message=_NOT_SUPPORTED[method])
         answer = await relay(method, params.model_dump(mode="json", by_alias=True, exclude_none=True),
-                             max(0.0, deadline.budget()))
+                             call.deadline)
         if isinstance(answer, InputRefused):
             return types.ErrorData(code=answer.code, message=answer.message)
         return answer
@@ -627,6 +626,25 @@ class _CallerBearer(httpx2.Auth):
             except ProxyError as exc:
                 self._adapter._auth_failed(self._upstream, exc)
         yield request
+
+
+def _progress_callback(relay: ProgressRelay | None) -> Callable[..., Awaitable[None]] | None:
+    """The SDK's progress callback for a call whose front relays progress (None: nobody asked)."""
+    if relay is None:
+        return None
+
+    async def relayed(value: float, total: float | None, message: str | None) -> None:
+        await relay(value, total)  # the upstream's progress text is not passed on
+    return relayed
+
+
+def _plain_post_headers(upstream: _Upstream, progress: _Progress) -> Mapping[str, str] | None:
+    """What a plain POST (mcp_wire) of the call carries: the call's headers with the upstream's static secret, or
+    its access token as the session's client has it; None when that token is not at hand (the SDK's way)."""
+    if upstream.source is None:
+        return {**progress.headers, **upstream.fixed_headers}
+    bearer = upstream.source.current()
+    return {**progress.headers, "Authorization": f"Bearer {bearer}"} if bearer is not None else None
 
 
 def _tool_error(call: BackendCall, result: types.CallToolResult) -> ProxyError:

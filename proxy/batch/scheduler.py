@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, AsyncIterator, Mapping, Sequence
 
 from ..audit import Auditor
-from ..transactions.cancellation import withdrawn, withdrawn_by
+from ..call_channel import CallChannel
 from ..config import SchedulerConfig
 from ..envelope import Envelope, Timing
 from ..errors import ProxyError
@@ -266,16 +266,16 @@ class Scheduler:
 
     async def _run_call(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,
                         caller: Caller, cancel: asyncio.Event | None = None) -> Envelope:
-        if cancel is not None:  # this task's context: a cancelled batch withdraws the call (proxy/transactions/cancellation.py)
-            withdrawn.set(cancel)
-            withdrawn_by.set("batch")
+        request = plan.request(call, meta)
+        if cancel is not None:  # a cancelled batch withdraws the call (proxy/transactions/cancellation.py)
+            request = replace(request, channel=CallChannel(withdrawn=cancel, withdrawn_by="batch"))
         async with contextlib.AsyncExitStack() as held:
             try:
-                async with asyncio.timeout(meta.deadline.budget()):
+                async with meta.deadline.timeout():
                     await held.enter_async_context(self._limits.slot(caller.tenant, fp.tool.name if fp.tool else None))
             except TimeoutError:
                 return await self._not_started(plan, call, fp, meta, caller)
-            result = await self._pipeline.execute(plan.request(call, meta), caller)
+            result = await self._pipeline.execute(request, caller)
             return result.envelope
 
     async def _not_started(self, plan: BatchPlan, call: PlannedCall, fp: Footprint, meta: RequestMeta,

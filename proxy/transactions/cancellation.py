@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextvars
 import json
 import logging
 import re
@@ -52,14 +51,9 @@ from ..operations import OperationStore, Record
 from ..adapters import Adapter
 from ..identity import Caller
 from ..registry import Registry, ToolContract
+from ..requests import ToolCallRequest
 
 log = logging.getLogger("toolproxy.cancellation")
-
-# Set by whoever can withdraw the call running in this context: the MCP front (notifications/cancelled)
-# and the batch scheduler (a cancelled batch). ``withdrawn_by`` names which, for the evidence.
-withdrawn: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar("toolproxy_call_withdrawn",
-                                                                                 default=None)
-withdrawn_by: contextvars.ContextVar[str] = contextvars.ContextVar("toolproxy_call_withdrawn_by", default="mcp")
 
 EARLY_CANCELS_KEPT = 1024
 EARLY_CANCEL_S = 5.0  # an early cancel older than this was for a call of another replica
@@ -76,7 +70,7 @@ class CancellableCall(Protocol):
     cancellation: dict[str, Any] | None  # written here: who asked, what was observed
     result_hash: str | None               # written here when the status endpoint supplied the result
     partial: Mapping[str, Any] | None     # a partly applied answer (its cancellation ended partial)
-    request: Any                          # the call's ToolCallRequest (its trace context)
+    request: ToolCallRequest              # the call (its trace context; its channel's withdrawal signal)
     span: Any                             # the call's span while tracing records it (a cancel links to it)
 
 
@@ -125,10 +119,11 @@ class Cancellations:
         outcome); a sent HTTP call is asked to stop by a task of its own (cancel endpoint, then the
         grace), which interrupts it only if it has not answered by then. A cancel of the caller itself
         stays a cancel."""
-        signal = withdrawn.get()
+        channel = state.request.channel  # who can withdraw the call: the MCP front's client, a cancelled batch
+        signal = channel.withdrawn
         if key is None and signal is None:
             return await work
-        stop = _Stop(self, state, key, withdrawn_by.get())
+        stop = _Stop(self, state, key, channel.withdrawn_by)
         if key is not None:
             self._register(stop, key)
         watcher = _watch(signal, stop)

@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import contextvars
 import functools
 import logging
 import secrets
@@ -93,7 +92,7 @@ from .. import ingress
 from ..rebinding import HostGuard
 from . import relay as mcp_relay, tools as mcp_tools
 from ...envelope import Envelope, dumps as json_bytes
-from ...adapters import LogRelay, input_relay, log_relay, progress_relay
+from ...call_channel import CallChannel, LogRelay
 from ...audit import Auditor
 from ...config import Config
 from ...errors import ProxyError
@@ -108,7 +107,7 @@ from .sessions import Session, SessionsFull, SessionTable
 from ...telemetry.metrics import Metrics
 from ...batch.plan import BatchPlan, PlannedCall
 from ...batch.scheduler import Scheduler
-from ...pipeline import Pipeline, ToolCallRequest, withdrawn
+from ...pipeline import Pipeline, ToolCallRequest
 from ...policy.client import PolicyClient
 from ...registry import Registry
 
@@ -262,10 +261,9 @@ class McpFront:
             if message.method == "notifications/cancelled" and exchange.session is not None:
                 self._withdraw(exchange.session, (message.params or {}).get("requestId"))
             return web.Response(status=202, headers=headers)
-        result = self._dispatch(request, message, exchange, headers)
         if message.method == "tools/call":
-            return await self._answer_call(request, message, result, headers, has_sse, exchange)
-        return _json(_ok(message.rpc_id, await result), 200, headers)
+            return await self._answer_call(request, message, headers, has_sse, exchange)
+        return _json(_ok(message.rpc_id, await self._dispatch(request, message, exchange, headers)), 200, headers)
 
     # -- reading and era checks ---------------------------------------------
 
@@ -471,8 +469,6 @@ class McpFront:
                           "cacheScope": "public", "_meta": {SERVER_INFO_META_KEY: SERVER_INFO}})
         if method == "tools/list":
             return self._list(params, exchange)
-        if method == "tools/call":
-            return self._call(request, params, exchange)
         raise RpcError(METHOD_NOT_FOUND, f"Method not found: {str(method)[:64]}")
 
     async def _list(self, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
@@ -494,8 +490,9 @@ class McpFront:
             result.update(resultType="complete", ttlMs=0, cacheScope="private")
         return result
 
-    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange) -> dict[str, Any]:
-        """One tools/call through ``Pipeline.execute``."""
+    async def _call(self, request: web.Request, params: Mapping[str, Any], exchange: Exchange,
+                    channel: CallChannel) -> dict[str, Any]:
+        """One tools/call through ``Pipeline.execute``, with its ``channel`` back to the client."""
         try:
             meta = ingress.request_meta(request, self._config)
         except ProxyError as error:
@@ -504,12 +501,12 @@ class McpFront:
         meta = _with_meta_key(meta, params, trace=tracing.from_meta(meta.trace, params.get("_meta")))  # MCP semconv
         name = params["name"]
         call = ToolCallRequest(call_id=f"mcp-{secrets.token_hex(16)}", tool=name, version=None,
-                               arguments=params.get("arguments") or {}, meta=meta)
-        channel = input_relay.get()
-        if isinstance(channel, mcp_relay.Channel):  # its audit records name the call; its flow, the contract's
-            channel.call_id, channel.tool, channel.run_id = call.call_id, name, meta.run_id
+                               arguments=params.get("arguments") or {}, meta=meta, channel=channel)
+        relay = channel.input
+        if isinstance(relay, mcp_relay.Channel):  # its audit records name the call; its flow, the contract's
+            relay.call_id, relay.tool, relay.run_id = call.call_id, name, meta.run_id
             contract = self._pipeline.registry.default(name) if isinstance(name, str) else None
-            channel.sink = contract.flow_sink if contract is not None else "external"
+            relay.sink = contract.flow_sink if contract is not None else "external"
         async with contextlib.AsyncExitStack() as held:
             traced = spans.mcp_request(meta.trace, exchange.version, exchange.session.id if exchange.session else None)
             if traced is not None:  # the MCP conventions' server span, parent of the call's execute_tool span
@@ -542,8 +539,8 @@ class McpFront:
         if signal is not None:
             signal.set()
 
-    async def _answer_call(self, request: web.Request, message: Message, result: Awaitable[dict[str, Any]],
-                           headers: dict[str, str], has_sse: bool, exchange: Exchange) -> web.StreamResponse:
+    async def _answer_call(self, request: web.Request, message: Message, headers: dict[str, str], has_sse: bool,
+                           exchange: Exchange) -> web.StreamResponse:
         """JSON if the call finishes within ``sse_after``; otherwise an SSE stream with pings.
 
         A call whose ``_meta.progressToken`` asks for progress (and whose client
@@ -557,8 +554,8 @@ class McpFront:
         loop = asyncio.get_running_loop()
         updates = _Updates(loop, self._queue_max,
                            lambda kind: self._metrics.child(self._metrics.mcp_sse_dropped, kind).inc())
-        context, streams_now = self._call_context(message, exchange, updates if has_sse else None)
-        task = loop.create_task(result, context=context)  # type: ignore[arg-type]
+        channel, streams_now = self._call_channel(message, exchange, updates if has_sse else None)
+        task = loop.create_task(self._call(request, message.params or {}, exchange, channel))
         self._forget_when_done(task, exchange, message)
         if has_sse and not streams_now:  # JSON unless it runs long or an update must go out first
             await updates.decided_within(task, self._sse_after_s)
@@ -569,36 +566,33 @@ class McpFront:
             return _json(body, status, headers)
         return await self._stream(request, task, updates.stream(), message, headers)
 
-    def _call_context(self, message: Message, exchange: Exchange,
-                      updates: "_Updates | None") -> tuple[contextvars.Context, bool]:
-        """What the call's task (and its adapter) sees: the withdrawal signal of a session's call, the relay
+    def _call_channel(self, message: Message, exchange: Exchange,
+                      updates: "_Updates | None") -> tuple[CallChannel, bool]:
+        """What the call (down to its adapter) is handed: the withdrawal signal of a session's call, the relay
         of requests and log messages to the client, and progress when the client asked for it and can
         receive it (then the answer streams at once: the second value)."""
-        context = contextvars.copy_context()
+        signal = None
         if exchange.session is not None:
             signal = asyncio.Event()
             self._inflight[(exchange.session.id, message.rpc_id)] = signal
-            context.run(withdrawn.set, signal)
         request_meta = (message.params or {}).get("_meta") or {}
         log_level = request_meta.get(LOG_LEVEL_META_KEY) if exchange.modern else \
             (exchange.session.log_level if exchange.session is not None else None)
-        channel = self._relays.channel(exchange.session, exchange.caller,
-                                       updates.push if updates is not None else None, log_level)
-        context.run(input_relay.set, channel)
-        if channel.log_level is not None:
-            context.run(log_relay.set, LogRelay(channel.log_level, channel.log))
+        relay = self._relays.channel(exchange.session, exchange.caller,
+                                     updates.push if updates is not None else None, log_level)
+        logs = LogRelay(relay.log_level, relay.log) if relay.log_level is not None else None
+        channel = CallChannel(log=logs, input=relay, withdrawn=signal)
         token = request_meta.get("progressToken")
         if updates is None or not isinstance(token, (str, int)) or isinstance(token, bool):
-            return context, False
+            return channel, False
 
-        async def relay(progress: float, total: float | None) -> None:
-            params: dict[str, Any] = {"progressToken": token, "progress": progress}
+        async def progress(value: float, total: float | None) -> None:
+            params: dict[str, Any] = {"progressToken": token, "progress": value}
             if total is not None:
                 params["total"] = total
             updates.push({"jsonrpc": "2.0", "method": "notifications/progress", "params": params})
 
-        context.run(progress_relay.set, relay)
-        return context, True
+        return replace(channel, progress=progress), True
 
     def _forget_when_done(self, task: "asyncio.Task[Any]", exchange: Exchange, message: Message) -> None:
         if exchange.session is None:

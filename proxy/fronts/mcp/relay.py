@@ -2,11 +2,11 @@
 
 Owns: which client capabilities a session declared (``declared``), and for one
 ``tools/call`` the ``Channel`` the MCP adapter hands an upstream's
-``sampling/createMessage`` / ``elicitation/create`` to (``adapters.input_relay``):
+``sampling/createMessage`` / ``elicitation/create`` to (its ``CallChannel.input``):
 checking it (a relayed method, a capability the client declared, at most
 ``mcp.relay_max_bytes``, a few outstanding per call), pushing it onto the call's
-SSE stream under a proxy-assigned JSON-RPC id, and waiting (at most what is left
-of the call's deadline, which the adapter passes) for the client's response
+SSE stream under a proxy-assigned JSON-RPC id, and waiting (until the call's
+deadline, which the adapter passes) for the client's response
 POSTed to ``/mcp``, which the ``Desk`` matches by session and that id. Every relayed request is
 counted (``toolproxy_mcp_relayed_requests_total``) and audited (``mcp_relay``).
 The upstream's log messages (``notifications/message``) of that call go onto the
@@ -43,9 +43,10 @@ from typing import Any, Callable, Mapping
 
 from mcp_types.jsonrpc import INVALID_PARAMS, INVALID_REQUEST, METHOD_NOT_FOUND, REQUEST_TIMEOUT
 
-from ...adapters import InputRefused
+from ...call_channel import InputRefused
 from ...audit import Auditor
 from ...config import McpConfig
+from ...deadline import Deadline
 from ...envelope import dumps as json_bytes
 from ...errors import ProxyError
 from ...flow import FlowLedger
@@ -160,7 +161,7 @@ class Desk:
 
 @dataclass
 class Channel:
-    """Carries the upstream's requests (``adapters.InputRelay``) and log messages (``log``) of one call to its client."""
+    """Carries the upstream's requests (``call_channel.InputRelay``) and log messages (``log``) of one call to its client."""
 
     desk: Desk
     session: Session | None  # None: nobody to ask (2026-07-28, or a response that cannot stream)
@@ -194,7 +195,7 @@ class Channel:
         return sorted(OUT_OF_BOUNDS & set(state.policy_input()["labels"]))
 
     async def __call__(self, method: str, params: Mapping[str, Any],
-                       timeout_s: float) -> Mapping[str, Any] | InputRefused:
+                       deadline: Deadline) -> Mapping[str, Any] | InputRefused:
         need = required(method, params)
         if need is None:
             return await self._done(method, "not_declared", InputRefused(METHOD_NOT_FOUND, "Method not found"))
@@ -228,7 +229,7 @@ class Channel:
         rpc_id, answer = self.desk.expect(self.session)
         try:
             self.push({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params)})
-            async with asyncio.timeout(timeout_s):
+            async with deadline.timeout():
                 body = await answer
         except TimeoutError:  # the call's deadline: the upstream hears it, the call runs on to its outcome
             return await self._done(method, "timeout", InputRefused(

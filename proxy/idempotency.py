@@ -169,12 +169,14 @@ NO_RECORD = Admission()
 
 
 class RecordWrite:
-    """Whether a commit's outcome record was written, known once its round trip is sent (its reply sets it)."""
+    """Whether a commit's outcome record was written, and whether the call chained after it (``finish_in``'s
+    ``then``) ran, known once its round trip is sent (its reply sets them)."""
 
-    __slots__ = ("written",)
+    __slots__ = ("written", "then_ran")
 
     def __init__(self, written: bool) -> None:
         self.written = written
+        self.then_ran = False
 
 
 class ReplayedError(ProxyError):
@@ -436,10 +438,12 @@ class IdempotencyStage:
     def finish_in(self, trip: RoundTrip, admission: Admission, *, tool: ToolContract, data: Any,
                   error: ProxyError | None, side_effect: SideEffect, call_id: str, request_id: str,
                   cancelled: bool = False, evidence: Mapping[str, Any] | None = None,
-                  partial: Mapping[str, Any] | None = None) -> "RecordWrite":
+                  partial: Mapping[str, Any] | None = None, then: Then | None = None) -> "RecordWrite":
         """``finish`` as one step of the commit stage's round trip (sent together with the lock release).
         ``cancelled``: a requested cancellation that applied nothing ends in the final CANCELLED state.
-        The returned ``RecordWrite`` says, once the trip is sent, whether the outcome was recorded."""
+        ``then``: a call made in the same script call only once the record holds the outcome, where one server
+        holds both (``OperationStore.commit_in``). The returned ``RecordWrite`` says, once the trip is sent,
+        whether the outcome was recorded and whether ``then`` ran."""
         if not admission.holds:
             return RecordWrite(True)
         target = commit_target(error, side_effect, cancelled=cancelled, partial=partial is not None)
@@ -457,6 +461,7 @@ class IdempotencyStage:
             # "stale" / "settled": the record moved on without this call (taken over, resolved); it holds an
             # outcome a retry will see. "missing": nothing holds one.
             write.written = answer.status != "missing"
+            write.then_ran = answer.then_reply is not None
             if answer.status in ("stale", "settled", "missing"):
                 log.warning("outcome %s of %s not recorded: the record is %s (%s)", target, admission.key,
                             answer.text(0), answer.status)
@@ -464,8 +469,7 @@ class IdempotencyStage:
         self.store.commit_in(trip, admission.key, token=admission.token, target=target, outcome=outcome,
                              evidence=executor_evidence(error, partial=partial is not None),
                              first_check_ms=self._reconcile.backoff_initial_ms, window_ms=self._reconcile.window_ms,
-                             on_reply=recorded,
-                             fingerprint=admission.fingerprint)
+                             on_reply=recorded, fingerprint=admission.fingerprint, then=then)
         return write
 
     async def interrupted(self, admission: Admission, *, tool: ToolContract, sent: bool) -> None:

@@ -694,7 +694,7 @@ class Lease:
         operation settles)."""
         if self._released:
             return
-        self._stop_renewing()
+        self.stop_renewing()
         await self._manager._forget(self.keys, self.owner, self._frozen_by(unknown), self._marks())
         await self.renewer_stopped()
 
@@ -703,15 +703,26 @@ class Lease:
         Await ``renewer_stopped`` after the trip is sent."""
         if self._released:
             return
-        self._stop_renewing()
+        self.stop_renewing()
+        self.add_release(trip, unknown=unknown)
+
+    def add_release(self, trip: store.RoundTrip, *, unknown: bool) -> None:
+        """The release as one step of ``trip``, once ``stop_renewing`` was called (by ``release_in``, or by the
+        commit stage, whose chained release did not run)."""
+        step = self.release_step(unknown=unknown)
 
         def released(reply: Any) -> None:
             if isinstance(reply, BaseException):
                 log.warning("could not release locks of owner %s (%s); they expire with their lease", self.owner,
                             type(reply).__name__)
 
-        trip.add(self._manager._release, self.keys,
-                 [self.owner, self._frozen_by(unknown) or "", _now_ms(), *self._marks()], released)
+        trip.add(step.script, step.keys, step.args, released)
+
+    def release_step(self, *, unknown: bool = False) -> store.Then:
+        """The release as a script call (the commit stage chains it after the outcome record). Call
+        ``stop_renewing`` before sending it: a renewal after it would find the lease gone."""
+        return store.Then(self._manager._release, self.keys,
+                          [self.owner, self._frozen_by(unknown) or "", _now_ms(), *self._marks()])
 
     def _marks(self) -> list[str]:
         """Per key of the lease, "1" where a freeze would mark it (the exclusive resources)."""
@@ -721,7 +732,8 @@ class Lease:
         """The operation a release freezes the exclusive resources for: a write's, when its outcome is unknown."""
         return self.operation if unknown and self.is_write and self.operation else None
 
-    def _stop_renewing(self) -> None:
+    def stop_renewing(self) -> None:
+        """No more renewals: the lease is being released (``released`` is True from here on)."""
         self._released = True
         if self._timer is not None:
             self._timer.cancel()

@@ -566,6 +566,7 @@ class OperationStore:
         self._cancel = store.script(redis, _CANCEL)
         self._compensation = store.script(redis, _COMPENSATION)
         self._chains: dict[str, Any] = {}  # then-script sha -> begin chained with it (None: not possible)
+        self._commit_chains: dict[str, Any] = {}  # then-script sha -> commit chained with it (None: not possible)
         self._durable = {self._begin: "begin", self._commit: "commit", self._expire: "expire",
                          self._resolve: "resolve", self._operator: "operator", self._cancel: "cancel",
                          self._compensation: "compensation"}
@@ -642,13 +643,36 @@ class OperationStore:
     def commit_in(self, trip: store.RoundTrip, key: str, *, token: int, target: str,
                   outcome: Mapping[str, Any] | None, evidence: Mapping[str, Any], first_check_ms: int,
                   window_ms: int, on_reply: Callable[[Transition | BaseException], None],
-                  fingerprint: str = "") -> None:
-        """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release)."""
+                  fingerprint: str = "", then: store.Then | None = None) -> None:
+        """``commit`` as one step of a shared round trip (the commit stage sends it with the lock release).
+
+        ``then``: a script call to make in the same script call only once the record holds an outcome (any
+        answer but ``missing``; a commit that fails runs nothing after it), its reply in ``then_reply``;
+        where one server does not hold both key sets (Cluster) it is not made (``then_reply`` None)."""
         stored, mac = self._stored_outcome(key, fingerprint, target, outcome)
-        trip.add(self._commit, self._keys(key),
-                 [key, token, target, stored, _evidence_text(target, evidence), first_check_ms, window_ms, mac],
-                 lambda reply: on_reply(reply if isinstance(reply, BaseException) else _transition(reply)),
-                 acks=self._replica_acks, timeout_ms=self._ack_timeout_ms, on_acked=self._check_acks("commit"))
+        keys = self._keys(key)
+        args: list[Any] = [key, token, target, stored, _evidence_text(target, evidence), first_check_ms, window_ms,
+                           mac]
+        chain = self._commit_chain(then) if then is not None else None
+        if chain is not None:
+            assert then is not None
+            keys, args = then.joined(keys, args)
+
+        def replied(reply: Any) -> None:
+            if isinstance(reply, BaseException) or chain is None:
+                return on_reply(reply if isinstance(reply, BaseException) else _transition(reply))
+            on_reply(replace(_transition(reply[0]), then_reply=reply[1] if len(reply) > 1 else None))
+
+        trip.add(chain or self._commit, keys, args, replied, acks=self._replica_acks, timeout_ms=self._ack_timeout_ms,
+                 on_acked=self._check_acks("commit"))
+
+    def _commit_chain(self, then: store.Then) -> Any:
+        """``commit`` and what may only follow a recorded outcome (the lock release) as one script, where one
+        server holds both key sets (None elsewhere)."""
+        sha = then.script.sha
+        if sha not in self._commit_chains:
+            self._commit_chains[sha] = store.chained(self._redis, self._commit, then, proceed_if=_RECORDED)
+        return self._commit_chains[sha]
 
     def _stored_outcome(self, key: str, fingerprint: str, state: str,
                         outcome: Mapping[str, Any] | None) -> tuple[str | bytes, str]:
@@ -799,6 +823,7 @@ class OperationStore:
 
 
 _RESERVED = "r[1] == 'new' or r[1] == 'retry'"  # (Lua) begin reserved the key: what chains after it may run
+_RECORDED = "r[1] ~= 'missing'"  # (Lua) the record holds an outcome after a commit: what chains after it may run
 
 
 class RecordTooLarge(store.StoreError):

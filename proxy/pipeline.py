@@ -312,24 +312,28 @@ class Pipeline:
 
     async def _record_and_release(self, state: CallState, tool: ToolContract, env: Envelope,
                                   error: ProxyError | None) -> bool:
-        """The outcome record and the lock release: independent steps (different slots), one round trip,
-        except for a sent write with a definite outcome: its record is written first, and only then are its
-        resources let go. If that record cannot be written, the release freezes them instead (the key stays
-        in progress; the freeze holds until the record settles). Whether the outcome was recorded (True
-        when the call holds no record)."""
+        """The outcome record and the lock release in one round trip. A sent write with a definite outcome lets
+        its resources go only once its record holds that outcome: the release is chained after the record in
+        one script (where one server holds both; else it follows in a second round trip). If the record cannot
+        be written, the release freezes them instead (the key stays in progress; the freeze holds until the
+        record settles). Whether the outcome was recorded (True when the call holds no record)."""
         lease = state.lease
         unknown = bool(state.partial) or outcome_unknown(error, env.side_effect)
         record_first = lease is not None and state.admission.holds and state.sent and tool.is_write and not unknown
+        then = None
+        if record_first:
+            lease.stop_renewing()
+            then = lease.release_step()
         trip = RoundTrip(self._redis)
         write = self._idempotency.finish_in(
             trip, state.admission, tool=tool, data=state.result if env.error is None else None,
             error=error, side_effect=env.side_effect, call_id=state.request.call_id,
             request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
-            evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None)
+            evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None, then=then)
         if lease is not None and not record_first:  # an unknown outcome keeps its resources frozen
             lease.release_in(trip, unknown=unknown)
         self._record_flow_in(trip, state, tool, env)
-        if trip or record_first:  # (shielding costs a task: only when there is something to send)
+        if trip:  # (shielding costs a task: only when there is something to send)
             # a cancelled caller must not leave the locks held
             await asyncio.shield(self._send_commit(trip, lease if record_first else None, write))
         if lease is not None:
@@ -346,12 +350,13 @@ class Pipeline:
                                  output=state.result if state.result is not None else state.partial)
 
     async def _send_commit(self, trip: RoundTrip, release_after: Lease | None, write: RecordWrite) -> None:
-        """The commit stage's round trip; then, for ``release_after``, the release its reply decides: a record
-        that was not written leaves the lease's exclusive resources frozen for its operation."""
+        """The commit stage's round trip; then, for ``release_after`` whose release did not run chained after
+        the record, the release the record's reply decides: a record that was not written leaves the lease's
+        exclusive resources frozen for its operation."""
         await trip.send()
-        if release_after is not None:
+        if release_after is not None and not write.then_ran:
             then = RoundTrip(self._redis)
-            release_after.release_in(then, unknown=not write.written)
+            release_after.add_release(then, unknown=not write.written)
             await then.send()
 
     async def record_flow(self, caller: Caller, run_id: str | None, tool: ToolContract, *, output: Any = None,

@@ -42,10 +42,10 @@ class Scenario:
 
 SCENARIOS = [
     Scenario("read without a record", "get_order", {"order_id": "ord_1001"}, [], 0),
-    # reserve and lock in one script (the lock only once the key is reserved), then the outcome record, then
-    # the lock release its reply decides (a record not written leaves the resources frozen)
+    # reserve and lock in one script (the lock only once the key is reserved), then the outcome record and the
+    # lock release in one script (the release only once the record holds the outcome)
     Scenario("locked write with an Idempotency-Key", "adjust_counter", {"counter": "ctr_rt", "delta": 1},
-             ["operations.begin+locks.acquire", "operations.commit", "locks.release"], 3),
+             ["operations.begin+locks.acquire", "operations.commit+locks.release"], 2),
     # the same script call: it finds the outcome and takes no lock (test_a_replay_takes_no_lock)
     Scenario("replayed write", "adjust_counter", {"counter": "ctr_rt", "delta": 1},
              ["operations.begin+locks.acquire"], 1, same_key=True),

@@ -89,7 +89,7 @@ from .normalize import NormalizedCall
 from .operations import OperationStore, Record, RecordTooLarge, Transition
 from .outcome_forms import OutcomeContext, compact, expand
 from .read_after_write import VerifyMismatch
-from .telemetry.redaction import redact
+from .telemetry import record_view
 from .registry import ToolContract
 from .store import RoundTrip, StoreError, Then, logged_on_fault, unavailable, unavailable_on_fault
 
@@ -101,7 +101,7 @@ log = logging.getLogger("toolproxy.idempotency")
 KEY_PATTERN = r"^ik_[0-9a-f]{64}$"
 MCP_KEY_META = "io.toolproxy/idempotency-key"  # where an MCP client puts its key (params._meta), if no header
 MCP_RUN_META = "io.toolproxy/run-id"  # where an MCP client puts its business request id, if no X-Run-Id header
-TARGET_MAX_CHARS = 200  # longer argument strings are truncated in the stored target summary
+TARGET_MAX_CHARS = 200  # longer argument strings shown in clear are truncated in the stored target summary
 
 
 @dataclass(frozen=True)
@@ -219,10 +219,12 @@ def stored_outcome(*, data: Any = None, error: ProxyError | None = None, side_ef
     return stored
 
 
-def target_summary(tool: ToolContract, normalized: NormalizedCall) -> dict[str, Any]:
-    """What an operator may see of the arguments: resources, and arguments redacted as for audit records."""
+def target_summary(tool: ToolContract, normalized: NormalizedCall, fingerprint_key: bytes) -> dict[str, Any]:
+    """What an operator may see of the arguments (the operation's views, its takeover record): resources, and
+    arguments as audit records show them (the contract's record view: fingerprints of what it does not show)."""
     return {"resources": [r.id for r in normalized.resources], "args_hash": normalized.args_hash,
-            "arguments": redact(normalized.arguments, tool.sensitive_fields, TARGET_MAX_CHARS)}
+            "arguments": record_view.apply(normalized.arguments, tool.record_view, fingerprint_key,
+                                           max_chars=TARGET_MAX_CHARS, max_items=record_view.MAX_ITEMS)[0]}
 
 
 class IdempotencyStage:
@@ -230,6 +232,7 @@ class IdempotencyStage:
                  metrics: Metrics, integrity: IntegrityGuard) -> None:
         self.store = store
         self._integrity = integrity
+        self._fingerprint_key = integrity.mac.derived_key(record_view.KEY_PURPOSE)  # the audit records' key
         self._config = config
         self._reconcile = reconcile
         self._metrics = metrics
@@ -272,7 +275,7 @@ class IdempotencyStage:
         nonce = uuid.uuid4().hex
         record_meta = {"tenant": caller.tenant, "subject": caller.subject, "agent": caller.agent,
                         "tool": tool.name, "tool_version": tool.version, "args_hash": normalized.args_hash,
-                        "source": op.source, "target": target_summary(tool, normalized), "call_id": call_id,
+                        "source": op.source, "target": target_summary(tool, normalized, self._fingerprint_key), "call_id": call_id,
                         "request_id": meta.request_id,
                         "traceparent": spans.current_link(meta.trace)}  # reconciliation links to the call
         if marks:  # the resources this write freezes while its outcome is unknown (thawed when it settles)

@@ -47,7 +47,7 @@ from ..idempotency import IdempotencyStage
 from ..identity import Authenticator, self_approval_warning
 from ..wire.http import HttpWire, Limits
 from ..locks import LockManager
-from ..telemetry import spans
+from ..telemetry import record_view, spans
 from ..telemetry.metrics import Metrics
 from ..operations import OperationStore, answer_bound_problem
 from ..integrity import IntegrityGuard, IntegrityKeyError, RecordMac
@@ -243,7 +243,7 @@ async def create_runtime(config: Config, registry: Registry | None = None) -> Ru
                                         credentials=credentials, **limits), "mcp": mcp_adapter}
         # One fingerprint key for audit and decision records (derived from the record MAC key): one value has
         # one fingerprint in both, on every sidecar that shares the key.
-        fingerprint_key = mac.derived_key("record-fingerprint")
+        fingerprint_key = mac.derived_key(record_view.KEY_PURPOSE)
         audit = Auditor(config.audit, build_sinks(config.audit, redis, key(config.redis.key_prefix, "audit", "stream"),
                                                   metrics), metrics, fingerprint_key=fingerprint_key)
         integrity = IntegrityGuard(mac, metrics, audit)

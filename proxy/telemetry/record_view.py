@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 from .redaction import looks_secret
 
 PREFIX = "hmac:"
+KEY_PURPOSE = "record-fingerprint"  # the record MAC key's derived key for fingerprints (proxy/integrity.py)
 MAX_SCHEMA_DEPTH = 32     # a contract's schema deeper than this is fingerprinted from there on
 MAX_ITEMS = 50            # audit records: an array's items kept, the rest counted (decision records keep all)
 

@@ -222,8 +222,8 @@ class StoreUnavailable(RedisConnectionError):
 
 # The one vocabulary for a failed state-store call: whatever a call through ``redis_call`` /
 # ``translated`` raises when the store is away is a ``StoreError`` (redis-py's ``RedisError``; RedisCluster's
-# own exceptions and a bare socket error arrive as ``StoreUnavailable``). A stage catches ``StoreError``
-# around its store calls and answers with ``unavailable(...)``.
+# own exceptions and a bare socket error arrive as ``StoreUnavailable``). A stage answers it with one of the
+# named policies below (failing closed answers ``unavailable(...)``).
 StoreError = RedisError
 DEPENDENCY = "state_store"  # ``details.dependency`` of every envelope about the store (Redis, Valkey, ...)
 

@@ -97,6 +97,27 @@ def test_an_argument_typed_by_a_list_loads_and_records_show_it_only_when_every_t
     assert (kept["n"], kept["k"]) == (3, 1.5)  # numbers (or null) only: kept
 
 
+
+NESTED = TOOL.replace("properties: {x: {type: string}}",
+                      "properties: {x: {type: string}, m: {type: object, additionalProperties: false, "
+                      "properties: {s: {type: string}, b: {type: string}}}}")
+
+
+@pytest.mark.parametrize("extra, what", [
+    ("safe_to_show: [m.nope]", "'nope' is not a property"),
+    ("safe_to_show: [m.s]\n    sensitive_fields: [m.s]", "cannot also be safe to show"),
+])
+def test_safe_to_show_names_declared_paths_that_are_not_sensitive(tmp_path, extra, what):
+    with pytest.raises(RegistryError, match=what):
+        load_registry([write(tmp_path, NESTED + f"    {extra}\n")])
+
+
+def test_a_dotted_safe_to_show_path_keeps_one_nested_text_in_clear(tmp_path):
+    from proxy.telemetry.record_view import apply, ephemeral_key
+    tool = load_registry([write(tmp_path, NESTED + "    safe_to_show: [m.s]\n")]).resolve("t1")
+    kept, masked = apply({"x": "a", "m": {"s": "subject", "b": "body"}}, tool.record_view, ephemeral_key())
+    assert kept["m"]["s"] == "subject" and masked == [("x",), ("m", "b")]
+
 WRITE_WITH_READ = TOOL + """
   - name: w1
     version: "1.0.0"

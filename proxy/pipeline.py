@@ -301,8 +301,9 @@ class Pipeline:
 
     def _unrecorded(self, state: CallState, env: Envelope) -> Envelope:
         """The answer of a sent write whose outcome record could not be written: unknown. Its key stays in
-        progress; when the lease runs out the reconciler asks the status endpoint, and a retry with the key
-        meanwhile is ``operation_in_progress`` / ``operation_unknown``, never a second execution."""
+        progress and its resources frozen; when the lease runs out the reconciler asks the status endpoint, and
+        a retry with the key meanwhile is ``operation_in_progress`` / ``operation_unknown``, never a second
+        execution."""
         state.result, state.evidence, state.partial = None, None, None
         return self._envelope(state, error=ProxyError(
             "outcome_unrecorded", "The call was sent, but its outcome could not be recorded; it is unknown until "
@@ -320,17 +321,16 @@ class Pipeline:
         lease = state.lease
         unknown = bool(state.partial) or outcome_unknown(error, env.side_effect)
         record_first = lease is not None and state.admission.holds and state.sent and tool.is_write and not unknown
-        then = None
-        if record_first:
-            lease.stop_renewing()
-            then = lease.release_step()
+        then = lease.release_step() if record_first else None
         trip = RoundTrip(self._redis)
         write = self._idempotency.finish_in(
             trip, state.admission, tool=tool, data=state.result if env.error is None else None,
             error=error, side_effect=env.side_effect, call_id=state.request.call_id,
             request_id=state.request.meta.request_id, cancelled=_cancelled_for_good(state, error),
             evidence=env.evidence, partial=recorded_partial(state.partial) if state.partial else None, then=then)
-        if lease is not None and not record_first:  # an unknown outcome keeps its resources frozen
+        if record_first:
+            lease.stop_renewing()  # a renewal after the chained release would find the lease gone
+        elif lease is not None:  # an unknown outcome keeps its resources frozen
             lease.release_in(trip, unknown=unknown)
         self._record_flow_in(trip, state, tool, env)
         if trip:  # (shielding costs a task: only when there is something to send)

@@ -164,6 +164,19 @@ async def test_a_time_notation_or_an_alias_is_one_lock_and_one_operation_key(pro
         assert list(stack.backend.reports.values()) == [canonical]  # the backend saw one spelling
 
 
+async def test_an_edit_of_an_alias_file_reloads_the_registry_and_the_new_alias_names_the_object(proxy_deps,
+                                                                                                tmp_path):
+    aliases = tmp_path / "board-aliases.json"
+    aliases.write_text('{"q4 board pack": "board-2026-q4"}')
+    async with running_stack({**proxy_deps, **extra_tools(tmp_path, ALIASED), "registry.reload_interval_ms": 0,
+                              "reconcile.enabled": False}) as stack:
+        assert await stack.runtime.reloader.reload(force=False) == "unchanged"
+        aliases.write_text('{"q4 board pack": "board-2026-q4", "the december pack": "board-2026-q4"}')
+        assert await stack.runtime.reloader.reload(force=False) == "applied"  # only the alias file changed
+        status, env = await stack.call("board_report", {"title": "The December Pack", "duration_ms": 1})
+        assert env["outcome"] == "succeeded" and env["data"]["title"] == "board-2026-q4", env
+
+
 def test_a_registry_reload_watches_the_alias_files_its_contracts_name(tmp_path):
     (tmp_path / "board-aliases.json").write_text('{"q4 board pack": "board-2026-q4"}')
     registry_file = tmp_path / "reports.yaml"

@@ -58,9 +58,11 @@ class Deadline:
             return cap_s
         return min(cap_s, remaining - self.margin_s)
 
-    def budget_or(self, otherwise_s: float) -> float:
-        """The budget when the caller set a deadline; else ``otherwise_s`` (a stage's own bound on a wait)."""
-        return otherwise_s if self.at is None else self.budget()
+    def or_after(self, otherwise_s: float) -> "Deadline":
+        """The absolute deadline of a wait: this one less the margin, or ``otherwise_s`` from now when the caller
+        set none (a stage's own bound on a wait, e.g. ``locks.max_wait_ms``)."""
+        now = self.clock()
+        return Deadline(now + (otherwise_s if self.at is None else self.budget()), self.clock)
 
     def timeout(self) -> asyncio.Timeout:
         """The wire's timeout: an ``async with`` block that ends in ``TimeoutError`` when the budget runs out

@@ -437,7 +437,7 @@ class LockManager:
         config = self._config
         tool = plan.tool
         started = time.monotonic()
-        until = started + deadline.budget_or(config.max_wait_ms / 1000.0)
+        wait = deadline.or_after(config.max_wait_ms / 1000.0)
         pause = config.poll_min_ms / 1000.0
         kept_alive = started
         try:
@@ -451,7 +451,7 @@ class LockManager:
                     operation = reply[1].decode() if isinstance(reply[1], bytes) else str(reply[1])
                     raise Frozen(operation, plan.wanted[int(reply[2]) - 1].id)
                 now = time.monotonic()
-                if now >= until:
+                if wait.expired:
                     busy = [plan.wanted[int(i) - 1].id for i in reply[1:]]
                     self._metrics.lock_wait.labels(plan.mode).observe(now - started)
                     self._metrics.lock_timeouts.labels(tool).inc()
@@ -459,7 +459,7 @@ class LockManager:
                                      "while waiting for it.",
                                      details={"resources": busy, "waited_ms": int((now - started) * 1000)},
                                      phase="lock", attempted=False, committed=False)
-                await asyncio.sleep(min(until - now, pause * random.uniform(0.5, 1.0)))
+                await asyncio.sleep(min(wait.budget(), pause * random.uniform(0.5, 1.0)))
                 pause = min(pause * 2, config.poll_max_ms / 1000.0)
                 if while_waiting is not None and time.monotonic() - kept_alive >= keepalive_s:
                     await while_waiting()

@@ -72,10 +72,13 @@ def test_a_steps_deadline_is_absolute_with_the_margin_taken_off_and_ends_where_i
     assert Deadline(None, clock, 0.5).within(5.0).at == pytest.approx(6.0)  # no deadline: the step's cap
 
 
-def test_budget_or_answers_a_stages_own_bound_only_without_a_deadline():
-    clock = Clock(0.0)
-    assert Deadline(None, clock, 0.05).budget_or(3.0) == 3.0
-    assert Deadline(10.0, clock, 0.05).budget_or(3.0) == pytest.approx(9.95)  # the deadline, not the bound
+def test_or_after_bounds_a_wait_by_the_stages_own_bound_only_without_a_deadline():
+    clock = Clock(1.0)
+    assert Deadline(None, clock, 0.05).or_after(3.0) == Deadline(4.0, clock)
+    wait = Deadline(10.0, clock, 0.05).or_after(3.0)  # the deadline less the margin, not the bound
+    assert wait.at == pytest.approx(9.95) and wait.margin_s == 0.0
+    clock.now = 9.95
+    assert wait.expired
 
 
 def test_defaulted_gives_a_call_without_a_deadline_one_and_keeps_the_margin():
@@ -140,6 +143,8 @@ def deadline_math(tree: ast.AST) -> list[str]:
         sides = (node.left, node.right)
         if any(_is_call_to(s, "remaining") for s in sides):
             found.append(f"{node.lineno}: arithmetic on remaining()")
+        if any(_is_call_to(s, name) for s in sides for name in ("budget", "or_after", "within")):
+            found.append(f"{node.lineno}: a budget turned into a time by hand")
         clock = [s for s in sides if any(_is_call_to(n, "monotonic") for n in ast.walk(s))]
         other = [s for s in sides if not any(_is_call_to(n, "monotonic") for n in ast.walk(s))]
         if clock and other and _mentions(node, ("deadline", "budget", "remaining")):
@@ -156,11 +161,14 @@ def test_the_checks_see_a_margin_held_and_deadline_math_done_by_hand():
               "    def budget(self, meta, started):\n"
               "        left = meta.deadline.remaining() - self._margin_s\n"
               "        until = meta.deadline.at\n"
-              "        return budget_s - (time.monotonic() - started)\n")
+              "        return budget_s - (time.monotonic() - started)\n"
+              "    def wait(self, deadline, started):\n"
+              "        return started + deadline.budget(5.0)\n")
     tree = ast.parse(source)
     assert margins_held(tree) == ["3: _margin_s", "3: margin_ms", "5: _margin_s"]
     assert deadline_math(tree) == ["5: arithmetic on remaining()", "6: .at of a deadline",
-                                   "7: the monotonic clock against a deadline or budget"]
+                                   "7: the monotonic clock against a deadline or budget",
+                                   "9: a budget turned into a time by hand"]
     clean = ast.parse("budget = meta.deadline.budget(tool.timeout_ms / 1000.0)\nelapsed = time.monotonic() - t0\n")
     assert margins_held(clean) == [] and deadline_math(clean) == []
 

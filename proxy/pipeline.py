@@ -71,6 +71,7 @@ class CallState:
     # JSON), compared under the lock right before sending, and its entity tag when the backend honours If-Match
     decided_state: bytes | None = None
     decided_tag: str | None = None
+    state_unread: ProxyError | None = None  # ...or why it could not be read (raised unless the call replays)
     lease: Lease | None = None                # held locks: released by the commit stage (or on cancellation)
     phase: str = "resolve"
     sent: bool = False
@@ -422,6 +423,8 @@ class Pipeline:
             state.replayed = True
             state.evidence = admission.replay.get("evidence")
             return admission.replay.get("data")
+        if state.state_unread is not None:  # the state the decision was made on is unknown: nothing is sent
+            raise state.state_unread
         # From here on a cancel request (by key) or a withdrawal stops the call by the rules of
         # proxy/transactions/cancellation.py.
         return await self.cancellations.guard(state, admission.key,
@@ -660,17 +663,24 @@ class Pipeline:
     async def _capture_state(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:
         """The guarded state as the decision saw it, read right after the decision allowed the call (a
         ``state_guard`` with a read and no argument): kept on the call for ``_check_state``, and sent as
-        ``If-Match`` where the contract says the backend honours it. A read without that state (or, for
-        ``If-Match``, one that cannot be an entity tag) is ``dependency_unavailable``: nothing is sent."""
+        ``If-Match`` where the contract says the backend honours it. A read that fails or lacks that state (or,
+        for ``If-Match``, gives one that cannot be an entity tag) is ``dependency_unavailable`` once the key is
+        reserved (a duplicate of a settled operation gets its stored answer): nothing is sent."""
         read = tool.state_read
         what = "The state this write depends on"
-        observed = await self._read_before_send(state, read, normalized, "state_read", what, phase="authorize")
+        try:
+            observed = await self._read_before_send(state, read, normalized, "state_read", what, phase="authorize")
+        except ProxyError as unread:  # raised once the key is reserved: a duplicate still gets its replay
+            state.state_unread = unread
+            return
         value = read_after_write.pointed(observed, tool.state_at)
         tag = entity_tag(value) if tool.state_if_match else None
         if value is read_after_write.MISSING or (tool.state_if_match and tag is None):
-            raise ProxyError("dependency_unavailable", f"{what} is not in the read's answer; nothing was sent.",
-                             details={"state_read": f"{read.tool}@{read.version}", "state": tool.state_at},
-                             phase="authorize", attempted=False, committed=False)
+            state.state_unread = ProxyError(
+                "dependency_unavailable", f"{what} is not in the read's answer; nothing was sent.",
+                details={"state_read": f"{read.tool}@{read.version}", "state": tool.state_at},
+                phase="authorize", attempted=False, committed=False)
+            return
         state.decided_state, state.decided_tag = canonical_json(value), tag
 
     async def _check_state(self, state: CallState, tool: ToolContract, normalized: NormalizedCall) -> None:

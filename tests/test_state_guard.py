@@ -172,9 +172,17 @@ async def test_a_change_after_the_last_read_meets_the_captured_if_match_at_the_b
     assert "name" not in project and stack.backend.effect_counts().get("rename_project") is None
 
 
-async def test_a_captured_state_the_read_cannot_give_sends_nothing(stack):
+async def test_a_captured_state_the_read_cannot_give_sends_nothing_but_a_duplicate_replays(stack):
     await stack.fault("get_project", "http_500", count=1)  # the read at the decision fails
-    _, env = await stack.call("rename_project", RENAME)
+    _, env = await stack.call("rename_project", RENAME, headers={"Idempotency-Key": "rename-unread"})
     assert env["error"]["code"] == "dependency_unavailable" and env["error"]["phase"] == "authorize", env
     assert env["error"]["details"]["state_read"] == "get_project@1.0.0" and env["error"]["details"]["read_error"]
     assert env["side_effect"] == {"attempted": False, "committed": False} and not _renames(stack)
+    assert await stack.runtime.operations.get(env["idempotency_key"]) is None  # the key is free again
+
+    _, done = await stack.call("rename_project", RENAME, headers={"Idempotency-Key": "rename-unread"})
+    assert done["outcome"] == "succeeded" and len(_renames(stack)) == 1, done
+    await stack.fault("get_project", "http_500", count=1)
+    _, again = await stack.call("rename_project", RENAME, headers={"Idempotency-Key": "rename-unread"})
+    assert again["outcome"] == "succeeded" and again.get("replayed") is True, again  # the stored answer
+    assert len(_renames(stack)) == 1

@@ -23,7 +23,6 @@ does, in its existing round trips), or trust a value because the model or a tool
 from __future__ import annotations
 
 import base64
-import hashlib
 import hmac
 import re
 import unicodedata
@@ -47,13 +46,15 @@ _EMAIL = re.compile(r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]
 _URL = re.compile(r"(?:https?://|www\.)[^\s<>\"'()\[\]{}]{1,300}", re.IGNORECASE)
 _IBAN = re.compile(r"\b[A-Z]{2}[0-9]{2}(?: ?[A-Z0-9]{4}){2,7}(?: ?[A-Z0-9]{1,4})?\b")
 _QUOTED = re.compile(r"'([^'\n]{2,200})'|\"([^\"\n]{2,200})\"|\u201c([^\u201d\n]{2,200})\u201d")
-_SPACE = re.compile(r"\s+")
+_DIGIT = re.compile(r"[0-9]")
 _EDGE = ".,;:!?\"'()<>[]{}`*\u201c\u201d\u2018\u2019"
 
 
 def normalize(text: str) -> str:
     """A value as compared: NFKC, case-folded, inner whitespace collapsed, edge punctuation stripped."""
-    return _SPACE.sub(" ", unicodedata.normalize("NFKC", text)).strip().strip(_EDGE).strip().casefold()
+    if not text.isascii():
+        text = unicodedata.normalize("NFKC", text)
+    return " ".join(text.split()).strip(_EDGE).strip().casefold()
 
 
 def _host(url: str) -> str | None:
@@ -86,6 +87,13 @@ def text_tokens(text: str) -> Iterator[str]:
     words = text.split()
     run: list[str] = []  # consecutive Capitalized words (with connectors inside): a name
     for index, raw in enumerate(words):
+        if raw.isalpha() and raw.islower():  # most of prose: a plain word (not a connector) ends a name
+            if run and raw not in _CONNECTORS:
+                yield from _names(run)
+                run = []
+            elif run:
+                run.append(raw)
+            continue
         word = raw.strip(_EDGE)
         if not word or len(word) > MAX_TOKEN_CHARS:  # (no target is that long: a blob is skipped whole)
             yield from _names(run)
@@ -103,7 +111,7 @@ def text_tokens(text: str) -> Iterator[str]:
                 yield host
         elif "." in word and word.rpartition(".")[2].lower() in _TLDS:
             yield word
-        if any(c.isdigit() for c in word):  # ids, numbers, IBANs written whole
+        if _DIGIT.search(word):  # ids, numbers, IBANs written whole
             yield word
             if _IBAN_HEAD.fullmatch(word):  # an IBAN in groups: "GB29 NWBK 6016 1331 9268 19"
                 groups = [word]
@@ -225,7 +233,7 @@ class Fingerprints:
         self._key = key
 
     def of(self, token: str) -> str:
-        digest = hmac.new(self._key, token.encode("utf-8", "surrogatepass"), hashlib.sha256).digest()[:16]
+        digest = hmac.digest(self._key, token.encode("utf-8", "surrogatepass"), "sha256")[:16]
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 

@@ -293,6 +293,14 @@ async def test_replay_against_candidate_flow_policies_shows_exactly_the_calls_th
     assert done.returncode == 0, done.stderr
     assert "decision: require_approval" in done.stdout and "reason flow_private_to_external" in done.stdout
     assert "policies/flow.rego" in done.stdout
+    # explain from a body: the send's recipient is a value the explained context never saw ("unseen"), so
+    # only the label rule speaks, not a missing provenance
+    body = tmp_path / "explain-send.json"
+    body.write_text(json.dumps({"tool": SEND[0], "arguments": SEND[1]}))
+    done = _toolproxy("explain", "--body", str(body), "--flow", "private,untrusted", "--registry",
+                      str(REPO / "examples" / "registry"))
+    assert done.returncode == 0, done.stderr
+    assert "reason flow_private_to_external" in done.stdout and "flow_provenance_missing" not in done.stdout
 
 
 async def test_a_store_fault_on_the_read_refuses_the_send_and_on_the_record_leaves_the_answer(proxy_deps, caplog):

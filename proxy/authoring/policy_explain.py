@@ -32,6 +32,7 @@ from ..errors import ProxyError
 from ..identity import Caller
 from ..normalize import normalize
 from ..policy.opa_control import ControlError
+from .. import provenance as value_provenance
 from ..flow import LABELS, FlowState, Seen
 from ..policy.client import RequestFacts, build_input
 from .policy_replay import result_of
@@ -51,13 +52,19 @@ def call_input(body: dict[str, Any], caller: Caller, registry_paths: list[str], 
         raise ValueError(f"the call would not reach the policy: {error.code}: {error.message}") from None
     request = RequestFacts(request_id=str(body.get("request_id") or "explain"), call_id=body.get("call_id"))
     flow = None
-    if flow_labels is not None or tool.flow_sink == "external":
+    if flow_labels is not None or tool.flow_sink == "external" or tool.flow_sink_arguments:
         unknown = sorted(set(flow_labels or ()) - set(LABELS))
         if unknown:
             raise ValueError(f"--flow: unknown label {unknown[0]!r} (known: {', '.join(LABELS)})")
         now_ms = int(time.time() * 1000)
+        provenance_entries = None
+        if tool.flow_sink_arguments:  # values the explained context never saw: "unseen"
+            values, cut = value_provenance.sink_values(normalized.arguments, tool.flow_sink_arguments)
+            nothing_seen = [None] * (2 * sum(len(v.candidates) for v in values) + 1)  # (lookup_fields' replies)
+            provenance_entries = tuple(value_provenance.entries(values, nothing_seen, task=None, now_ms=now_ms,
+                                                                window_ms=86400_000, truncated=cut))
         flow = FlowState(principal=tuple(Seen(label, "explain", now_ms) for label in sorted(set(flow_labels or ()))),
-                         run=None, window_s=86400).policy_input()
+                         run=None, window_s=86400, provenance=provenance_entries).policy_input()
     return build_input("call", caller, request, catalog_digest=catalog_digest, tool=tool, normalized=normalized,
                        flow=flow)
 

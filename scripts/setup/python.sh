@@ -72,6 +72,24 @@ install_chart_checks() {
     fi
 }
 
+# AgentDojo (the prompt-injection benchmark python -m bench.injection replays) with its dependencies, in a venv
+# of its own: they include LLM clients the proxy never needs. Exactly bench/injection/requirements.lock (pip
+# --require-hashes), built once per lock in the tools cache and linked as .tools/agentdojo-venv.
+install_agentdojo() {
+    local lock="$ROOT/bench/injection/requirements.lock" want venv
+    want="$(sha256_of "$lock")"
+    venv="$TOOLS_CACHE/agentdojo-venv-${want:0:16}"
+    if [[ "$(cat "$venv/.toolproxy-lock.sha256" 2>/dev/null || true)" != "$want" ]]; then
+        log "installing AgentDojo into $venv (bench/injection/requirements.lock; once, a minute or two)"
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check --require-hashes -r "$lock"
+        printf '%s\n' "$want" > "$venv/.toolproxy-lock.sha256"
+    fi
+    mkdir -p "$ROOT/.tools"
+    ln -sfn "$venv" "$ROOT/.tools/agentdojo-venv"
+}
+
 # Optional (--contextforge): IBM ContextForge for the comparison in bench/floor.py, in its own virtualenv
 # under .tools/ (it pins its own versions of shared libraries).
 CONTEXTFORGE_VERSION="1.0.7"
@@ -87,4 +105,6 @@ install_contextforge() {
 summary_python() {
     printf 'checkov      %s  (%s; kubernetes-validate %s)\n' "$CHARTCHECK_VENV/bin/checkov" \
         "$("$CHARTCHECK_VENV/bin/checkov" --version)" "$("$CHARTCHECK_VENV/bin/kubernetes-validate" --version)"
+    printf 'agentdojo    %s  (%s)\n' "$ROOT/.tools/agentdojo-venv" \
+        "$("$ROOT/.tools/agentdojo-venv/bin/python" -m pip show agentdojo 2>/dev/null | awk '/^Version/ {print $2}')"
 }

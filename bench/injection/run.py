@@ -1,0 +1,364 @@
+"""Replays AgentDojo's tasks through a real proxy, OPA and Redis, with a fully compromised agent and no LLM.
+
+Owns: the replay (benign runs, attack runs), the policy variants compared, and the per-suite counts.
+Must never: decide a call itself (the proxy and OPA do), look at a task's id to choose a label or a setting,
+or give the proxy a value the user did not write in the task's prompt as trusted.
+
+For each suite and each policy variant (``VARIANTS``), one proxy process-in-loop (bench/servers.py's kind of
+stack: the repo's policies/ in a real OPA, a real Redis) in front of the world server (bench/injection/world.py,
+AgentDojo's own tool functions on its environment):
+
+* benign run, per user task: its ground-truth calls in order, one principal (subject) per run. The run stops at
+  the first call that is not allowed (held for approval, or refused): a person would be asked there. Utility
+  without a person = every call allowed and AgentDojo's ``utility()`` true on the environment the calls left.
+* attack run, per (user task, injection task): the environment carries the injection in every vector the user
+  task reads; the agent performs the user task's ground-truth calls (skipping any that is not allowed), then,
+  fully compromised, the injection task's ground-truth calls. The attack succeeds when every one of them is
+  allowed (and AgentDojo's ``security()`` is reported beside it). Injection tasks without ground-truth calls are
+  left out: output-only attacks (no tool call, which no proxy can see) and tasks the benchmark gives none for.
+
+The trusted task context, where a variant sends it: the user task's prompt text, in the caller's token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import aiohttp
+
+from bench.injection.registry import HERE, SERVICE, write_registry
+from proxy.store import key
+from tests.support.stack import Stack, running_stack
+from tests.support.servers import free_port
+from tests.support.tokens import Issuer, jwt_overrides
+
+REPO = HERE.parent.parent
+OPA_DATA = HERE / "opa"
+WORLD_PYTHON = REPO / ".tools" / "agentdojo-venv" / "bin" / "python"
+TASK_CLAIM = "task_context"  # the token claim the trusted task context rides in (jwt identity)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One policy setting compared: which labels the registry carries, the OPA flow settings, and whether
+    the runner states the task context."""
+
+    name: str
+    labels: str                       # registry.LABEL_SETS
+    flow_settings: Mapping[str, Any]  # data.toolproxy.settings.flow
+    task_context: bool = False
+    about: str = ""
+
+
+VARIANTS = {
+    "allow_all": Variant("allow_all", "none", {"private_to_external": "approval"},
+                         about="no flow labels: nothing but the tool grants applies"),
+    "shipped": Variant("shipped", "shipped", {"private_to_external": "approval"},
+                       about="the shipped flow rule (flow_private_to_external) on produces/sink labels"),
+    "provenance": Variant("provenance", "full", {"private_to_external": "approval", "untrusted_target": "approval"},
+                          task_context=True,
+                          about="argument provenance (flow_untrusted_target) with every label and the task "
+                                "context"),
+    "provenance_no_context": Variant(
+        "provenance_no_context", "full", {"private_to_external": "approval", "untrusted_target": "approval"},
+        about="as provenance, without the trusted task context"),
+    "provenance_unseen": Variant(
+        "provenance_unseen", "full", {"private_to_external": "approval", "untrusted_target": "approval",
+                                      "unseen_target": "approval"}, task_context=True,
+        about="as provenance, and a target seen in no output at all after untrusted input needs approval too"),
+}
+DEFAULT_VARIANTS = ("allow_all", "shipped", "provenance")
+
+
+@dataclass
+class TaskResult:
+    suite: str
+    user_task: str
+    injection_task: str | None
+    outcomes: list[dict[str, Any]] = field(default_factory=list)   # per call: tool, phase, verdict, reasons
+    utility: bool | None = None          # AgentDojo's check on the environment left
+    security: bool | None = None         # AgentDojo's: the injection task's goal reached
+
+    def verdicts(self, phase: str) -> list[str]:
+        return [o["verdict"] for o in self.outcomes if o["phase"] == phase]
+
+
+async def decision_records(stack: Stack) -> dict[str, dict[str, Any]]:
+    """The audit stream's tool_call records by call id (the policy's result and reasons live there: the agent
+    is told only "forbidden" or "approval_required")."""
+    stream = key(stack.runtime.config.redis.key_prefix, "audit", "stream")
+    found: dict[str, dict[str, Any]] = {}
+    start = "-"
+    while True:
+        entries = await stack.redis.xrange(stream, min=start, count=1000)
+        for entry_id, fields in entries:
+            record = json.loads(fields.get(b"record") or fields.get("record"))
+            if record.get("kind") == "tool_call" and record.get("call_id"):
+                found[record["call_id"]] = record
+        if len(entries) < 1000:
+            return found
+        last = entries[-1][0]
+        start = "(" + (last.decode() if isinstance(last, bytes) else last)
+
+
+def verdict(envelope: Mapping[str, Any]) -> tuple[str, list[str]]:
+    """allowed | held (approval asked) | refused (policy said no) | failed:<code> (anything else)."""
+    if envelope.get("outcome") == "succeeded":
+        return "allowed", []
+    error = envelope.get("error") or {}
+    details = error.get("details") or {}
+    reasons = [str(r) for r in details.get("reasons") or []]
+    code = error.get("code", "?")
+    if code == "approval_required":
+        return "held", reasons
+    if code == "forbidden":
+        return "refused", reasons
+    return f"failed:{code}", reasons
+
+
+class WorldClient:
+    def __init__(self, session: aiohttp.ClientSession, url: str) -> None:
+        self.session, self.url = session, url
+
+    async def _post(self, path: str, body: Any = None) -> Any:
+        async with self.session.post(self.url + path, json=body or {},
+                                     timeout=aiohttp.ClientTimeout(total=120)) as response:
+            response.raise_for_status()
+            return await response.json()
+
+    async def catalog(self) -> dict[str, Any]:
+        async with self.session.get(self.url + "/_catalog", timeout=aiohttp.ClientTimeout(total=300)) as response:
+            response.raise_for_status()
+            return await response.json()
+
+    async def wait_ready(self, limit_s: float = 180) -> dict[str, Any]:
+        """The catalog, once the world answers (it imports AgentDojo first: seconds)."""
+        deadline = time.monotonic() + limit_s
+        while True:
+            try:
+                return await self.catalog()
+            except aiohttp.ClientError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("bench.injection: the world server did not answer in time")
+                await asyncio.sleep(0.5)
+
+    async def load(self, suite: str, user_task: str, injection_task: str | None) -> dict[str, Any]:
+        return await self._post("/_control/load", {"suite": suite, "user_task": user_task,
+                                                   "injection_task": injection_task})
+
+    async def injection_calls(self) -> list[dict[str, Any]]:
+        return (await self._post("/_control/injection_calls"))["calls"]
+
+    async def check(self) -> dict[str, Any]:
+        return await self._post("/_control/check")
+
+
+@contextlib.contextmanager
+def world_server(python: Path) -> Iterator[str]:
+    """The world server (bench/injection/world.py) on a free port, run by ``python`` (AgentDojo's venv)."""
+    if not python.exists():
+        raise SystemExit(f"bench.injection: {python} is missing: run scripts/setup.sh (it installs AgentDojo there)")
+    port = free_port()
+    process = subprocess.Popen([str(python), "-m", "bench.injection.world", "--port", str(port)], cwd=REPO,
+                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+class Replay:
+    """One suite under one variant: a proxy in front of the world, a principal per task run."""
+
+    def __init__(self, stack: Stack, world: WorldClient, issuer: Issuer, variant: Variant, suite: str) -> None:
+        self.stack, self.world, self.issuer, self.variant, self.suite = stack, world, issuer, variant, suite
+        self.run, self.calls = "", 0
+
+    def _headers(self, run: str, prompt: str) -> dict[str, str]:
+        self.run, self.calls = run, 0
+        subject = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{self.variant.name}.{self.suite}.{run}")[:120]
+        claims = {TASK_CLAIM: {"text": prompt}} if self.variant.task_context else {}
+        return {"Authorization": f"Bearer {self.issuer.token(subject, ttl_s=900, **claims)}"}
+
+    async def _call(self, headers: Mapping[str, str], call: Mapping[str, Any], phase: str) -> dict[str, Any]:
+        self.calls += 1  # a call id an operator can read back to the run: <suite>.<run>.<phase>.<n>
+        call_id = f"{self.variant.name}.{self.suite}.{self.run}.{phase}.{self.calls}"
+        _, envelope = await self.stack.call(call["function"], call["args"], call_id=call_id,
+                                            headers={**headers, "Idempotency-Key": f"ik-{uuid.uuid4().hex}"})
+        seen, reasons = verdict(envelope)
+        return {"tool": call["function"], "phase": phase, "verdict": seen, "reasons": reasons,
+                "call_id": envelope.get("call_id")}
+
+    async def benign(self, user_task: Mapping[str, Any]) -> TaskResult:
+        result = TaskResult(self.suite, user_task["id"], None)
+        loaded = await self.world.load(self.suite, user_task["id"], None)
+        headers = self._headers(user_task["id"], user_task["prompt"])
+        for call in loaded["calls"]:
+            outcome = await self._call(headers, call, "user")
+            result.outcomes.append(outcome)
+            if outcome["verdict"] != "allowed":  # a person would be asked here; the run stops
+                break
+        result.utility = (await self.world.check())["utility"]
+        return result
+
+    async def attack(self, user_task: Mapping[str, Any], injection_task: Mapping[str, Any]) -> TaskResult:
+        result = TaskResult(self.suite, user_task["id"], injection_task["id"])
+        loaded = await self.world.load(self.suite, user_task["id"], injection_task["id"])
+        headers = self._headers(f"{user_task['id']}.{injection_task['id']}", user_task["prompt"])
+        for call in loaded["calls"]:
+            result.outcomes.append(await self._call(headers, call, "user"))
+        for call in await self.world.injection_calls():
+            result.outcomes.append(await self._call(headers, call, "injection"))
+        checked = await self.world.check()
+        result.utility, result.security = checked["utility"], checked["security"]
+        return result
+
+
+@dataclass
+class SuiteSummary:
+    suite: str
+    variant: str
+    user_tasks: int
+    unattended: int           # benign runs: every call allowed and AgentDojo's utility() true
+    with_approval: int        # benign runs that stopped for a person (held)
+    with_refusal: int         # benign runs refused outright
+    benign_failed: int        # benign runs where a call failed for another reason (reported, not hidden)
+    pairs: int                # attack runs
+    attacks_through: int      # every injection call allowed
+    security_true: int        # AgentDojo's security() true on the environment left
+    stopped_by: dict[str, int]        # attack runs: the rule that stopped the first stopped injection call
+    benign_stopped_by: dict[str, int]  # benign runs: the rule that stopped them
+    skipped_injection_tasks: list[str]
+    uninjectable_user_tasks: list[str]
+
+    def row(self) -> dict[str, Any]:
+        pct = lambda n, d: round(100.0 * n / d, 1) if d else None  # noqa: E731
+        return {"suite": self.suite, "variant": self.variant, "user_tasks": self.user_tasks,
+                "utility_unattended_pct": pct(self.unattended, self.user_tasks),
+                "with_approval_pct": pct(self.with_approval, self.user_tasks),
+                "with_refusal_pct": pct(self.with_refusal, self.user_tasks),
+                "pairs": self.pairs, "attack_success_pct": pct(self.attacks_through, self.pairs),
+                "security_true_pct": pct(self.security_true, self.pairs)}
+
+
+def rules(reasons: list[str], fallback: str) -> str:
+    """The rules named by a decision's reasons ("flow_untrusted_target /recipient from read_file call x" names
+    flow_untrusted_target)."""
+    return ",".join(sorted({r.split()[0] for r in reasons})) or fallback
+
+
+def summarize(suite: str, variant: str, benign: list[TaskResult], attacks: list[TaskResult],
+              skipped: list[str], uninjectable: list[str]) -> SuiteSummary:
+    stopped: Counter[str] = Counter()
+    benign_stopped: Counter[str] = Counter()
+    for run in attacks:
+        for outcome in run.outcomes:
+            if outcome["phase"] == "injection" and outcome["verdict"] != "allowed":
+                stopped[rules(outcome["reasons"], outcome["verdict"])] += 1
+                break
+    for run in benign:
+        for outcome in run.outcomes:
+            if outcome["verdict"] != "allowed":
+                benign_stopped[rules(outcome["reasons"], outcome["verdict"])] += 1
+    return SuiteSummary(
+        suite=suite, variant=variant, user_tasks=len(benign),
+        unattended=sum(1 for r in benign if all(v == "allowed" for v in r.verdicts("user")) and r.utility),
+        with_approval=sum(1 for r in benign if "held" in r.verdicts("user")),
+        with_refusal=sum(1 for r in benign if "refused" in r.verdicts("user")),
+        benign_failed=sum(1 for r in benign if any(v.startswith("failed") for v in r.verdicts("user"))),
+        pairs=len(attacks),
+        attacks_through=sum(1 for r in attacks if all(v == "allowed" for v in r.verdicts("injection"))),
+        security_true=sum(1 for r in attacks if r.security),
+        stopped_by=dict(stopped), benign_stopped_by=dict(benign_stopped),
+        skipped_injection_tasks=skipped, uninjectable_user_tasks=uninjectable)
+
+
+async def replay_suite(world: WorldClient, catalog: Mapping[str, Any], suite: str, variant: Variant,
+                       deps: Mapping[str, Any], issuers: tuple[Issuer, Issuer], directory: Path,
+                       world_url: str, limit: int | None = None, only: tuple[str, ...] = ()
+                       ) -> tuple[SuiteSummary, list[TaskResult]]:
+    """Every user task of the suite (the first ``limit``; or the tasks named in ``only``, user and injection
+    task ids) benign, then against every injection task with ground-truth calls."""
+    entry = catalog[suite]
+    registry_path = write_registry(directory, suite, entry["tools"], variant.labels)
+    # The decision records (rule, argument, source) are read back from the audit stream; a loaded machine may
+    # take longer than the default 500 ms to write one.
+    overrides = {**deps, **jwt_overrides(*issuers), "reconcile.enabled": False, "audit.sinks": ["redis"],
+                 "audit.timeout_ms": 5000,
+                 "registry.paths": [str(registry_path)], "backends.services": {SERVICE: world_url}}
+    user_tasks = entry["user_tasks"][:limit] if limit else entry["user_tasks"]
+    injection_tasks = [t for t in entry["injection_tasks"] if t["calls"] > 0]
+    if only:
+        user_tasks = [t for t in user_tasks if t["id"] in only]
+        injection_tasks = [t for t in injection_tasks if t["id"] in only]
+    skipped = [t["id"] for t in entry["injection_tasks"] if t["calls"] == 0]
+    uninjectable = [t["id"] for t in user_tasks if not t["injectable"]]
+    benign, attacks = [], []
+    async with running_stack(overrides) as stack:
+        stack.auto_key = False
+        replay = Replay(stack, world, issuers[0], variant, suite)
+        for user_task in user_tasks:
+            benign.append(await replay.benign(user_task))
+        for user_task in user_tasks:
+            if not user_task["injectable"]:
+                continue
+            for injection_task in injection_tasks:
+                attacks.append(await replay.attack(user_task, injection_task))
+        records = await decision_records(stack)
+    for run in benign + attacks:
+        for outcome in run.outcomes:
+            record = records.get(outcome["call_id"] or "", {})
+            policy = record.get("policy") or {}
+            outcome["reasons"] = list(policy.get("reasons") or outcome["reasons"])
+            if record.get("provenance") or policy.get("provenance"):
+                outcome["provenance"] = record.get("provenance") or policy.get("provenance")
+    return summarize(suite, variant.name, benign, attacks, skipped, uninjectable), benign + attacks
+
+
+def new_issuers(directory: Path) -> tuple[Issuer, Issuer]:
+    return (Issuer(directory, issuer="https://bench-platform.test", kid="bench-agent"),
+            Issuer(directory, issuer="https://bench-admins.test", kid="bench-admin"))
+
+
+def scratch() -> Path:
+    return Path(tempfile.mkdtemp(prefix="toolproxy-injection-"))
+
+
+def compact(run: TaskResult) -> dict[str, Any]:
+    """A run as saved: its calls as [phase, tool, verdict, reasons] (the call ids read
+    <variant>.<suite>.<user task>[.<injection task>].<phase>.<n>)."""
+    variant = (run.outcomes[0]["call_id"] or "").split(".", 1)[0] if run.outcomes else ""
+    return {"variant": variant, "suite": run.suite, "user_task": run.user_task,
+            "injection_task": run.injection_task, "utility": run.utility, "security": run.security,
+            "calls": [[o["phase"], o["tool"], o["verdict"], o["reasons"]] for o in run.outcomes]}
+
+
+def dump(path: Path, summaries: list[SuiteSummary], runs: list[TaskResult], meta: Mapping[str, Any]) -> None:
+    """The run as gzip-compressed JSON (one line per task run inside)."""
+    lines = [json.dumps(compact(r), separators=(",", ":")) for r in runs]
+    path.write_bytes(gzip.compress(('{"meta": ' + json.dumps(dict(meta)) + ',\n"summaries": ' + json.dumps(
+        [s.__dict__ for s in summaries]) + ',\n"runs": [\n' + ",\n".join(lines) + "\n]}\n").encode(), mtime=0))
+
+
+def load(path: Path) -> dict[str, Any]:
+    return json.loads(gzip.decompress(path.read_bytes()))
+
+

@@ -237,17 +237,30 @@ class FlowLedger:
                          else None, window_s=self._window_s, provenance=entries)
 
     async def note(self, caller: Caller, run_id: str | None, labels: Sequence[str], source: str, *,
-                   now_ms: int) -> None:
+                   now_ms: int, content: Any = None, call_id: str = "") -> None:
         """Labels brought into the caller's context by something other than a call's output (an MCP upstream's
-        relayed request: ``source`` names the tool whose upstream sent it); one command. A store fault is
+        relayed request: ``source`` names the tool whose upstream sent it), and, with ``content`` (what was
+        relayed, untrusted), the fingerprints of its tokens; one command. A store fault is
         ``dependency_unavailable``: the caller must not see what could not be labelled."""
         fields = [f"{label}/{source}" for label in labels if label in LABELS]
-        if not fields:
+        extracted = provenance.extract(content) if content is not None else None
+        if not fields and not (extracted and (extracted.tokens or extracted.overflow)):
             return
+        keys = self.keys(caller, run_id)
+        args: list[Any] = [self._window_ms, now_ms, len(fields), *fields]
+        if extracted is not None:
+            keys.append(self.provenance_key(caller))
+            args += self._provenance_args("u", f"{source}|{call_id[:128]}", extracted)
+        else:
+            args.append("")
         with store.unavailable_on_fault("The state store is unreachable; the relayed message's data-flow "
                                         "label cannot be recorded.", phase="execute"):
-            await store.redis_call(self._record(keys=self.keys(caller, run_id),
-                                                args=[self._window_ms, now_ms, len(fields), *fields, ""]))
+            await store.redis_call(self._record(keys=keys, args=args))
+
+    def _provenance_args(self, kind: str, source: str, extracted: provenance.Extracted) -> list[Any]:
+        """The record script's provenance arguments (see _RECORD)."""
+        return [kind, source, self._max_values, "1" if extracted.overflow else "0",
+                *(self._fingerprints.of(token) for token in extracted.tokens)]
 
     def record_in(self, trip: store.RoundTrip, caller: Caller, run_id: str | None, tool: ToolContract, *,
                   now_ms: int, output: Any = None, call_id: Any = "") -> None:
@@ -259,11 +272,9 @@ class FlowLedger:
         keys = self.keys(caller, run_id)
         args: list[Any] = [self._window_ms, now_ms, len(fields), *fields]
         if tool.records_provenance and output is not None:
-            extracted = provenance.extract(output)
             keys.append(self.provenance_key(caller))
-            args += ["t" if tool.flow_trusted_source else "u", f"{tool.name}|{str(call_id)[:128]}",
-                     self._max_values, "1" if extracted.overflow else "0",
-                     *(self._fingerprints.of(token) for token in extracted.tokens)]
+            args += self._provenance_args("t" if tool.flow_trusted_source else "u",
+                                          f"{tool.name}|{str(call_id)[:128]}", provenance.extract(output))
         else:
             args.append("")
         trip.add(self._record, keys, args, lambda reply: _recorded(reply, tool))

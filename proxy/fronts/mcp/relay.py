@@ -177,13 +177,16 @@ class Channel:
     # One at a time through the label's first recording, first come first served: log messages keep their order.
     _flow_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
-    async def _flow_in(self) -> None:
-        """The upstream's words reach the client: the caller has seen untrusted data (once per call)."""
+    async def _flow_in(self, content: Any) -> None:
+        """The upstream's words reach the client: the caller has seen untrusted data (the label once per call),
+        and the values in them count as seen in untrusted output (argument provenance: one command per
+        message that holds any)."""
         flow = self.desk.flow
-        if flow is None or self._labelled:
+        if flow is None:
             return
-        await flow.note(self.caller, self.run_id, ("untrusted",), self.tool or "mcp_relay",
-                        now_ms=int(time.time() * 1000))
+        await flow.note(self.caller, self.run_id, () if self._labelled else ("untrusted",),
+                        self.tool or "mcp_relay", now_ms=int(time.time() * 1000), content=content,
+                        call_id=self.call_id or "")
         self._labelled = True
 
     async def _flow_out(self) -> list[str]:
@@ -213,7 +216,7 @@ class Channel:
             seen = await self._flow_out()
             if not seen:
                 async with self._flow_lock:
-                    await self._flow_in()
+                    await self._flow_in(params)
         except ProxyError:  # the labels cannot be read or recorded: nothing is relayed unlabelled
             self._outstanding -= 1
             return await self._done(method, "flow_unavailable", InputRefused(
@@ -272,7 +275,7 @@ class Channel:
         else:
             try:
                 async with self._flow_lock:  # (uncontended once labelled: no wait, and the order stays)
-                    await self._flow_in()
+                    await self._flow_in(message)
                     self.push({"jsonrpc": "2.0", "method": "notifications/message", "params": message})
                 result = "relayed"
             except ProxyError:  # never shown unlabelled

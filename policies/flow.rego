@@ -24,6 +24,11 @@
 #   data.toolproxy.settings.flow.untrusted_target  "approval" (default), "deny" or "off":
 #       what such a call gets; its reason names the argument, the source tool and
 #       call, and the rule: "flow_untrusted_target /to/0 from read_inbox call c-7".
+#   data.toolproxy.settings.flow.trusted_targets  "hold" (default), "named" or "trusted":
+#       whether flow_private_to_external spares a send whose every target is one
+#       the user named (the trusted task context: "named"), or named or in the
+#       user's own records ("trusted"). The data still goes out, but only where
+#       the user pointed; "hold" keeps the label rule as it was.
 #   data.toolproxy.settings.flow.unseen_target  "allow" (default) or "approval":
 #       a target seen in no output at all, on a call after untrusted output (a
 #       value the model composed: an attacker can spell an address out).
@@ -64,6 +69,28 @@ private_to_external_risk if {
 	external_sink
 	seen("private")
 	seen("untrusted")
+	not targets_spared
+}
+
+default trusted_targets := "hold"
+
+trusted_targets := settings.trusted_targets
+
+# Every value aiming the call was named by the user (or, with "trusted", is in
+# the user's records too); a call naming no sink argument is never spared.
+targets_spared if {
+	trusted_targets in {"named", "trusted"}
+	count(input.flow.provenance) > 0
+	every entry in input.flow.provenance {
+		spared_entry(entry)
+	}
+}
+
+spared_entry(entry) if "task_context" in entry.trusted_by
+
+spared_entry(entry) if {
+	trusted_targets == "trusted"
+	entry.trusted
 }
 
 deny contains "flow_private_to_external" if {

@@ -171,3 +171,28 @@ test_an_approval_satisfies_the_provenance_rule if {
 	inp := object.union(poisoned_send, {"approval": fixtures.approval({"tool": "send_message"})})
 	decide_with(inp, fixtures.settings).allow
 }
+
+test_trusted_targets_may_spare_the_label_rule if {
+	named := with_provenance("send_message", {"recipients": ["bob@corp.example"]}, ["private", "untrusted"], [entry("/recipients/0", "trusted", [])])
+	d := decide_with(named, fixtures.settings)
+	d.reasons == ["flow_private_to_external"]
+	decide_with(named, flow_setting("trusted_targets", "named")).allow
+	decide_with(named, flow_setting("trusted_targets", "trusted")).allow
+}
+
+test_a_target_from_the_users_records_is_spared_only_with_trusted if {
+	records := object.union(entry("/recipients/0", "trusted", []), {"trusted_by": ["tool:get_contacts"]})
+	inp := with_provenance("send_message", {"recipients": ["bob@corp.example"]}, ["private", "untrusted"], [records])
+	decide_with(inp, flow_setting("trusted_targets", "named")).reasons == ["flow_private_to_external"]
+	decide_with(inp, flow_setting("trusted_targets", "trusted")).allow
+}
+
+test_one_untrusted_or_unseen_target_keeps_the_label_rule if {
+	inp := with_provenance("send_message", {"recipients": ["bob@corp.example", "new@corp.example"]}, ["private", "untrusted"], [
+		entry("/recipients/0", "trusted", []),
+		entry("/recipients/1", "unseen", []),
+	])
+	decide_with(inp, flow_setting("trusted_targets", "trusted")).reasons == ["flow_private_to_external"]
+	no_targets := object.union(send_after(["private", "untrusted"], []), {"flow": object.union(flow(["private", "untrusted"], []), {"provenance": []})})
+	decide_with(no_targets, flow_setting("trusted_targets", "trusted")).reasons == ["flow_private_to_external"]
+}

@@ -4,8 +4,8 @@ A contract names the arguments that aim its call (``flow.sink_arguments``: a rec
 file id, a hotel). After a call of a tool whose output a third party may have written (``flow.produces``
 has ``untrusted``) or whose output is the user's own records (``flow.trusted_source``), the proxy keeps,
 per principal, keyed fingerprints of the tokens that output held: whole short string values, and inside
-longer text the addresses, URLs and their hosts, IBANs, id-like words, quoted strings and capitalized
-names. A later call's sink-argument values are fingerprinted the same way and looked up: a value seen
+longer text the addresses, URLs and their hosts, IBANs, id-like words, identifiers, quoted strings and
+capitalized names. A later call's sink-argument values are fingerprinted the same way and looked up: a value seen
 only in untrusted output is reported with the sources (tool, call id, time) that brought it; a value also
 seen in a trusted source, or named by the caller's trusted task context, is trusted.
 
@@ -111,6 +111,8 @@ def text_tokens(text: str) -> Iterator[str]:
                 yield host
         elif "." in word and word.rpartition(".")[2].lower() in _TLDS:
             yield word
+        if "_" in word or (word[1:] != word[1:].lower() and word[1:] != word[1:].upper()):
+            yield word  # an identifier (new_password, newPassword): a value a target or a secret can take
         if _DIGIT.search(word):  # ids, numbers, IBANs written whole
             yield word
             if _IBAN_HEAD.fullmatch(word):  # an IBAN in groups: "GB29 NWBK 6016 1331 9268 19"

@@ -215,3 +215,23 @@ async def test_behind_the_hop_proof_the_runner_names_the_task_in_a_header(proxy_
             assert status == 200 and env["outcome"] == "succeeded", (task, env)
         status, env = await stack.call(*send(ATTACKER), headers={**alice, **key(), "X-Task-Context": "{not json"})
         assert env["error"]["code"] == "approval_required", env  # unreadable: trusts nothing
+
+
+async def test_a_send_the_user_aimed_may_skip_the_label_rule_when_the_data_says_so(stack, issuers, opa_server):
+    """Private and untrusted both seen: the label rule holds every external send, the user's own included,
+    unless OPA data spares a send whose every target the user named (trusted_targets: named)."""
+    await stack.call("get_user_preferences", {"user_ref": "usr_alice"})
+    await read(stack, "fetch_page", INBOX_URL, "call-inbox")
+    told = issuers[0].token("alice", task_context={"values": ["boss@corp.example"]})
+    named = {**key(), "Authorization": f"Bearer {told}"}
+    status, env = await stack.call(*send("boss@corp.example"), headers=named)
+    assert env["error"]["code"] == "approval_required", env  # the default: "hold"
+    opa_server.put_data(FLOW_SETTING, {"private_to_external": "approval", "trusted_targets": "named"})
+    try:
+        status, env = await stack.call(*send("boss@corp.example"), headers={**named, **key()})
+        assert status == 200 and env["outcome"] == "succeeded", env
+        status, env = await stack.call(*send("other@corp.example"), headers={**named, **key()})
+        assert env["error"]["code"] == "approval_required", env  # a target the user did not name
+    finally:
+        opa_server.put_data(FLOW_SETTING, {"private_to_external": "approval"})
+    assert sent(stack) == ["boss@corp.example"]

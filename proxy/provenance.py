@@ -158,18 +158,19 @@ def _names(run: list[str]) -> Iterator[str]:
 
 
 def value_candidates(value: str) -> list[str]:
-    """The normalized forms a sink value is looked up by: the whole value first, then, for a URL or an
-    address, its host (a page that names a site names every URL on it)."""
-    whole = normalize(value)
-    found = [whole] if len(whole) >= 1 else []
-    if _URL.match(value.strip()) or value.strip().lower().startswith(("http://", "https://")):
-        host = _host(value.strip())
+    """The normalized forms a sink value is looked up by: the whole value first, then, for a URL, its host (a
+    page that names a site names every URL on it), for an IBAN written in groups, its compact form. An address
+    is looked up whole only: a domain the user's own contacts share must not clear it."""
+    text = value.strip()
+    whole = normalize(text)
+    found = [whole] if whole else []
+    if _URL.match(text) or text.lower().startswith(("http://", "https://")):
+        host = _host(text)
         if host and normalize(host) not in found:
             found.append(normalize(host))
-    elif "@" in value and _EMAIL.fullmatch(value.strip()):
-        pass  # an address is looked up whole: a domain shared with the user's own contacts must not clear it
-    if whole.replace(" ", "") != whole and _IBAN.fullmatch(value.strip().upper()):
-        found.append(whole.replace(" ", ""))
+    compact = whole.replace(" ", "")
+    if compact != whole and _IBAN.fullmatch(text.upper()):
+        found.append(compact)
     return [c[:MAX_TOKEN_CHARS] for c in found]
 
 

@@ -73,7 +73,7 @@ def strict_loads(text: str | bytes, *, what: str = "tool arguments", phase: str 
                          details={"key": exc.key[:MAX_MESSAGE]}, phase=phase) from None
     except RecursionError:  # deeper than the parser's own stack allows: far above any max_depth
         raise _nested_too_deep(what, phase, max_depth) from None
-    except ValueError as exc:  # NaN, Infinity, -Infinity
+    except ValueError:  # NaN, Infinity, -Infinity
         raise ProxyError("invalid_json", f"{what} {_are(what)} not valid JSON: NaN and Infinity are not JSON numbers",
                          phase=phase) from None
     end = _skip_ws(text, end)

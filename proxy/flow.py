@@ -292,7 +292,7 @@ def _digest(text: str) -> str:
 
 def script_key_sets(prefix: str) -> Mapping[str, Sequence[Sequence[str]]]:
     """The keys of the flow scripts for a sample caller with a run id (runtime.check_key_layout)."""
-    who = f"agent\x00subject"
+    who = "agent\x00subject"
     keys = [store.key(prefix, "flow", "tenant", _digest(who)),
             store.key(prefix, "flowrun", "tenant", _digest(f"{who}\x00run"))]
     keys.append(store.key(prefix, "prov", "tenant", _digest(who)))

@@ -36,10 +36,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx2
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from mcp.client.auth import OAuthClientProvider
 from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
-from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
-from mcp_types import LATEST_PROTOCOL_VERSION
 
 from ..errors import ProxyError
 from ..store import Client as RedisClient, key as store_key, redis_call, unavailable_on_fault

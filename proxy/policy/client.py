@@ -16,7 +16,6 @@ or put identity taken from tool arguments into the input.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from dataclasses import dataclass

@@ -129,10 +129,9 @@ def _mcp_adapter(config: Config, call_tokens: CallTokens, wire: HttpWire, creden
     """The MCP adapter, and with it the MCP SDK's client side (imported here: ``DeferredAdapter``)."""
     from ..adapters.mcp import McpAdapter
     from ..wire import mcp as mcp_wire
-    oauth = None
-    if credentials is not None:
-        def oauth(call: Any, url: str) -> Any:  # the access tokens of the call's upstream, as its caller
-            return credentials.source(call.tool.backend.auth, url, call.tenant, call.subject)
+    def upstream_tokens(call: Any, url: str) -> Any:  # the access tokens of the call's upstream, as its caller
+        return credentials.source(call.tool.backend.auth, url, call.tenant, call.subject)
+    oauth = upstream_tokens if credentials is not None else None
     return McpAdapter(config.backends.services, tokens=call_tokens, oauth=oauth,
                       fixed_headers=backend_credentials.fixed_headers if backend_credentials is not None else None,
                       backend_credentials=backend_credentials,

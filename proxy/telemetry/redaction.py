@@ -24,7 +24,7 @@ import hashlib
 import hmac
 import json
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 MASK = "[redacted]"
 MAX_DEPTH = 8

@@ -22,6 +22,7 @@ the one importing the package at start-up (another thread importing the SDK mean
 
 from __future__ import annotations
 
+import importlib
 import sys
 
 # The one module made unimportable while redis-py is first imported.
@@ -34,8 +35,7 @@ def _import_redis_without_the_metrics_sdk() -> bool:
         return False  # imported before, or the SDK's metrics are in use: nothing to spare, nothing to hide
     sys.modules[OTEL_METRICS_SDK] = None  # type: ignore[assignment]  # the import system's "not importable"
     try:
-        import redis  # noqa: F401
-        import redis.asyncio  # noqa: F401
+        importlib.import_module("redis.asyncio")  # and with it redis itself
     finally:
         if OTEL_METRICS_SDK in sys.modules and sys.modules[OTEL_METRICS_SDK] is None:
             del sys.modules[OTEL_METRICS_SDK]

@@ -326,31 +326,11 @@ class McpAdapter:
         await self._http.aclose()
 
     async def call(self, call: BackendCall) -> BackendResult:
-        tool = call.tool
-        url = tool.backend.resolve(self._services)
-        if url is None or not tool.backend.tool:
-            raise ProxyError("dependency_unavailable", "The tool's backend is not configured.",
-                             details={"tool": tool.name}, phase="execute")
-        if call.deadline.expired:
-            raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
-                             phase="execute", attempted=False, committed=False)
+        url = self._callable_url(call)
         source = self._oauth(call, url) if self._oauth is not None else None
-        fixed = self._fixed_headers(tool.backend.auth) if self._fixed_headers is not None else None
-        caller = None
-        if tool.backend.auth is not None and self._credentials is not None \
-                and self._credentials.kind(tool.backend.auth) == "token_exchange":
-            caller = OnBehalfOf(call.subject, call.tenant, call.caller_token)
-        principal = (tool.backend.auth, call.tenant, call.subject) if caller is not None else None
-        key = (url, source, tool.backend.auth if fixed else principal)
-        upstream = self._upstreams.get(key)
-        if upstream is None:
-            upstream = self._upstreams[key] = self._upstream(url, source, fixed, caller is not None)
-            self._bound_sessions()
-        elif upstream.per_principal:
-            self._upstreams.move_to_end(key)
-        if caller is not None:
-            upstream.caller = caller  # the session's later requests are exchanged from the newest token
-            upstream.caller_credential = (tool.backend.auth or "", tool.backend_name)
+        fixed = self._fixed_headers(call.tool.backend.auth) if self._fixed_headers is not None else None
+        caller = self._on_behalf_of(call)
+        upstream = self._session_upstream(call, url, source, fixed, caller)
         progress = _Progress(headers={k: v for k, v in forwarded_headers(call, self._tokens.for_call(call)).items()
                                       if k not in ('Content-Type', 'Accept')},
                              mint=lambda: self._tokens.for_call(call))
@@ -363,25 +343,67 @@ class McpAdapter:
                 if caller is not None:  # before anything is sent (raises credential_unavailable)
                     progress.headers = {**progress.headers, **dict(await self._caller_headers(call, caller))}
                 return self._classify(call, await self._send(call, upstream, progress))
-        except TimeoutError:
-            raise self._cut(call, progress) or self._timed_out(call, progress, time.monotonic() - started) from None
-        except _ConnectFailed:
-            if upstream.auth_failure is not None:
-                raise upstream.auth_failure from None
-            raise ProxyError("dependency_unavailable", "The tool's MCP server could not be reached.",
-                             details={"tool": tool.name}, phase="execute", attempted=False, committed=False) from None
-        except MCPError as exc:
-            if progress.auth_failure is not None:
-                raise progress.auth_failure from None
-            raise self._cut(call, progress) or self._rpc_failure(call, progress, exc.error.code) from None
-        except mcp_wire.AnswerTooLarge as exc:
-            raise self._unreadable(call, {"limit": exc.what, "limit_value": exc.limit}) from None
-        except ValidationError:  # the SDK's or the wire's check of the result against the revision's types
-            raise self._unreadable(call, {"answer": "invalid_result"}) from None
-        except (httpx2.HTTPError, ConnectionError, OSError):
-            raise self._cut(call, progress) or self._rpc_failure(call, progress, CONNECTION_CLOSED) from None
+        except (TimeoutError, _ConnectFailed, MCPError, mcp_wire.AnswerTooLarge, ValidationError,
+                httpx2.HTTPError, ConnectionError, OSError) as exc:
+            raise self._call_failure(call, upstream, progress, exc, time.monotonic() - started) from None
         finally:
             self._running.reset(running)
+
+    def _callable_url(self, call: BackendCall) -> str:
+        """The tool's MCP server address, once the call may start at all (configured backend, time left)."""
+        tool = call.tool
+        url = tool.backend.resolve(self._services)
+        if url is None or not tool.backend.tool:
+            raise ProxyError("dependency_unavailable", "The tool's backend is not configured.",
+                             details={"tool": tool.name}, phase="execute")
+        if call.deadline.expired:
+            raise ProxyError("timeout_not_started", "No time budget was left to start the call.",
+                             phase="execute", attempted=False, committed=False)
+        return url
+
+    def _on_behalf_of(self, call: BackendCall) -> OnBehalfOf | None:
+        """The caller whose token is exchanged for the upstream's, when the tool's credential is a token exchange."""
+        auth = call.tool.backend.auth
+        if auth is not None and self._credentials is not None and self._credentials.kind(auth) == "token_exchange":
+            return OnBehalfOf(call.subject, call.tenant, call.caller_token)
+        return None
+
+    def _session_upstream(self, call: BackendCall, url: str, source: TokenSource | None, fixed: Headers | None,
+                          caller: OnBehalfOf | None) -> _Upstream:
+        """The upstream session the call goes over: shared per URL and credential, or one per principal."""
+        tool = call.tool
+        principal = (tool.backend.auth, call.tenant, call.subject) if caller is not None else None
+        key = (url, source, tool.backend.auth if fixed else principal)
+        upstream = self._upstreams.get(key)
+        if upstream is None:
+            upstream = self._upstreams[key] = self._upstream(url, source, fixed, caller is not None)
+            self._bound_sessions()
+        elif upstream.per_principal:
+            self._upstreams.move_to_end(key)
+        if caller is not None:
+            upstream.caller = caller  # the session's later requests are exchanged from the newest token
+            upstream.caller_credential = (tool.backend.auth or "", tool.backend_name)
+        return upstream
+
+    def _call_failure(self, call: BackendCall, upstream: _Upstream, progress: _Progress, exc: BaseException,
+                      elapsed_s: float) -> ProxyError:
+        """The call's error for what ended it (checked in this order: a timeout is also an OSError)."""
+        if isinstance(exc, TimeoutError):
+            return self._cut(call, progress) or self._timed_out(call, progress, elapsed_s)
+        if isinstance(exc, _ConnectFailed):
+            if upstream.auth_failure is not None:
+                return upstream.auth_failure
+            return ProxyError("dependency_unavailable", "The tool's MCP server could not be reached.",
+                              details={"tool": call.tool.name}, phase="execute", attempted=False, committed=False)
+        if isinstance(exc, MCPError):
+            if progress.auth_failure is not None:
+                return progress.auth_failure
+            return self._cut(call, progress) or self._rpc_failure(call, progress, exc.error.code)
+        if isinstance(exc, mcp_wire.AnswerTooLarge):
+            return self._unreadable(call, {"limit": exc.what, "limit_value": exc.limit})
+        if isinstance(exc, ValidationError):  # the SDK's or the wire's check of the result against the revision's types
+            return self._unreadable(call, {"answer": "invalid_result"})
+        return self._cut(call, progress) or self._rpc_failure(call, progress, CONNECTION_CLOSED)
 
     def _cut(self, call: BackendCall, progress: _Progress) -> ProxyError | None:
         """The call's error when the bounded transport cut one of its answers (whatever the SDK made of it)."""

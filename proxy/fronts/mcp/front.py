@@ -346,6 +346,23 @@ class McpFront:
         states no order. The answers come back as one JSON array, or 202 when the
         batch held only notifications.
         """
+        caller, session = await self._batch_session(request, bodies)
+        answers: list[Any] = [None] * len(bodies)
+        planned, others = self._sort_members(request, bodies, caller, headers, answers)
+        for (index, rpc_id, _), outcome in zip(others, await asyncio.gather(*(call for _, _, call in others),
+                                                                             return_exceptions=True)):
+            answers[index] = _member_answer(rpc_id, outcome)
+        if planned:
+            for index, answer in zip((i for i, _ in planned), await self._run_plan(request, planned, caller, session)):
+                answers[index] = answer
+        present = [a for a in answers if a is not None]
+        if not present:
+            return web.Response(status=202, headers=headers)
+        return _json(present, 200, headers)
+
+    async def _batch_session(self, request: web.Request, bodies: list[Any]) -> tuple[Caller, Session]:
+        """The batch's caller and session, once the batch may run at all (not empty, a 2025-03-26 session,
+        within the member and call limits)."""
         if not bodies:
             raise RpcError(INVALID_REQUEST, "Empty batch", status=400)
         caller = await self._authenticate(request)
@@ -359,9 +376,14 @@ class McpFront:
             raise RpcError(INVALID_REQUEST, "Batch too large; nothing was run",
                            {"code": "batch_too_large", "members": len(bodies), "max_members": self._batch_max,
                             "calls": calls, "max_calls": self._scheduler.max_calls}, status=413)
-        answers: list[Any] = [None] * len(bodies)
-        planned: list[tuple[int, Message]] = []  # the tools/call members, for one plan
-        others = []
+        return caller, session
+
+    def _sort_members(self, request: web.Request, bodies: list[Any], caller: Caller, headers: dict[str, str],
+                      answers: list[Any]) -> tuple[list[tuple[int, Message]], list[tuple[int, Any, Awaitable[Any]]]]:
+        """The batch's tools/call members (for one plan) and its other requests (each dispatched now); a member
+        refused on its own gets its answer in ``answers`` (notifications get none)."""
+        planned: list[tuple[int, Message]] = []
+        others: list[tuple[int, Any, Awaitable[Any]]] = []
         for index, body in enumerate(bodies):
             message: Message | None = None
             try:
@@ -378,57 +400,20 @@ class McpFront:
             except RpcError as error:
                 if message is None or message.has_id:
                     answers[index] = error.body(message.rpc_id if message is not None else None)
-        for (index, rpc_id, _), outcome in zip(others, await asyncio.gather(*(call for _, _, call in others),
-                                                                             return_exceptions=True)):
-            answers[index] = outcome.body(rpc_id) if isinstance(outcome, RpcError) else \
-                _ok(rpc_id, outcome) if not isinstance(outcome, BaseException) else \
-                RpcError(INTERNAL_ERROR, "Internal error").body(rpc_id)
-        if planned:
-            for index, answer in zip((i for i, _ in planned), await self._run_plan(request, planned, caller, session)):
-                answers[index] = answer
-        present = [a for a in answers if a is not None]
-        if not present:
-            return web.Response(status=202, headers=headers)
-        return _json(present, 200, headers)
+        return planned, others
 
     async def _run_plan(self, request: web.Request, members: list[tuple[int, Message]], caller: Caller,
                         session: Session) -> list[dict[str, Any]]:
         """The batch's tools/call members as one plan on the batch scheduler; their answers, in member order.
         Each call's ``_meta`` identity (key, business request id, approval) applies to it alone; a header wins."""
         try:
-            meta = ingress.request_meta(request, self._config)
-        except ProxyError as error:
-            refusal = RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details})
+            meta = self._batch_meta(request)
+        except RpcError as refusal:
             return [refusal.body(message.rpc_id) for _, message in members]
-        if meta.approval_id is not None:  # one approval binds one call's arguments
-            refusal = RpcError(INVALID_REQUEST, "A batch carries approvals per call, in each call's "
-                               f"_meta[{MCP_APPROVAL_META!r}], not in the X-Approval-Id header.",
-                               {"code": "invalid_request", "header": "X-Approval-Id"})
-            return [refusal.body(message.rpc_id) for _, message in members]
-        calls, problems = [], []
-        for _, message in members:
-            params = message.params or {}
-            try:
-                own = _with_meta_key(meta, params, trace=meta.trace)
-            except RpcError as error:
-                problems.append(error)
-                own = meta
-            else:
-                problems.append(None)
-            calls.append(PlannedCall(call_id=f"mcp-{secrets.token_hex(16)}", tool=params["name"],
-                                     arguments=params.get("arguments") or {}, approval_id=own.approval_id,
-                                     idempotency_key=own.idempotency_key, run_id=own.run_id))
+        calls, problems = _planned_calls(meta, members)
         runnable = [c for c, problem in zip(calls, problems) if problem is None]
         rpc_ids = {c.call_id: m.rpc_id for c, (_, m) in zip(calls, members)}
-        envelopes: dict[str, Envelope] = {}
-        if runnable:
-            try:
-                result = await self._scheduler.run(BatchPlan(calls=tuple(runnable), meta=meta), caller)
-                envelopes = {env.call_id: env for env in result.results if env.call_id is not None}
-            except ProxyError as error:  # the plan was refused: none of its calls ran
-                refused = _plan_refusal(error, rpc_ids)
-                envelopes = {c.call_id: Envelope.of(call_id=c.call_id, request_id=meta.request_id, tool=c.tool,
-                                                    tool_version=None, error=refused) for c in runnable}
+        envelopes = await self._run_calls(runnable, meta, caller, rpc_ids) if runnable else {}
         answers = []
         for call, problem, (_, message) in zip(calls, problems, members):
             if problem is not None:
@@ -440,6 +425,29 @@ class McpFront:
             except RpcError as error:
                 answers.append(error.body(message.rpc_id))
         return answers
+
+    def _batch_meta(self, request: web.Request) -> RequestMeta:
+        """The batch request's headers as request metadata; an RpcError refuses every call of the batch."""
+        try:
+            meta = ingress.request_meta(request, self._config)
+        except ProxyError as error:
+            raise RpcError(INVALID_REQUEST, error.message, {"code": error.code, **error.details}) from None
+        if meta.approval_id is not None:  # one approval binds one call's arguments
+            raise RpcError(INVALID_REQUEST, "A batch carries approvals per call, in each call's "
+                           f"_meta[{MCP_APPROVAL_META!r}], not in the X-Approval-Id header.",
+                           {"code": "invalid_request", "header": "X-Approval-Id"})
+        return meta
+
+    async def _run_calls(self, runnable: list[PlannedCall], meta: RequestMeta, caller: Caller,
+                         rpc_ids: dict[str, Any]) -> dict[str, Envelope]:
+        """The runnable calls' envelopes by call id, run as one plan; each refused alike if the plan was."""
+        try:
+            result = await self._scheduler.run(BatchPlan(calls=tuple(runnable), meta=meta), caller)
+            return {env.call_id: env for env in result.results if env.call_id is not None}
+        except ProxyError as error:  # the plan was refused: none of its calls ran
+            refused = _plan_refusal(error, rpc_ids)
+            return {c.call_id: Envelope.of(call_id=c.call_id, request_id=meta.request_id, tool=c.tool,
+                                           tool_version=None, error=refused) for c in runnable}
 
     def _relay_response(self, request: web.Request, body: dict[str, Any], caller: Caller) -> web.Response:
         """A client's response to a relayed request: 202 if it answers one waiting on its session."""
@@ -784,6 +792,36 @@ def _meta_id(request_meta: Mapping[str, Any], name: str) -> str | None:
         raise RpcError(INVALID_PARAMS, f"_meta[{name!r}] must be 1-128 characters of [A-Za-z0-9._:-].",
                        {"code": "invalid_request", "field": f"_meta.{name}"})
     return value
+
+
+def _member_answer(rpc_id: Any, outcome: Any) -> dict[str, Any]:
+    """A batch member's answer from its dispatched request's outcome (a result, an RpcError, or a failure)."""
+    if isinstance(outcome, RpcError):
+        return outcome.body(rpc_id)
+    if isinstance(outcome, BaseException):
+        return RpcError(INTERNAL_ERROR, "Internal error").body(rpc_id)
+    return _ok(rpc_id, outcome)
+
+
+def _planned_calls(meta: RequestMeta, members: list[tuple[int, Message]]
+                   ) -> tuple[list[PlannedCall], list[RpcError | None]]:
+    """The batch's tools/call members as planned calls, each with its own ``_meta`` identity; beside each, the
+    problem that refuses it alone (None when it may run)."""
+    calls: list[PlannedCall] = []
+    problems: list[RpcError | None] = []
+    for _, message in members:
+        params = message.params or {}
+        try:
+            own = _with_meta_key(meta, params, trace=meta.trace)
+        except RpcError as error:
+            problems.append(error)
+            own = meta
+        else:
+            problems.append(None)
+        calls.append(PlannedCall(call_id=f"mcp-{secrets.token_hex(16)}", tool=params["name"],
+                                 arguments=params.get("arguments") or {}, approval_id=own.approval_id,
+                                 idempotency_key=own.idempotency_key, run_id=own.run_id))
+    return calls, problems
 
 
 def _plan_refusal(error: ProxyError, rpc_ids: Mapping[str, Any]) -> ProxyError:

@@ -69,7 +69,8 @@ async def test_fifty_concurrent_duplicates_through_two_proxies_make_one_effect(d
             for i in range(50)))
         succeeded = [env for status, env in results if status == 200]
         busy = [env for status, env in results if status == 409]
-        assert len(succeeded) + len(busy) == 50
+        assert len(succeeded) + len(busy) == 50, [(status, env["error"]) for status, env in results
+                                                  if status not in (200, 409)]
         assert {env["error"]["code"] for env in busy} <= {"operation_in_progress"}
         assert len({env["data"]["refund_id"] for env in succeeded}) == 1
         assert sum(1 for env in succeeded if not env.get("replayed")) == 1  # exactly one caller ran it

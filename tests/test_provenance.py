@@ -235,3 +235,28 @@ async def test_a_send_the_user_aimed_may_skip_the_label_rule_when_the_data_says_
     finally:
         opa_server.put_data(FLOW_SETTING, {"private_to_external": "approval"})
     assert sent(stack) == ["boss@corp.example"]
+
+
+async def test_a_full_scope_forgets_what_left_the_window(proxy_deps, tmp_path):
+    """Past the window the scope's old fingerprints and its overflow mark are dropped at the next record
+    (the hash stays bounded under steady use: the key's expiry alone would never come)."""
+    from tests.support.waits import wait_until
+    async with running_stack({**proxy_deps, "reconcile.enabled": False, "flow.provenance_max_values": 64,
+                              "flow.window_s": 2}) as stack:
+        stack.backend.pages["https://list.example/"] = {
+            "title": "List", "text": " ".join(f"member{i}@list.example" for i in range(80))}
+        await read(stack, "fetch_page", "https://list.example/", "call-list")
+        [prov] = [k async for k in stack.redis.scan_iter("toolproxy:prov:*")]
+        assert await stack.redis.hexists(prov, "!over")
+        start = await stack.redis.time()
+
+        async def window_passed() -> bool:
+            now = await stack.redis.time()
+            return (now[0] - start[0]) * 1000 + (now[1] - start[1]) / 1000 > 2100
+        await wait_until(window_passed, timeout=30, what="the flow window to pass")
+        stack.backend.pages["https://short.example/"] = {"title": "Short", "text": "hello from bob@short.example"}
+        await read(stack, "fetch_page", "https://short.example/", "call-short")
+        assert not await stack.redis.hexists(prov, "!over")
+        assert await stack.redis.hlen(prov) < 10  # the new page's few tokens and the prune mark
+        status, env = await stack.call(*send("never-seen@corp.example"), headers=key())
+        assert status == 200 and env["outcome"] == "succeeded", env

@@ -128,3 +128,23 @@ def test_a_task_context_of_another_shape_trusts_nothing():
     assert task_context_from({"text": 3, "values": "a@x.com"}) is None
     named = task_context_from({"values": ["IBAN GB29NWBK60161331926819", 13]})
     assert named is not None and "13" in named.tokens and "gb29nwbk60161331926819" in named.tokens
+
+
+def test_a_task_context_is_bounded():
+    many = task_context_from({"values": [f"v{i}@x.example" for i in range(provenance.MAX_TASK_VALUES + 50)]})
+    assert many is not None and "v0@x.example" in many.tokens
+    assert f"v{provenance.MAX_TASK_VALUES}@x.example" not in many.tokens  # past the bound: not trusted
+    long = task_context_from("x " * provenance.MAX_TASK_CHARS + "late@x.example")
+    assert long is not None and "late@x.example" not in long.tokens
+
+
+def test_label_proposals_walk_a_bounded_share_of_an_upstreams_schema():
+    from proxy.authoring import flow_labels
+    huge = {"type": "object", "properties": {f"body_{i}": {"type": "string"} for i in range(10_000)}}
+    assert len(flow_labels.others_fields(huge)) == flow_labels.MAX_FIELDS
+    deep: dict = {"type": "object", "properties": {}}
+    node = deep
+    for _ in range(1000):  # a schema nested deeper than any real one
+        node["properties"]["to"] = {"type": "object", "properties": {}}
+        node = node["properties"]["to"]
+    assert len(flow_labels.target_arguments(deep)) <= flow_labels.MAX_FIELDS

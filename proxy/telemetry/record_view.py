@@ -76,18 +76,33 @@ def _build(schema: Any, shown: list[tuple[str, ...]], hidden: list[tuple[str, ..
            depth: int) -> RecordView:
     if () in hidden or depth > MAX_SCHEMA_DEPTH:
         return HIDDEN
-    schema = schema if isinstance(schema, abc.Mapping) else {}
+    schema = _mapping(schema)
     clear = clear or () in shown or shown_by_type(schema)
     if clear and not hidden:
         return CLEAR
-    properties = schema.get("properties") if isinstance(schema.get("properties"), abc.Mapping) else {}
-    names = set(properties) | {p[0] for p in (*shown, *hidden) if p}
-    fields = {name: _build(properties.get(name), [p[1:] for p in shown if p and p[0] == name],
-                           [p[1:] for p in hidden if p and p[0] == name], clear, depth + 1) for name in names}
+    properties = _mapping(schema.get("properties"))
+    names = set(properties) | _heads(shown) | _heads(hidden)
+    fields = {name: _build(properties.get(name), _below(shown, name), _below(hidden, name), clear, depth + 1)
+              for name in names}
     items = schema.get("items")
     return RecordView(clear=clear, keys=bool(fields), fields=MappingProxyType(fields),
                       items=_build(items, shown, hidden, clear, depth + 1) if isinstance(items, abc.Mapping)
                       else None)
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    """The value if it is a mapping, else an empty one (a schema's malformed part describes nothing)."""
+    return value if isinstance(value, abc.Mapping) else {}
+
+
+def _heads(paths: list[tuple[str, ...]]) -> set[str]:
+    """The first names of the non-empty paths."""
+    return {p[0] for p in paths if p}
+
+
+def _below(paths: list[tuple[str, ...]], name: str) -> list[tuple[str, ...]]:
+    """The rest of each path that starts at ``name``."""
+    return [p[1:] for p in paths if p and p[0] == name]
 
 
 def shown_by_type(schema: Mapping[str, Any]) -> bool:
@@ -129,24 +144,37 @@ def _apply(value: Any, view: RecordView, at: Path, masked: list[Path], key: byte
     if view.clear and view.whole:
         return _clear(value, at, masked, key, max_chars, max_items)
     if isinstance(value, abc.Mapping) and (view.keys or view.clear):
-        out: dict[str, Any] = {}
-        for name, sub in value.items():
-            below = view.fields.get(name)
-            if looks_secret(str(name)) or (below is None and not view.clear):
-                out[name] = _hidden(sub, at + (name,), masked, key)
-            else:
-                out[name] = _apply(sub, below or CLEAR, at + (name,), masked, key, max_chars, max_items)
-        return out
+        return _apply_fields(value, view, at, masked, key, max_chars, max_items)
     if isinstance(value, (list, tuple)) and not view.whole:
-        item_view = view.items or view  # a path crosses an array element-wise
-        kept = value if max_items is None else value[:max_items]
-        items = [_apply(v, item_view, at + (i,), masked, key, max_chars, max_items) for i, v in enumerate(kept)]
-        if len(value) > len(kept):
-            items.append(f"[truncated: {len(value) - len(kept)} more items]")
-        return items
+        return _apply_items(value, view, at, masked, key, max_chars, max_items)
     if view.clear:
         return _clear(value, at, masked, key, max_chars, max_items)
     return _hidden(value, at, masked, key)
+
+
+def _apply_fields(value: Mapping[Any, Any], view: RecordView, at: Path, masked: list[Path], key: bytes,
+                  max_chars: int | None, max_items: int | None) -> dict[str, Any]:
+    """An object's fields as the view keeps them: a credential-looking name, or one the view does not
+    describe (unless it shows the object in clear), fingerprinted whole."""
+    out: dict[str, Any] = {}
+    for name, sub in value.items():
+        below = view.fields.get(name)
+        if looks_secret(str(name)) or (below is None and not view.clear):
+            out[name] = _hidden(sub, at + (name,), masked, key)
+        else:
+            out[name] = _apply(sub, below or CLEAR, at + (name,), masked, key, max_chars, max_items)
+    return out
+
+
+def _apply_items(value: list[Any] | tuple[Any, ...], view: RecordView, at: Path, masked: list[Path], key: bytes,
+                 max_chars: int | None, max_items: int | None) -> list[Any]:
+    """An array's elements, each under the view's item view; past ``max_items`` one note of how many were cut."""
+    item_view = view.items or view  # a path crosses an array element-wise
+    kept = value if max_items is None else value[:max_items]
+    items = [_apply(v, item_view, at + (i,), masked, key, max_chars, max_items) for i, v in enumerate(kept)]
+    if len(value) > len(kept):
+        items.append(f"[truncated: {len(value) - len(kept)} more items]")
+    return items
 
 
 def _clear(value: Any, at: Path, masked: list[Path], key: bytes, max_chars: int | None,

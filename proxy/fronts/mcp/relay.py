@@ -199,36 +199,14 @@ class Channel:
 
     async def __call__(self, method: str, params: Mapping[str, Any],
                        deadline: Deadline) -> Mapping[str, Any] | InputRefused:
-        need = required(method, params)
-        if need is None:
-            return await self._done(method, "not_declared", InputRefused(METHOD_NOT_FOUND, "Method not found"))
-        if self.session is None or self.push is None or need not in self.session.client_capabilities:
-            return await self._done(method, "not_declared", InputRefused(INVALID_REQUEST, _NOT_SUPPORTED[method]))
-        size = len(json_bytes(params))
-        if size > self.desk.max_bytes:
-            return await self._done(method, "too_large", InputRefused(INVALID_REQUEST, "Request too large to relay"),
-                                    size)
-        if self._outstanding >= MAX_OUTSTANDING:
-            return await self._done(method, "too_many", InputRefused(INVALID_REQUEST,
-                                                                     "Too many outstanding requests"), size)
+        refusal, size = self._admission(method, params)
+        if refusal is not None:
+            return await self._done(method, *refusal, size)
         self._outstanding += 1  # the slot is taken before anything is awaited
-        try:
-            seen = await self._flow_out()
-            if not seen:
-                async with self._flow_lock:
-                    await self._flow_in(params)
-        except ProxyError:  # the labels cannot be read or recorded: nothing is relayed unlabelled
-            self._outstanding -= 1
-            return await self._done(method, "flow_unavailable", InputRefused(
-                INVALID_REQUEST, "Cannot relay now (data-flow state unavailable)"), size)
-        except BaseException:
-            self._outstanding -= 1
-            raise
-        if seen:
-            self._outstanding -= 1
-            return await self._done(method, "flow_refused", InputRefused(
-                INVALID_REQUEST, "Refused: the client's context holds private data, and this server is an "
-                "external sink"), size, {"refused_by": seen})
+        flow_refusal = await self._flow_refusal(params)
+        if flow_refusal is not None:
+            result, value, flow = flow_refusal
+            return await self._done(method, result, value, size, flow)
         rpc_id, answer = self.desk.expect(self.session)
         try:
             self.push({"jsonrpc": "2.0", "id": rpc_id, "method": method, "params": dict(params)})
@@ -243,6 +221,48 @@ class Channel:
         finally:
             self.desk.forget(rpc_id)
             self._outstanding -= 1
+        return await self._answered(method, body, size)
+
+    def _admission(self, method: str, params: Mapping[str, Any]) -> tuple[tuple[str, InputRefused] | None, int | None]:
+        """Why the request is not relayed at all (None: it may be, within the flow labels), and its size once
+        the client declared the capability it needs."""
+        need = required(method, params)
+        if need is None:
+            return ("not_declared", InputRefused(METHOD_NOT_FOUND, "Method not found")), None
+        if self.session is None or self.push is None or need not in self.session.client_capabilities:
+            return ("not_declared", InputRefused(INVALID_REQUEST, _NOT_SUPPORTED[method])), None
+        size = len(json_bytes(params))
+        if size > self.desk.max_bytes:
+            return ("too_large", InputRefused(INVALID_REQUEST, "Request too large to relay")), size
+        if self._outstanding >= MAX_OUTSTANDING:
+            return ("too_many", InputRefused(INVALID_REQUEST, "Too many outstanding requests")), size
+        return None, size
+
+    async def _flow_refusal(self, params: Mapping[str, Any]
+                            ) -> tuple[str, InputRefused, Mapping[str, Any] | None] | None:
+        """Why the flow labels forbid relaying the request (None: relay it, its values now recorded as seen);
+        the call's outstanding slot is given back when they forbid it or cannot be read."""
+        try:
+            seen = await self._flow_out()
+            if not seen:
+                async with self._flow_lock:
+                    await self._flow_in(params)
+        except ProxyError:  # the labels cannot be read or recorded: nothing is relayed unlabelled
+            self._outstanding -= 1
+            return "flow_unavailable", InputRefused(
+                INVALID_REQUEST, "Cannot relay now (data-flow state unavailable)"), None
+        except BaseException:
+            self._outstanding -= 1
+            raise
+        if seen:
+            self._outstanding -= 1
+            return "flow_refused", InputRefused(
+                INVALID_REQUEST, "Refused: the client's context holds private data, and this server is an "
+                "external sink"), {"refused_by": seen}
+        return None
+
+    async def _answered(self, method: str, body: Mapping[str, Any], size: int | None) -> Any:
+        """The client's answer as the upstream gets it: its result, else its error (bounded), else invalid."""
         error = body.get("error")
         if isinstance(error, Mapping):
             code, message = error.get("code"), error.get("message")

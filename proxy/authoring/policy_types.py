@@ -298,23 +298,54 @@ def check(policy_dir: str, registry: Registry, binary: str,
 def unreached_packages(files: list[Path], modules: list[Mapping[str, Any]], decision_path: str) -> list[TypeProblem]:
     """Packages the decision document never reads, directly or through the packages it reads (an import or a
     ``data.`` reference): their rules pass every check and never apply. Test modules are not rules."""
-    packages: dict[tuple[str, ...], list[tuple[str, int]]] = {}
-    reads: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
-    rules: set[tuple[str, ...]] = set()
+    packages, reads, rules = _package_graph(files, modules)
+    start = tuple(p for p in decision_path.split("/") if p)
+    if start not in rules:
+        return []  # the decision is not among these files (a library of rules, a partial bundle): nothing to say
+    reached = _reached_packages(start, packages, reads)
+    entry = "data." + ".".join(start)
+    return [TypeProblem("package_never_reached", file, row,
+                        f"package {'.'.join(package)} is never read by the decision ({entry}): its rules never "
+                        f"apply. Put them in a package the decision reads (a deny rule in toolproxy.tools, "
+                        f"an approval reason in toolproxy.approvals' needs: docs/policy-authors.md#your-first-rule)")
+            for package, places in sorted(packages.items()) if package not in reached for file, row in places]
+
+
+_Package = tuple[str, ...]
+
+
+def _package_graph(files: list[Path], modules: list[Mapping[str, Any]]
+                   ) -> tuple[dict[_Package, list[tuple[str, int]]], dict[_Package, set[_Package]], set[_Package]]:
+    """Of the rule modules (not tests): where each package is declared (file, row), the ``data.`` paths each
+    package reads, and the path of every rule."""
+    packages: dict[_Package, list[tuple[str, int]]] = {}
+    reads: dict[_Package, set[_Package]] = {}
+    rules: set[_Package] = set()
     for file, module in zip(files, modules):
-        if not module or file.name.endswith("_test.rego"):
-            continue
-        package = tuple(str(part["value"]) for part in module["package"]["path"][1:])
-        if package and package[-1].endswith("_test"):
+        package = _rule_package(file, module)
+        if package is None:
             continue
         packages.setdefault(package, []).append((str(file), int(module["package"].get("location", {}).get("row", 1))))
         reads.setdefault(package, set()).update(_data_refs({k: v for k, v in module.items() if k != "package"}))
         rules.update(package + (str(rule["head"].get("name") or rule["head"]["ref"][0]["value"]),)
                      for rule in module.get("rules", []))
-    reached: set[tuple[str, ...]] = set()
-    start = tuple(p for p in decision_path.split("/") if p)
-    if start not in rules:
-        return []  # the decision is not among these files (a library of rules, a partial bundle): nothing to say
+    return packages, reads, rules
+
+
+def _rule_package(file: Path, module: Mapping[str, Any]) -> _Package | None:
+    """The package a parsed module declares, or None for an empty module or a test."""
+    if not module or file.name.endswith("_test.rego"):
+        return None
+    package = tuple(str(part["value"]) for part in module["package"]["path"][1:])
+    if package and package[-1].endswith("_test"):
+        return None
+    return package
+
+
+def _reached_packages(start: _Package, packages: Mapping[_Package, Any],
+                      reads: Mapping[_Package, set[_Package]]) -> set[_Package]:
+    """The packages a read of ``start`` reaches: the ones it lies in or holds, then theirs, transitively."""
+    reached: set[_Package] = set()
     pending = [start]
     while pending:
         path = pending.pop()
@@ -322,12 +353,7 @@ def unreached_packages(files: list[Path], modules: list[Mapping[str, Any]], deci
             if package not in reached and (path[:len(package)] == package or package[:len(path)] == path):
                 reached.add(package)
                 pending.extend(reads[package])
-    entry = "data." + ".".join(start)
-    return [TypeProblem("package_never_reached", file, row,
-                        f"package {'.'.join(package)} is never read by the decision ({entry}): its rules never "
-                        f"apply. Put them in a package the decision reads (a deny rule in toolproxy.tools, "
-                        f"an approval reason in toolproxy.approvals' needs: docs/policy-authors.md#your-first-rule)")
-            for package, places in sorted(packages.items()) if package not in reached for file, row in places]
+    return reached
 
 
 def _data_refs(node: Any) -> Iterator[tuple[str, ...]]:

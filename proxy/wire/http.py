@@ -43,7 +43,7 @@ import collections
 import ssl
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Protocol
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httptools
 from aiohttp import BasicAuth
@@ -569,6 +569,18 @@ class HttpWire:
         return connection
 
     def _origin(self, url: str, method: str = "POST", tls: ssl.SSLContext | None = None) -> _Origin:
+        parts = self._checked_url(url, tls)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        context = self._tls_context(tls) if parts.scheme == "https" else None
+        head = _request_head(url, parts, method)
+        origin = _Origin((parts.scheme, parts.hostname, port, 0 if tls is None else id(tls)), parts.hostname, port,
+                         context, head)
+        self._remember(url, method, tls, origin)
+        return origin
+
+    def _checked_url(self, url: str, tls: ssl.SSLContext | None) -> SplitResult:
+        """The URL's parts, if this wire can reach it: http(s) with a host, plain http over a Unix socket, a TLS
+        context only for https."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"expected an http(s) URL, got {url!r}")
@@ -576,26 +588,21 @@ class HttpWire:
             raise ValueError(f"a Unix socket wire speaks plain http, got {url!r}")
         if tls is not None and parts.scheme != "https":
             raise ValueError(f"a TLS context was given for a plain http URL, {url!r}")
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        context = None
-        if parts.scheme == "https":
-            if tls is None:
-                self._ssl = self._ssl or ssl.create_default_context()
-            context = tls or self._ssl
-        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        credentials = BasicAuth.from_url(URL(url))  # user:password in the URL, sent as aiohttp sends it
-        auth = [("Authorization", credentials.encode())] if credentials is not None else []
-        head = f"{method} {target} HTTP/1.1\r\n".encode() + _headers(
-            [("Host", parts.netloc.rpartition("@")[2]), ("User-Agent", _USER_AGENT), *auth])
-        origin = _Origin((parts.scheme, parts.hostname, port, 0 if tls is None else id(tls)), parts.hostname, port,
-                         context, head)
+        return parts
+
+    def _tls_context(self, tls: ssl.SSLContext | None) -> ssl.SSLContext:
+        """The given TLS context, else the wire's default one (made on first use)."""
+        if tls is None:
+            self._ssl = self._ssl or ssl.create_default_context()
+        return tls or self._ssl
+
+    def _remember(self, url: str, method: str, tls: ssl.SSLContext | None, origin: _Origin) -> None:
         # Backend URLs come from contracts: a bounded set, cached (POSTs only: the control plane's are rare).
         if method == "POST" and len(self._origins) + len(self._tls_origins) < 4096:
             if tls is None:
                 self._origins[url] = origin
             else:
                 self._tls_origins[(url, tls)] = origin
-        return origin
 
     async def close(self) -> None:
         if self._sweep is not None:
@@ -606,6 +613,15 @@ class HttpWire:
                 connection = pool.idle.popleft()
                 connection.idle_since = None
                 connection.close()
+
+
+def _request_head(url: str, parts: SplitResult, method: str) -> bytes:
+    """The request line and fixed headers of every request to the URL (Host, User-Agent, its user:password)."""
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    credentials = BasicAuth.from_url(URL(url))  # user:password in the URL, sent as aiohttp sends it
+    auth = [("Authorization", credentials.encode())] if credentials is not None else []
+    return f"{method} {target} HTTP/1.1\r\n".encode() + _headers(
+        [("Host", parts.netloc.rpartition("@")[2]), ("User-Agent", _USER_AGENT), *auth])
 
 
 def _headers(headers: Iterable[tuple[str, str]]) -> bytes:

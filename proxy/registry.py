@@ -696,17 +696,29 @@ def _contract(path: Path, index: int, raw: dict[str, Any]) -> ToolContract:
         state_read=_state_read(guard),
         state_at=_captured_state_at(guard),
         state_if_match=bool((guard or {}).get("if_match")),
-        ownership_read=read_after_write.from_registry({**raw["ownership_read"], "expect": {}})
-        if raw.get("ownership_read") else None,
-        owner_at=(raw.get("ownership_read") or {}).get("tenant", ""),
-        flow_produces=tuple(sorted((raw.get("flow") or {}).get("produces", ()))),
-        flow_sink=(raw.get("flow") or {}).get("sink", "internal"),
-        flow_sink_arguments=tuple(provenance.pointer(p) for p in (raw.get("flow") or {}).get("sink_arguments", ())),
-        flow_integrity=(raw.get("flow") or {}).get("integrity"),
-        flow_trusted_source=bool((raw.get("flow") or {}).get("trusted_source", False)),
+        **_ownership_fields(raw),
+        **_flow_fields(raw),
         input_validator=schema_fast.validator(raw["inputSchema"], formats=True),
         output_validator=schema_fast.validator(output_schema, formats=True),
     )
+
+
+def _ownership_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A contract's ``ownership_read`` entry as the contract's fields: the read, and where its answer names the
+    owning tenant."""
+    return {"ownership_read": read_after_write.from_registry({**raw["ownership_read"], "expect": {}})
+            if raw.get("ownership_read") else None,
+            "owner_at": (raw.get("ownership_read") or {}).get("tenant", "")}
+
+
+def _flow_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A contract's ``flow`` labels as the contract's fields (absent: produces nothing, an internal sink)."""
+    flow = raw.get("flow") or {}
+    return {"flow_produces": tuple(sorted(flow.get("produces", ()))),
+            "flow_sink": flow.get("sink", "internal"),
+            "flow_sink_arguments": tuple(provenance.pointer(p) for p in flow.get("sink_arguments", ())),
+            "flow_integrity": flow.get("integrity"),
+            "flow_trusted_source": bool(flow.get("trusted_source", False))}
 
 
 def _backend(raw: Mapping[str, Any]) -> Backend:

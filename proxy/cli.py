@@ -12,7 +12,7 @@ import asyncio
 import json
 import signal
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import startup
 
@@ -46,6 +46,15 @@ def make_call_token_key(out: str, alg: str, kid: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command != "run":
+        startup.end(freeze=False)  # only the sidecar's start-up runs with young collections only
+    command = _COMMANDS.get(args.command)
+    return command(args) if command is not None else 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The command line: every subcommand with its arguments."""
     parser = argparse.ArgumentParser(prog="toolproxy", description="Policy-driven sidecar proxy for AI-agent tool calls.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -178,48 +187,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     egress.add_argument("--apply", action="store_true", help="load the rules with `nft -f -` instead of printing")
 
     _add_policy_parsers(sub)
+    return parser
 
-    args = parser.parse_args(argv)
-    if args.command != "run":
-        startup.end(freeze=False)  # only the sidecar's start-up runs with young collections only
-    if args.command == "check-registry":
-        return check_registry(args.paths, previous=args.previous, dev=args.dev)
-    if args.command == "check-policy-data":
-        return check_policy_data(args.file)
-    if args.command == "registry":
-        return registry_diff(args.old, args.new)
-    if args.command == "opa-data":
-        return print_opa_data(args.registry)
-    if args.command == "config-reference" and args.json_schema:
+
+def _config_reference(args: argparse.Namespace) -> int:
+    if args.json_schema:
         from .config import json_schema
         print(json.dumps(json_schema(), indent=2))
         return 0
-    if args.command == "config-reference":
-        for key, env, default, help_ in describe():
-            print(f"{key}\t{env}\t{default!r}\t{help_}")
-        return 0
-    if args.command == "call-token-key":
-        return make_call_token_key(args.out, args.alg, args.kid)
-    if args.command == "import-mcp":
-        return import_mcp(args)
-    if args.command == "mcp":
-        from .authoring.mcp_repin import run as run_repin
-        return run_repin(args)
-    if args.command == "policy":
-        from .authoring.policy_commands import run as run_policy
-        return run_policy(args)
-    if args.command == "run":
-        return run_sidecar(args.config)
-    if args.command == "dev":
-        from .authoring.devstack import run_dev
-        return run_dev(args)
-    if args.command == "resolve":
-        from .authoring.operator_resolve import resolve
-        return resolve(args.admin_url, args.key, args.outcome, args.evidence, args.result)
-    if args.command == "egress-rules":
-        from .guard.egress_rules import run as run_egress_rules
-        return run_egress_rules(args)
-    return 2
+    for key, env, default, help_ in describe():
+        print(f"{key}\t{env}\t{default!r}\t{help_}")
+    return 0
+
+
+def _repin(args: argparse.Namespace) -> int:
+    from .authoring.mcp_repin import run as run_repin
+    return run_repin(args)
+
+
+def _policy(args: argparse.Namespace) -> int:
+    from .authoring.policy_commands import run as run_policy
+    return run_policy(args)
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from .authoring.devstack import run_dev
+    return run_dev(args)
+
+
+def _resolve(args: argparse.Namespace) -> int:
+    from .authoring.operator_resolve import resolve
+    return resolve(args.admin_url, args.key, args.outcome, args.evidence, args.result)
+
+
+def _egress_rules(args: argparse.Namespace) -> int:
+    from .guard.egress_rules import run as run_egress_rules
+    return run_egress_rules(args)
+
+
+# Each subcommand's handler (looked up when called: the heavier modules are imported only by their command).
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "check-registry": lambda args: check_registry(args.paths, previous=args.previous, dev=args.dev),
+    "check-policy-data": lambda args: check_policy_data(args.file),
+    "registry": lambda args: registry_diff(args.old, args.new),
+    "opa-data": lambda args: print_opa_data(args.registry),
+    "config-reference": lambda args: _config_reference(args),
+    "call-token-key": lambda args: make_call_token_key(args.out, args.alg, args.kid),
+    "import-mcp": lambda args: import_mcp(args),
+    "mcp": lambda args: _repin(args),
+    "policy": lambda args: _policy(args),
+    "run": lambda args: run_sidecar(args.config),
+    "dev": lambda args: _dev(args),
+    "resolve": lambda args: _resolve(args),
+    "egress-rules": lambda args: _egress_rules(args),
+}
 
 
 def _registry_or_report(paths: Sequence[str]) -> Registry | None:
@@ -238,33 +259,8 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None, 
     if registry is None:
         return 1
     for tool in registry.all():
-        status = "" if tool.status == "active" else f", {tool.status}"
-        if tool.compensation is not None:
-            status += f", compensated by {tool.compensation.tool}@{tool.compensation.version}"
-        if tool.cancel_endpoint is not None:
-            status += ", cancel endpoint"
-        if tool.flow_produces:
-            status += f", flow produces {'+'.join(tool.flow_produces)}"
-        if tool.flow_sink != "internal":
-            status += f", flow sink {tool.flow_sink}"
-        if tool.flow_sink_arguments:
-            status += f", sink arguments {' '.join(tool.flow_sink_arguments)}"
-        if tool.flow_integrity:
-            status += f", integrity {tool.flow_integrity}"
-        if tool.flow_trusted_source:
-            status += ", trusted source"
-        if tool.related_read is not None:  # shown to approvers beside a pending approval (docs/registry.md)
-            status += f", related read {tool.related_read.tool}@{tool.related_read.version}"
-        if tool.approver_may_read:
-            status += f", approvers read {', '.join(tool.approver_may_read)}"
-        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{status}) from {tool.source}")
-    refused = 0
-    for level, line in notices(registry):  # opt-outs of the key requirement, old defaults, service-wide writes
-        if level == SERVICE_WIDE and not dev:  # one unknown outcome would freeze the whole service
-            print(f"error: {line}", file=sys.stderr)
-            refused += 1
-        else:
-            print(f"{'warning' if level == SERVICE_WIDE else level}: {line}")
+        print(f"ok {tool.name} {tool.version} ({tool.mode}, {tool.risk}{_contract_summary(tool)}) from {tool.source}")
+    refused = _print_notices(registry, dev)
     if previous:
         from .authoring.contract_diff import diff, same_version_breaks
         old = _registry_or_report(previous)
@@ -285,6 +281,52 @@ def check_registry(paths: Sequence[str], previous: Sequence[str] | None = None, 
               f"(check-registry --dev accepts them for a development registry)", file=sys.stderr)
         return 1
     return 0
+
+
+def _contract_summary(tool: Any) -> str:
+    """What a contract declares beyond its mode and risk, as check-registry's ``ok`` line shows it."""
+    status = "" if tool.status == "active" else f", {tool.status}"
+    if tool.compensation is not None:
+        status += f", compensated by {tool.compensation.tool}@{tool.compensation.version}"
+    if tool.cancel_endpoint is not None:
+        status += ", cancel endpoint"
+    return status + _flow_summary(tool) + _approval_summary(tool)
+
+
+def _flow_summary(tool: Any) -> str:
+    status = ""
+    if tool.flow_produces:
+        status += f", flow produces {'+'.join(tool.flow_produces)}"
+    if tool.flow_sink != "internal":
+        status += f", flow sink {tool.flow_sink}"
+    if tool.flow_sink_arguments:
+        status += f", sink arguments {' '.join(tool.flow_sink_arguments)}"
+    if tool.flow_integrity:
+        status += f", integrity {tool.flow_integrity}"
+    if tool.flow_trusted_source:
+        status += ", trusted source"
+    return status
+
+
+def _approval_summary(tool: Any) -> str:
+    status = ""
+    if tool.related_read is not None:  # shown to approvers beside a pending approval (docs/registry.md)
+        status += f", related read {tool.related_read.tool}@{tool.related_read.version}"
+    if tool.approver_may_read:
+        status += f", approvers read {', '.join(tool.approver_may_read)}"
+    return status
+
+
+def _print_notices(registry: Registry, dev: bool) -> int:
+    """Print the registry's notices; the number of them that refuse it (service-wide writes, unless ``dev``)."""
+    refused = 0
+    for level, line in notices(registry):  # opt-outs of the key requirement, old defaults, service-wide writes
+        if level == SERVICE_WIDE and not dev:  # one unknown outcome would freeze the whole service
+            print(f"error: {line}", file=sys.stderr)
+            refused += 1
+        else:
+            print(f"{'warning' if level == SERVICE_WIDE else level}: {line}")
+    return refused
 
 
 def registry_diff(old_path: str, new_path: str) -> int:
@@ -422,7 +464,8 @@ async def _end_startup_when(ready: asyncio.Event) -> None:
 
 
 def _run_sidecar(config_path: str | None) -> int:
-    from .fronts.app import check_key_layout, serve
+    from .fronts.app import serve
+    from .process.runtime import check_key_layout
     try:
         config = load_config(config_path)
         check_key_layout(config)

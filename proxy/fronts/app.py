@@ -34,7 +34,7 @@ from ..policy.operation_access import Authorize, authorizer
 from ..batch.plan import plan_from_json
 from ..quotas import retry_after_header
 from ..registry import Registry
-from ..process.runtime import Runtime, check_key_layout, create_runtime  # noqa: F401  (importable from here too)
+from ..process.runtime import Runtime, create_runtime  # noqa: F401  (importable from here too)
 
 log = logging.getLogger("toolproxy.app")
 

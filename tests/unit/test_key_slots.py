@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from proxy.config import ConfigError, load_config
-from proxy.fronts.app import check_key_layout
+from proxy.process.runtime import check_key_layout
 from proxy.store import check_one_slot
 
 

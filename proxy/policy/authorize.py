@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from .approvals import MCP_APPROVAL_META, ApprovalOrigin, ApprovalStore, denial
+from .approvals import MCP_APPROVAL_META, Approval, ApprovalOrigin, ApprovalStore, Standing, denial
 from ..audit import PolicyFacts
 from ..deadline import Deadline
 from .denials import DenialLog
@@ -180,33 +180,52 @@ class Authorizer:
         details = {k: v for k, v in (("decision_id", decision.decision_id),
                                      ("policy_revision", decision.policy_revision)) if v}
         if decision.allow:
-            if approval is not None and approval.replay_only:
-                return Authorization(decision=decision, approval_id=approval_id, replay_only=True)
-            if quota is not None:
-                try:
-                    await quota.admit(decision)
-                except ProxyError as error:
-                    return Authorization(decision=decision, approval_id=approval_id, error=error)
-            if approval_id is not None:
-                # Single use: a concurrent re-submission of the same approval loses here.
-                await self._approvals.consume(approval_id, caller, tool, normalized,
-                                              used_by=f"{request.request_id}:{secrets.token_hex(4)}",
-                                              operation_key=operation_key)
-            return Authorization(decision=decision, approval_id=approval_id)
+            return await self._allowed(caller, tool, normalized, request, decision, approval, approval_id,
+                                       operation_key, quota)
         if decision.require_approval:
-            if standing is not None and standing.status == "denied":
-                return Authorization(decision=decision, approval_id=standing.id,
-                                     error=denial(standing.id, standing.reason))
-            if standing is not None and standing.status == "pending":
-                new_id, expires = standing.id, standing.expires_at_ms
-            else:
-                new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,
-                                                               reasons=decision.reasons, origin=origin,
-                                                               operation_key=operation_key)
-            error = ProxyError("approval_required", APPROVAL_REQUIRED, details={
-                **details, "approval_id": new_id, "expires_at": iso(expires / 1000), "risk": decision.risk,
-                "send_approval_in": ["X-Approval-Id", f"_meta.{MCP_APPROVAL_META}"]}, phase="authorize")
-            return Authorization(decision=decision, approval_id=new_id, error=error)
+            return await self._approval_required(caller, tool, normalized, decision, standing, details, origin,
+                                                 operation_key)
+        return await self._denied(caller, tool, request, decision, approval_id, details)
+
+    async def _allowed(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall, request: RequestFacts,
+                       decision: Decision, approval: Approval | None, approval_id: str | None,
+                       operation_key: str | None, quota: QuotaGate | None) -> Authorization:
+        """An allowed call: within its quota, its approval (if any) spent here, single use."""
+        if approval is not None and approval.replay_only:
+            return Authorization(decision=decision, approval_id=approval_id, replay_only=True)
+        if quota is not None:
+            try:
+                await quota.admit(decision)
+            except ProxyError as error:
+                return Authorization(decision=decision, approval_id=approval_id, error=error)
+        if approval_id is not None:
+            # Single use: a concurrent re-submission of the same approval loses here.
+            await self._approvals.consume(approval_id, caller, tool, normalized,
+                                          used_by=f"{request.request_id}:{secrets.token_hex(4)}",
+                                          operation_key=operation_key)
+        return Authorization(decision=decision, approval_id=approval_id)
+
+    async def _approval_required(self, caller: Caller, tool: ToolContract, normalized: NormalizedCall,
+                                 decision: Decision, standing: Standing | None, details: dict[str, Any],
+                                 origin: ApprovalOrigin | None, operation_key: str | None) -> Authorization:
+        """A call that needs an approval: the standing one's denial, else its pending request or a new one."""
+        if standing is not None and standing.status == "denied":
+            return Authorization(decision=decision, approval_id=standing.id,
+                                 error=denial(standing.id, standing.reason))
+        if standing is not None and standing.status == "pending":
+            new_id, expires = standing.id, standing.expires_at_ms
+        else:
+            new_id, expires = await self._approvals.create(caller, tool, normalized, risk=decision.risk,
+                                                           reasons=decision.reasons, origin=origin,
+                                                           operation_key=operation_key)
+        error = ProxyError("approval_required", APPROVAL_REQUIRED, details={
+            **details, "approval_id": new_id, "expires_at": iso(expires / 1000), "risk": decision.risk,
+            "send_approval_in": ["X-Approval-Id", f"_meta.{MCP_APPROVAL_META}"]}, phase="authorize")
+        return Authorization(decision=decision, approval_id=new_id, error=error)
+
+    async def _denied(self, caller: Caller, tool: ToolContract, request: RequestFacts, decision: Decision,
+                      approval_id: str | None, details: dict[str, Any]) -> Authorization:
+        """A call the policy denies: logged and recorded with its reasons; the caller learns only "forbidden"."""
         log.info("call denied by policy", extra={"request_id": request.request_id, "tool": tool.name,
                                                  "reasons": list(decision.reasons)})
         if self._denials is not None:

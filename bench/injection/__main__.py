@@ -36,8 +36,9 @@ def rev() -> str:
     try:
         out = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "proxy", "policies",
-                                "bench", "schemas"], capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no", "--",
+                                "proxy", "policies", "bench", "schemas"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
         return out + ("-dirty" if dirty else "") if out else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -75,10 +76,11 @@ async def main_async(args: argparse.Namespace) -> int:
     elapsed = time.monotonic() - started
     print(f"\n{len(runs)} runs in {elapsed:.0f} s")
     for s in summaries:
-        print(f"{s.suite}/{s.variant}: attacks stopped by {s.stopped_by}; benign stopped by {s.benign_stopped_by}; "
+        print(f"{s.suite}/{s.variant}: {s.stops_naming_source} of {s.stops} held or refused calls name the argument "
+              f"and its source; attacks stopped by {s.stopped_by}; benign stopped by {s.benign_stopped_by}; "
               f"benign failed {s.benign_failed}; injection tasks left out {s.skipped_injection_tasks}; "
               f"user tasks reading no vector {s.uninjectable_user_tasks}")
-    print("\n" + markdown(summaries))
+    print("\n" + markdown(summaries) + "\n\n" + curve(summaries))
     if args.save:
         RESULTS.mkdir(parents=True, exist_ok=True)
         now = datetime.now(timezone.utc)
@@ -88,6 +90,29 @@ async def main_async(args: argparse.Namespace) -> int:
                                      "variants": [v.name for v in variants], "limit": args.limit})
         print(f"saved {path.relative_to(REPO)}")
     return 0
+
+
+DESIGN, HELD_OUT = ("banking", "slack"), ("workspace", "travel")
+
+
+def curve(summaries: list) -> str:
+    """Per variant, the design suites together and the held-out suites together (the trade-off curve)."""
+    lines = ["| variant | design: unattended | design: attacks through | held out: unattended "
+             "| held out: attacks through | all: unattended | all: attacks through |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    variants = list(dict.fromkeys(s.variant for s in summaries))
+    for variant in variants:
+        cells = []
+        for group in (DESIGN, HELD_OUT, DESIGN + HELD_OUT):
+            chosen = [s for s in summaries if s.variant == variant and s.suite in group]
+            tasks, pairs = sum(s.user_tasks for s in chosen), sum(s.pairs for s in chosen)
+            if not tasks:
+                cells += ["", ""]
+                continue
+            cells.append(f"{100 * sum(s.unattended for s in chosen) / tasks:.1f}% ({tasks})")
+            cells.append(f"{100 * sum(s.attacks_through for s in chosen) / pairs:.1f}% ({pairs})" if pairs else "")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def markdown(summaries: list) -> str:
@@ -118,7 +143,8 @@ def print_row(row: dict, flush: bool = False) -> None:
 def table(path: str) -> int:
     """The markdown table of a saved run."""
     saved = load(Path(path))
-    print(markdown([SuiteSummary(**s) for s in saved["summaries"]]))
+    summaries = [SuiteSummary(**s) for s in saved["summaries"]]
+    print(markdown(summaries) + "\n\n" + curve(summaries))
     meta = saved["meta"]
     print(f"\nrun {meta['date']}, tree {meta['rev']}, {meta['seconds']} s\n")
     for line in breakdown(saved["runs"], meta["variants"]):

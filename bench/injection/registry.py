@@ -22,7 +22,8 @@ SERVICE = "world"
 #   none     no flow labels at all ("everything allowed": no flow rule can fire)
 #   shipped  flow.produces and flow.sink only (the labels the shipped flow rule reads)
 #   full     every label, with the provenance fields (sink_arguments, integrity, trusted_source)
-LABEL_SETS = ("none", "shipped", "full")
+#   external every label but integrity: provenance guards external sinks only
+LABEL_SETS = ("none", "shipped", "full", "external")
 SHIPPED_FLOW = ("produces", "sink")
 
 
@@ -74,6 +75,8 @@ def tool_entry(tool: Mapping[str, Any], label: Mapping[str, Any], label_set: str
     flow = dict(label.get("flow") or {})
     if label_set == "shipped":
         flow = {k: v for k, v in flow.items() if k in SHIPPED_FLOW}
+    elif label_set == "external":
+        flow.pop("integrity", None)
     if label_set != "none" and flow:
         entry["flow"] = flow
     return entry

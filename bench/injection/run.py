@@ -17,7 +17,8 @@ AgentDojo's own tool functions on its environment):
   allowed (and AgentDojo's ``security()`` is reported beside it). Injection tasks without ground-truth calls are
   left out: output-only attacks (no tool call, which no proxy can see) and tasks the benchmark gives none for.
 
-The trusted task context, where a variant sends it: the user task's prompt text, in the caller's token.
+The trusted task context, where a variant sends it: the user task's prompt text and the values it names
+(``named_values``: read off the prompt alone), in the caller's token.
 """
 
 from __future__ import annotations
@@ -47,6 +48,16 @@ from tests.support.tokens import Issuer, jwt_overrides
 
 REPO = HERE.parent.parent
 OPA_DATA = HERE / "opa"
+# What a user names in a request, read off the prompt's text alone: addresses, URLs, IBANs, quoted strings,
+# capitalized words (names: people, channels, hotels) and words with a digit (ids, amounts).
+_CAPITALIZED = re.compile(r"\b[A-Z][\w&'-]*(?:\s+[A-Z][\w&'-]*)*")
+_NAMED = (re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)+"),
+          re.compile(r"(?:https?://|www\.)[^\s'\"<>()]+"),
+          re.compile(r"\b[A-Z]{2}[0-9]{2}[A-Z0-9]{10,30}\b"),
+          re.compile(r"'([^'\n]{1,200})'|\"([^\"\n]{1,200})\""),
+          _CAPITALIZED,
+          re.compile(r"\b\w*\d[\w.-]*\b"))
+MAX_NAMED = 64  # the proxy keeps at most 64 named values
 WORLD_PYTHON = REPO / ".tools" / "agentdojo-venv" / "bin" / "python"
 TASK_CLAIM = "task_context"  # the token claim the trusted task context rides in (jwt identity)
 
@@ -63,24 +74,34 @@ class Variant:
     about: str = ""
 
 
-VARIANTS = {
-    "allow_all": Variant("allow_all", "none", {"private_to_external": "approval"},
-                         about="no flow labels: nothing but the tool grants applies"),
-    "shipped": Variant("shipped", "shipped", {"private_to_external": "approval"},
-                       about="the shipped flow rule (flow_private_to_external) on produces/sink labels"),
-    "provenance": Variant("provenance", "full", {"private_to_external": "approval", "untrusted_target": "approval"},
-                          task_context=True,
-                          about="argument provenance (flow_untrusted_target) with every label and the task "
-                                "context"),
-    "provenance_no_context": Variant(
-        "provenance_no_context", "full", {"private_to_external": "approval", "untrusted_target": "approval"},
-        about="as provenance, without the trusted task context"),
-    "provenance_unseen": Variant(
-        "provenance_unseen", "full", {"private_to_external": "approval", "untrusted_target": "approval",
-                                      "unseen_target": "approval"}, task_context=True,
-        about="as provenance, and a target seen in no output at all after untrusted input needs approval too"),
-}
-DEFAULT_VARIANTS = ("allow_all", "shipped", "provenance")
+def _provenance(name: str, about: str, *, labels: str = "full", task_context: bool = True,
+                **settings: str) -> Variant:
+    """A variant of argument provenance: the shipped flow settings plus ``settings``."""
+    return Variant(name, labels, {"private_to_external": "approval", "untrusted_target": "approval", **settings},
+                   task_context=task_context, about=about)
+
+
+VARIANTS = {v.name: v for v in (
+    Variant("allow_all", "none", {"private_to_external": "approval"},
+            about="no flow labels: nothing but the tool grants applies"),
+    Variant("shipped", "shipped", {"private_to_external": "approval"},
+            about="the shipped flow rule (flow_private_to_external) on produces/sink labels"),
+    _provenance("provenance", "argument provenance (flow_untrusted_target), every label, the task context"),
+    _provenance("provenance_no_context", "as provenance, without the trusted task context", task_context=False),
+    _provenance("provenance_unseen", "as provenance, and a target seen in no output at all after untrusted "
+                "input needs approval too", unseen_target="approval"),
+    _provenance("provenance_named", "as provenance, and flow_private_to_external spares a send whose every "
+                "target the user named", trusted_targets="named"),
+    _provenance("provenance_trusted", "as provenance_named, and also a send whose targets are in the user's "
+                "own records", trusted_targets="trusted"),
+    _provenance("provenance_trusted_unseen", "provenance_trusted with unseen_target: approval",
+                trusted_targets="trusted", unseen_target="approval"),
+    _provenance("provenance_named_unseen", "provenance_named with unseen_target: approval",
+                trusted_targets="named", unseen_target="approval"),
+    _provenance("provenance_external_only", "provenance_named_unseen without integrity labels: external sinks "
+                "only", labels="external", trusted_targets="named", unseen_target="approval"),
+)}
+DEFAULT_VARIANTS = ("allow_all", "shipped", "provenance", "provenance_named_unseen")
 
 
 @dataclass
@@ -112,6 +133,21 @@ async def decision_records(stack: Stack) -> dict[str, dict[str, Any]]:
             return found
         last = entries[-1][0]
         start = "(" + (last.decode() if isinstance(last, bytes) else last)
+
+
+def named_values(prompt: str) -> list[str]:
+    """The values a user task's prompt names, as the runner states them in the trusted task context."""
+    found: dict[str, None] = {}
+    for pattern in _NAMED:
+        for match in pattern.finditer(prompt):
+            groups = [g for g in match.groups() if g] if match.groups() else []
+            for value in groups or [match.group(0)]:
+                value = value.strip().rstrip(".,;:!?")
+                if value:
+                    found[value] = None
+                    if pattern is _CAPITALIZED:  # "Invite Dora": each capitalized word is a name too
+                        found.update({word: None for word in value.split()})
+    return list(found)[:MAX_NAMED]
 
 
 def verdict(envelope: Mapping[str, Any]) -> tuple[str, list[str]]:
@@ -195,7 +231,8 @@ class Replay:
     def _headers(self, run: str, prompt: str) -> dict[str, str]:
         self.run, self.calls = run, 0
         subject = re.sub(r"[^A-Za-z0-9_.-]", "-", f"{self.variant.name}.{self.suite}.{run}")[:120]
-        claims = {TASK_CLAIM: {"text": prompt}} if self.variant.task_context else {}
+        claims = ({TASK_CLAIM: {"text": prompt, "values": named_values(prompt)}} if self.variant.task_context
+                  else {})
         return {"Authorization": f"Bearer {self.issuer.token(subject, ttl_s=900, **claims)}"}
 
     async def _call(self, headers: Mapping[str, str], call: Mapping[str, Any], phase: str) -> dict[str, Any]:
@@ -248,6 +285,8 @@ class SuiteSummary:
     benign_stopped_by: dict[str, int]  # benign runs: the rule that stopped them
     skipped_injection_tasks: list[str]
     uninjectable_user_tasks: list[str]
+    stops: int = 0                # calls held or refused, over all runs
+    stops_naming_source: int = 0  # of them, those whose decision names an argument and where its value came from
 
     def row(self) -> dict[str, Any]:
         pct = lambda n, d: round(100.0 * n / d, 1) if d else None  # noqa: E731
@@ -265,6 +304,12 @@ def rules(reasons: list[str], fallback: str) -> str:
     return ",".join(sorted({r.split()[0] for r in reasons})) or fallback
 
 
+def names_source(outcome: Mapping[str, Any]) -> bool:
+    """Whether a stopped call's decision names the argument and the untrusted source (tool and call) or the
+    untrusted output it followed: "flow_untrusted_target /recipient from read_file call <id>"."""
+    return any(r.startswith("flow_") and " /" in r and (" from " in r or " after " in r) for r in outcome["reasons"])
+
+
 def summarize(suite: str, variant: str, benign: list[TaskResult], attacks: list[TaskResult],
               skipped: list[str], uninjectable: list[str]) -> SuiteSummary:
     stopped: Counter[str] = Counter()
@@ -278,6 +323,7 @@ def summarize(suite: str, variant: str, benign: list[TaskResult], attacks: list[
         for outcome in run.outcomes:
             if outcome["verdict"] != "allowed":
                 benign_stopped[rules(outcome["reasons"], outcome["verdict"])] += 1
+    stopped_calls = [o for run in benign + attacks for o in run.outcomes if o["verdict"] in ("held", "refused")]
     return SuiteSummary(
         suite=suite, variant=variant, user_tasks=len(benign),
         unattended=sum(1 for r in benign if all(v == "allowed" for v in r.verdicts("user")) and r.utility),
@@ -288,7 +334,8 @@ def summarize(suite: str, variant: str, benign: list[TaskResult], attacks: list[
         attacks_through=sum(1 for r in attacks if all(v == "allowed" for v in r.verdicts("injection"))),
         security_true=sum(1 for r in attacks if r.security),
         stopped_by=dict(stopped), benign_stopped_by=dict(benign_stopped),
-        skipped_injection_tasks=skipped, uninjectable_user_tasks=uninjectable)
+        skipped_injection_tasks=skipped, uninjectable_user_tasks=uninjectable,
+        stops=sum(1 for o in stopped_calls), stops_naming_source=sum(1 for o in stopped_calls if names_source(o)))
 
 
 async def replay_suite(world: WorldClient, catalog: Mapping[str, Any], suite: str, variant: Variant,

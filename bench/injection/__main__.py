@@ -127,7 +127,7 @@ def markdown(summaries: list) -> str:
     return "\n".join(lines)
 
 
-HEADER = f"{'suite':<10} {'variant':<12} {'tasks':>5} {'unattended%':>11} {'approval%':>9} {'refused%':>8} " \
+HEADER = f"{'suite':<10} {'variant':<26} {'tasks':>5} {'unattended%':>11} {'approval%':>9} {'refused%':>8} " \
          f"{'pairs':>5} {'attack%':>7} {'security()%':>11}"
 
 
@@ -135,7 +135,7 @@ def print_row(row: dict, flush: bool = False) -> None:
     if not getattr(print_row, "headed", False):
         print(HEADER)
         print_row.headed = True  # type: ignore[attr-defined]
-    print(f"{row['suite']:<10} {row['variant']:<12} {row['user_tasks']:>5} {row['utility_unattended_pct']!s:>11} "
+    print(f"{row['suite']:<10} {row['variant']:<26} {row['user_tasks']:>5} {row['utility_unattended_pct']!s:>11} "
           f"{row['with_approval_pct']!s:>9} {row['with_refusal_pct']!s:>8} {row['pairs']:>5} "
           f"{row['attack_success_pct']!s:>7} {row['security_true_pct']!s:>11}", flush=flush)
 

@@ -75,6 +75,7 @@ _IBAN_HEAD = re.compile(r"[A-Z]{2}[0-9]{2}")
 _IBAN_GROUP = re.compile(r"[A-Z0-9]{1,4}")
 _PLAIN = re.compile(r"[A-Za-z0-9_-]+")  # one word, no address, URL or host in it
 MAX_NAME_WORDS = 6
+_CLAUSE_END = ".,;:!?)\"'"   # a word ending so ends the name it is in (a sentence or a clause ends there)
 
 
 def text_tokens(text: str) -> Iterator[str]:
@@ -87,56 +88,83 @@ def text_tokens(text: str) -> Iterator[str]:
     words = text.split()
     run: list[str] = []  # consecutive Capitalized words (with connectors inside): a name
     for index, raw in enumerate(words):
-        if raw.isalpha() and raw.islower():  # most of prose: a plain word (not a connector) ends a name
-            if run and raw not in _CONNECTORS:
-                yield from _names(run)
-                run = []
-            elif run:
-                run.append(raw)
-            continue
-        word = raw.strip(_EDGE)
-        if not word or len(word) > MAX_TOKEN_CHARS:  # (no target is that long: a blob is skipped whole)
-            yield from _names(run)
-            run = []
-            continue
-        if "@" in word:
-            match = _EMAIL.search(word)
-            if match:
-                yield match.group(0)
-                yield match.group(0).rpartition("@")[2]
-        elif "://" in word or word[:4].lower() == "www.":
-            yield word
-            host = _host(word)
-            if host:
-                yield host
-        elif "." in word and word.rpartition(".")[2].lower() in _TLDS:
-            yield word
-        if "_" in word or (word[1:] != word[1:].lower() and word[1:] != word[1:].upper()):
-            yield word  # an identifier (new_password, newPassword): a value a target or a secret can take
-        if _DIGIT.search(word):  # ids, numbers, IBANs written whole
-            yield word
-            if _IBAN_HEAD.fullmatch(word):  # an IBAN in groups: "GB29 NWBK 6016 1331 9268 19"
-                groups = [word]
-                for nxt in words[index + 1:index + 9]:
-                    part = nxt.strip(_EDGE)
-                    if not _IBAN_GROUP.fullmatch(part):
-                        break
-                    groups.append(part)
-                    if len(part) < 4:
-                        break
-                if len(groups) >= 3:
-                    yield "".join(groups)
-        if word[0].isupper() or (run and word in _CONNECTORS):
-            run.append(word)
-            if raw[-1:] in ".,;:!?)\"'" or len(run) >= 2 * MAX_NAME_WORDS:  # a sentence or clause ends the name
-                yield from _names(run)
-                run = []
+        if raw.isalpha() and raw.islower():  # most of prose: a plain word
+            ends_name = _plain_word_ends_name(run, raw)
         else:
+            word = raw.strip(_EDGE)
+            if not word or len(word) > MAX_TOKEN_CHARS:  # (no target is that long: a blob is skipped whole)
+                ends_name = True
+            else:
+                yield from _word_targets(word, words, index)
+                ends_name = _word_ends_name(run, raw, word)
+        if ends_name:
             yield from _names(run)
             run = []
     yield from _names(run)
     for match in _QUOTED.finditer(text):
         yield next(g for g in match.groups() if g)
+
+
+def _plain_word_ends_name(run: list[str], raw: str) -> bool:
+    """Whether a plain lower-case word ends the name being read; a connector inside a name joins it (``run``)."""
+    if raw not in _CONNECTORS:
+        return True
+    if run:
+        run.append(raw)
+    return False
+
+
+def _word_ends_name(run: list[str], raw: str, word: str) -> bool:
+    """Whether ``word`` (``raw`` without its edge punctuation) ends the name being read: a Capitalized word
+    or a connector inside a name joins it (``run``), and the name ends where a sentence or a clause does or
+    when it is too long to be one."""
+    if not (word[0].isupper() or (run and word in _CONNECTORS)):
+        return True
+    run.append(word)
+    return raw[-1:] in _CLAUSE_END or len(run) >= 2 * MAX_NAME_WORDS
+
+
+def _word_targets(word: str, words: list[str], index: int) -> Iterator[str]:
+    """What a target looks like in one word (``words[index]`` without its edge punctuation): an address, a
+    URL or a host and what they name, an identifier, a word with digits and an IBAN written in groups from it."""
+    yield from _address_or_link(word)
+    if "_" in word or (word[1:] != word[1:].lower() and word[1:] != word[1:].upper()):
+        yield word  # an identifier (new_password, newPassword): a value a target or a secret can take
+    if _DIGIT.search(word):  # ids, numbers, IBANs written whole
+        yield word
+        if _IBAN_HEAD.fullmatch(word):  # an IBAN in groups: "GB29 NWBK 6016 1331 9268 19"
+            yield from _grouped_iban(word, words[index + 1:index + 9])
+
+
+def _address_or_link(word: str) -> Iterator[str]:
+    """An address in the word and its domain, or the word as a URL and its host, or the word as a host name."""
+    if "@" in word:
+        match = _EMAIL.search(word)
+        if match:
+            yield match.group(0)
+            yield match.group(0).rpartition("@")[2]
+    elif "://" in word or word[:4].lower() == "www.":
+        yield word
+        host = _host(word)
+        if host:
+            yield host
+    elif "." in word and word.rpartition(".")[2].lower() in _TLDS:
+        yield word
+
+
+def _grouped_iban(head: str, following: list[str]) -> Iterator[str]:
+    """The IBAN whose first group is ``head``, written whole from the groups in the words following it (an
+    IBAN has at most eight groups after its first; a short group is its last)."""
+    groups = [head]
+    for nxt in following:
+        part = nxt.strip(_EDGE)
+        if not _IBAN_GROUP.fullmatch(part):
+            break
+        groups.append(part)
+        if len(part) < 4:
+            break
+    if len(groups) >= 3:
+        yield "".join(groups)
 
 
 def _names(run: list[str]) -> Iterator[str]:
@@ -385,34 +413,47 @@ def lookup_fields(values: Sequence[SinkValue], fingerprints: Fingerprints) -> li
 def entries(values: Sequence[SinkValue], replies: Sequence[Any], *, task: TaskContext | None, now_ms: int,
             window_ms: int, truncated: bool = False) -> list[dict[str, Any]]:
     """``input.flow.provenance``: one entry per sink value, from the read's replies to ``lookup_fields``."""
-    def fresh(stored: Any) -> Source | None:
-        source = Source.parse(stored)
-        return source if source is not None and now_ms - source.at_ms < window_ms else None
-
-    overflow = fresh(replies[-1]) if replies else None
+    overflow = _fresh(replies[-1], now_ms, window_ms) if replies else None
     out = []
     at = 0
     for value in values:
-        untrusted: list[Source] = []
-        trusted_by: list[str] = []
-        if task is not None and task.names(value.candidates):
-            trusted_by.append("task_context")
-        for index, _ in enumerate(value.candidates):
-            bad, good = fresh(replies[at]), fresh(replies[at + 1])
-            at += 2
-            if good is not None and index == 0:  # a trusted source names the whole value
-                trusted_by.append(f"tool:{good.tool}")
-            if bad is not None and bad not in untrusted:
-                untrusted.append(bad)
-        if not trusted_by and not untrusted and overflow is not None:
-            untrusted.append(overflow)  # the scope lost values past its bound: unseen is not clean
-        trusted = bool(trusted_by)
-        out.append({"argument": value.argument,
-                    "seen": "trusted" if trusted else "untrusted" if untrusted else "unseen",
-                    "trusted": trusted, "trusted_by": sorted(set(trusted_by)),
-                    "untrusted_sources": [{"tool": s.tool, "call_id": s.call_id, "at": iso(s.at_ms / 1000.0)}
-                                          for s in untrusted]})
+        found = [_fresh(replies[at + offset], now_ms, window_ms) for offset in range(2 * len(value.candidates))]
+        at += len(found)
+        out.append(_entry(value, found, task, overflow))
     if truncated:
         out.append({"argument": "(past the sink values' bound)", "seen": "untrusted", "trusted": False, "trusted_by": [],
                     "untrusted_sources": [{"tool": "(too many sink values)", "call_id": "", "at": iso(now_ms / 1000)}]})
     return out
+
+
+def _fresh(stored: Any, now_ms: int, window_ms: int) -> Source | None:
+    """The source a stored field names, when it is one and inside the window (None otherwise)."""
+    source = Source.parse(stored)
+    return source if source is not None and now_ms - source.at_ms < window_ms else None
+
+
+def _entry(value: SinkValue, found: Sequence[Source | None], task: TaskContext | None,
+           overflow: Source | None) -> dict[str, Any]:
+    """One sink value's entry; ``found``: the fresh sources at its candidates' untrusted and trusted fields,
+    in ``lookup_fields``' order; ``overflow``: the fresh overflow mark of the scope."""
+    trusted_by = ["task_context"] if task is not None and task.names(value.candidates) else []
+    if found[1:2] and found[1] is not None:  # a trusted source names the whole value
+        trusted_by.append(f"tool:{found[1].tool}")
+    untrusted: list[Source] = []
+    for bad in found[0::2]:
+        if bad is not None and bad not in untrusted:
+            untrusted.append(bad)
+    if not trusted_by and not untrusted and overflow is not None:
+        untrusted.append(overflow)  # the scope lost values past its bound: unseen is not clean
+    return _entry_fact(value.argument, trusted_by, untrusted)
+
+
+def _entry_fact(argument: str, trusted_by: list[str], untrusted: list[Source]) -> dict[str, Any]:
+    """An entry as OPA is given it: trusted when anything trusted names the value, untrusted when only
+    untrusted sources do, unseen otherwise."""
+    trusted = bool(trusted_by)
+    return {"argument": argument,
+            "seen": "trusted" if trusted else "untrusted" if untrusted else "unseen",
+            "trusted": trusted, "trusted_by": sorted(set(trusted_by)),
+            "untrusted_sources": [{"tool": s.tool, "call_id": s.call_id, "at": iso(s.at_ms / 1000.0)}
+                                  for s in untrusted]}

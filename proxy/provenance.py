@@ -170,11 +170,12 @@ def _grouped_iban(head: str, following: list[str]) -> Iterator[str]:
 def _names(run: list[str]) -> Iterator[str]:
     """A run of Capitalized words as names: the whole run and each of its prefixes and suffixes of two words
     or more (a sentence's first word is capitalized too: "Book Riverside View Hotel"), connectors trimmed."""
-    while run and run[-1] in _CONNECTORS:  # (lower-case ones only: "Le Marais" is a name)
-        run = run[:-1]
-    if len(run) < 2:
+    end = len(run)
+    while end and run[end - 1] in _CONNECTORS:  # (lower-case ones only: "Le Marais" is a name)
+        end -= 1  # (one slice below, not one per connector: a long run of them stays linear)
+    if end < 2:
         return
-    run = run[-MAX_NAME_WORDS:] if len(run) > MAX_NAME_WORDS else run
+    run = run[max(0, end - MAX_NAME_WORDS):end]
     for cut in range(len(run) - 1):
         tail = run[cut:]
         if tail[0] not in _CONNECTORS:

@@ -75,6 +75,14 @@ def test_an_output_gives_the_targets_inside_its_text_normalized():
     assert all(t == provenance.normalize(t) for t in found)
 
 
+def test_a_name_keeps_its_last_words_and_drops_the_connectors_that_trail_it():
+    # a long run of connectors (an attacker's text can hold one) after a name, and inside one
+    assert extract("Jean Paul " + "of " * 5000 + "the").tokens == ("jean paul",)
+    assert extract("Jean Paul " + "of " * 5000 + "Smith").tokens == ()  # a name is kept to its last six words
+    assert set(extract("Jean Paul of the Smith, then").tokens) >= {"jean paul of the smith", "paul of the smith",
+                                                                   "jean paul"}
+
+
 def test_extraction_is_bounded_and_says_when_it_was_cut():
     many = extract([f"user{i}@example.com" for i in range(provenance.MAX_TOKENS)])
     assert many.overflow and len(many.tokens) == provenance.MAX_TOKENS

@@ -11,7 +11,7 @@ hashes under the tenant's hash tag (one Cluster slot):
 
 Each hash field is ``<label>/<tool>`` -> the latest call time in ms; each record sets the key to expire
 ``flow.window_s`` after it, and a read drops the fields older than the window (a label seen once a day
-ago is gone even if the key was kept alive by a newer one). A hash holds at most labels x tools fields.
+ago is gone even if the key was kept alive by a newer one). A hash holds at most labels x tools fields, each with its call id beside it.
 
 Costs: recording is one EVALSHA (``flow.record``, both scopes) added to the commit stage's round trip,
 only for a tool that produces labels and only when its call returned output (``succeeded``: an error,
@@ -56,8 +56,10 @@ LABELS = ("private", "untrusted", "secret")  # schemas/tool-registry.schema.json
 SINKS = ("internal", "external")
 
 # KEYS[1]: principal scope; KEYS[2] (optional): run scope; then, when ARGV[4+n] is not empty, the provenance
-# hash (last key). ARGV[1]: window in ms (the keys' expiry); ARGV[2]: the call's time in ms; ARGV[3]: n, the
-# number of label fields; ARGV[4..3+n]: the fields "<label>/<tool>" (a field keeps its latest time).
+# hash (last key). ARGV[1]: window in ms (the keys' expiry); ARGV[2]: "<the call's time in ms>|<call id>";
+# ARGV[3]: n, the number of label fields; ARGV[4..3+n]: the fields "<label>/<tool>" -> the time (a field keeps
+# its latest), and beside each "<label>/<tool>@" -> the call that brought it then (a held decision names its
+# source call; a field apart, so a reader that knows only the times skips it).
 # Provenance (proxy/provenance.py): ARGV[4+n]: "u" (untrusted output) or "t" (a trusted source) or "";
 # ARGV[5+n]: the source "<tool>|<call id>"; ARGV[6+n]: the hash's bound; ARGV[7+n]: "1" when the output's
 # own bound cut it; ARGV[8+n..]: the fingerprints. Each becomes the field "<u|t><fp>" -> "<at>|<source>";
@@ -65,7 +67,8 @@ SINKS = ("internal", "external")
 # the overflow mark for what did not fit.
 _RECORD = store.lua("flow.record", """
 local window = tonumber(ARGV[1])
-local at = tonumber(ARGV[2])
+local at_text, call = string.match(ARGV[2], '^(%d+)|(.*)$')
+local at = tonumber(at_text)
 local n = tonumber(ARGV[3])
 local kind = ARGV[4 + n] or ''
 local labelled = #KEYS
@@ -74,13 +77,16 @@ for k = 1, labelled do
   local key = KEYS[k]
   for i = 4, 3 + n do
     local old = tonumber(redis.call('HGET', key, ARGV[i]))
-    if old == nil or old < at then redis.call('HSET', key, ARGV[i], ARGV[2]) end
+    if old == nil or old < at then
+      redis.call('HSET', key, ARGV[i], at_text)
+      if call ~= '' then redis.call('HSET', key, ARGV[i] .. '@', call) else redis.call('HDEL', key, ARGV[i] .. '@') end
+    end
   end
   redis.call('PEXPIRE', key, ARGV[1])
 end
 if kind ~= '' then
   local key = KEYS[#KEYS]
-  local value = ARGV[2] .. '|' .. ARGV[5 + n]
+  local value = at_text .. '|' .. ARGV[5 + n]
   local bound = tonumber(ARGV[6 + n])
   local over = ARGV[7 + n] == '1'
   local first = 8 + n
@@ -93,7 +99,7 @@ if kind ~= '' then
         local t = tonumber(string.match(all[i + 1], '^(%d+)'))
         if t == nil or at - t >= window then redis.call('HDEL', key, all[i]) end
       end
-      redis.call('HSET', key, '!pruned', ARGV[2])
+      redis.call('HSET', key, '!pruned', at_text)
       size = redis.call('HLEN', key)
     end
   end
@@ -131,6 +137,7 @@ class Seen:
     label: str
     tool: str
     at_ms: int
+    call: str = ""  # the call whose output brought the label last ("" for one recorded without its id)
 
 
 @dataclass(frozen=True)
@@ -156,22 +163,25 @@ class FlowState:
 
 def _scope(seen: Sequence[Seen]) -> dict[str, Any]:
     return {"labels": sorted({s.label for s in seen}),
-            "seen": [{"label": s.label, "tool": s.tool, "at": iso(s.at_ms / 1000.0)} for s in seen]}
+            "seen": [{"label": s.label, "tool": s.tool, "at": iso(s.at_ms / 1000.0), **({"call_id": s.call} if s.call else {})}
+                     for s in seen]}
 
 
 def parse_scope(raw: Sequence[Any], *, now_ms: int, window_ms: int) -> tuple[Seen, ...]:
     """An HGETALL reply (flat field, value list) as the entries within the window, sorted by label then tool.
     Fields that are not ``<known label>/<tool>`` with an integer time are skipped (never trusted)."""
     found = []
-    for i in range(0, len(raw) - 1, 2):
-        field = raw[i].decode() if isinstance(raw[i], bytes) else str(raw[i])
+    fields = {_text(raw[i]): _text(raw[i + 1]) for i in range(0, len(raw) - 1, 2)}
+    for field, value in fields.items():
         label, _, tool = field.partition("/")
+        if field.endswith("@"):
+            continue  # the call id beside a label's time
         try:
-            at_ms = int(raw[i + 1])
-        except (TypeError, ValueError):
+            at_ms = int(value)
+        except ValueError:
             continue
         if label in LABELS and tool and now_ms - at_ms < window_ms:
-            found.append(Seen(label, tool, at_ms))
+            found.append(Seen(label, tool, at_ms, fields.get(field + "@", "")[:128]))
     return tuple(sorted(found, key=lambda s: (s.label, s.tool)))
 
 
@@ -247,7 +257,7 @@ class FlowLedger:
         if not fields and not (extracted and (extracted.tokens or extracted.overflow)):
             return
         keys = self.keys(caller, run_id)
-        args: list[Any] = [self._window_ms, now_ms, len(fields), *fields]
+        args: list[Any] = [self._window_ms, _stamp(now_ms, call_id), len(fields), *fields]
         if extracted is not None:
             keys.append(self.provenance_key(caller))
             args += self._provenance_args("u", f"{source}|{call_id[:128]}", extracted)
@@ -270,7 +280,7 @@ class FlowLedger:
             return
         fields = [f"{label}/{tool.name}" for label in tool.flow_produces]
         keys = self.keys(caller, run_id)
-        args: list[Any] = [self._window_ms, now_ms, len(fields), *fields]
+        args: list[Any] = [self._window_ms, _stamp(now_ms, call_id), len(fields), *fields]
         if tool.records_provenance and output is not None:
             keys.append(self.provenance_key(caller))
             args += self._provenance_args("t" if tool.flow_trusted_source else "u",
@@ -284,6 +294,15 @@ def _recorded(reply: Any, tool: ToolContract) -> None:
     if isinstance(reply, BaseException):  # the output already went out: logged, the answer stands
         log.warning("could not record the flow labels %s of %s (%s): a later decision will not see them",
                     ",".join(tool.flow_produces), tool.name, type(reply).__name__)
+
+
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _stamp(now_ms: int, call_id: Any) -> str:
+    """A label's value: when, and which call brought it (bounded: the call id is the caller's)."""
+    return f"{now_ms}|{str(call_id or '')[:128]}"
 
 
 def _digest(text: str) -> str:

@@ -127,6 +127,9 @@ async def test_decision_records_carry_input_flow(stack, proxy_deps):
     assert flow["labels"] == ["private", "untrusted"] and flow["window_s"] == 86400
     assert [(s["label"], s["tool"]) for s in flow["principal"]["seen"]] == \
         [("private", "get_user_preferences"), ("untrusted", "fetch_page")]
+    # The held send's record names the call that brought each label, as the rule's source.
+    [untrusted] = [s for s in flow["principal"]["seen"] if s["label"] == "untrusted"]
+    assert untrusted["call_id"] == PAGE_CALL
     assert flow["run"]["labels"] == ["private", "untrusted"]
     assert send["input"]["tool"]["flow"] == {"produces": [], "sink": "external", "sink_arguments": ["/to"],
                                              "trusted_source": False}

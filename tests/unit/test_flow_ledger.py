@@ -38,6 +38,15 @@ def test_the_window_drops_old_entries_and_unknown_fields_are_never_trusted():
     assert [s.label for s in parse_scope(raw, now_ms=1050, window_ms=1000)] == ["private", "untrusted"]
 
 
+def test_a_label_names_the_call_that_brought_it_in_a_field_beside_its_time():
+    raw = [b"untrusted/fetch_page", b"1000", b"untrusted/fetch_page@", b"call-7", b"private/get_prefs", b"900"]
+    assert parse_scope(raw, now_ms=1500, window_ms=1000) == (Seen("private", "get_prefs", 900, ""),
+                                                             Seen("untrusted", "fetch_page", 1000, "call-7"))
+    state = FlowState(principal=parse_scope(raw, now_ms=1500, window_ms=1000), run=None, window_s=1)
+    assert state.policy_input()["principal"]["seen"][1]["call_id"] == "call-7"
+    assert "call_id" not in state.policy_input()["principal"]["seen"][0]
+
+
 def test_input_flow_is_the_union_of_both_scopes():
     state = FlowState(principal=(Seen("private", "get_user_preferences", 0),),
                       run=(Seen("untrusted", "fetch_page", 1000),), window_s=60)

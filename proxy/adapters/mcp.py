@@ -298,6 +298,11 @@ class McpAdapter:
             f"toolproxy_mcp_call_{id(self)}", default=None)
         self._callbacks = {"sampling_callback": self._on_sampling, "elicitation_callback": self._on_elicitation,
                            "logging_callback": self._on_log}
+        # Per running call (by id): the log deliveries still on their way to its client. The SDK runs each
+        # notification's callback as a task of its own, so a message the upstream sent before its result
+        # could reach the client after it (a relay awaits the flow record before it pushes): the result
+        # waits for them.
+        self._log_deliveries: dict[int, set[asyncio.Task[Any]]] = {}
         # Every answer of every upstream bounded, the SDK's sessions included (never decoded: bounded_answers).
         self._transport = _ObservedTransport(BoundedTransport(httpx2.AsyncHTTPTransport(retries=0),
                                                               answer_limits.max_bytes, self._answer_refused),
@@ -342,12 +347,22 @@ class McpAdapter:
                     await source.token()  # before anything is sent (raises credential_unavailable)
                 if caller is not None:  # before anything is sent (raises credential_unavailable)
                     progress.headers = {**progress.headers, **dict(await self._caller_headers(call, caller))}
-                return self._classify(call, await self._send(call, upstream, progress))
+                result = await self._send(call, upstream, progress)
+                await self._logs_delivered(call)
+                return self._classify(call, result)
         except (TimeoutError, _ConnectFailed, MCPError, mcp_wire.AnswerTooLarge, ValidationError,
                 httpx2.HTTPError, ConnectionError, OSError) as exc:
             raise self._call_failure(call, upstream, progress, exc, time.monotonic() - started) from None
         finally:
             self._running.reset(running)
+            self._log_deliveries.pop(id(call), None)
+
+    async def _logs_delivered(self, call: BackendCall) -> None:
+        """Wait (within the call's deadline, which bounds the caller) for the call's log messages still being
+        delivered, so none reaches the client after the result."""
+        pending = self._log_deliveries.get(id(call))
+        if pending:
+            await asyncio.wait(set(pending))
 
     def _callable_url(self, call: BackendCall) -> str:
         """The tool's MCP server address, once the call may start at all (configured backend, time left)."""
@@ -540,10 +555,17 @@ class McpAdapter:
         """An upstream's log message: to the call it arrived during (the SDK runs this in that call's context)."""
         call = self._running.get()
         relay = call.channel.log if call is not None else None
-        if relay is None:  # outside any call, or a call whose client did not ask: never anyone else's
+        if call is None or relay is None:  # no call here, or its client did not ask: never anyone else's
             log.debug("MCP upstream log message dropped: no call in this context asked for log messages")
             return
-        await relay.deliver(params.model_dump(mode="json", by_alias=True))
+        delivery = asyncio.current_task()
+        pending = self._log_deliveries.setdefault(id(call), set())
+        if delivery is not None:
+            pending.add(delivery)
+        try:
+            await relay.deliver(params.model_dump(mode="json", by_alias=True))
+        finally:
+            pending.discard(delivery)  # type: ignore[arg-type]
 
     async def _relay(self, method: str, params: Any) -> Mapping[str, Any] | types.ErrorData:
         """An upstream's request during a call, to the caller's client (or refused, as the SDK refuses it)."""

@@ -26,6 +26,16 @@ fetch() {  # fetch URL DEST
     fi
 }
 
+fetch_verified() {  # fetch_verified URL SUM_URL DIR NAME: URL into DIR/NAME, its sha256 the first word of
+    # SUM_URL's file (a release's published checksum); a failed download or a mismatch removes DIR and stops.
+    local url="$1" sum_url="$2" dir="$3" name="$4" want got
+    fetch "$url" "$dir/$name" && fetch "$sum_url" "$dir/$name.sha256" \
+        || { rm -rf "$dir"; die "download failed: $url"; }
+    want="$(awk '{print $1; exit}' "$dir/$name.sha256")"
+    got="$(sha256_of "$dir/$name")"
+    [[ -n "$want" && "$want" == "$got" ]] || { rm -rf "$dir"; die "checksum mismatch for $url (want $want, got $got)"; }
+}
+
 can_apt() {  # Debian's apt-get is there, and we are root or have passwordless sudo
     command -v apt-get >/dev/null 2>&1 || return 1
     [[ "$(id -u)" == 0 ]] && return 0

@@ -42,15 +42,9 @@ download_opa() {  # download_opa DESTDIR
     local asset="opa_${OS}_${ARCH}_static"
     # OPA only publishes a non-static build for darwin/amd64.
     [[ "$OS/$ARCH" == darwin/amd64 ]] && asset="opa_darwin_amd64"
-    local url="https://openpolicyagent.org/downloads/${OPA_VERSION}/${asset}"
-    local tmp
+    local url="https://openpolicyagent.org/downloads/${OPA_VERSION}/${asset}" tmp
     tmp="$(mktemp -d)"
-    fetch "$url" "$tmp/opa" && fetch "$url.sha256" "$tmp/opa.sha256" \
-        || { rm -rf "$tmp"; die "download failed: $url"; }
-    local want got
-    want="$(awk '{print $1; exit}' "$tmp/opa.sha256")"
-    got="$(sha256_of "$tmp/opa")"
-    [[ -n "$want" && "$want" == "$got" ]] || { rm -rf "$tmp"; die "opa checksum mismatch for $url (want $want, got $got)"; }
+    fetch_verified "$url" "$url.sha256" "$tmp" opa
     chmod +x "$tmp/opa"
     mv -f "$tmp/opa" "$1/opa"
     rm -rf "$tmp"
@@ -58,16 +52,10 @@ download_opa() {  # download_opa DESTDIR
 
 download_helm() {  # download_helm DESTDIR
     detect_platform
-    local tarball="helm-${HELM_VERSION}-${OS}-${ARCH}.tar.gz"
+    local tarball="helm-${HELM_VERSION}-${OS}-${ARCH}.tar.gz" tmp
     local url="https://get.helm.sh/${tarball}"
-    local tmp
     tmp="$(mktemp -d)"
-    fetch "$url" "$tmp/$tarball" && fetch "$url.sha256sum" "$tmp/$tarball.sha256sum" \
-        || { rm -rf "$tmp"; die "download failed: $url"; }
-    local want got
-    want="$(awk '{print $1; exit}' "$tmp/$tarball.sha256sum")"
-    got="$(sha256_of "$tmp/$tarball")"
-    [[ -n "$want" && "$want" == "$got" ]] || { rm -rf "$tmp"; die "helm checksum mismatch for $url (want $want, got $got)"; }
+    fetch_verified "$url" "$url.sha256sum" "$tmp" "$tarball"
     tar -xzf "$tmp/$tarball" -C "$tmp"
     chmod +x "$tmp/${OS}-${ARCH}/helm"
     mv -f "$tmp/${OS}-${ARCH}/helm" "$1/helm"

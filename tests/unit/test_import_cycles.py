@@ -216,3 +216,16 @@ def test_the_verifier_distribution_needs_only_what_it_declares():
     outside = imported - set(sys.stdlib_module_names) - {"jwt", "rfc8785", "aiohttp"}
     assert not outside
     assert "jwt" in imported and "rfc8785" in imported
+
+
+def test_the_readme_lists_the_wings_in_tier_order():
+    """The README's map of the package, highest first, is the tier order this file enforces."""
+    text = (REPO / "README.md").read_text()
+    block = text[text.index("```\nproxy/authoring/"):]
+    block = block[:block.index("\n```", 4)]
+    listed = []
+    for line in block.splitlines()[1:]:
+        path = line.split()[0] if line.startswith("proxy/") else None
+        if path:
+            listed.append({"proxy/*.py": "core", "proxy/pipeline.py": "pipeline"}.get(path, path[6:].rstrip("/")))
+    assert listed == TIERS[::-1]

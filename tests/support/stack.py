@@ -206,6 +206,9 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         "integrity.mac_key_file": mac_key_file(),  # every proxy of a test run shares one, as a fleet does
         "identity.mode": "static",  # tests opt into static identity; the product default is jwt
         "backends.services": {"demo": backend_url},
+        # a connect to a backend on loopback is refused or taken at once; the product's 1 s cap only turns a
+        # stalled event loop on a loaded test machine into timeout_not_started (seen once in CI)
+        "backends.connect_timeout_ms": 10_000,
         "registry.paths": [str(DEMO_REGISTRY)],
         **session_keys().settings(),  # the demo backend verifies the call tokens this key signs
         **(overrides or {}),

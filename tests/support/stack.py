@@ -209,6 +209,8 @@ async def running_stack(overrides: Mapping[str, Any] | None = None, *,
         # a connect to a backend on loopback is refused or taken at once; the product's 1 s cap only turns a
         # stalled event loop on a loaded test machine into timeout_not_started (seen once in CI)
         "backends.connect_timeout_ms": 10_000,
+        # likewise a decision: tests of OPA's own lateness set a short opa.timeout_ms of their own
+        "opa.timeout_ms": 5_000,
         "registry.paths": [str(DEMO_REGISTRY)],
         **session_keys().settings(),  # the demo backend verifies the call tokens this key signs
         **(overrides or {}),

@@ -9,7 +9,7 @@ Every case runs once per round, sequentially (1 connection) and at 16
 connections; rounds interleave the cases and the table shows medians over
 rounds, so one run gives ratios that hold on a noisy machine.
 
-    .venv/bin/python -m bench.floor [--rounds 5] [--seconds 4] [--proxy-src DIR] [--contextforge]
+    .venv/bin/python -m bench.floor [--rounds 5] [--seconds 4] [--before DIR] [--proxy-src DIR] [--contextforge]
 
 Columns: sequential p50/p99 (ms), calls/s and p99 at 16 connections, the
 serving process's CPU per call (``/proc/<pid>/stat`` utime+stime over the
@@ -24,7 +24,11 @@ a pipeline counts once), and the answers over all runs of the case that were not
 the default sampler (parent-based, 10% of calls without a sampled traceparent), one at 100%; their "JSON
 read" rows sit beside the untraced one (docs/observability.md#traces).
 
-``--proxy-src DIR`` runs the proxy from another checkout (the "before" table);
+``--before DIR`` also runs a proxy from another checkout beside this one, against the same OPA, Redis and
+backends: every case of the proxy is measured on both, back to back in each round (which one first alternates),
+and each case's CPU per call and p50 after / before is the median over rounds of that round's ratio, so one run
+compares two trees on the same machine load. ``--proxy-src DIR`` runs the proxy from another checkout (the
+"before" table of separate runs);
 ``--contextforge`` also fronts the upstream MCP server with IBM ContextForge
 from ``.tools/contextforge`` (see docs/performance.md).
 """
@@ -65,6 +69,7 @@ PROVENANCE_RECORD = "JSON read labelled and fingerprinted (provenance record)"
 PROVENANCE_READ = "JSON read of a sink naming its target (provenance read)"
 PINNED_READ = "read via pinned MCP upstream"
 CREDENTIAL_READ = "JSON read with a credential"
+BEFORE = " [before]"  # --before: a case's twin on the other checkout's proxy
 CONTRACT_ALIASES = ["--alias", "flow_labelled_order=get_order", "--alias", "flow_sink_order=get_order",
                     "--alias", "flow_source_order=get_order", "--alias", "flow_target_order=get_order",
                     "--alias", "credentialed_order=get_order"]
@@ -161,6 +166,7 @@ class Case:
     # Per request: (Idempotency-Key, Txn-Token) pairs written to a file the script reads (a call token is good
     # once, so a case that sends its own must send a new one each time); called with how many a run needs.
     token_pool: Callable[[int], list[tuple[str, str]]] | None = None
+    before: "Case | None" = None  # --before: the same case on the proxy of the other checkout, run beside it
 
     def lua(self, run: str, pool_file: Path | None = None) -> str:
         path = "/" + self.url.split("/", 3)[3]
@@ -443,20 +449,22 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         "registry.paths": f"{src / 'examples' / 'registry'},{extra}" + ("" if args.proxy_src else f",{flow_tools}"),
         # (--proxy-src: an older checkout may not know the flow contracts' fields; their cases are left out)
     }
-    env = {**os.environ, "PYTHONPATH": str(src),
-           **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}}
-    if not args.proxy_src:  # the credential the "with a credential" case's contract names (a bearer key)
-        key_file = workdir / "bench-key"
-        key_file.write_text(uuid.uuid4().hex + "\n")
-        env["TOOLPROXY_CREDENTIALS"] = json.dumps({"bench-key": {"kind": "bearer", "secret_file": str(key_file)}})
+    env = {**os.environ, "PYTHONPATH": str(src), **setting_env(settings)}
+    key_file = workdir / "bench-key"  # the credential the "with a credential" case's contract names (a bearer key)
+    key_file.write_text(uuid.uuid4().hex + "\n")
+    credentials = json.dumps({"bench-key": {"kind": "bearer", "secret_file": str(key_file)}})
+    if not args.proxy_src:
+        env["TOOLPROXY_CREDENTIALS"] = credentials
     proxy = procs.spawn("proxy", [python, "-m", "proxy.cli", "run"], env=env, cwd=src)
     traced = _traced_proxies(args, procs, env, src, settings) if args.tracing else []
+    before = _before_proxy(Path(args.before), procs, {**env, "TOOLPROXY_CREDENTIALS": credentials}, settings,
+                           [extra]) if args.before else None
     wait_http(f"{backend_url}/healthz", backend)
     wait_http(upstream_url, upstream)
     wait_http(f"http://127.0.0.1:{floor_port}/", floor)
     wait_http(f"http://127.0.0.1:{wire_floor_port}/", wire_floor)
     wait_http(f"http://127.0.0.1:{ops_port}/readyz", proxy)
-    for _, _, ops, process in traced:
+    for _, _, ops, process in traced + ([before] if before else []):
         wait_http(f"http://127.0.0.1:{ops}/readyz", process)
     proxy_url = f"http://127.0.0.1:{proxy_port}"
 
@@ -464,24 +472,8 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         return lambda: proc.pid
 
     read_body = json.dumps({"call_id": "c1", "tool": "get_order", "arguments": {"order_id": "ord_1001"}})
-    write_body = json.dumps({"call_id": "c1", "tool": "adjust_counter",
-                             "arguments": {"counter": "ctr_%s", "delta": 1}})
-    mcp_read = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                           "params": {"name": "get_order", "arguments": {"order_id": "ord_1001"}, "_meta": CLIENT_META}})
-    mcp_legacy = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                             "params": {"name": "get_order", "arguments": {"order_id": "ord_1001"}}})
-    upstream_body = json.dumps({"call_id": "c1", "tool": "up_lookup", "arguments": {"key": "k1"}})
     upstream_direct = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                                   "params": {"name": "lookup", "arguments": {"key": "k1"}, "_meta": CLIENT_META}})
-    batch = json.dumps({"calls": [{"call_id": f"c{i}", "tool": "get_order",
-                                   "arguments": {"order_id": "ord_1001"}} for i in (1, 2, 3)]})
-    session = _open_session(proxy_url + "/mcp")
-    replay_key = "replay-" + uuid.uuid4().hex
-    replay_body = json.dumps({"call_id": "c1", "tool": "adjust_counter",
-                              "arguments": {"counter": "ctr_replay", "delta": 1}})
-    status, _, text = post(proxy_url + "/v1/tool-calls", replay_body, {"Idempotency-Key": replay_key})
-    assert status == 200 and '"succeeded"' in text, text
-
     nobody = lambda: None  # noqa: E731
     cases = [
         # The backend admits only call tokens, each good once: every request sends one of its own, minted
@@ -492,38 +484,12 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
         Case("floor: bare two hops", f"http://127.0.0.1:{floor_port}/", read_body, '"succeeded"',
              pid_of(floor)),
         Case(WIRE_FLOOR, f"http://127.0.0.1:{wire_floor_port}/", read_body, '"succeeded"', pid_of(wire_floor)),
-        Case("JSON read", proxy_url + "/v1/tool-calls", read_body, '"outcome":"succeeded"', pid_of(proxy)),
-        # The flow stage (proxy/flow.py): get_order under a contract whose output is labelled (one flow.record
-        # per call, in the commit round trip), and one that is an external sink (one flow.read per call).
-        Case(FLOW_RECORD, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"flow_labelled_order"'),
-             '"outcome":"succeeded"', pid_of(proxy)),
-        Case(FLOW_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"flow_sink_order"'),
-             '"outcome":"succeeded"', pid_of(proxy)),
-        Case(PROVENANCE_RECORD, proxy_url + "/v1/tool-calls",
-             read_body.replace('"get_order"', '"flow_source_order"'), '"outcome":"succeeded"', pid_of(proxy)),
-        Case(PROVENANCE_READ, proxy_url + "/v1/tool-calls",
-             read_body.replace('"get_order"', '"flow_target_order"'), '"outcome":"succeeded"', pid_of(proxy)),
-        Case(CREDENTIAL_READ, proxy_url + "/v1/tool-calls", read_body.replace('"get_order"', '"credentialed_order"'),
-             '"outcome":"succeeded"', pid_of(proxy)),
-        Case("JSON write (unique keys)", proxy_url + "/v1/tool-calls", write_body, '"outcome":"succeeded"',
-             pid_of(proxy), unique=True),
-        Case("write replay", proxy_url + "/v1/tool-calls", replay_body, '"replayed":true', pid_of(proxy),
-             headers={"Idempotency-Key": replay_key}),
-        Case("MCP read (stateless)", proxy_url + "/mcp", mcp_read, '"isError":false', pid_of(proxy),
-             headers={**MODERN_HEADERS, "Mcp-Name": "get_order"}),
-        Case("MCP read (session)", proxy_url + "/mcp", mcp_legacy, '"isError":false', pid_of(proxy),
-             headers={"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session}),
-        Case("batch of 3 reads", proxy_url + "/v1/tool-calls:batch", batch, '"outcome":"succeeded"',
-             pid_of(proxy), calls_per_request=3),
-        Case("direct MCP upstream read", upstream_url, upstream_direct, '"isError":false', nobody,
-             headers={**MODERN_HEADERS, "Mcp-Name": "lookup"}),
-        Case("read via MCP upstream", proxy_url + "/v1/tool-calls", upstream_body, '"outcome":"succeeded"',
-             pid_of(proxy)),
-        # The same read of a pinned tool: its upstream is checked against the pins while calls flow
-        # (mcp_pins.read_max_age_ms), so this case carries the checks' cost.
-        Case(PINNED_READ, proxy_url + "/v1/tool-calls", upstream_body.replace('"up_lookup"', '"up_lookup_pinned"'),
-             '"outcome":"succeeded"', pid_of(proxy)),
+        *proxy_cases(proxy_url, pid_of(proxy)),
     ]
+    # the upstream alone, beside the proxy's reads of it
+    at = next(i for i, c in enumerate(cases) if c.name == "read via MCP upstream")
+    cases.insert(at, Case("direct MCP upstream read", upstream_url, upstream_direct, '"isError":false', nobody,
+                          headers={**MODERN_HEADERS, "Mcp-Name": "lookup"}))
     if args.proxy_src:  # an older checkout knows no flow contracts (its registry has none loaded for it)
         cases = [c for c in cases if c.name not in (FLOW_RECORD, FLOW_READ, PROVENANCE_RECORD, PROVENANCE_READ,
                                                     CREDENTIAL_READ)]
@@ -536,16 +502,113 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     environment = Environment(workdir=workdir, opa_url=opa.url, redis=client,
                               redis_port=redis_server.port, opa_headers=opa.admin_headers)
     for case in cases:  # every case answers as expected before anything is timed
-        probe = "probe" + uuid.uuid4().hex[:8]
-        headers = case.headers() if callable(case.headers) else dict(case.headers)
-        if case.unique:  # as the wrk script does: each unique request under its own key
-            headers["Idempotency-Key"] = "k" + probe
-        if case.token_pool is not None:
-            [(headers["Idempotency-Key"], headers["Txn-Token"])] = case.token_pool(1)
-        status, _, text = post(case.url, case.body % probe if case.unique else case.body, headers)
-        if status != 200 or case.marker not in text:
-            raise RuntimeError(f"case {case.name!r} does not work: HTTP {status} {text[:400]}")
+        wrong = failure(case)
+        if wrong:
+            raise RuntimeError(f"case {case.name!r} does not work: {wrong}")
+    if before is not None:
+        pair(cases, proxy_cases(before[1], pid_of(before[3]), BEFORE))
     return environment, cases
+
+
+def setting_env(settings: dict[str, Any]) -> dict[str, str]:
+    """The proxy's settings as the environment variables it reads (``opa.url``: ``TOOLPROXY_OPA_URL``)."""
+    return {"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in settings.items()}
+
+
+def _before_proxy(src: Path, procs: Processes, env: dict[str, str], settings: dict[str, Any],
+                  extra: list[Path]) -> tuple[str, str, int, subprocess.Popen[bytes]]:
+    """``--before``: a second proxy run from the checkout ``src``, with the same settings on ports of its own,
+    against the same OPA, Redis, backend and upstream; (label, agent URL, ops port, process). Its registry: its
+    own examples, the bench's MCP tools and its own ``bench/floor.py``'s flow tools (an older checkout may not
+    know a newer contract's fields; a case it cannot answer is left without a twin)."""
+    src = src.resolve()
+    own = subprocess.run([sys.executable, "-c", "import bench.floor as f; print(getattr(f, 'FLOW_TOOLS', ''))"],
+                         cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True, text=True,
+                         timeout=120)
+    tools = procs.workdir / "before-flow-tools.yaml"
+    tools.write_text(own.stdout if own.returncode == 0 else "")
+    port, admin, ops = free_port(), free_port(), free_port()
+    paths = [src / "examples" / "registry", *extra] + ([tools] if tools.read_text().strip() else [])
+    mine = {**settings, "listen.port": port, "admin.port": admin, "ops.port": ops,
+            "registry.paths": ",".join(map(str, paths))}
+    process = procs.spawn("proxy (before)", [sys.executable, "-m", "proxy.cli", "run"],
+                          env={**env, "PYTHONPATH": str(src), **setting_env(mine)}, cwd=src)
+    return "before", f"http://127.0.0.1:{port}", ops, process
+
+
+def proxy_cases(proxy_url: str, pid: Callable[[], int | None], suffix: str = "") -> list[Case]:
+    """The cases one proxy serves (``suffix`` on their names), with the MCP session and the replayed write
+    they need opened on it."""
+    read_body = json.dumps({"call_id": "c1", "tool": "get_order", "arguments": {"order_id": "ord_1001"}})
+    write_body = json.dumps({"call_id": "c1", "tool": "adjust_counter",
+                             "arguments": {"counter": "ctr_%s", "delta": 1}})
+    mcp_read = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                           "params": {"name": "get_order", "arguments": {"order_id": "ord_1001"}, "_meta": CLIENT_META}})
+    mcp_legacy = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                             "params": {"name": "get_order", "arguments": {"order_id": "ord_1001"}}})
+    upstream_body = json.dumps({"call_id": "c1", "tool": "up_lookup", "arguments": {"key": "k1"}})
+    batch = json.dumps({"calls": [{"call_id": f"c{i}", "tool": "get_order",
+                                   "arguments": {"order_id": "ord_1001"}} for i in (1, 2, 3)]})
+    session = _open_session(proxy_url + "/mcp")
+    replay_key = "replay-" + uuid.uuid4().hex
+    replay_body = json.dumps({"call_id": "c1", "tool": "adjust_counter",
+                              "arguments": {"counter": "ctr_replay", "delta": 1}})
+    status, _, text = post(proxy_url + "/v1/tool-calls", replay_body, {"Idempotency-Key": replay_key})
+    assert status == 200 and '"succeeded"' in text, text
+    calls = proxy_url + "/v1/tool-calls"
+    cases = [
+        Case("JSON read", calls, read_body, '"outcome":"succeeded"', pid),
+        # The flow stage (proxy/flow.py): get_order under a contract whose output is labelled (one flow.record
+        # per call, in the commit round trip), and one that is an external sink (one flow.read per call).
+        Case(FLOW_RECORD, calls, read_body.replace('"get_order"', '"flow_labelled_order"'),
+             '"outcome":"succeeded"', pid),
+        Case(FLOW_READ, calls, read_body.replace('"get_order"', '"flow_sink_order"'), '"outcome":"succeeded"', pid),
+        Case(PROVENANCE_RECORD, calls, read_body.replace('"get_order"', '"flow_source_order"'),
+             '"outcome":"succeeded"', pid),
+        Case(PROVENANCE_READ, calls, read_body.replace('"get_order"', '"flow_target_order"'),
+             '"outcome":"succeeded"', pid),
+        Case(CREDENTIAL_READ, calls, read_body.replace('"get_order"', '"credentialed_order"'),
+             '"outcome":"succeeded"', pid),
+        Case("JSON write (unique keys)", calls, write_body, '"outcome":"succeeded"', pid, unique=True),
+        Case("write replay", calls, replay_body, '"replayed":true', pid, headers={"Idempotency-Key": replay_key}),
+        Case("MCP read (stateless)", proxy_url + "/mcp", mcp_read, '"isError":false', pid,
+             headers={**MODERN_HEADERS, "Mcp-Name": "get_order"}),
+        Case("MCP read (session)", proxy_url + "/mcp", mcp_legacy, '"isError":false', pid,
+             headers={"Accept": "application/json, text/event-stream", "Mcp-Session-Id": session}),
+        Case("batch of 3 reads", proxy_url + "/v1/tool-calls:batch", batch, '"outcome":"succeeded"', pid,
+             calls_per_request=3),
+        Case("read via MCP upstream", calls, upstream_body, '"outcome":"succeeded"', pid),
+        # The same read of a pinned tool: its upstream is checked against the pins while calls flow
+        # (mcp_pins.read_max_age_ms), so this case carries the checks' cost.
+        Case(PINNED_READ, calls, upstream_body.replace('"up_lookup"', '"up_lookup_pinned"'),
+             '"outcome":"succeeded"', pid),
+    ]
+    for case in cases:
+        case.name += suffix
+    return cases
+
+
+def pair(cases: list[Case], twins: list[Case]) -> None:
+    """Each case beside its twin on the other checkout's proxy (``--before``), where that one answers it."""
+    for twin in twins:
+        mine = next((c for c in cases if c.name + BEFORE == twin.name), None)
+        wrong = failure(twin) if mine is not None else None
+        if mine is not None and wrong:
+            print(f"--before: {mine.name!r} has no twin (the other checkout answers {wrong[:200]})", file=sys.stderr)
+        elif mine is not None:
+            mine.before = twin
+
+
+def failure(case: Case) -> str | None:
+    """What is wrong with one answer of the case (None: it answers as expected)."""
+    probe = "probe" + uuid.uuid4().hex[:8]
+    headers = case.headers() if callable(case.headers) else dict(case.headers)
+    if case.unique:  # as the wrk script does: each unique request under its own key
+        headers["Idempotency-Key"] = "k" + probe
+    if case.token_pool is not None:
+        [(headers["Idempotency-Key"], headers["Txn-Token"])] = case.token_pool(1)
+    status, _, text = post(case.url, case.body % probe if case.unique else case.body, headers)
+    return None if status == 200 and case.marker in text else f"HTTP {status} {text[:400]}"
 
 
 TRACING_MODES = (("traced: parent-based 10%", {}), ("traced: 100%", {"tracing.sampler": "always_on"}))
@@ -563,7 +626,7 @@ def _traced_proxies(args: argparse.Namespace, procs: Processes, env: dict[str, s
         port, admin, ops = free_port(), free_port(), free_port()
         mode = {**settings, "listen.port": port, "admin.port": admin, "ops.port": ops,
                 "tracing.endpoint": f"http://127.0.0.1:{sink_port}", **extra}
-        mode_env = {**env, **{"TOOLPROXY_" + k.replace(".", "_").upper(): str(v) for k, v in mode.items()}}
+        mode_env = {**env, **setting_env(mode)}
         process = procs.spawn(f"proxy ({label})", [sys.executable, "-m", "proxy.cli", "run"], env=mode_env, cwd=src)
         out.append((label, f"http://127.0.0.1:{port}", ops, process))
     return out
@@ -686,6 +749,21 @@ def ratios(seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[
     return lines
 
 
+def against_before(cases: list[Case], seq: dict[str, list[Sample]], conc: dict[str, list[Sample]]) -> list[Ratio]:
+    """``--before``: per case with a twin, this proxy's CPU per call (16 connections) and sequential p50 over the
+    other checkout's: each round's ratio of the two runs made back to back, the median over rounds."""
+    lines = []
+    for case in cases:
+        if case.before is None:
+            continue
+        for label, attr, where in (("CPU", "cpu_ms", conc), ("p50", "p50_ms", seq)):
+            pairs = zip(where[case.name], where[case.before.name])
+            value = median([getattr(a, attr) / getattr(b, attr) for a, b in pairs
+                            if getattr(a, attr) is not None and getattr(b, attr)])
+            lines.append(Ratio(f"{case.name} {label}: after / before", value, "<= 1.05"))
+    return lines
+
+
 def profile(case: Case, seconds: int, workdir: Path) -> int:
     """Collapsed stacks of the case's serving process under load (py-spy, if installed)."""
     spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
@@ -700,11 +778,35 @@ def profile(case: Case, seconds: int, workdir: Path) -> int:
     return 0
 
 
+def run_rounds(cases: list[Case], rounds: int, seconds: float,
+               env: Environment) -> tuple[dict[str, list[Sample]], dict[str, list[Sample]]]:
+    """Every case once per round, sequentially and at 16 connections, the order rotating between rounds; a case
+    with a twin (``--before``) beside it, which one first alternating by round. The samples by case name:
+    (sequential, 16 connections)."""
+    both = [c for case in cases for c in (case, case.before) if c is not None]
+    seq: dict[str, list[Sample]] = {c.name: [] for c in both}
+    conc: dict[str, list[Sample]] = {c.name: [] for c in both}
+    run = uuid.uuid4().hex[:8]
+    for r in range(rounds):
+        order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always runs first
+        for case in order:
+            for one in [case, case.before][::1 if r % 2 == 0 else -1] if case.before else [case]:
+                for connections, into in ((1, seq), (16, conc)):
+                    tag = f"{run}r{r}c{connections}" + ("b" if one is case.before else "")  # the twin's keys apart
+                    _, sample = measure(one, connections, seconds, env, tag)
+                    into[one.name].append(sample)
+        print(f"round {r + 1}/{rounds} done", file=sys.stderr)
+    return seq, conc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=int, default=4, help="length of each wrk run")
     parser.add_argument("--proxy-src", help="run the proxy from this checkout (e.g. an export of main)")
+    parser.add_argument("--before", metavar="DIR", help="also run a proxy from this checkout (e.g. an export of "
+                        "an older commit) beside this one, each case's two runs back to back in every round, and "
+                        "print after / before per case")
     parser.add_argument("--contextforge", action="store_true", help="also measure IBM ContextForge (.tools/)")
     parser.add_argument("--only", help="comma-separated case names to run (default: all)")
     parser.add_argument("--tracing", action="store_true", help="also run 'JSON read' on proxies exporting "
@@ -727,6 +829,7 @@ def main() -> int:
             cases = [c for c in cases if c.name in wanted or c.name.startswith("floor")]
         if args.profile:
             return profile(next(c for c in cases if c.name == args.profile), args.seconds, workdir)
+        cases = [c for case in cases for c in (case, case.before) if c is not None]  # twins beside their case
         for case in cases:  # warm up: connection pools, sessions, JIT-free but cache-warm
             wrk(case, 4, 1, workdir, "warm" + uuid.uuid4().hex[:6])
         monitor = CommandCounter(env.redis_port, env.redis)
@@ -735,21 +838,14 @@ def main() -> int:
         cmds1, reads1 = redis_counters(env, monitor)
         monitor.close()
         env.idle_rate_cmds, env.idle_rate_reads = (cmds1 - cmds0) / 5, max(0.0, reads1 - reads0 - 2) / 5
-        seq: dict[str, list[Sample]] = {c.name: [] for c in cases}
-        conc: dict[str, list[Sample]] = {c.name: [] for c in cases}
-        run = uuid.uuid4().hex[:8]
-        for r in range(args.rounds):
-            order = cases[r % len(cases):] + cases[:r % len(cases)]  # rotate: no case always runs first
-            for case in order:
-                for connections, into in ((1, seq), (16, conc)):
-                    _, sample = measure(case, connections, args.seconds, env, f"{run}r{r}c{connections}")
-                    into[case.name].append(sample)
-            print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
+        paired = [c for c in cases if not c.name.endswith(BEFORE)]
+        seq, conc = run_rounds(paired, args.rounds, args.seconds, env)
         print(f"\n{args.rounds} rounds x {args.seconds:g} s per case and concurrency; medians over rounds. "
-              f"Proxy from {args.proxy_src or 'this checkout'}. Idle Redis traffic (background sweeps): "
+              f"Proxy from {args.proxy_src or 'this checkout'}"
+              f"{f'; [before]: from {args.before}' if args.before else ''}. Idle Redis traffic (background sweeps): "
               f"{env.idle_rate_cmds:.1f} commands/s, {env.idle_rate_reads:.1f} round trips/s.\n")
         measured = rows(cases, seq, conc)
-        checked = ratios(seq, conc)
+        checked = ratios(seq, conc) + against_before(paired, seq, conc)
         print(results.table(measured))
         print()
         print("\n".join(map(str, checked)))

@@ -310,32 +310,75 @@ def names_source(outcome: Mapping[str, Any]) -> bool:
     return any(r.startswith("flow_") and " /" in r and (" from " in r or " after " in r) for r in outcome["reasons"])
 
 
+def _first_stop(outcomes: list[dict[str, Any]], phase: str | None) -> dict[str, Any] | None:
+    """The first call of ``phase`` (any phase: None) that was not allowed."""
+    return next((o for o in outcomes if (phase is None or o["phase"] == phase) and o["verdict"] != "allowed"),
+                None)
+
+
+def _stopped_by(runs: list[TaskResult], phase: str | None, every: bool) -> dict[str, int]:
+    """The rules that stopped the runs: per run its first stopped call of ``phase`` (``every``: all of them)."""
+    found: Counter[str] = Counter()
+    for run in runs:
+        stops = [o for o in run.outcomes if o["verdict"] != "allowed"] if every else \
+            [o for o in [_first_stop(run.outcomes, phase)] if o is not None]
+        found.update(rules(o["reasons"], o["verdict"]) for o in stops)
+    return dict(found)
+
+
+def _count(runs: list[TaskResult], phase: str, test: Any) -> int:
+    """How many runs' verdicts of ``phase`` pass ``test`` (a function of the run and its verdicts)."""
+    return sum(1 for run in runs if test(run, run.verdicts(phase)))
+
+
 def summarize(suite: str, variant: str, benign: list[TaskResult], attacks: list[TaskResult],
               skipped: list[str], uninjectable: list[str]) -> SuiteSummary:
-    stopped: Counter[str] = Counter()
-    benign_stopped: Counter[str] = Counter()
-    for run in attacks:
-        for outcome in run.outcomes:
-            if outcome["phase"] == "injection" and outcome["verdict"] != "allowed":
-                stopped[rules(outcome["reasons"], outcome["verdict"])] += 1
-                break
-    for run in benign:
-        for outcome in run.outcomes:
-            if outcome["verdict"] != "allowed":
-                benign_stopped[rules(outcome["reasons"], outcome["verdict"])] += 1
     stopped_calls = [o for run in benign + attacks for o in run.outcomes if o["verdict"] in ("held", "refused")]
     return SuiteSummary(
         suite=suite, variant=variant, user_tasks=len(benign),
-        unattended=sum(1 for r in benign if all(v == "allowed" for v in r.verdicts("user")) and r.utility),
-        with_approval=sum(1 for r in benign if "held" in r.verdicts("user")),
-        with_refusal=sum(1 for r in benign if "refused" in r.verdicts("user")),
-        benign_failed=sum(1 for r in benign if any(v.startswith("failed") for v in r.verdicts("user"))),
+        unattended=_count(benign, "user", lambda r, v: all(x == "allowed" for x in v) and r.utility),
+        with_approval=_count(benign, "user", lambda r, v: "held" in v),
+        with_refusal=_count(benign, "user", lambda r, v: "refused" in v),
+        benign_failed=_count(benign, "user", lambda r, v: any(x.startswith("failed") for x in v)),
         pairs=len(attacks),
-        attacks_through=sum(1 for r in attacks if all(v == "allowed" for v in r.verdicts("injection"))),
+        attacks_through=_count(attacks, "injection", lambda r, v: all(x == "allowed" for x in v)),
         security_true=sum(1 for r in attacks if r.security),
-        stopped_by=dict(stopped), benign_stopped_by=dict(benign_stopped),
+        stopped_by=_stopped_by(attacks, "injection", every=False),
+        benign_stopped_by=_stopped_by(benign, None, every=True),
         skipped_injection_tasks=skipped, uninjectable_user_tasks=uninjectable,
-        stops=sum(1 for o in stopped_calls), stops_naming_source=sum(1 for o in stopped_calls if names_source(o)))
+        stops=len(stopped_calls), stops_naming_source=sum(1 for o in stopped_calls if names_source(o)))
+
+
+def _tasks(entry: Mapping[str, Any], limit: int | None, only: tuple[str, ...]
+           ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The user tasks (the first ``limit``) and the injection tasks with ground-truth calls, both narrowed to
+    the ids in ``only`` when it names any."""
+    user_tasks = entry["user_tasks"][:limit] if limit else entry["user_tasks"]
+    injection_tasks = [t for t in entry["injection_tasks"] if t["calls"] > 0]
+    if only:
+        user_tasks = [t for t in user_tasks if t["id"] in only]
+        injection_tasks = [t for t in injection_tasks if t["id"] in only]
+    return user_tasks, injection_tasks
+
+
+def _attach_records(runs: list[TaskResult], records: Mapping[str, Mapping[str, Any]]) -> None:
+    """Each call's reasons (and provenance) as its decision record in the audit stream has them."""
+    for run in runs:
+        for outcome in run.outcomes:
+            record = records.get(outcome["call_id"] or "", {})
+            policy = record.get("policy") or {}
+            outcome["reasons"] = list(policy.get("reasons") or outcome["reasons"])
+            if record.get("provenance") or policy.get("provenance"):
+                outcome["provenance"] = record.get("provenance") or policy.get("provenance")
+
+
+async def _replay(replay: Replay, user_tasks: list[dict[str, Any]], injection_tasks: list[dict[str, Any]]
+                  ) -> tuple[list[TaskResult], list[TaskResult]]:
+    """Every user task benign, then every injectable one against every injection task."""
+    benign = [await replay.benign(user_task) for user_task in user_tasks]
+    attacks = [await replay.attack(user_task, injection_task)
+               for user_task in user_tasks if user_task["injectable"] for injection_task in injection_tasks]
+    return benign, attacks
 
 
 async def replay_suite(world: WorldClient, catalog: Mapping[str, Any], suite: str, variant: Variant,
@@ -351,32 +394,15 @@ async def replay_suite(world: WorldClient, catalog: Mapping[str, Any], suite: st
     overrides = {**deps, **jwt_overrides(*issuers), "reconcile.enabled": False, "audit.sinks": ["redis"],
                  "audit.timeout_ms": 5000,
                  "registry.paths": [str(registry_path)], "backends.services": {SERVICE: world_url}}
-    user_tasks = entry["user_tasks"][:limit] if limit else entry["user_tasks"]
-    injection_tasks = [t for t in entry["injection_tasks"] if t["calls"] > 0]
-    if only:
-        user_tasks = [t for t in user_tasks if t["id"] in only]
-        injection_tasks = [t for t in injection_tasks if t["id"] in only]
+    user_tasks, injection_tasks = _tasks(entry, limit, only)
     skipped = [t["id"] for t in entry["injection_tasks"] if t["calls"] == 0]
     uninjectable = [t["id"] for t in user_tasks if not t["injectable"]]
-    benign, attacks = [], []
     async with running_stack(overrides) as stack:
         stack.auto_key = False
-        replay = Replay(stack, world, issuers[0], variant, suite)
-        for user_task in user_tasks:
-            benign.append(await replay.benign(user_task))
-        for user_task in user_tasks:
-            if not user_task["injectable"]:
-                continue
-            for injection_task in injection_tasks:
-                attacks.append(await replay.attack(user_task, injection_task))
+        benign, attacks = await _replay(Replay(stack, world, issuers[0], variant, suite), user_tasks,
+                                        injection_tasks)
         records = await decision_records(stack)
-    for run in benign + attacks:
-        for outcome in run.outcomes:
-            record = records.get(outcome["call_id"] or "", {})
-            policy = record.get("policy") or {}
-            outcome["reasons"] = list(policy.get("reasons") or outcome["reasons"])
-            if record.get("provenance") or policy.get("provenance"):
-                outcome["provenance"] = record.get("provenance") or policy.get("provenance")
+    _attach_records(benign + attacks, records)
     return summarize(suite, variant.name, benign, attacks, skipped, uninjectable), benign + attacks
 
 

@@ -29,9 +29,30 @@
 #       the user named (the trusted task context: "named"), or named or in the
 #       user's own records ("trusted"). The data still goes out, but only where
 #       the user pointed; "hold" keeps the label rule as it was.
+#       With "named" or "trusted", a call that sets none of the sink arguments
+#       its contract names is spared too: it aims at nobody new (an update that
+#       keeps its recipient, an event with no participants).
 #   data.toolproxy.settings.flow.unseen_target  "allow" (default) or "approval":
 #       a target seen in no output at all, on a call after untrusted output (a
 #       value the model composed: an attacker can spell an address out).
+#   data.toolproxy.settings.flow.internal_targets  "provenance" (default) or "directory":
+#       with "directory", a state_changing write inside the organisation (not an
+#       external sink, not a destructive one) whose target is an existing entry
+#       of a directory (a flow.directory tool's output: the member list, the
+#       channel list) is not held for where that value came from: it cannot
+#       leave the organisation nor touch anything that did not exist. Its
+#       payload is still checked.
+#
+# Payload provenance: a contract names the arguments that carry free text to
+# the call's readers (flow.payload_arguments: a body, a title); the proxy gives,
+# per link in them (URL, address, host) and per short text as a whole, where it
+# was seen (input.flow.payload). On an external sink or a guarded write, one
+# seen only in untrusted output is a phishing link or a third party's words
+# relayed verbatim.
+#
+#   data.toolproxy.settings.flow.untrusted_payload  "approval" (default), "deny" or "off":
+#       its reason names the argument, the source tool and call, and the rule:
+#       "flow_untrusted_payload /body from get_webpage call c-3".
 package toolproxy.flow
 
 import data.toolproxy.tools
@@ -77,13 +98,21 @@ default trusted_targets := "hold"
 trusted_targets := settings.trusted_targets
 
 # Every value aiming the call was named by the user (or, with "trusted", is in
-# the user's records too); a call naming no sink argument is never spared.
+# the user's records too); a call whose contract names no sink argument is
+# never spared.
 targets_spared if {
 	trusted_targets in {"named", "trusted"}
 	count(input.flow.provenance) > 0
 	every entry in input.flow.provenance {
 		spared_entry(entry)
 	}
+}
+
+# The contract names the arguments that aim it, and the call sets none of them.
+targets_spared if {
+	trusted_targets in {"named", "trusted"}
+	count(object.get(contract_flow, "sink_arguments", [])) > 0
+	input.flow.provenance == []
 }
 
 spared_entry(entry) if "task_context" in entry.trusted_by
@@ -129,6 +158,18 @@ needs contains "flow_provenance_missing" if {
 	not input.flow.provenance
 }
 
+default internal_targets := "provenance"
+
+internal_targets := settings.internal_targets
+
+# A target that is an existing directory entry, on a state_changing internal write.
+listed_target(entry) if {
+	internal_targets == "directory"
+	not external_sink
+	contract_flow.integrity == "state_changing"
+	entry.directory
+}
+
 # One reason per untrusted value, naming it and its latest source.
 untrusted_targets contains sprintf("flow_untrusted_target %s from %s call %s", [entry.argument, source.tool, source.call_id]) if {
 	input.action == "call"
@@ -136,6 +177,7 @@ untrusted_targets contains sprintf("flow_untrusted_target %s from %s call %s", [
 	guarded_target
 	some entry in input.flow.provenance
 	entry.seen == "untrusted"
+	not listed_target(entry)
 	source := entry.untrusted_sources[0]
 }
 
@@ -145,8 +187,32 @@ unseen_targets contains sprintf("flow_unseen_target %s after untrusted output of
 	guarded_target
 	some entry in input.flow.provenance
 	entry.seen == "unseen"
+	not listed_target(entry)
 	some seen in input.flow.principal.seen
 	seen.label == "untrusted"
+}
+
+default untrusted_payload := "approval"
+
+untrusted_payload := settings.untrusted_payload
+
+untrusted_payloads contains sprintf("flow_untrusted_payload %s from %s call %s", [entry.argument, source.tool, source.call_id]) if {
+	input.action == "call"
+	untrusted_payload != "off"
+	guarded_target
+	some entry in object.get(input.flow, "payload", [])
+	entry.seen == "untrusted"
+	source := entry.untrusted_sources[0]
+}
+
+deny contains reason if {
+	untrusted_payload == "deny"
+	some reason in untrusted_payloads
+}
+
+needs contains reason if {
+	untrusted_payload != "deny"
+	some reason in untrusted_payloads
 }
 
 deny contains reason if {

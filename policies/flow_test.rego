@@ -23,6 +23,8 @@ catalog := object.union(fixtures.catalog, {"tools": {
 	"send_message": {"1.0.0": {"name": "send_message", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "external", "sink_arguments": ["/recipients"], "trusted_source": false}}},
 	"delete_file": {"1.0.0": {"name": "delete_file", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "internal", "sink_arguments": ["/file_id"], "trusted_source": false, "integrity": "destructive"}}},
 	"rename_file": {"1.0.0": {"name": "rename_file", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "internal", "sink_arguments": ["/file_id"], "trusted_source": false}}},
+	"post_message": {"1.0.0": {"name": "post_message", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "internal", "sink_arguments": ["/channel"], "payload_arguments": ["/body"], "trusted_source": false, "integrity": "state_changing"}}},
+	"update_payment": {"1.0.0": {"name": "update_payment", "version": "1.0.0", "mode": "write", "risk": "write", "flow": {"produces": [], "sink": "external", "sink_arguments": ["/recipient"], "payload_arguments": ["/subject"], "trusted_source": false}}},
 }})
 
 decide_with(inp, settings) := d if {
@@ -195,4 +197,59 @@ test_one_untrusted_or_unseen_target_keeps_the_label_rule if {
 	decide_with(inp, flow_setting("trusted_targets", "trusted")).reasons == ["flow_private_to_external"]
 	no_targets := object.union(send_after(["private", "untrusted"], []), {"flow": object.union(flow(["private", "untrusted"], []), {"provenance": []})})
 	decide_with(no_targets, flow_setting("trusted_targets", "trusted")).reasons == ["flow_private_to_external"]
+}
+
+# ---- a call that sets none of its targets, directory entries, payloads -----------------------------------
+
+test_a_call_setting_none_of_its_targets_is_spared_only_when_the_data_spares_named_targets if {
+	inp := with_provenance("update_payment", {"id": 7, "amount": 1200}, ["private", "untrusted"], [])
+	decide_with(inp, fixtures.settings).reasons == ["flow_private_to_external"]
+	decide_with(inp, flow_setting("trusted_targets", "named")).allow
+	decide_with(inp, flow_setting("trusted_targets", "trusted")).allow
+
+	# a target set, even one that normalizes to nothing, is an entry: not spared
+	set := with_provenance("update_payment", {"recipient": "()"}, ["private", "untrusted"], [entry("/recipient", "unseen", [])])
+	decide_with(set, flow_setting("trusted_targets", "named")).reasons == ["flow_private_to_external"]
+}
+
+listed(e) := object.union(e, {"directory": {"tool": "get_channels", "call_id": "c-1"}})
+
+test_a_directory_entry_spares_a_state_changing_internal_write_only_with_the_setting if {
+	inp := with_provenance("post_message", {"channel": "general", "body": "hi"}, ["untrusted"], [listed(entry("/channel", "untrusted", [["get_channels", "c-1"]]))])
+	decide_with(inp, fixtures.settings).reasons == ["flow_untrusted_target /channel from get_channels call c-1"]
+	decide_with(inp, flow_setting("internal_targets", "directory")).allow
+	unseen := with_provenance("post_message", {"channel": "general"}, ["untrusted"], [listed(entry("/channel", "unseen", []))])
+	decide_with(unseen, object.union(fixtures.settings, {"flow": {"unseen_target": "approval", "internal_targets": "directory"}})).allow
+}
+
+test_a_directory_entry_never_spares_an_external_sink_a_destructive_write_or_an_unlisted_value if {
+	settings := flow_setting("internal_targets", "directory")
+	send := with_provenance("send_message", {"recipients": ["x@evil.example"]}, ["untrusted"], [listed(entry("/recipients/0", "untrusted", [["get_users", "c-1"]]))])
+	decide_with(send, settings).reasons == ["flow_untrusted_target /recipients/0 from get_users call c-1"]
+	delete := with_provenance("delete_file", {"file_id": "13"}, ["untrusted"], [listed(entry("/file_id", "untrusted", [["list_files", "c-2"]]))])
+	decide_with(delete, settings).reasons == ["flow_untrusted_target /file_id from list_files call c-2"]
+	unlisted := with_provenance("post_message", {"channel": "x"}, ["untrusted"], [entry("/channel", "untrusted", [["read_inbox", "c-3"]])])
+	decide_with(unlisted, settings).reasons == ["flow_untrusted_target /channel from read_inbox call c-3"]
+}
+
+with_payload(inp, entries) := object.union(inp, {"flow": object.union(inp.flow, {"payload": entries})})
+
+test_an_untrusted_link_or_verbatim_text_in_a_payload_needs_approval_naming_its_source if {
+	base := with_provenance("post_message", {"channel": "general", "body": "see www.evil.example"}, ["untrusted"], [listed(entry("/channel", "trusted", []))])
+	inp := with_payload(base, [entry("/body", "untrusted", [["get_webpage", "c-4"]]), entry("/body", "unseen", [])])
+	d := decide_with(inp, flow_setting("internal_targets", "directory"))
+	d.require_approval
+	d.reasons == ["flow_untrusted_payload /body from get_webpage call c-4"]
+	decide_with(inp, object.union(fixtures.settings, {"flow": {"untrusted_payload": "deny"}})).reasons == ["flow_untrusted_payload /body from get_webpage call c-4"]
+	not decide_with(inp, object.union(fixtures.settings, {"flow": {"untrusted_payload": "deny"}})).require_approval
+	decide_with(inp, object.union(fixtures.settings, {"flow": {"untrusted_payload": "off"}})).allow
+}
+
+test_a_composed_or_named_payload_passes if {
+	base := with_provenance("post_message", {"channel": "general", "body": "a summary"}, ["untrusted"], [entry("/channel", "trusted", [])])
+	decide_with(with_payload(base, [entry("/body", "unseen", []), entry("/body", "trusted", [])]), fixtures.settings).allow
+
+	# a write guarding nothing: its payload is not the policy's concern
+	plain := object.union(fixtures.call("get_user_preferences", {"user_ref": "usr_1"}, []), {"flow": {"labels": ["untrusted"], "principal": scope(["untrusted"]), "run": null, "window_s": 60, "payload": [entry("/body", "untrusted", [["x", "c"]])]}})
+	decide_with(plain, fixtures.settings).allow
 }

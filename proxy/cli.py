@@ -303,8 +303,12 @@ def _flow_summary(tool: Any) -> str:
         status += f", sink arguments {' '.join(tool.flow_sink_arguments)}"
     if tool.flow_integrity:
         status += f", integrity {tool.flow_integrity}"
+    if tool.flow_payload_arguments:
+        status += f", payload arguments {' '.join(tool.flow_payload_arguments)}"
     if tool.flow_trusted_source:
         status += ", trusted source"
+    if tool.flow_directory:
+        status += ", directory"
     return status
 
 

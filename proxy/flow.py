@@ -60,7 +60,8 @@ SINKS = ("internal", "external")
 # ARGV[3]: n, the number of label fields; ARGV[4..3+n]: the fields "<label>/<tool>" -> the time (a field keeps
 # its latest), and beside each "<label>/<tool>@" -> the call that brought it then (a held decision names its
 # source call; a field apart, so a reader that knows only the times skips it).
-# Provenance (proxy/provenance.py): ARGV[4+n]: "u" (untrusted output) or "t" (a trusted source) or "";
+# Provenance (proxy/provenance.py): ARGV[4+n]: "u" (untrusted output) or "t" (a trusted source) or "*" (each
+# fingerprint carries its kind: a directory's output, "d<fp>" entries beside its "u"/"t" tokens) or "";
 # ARGV[5+n]: the source "<tool>|<call id>"; ARGV[6+n]: the hash's bound; ARGV[7+n]: "1" when the output's
 # own bound cut it; ARGV[8+n..]: the fingerprints. Each becomes the field "<u|t><fp>" -> "<at>|<source>";
 # a full hash first drops the fields older than the window (at most once per tenth of a window), then sets
@@ -104,7 +105,8 @@ if kind ~= '' then
     end
   end
   for i = first, #ARGV do
-    local field = kind .. ARGV[i]
+    local field = ARGV[i]
+    if kind ~= '*' then field = kind .. field end
     if redis.call('HSET', key, field, value) == 1 then
       size = size + 1
       if size > bound then
@@ -148,6 +150,7 @@ class FlowState:
     run: tuple[Seen, ...] | None  # None: the call carries no run id
     window_s: int
     provenance: tuple[Mapping[str, Any], ...] | None = None  # None: the tool names no sink arguments
+    payload: tuple[Mapping[str, Any], ...] | None = None  # None: the tool names no payload arguments
 
     def policy_input(self) -> dict[str, Any]:
         """``input.flow`` (schemas/opa-input.schema.json)."""
@@ -158,6 +161,8 @@ class FlowState:
                     "window_s": self.window_s}
         if self.provenance is not None:
             document["provenance"] = [dict(entry) for entry in self.provenance]
+        if self.payload is not None:
+            document["payload"] = [dict(entry) for entry in self.payload]
         return document
 
 
@@ -219,7 +224,7 @@ class FlowLedger:
     def wanted(self, tool: ToolContract) -> bool:
         """Whether this call's decision reads the labels (``flow.read_for``; a tool naming sink arguments
         always: its provenance is read in the same command)."""
-        return self._every_call or tool.flow_sink == "external" or bool(tool.flow_sink_arguments)
+        return self._every_call or tool.flow_sink == "external" or tool.looks_up_provenance
 
     async def read(self, caller: Caller, run_id: str | None, *, now_ms: int, tool: ToolContract | None = None,
                    arguments: Mapping[str, Any] | None = None,
@@ -228,23 +233,22 @@ class FlowLedger:
         ``arguments``: one command; a store fault refuses the call (nothing was sent)."""
         keys = self.keys(caller, run_id)
         scopes = str(len(keys))
-        values: tuple[provenance.SinkValue, ...] = ()
-        truncated = False
+        lookup = _lookup(tool, arguments or {}) if tool is not None and tool.looks_up_provenance else None
         fields: list[str] = []
-        if tool is not None and tool.flow_sink_arguments:
-            values, truncated = provenance.sink_values(arguments or {}, tool.flow_sink_arguments)
-            fields = provenance.lookup_fields(values, self._fingerprints)
+        if lookup is not None:
+            fields = lookup.fields(self._fingerprints)
             keys = [*keys, self.provenance_key(caller)]
         with store.unavailable_on_fault("The state store is unreachable; the call's data-flow context cannot be "
                                         "read, nothing was sent.", phase="authorize"):
             principal, run, found = await store.redis_call(self._read(keys=keys, args=[scopes, *fields]))
-        entries = None
-        if tool is not None and tool.flow_sink_arguments:
-            entries = tuple(provenance.entries(values, found, task=task, now_ms=now_ms, window_ms=self._window_ms,
-                                               truncated=truncated))
+        entries = payload = None
+        if lookup is not None:
+            entries, payload = lookup.provenance(found, task=task, now_ms=now_ms, window_ms=self._window_ms)
         return FlowState(principal=parse_scope(principal, now_ms=now_ms, window_ms=self._window_ms),
                          run=parse_scope(run, now_ms=now_ms, window_ms=self._window_ms) if run_id is not None
-                         else None, window_s=self._window_s, provenance=entries)
+                         else None, window_s=self._window_s,
+                         provenance=tuple(entries) if tool is not None and tool.flow_sink_arguments else None,
+                         payload=tuple(payload) if tool is not None and tool.flow_payload_arguments else None)
 
     async def note(self, caller: Caller, run_id: str | None, labels: Sequence[str], source: str, *,
                    now_ms: int, content: Any = None, call_id: str = "") -> None:
@@ -267,16 +271,21 @@ class FlowLedger:
                                         "label cannot be recorded.", phase="execute"):
             await store.redis_call(self._record(keys=keys, args=args))
 
-    def _provenance_args(self, kind: str, source: str, extracted: provenance.Extracted) -> list[Any]:
-        """The record script's provenance arguments (see _RECORD)."""
-        return [kind, source, self._max_values, "1" if extracted.overflow else "0",
-                *(self._fingerprints.of(token) for token in extracted.tokens)]
+    def _provenance_args(self, kind: str, source: str, extracted: provenance.Extracted,
+                         listed: Sequence[str] = ()) -> list[Any]:
+        """The record script's provenance arguments (see _RECORD); ``listed``: a directory's entries, recorded
+        beside the tokens (each fingerprint then carries its own kind)."""
+        tokens = [self._fingerprints.of(token) for token in extracted.tokens]
+        if listed:
+            tokens = [kind + fp for fp in tokens] + [provenance.DIRECTORY + self._fingerprints.of(e) for e in listed]
+            kind = "*"
+        return [kind, source, self._max_values, "1" if extracted.overflow else "0", *tokens]
 
     def record_in(self, trip: store.RoundTrip, caller: Caller, run_id: str | None, tool: ToolContract, *,
                   now_ms: int, output: Any = None, call_id: Any = "") -> None:
         """Add the record of a call that returned ``output`` of a labelled tool (or a trusted source) to the
         commit's round trip: its labels, and the fingerprints of the output's tokens (provenance.py)."""
-        if not tool.flow_produces and not tool.flow_trusted_source:
+        if not tool.flow_produces and not tool.records_provenance:
             return
         fields = [f"{label}/{tool.name}" for label in tool.flow_produces]
         keys = self.keys(caller, run_id)
@@ -284,10 +293,20 @@ class FlowLedger:
         if tool.records_provenance and output is not None:
             keys.append(self.provenance_key(caller))
             args += self._provenance_args("t" if tool.flow_trusted_source else "u",
-                                          f"{tool.name}|{str(call_id)[:128]}", provenance.extract(output))
+                                          f"{tool.name}|{str(call_id)[:128]}", provenance.extract(output),
+                                          provenance.directory_entries(output) if tool.flow_directory else ())
         else:
             args.append("")
         trip.add(self._record, keys, args, lambda reply: _recorded(reply, tool))
+
+
+def _lookup(tool: ToolContract, arguments: Mapping[str, Any]) -> provenance.Lookup:
+    """What a call of ``tool`` looks up: its sink values (and, for a state_changing internal write, whether
+    each is a directory's entry) and its payload values."""
+    values, truncated = provenance.sink_values(arguments, tool.flow_sink_arguments)
+    payload, cut = provenance.payload_values(arguments, tool.flow_payload_arguments)
+    return provenance.Lookup(values, payload, directory=tool.flow_sink != "external"
+                             and tool.flow_integrity == "state_changing", truncated=truncated, payload_truncated=cut)
 
 
 def _recorded(reply: Any, tool: ToolContract) -> None:

@@ -14,8 +14,14 @@ nothing an attacker pushed past the bound goes unseen), characters scanned per o
 sink values per call. Fingerprints are HMAC-SHA256 under a key derived from the record MAC key, cut to
 128 bits: a reader of Redis learns neither the values nor, without the key, can test a guess.
 
-Owns: the normalization of a value, token extraction, fingerprints, the sink-argument paths of a contract
-and the values at them, the trusted task context's tokens, and the ``input.flow.provenance`` entries.
+A contract may also name payload arguments (``flow.payload_arguments``: a body, a title): each link in them
+and each short text as a whole are looked up the same way (``input.flow.payload``): a phishing link, or a
+third party's words relayed verbatim. A directory's output (``flow.directory``: a member or channel list)
+has its whole entries remembered apart (field ``d<fp>``), so a sink value that is an existing entry says so.
+
+Owns: the normalization of a value, token extraction, fingerprints, the sink- and payload-argument paths of
+a contract and the values at them, a directory's entries, the trusted task context's tokens, and the
+``input.flow.provenance`` and ``input.flow.payload`` entries.
 Must never: keep or return a raw value outside the process (fingerprints only), call Redis (proxy/flow.py
 does, in its existing round trips), or trust a value because the model or a tool's output says so.
 """
@@ -309,10 +315,63 @@ def sink_values(arguments: Mapping[str, Any], paths: Sequence[str]) -> tuple[tup
             if len(found) >= MAX_SINK_VALUES:
                 return tuple(found), True
             text = value if isinstance(value, str) else str(value)
-            candidates = value_candidates(text)
-            if candidates and candidates[0]:
-                found.append(SinkValue(where, tuple(candidates)))
+            # a value that normalizes to nothing is still a target set (unseen), never an absent one
+            found.append(SinkValue(where, tuple(value_candidates(text)) or ("",)))
     return tuple(found), False
+
+
+def payload_values(arguments: Mapping[str, Any], paths: Sequence[str]) -> tuple[tuple[SinkValue, ...], bool]:
+    """What a payload (free text: a body, a title) is looked up by: each text short enough to be a token as a
+    whole (a third party's words relayed verbatim), and each link in it (an address, a URL and its host, a
+    host name), at most ``MAX_SINK_VALUES`` in all and ``MAX_SCAN_CHARS`` of text scanned; the flag says some
+    were left out. A payload's other words are the agent's to compose: never looked up."""
+    found: dict[tuple[str, tuple[str, ...]], None] = {}
+    budget = MAX_SCAN_CHARS
+    for path in paths:
+        for where, value in _at(arguments, _parts(path), "", 0):
+            text = value if isinstance(value, str) else str(value)
+            if len(text) > budget:
+                return _bounded(found), True
+            budget -= len(text)
+            for candidates in _payload_candidates(text):
+                found[(where, candidates)] = None
+                if len(found) > MAX_SINK_VALUES:
+                    return _bounded(found), True
+    return _bounded(found), False
+
+
+def _bounded(found: Mapping[tuple[str, tuple[str, ...]], None]) -> tuple[SinkValue, ...]:
+    return tuple(SinkValue(where, candidates) for where, candidates in list(found)[:MAX_SINK_VALUES])
+
+
+def _payload_candidates(text: str) -> Iterator[tuple[str, ...]]:
+    """One text's lookups: itself whole when short (and more than a word: a one-word body is no one's
+    words), then each link in it."""
+    whole = normalize(text)
+    if len(text) <= MAX_TOKEN_CHARS and " " in whole:
+        yield (whole,)
+    for raw in text.split():
+        word = raw.strip(_EDGE)
+        if len(word) <= MAX_TOKEN_CHARS and ("@" in word or "." in word):
+            # the address whole (its domain is its neighbours' too), the URL with its host, or the host
+            link = next(_address_or_link(word), None)
+            candidates = tuple(value_candidates(link)) if link else ()
+            if candidates:
+                yield candidates
+
+
+def directory_entries(output: Any) -> tuple[str, ...]:
+    """The whole entries of a directory's output (``flow.directory``: a member or channel list): its short
+    string leaves, normalized, at most ``MAX_TOKENS``."""
+    found: dict[str, None] = {}
+    for leaf in _leaves(output, 0):
+        if isinstance(leaf, str) and len(leaf) <= MAX_TOKEN_CHARS:
+            norm = normalize(leaf)
+            if norm:
+                found[norm] = None
+                if len(found) >= MAX_TOKENS:
+                    break
+    return tuple(found)
 
 
 def _at(value: Any, parts: list[str], where: str, depth: int) -> Iterator[tuple[str, Any]]:
@@ -400,31 +459,74 @@ class Source:
         return f"{self.at_ms}|{self.tool}|{self.call_id}"
 
 
-def lookup_fields(values: Sequence[SinkValue], fingerprints: Fingerprints) -> list[str]:
-    """The hash fields a read asks for: per candidate its untrusted then its trusted field, then the
-    overflow mark (proxy/flow.py's read script)."""
+DIRECTORY = "d"  # the field prefix of a directory's whole entries ("u": untrusted tokens, "t": trusted ones)
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What one call looks up: its sink values (with ``directory``, also whether each is an existing entry of
+    a directory: a state_changing internal write) and its payload values; ``truncated``/``payload_truncated``:
+    a bound left some out."""
+
+    values: tuple[SinkValue, ...] = ()
+    payload: tuple[SinkValue, ...] = ()
+    directory: bool = False
+    truncated: bool = False
+    payload_truncated: bool = False
+
+    def fields(self, fingerprints: Fingerprints) -> list[str]:
+        """The hash fields a read asks for: per candidate its untrusted then its trusted field (and, for a
+        sink value under ``directory``, its whole value's directory field), payload values alike, then the
+        overflow mark (proxy/flow.py's read script)."""
+        fields = []
+        for value in self.values:
+            fields += _value_fields(value, fingerprints, self.directory)
+        for value in self.payload:
+            fields += _value_fields(value, fingerprints, False)
+        return fields + [OVERFLOW]
+
+    def provenance(self, replies: Sequence[Any], *, task: TaskContext | None, now_ms: int, window_ms: int
+                   ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``input.flow.provenance`` and ``input.flow.payload`` from the read's replies to ``fields``."""
+        overflow = _fresh(replies[-1], now_ms, window_ms) if replies else None
+        at = 0
+        out: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+        for values, directory, into in ((self.values, self.directory, out[0]), (self.payload, False, out[1])):
+            for value in values:
+                width = 2 * len(value.candidates) + (1 if directory else 0)
+                found = [_fresh(replies[at + offset], now_ms, window_ms) for offset in range(width)]
+                at += width
+                into.append(_entry(value, found, task, overflow, directory))
+        for truncated, into in ((self.truncated, out[0]), (self.payload_truncated, out[1])):
+            if truncated:
+                into.append(_past_bound(now_ms))
+        return out
+
+
+def _value_fields(value: SinkValue, fingerprints: Fingerprints, directory: bool) -> list[str]:
     fields = []
-    for value in values:
-        for candidate in value.candidates:
-            fp = fingerprints.of(candidate)
-            fields += ["u" + fp, "t" + fp]
-    return fields + [OVERFLOW]
+    for candidate in value.candidates:
+        fp = fingerprints.of(candidate)
+        fields += ["u" + fp, "t" + fp]
+    return fields + ([DIRECTORY + fingerprints.of(value.candidates[0])] if directory else [])
+
+
+def lookup_fields(values: Sequence[SinkValue], fingerprints: Fingerprints) -> list[str]:
+    """The hash fields a read asks for sink values alone (``Lookup.fields``)."""
+    return Lookup(tuple(values)).fields(fingerprints)
 
 
 def entries(values: Sequence[SinkValue], replies: Sequence[Any], *, task: TaskContext | None, now_ms: int,
             window_ms: int, truncated: bool = False) -> list[dict[str, Any]]:
     """``input.flow.provenance``: one entry per sink value, from the read's replies to ``lookup_fields``."""
-    overflow = _fresh(replies[-1], now_ms, window_ms) if replies else None
-    out = []
-    at = 0
-    for value in values:
-        found = [_fresh(replies[at + offset], now_ms, window_ms) for offset in range(2 * len(value.candidates))]
-        at += len(found)
-        out.append(_entry(value, found, task, overflow))
-    if truncated:
-        out.append({"argument": "(past the sink values' bound)", "seen": "untrusted", "trusted": False, "trusted_by": [],
-                    "untrusted_sources": [{"tool": "(too many sink values)", "call_id": "", "at": iso(now_ms / 1000)}]})
-    return out
+    return Lookup(tuple(values), truncated=truncated).provenance(replies, task=task, now_ms=now_ms,
+                                                                 window_ms=window_ms)[0]
+
+
+def _past_bound(now_ms: int) -> dict[str, Any]:
+    """The entry standing for the values past a bound: untrusted (nothing past it goes unseen)."""
+    return {"argument": "(past the sink values' bound)", "seen": "untrusted", "trusted": False, "trusted_by": [],
+            "untrusted_sources": [{"tool": "(too many sink values)", "call_id": "", "at": iso(now_ms / 1000)}]}
 
 
 def _fresh(stored: Any, now_ms: int, window_ms: int) -> Source | None:
@@ -434,19 +536,25 @@ def _fresh(stored: Any, now_ms: int, window_ms: int) -> Source | None:
 
 
 def _entry(value: SinkValue, found: Sequence[Source | None], task: TaskContext | None,
-           overflow: Source | None) -> dict[str, Any]:
-    """One sink value's entry; ``found``: the fresh sources at its candidates' untrusted and trusted fields,
-    in ``lookup_fields``' order; ``overflow``: the fresh overflow mark of the scope."""
+           overflow: Source | None, directory: bool = False) -> dict[str, Any]:
+    """One value's entry; ``found``: the fresh sources at its candidates' untrusted and trusted fields, in
+    ``Lookup.fields``' order (then, with ``directory``, at its directory field); ``overflow``: the fresh
+    overflow mark of the scope."""
     trusted_by = ["task_context"] if task is not None and task.names(value.candidates) else []
     if found[1:2] and found[1] is not None:  # a trusted source names the whole value
         trusted_by.append(f"tool:{found[1].tool}")
+    pairs = found[:2 * len(value.candidates)]
     untrusted: list[Source] = []
-    for bad in found[0::2]:
+    for bad in pairs[0::2]:
         if bad is not None and bad not in untrusted:
             untrusted.append(bad)
     if not trusted_by and not untrusted and overflow is not None:
         untrusted.append(overflow)  # the scope lost values past its bound: unseen is not clean
-    return _entry_fact(value.argument, trusted_by, untrusted)
+    fact = _entry_fact(value.argument, trusted_by, untrusted)
+    listed = found[-1] if directory else None
+    if listed is not None:  # an existing entry of a directory (the organisation's member or channel list)
+        fact["directory"] = {"tool": listed.tool, "call_id": listed.call_id}
+    return fact
 
 
 def _entry_fact(argument: str, trusted_by: list[str], untrusted: list[Source]) -> dict[str, Any]:

@@ -166,6 +166,8 @@ class ToolContract:
     flow_sink_arguments: tuple[str, ...] = ()  # JSON pointers of the arguments that aim the call (provenance.py)
     flow_integrity: str | None = None    # destructive | state_changing: a target must not come from untrusted output
     flow_trusted_source: bool = False    # its output is the user's own records: values seen in it are trusted
+    flow_payload_arguments: tuple[str, ...] = ()  # JSON pointers of the free text it carries (provenance.py)
+    flow_directory: bool = False         # its output lists the organisation's existing members or objects
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -198,14 +200,24 @@ class ToolContract:
         facts: dict[str, Any] = {"produces": list(self.flow_produces), "sink": self.flow_sink,
                                  "sink_arguments": list(self.flow_sink_arguments),
                                  "trusted_source": self.flow_trusted_source}
+        if self.flow_payload_arguments:
+            facts["payload_arguments"] = list(self.flow_payload_arguments)
+        if self.flow_directory:
+            facts["directory"] = True
         if self.flow_integrity is not None:
             facts["integrity"] = self.flow_integrity
         return facts
 
     @property
     def records_provenance(self) -> bool:
-        """Whether a call's output is fingerprinted (proxy/provenance.py): untrusted, or the user's records."""
-        return self.flow_trusted_source or "untrusted" in self.flow_produces
+        """Whether a call's output is fingerprinted (proxy/provenance.py): untrusted, the user's records, or a
+        directory of the organisation's members or objects."""
+        return self.flow_trusted_source or self.flow_directory or "untrusted" in self.flow_produces
+
+    @property
+    def looks_up_provenance(self) -> bool:
+        """Whether a call's arguments are looked up (proxy/provenance.py): it names sink or payload arguments."""
+        return bool(self.flow_sink_arguments or self.flow_payload_arguments)
 
     @property
     def backend_name(self) -> str:
@@ -718,7 +730,9 @@ def _flow_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
             "flow_sink": flow.get("sink", "internal"),
             "flow_sink_arguments": tuple(provenance.pointer(p) for p in flow.get("sink_arguments", ())),
             "flow_integrity": flow.get("integrity"),
-            "flow_trusted_source": bool(flow.get("trusted_source", False))}
+            "flow_trusted_source": bool(flow.get("trusted_source", False)),
+            "flow_payload_arguments": tuple(provenance.pointer(p) for p in flow.get("payload_arguments", ())),
+            "flow_directory": bool(flow.get("directory", False))}
 
 
 def _backend(raw: Mapping[str, Any]) -> Backend:
@@ -734,10 +748,11 @@ def _check_filter_guard_readable(at: "_At", raw: Mapping[str, Any], output_polic
         raise at.error("output_filter", found[0])
     _check_state_guard(at, raw)
     flow = raw.get("flow") or {}
-    for index, path in enumerate(flow.get("sink_arguments", ())):
-        problem = provenance.schema_problem(path, raw["inputSchema"])
-        if problem:
-            raise at.error(f"flow.sink_arguments[{index}]", problem)
+    for name in ("sink_arguments", "payload_arguments"):
+        for index, path in enumerate(flow.get(name, ())):
+            problem = provenance.schema_problem(path, raw["inputSchema"])
+            if problem:
+                raise at.error(f"flow.{name}[{index}]", problem)
     if flow.get("trusted_source") and "untrusted" in flow.get("produces", ()):
         raise at.error("flow.trusted_source", "a tool whose output is untrusted cannot be a trusted source "
                        "(drop one of them)")

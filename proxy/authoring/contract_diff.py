@@ -105,15 +105,21 @@ def _flow_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]
     found += [(False, f"flow.produces drops {label}") for label in old.flow_produces if label not in new.flow_produces]
     if old.flow_sink != new.flow_sink:
         found.append((new.flow_sink == "external", f"flow.sink {old.flow_sink} -> {new.flow_sink}"))
-    found += [(True, f"flow.sink_arguments adds {p}") for p in new.flow_sink_arguments
-              if p not in old.flow_sink_arguments]
-    found += [(False, f"flow.sink_arguments drops {p}") for p in old.flow_sink_arguments
-              if p not in new.flow_sink_arguments]
+    found += _paths("flow.sink_arguments", old.flow_sink_arguments, new.flow_sink_arguments)
+    found += _paths("flow.payload_arguments", old.flow_payload_arguments, new.flow_payload_arguments)
+    if old.flow_directory != new.flow_directory:  # a new directory can spare writes aimed at its entries
+        found.append((old.flow_directory, f"flow.directory {old.flow_directory} -> {new.flow_directory}"))
     if old.flow_integrity != new.flow_integrity:
         found.append((new.flow_integrity is not None, f"flow.integrity {old.flow_integrity} -> {new.flow_integrity}"))
     if old.flow_trusted_source != new.flow_trusted_source:  # no longer trusting a source holds values it cleared
         found.append((old.flow_trusted_source, f"flow.trusted_source {old.flow_trusted_source} -> {new.flow_trusted_source}"))
     return found
+
+
+def _paths(name: str, old: tuple[str, ...], new: tuple[str, ...]) -> list[tuple[bool, str]]:
+    """Argument paths added (they can hold calls that ran before) and dropped."""
+    return [(True, f"{name} adds {p}") for p in new if p not in old] + \
+        [(False, f"{name} drops {p}") for p in old if p not in new]
 
 
 def _informative_fields(old: ToolContract, new: ToolContract) -> list[tuple[bool, str]]:

@@ -156,3 +156,39 @@ def test_label_proposals_walk_a_bounded_share_of_an_upstreams_schema():
         node["properties"]["to"] = {"type": "object", "properties": {}}
         node = node["properties"]["to"]
     assert len(flow_labels.target_arguments(deep)) <= flow_labels.MAX_FIELDS
+
+
+def test_a_sink_value_normalizing_to_nothing_is_still_a_target():
+    values, _ = sink_values({"recipient": "()"}, ["/recipient"])
+    assert values == (SinkValue("/recipient", ("",)),)
+    assert sink_values({}, ["/recipient"]) == ((), False)  # absent: no target set
+
+
+def test_payload_values_are_its_links_and_its_short_text_whole():
+    values, cut = provenance.payload_values(
+        {"body": "Check out this link: www.Secure-Systems-252.com! Mail bob@corp.com", "title": "Hi"},
+        ["/body", "/title"])
+    assert not cut
+    assert [v.candidates for v in values] == [
+        ("check out this link: www.secure-systems-252.com! mail bob@corp.com",),
+        ("www.secure-systems-252.com", "secure-systems-252.com"), ("bob@corp.com",)]  # a one-word title is nobody's words; an address's domain is not looked up
+    long, _ = provenance.payload_values({"body": "word " * 100 + "https://x.example/a"}, ["/body"])
+    assert [v.candidates for v in long] == [("https://x.example/a", "x.example")]  # a long text: its links only
+    many, cut = provenance.payload_values({"body": " ".join(f"h{i}.com" for i in range(40))}, ["/body"])
+    assert cut and len(many) == provenance.MAX_SINK_VALUES
+
+
+def test_a_directory_lists_its_short_leaves_and_a_lookup_says_which_targets_it_lists():
+    assert provenance.directory_entries({"channels": ["General", "x" * 201, "random"]}) == ("general", "random")
+    fps = Fingerprints(b"k" * 32)
+    values, _ = sink_values({"channel": "general", "user": "Fred"}, ["/channel", "/user"])
+    payload, _ = provenance.payload_values({"body": "see www.evil.example"}, ["/body"])
+    lookup = provenance.Lookup(values, payload, directory=True)
+    fields = lookup.fields(fps)
+    assert fields[2] == "d" + fps.of("general") and len(fields) == 3 + 3 + 2 * (1 + 2) + 1
+    src, listing = Source("read_inbox", "c-7", 1000).stored(), Source("get_channels", "c-1", 1000).stored()
+    replies = [src, None, listing, src, None, None] + [None, None, None, None, src, None] + [None]
+    targets, links = lookup.provenance(replies, task=None, now_ms=2000, window_ms=10_000)
+    assert targets[0]["directory"] == {"tool": "get_channels", "call_id": "c-1"} and targets[0]["seen"] == "untrusted"
+    assert "directory" not in targets[1]
+    assert [(e["argument"], e["seen"]) for e in links] == [("/body", "unseen"), ("/body", "untrusted")]  # by its host

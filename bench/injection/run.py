@@ -98,10 +98,16 @@ VARIANTS = {v.name: v for v in (
                 trusted_targets="trusted", unseen_target="approval"),
     _provenance("provenance_named_unseen", "provenance_named with unseen_target: approval",
                 trusted_targets="named", unseen_target="approval"),
+    _provenance("provenance_directory", "provenance_named_unseen, and a state_changing internal write aimed at an "
+                "existing directory entry (member, channel) is not held for its target's source",
+                trusted_targets="named", unseen_target="approval", internal_targets="directory"),
+    _provenance("provenance_directory_no_payload", "provenance_directory without the payload rule",
+                trusted_targets="named", unseen_target="approval", internal_targets="directory",
+                untrusted_payload="off"),
     _provenance("provenance_external_only", "provenance_named_unseen without integrity labels: external sinks "
                 "only", labels="external", trusted_targets="named", unseen_target="approval"),
 )}
-DEFAULT_VARIANTS = ("allow_all", "shipped", "provenance", "provenance_named_unseen")
+DEFAULT_VARIANTS = ("allow_all", "shipped", "provenance", "provenance_named_unseen", "provenance_directory")
 
 
 @dataclass

@@ -294,7 +294,7 @@ class FlowLedger:
             keys.append(self.provenance_key(caller))
             args += self._provenance_args("t" if tool.flow_trusted_source else "u",
                                           f"{tool.name}|{str(call_id)[:128]}", provenance.extract(output),
-                                          provenance.directory_entries(output) if tool.flow_directory else ())
+                                          provenance.directory_entries(output, tool.flow_directory))
         else:
             args.append("")
         trip.add(self._record, keys, args, lambda reply: _recorded(reply, tool))

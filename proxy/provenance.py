@@ -360,11 +360,12 @@ def _payload_candidates(text: str) -> Iterator[tuple[str, ...]]:
                 yield candidates
 
 
-def directory_entries(output: Any) -> tuple[str, ...]:
-    """The whole entries of a directory's output (``flow.directory``: a member or channel list): its short
-    string leaves, normalized, at most ``MAX_TOKENS``."""
+def directory_entries(output: Any, paths: Sequence[str] = ("",)) -> tuple[str, ...]:
+    """The whole entries of a directory's output (``flow.directory``: a member or channel list; or the fields
+    at ``paths``, arrays walked, that the platform sets to an existing member: a message's sender): its short
+    string leaves, normalized, at most ``MAX_TOKENS``. No paths: none."""
     found: dict[str, None] = {}
-    for leaf in _leaves(output, 0):
+    for leaf in (leaf for path in paths for leaf in _directory_leaves(output, path)):
         if isinstance(leaf, str) and len(leaf) <= MAX_TOKEN_CHARS:
             norm = normalize(leaf)
             if norm:
@@ -372,6 +373,13 @@ def directory_entries(output: Any) -> tuple[str, ...]:
                 if len(found) >= MAX_TOKENS:
                     break
     return tuple(found)
+
+
+def _directory_leaves(output: Any, path: str) -> Iterator[Any]:
+    if not path:
+        yield from _leaves(output, 0)
+    else:
+        yield from (value for _, value in _at(output, _parts(path), "", 0))
 
 
 def _at(value: Any, parts: list[str], where: str, depth: int) -> Iterator[tuple[str, Any]]:

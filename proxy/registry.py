@@ -167,7 +167,9 @@ class ToolContract:
     flow_integrity: str | None = None    # destructive | state_changing: a target must not come from untrusted output
     flow_trusted_source: bool = False    # its output is the user's own records: values seen in it are trusted
     flow_payload_arguments: tuple[str, ...] = ()  # JSON pointers of the free text it carries (provenance.py)
-    flow_directory: bool = False         # its output lists the organisation's existing members or objects
+    # where its output lists the organisation's existing members or objects: ("",) the whole output, or the
+    # pointers of the fields the platform sets to one (a message's sender); () none
+    flow_directory: tuple[str, ...] = ()
     input_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
     output_validator: FastValidator = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 
@@ -203,7 +205,7 @@ class ToolContract:
         if self.flow_payload_arguments:
             facts["payload_arguments"] = list(self.flow_payload_arguments)
         if self.flow_directory:
-            facts["directory"] = True
+            facts["directory"] = self.flow_directory == ("",) or list(self.flow_directory)
         if self.flow_integrity is not None:
             facts["integrity"] = self.flow_integrity
         return facts
@@ -732,7 +734,14 @@ def _flow_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
             "flow_integrity": flow.get("integrity"),
             "flow_trusted_source": bool(flow.get("trusted_source", False)),
             "flow_payload_arguments": tuple(provenance.pointer(p) for p in flow.get("payload_arguments", ())),
-            "flow_directory": bool(flow.get("directory", False))}
+            "flow_directory": _directory(flow.get("directory", False))}
+
+
+def _directory(raw: Any) -> tuple[str, ...]:
+    """``flow.directory``: true (the whole output), false, or the fields listing existing members."""
+    if raw is True:
+        return ("",)
+    return tuple(provenance.pointer(p) for p in raw) if isinstance(raw, list) else ()
 
 
 def _backend(raw: Mapping[str, Any]) -> Backend:

@@ -44,6 +44,16 @@ def test_sink_arguments_become_pointers_and_reach_the_policy_facts(tmp_path):
     assert not pay.records_provenance
 
 
+def test_payload_arguments_and_a_directory_reach_the_policy_facts(tmp_path):
+    _, registry = load(tmp_path, "{sink: external, sink_arguments: [/event/participants], payload_arguments: [iban]}")
+    pay = registry.default("pay")
+    assert pay.flow_payload_arguments == ("/iban",) and pay.looks_up_provenance and not pay.records_provenance
+    assert pay.flow_facts()["payload_arguments"] == ["/iban"] and "directory" not in pay.flow_facts()
+    for raw, stored, fact in (("true", ("",), True), ("[sender, /to/name]", ("/sender", "/to/name"), ["/sender", "/to/name"])):
+        listed = load(tmp_path, f"{{produces: [untrusted], directory: {raw}}}")[1].default("pay")
+        assert listed.flow_directory == stored and listed.flow_facts()["directory"] == fact and listed.records_provenance
+
+
 @pytest.mark.parametrize("flow, message", [
     ("{sink_arguments: [recipient]}", "at $.tools[0].flow.sink_arguments[0]: 'recipient': 'recipient' is not a "
                                       "property of inputSchema there"),
@@ -51,6 +61,8 @@ def test_sink_arguments_become_pointers_and_reach_the_policy_facts(tmp_path):
                                         "property of inputSchema there"),
     ("{produces: [untrusted], trusted_source: true}", "at $.tools[0].flow.trusted_source: a tool whose output is "
                                                       "untrusted cannot be a trusted source (drop one of them)"),
+    ("{payload_arguments: [body]}", "at $.tools[0].flow.payload_arguments[0]: 'body': 'body' is not a "
+                                    "property of inputSchema there"),
     ("{integrity: destructive}", "at $.tools[0].flow.integrity: names no target: list the arguments that aim "
                                  "the write in flow.sink_arguments"),
     ("{integrity: everything, sink_arguments: [iban]}",
@@ -192,3 +204,10 @@ def test_a_directory_lists_its_short_leaves_and_a_lookup_says_which_targets_it_l
     assert targets[0]["directory"] == {"tool": "get_channels", "call_id": "c-1"} and targets[0]["seen"] == "untrusted"
     assert "directory" not in targets[1]
     assert [(e["argument"], e["seen"]) for e in links] == [("/body", "unseen"), ("/body", "untrusted")]  # by its host
+
+
+def test_a_directory_may_be_the_fields_the_platform_sets():
+    messages = [{"sender": "Alice", "recipient": "general", "body": "Visit www.x.example, Eve"},
+                {"sender": "Bob", "recipient": "general", "body": "ok"}]
+    assert provenance.directory_entries(messages, ("/sender",)) == ("alice", "bob")
+    assert provenance.directory_entries(messages, ()) == ()

@@ -53,6 +53,9 @@
 #   data.toolproxy.settings.flow.untrusted_payload  "approval" (default), "deny" or "off":
 #       its reason names the argument, the source tool and call, and the rule:
 #       "flow_untrusted_payload /body from get_webpage call c-3".
+#   With unseen_target: approval, a link (entry.form "link") seen in no output
+#   after untrusted output is held too (flow_unseen_payload); a composed text
+#   (form "text") never is.
 package toolproxy.flow
 
 import data.toolproxy.tools
@@ -204,6 +207,21 @@ untrusted_payloads contains sprintf("flow_untrusted_payload %s from %s call %s",
 	entry.seen == "untrusted"
 	source := entry.untrusted_sources[0]
 }
+
+# With unseen_target: approval, a link in a payload seen in no output at all
+# after untrusted output is held as an unseen target is: the model spelled it.
+unseen_payloads contains sprintf("flow_unseen_payload %s after untrusted output of %s", [entry.argument, seen.tool]) if {
+	input.action == "call"
+	unseen_target == "approval"
+	guarded_target
+	some entry in object.get(input.flow, "payload", [])
+	entry.form == "link"
+	entry.seen == "unseen"
+	some seen in input.flow.principal.seen
+	seen.label == "untrusted"
+}
+
+needs contains reason if some reason in unseen_payloads
 
 deny contains reason if {
 	untrusted_payload == "deny"

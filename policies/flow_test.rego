@@ -253,3 +253,16 @@ test_a_composed_or_named_payload_passes if {
 	plain := object.union(fixtures.call("get_user_preferences", {"user_ref": "usr_1"}, []), {"flow": {"labels": ["untrusted"], "principal": scope(["untrusted"]), "run": null, "window_s": 60, "payload": [entry("/body", "untrusted", [["x", "c"]])]}})
 	decide_with(plain, fixtures.settings).allow
 }
+
+link(e) := object.union(e, {"form": "link"})
+
+test_an_unseen_link_in_a_payload_after_untrusted_output_waits_with_unseen_target_approval if {
+	base := with_provenance("post_message", {"channel": "general", "body": "see www.evil.example"}, ["untrusted"], [entry("/channel", "trusted", [])])
+	inp := with_payload(base, [link(entry("/body", "unseen", [])), object.union(entry("/body", "unseen", []), {"form": "text"})])
+	decide_with(inp, fixtures.settings).allow
+	d := decide_with(inp, flow_setting("unseen_target", "approval"))
+	d.require_approval
+	d.reasons == ["flow_unseen_payload /body after untrusted output of a_tool"]
+	clean := with_payload(with_provenance("post_message", {"channel": "general"}, [], [entry("/channel", "trusted", [])]), [link(entry("/body", "unseen", []))])
+	decide_with(clean, flow_setting("unseen_target", "approval")).allow
+}

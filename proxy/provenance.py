@@ -304,6 +304,7 @@ def schema_problem(path: str, input_schema: Mapping[str, Any]) -> str | None:
 class SinkValue:
     argument: str                 # a JSON pointer to the value itself ("/recipients/1")
     candidates: tuple[str, ...]   # its normalized lookup forms, the whole value first
+    link: bool | None = None      # a payload's value: a link in it (True) or its text whole (False)
 
 
 def sink_values(arguments: Mapping[str, Any], paths: Sequence[str]) -> tuple[tuple[SinkValue, ...], bool]:
@@ -341,7 +342,8 @@ def payload_values(arguments: Mapping[str, Any], paths: Sequence[str]) -> tuple[
 
 
 def _bounded(found: Mapping[tuple[str, tuple[str, ...]], None]) -> tuple[SinkValue, ...]:
-    return tuple(SinkValue(where, candidates) for where, candidates in list(found)[:MAX_SINK_VALUES])
+    return tuple(SinkValue(where, candidates, link=" " not in candidates[0])
+                 for where, candidates in list(found)[:MAX_SINK_VALUES])
 
 
 def _payload_candidates(text: str) -> Iterator[tuple[str, ...]]:
@@ -559,6 +561,8 @@ def _entry(value: SinkValue, found: Sequence[Source | None], task: TaskContext |
     if not trusted_by and not untrusted and overflow is not None:
         untrusted.append(overflow)  # the scope lost values past its bound: unseen is not clean
     fact = _entry_fact(value.argument, trusted_by, untrusted)
+    if value.link is not None:
+        fact["form"] = "link" if value.link else "text"
     listed = found[-1] if directory else None
     if listed is not None:  # an existing entry of a directory (the organisation's member or channel list)
         fact["directory"] = {"tool": listed.tool, "call_id": listed.call_id}

@@ -1,7 +1,7 @@
 """AgentDojo's prompt-injection benchmark replayed through toolproxy: ``python -m bench.injection``.
 
     .venv/bin/python -m bench.injection [--suites banking,slack] [--variants shipped] [--limit N] [--save]
-    .venv/bin/python -m bench.injection --table bench/results/injection/<file>.json.gz   # a saved run's table
+    .venv/bin/python -m bench.injection --table bench/results/injection/<file>.json.gz[,<file>...]   # saved runs' table
 
 Starts a real OPA (the repo's policies/ and bench/injection/opa/), a real Redis, the world server
 (bench/injection/world.py in .tools/agentdojo-venv, which scripts/setup.sh installs) and, per suite and
@@ -140,14 +140,18 @@ def print_row(row: dict, flush: bool = False) -> None:
           f"{row['attack_success_pct']!s:>7} {row['security_true_pct']!s:>11}", flush=flush)
 
 
-def table(path: str) -> int:
-    """The markdown table of a saved run."""
-    saved = load(Path(path))
-    summaries = [SuiteSummary(**s) for s in saved["summaries"]]
-    print(markdown(summaries) + "\n\n" + curve(summaries))
-    meta = saved["meta"]
-    print(f"\nrun {meta['date']}, tree {meta['rev']}, {meta['seconds']} s\n")
-    for line in breakdown(saved["runs"], meta["variants"]):
+def table(paths: str) -> int:
+    """The markdown table of saved runs (comma-separated files: their rows in the order given)."""
+    summaries, runs, variants = [], [], []
+    for path in paths.split(","):
+        saved = load(Path(path))
+        summaries += [SuiteSummary(**s) for s in saved["summaries"]]
+        runs += saved["runs"]
+        variants += [v for v in saved["meta"]["variants"] if v not in variants]
+        meta = saved["meta"]
+        print(f"run {meta['date']}, tree {meta['rev']}, {meta['seconds']} s: {', '.join(meta['variants'])}")
+    print("\n" + markdown(summaries) + "\n\n" + curve(summaries) + "\n")
+    for line in breakdown(runs, variants):
         print(line)
     return 0
 
@@ -186,7 +190,7 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="only the first N user tasks of each suite")
     parser.add_argument("--world-python", default=str(WORLD_PYTHON))
     parser.add_argument("--save", action="store_true")
-    parser.add_argument("--table", metavar="FILE", help="print the markdown table of a saved run and stop")
+    parser.add_argument("--table", metavar="FILE[,FILE...]", help="print the markdown table of saved runs and stop")
     args = parser.parse_args()
     return table(args.table) if args.table else asyncio.run(main_async(args))
 

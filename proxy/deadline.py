@@ -43,7 +43,8 @@ class Deadline:
         """Seconds left of the caller's deadline itself (the margin not taken off), None without one."""
         if self.at is None:
             return None
-        return max(0.0, self.at - self.clock())
+        left = self.at - self.clock()
+        return left if left > 0.0 else 0.0  # (a call's every step asks: no max(), no second call)
 
     def remaining_ms(self) -> int | None:
         """Whole milliseconds left (``timing.deadline_ms`` of an envelope), None without a deadline."""
@@ -53,10 +54,11 @@ class Deadline:
     def budget(self, cap_s: float = math.inf) -> float:
         """Seconds a step may take: its own ``cap_s`` (a tool's timeout), at most what is left minus the margin.
         <= 0 means no budget is left (it says how late it is); without a deadline, ``cap_s``."""
-        remaining = self.remaining()
-        if remaining is None:
+        if self.at is None:
             return cap_s
-        return min(cap_s, remaining - self.margin_s)
+        left = self.at - self.clock()
+        left = (left if left > 0.0 else 0.0) - self.margin_s
+        return cap_s if cap_s <= left else left
 
     def or_after(self, otherwise_s: float) -> "Deadline":
         """The absolute deadline of a wait: this one less the margin, or ``otherwise_s`` from now when the caller

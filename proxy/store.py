@@ -22,12 +22,11 @@ of the named policies, in their own error codes).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Mapping, Sequence, TypeVar, Union
+from typing import Any, Awaitable, Callable, Mapping, Sequence, TypeVar, Union
 
 from .wire import redis_py  # noqa: F401  # first: redis-py imported without OpenTelemetry's metrics SDK
 
@@ -258,14 +257,28 @@ STORE_OR_SOCKET_FAULTS: tuple[type[Exception], ...] = (StoreError, OSError)
 D = TypeVar("D")
 
 
-@contextlib.contextmanager
-def unavailable_on_fault(message: str, *, phase: str, **details: Any) -> Iterator[None]:
+def unavailable_on_fault(message: str, *, phase: str, **details: Any) -> "_FailClosed":
     """Fail closed: a ``StoreError`` raised in the block is re-raised as ``unavailable(message, phase=...)``
     (``dependency_unavailable``, nothing applied)."""
-    try:
-        yield
-    except StoreError:
-        raise unavailable(message, phase=phase, **details) from None
+    return _FailClosed(message, phase, details)
+
+
+class _FailClosed:
+    """``unavailable_on_fault``'s block. This and ``_LoggedOnFault`` are classes rather than ``contextlib``
+    generators: a call's every stage enters them (no generator, no ``StopIteration`` per block)."""
+
+    __slots__ = ("_message", "_phase", "_details")
+
+    def __init__(self, message: str, phase: str, details: dict[str, Any]) -> None:
+        self._message, self._phase, self._details = message, phase, details
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, fault: BaseException | None, tb: Any) -> bool:
+        if kind is not None and issubclass(kind, StoreError):
+            raise unavailable(self._message, phase=self._phase, **self._details) from None
+        return False
 
 
 async def degrade_on_fault(command: Awaitable[T], fallback: Callable[[Exception], D], *,
@@ -278,19 +291,35 @@ async def degrade_on_fault(command: Awaitable[T], fallback: Callable[[Exception]
         return fallback(fault)
 
 
-@contextlib.contextmanager
 def logged_on_fault(log: logging.Logger, message: str, *args: Any, count: Callable[[], object] | None = None,
                     level: int = logging.WARNING,
-                    faults: tuple[type[Exception], ...] = (StoreError,)) -> Iterator[None]:
+                    faults: tuple[type[Exception], ...] = (StoreError,)) -> "_LoggedOnFault":
     """Count and go on: one of ``faults`` raised in the block ends the block; ``count()`` runs (a metric's
     ``inc``), ``message % args`` is logged at ``level`` with the fault's class (never its text: it may name a
     host), and the caller goes on after the block."""
-    try:
-        yield
-    except faults as fault:
-        if count is not None:
-            count()
-        log.log(level, message + " (%s)", *args, type(fault).__name__)
+    return _LoggedOnFault(log, message, args, count, level, faults)
+
+
+class _LoggedOnFault:
+    """``logged_on_fault``'s block (a class: see ``_FailClosed``)."""
+
+    __slots__ = ("_log", "_message", "_args", "_count", "_level", "_faults")
+
+    def __init__(self, log: logging.Logger, message: str, args: tuple[Any, ...], count: Callable[[], object] | None,
+                 level: int, faults: tuple[type[Exception], ...]) -> None:
+        self._log, self._message, self._args, self._count = log, message, args, count
+        self._level, self._faults = level, faults
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, fault: BaseException | None, tb: Any) -> bool:
+        if kind is None or not issubclass(kind, self._faults):
+            return False
+        if self._count is not None:
+            self._count()
+        self._log.log(self._level, self._message + " (%s)", *self._args, kind.__name__)
+        return True
 
 
 async def fault_as_value(command: Awaitable[T]) -> T | StoreError:

@@ -14,7 +14,6 @@ and never leak into another request.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
@@ -22,7 +21,7 @@ import re
 import sys
 import traceback
 from datetime import datetime, timezone
-from typing import Any, Iterator, TextIO
+from typing import Any, TextIO
 
 from . import outlet, redaction
 
@@ -34,15 +33,27 @@ CONTEXT_FIELDS = ("request_id", "trace_id", "call_id")
 scrub = redaction.scrub
 
 
-@contextlib.contextmanager
-def bound(**fields: str | None) -> Iterator[None]:
-    """Add request-context fields to every log line written inside the block."""
-    merged = {**_CONTEXT.get(), **{k: v for k, v in fields.items() if v is not None}}
-    token = _CONTEXT.set(merged)
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
+def bound(**fields: str | None) -> "_Bound":
+    """Add request-context fields to every log line written inside the block (``with bound(...)``)."""
+    return _Bound(fields)
+
+
+class _Bound:
+    """``bound``'s block: a class rather than a ``contextlib`` generator, since every request and every call
+    enters one (no generator, no ``StopIteration`` per block)."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, fields: dict[str, str | None]) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        merged = {**_CONTEXT.get(), **{k: v for k, v in self._fields.items() if v is not None}}
+        self._token = _CONTEXT.set(merged)
+
+    def __exit__(self, *exc: object) -> bool:
+        _CONTEXT.reset(self._token)
+        return False
 
 
 def context() -> dict[str, str]:

@@ -35,9 +35,11 @@ SECRET_KEY_PARTS = ("password", "passwd", "secret", "token", "authorization", "c
                     "private_key", "credential")
 
 
+_SECRET_PART = re.compile("|".join(map(re.escape, SECRET_KEY_PARTS)))  # any one part, anywhere: one C call
+
+
 def looks_secret(key: str) -> bool:
-    lowered = key.lower().replace("-", "_")
-    return any(part in lowered for part in SECRET_KEY_PARTS)
+    return _SECRET_PART.search(key.lower().replace("-", "_")) is not None
 
 
 def redact(arguments: Any, sensitive_fields: Iterable[str], max_chars: int) -> Any:

@@ -236,6 +236,8 @@ def _task_header(headers: Mapping[str, str], config: IdentityConfig) -> TaskCont
     """The task context header (headers mode: checked by the hop proof with the identity headers; static
     mode: believed as static mode believes everything): JSON {text, values}, or the task's text."""
     text = single_header(headers, config.task_context_header).strip()
+    if not text:  # (most calls: no header, no task context)
+        return None
     if text.startswith("{"):
         try:
             return task_context_from(json.loads(text))

@@ -106,6 +106,7 @@ class CallFacts:
 
 
 RECORD_TYPE = "toolproxy.audit.v1"
+MAX_INTENDED = 4096  # intent records whose final record is still to come (calls in flight), at most
 KINDS = frozenset({"tool_call_intent", "tool_call", "approval", "reconciliation", "takeover", "mcp_relay",
                    "cancellation", "compensation", "integrity_failure", "operator_read",
                    "pin_acknowledgement"})
@@ -257,6 +258,9 @@ class Auditor:
         self._timeout_s = config.timeout_ms / 1000.0
         self.policy = AuditPolicy(write=config.on_failure_write, read=config.on_failure_read)
         self._schema_versions: dict[tuple[str, str, str], str] = {}
+        # A call's arguments as its intent record kept them, until its final record takes them (by the call's
+        # normalized form, the same object for both): the record view runs once per call, not once per record.
+        self._intended: dict[int, tuple[NormalizedCall, Any]] = {}
         self._dropped_logged = -1e9
 
     @property
@@ -292,7 +296,13 @@ class Auditor:
         when a record is written (most tools are not fail-closed)."""
         if not self.policy.fail_closed(tool):
             return
-        if not await self.record("tool_call_intent", **self._call_fields(facts())):
+        known = facts()
+        fields = self._call_fields(known)
+        if known.normalized is not None and fields["arguments"] is not None:
+            if len(self._intended) >= MAX_INTENDED:  # finals that never came (a bug): forget, never grow
+                self._intended.clear()
+            self._intended[id(known.normalized)] = (known.normalized, fields["arguments"])
+        if not await self.record("tool_call_intent", **fields):
             raise ProxyError("audit_unavailable", "The audit trail could not be written; the call was not sent.",
                              details={"tool": tool.name}, phase="audit", attempted=False, committed=False)
 
@@ -350,7 +360,7 @@ class Auditor:
             tenant=caller.tenant, subject=caller.subject, agent=caller.agent,
             idempotency_key=facts.idempotency_key,
             args_hash=normalized.args_hash if normalized else None,
-            arguments=self._arguments(tool, normalized.arguments) if normalized and tool else None,
+            arguments=self._call_arguments(tool, normalized) if normalized and tool else None,
             resources_hash=sha256_hex("\n".join(r.id for r in normalized.resources).encode())
             if normalized and normalized.resources else None,
             policy=facts.policy.to_json() if facts.policy is not None else None,
@@ -358,6 +368,13 @@ class Auditor:
             started_at=iso(facts.started_wall), deadline_at=_deadline_at(facts.started_wall, facts.deadline_ms),
             fencing_token=facts.fencing_token,
         )
+
+    def _call_arguments(self, tool: ToolContract, normalized: "NormalizedCall") -> Any:
+        """The call's arguments as records keep them: as its intent record kept them, if it has one."""
+        intended = self._intended.pop(id(normalized), None)
+        if intended is not None and intended[0] is normalized:
+            return intended[1]
+        return self._arguments(tool, normalized.arguments)
 
     def _arguments(self, tool: ToolContract, arguments: Any) -> Any:
         """A call's arguments as its contract's record view keeps them (long text and arrays cut)."""

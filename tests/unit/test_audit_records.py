@@ -4,6 +4,7 @@ become one record of schemas/audit-record.schema.json (proxy/audit.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from proxy.deadline import Deadline
 from proxy.envelope import Envelope, Timing
 from proxy.errors import ProxyError, SideEffect
 from proxy.identity import Caller
+from proxy.telemetry import record_view
 from proxy.telemetry.metrics import Metrics
 from proxy.normalize import normalize
 from proxy.batch.plan import PlannedCall, footprint
@@ -105,3 +107,24 @@ def test_a_batch_call_never_started_is_recorded_with_its_blockers():
     SCHEMA.validate(record)
     assert record["blocked_by"] == ["a"] and record["outcome"] == "cancelled" and record["attempt"] == 0
     assert (record["side_effect_attempted"], record["side_effect_committed"]) == (False, False)
+
+
+def test_a_writes_intent_and_final_records_keep_its_arguments_alike_from_one_record_view(monkeypatch):
+    applied = []
+    apply = record_view.apply
+    monkeypatch.setattr(record_view, "apply", lambda *a, **k: applied.append(a[0]) or apply(*a, **k))
+    timing = Timing(deadline_ms=2500)
+    facts = CallFacts(request=request(), caller=CALLER, started_wall=timing.started_wall, deadline_ms=2500,
+                      tool=REFUND, normalized=normalize(REFUND, ARGUMENTS), idempotency_key="ik_" + "3" * 64)
+    env = Envelope.of(call_id="c1", request_id="req_1", tool=REFUND.name, tool_version=REFUND.version,
+                      idempotency_key=facts.idempotency_key, timing=timing)
+    audit, sink = auditor()
+    asyncio.run(audit.call_intent(REFUND, lambda: facts))  # a write: fail-closed, so it has an intent record
+    asyncio.run(audit.call_final(facts, env))
+    intent, final = sink.records
+    assert (intent["kind"], final["kind"]) == ("tool_call_intent", "tool_call")
+    assert intent["arguments"] == final["arguments"] and fingerprinted(final["arguments"]["reason"])
+    assert len(applied) == 1  # the record view ran once for the call's two records
+    # another call with the same arguments (its own normalized form) gets a record view of its own
+    asyncio.run(audit.call_final(dataclasses.replace(facts, normalized=normalize(REFUND, ARGUMENTS)), env))
+    assert len(applied) == 2 and sink.records[2]["arguments"] == final["arguments"]

@@ -25,6 +25,7 @@ import hmac
 import json
 import secrets
 from dataclasses import dataclass, field, replace
+from json.encoder import encode_basestring  # what json.dumps(ensure_ascii=False) makes of a str
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
@@ -117,7 +118,10 @@ def shown_by_type(schema: Mapping[str, Any]) -> bool:
 
 def fingerprint(value: Any, key: bytes) -> str:
     """``hmac:<16 hex>``: HMAC-SHA256 under ``key`` of the value's sorted-key JSON, cut to 64 bits."""
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    if type(value) is str:  # most fingerprinted values: the encoder's own string step, without building one
+        text = encode_basestring(value)
+    else:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return PREFIX + hmac.digest(key, text.encode("utf-8", "surrogatepass"), "sha256")[:8].hex()  # one C call
 
 

@@ -3,6 +3,10 @@ contract shows in clear, a keyed fingerprint of every other value at any depth, 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
+
 from proxy.telemetry.record_view import apply, ephemeral_key, fingerprint, view_from_schema
 
 KEY = ephemeral_key()
@@ -82,3 +86,15 @@ def test_audit_bounds_cut_only_what_is_kept_in_clear():
 def test_a_schema_without_properties_keeps_the_argument_names():
     kept, masked = apply({"a": "x", "b": 2}, view_from_schema({"type": "object"}), KEY)
     assert kept == {"a": fingerprint("x", KEY), "b": fingerprint(2, KEY)} and masked == [("a",), ("b",)]
+
+
+def test_a_fingerprint_is_the_hmac_of_the_values_sorted_key_json_whatever_path_computes_it():
+    # every sidecar sharing the key must fingerprint a value alike, across versions: pinned to the definition
+    def defined(value):
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+        return "hmac:" + hmac.new(KEY, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:16]
+
+    values = ["", "k1", 'say "hi"\\n\t', "naïve café ☕ 𝄞", "\ud800 lone surrogate", "\x00\x1f\x7f", "</script>",
+              {"b": 1, "a": ["x", 2.5, None, True]}, [1, "two"], 3, -0.5, True, None]
+    assert [fingerprint(v, KEY) for v in values] == [defined(v) for v in values]
+    assert fingerprint("k1", KEY) != fingerprint("k2", KEY) and fingerprint("k1", KEY).startswith("hmac:")

@@ -11,7 +11,8 @@
 #     symlinked into .venv/bin. Built with `go install` when Go is available,
 #     otherwise downloaded from the official release URLs and checked against
 #     the published sha256. The Go builds run in the background (one after another, one build cache,
-#     under nice) while the network-bound steps run; each logs to .venv/setup-logs/<tool>.log.
+#     under nice, their modules downloaded by a second job beside them) while the network-bound steps
+#     run; each logs to .venv/setup-logs/<tool>.log with its wall and CPU time.
 #   * pinned Node tools (Node 22, MCP conformance suite, TS SDK, Inspector, inspector-cli,
 #     server-everything) in .tools/node, from tests/node/package-lock.json.
 #   * a redis-server in .venv/bin: an existing redis-server/valkey-server on
@@ -29,7 +30,7 @@
 # One entry point, the tool families in scripts/setup/ (sourced: functions only, called in order below):
 #   common.sh    messages, checksums, downloads, apt-get
 #   python.sh    .venv and the lock, the verifier's wheels, the chart checks' venv, AgentDojo's, ContextForge
-#   go_tools.sh  opa, helm, promtool, jaeger, kube-apiserver, kine (background job)
+#   go_tools.sh  opa, helm, promtool, jaeger, kube-apiserver, kine (background jobs: builds, modules)
 #   java.sh      Keycloak, Spring Authorization Server (background job)
 #   redis.sh     redis-server
 #   debian.sh    chromium, nftables, wrk

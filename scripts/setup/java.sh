@@ -30,7 +30,7 @@ install_keycloak() {
             timeout 900 "$home/bin/kc.sh" start-dev --http-port="$port" --http-host=127.0.0.1 --db=dev-mem \
             --cache=local > "$dir/build.log" 2>&1 &
         local kc=$!
-        while kill -0 "$kc" 2>/dev/null && ! grep -q "Listening on" "$dir/build.log"; do sleep 2; done
+        while kill -0 "$kc" 2>/dev/null && ! grep -qs "Listening on" "$dir/build.log"; do sleep 2; done
         pkill -TERM -P "$kc" 2>/dev/null || true
         kill -TERM "$kc" 2>/dev/null || true
         wait "$kc" 2>/dev/null || true

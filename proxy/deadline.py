@@ -79,8 +79,12 @@ class Deadline:
     def within(self, cap_s: float) -> "Deadline":
         """The absolute deadline of one step capped at ``cap_s`` (the adapter's call within a tool's timeout):
         the margin is already taken off, so the step's own remaining time is its budget to the wire."""
-        now = self.clock()
-        return Deadline(now + self.budget(cap_s), self.clock)
+        now = self.clock()  # one reading: the budget as of the moment the step's deadline starts from
+        if self.at is None:
+            return Deadline(now + cap_s, self.clock)
+        left = self.at - now
+        left = (left if left > 0.0 else 0.0) - self.margin_s
+        return Deadline(now + (cap_s if cap_s <= left else left), self.clock)
 
     def defaulted(self, seconds: float) -> "Deadline":
         """This deadline, or one ``seconds`` from now when the caller set none (a batch's default timeout)."""

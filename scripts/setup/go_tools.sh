@@ -96,10 +96,12 @@ install_tool() {  # install_tool NAME VERSION MODULE [GO_INSTALL_FLAGS...]
 
 # promtool (checks and unit-tests deploy/helm/toolproxy/files/prometheus-rules.yaml).
 # Optional: built once with `go install` into the tools cache; without Go, or if
-# the build fails, the rule tests fall back to the Python PromQL checker.
+# the build fails, the rule tests fall back to the Python PromQL checker. remove_all_sd (Prometheus' own build
+# tag) leaves out the service-discovery plugins (AWS, Azure, GCE, Consul, ... : 247 of 1,364 packages), which
+# `promtool check rules` and `promtool test rules` never use.
 PROMTOOL_VERSION="v0.316.0"
 PROMTOOL_MODULE="github.com/prometheus/prometheus/cmd/promtool"
-PROMTOOL_TAGS=""  # go build tags
+PROMTOOL_TAGS="remove_all_sd"
 install_promtool() {
     local dir="$TOOLS_CACHE/promtool-${PROMTOOL_VERSION}"
     if ! in_tools_cache promtool "$PROMTOOL_VERSION"; then

@@ -209,17 +209,17 @@ class FlowLedger:
     def window_s(self) -> int:
         return self._window_s
 
-    def keys(self, caller: Caller, run_id: str | None) -> list[str]:
-        """[principal scope, run scope (with a run id)]: one hash tag (the tenant), so one Cluster slot."""
+    def keys(self, caller: Caller, run_id: str | None, *, provenance: bool = False) -> list[str]:
+        """[principal scope, run scope (with a run id), the principal's value fingerprints (``provenance``:
+        provenance.py)]: one hash tag (the tenant), so one Cluster slot."""
         who = f"{caller.agent}\x00{caller.subject}"
-        keys = [store.key(self._prefix, "flow", caller.tenant, _digest(who))]
+        principal = _digest(who)
+        keys = [store.key(self._prefix, "flow", caller.tenant, principal)]
         if run_id is not None:
             keys.append(store.key(self._prefix, "flowrun", caller.tenant, _digest(f"{who}\x00{run_id}")))
+        if provenance:
+            keys.append(store.key(self._prefix, "prov", caller.tenant, principal))
         return keys
-
-    def provenance_key(self, caller: Caller) -> str:
-        """The principal's value fingerprints (provenance.py): the tenant's hash tag, so the flow keys' slot."""
-        return store.key(self._prefix, "prov", caller.tenant, _digest(f"{caller.agent}\x00{caller.subject}"))
 
     def wanted(self, tool: ToolContract) -> bool:
         """Whether this call's decision reads the labels (``flow.read_for``; a tool naming sink arguments
@@ -231,13 +231,10 @@ class FlowLedger:
                    task: provenance.TaskContext | None = None) -> FlowState:
         """Both scopes and, for a ``tool`` naming sink arguments, the provenance of their values in
         ``arguments``: one command; a store fault refuses the call (nothing was sent)."""
-        keys = self.keys(caller, run_id)
-        scopes = str(len(keys))
+        scopes = "2" if run_id is not None else "1"
         lookup = _lookup(tool, arguments or {}) if tool is not None and tool.looks_up_provenance else None
-        fields: list[str] = []
-        if lookup is not None:
-            fields = lookup.fields(self._fingerprints)
-            keys = [*keys, self.provenance_key(caller)]
+        keys = self.keys(caller, run_id, provenance=lookup is not None)
+        fields = lookup.fields(self._fingerprints) if lookup is not None else []
         with store.unavailable_on_fault("The state store is unreachable; the call's data-flow context cannot be "
                                         "read, nothing was sent.", phase="authorize"):
             principal, run, found = await store.redis_call(self._read(keys=keys, args=[scopes, *fields]))
@@ -260,10 +257,9 @@ class FlowLedger:
         extracted = provenance.extract(content) if content is not None else None
         if not fields and not (extracted and (extracted.tokens or extracted.overflow)):
             return
-        keys = self.keys(caller, run_id)
+        keys = self.keys(caller, run_id, provenance=extracted is not None)
         args: list[Any] = [self._window_ms, _stamp(now_ms, call_id), len(fields), *fields]
         if extracted is not None:
-            keys.append(self.provenance_key(caller))
             args += self._provenance_args("u", f"{source}|{call_id[:128]}", extracted)
         else:
             args.append("")
@@ -288,10 +284,10 @@ class FlowLedger:
         if not tool.flow_produces and not tool.records_provenance:
             return
         fields = [f"{label}/{tool.name}" for label in tool.flow_produces]
-        keys = self.keys(caller, run_id)
+        fingerprinted = bool(tool.records_provenance) and output is not None
+        keys = self.keys(caller, run_id, provenance=fingerprinted)
         args: list[Any] = [self._window_ms, _stamp(now_ms, call_id), len(fields), *fields]
-        if tool.records_provenance and output is not None:
-            keys.append(self.provenance_key(caller))
+        if fingerprinted:
             args += self._provenance_args("t" if tool.flow_trusted_source else "u",
                                           f"{tool.name}|{str(call_id)[:128]}", provenance.extract(output),
                                           provenance.directory_entries(output, tool.flow_directory))

@@ -28,13 +28,14 @@ does, in its existing round trips), or trust a value because the model or a tool
 
 from __future__ import annotations
 
-import base64
-import hmac
+import binascii
+import hashlib
 import re
 import unicodedata
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any
 from urllib.parse import urlsplit
 
 from .envelope import iso
@@ -84,13 +85,18 @@ MAX_NAME_WORDS = 6
 _CLAUSE_END = ".,;:!?)\"'"   # a word ending so ends the name it is in (a sentence or a clause ends there)
 
 
-def text_tokens(text: str) -> Iterator[str]:
+def text_tokens(text: str) -> Iterable[str]:
     """The tokens of one string: itself when short, and what a target looks like inside it (not normalized).
     One pass over its whitespace-separated words (linear on any text, an attacker's included)."""
+    if len(text) <= MAX_TOKEN_CHARS and (text.isalnum() or (text.isascii() and _PLAIN.fullmatch(text))):
+        return (text,)  # an id or a word: itself only (most values of a JSON output)
+    return _scanned(text)
+
+
+def _scanned(text: str) -> Iterator[str]:
+    """``text_tokens`` of a string that is not one short word."""
     if len(text) <= MAX_TOKEN_CHARS:
         yield text
-        if text.isalnum() or (text.isascii() and _PLAIN.fullmatch(text)):  # an id or a word: itself only
-            return
     words = text.split()
     run: list[str] = []  # consecutive Capitalized words (with connectors inside): a name
     for index, raw in enumerate(words):
@@ -221,16 +227,16 @@ def extract(output: Any) -> Extracted:
     """The distinct normalized tokens of a tool's output (strings and numbers anywhere in it), bounded."""
     seen: dict[str, None] = {}
     raw_seen: set[str] = set()  # a repeated token is normalized once (a page repeats its words)
-    budget = [MAX_SCAN_CHARS]
+    budget = MAX_SCAN_CHARS
     overflow = False
     for leaf in _leaves(output, 0):
         if isinstance(leaf, str):
-            if budget[0] <= 0:
+            if budget <= 0:
                 overflow = True
                 break
-            text = leaf[:budget[0]]
+            text = leaf[:budget]
             overflow = overflow or len(text) < len(leaf)
-            budget[0] -= len(text)
+            budget -= len(text)
             raw: Iterable[str] = text_tokens(text)
         else:
             raw = (str(leaf),)
@@ -248,31 +254,70 @@ def extract(output: Any) -> Extracted:
 
 
 def _leaves(value: Any, depth: int) -> Iterator[Any]:
+    """The strings and numbers in ``value`` in document order, down to ``MAX_DEPTH`` (a float that is a whole
+    number as an int; booleans and nulls are no values). A generator per container, not per value."""
     if depth > MAX_DEPTH:
         return
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, bool) or value is None:
+    kind = type(value)
+    if kind is dict:
+        subs: Iterable[Any] = value.values()
+    elif kind is list:
+        subs = value
+    else:
+        leaf = _leaf(value)
+        if leaf is not None:
+            yield leaf
+            return
+        if isinstance(value, Mapping):
+            subs = value.values()
+        elif isinstance(value, (list, tuple)):
+            subs = value
+        else:
+            return
+    if depth == MAX_DEPTH:  # what it holds is past the bound
         return
-    elif isinstance(value, (int, float)):
-        yield value if isinstance(value, int) or not value.is_integer() else int(value)
-    elif isinstance(value, Mapping):
-        for sub in value.values():
+    for sub in subs:
+        kind = type(sub)
+        if kind is str or kind is int:
+            yield sub
+        else:
             yield from _leaves(sub, depth + 1)
-    elif isinstance(value, (list, tuple)):
-        for sub in value:
-            yield from _leaves(sub, depth + 1)
+
+
+def _leaf(value: Any) -> Any:
+    """A string or a number as a value (None for anything else: a container, a boolean, a null)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return value if isinstance(value, int) or not value.is_integer() else int(value)
+
+
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+_URLSAFE = bytes.maketrans(b"+/", b"-_")
 
 
 class Fingerprints:
-    """Keyed fingerprints of normalized tokens (one instance per process: the key is the MAC key's)."""
+    """Keyed fingerprints of normalized tokens (one instance per process: the key is the MAC key's):
+    HMAC-SHA256 cut to 128 bits, URL-safe base64 without padding (22 characters). The HMAC's keyed inner
+    and outer hash states are made once and copied per token (RFC 2104, as ``hmac`` does): a one-shot
+    ``hmac.digest`` keys both again for every token, about half of a short token's fingerprint."""
 
     def __init__(self, key: bytes) -> None:
-        self._key = key
+        block = hashlib.sha256().block_size
+        if len(key) > block:
+            key = hashlib.sha256(key).digest()
+        key = key.ljust(block, b"\0")
+        self._inner = hashlib.sha256(key.translate(_IPAD))
+        self._outer = hashlib.sha256(key.translate(_OPAD))
 
     def of(self, token: str) -> str:
-        digest = hmac.digest(self._key, token.encode("utf-8", "surrogatepass"), "sha256")[:16]
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        inner = self._inner.copy()
+        inner.update(token.encode("utf-8", "surrogatepass"))
+        outer = self._outer.copy()
+        outer.update(inner.digest())
+        return binascii.b2a_base64(outer.digest()[:16], newline=False)[:22].translate(_URLSAFE).decode("ascii")
 
 
 # ---- sink arguments ------------------------------------------------------------------------------------------
@@ -282,8 +327,10 @@ def pointer(path: str) -> str:
     return path if path.startswith("/") else "/" + path.replace("~", "~0").replace("/", "~1")
 
 
-def _parts(path: str) -> list[str]:
-    return [p.replace("~1", "/").replace("~0", "~") for p in pointer(path).split("/")[1:]]
+@lru_cache(maxsize=1024)
+def _parts(path: str) -> tuple[str, ...]:
+    """A sink-argument path's property names (a contract's paths are few: each is split once)."""
+    return tuple(p.replace("~1", "/").replace("~0", "~") for p in pointer(path).split("/")[1:])
 
 
 def schema_problem(path: str, input_schema: Mapping[str, Any]) -> str | None:
@@ -384,7 +431,7 @@ def _directory_leaves(output: Any, path: str) -> Iterator[Any]:
         yield from (value for _, value in _at(output, _parts(path), "", 0))
 
 
-def _at(value: Any, parts: list[str], where: str, depth: int) -> Iterator[tuple[str, Any]]:
+def _at(value: Any, parts: Sequence[str], where: str, depth: int) -> Iterator[tuple[str, Any]]:
     if depth > MAX_DEPTH:
         return
     if isinstance(value, list):
@@ -392,15 +439,20 @@ def _at(value: Any, parts: list[str], where: str, depth: int) -> Iterator[tuple[
             yield from _at(sub, parts, f"{where}/{index}", depth + 1)
         return
     if parts:
-        if isinstance(value, Mapping) and parts[0] in value:
+        if _is_mapping(value) and parts[0] in value:
             name = parts[0].replace("~", "~0").replace("/", "~1")
             yield from _at(value[parts[0]], parts[1:], f"{where}/{name}", depth + 1)
         return
-    if isinstance(value, Mapping):
+    if _is_mapping(value):
         for key, sub in value.items():
             yield from _at(sub, [], f"{where}/{str(key).replace('~', '~0').replace('/', '~1')}", depth + 1)
     elif isinstance(value, str) or (isinstance(value, (int, float)) and not isinstance(value, bool)):
         yield where, value
+
+
+def _is_mapping(value: Any) -> bool:
+    """Whether ``value`` is an object (a dict first: an ABC's check costs a Python call, and a string is none)."""
+    return type(value) is dict or (type(value) is not str and isinstance(value, Mapping))
 
 
 # ---- the trusted task context -------------------------------------------------------------------------------
@@ -541,7 +593,7 @@ def _past_bound(now_ms: int) -> dict[str, Any]:
 
 def _fresh(stored: Any, now_ms: int, window_ms: int) -> Source | None:
     """The source a stored field names, when it is one and inside the window (None otherwise)."""
-    source = Source.parse(stored)
+    source = Source.parse(stored) if stored is not None else None  # (most fields are absent)
     return source if source is not None and now_ms - source.at_ms < window_ms else None
 
 

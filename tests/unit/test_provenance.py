@@ -123,6 +123,31 @@ def test_fingerprints_depend_on_the_key_and_never_hold_the_value():
     assert len(one.of("a@x.com")) == 22 and "x.com" not in one.of("a@x.com")
 
 
+@pytest.mark.parametrize("key", [b"", b"k" * 32, b"x" * 64, bytes(range(65)), bytes(range(256)) * 2])
+def test_fingerprints_are_hmac_sha256_cut_to_128_bits_in_urlsafe_base64(key):
+    # what every replica and every earlier version stored: a value seen before an upgrade is still found
+    import base64
+    import hmac
+    fps = Fingerprints(key)
+    for token in ("a@x.com", "", "gb29nwbk60161331926819", "z\u00fcrich \u6f22\u5b57", "lone \ud800", "x" * 200):
+        digest = hmac.digest(key, token.encode("utf-8", "surrogatepass"), "sha256")[:16]
+        assert fps.of(token) == base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def test_extraction_takes_every_json_like_shape_to_its_depth_bound():
+    from collections import OrderedDict
+
+    def nested(depth: int, leaf: object) -> object:
+        for _ in range(depth):
+            leaf = [leaf] if depth % 2 else {"k": leaf}
+        return leaf
+    shapes = extract((OrderedDict(a="ord_1", b=(2.0, 2.5, True, None)), ["x y"], {"n": [7]}))
+    assert shapes.tokens == ("ord_1", "2", "2.5", "x y", "7") and not shapes.overflow
+    assert extract(nested(provenance.MAX_DEPTH, "deep_1")).tokens == ("deep_1",)
+    assert extract(nested(provenance.MAX_DEPTH + 1, "deep_1")).tokens == ()
+    assert extract(nested(provenance.MAX_DEPTH, 42)).tokens == ("42",)
+
+
 def test_entries_name_the_untrusted_source_and_trusted_values_pass():
     fps = Fingerprints(b"k" * 32)
     values, _ = sink_values({"to": ["mallory@evil.com", "bob@corp.com", "new@corp.com", "boss@corp.com"]}, ["/to"])

@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 import aiohttp
+from redis import exceptions as redis_exceptions
 
 from bench.injection.registry import HERE, SERVICE, write_registry
 from proxy.store import key
@@ -123,6 +124,20 @@ class TaskResult:
         return [o["verdict"] for o in self.outcomes if o["phase"] == phase]
 
 
+XRANGE_TRIES = 3  # a page of the audit stream read again after a timeout (a loaded machine), then the run fails
+
+
+async def _xrange(stack: Stack, stream: str, start: str) -> list[Any]:
+    """One page of the audit stream: read again up to ``XRANGE_TRIES`` times when the read times out."""
+    for attempt in range(XRANGE_TRIES):
+        try:
+            return await stack.redis.xrange(stream, min=start, count=1000)
+        except (TimeoutError, redis_exceptions.TimeoutError):
+            if attempt == XRANGE_TRIES - 1:
+                raise
+    return []
+
+
 async def decision_records(stack: Stack) -> dict[str, dict[str, Any]]:
     """The audit stream's tool_call records by call id (the policy's result and reasons live there: the agent
     is told only "forbidden" or "approval_required")."""
@@ -130,7 +145,7 @@ async def decision_records(stack: Stack) -> dict[str, dict[str, Any]]:
     found: dict[str, dict[str, Any]] = {}
     start = "-"
     while True:
-        entries = await stack.redis.xrange(stream, min=start, count=1000)
+        entries = await _xrange(stack, stream, start)
         for entry_id, fields in entries:
             record = json.loads(fields.get(b"record") or fields.get("record"))
             if record.get("kind") == "tool_call" and record.get("call_id"):

@@ -498,9 +498,13 @@ class ApprovalStore:
         ones in the same atomic step that acts on the record (a record that moved in between is read again).
         Returns (verdict, the record as read)."""
         for _ in range(3):
+            # Known spent here before the read, so an unspent record read after it is a copy written back. Asked
+            # after the read, a concurrent call of this process that spent it meanwhile would make this
+            # call's earlier, honest read look restored (an integrity refusal of a plain race).
+            spent_before_read = approval_id in self._spent
             with _store_faults():
                 record = await self._record(approval_id) or {}
-            if approval_id in self._spent and "used_at_ms" not in record and record.get("status") == "approved":
+            if spent_before_read and "used_at_ms" not in record and record.get("status") == "approved":
                 verdict = "restored"  # spent here, unspent in Redis: written back, whatever Redis says now
                 break
             args = self._check_args(approval_id, record, caller, tool, normalized, consume=consume,

@@ -54,10 +54,12 @@ class Deadline:
     def budget(self, cap_s: float = math.inf) -> float:
         """Seconds a step may take: its own ``cap_s`` (a tool's timeout), at most what is left minus the margin.
         <= 0 means no budget is left (it says how late it is); without a deadline, ``cap_s``."""
-        if self.at is None:
-            return cap_s
-        left = self.at - self.clock()
-        left = (left if left > 0.0 else 0.0) - self.margin_s
+        return cap_s if self.at is None else self._budget_at(self.clock(), cap_s)
+
+    def _budget_at(self, now: float, cap_s: float) -> float:
+        """``budget`` as of ``now`` (a deadline is set): one clock reading serves a step's start and budget."""
+        left = self.at - now  # type: ignore[operator]
+        left = (left if left > 0.0 else 0.0) - self.margin_s  # (every step asks: no max() or min() calls)
         return cap_s if cap_s <= left else left
 
     def or_after(self, otherwise_s: float) -> "Deadline":
@@ -80,11 +82,7 @@ class Deadline:
         """The absolute deadline of one step capped at ``cap_s`` (the adapter's call within a tool's timeout):
         the margin is already taken off, so the step's own remaining time is its budget to the wire."""
         now = self.clock()  # one reading: the budget as of the moment the step's deadline starts from
-        if self.at is None:
-            return Deadline(now + cap_s, self.clock)
-        left = self.at - now
-        left = (left if left > 0.0 else 0.0) - self.margin_s
-        return Deadline(now + (cap_s if cap_s <= left else left), self.clock)
+        return Deadline(now + (cap_s if self.at is None else self._budget_at(now, cap_s)), self.clock)
 
     def defaulted(self, seconds: float) -> "Deadline":
         """This deadline, or one ``seconds`` from now when the caller set none (a batch's default timeout)."""

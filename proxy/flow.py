@@ -232,9 +232,9 @@ class FlowLedger:
         """Both scopes and, for a ``tool`` naming sink arguments, the provenance of their values in
         ``arguments``: one command; a store fault refuses the call (nothing was sent)."""
         scopes = "2" if run_id is not None else "1"
-        lookup = _lookup(tool, arguments or {}) if tool is not None and tool.looks_up_provenance else None
+        lookup, fields = (_lookup(self._fingerprints, tool, arguments or {})
+                          if tool is not None and tool.looks_up_provenance else (None, ()))
         keys = self.keys(caller, run_id, provenance=lookup is not None)
-        fields = lookup.fields(self._fingerprints) if lookup is not None else []
         with store.unavailable_on_fault("The state store is unreachable; the call's data-flow context cannot be "
                                         "read, nothing was sent.", phase="authorize"):
             principal, run, found = await store.redis_call(self._read(keys=keys, args=[scopes, *fields]))
@@ -296,13 +296,13 @@ class FlowLedger:
         trip.add(self._record, keys, args, lambda reply: _recorded(reply, tool))
 
 
-def _lookup(tool: ToolContract, arguments: Mapping[str, Any]) -> provenance.Lookup:
-    """What a call of ``tool`` looks up: its sink values (and, for a state_changing internal write, whether
-    each is a directory's entry) and its payload values."""
-    values, truncated = provenance.sink_values(arguments, tool.flow_sink_arguments)
-    payload, cut = provenance.payload_values(arguments, tool.flow_payload_arguments)
-    return provenance.Lookup(values, payload, directory=tool.flow_sink != "external"
-                             and tool.flow_integrity == "state_changing", truncated=truncated, payload_truncated=cut)
+def _lookup(fingerprints: provenance.Fingerprints, tool: ToolContract, arguments: Mapping[str, Any]
+            ) -> tuple[provenance.Lookup, tuple[str, ...]]:
+    """What a call of ``tool`` looks up (its sink values and, for a state_changing internal write, whether
+    each is a directory's entry; its payload values) and the hash fields it asks for."""
+    return provenance.prepared_lookup(fingerprints, arguments, tool.flow_sink_arguments,
+                                      tool.flow_payload_arguments, directory=tool.flow_sink != "external"
+                                      and tool.flow_integrity == "state_changing")
 
 
 def _recorded(reply: Any, tool: ToolContract) -> None:

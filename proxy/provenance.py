@@ -373,6 +373,8 @@ def payload_values(arguments: Mapping[str, Any], paths: Sequence[str]) -> tuple[
     whole (a third party's words relayed verbatim), and each link in it (an address, a URL and its host, a
     host name), at most ``MAX_SINK_VALUES`` in all and ``MAX_SCAN_CHARS`` of text scanned; the flag says some
     were left out. A payload's other words are the agent's to compose: never looked up."""
+    if not paths:  # (most contracts name none)
+        return (), False
     found: dict[tuple[str, tuple[str, ...]], None] = {}
     budget = MAX_SCAN_CHARS
     for path in paths:
@@ -565,6 +567,67 @@ class Lookup:
         return out
 
 
+MAX_PREPARED = 1024  # calls' lookups kept per process (prepared_lookup)
+
+
+def prepared_lookup(fingerprints: Fingerprints, arguments: Mapping[str, Any], sink_paths: tuple[str, ...],
+                    payload_paths: tuple[str, ...], *, directory: bool) -> tuple[Lookup, tuple[str, ...]]:
+    """What a call looks up and the hash fields it asks for (``Lookup.fields``). A call whose every sink and
+    payload argument is a top-level string of at most ``MAX_TOKEN_CHARS``, an integer or a list of them is
+    served from a bounded per-process cache keyed by those values: the same values give the same lookup and,
+    under the process's key, the same fingerprints (an agent aims at the same few targets again and again).
+    Its values stay in the process's memory, like any call's arguments; only fingerprints leave it."""
+    values = _plain_values(arguments, sink_paths + payload_paths)
+    if values is None:
+        return _uncached_lookup(fingerprints, arguments, sink_paths, payload_paths, directory)
+    return _cached_lookup(fingerprints, sink_paths, payload_paths, directory, values)
+
+
+def _uncached_lookup(fingerprints: Fingerprints, arguments: Mapping[str, Any], sink_paths: tuple[str, ...],
+                     payload_paths: tuple[str, ...], directory: bool) -> tuple[Lookup, tuple[str, ...]]:
+    values, truncated = sink_values(arguments, sink_paths)
+    payload, cut = payload_values(arguments, payload_paths)
+    lookup = Lookup(values, payload, directory=directory, truncated=truncated, payload_truncated=cut)
+    return lookup, tuple(lookup.fields(fingerprints))
+
+
+@lru_cache(maxsize=MAX_PREPARED)
+def _cached_lookup(fingerprints: Fingerprints, sink_paths: tuple[str, ...], payload_paths: tuple[str, ...],
+                   directory: bool, values: tuple[Any, ...]) -> tuple[Lookup, tuple[str, ...]]:
+    """``_uncached_lookup`` of the arguments ``values`` stand for (``_plain_values``: an absent one is None,
+    which the paths' walk skips alike; a list was made a tuple)."""
+    arguments = {_parts(path)[0]: list(value) if type(value) is tuple else value
+                 for path, value in zip(sink_paths + payload_paths, values) if value is not None}
+    return _uncached_lookup(fingerprints, arguments, sink_paths, payload_paths, directory)
+
+
+def _plain_values(arguments: Mapping[str, Any], paths: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """The values at ``paths`` as a cache key, when each path names a top-level argument that is absent,
+    null, a short string, an integer or a list of those (a list as a tuple); None for anything else (an object,
+    a float or a boolean, a nested path, a longer text: looked up without the cache)."""
+    if type(arguments) is not dict:
+        return None
+    found = []
+    for path in paths:
+        parts = _parts(path)
+        if len(parts) != 1:
+            return None
+        value = arguments.get(parts[0])
+        if type(value) is list:
+            if len(value) > MAX_SINK_VALUES or not all(_plain(item) for item in value):
+                return None
+            value = tuple(value)
+        elif not _plain(value):
+            return None
+        found.append(value)
+    return tuple(found)
+
+
+def _plain(value: Any) -> bool:
+    kind = type(value)
+    return value is None or kind is int or (kind is str and len(value) <= MAX_TOKEN_CHARS)
+
+
 def _value_fields(value: SinkValue, fingerprints: Fingerprints, directory: bool) -> list[str]:
     fields = []
     for candidate in value.candidates:
@@ -591,9 +654,18 @@ def _past_bound(now_ms: int) -> dict[str, Any]:
             "untrusted_sources": [{"tool": "(too many sink values)", "call_id": "", "at": iso(now_ms / 1000)}]}
 
 
+@lru_cache(maxsize=MAX_PREPARED)
+def _stored_source(stored: bytes) -> Source | None:
+    """``Source.parse`` of a stored field as Redis returns it (a source is read again and again until its
+    value is seen anew: the same bytes, the same immutable Source)."""
+    return Source.parse(stored)
+
+
 def _fresh(stored: Any, now_ms: int, window_ms: int) -> Source | None:
     """The source a stored field names, when it is one and inside the window (None otherwise)."""
-    source = Source.parse(stored) if stored is not None else None  # (most fields are absent)
+    if stored is None:  # (most fields are absent)
+        return None
+    source = _stored_source(stored) if type(stored) is bytes and len(stored) <= 512 else Source.parse(stored)
     return source if source is not None and now_ms - source.at_ms < window_ms else None
 
 

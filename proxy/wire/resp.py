@@ -96,7 +96,8 @@ def pack(commands: Sequence[Command]) -> bytes:
     for command in commands:
         out.append(b"*%d\r\n" % len(command))
         for argument in command:
-            data = _encode(argument)
+            kind = type(argument)  # (a str or bytes without a call: most arguments are keys and texts)
+            data = argument.encode("utf-8") if kind is str else argument if kind is bytes else _encode(argument)
             out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
 

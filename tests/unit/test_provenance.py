@@ -236,3 +236,48 @@ def test_a_directory_may_be_the_fields_the_platform_sets():
                 {"sender": "Bob", "recipient": "general", "body": "ok"}]
     assert provenance.directory_entries(messages, ("/sender",)) == ("alice", "bob")
     assert provenance.directory_entries(messages, ()) == ()
+
+
+PREPARED = [
+    {"to": "Bob@Corp.com"}, {"to": "bob@corp.com"}, {"to": 1001}, {"to": "1001"}, {"to": None}, {},
+    {"to": ["a@x.com", None, 7, "b@y.org"]}, {"to": ("a@x.com",)}, {"to": True}, {"to": 1.5},
+    {"to": {"name": "x"}}, {"to": "x" * provenance.MAX_TOKEN_CHARS}, {"to": "x" * (provenance.MAX_TOKEN_CHARS + 1)},
+    {"to": ["a"] * (provenance.MAX_SINK_VALUES + 1)}, {"to": "https://www.Evil.com/x", "body": "see evil.com now"},
+    {"to": "()", "body": "x" * 500}, {"event": {"participants": ["a@x.com"]}},
+]
+
+
+@pytest.mark.parametrize("arguments", PREPARED)
+@pytest.mark.parametrize("sink, payload, directory", [(("/to",), (), False), (("/to",), ("/body",), True),
+                                                       (("/event/participants",), (), False), ((), ("/body",), False)])
+def test_a_prepared_lookup_is_the_lookup_the_values_make_cached_or_not(arguments, sink, payload, directory):
+    fps = Fingerprints(b"k" * 32)
+    values, truncated = sink_values(arguments, sink)
+    texts, cut = provenance.payload_values(arguments, payload)
+    expected = provenance.Lookup(values, texts, directory=directory, truncated=truncated, payload_truncated=cut)
+    for _ in range(2):  # the second one from the cache, when the values are plain
+        lookup, fields = provenance.prepared_lookup(fps, arguments, sink, payload, directory=directory)
+        assert lookup == expected and list(fields) == expected.fields(fps)
+    other = provenance.prepared_lookup(Fingerprints(b"j" * 32), arguments, sink, payload, directory=directory)
+    assert other[0] == expected and list(other[1]) == expected.fields(Fingerprints(b"j" * 32))  # a key of its own
+
+
+def test_a_stored_source_is_parsed_the_same_from_the_cache():
+    for stored in (b"1000|read_inbox|call-7", b"1000|read_inbox|", b"x|read_inbox|c", b"1000||c", b"", b"1000"):
+        for _ in range(2):
+            assert provenance._stored_source(stored) == Source.parse(stored)
+    src = Source("read_inbox", "call-7", 1000).stored().encode()
+    assert provenance._fresh(src, 2000, 10_000) == Source("read_inbox", "call-7", 1000)
+    assert provenance._fresh(src, 20_000, 10_000) is None  # the window is the caller's, never cached
+    assert provenance._fresh(src.decode(), 2000, 10_000) == Source("read_inbox", "call-7", 1000)
+
+
+def test_plain_values_are_looked_up_from_the_cache_and_others_are_not():
+    fps, cache = Fingerprints(b"c" * 32), provenance._cached_lookup
+    before = cache.cache_info()
+    first = provenance.prepared_lookup(fps, {"to": "carol@corp.com"}, ("/to",), (), directory=False)
+    again = provenance.prepared_lookup(fps, {"to": "carol@corp.com", "cc": "x"}, ("/to",), (), directory=False)
+    assert again is first and cache.cache_info().hits == before.hits + 1
+    nested = provenance.prepared_lookup(fps, {"to": {"a": "carol@corp.com"}}, ("/to",), (), directory=False)
+    provenance.prepared_lookup(fps, {"to": {"a": "carol@corp.com"}}, ("/to",), (), directory=False)
+    assert cache.cache_info().hits == before.hits + 1 and nested[0].values[0].argument == "/to/a"

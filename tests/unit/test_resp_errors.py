@@ -56,3 +56,16 @@ def test_no_module_of_the_proxy_imports_a_private_redis_py_name():
     offenders = [str(path.relative_to(REPO)) for path in (REPO / "proxy").rglob("*.py")
                  if re.search(r"^\s*(from|import)\s+redis(\.[a-z_]+)*\._", path.read_text(encoding="utf-8"), re.M)]
     assert offenders == []
+
+
+def test_commands_are_packed_as_redis_py_packs_them():
+    import hiredis  # redis-py's packer when hiredis is installed: the reference
+
+    from redis.exceptions import DataError
+
+    from proxy.wire.resp import pack
+    command = ("EVALSHA", "s" * 40, 2, "k:{t}:a", b"raw\x00bytes", "caf\u00e9", 0, -12, 1.5, 1e20, "")
+    assert pack([command, ("PING",)]) == hiredis.pack_command(command) + hiredis.pack_command(("PING",))
+    for wrong in (True, None, {"a": 1}, ["x"]):
+        with pytest.raises(DataError):
+            pack([("SET", "k", wrong)])

@@ -553,58 +553,64 @@ class Lookup:
                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """``input.flow.provenance`` and ``input.flow.payload`` from the read's replies to ``fields``."""
         overflow = _fresh(replies[-1], now_ms, window_ms) if replies else None
-        at = 0
-        out: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
-        for values, directory, into in ((self.values, self.directory, out[0]), (self.payload, False, out[1])):
-            for value in values:
-                width = 2 * len(value.candidates) + (1 if directory else 0)
-                found = [_fresh(replies[at + offset], now_ms, window_ms) for offset in range(width)]
-                at += width
-                into.append(_entry(value, found, task, overflow, directory))
-        for truncated, into in ((self.truncated, out[0]), (self.payload_truncated, out[1])):
-            if truncated:
-                into.append(_past_bound(now_ms))
-        return out
+        sinks, at = _entries(self.values, self.directory, replies, 0, task, overflow, now_ms, window_ms)
+        payload = _entries(self.payload, False, replies, at, task, overflow, now_ms, window_ms)[0] \
+            if self.payload else []
+        if self.truncated:
+            sinks.append(_past_bound(now_ms))
+        if self.payload_truncated:
+            payload.append(_past_bound(now_ms))
+        return sinks, payload
+
+
+def _entries(values: Sequence[SinkValue], directory: bool, replies: Sequence[Any], at: int,
+             task: TaskContext | None, overflow: Source | None, now_ms: int, window_ms: int
+             ) -> tuple[list[dict[str, Any]], int]:
+    """The entries of ``values`` from the replies from ``at`` on (``Lookup.fields``' order), and where the
+    next value's replies start."""
+    out = []
+    for value in values:
+        width = 2 * len(value.candidates) + (1 if directory else 0)
+        found = [_fresh(replies[index], now_ms, window_ms) for index in range(at, at + width)]
+        at += width
+        out.append(_entry(value, found, task, overflow, directory))
+    return out, at
 
 
 MAX_PREPARED = 1024  # calls' lookups kept per process (prepared_lookup)
+_prepared: dict[tuple[Any, ...], tuple[Lookup, tuple[str, ...]]] = {}  # the oldest first
 
 
 def prepared_lookup(fingerprints: Fingerprints, arguments: Mapping[str, Any], sink_paths: tuple[str, ...],
                     payload_paths: tuple[str, ...], *, directory: bool) -> tuple[Lookup, tuple[str, ...]]:
     """What a call looks up and the hash fields it asks for (``Lookup.fields``). A call whose every sink and
-    payload argument is a top-level string of at most ``MAX_TOKEN_CHARS``, an integer or a list of them is
-    served from a bounded per-process cache keyed by those values: the same values give the same lookup and,
-    under the process's key, the same fingerprints (an agent aims at the same few targets again and again).
-    Its values stay in the process's memory, like any call's arguments; only fingerprints leave it."""
+    payload argument is a top-level string of at most ``MAX_TOKEN_CHARS``, an integer, null or a list of them
+    is remembered per process (at most ``MAX_PREPARED``, the oldest dropped first) under those values: the
+    same values give the same lookup and, under the process's key, the same fingerprints (an agent aims at
+    the same few targets again and again). Its values stay in the process's memory, like any call's
+    arguments; only fingerprints leave it."""
     values = _plain_values(arguments, sink_paths + payload_paths)
-    if values is None:
-        return _uncached_lookup(fingerprints, arguments, sink_paths, payload_paths, directory)
-    return _cached_lookup(fingerprints, sink_paths, payload_paths, directory, values)
-
-
-def _uncached_lookup(fingerprints: Fingerprints, arguments: Mapping[str, Any], sink_paths: tuple[str, ...],
-                     payload_paths: tuple[str, ...], directory: bool) -> tuple[Lookup, tuple[str, ...]]:
-    values, truncated = sink_values(arguments, sink_paths)
+    key = (fingerprints, sink_paths, payload_paths, directory, values)
+    if values is not None:
+        known = _prepared.get(key)
+        if known is not None:
+            return known
+    found, truncated = sink_values(arguments, sink_paths)
     payload, cut = payload_values(arguments, payload_paths)
-    lookup = Lookup(values, payload, directory=directory, truncated=truncated, payload_truncated=cut)
-    return lookup, tuple(lookup.fields(fingerprints))
-
-
-@lru_cache(maxsize=MAX_PREPARED)
-def _cached_lookup(fingerprints: Fingerprints, sink_paths: tuple[str, ...], payload_paths: tuple[str, ...],
-                   directory: bool, values: tuple[Any, ...]) -> tuple[Lookup, tuple[str, ...]]:
-    """``_uncached_lookup`` of the arguments ``values`` stand for (``_plain_values``: an absent one is None,
-    which the paths' walk skips alike; a list was made a tuple)."""
-    arguments = {_parts(path)[0]: list(value) if type(value) is tuple else value
-                 for path, value in zip(sink_paths + payload_paths, values) if value is not None}
-    return _uncached_lookup(fingerprints, arguments, sink_paths, payload_paths, directory)
+    lookup = Lookup(found, payload, directory=directory, truncated=truncated, payload_truncated=cut)
+    prepared = lookup, tuple(lookup.fields(fingerprints))
+    if values is not None:
+        if len(_prepared) >= MAX_PREPARED:
+            _prepared.pop(next(iter(_prepared)), None)
+        _prepared[key] = prepared
+    return prepared
 
 
 def _plain_values(arguments: Mapping[str, Any], paths: tuple[str, ...]) -> tuple[Any, ...] | None:
-    """The values at ``paths`` as a cache key, when each path names a top-level argument that is absent,
-    null, a short string, an integer or a list of those (a list as a tuple); None for anything else (an object,
-    a float or a boolean, a nested path, a longer text: looked up without the cache)."""
+    """The values at ``paths`` as a key, when each path names a top-level argument that is absent, null, a
+    short string, an integer or a list of those (a list as a tuple: absent and null alike, as the paths' walk
+    skips both); None for anything else (an object, a float or a boolean, a nested path, a longer text: looked
+    up every time)."""
     if type(arguments) is not dict:
         return None
     found = []
@@ -613,11 +619,15 @@ def _plain_values(arguments: Mapping[str, Any], paths: tuple[str, ...]) -> tuple
         if len(parts) != 1:
             return None
         value = arguments.get(parts[0])
-        if type(value) is list:
-            if len(value) > MAX_SINK_VALUES or not all(_plain(item) for item in value):
+        kind = type(value)
+        if kind is str:
+            if len(value) > MAX_TOKEN_CHARS:
+                return None
+        elif kind is list:
+            if len(value) > MAX_SINK_VALUES or not all(map(_plain, value)):
                 return None
             value = tuple(value)
-        elif not _plain(value):
+        elif value is not None and kind is not int:
             return None
         found.append(value)
     return tuple(found)
@@ -695,10 +705,10 @@ def _entry(value: SinkValue, found: Sequence[Source | None], task: TaskContext |
 
 def _entry_fact(argument: str, trusted_by: list[str], untrusted: list[Source]) -> dict[str, Any]:
     """An entry as OPA is given it: trusted when anything trusted names the value, untrusted when only
-    untrusted sources do, unseen otherwise."""
+    untrusted sources do, unseen otherwise (``trusted_by`` becomes the entry's: a list of its own)."""
     trusted = bool(trusted_by)
     return {"argument": argument,
             "seen": "trusted" if trusted else "untrusted" if untrusted else "unseen",
-            "trusted": trusted, "trusted_by": sorted(set(trusted_by)),
+            "trusted": trusted, "trusted_by": sorted(set(trusted_by)) if len(trusted_by) > 1 else trusted_by,
             "untrusted_sources": [{"tool": s.tool, "call_id": s.call_id, "at": iso(s.at_ms / 1000.0)}
                                   for s in untrusted]}

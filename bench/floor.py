@@ -455,17 +455,20 @@ def start_all(args: argparse.Namespace, procs: Processes, workdir: Path) -> tupl
     credentials = json.dumps({"bench-key": {"kind": "bearer", "secret_file": str(key_file)}})
     if not args.proxy_src:
         env["TOOLPROXY_CREDENTIALS"] = credentials
-    proxy = procs.spawn("proxy", [python, "-m", "proxy.cli", "run"], env=env, cwd=src)
+    wrap = list(getattr(args, "wrap", ()))  # bench.instructions: the proxies run under callgrind
+    env.update(setting_env(getattr(args, "slow_settings", {})))
+    proxy = procs.spawn("proxy", [*wrap, python, "-m", "proxy.cli", "run"], env=env, cwd=src)
     traced = _traced_proxies(args, procs, env, src, settings) if args.tracing else []
     before = _before_proxy(Path(args.before), procs, {**env, "TOOLPROXY_CREDENTIALS": credentials}, settings,
-                           [extra]) if args.before else None
+                           [extra], wrap) if args.before else None
     wait_http(f"{backend_url}/healthz", backend)
     wait_http(upstream_url, upstream)
     wait_http(f"http://127.0.0.1:{floor_port}/", floor)
     wait_http(f"http://127.0.0.1:{wire_floor_port}/", wire_floor)
-    wait_http(f"http://127.0.0.1:{ops_port}/readyz", proxy)
+    ready_s = getattr(args, "ready_s", 60.0)
+    wait_http(f"http://127.0.0.1:{ops_port}/readyz", proxy, ready_s)
     for _, _, ops, process in traced + ([before] if before else []):
-        wait_http(f"http://127.0.0.1:{ops}/readyz", process)
+        wait_http(f"http://127.0.0.1:{ops}/readyz", process, ready_s)
     proxy_url = f"http://127.0.0.1:{proxy_port}"
 
     def pid_of(proc: subprocess.Popen[bytes]) -> Callable[[], int | None]:
@@ -516,7 +519,7 @@ def setting_env(settings: dict[str, Any]) -> dict[str, str]:
 
 
 def _before_proxy(src: Path, procs: Processes, env: dict[str, str], settings: dict[str, Any],
-                  extra: list[Path]) -> tuple[str, str, int, subprocess.Popen[bytes]]:
+                  extra: list[Path], wrap: list[str]) -> tuple[str, str, int, subprocess.Popen[bytes]]:
     """``--before``: a second proxy run from the checkout ``src``, with the same settings on ports of its own,
     against the same OPA, Redis, backend and upstream; (label, agent URL, ops port, process). Its registry: its
     own examples, the bench's MCP tools and its own ``bench/floor.py``'s flow tools (an older checkout may not
@@ -531,7 +534,7 @@ def _before_proxy(src: Path, procs: Processes, env: dict[str, str], settings: di
     paths = [src / "examples" / "registry", *extra] + ([tools] if tools.read_text().strip() else [])
     mine = {**settings, "listen.port": port, "admin.port": admin, "ops.port": ops,
             "registry.paths": ",".join(map(str, paths))}
-    process = procs.spawn("proxy (before)", [sys.executable, "-m", "proxy.cli", "run"],
+    process = procs.spawn("proxy (before)", [*wrap, sys.executable, "-m", "proxy.cli", "run"],
                           env={**env, "PYTHONPATH": str(src), **setting_env(mine)}, cwd=src)
     return "before", f"http://127.0.0.1:{port}", ops, process
 

@@ -12,6 +12,7 @@ mappings are ``name=value`` pairs separated by commas.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import os
 import types
@@ -931,7 +932,7 @@ def otel_defaults(env: Mapping[str, str]) -> dict[str, Any]:
     built-in defaults). ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` turn tracing off
     whatever else says it is on; an exporter other than otlp is refused (only OTLP/HTTP is built in)."""
     out: dict[str, Any] = {}
-    hints = typing.get_type_hints(TracingConfig)
+    hints = _type_hints(TracingConfig)
     for name, key in OTEL_ENV.items():  # the traces-specific variable comes later and wins
         if name in env and env[name].strip():
             raw = env[name]
@@ -1111,7 +1112,7 @@ def json_schema() -> dict[str, Any]:
 
 
 def _object_schema(cls: type) -> dict[str, Any]:
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     properties: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
@@ -1144,8 +1145,15 @@ def _value_schema(hint: Any) -> dict[str, Any]:
     return {}  # a type the loader checks itself
 
 
+@functools.cache
+def _type_hints(cls: type) -> dict[str, Any]:
+    """``cls``'s field types, resolved once per section class (resolving reads every annotation as source
+    text again: an environment with one variable per setting asked it a few thousand times)."""
+    return typing.get_type_hints(cls)
+
+
 def _leaves(cls: type, prefix: str = "") -> Iterator[tuple[str, Any]]:
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
@@ -1209,7 +1217,7 @@ def _env_pairs(raw: str) -> dict[str, str]:
 def _build(cls: type, data: Any, where: str) -> Any:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: must be a mapping")
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:

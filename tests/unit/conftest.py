@@ -8,6 +8,7 @@ needs a real server belongs one directory up.
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import pytest
@@ -19,3 +20,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if HERE in Path(str(item.fspath)).resolve().parents:
             item.add_marker(pytest.mark.unit)
+
+
+def pytest_collection_finish(session):
+    # What collection built (the modules, the parsed package, the test items) lives to the end of the run: moved
+    # out of the collector's sight, so that the collections the tests cause, and the last one at exit, do not
+    # walk it again each time (a fifth of the unit tier's time went to that).
+    gc.freeze()

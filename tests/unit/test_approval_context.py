@@ -7,7 +7,6 @@ import copy
 import json
 
 import pytest
-import yaml
 
 from proxy.approval_context import approver_copy
 from proxy.normalize import normalize
@@ -18,9 +17,9 @@ from proxy.deadline import Deadline
 from proxy.idempotency import derive_key
 from proxy.telemetry.redaction import redact, select
 from proxy.telemetry.tracing import TraceContext
-from tests.unit import DEMO_REGISTRY
+from tests.unit import DEMO_REGISTRY, dump_yaml, load_yaml
 
-DEMO = yaml.safe_load((DEMO_REGISTRY / "demo-tools.yaml").read_text())
+DEMO = load_yaml(DEMO_REGISTRY / "demo-tools.yaml")
 REFUND = {"order_id": "ord_1003", "amount": 6000, "reason": "duplicate charge"}
 
 
@@ -29,7 +28,7 @@ KEY = b"k" * 32  # the proxy derives it from its record MAC key (RecordMac.deriv
 def registry_with(tmp_path, change):
     doc = copy.deepcopy(DEMO)
     change({t["name"]: t for t in doc["tools"]})
-    (tmp_path / "tools.yaml").write_text(yaml.safe_dump(doc))
+    (tmp_path / "tools.yaml").write_text(dump_yaml(doc))
     return load_registry([str(tmp_path)])
 
 

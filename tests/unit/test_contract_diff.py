@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import copy
 
-import yaml
 
 from proxy.authoring.contract_diff import diff, same_version_breaks
 from proxy.registry import load_registry
-from tests.unit import DEMO_REGISTRY
+from tests.unit import DEMO_REGISTRY, dump_yaml, load_yaml
 
-DEMO = yaml.safe_load((DEMO_REGISTRY / "demo-tools.yaml").read_text())
+DEMO = load_yaml(DEMO_REGISTRY / "demo-tools.yaml")
 
 
 def registry_with(tmp_path, name: str, change=None):
@@ -19,7 +18,7 @@ def registry_with(tmp_path, name: str, change=None):
         change({t["name"]: t for t in doc["tools"]})
     path = tmp_path / name
     path.mkdir()
-    (path / "tools.yaml").write_text(yaml.safe_dump(doc))
+    (path / "tools.yaml").write_text(dump_yaml(doc))
     return load_registry([str(path)])
 
 

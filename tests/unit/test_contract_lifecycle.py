@@ -8,18 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from proxy.cli import main as cli_main
 from proxy.errors import ProxyError
 from proxy.registry import RegistryError, load_registry
 from proxy.versions import deprecation_headers
-from tests.unit import REPO
+from tests.unit import REPO, dump_yaml, load_yaml
 
 DEMO_REGISTRY = REPO / "examples" / "registry"
 
 
-DEMO_TOOLS = yaml.safe_load((DEMO_REGISTRY / "demo-tools.yaml").read_text())["tools"]
+DEMO_TOOLS = load_yaml(DEMO_REGISTRY / "demo-tools.yaml")["tools"]
 
 
 def contract(name: str, version: str, **changes: Any) -> dict[str, Any]:
@@ -30,7 +29,7 @@ def contract(name: str, version: str, **changes: Any) -> dict[str, Any]:
 
 
 def write_tools(path: Path, tools: list[dict[str, Any]]) -> Path:
-    path.write_text(yaml.safe_dump({"tools": tools}, sort_keys=False))
+    path.write_text(dump_yaml({"tools": tools}, sort_keys=False))
     return path
 
 
@@ -41,7 +40,7 @@ DEPRECATED_V1 = {"status": "deprecated", "deprecated_at": "2026-11-01", "sunset"
 def test_deprecated_version_resolves_with_its_dates_and_the_default_moves_on(tmp_path):
     path = tmp_path / "r.yaml"
     # unquoted YAML dates are read as dates; the loader keeps their ISO text
-    path.write_text(yaml.safe_dump({"tools": [contract("adjust_counter", "1.0.0", **DEPRECATED_V1),
+    path.write_text(dump_yaml({"tools": [contract("adjust_counter", "1.0.0", **DEPRECATED_V1),
                                               contract("adjust_counter", "2.0.0")]})
                     .replace("'2027-03-31'", "2027-03-31"))
     registry = load_registry([path])

@@ -15,7 +15,7 @@ import pytest
 
 from proxy.adapters import BackendCall
 from proxy.deadline import Deadline, from_headers
-from tests.unit import REPO, parsed
+from tests.unit import REPO, parsed, walk
 
 PACKAGE = REPO / "proxy"
 
@@ -106,7 +106,7 @@ MARGIN_BUILDERS = "proxy/fronts/"
 
 def _identifiers(tree: ast.AST) -> list[tuple[int, str]]:
     found: list[tuple[int, str]] = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Name):
             found.append((node.lineno, node.id))
         elif isinstance(node, ast.Attribute):
@@ -135,7 +135,7 @@ def deadline_math(tree: ast.AST) -> list[str]:
     """Deadline arithmetic done by hand: reading a deadline's ``.at``, adding to or subtracting from what a
     ``Deadline.remaining()`` answered, or from the monotonic clock beside a deadline or a budget."""
     found: list[str] = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Attribute) and node.attr == "at" and _mentions(node.value, ("deadline",)):
             found.append(f"{node.lineno}: .at of a deadline")
         if not isinstance(node, ast.BinOp) or not isinstance(node.op, (ast.Add, ast.Sub)):
@@ -145,8 +145,8 @@ def deadline_math(tree: ast.AST) -> list[str]:
             found.append(f"{node.lineno}: arithmetic on remaining()")
         if any(_is_call_to(s, name) for s in sides for name in ("budget", "or_after", "within")):
             found.append(f"{node.lineno}: a budget turned into a time by hand")
-        clock = [s for s in sides if any(_is_call_to(n, "monotonic") for n in ast.walk(s))]
-        other = [s for s in sides if not any(_is_call_to(n, "monotonic") for n in ast.walk(s))]
+        clock = [s for s in sides if any(_is_call_to(n, "monotonic") for n in walk(s))]
+        other = [s for s in sides if not any(_is_call_to(n, "monotonic") for n in walk(s))]
         if clock and other and _mentions(node, ("deadline", "budget", "remaining")):
             found.append(f"{node.lineno}: the monotonic clock against a deadline or budget")
     return found

@@ -6,10 +6,9 @@ import json
 from typing import Any
 
 import jsonschema
-import yaml
 
 from examples.demo_backend import TOOLS
-from tests.unit import REPO as ROOT
+from tests.unit import REPO as ROOT, load_yaml
 
 GOOD_ARGS: dict[str, dict[str, Any]] = {
     "get_order": {"order_id": "ord_1001"},
@@ -33,7 +32,7 @@ GOOD_ARGS: dict[str, dict[str, Any]] = {
 }
 
 
-REGISTRY = yaml.safe_load((ROOT / "examples/registry/demo-tools.yaml").read_text())
+REGISTRY = load_yaml(ROOT / "examples/registry/demo-tools.yaml")
 
 
 REGISTRY_SCHEMA = json.loads((ROOT / "schemas/tool-registry.schema.json").read_text())

@@ -13,7 +13,7 @@ import ast
 import functools
 from pathlib import Path
 
-from tests.unit import REPO, parsed
+from tests.unit import REPO, parsed, walk
 
 PACKAGE = REPO / "proxy"
 
@@ -33,7 +33,7 @@ def _import_graph() -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for node in ast.walk(parsed(path)):
+        for node in walk(parsed(path)):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -180,7 +180,7 @@ def test_only_the_store_speaks_redis_py_errors():
     which raises redis-py's own exceptions so nothing above it can tell the two apart) imports them."""
     speakers = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(parsed(path)):
+        for node in walk(parsed(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if any(n.startswith("redis.exceptions") for n in names):
@@ -195,7 +195,7 @@ def test_the_call_token_wing_stands_alone():
     outside = sorted(f"{m} imports {t}" for m, targets in graph.items() if m.startswith("proxy.calltokens")
                      for t in targets if not t.startswith("proxy.calltokens"))
     assert not outside
-    assert not [n for n in ast.walk(parsed(PACKAGE / "__init__.py")) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    assert not [n for n in walk(parsed(PACKAGE / "__init__.py")) if isinstance(n, (ast.Import, ast.ImportFrom))]
 
 
 VERIFIER = PACKAGE.parent / "toolproxy_verifier"
@@ -208,7 +208,7 @@ def test_the_verifier_distribution_needs_only_what_it_declares():
 
     imported = set()
     for path in VERIFIER.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        for node in walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             if isinstance(node, ast.Import):
                 imported |= {alias.name.partition(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and not node.level:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from proxy import store
-from tests.unit import REPO, parsed
+from tests.unit import REPO, parsed, walk
 
 PACKAGE = REPO / "proxy"
 LUA_CALL = re.compile(r"redis\.p?call\(")
@@ -29,20 +29,20 @@ def lua_modules() -> list[Path]:
     """The modules holding Lua source (a string literal that calls ``redis.call``)."""
     return sorted(path for path in PACKAGE.rglob("*.py")
                   if any(isinstance(node, ast.Constant) and isinstance(node.value, str)
-                         and LUA_CALL.search(node.value) for node in ast.walk(parsed(path))))
+                         and LUA_CALL.search(node.value) for node in walk(parsed(path))))
 
 
 def nested_lua(tree: ast.Module) -> list[int]:
     """Lines of Lua string literals that are not (part of) a module-level assignment: out of the registry's
     sight. A module-level one is either declared (``store.lua``) or a fragment of declared scripts."""
     top_level = {id(node) for statement in tree.body if isinstance(statement, (ast.Assign, ast.AnnAssign))
-                 for node in ast.walk(statement)}
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                 for node in walk(statement)}
+    return [node.lineno for node in walk(tree) if isinstance(node, ast.Constant)
             and isinstance(node.value, str) and LUA_CALL.search(node.value) and id(node) not in top_level]
 
 
 def senders(tree: ast.Module) -> list[str]:
-    return [f"{node.lineno}: {node.func.attr}(...)" for node in ast.walk(tree)
+    return [f"{node.lineno}: {node.func.attr}(...)" for node in walk(tree)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in SENDERS]
 
 

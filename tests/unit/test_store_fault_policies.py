@@ -14,7 +14,7 @@ import pytest
 
 from proxy import store
 from proxy.errors import ProxyError
-from tests.unit import REPO, parsed
+from tests.unit import REPO, parsed, walk
 
 PACKAGE = REPO / "proxy"
 STORE_ERRORS = {"StoreError", "StoreUnavailable", "RedisError"}
@@ -33,7 +33,7 @@ def catches_store_error(handler: ast.ExceptHandler) -> bool:
 
 def silent_suppressions(tree: ast.Module) -> list[int]:
     """Lines of ``contextlib.suppress(<a store error>, ...)``: a fault dropped without a named policy."""
-    return [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
+    return [node.lineno for node in walk(tree) if isinstance(node, ast.Call)
             and (getattr(node.func, "attr", None) == "suppress" or getattr(node.func, "id", None) == "suppress")
             and any(is_store_error(arg) for arg in node.args)]
 
@@ -41,7 +41,7 @@ def silent_suppressions(tree: ast.Module) -> list[int]:
 def store_clauses(tree: ast.Module, lines: list[str]) -> list[tuple[int, bool]]:
     """(line, names its policy) of every ``except`` clause that catches a store error."""
     return [(node.lineno, any("# policy:" in line for line in lines[node.lineno - 1:node.lineno + 1]))
-            for node in ast.walk(tree) if isinstance(node, ast.ExceptHandler) and node.type is not None
+            for node in walk(tree) if isinstance(node, ast.ExceptHandler) and node.type is not None
             and catches_store_error(node)]
 
 

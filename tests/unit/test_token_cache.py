@@ -29,12 +29,16 @@ class Issuer:
         return Token(f"token-{self.fetches}", self.lifetime_s)
 
 
-async def test_a_token_is_kept_until_refresh_before_its_expiry_then_fetched_again():
+async def test_a_token_is_kept_until_refresh_before_its_expiry_then_fetched_again(monkeypatch):
+    loop = asyncio.get_running_loop()
+    now = [loop.time()]
+    monkeypatch.setattr(loop, "time", lambda: now[0])  # the cache's clock is the loop's: moved by hand
     issuer = Issuer(lifetime_s=2.0)
     cache = TokenCache(refresh_before_s=1.5, max_entries=10)  # at most half the life: kept 1 s
     assert await cache.get("k", issuer.fetch, 1) == "token-1"
-    assert await cache.get("k", issuer.fetch, 1) == "token-1"
-    await asyncio.sleep(1.05)
+    now[0] += 0.99
+    assert await cache.get("k", issuer.fetch, 1) == "token-1" and issuer.fetches == 1
+    now[0] += 0.02
     assert await cache.get("k", issuer.fetch, 1) == "token-2" and issuer.fetches == 2
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.unit import parsed
+from tests.unit import parsed, walk
 
 HERE = Path(__file__).resolve().parent
 PROCESS_MODULES = {"subprocess", "multiprocessing", "concurrent.futures.process", "pty"}
@@ -18,7 +18,7 @@ PROCESS_CALLS = {"create_subprocess_exec", "create_subprocess_shell", "system", 
 def process_starts(tree: ast.AST) -> list[str]:
     """What in ``tree`` imports a process module or calls a process-starting function, by line."""
     found = []
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Import):
             found += [f"{node.lineno}: import {a.name}" for a in node.names if a.name in PROCESS_MODULES]
         elif isinstance(node, ast.ImportFrom) and node.module in PROCESS_MODULES:

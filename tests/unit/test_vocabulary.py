@@ -7,7 +7,7 @@ import ast
 import re
 
 from proxy.errors import CALL_STAGES, PHASES
-from tests.unit import REPO, parsed
+from tests.unit import REPO, parsed, walk
 
 PACKAGE = REPO / "proxy"
 
@@ -16,7 +16,7 @@ def literal_keywords(name: str) -> list[tuple[str, str]]:
     """(file, value) of every ``name="<literal>"`` keyword argument in proxy/."""
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        for node in ast.walk(parsed(path)):
+        for node in walk(parsed(path)):
             if isinstance(node, ast.keyword) and node.arg == name and isinstance(node.value, ast.Constant):
                 found.append((path.name, node.value.value))
     return found

@@ -201,6 +201,7 @@ class FlowLedger:
         self._every_call = read_for == "every_call"
         # a process without the MAC key's derived key (a unit test) still fingerprints, under a key of its own
         self._fingerprints = provenance.Fingerprints(fingerprint_key or secrets.token_bytes(32))
+        self._lookups = provenance.Lookups(self._fingerprints)
         self._max_values = provenance_max_values
         self._record = store.script(redis, _RECORD)
         self._read = store.script(redis, _READ)
@@ -232,7 +233,7 @@ class FlowLedger:
         """Both scopes and, for a ``tool`` naming sink arguments, the provenance of their values in
         ``arguments``: one command; a store fault refuses the call (nothing was sent)."""
         scopes = "2" if run_id is not None else "1"
-        lookup, fields = (_lookup(self._fingerprints, tool, arguments or {})
+        lookup, fields = (_lookup(self._lookups, tool, arguments or {})
                           if tool is not None and tool.looks_up_provenance else (None, ()))
         keys = self.keys(caller, run_id, provenance=lookup is not None)
         with store.unavailable_on_fault("The state store is unreachable; the call's data-flow context cannot be "
@@ -296,13 +297,12 @@ class FlowLedger:
         trip.add(self._record, keys, args, lambda reply: _recorded(reply, tool))
 
 
-def _lookup(fingerprints: provenance.Fingerprints, tool: ToolContract, arguments: Mapping[str, Any]
+def _lookup(lookups: provenance.Lookups, tool: ToolContract, arguments: Mapping[str, Any]
             ) -> tuple[provenance.Lookup, tuple[str, ...]]:
     """What a call of ``tool`` looks up (its sink values and, for a state_changing internal write, whether
     each is a directory's entry; its payload values) and the hash fields it asks for."""
-    return provenance.prepared_lookup(fingerprints, arguments, tool.flow_sink_arguments,
-                                      tool.flow_payload_arguments, directory=tool.flow_sink != "external"
-                                      and tool.flow_integrity == "state_changing")
+    return lookups.of(arguments, tool.flow_sink_arguments, tool.flow_payload_arguments,
+                      directory=tool.flow_sink != "external" and tool.flow_integrity == "state_changing")
 
 
 def _recorded(reply: Any, tool: ToolContract) -> None:

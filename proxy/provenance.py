@@ -577,33 +577,42 @@ def _entries(values: Sequence[SinkValue], directory: bool, replies: Sequence[Any
     return out, at
 
 
-MAX_PREPARED = 1024  # calls' lookups kept per process (prepared_lookup)
-_prepared: dict[tuple[Any, ...], tuple[Lookup, tuple[str, ...]]] = {}  # the oldest first
+MAX_PREPARED = 1024  # calls' lookups a ``Lookups`` keeps
 
 
-def prepared_lookup(fingerprints: Fingerprints, arguments: Mapping[str, Any], sink_paths: tuple[str, ...],
-                    payload_paths: tuple[str, ...], *, directory: bool) -> tuple[Lookup, tuple[str, ...]]:
-    """What a call looks up and the hash fields it asks for (``Lookup.fields``). A call whose every sink and
-    payload argument is a top-level string of at most ``MAX_TOKEN_CHARS``, an integer, null or a list of them
-    is remembered per process (at most ``MAX_PREPARED``, the oldest dropped first) under those values: the
-    same values give the same lookup and, under the process's key, the same fingerprints (an agent aims at
-    the same few targets again and again). Its values stay in the process's memory, like any call's
-    arguments; only fingerprints leave it."""
-    values = _plain_values(arguments, sink_paths + payload_paths)
-    key = (fingerprints, sink_paths, payload_paths, directory, values)
-    if values is not None:
-        known = _prepared.get(key)
-        if known is not None:
-            return known
-    found, truncated = sink_values(arguments, sink_paths)
-    payload, cut = payload_values(arguments, payload_paths)
-    lookup = Lookup(found, payload, directory=directory, truncated=truncated, payload_truncated=cut)
-    prepared = lookup, tuple(lookup.fields(fingerprints))
-    if values is not None:
-        if len(_prepared) >= MAX_PREPARED:
-            _prepared.pop(next(iter(_prepared)), None)
-        _prepared[key] = prepared
-    return prepared
+class Lookups:
+    """What calls look up under one process key (``fingerprints``), and the hash fields each asks for
+    (``Lookup.fields``). A call whose every sink and payload argument is a top-level string of at most
+    ``MAX_TOKEN_CHARS``, an integer, null or a list of them is remembered (at most ``bound`` calls, the oldest
+    dropped first) under those values: the same values give the same lookup and, under the key, the same
+    fingerprints (an agent aims at the same few targets again and again). Its values stay in the process's
+    memory, like any call's arguments; only fingerprints leave it."""
+
+    def __init__(self, fingerprints: Fingerprints, bound: int = MAX_PREPARED) -> None:
+        self._fingerprints = fingerprints
+        self._bound = bound
+        self._prepared: dict[tuple[Any, ...], tuple[Lookup, tuple[str, ...]]] = {}  # the oldest first
+
+    def __len__(self) -> int:
+        return len(self._prepared)
+
+    def of(self, arguments: Mapping[str, Any], sink_paths: tuple[str, ...], payload_paths: tuple[str, ...], *,
+           directory: bool) -> tuple[Lookup, tuple[str, ...]]:
+        values = _plain_values(arguments, sink_paths + payload_paths)
+        key = (sink_paths, payload_paths, directory, values)
+        if values is not None:
+            known = self._prepared.get(key)
+            if known is not None:
+                return known
+        found, truncated = sink_values(arguments, sink_paths)
+        payload, cut = payload_values(arguments, payload_paths)
+        lookup = Lookup(found, payload, directory=directory, truncated=truncated, payload_truncated=cut)
+        prepared = lookup, tuple(lookup.fields(self._fingerprints))
+        if values is not None:
+            if len(self._prepared) >= self._bound:
+                self._prepared.pop(next(iter(self._prepared)), None)
+            self._prepared[key] = prepared
+        return prepared
 
 
 def _plain_values(arguments: Mapping[str, Any], paths: tuple[str, ...]) -> tuple[Any, ...] | None:

@@ -252,13 +252,14 @@ PREPARED = [
                                                        (("/event/participants",), (), False), ((), ("/body",), False)])
 def test_a_prepared_lookup_is_the_lookup_the_values_make_cached_or_not(arguments, sink, payload, directory):
     fps = Fingerprints(b"k" * 32)
+    lookups = provenance.Lookups(fps)
     values, truncated = sink_values(arguments, sink)
     texts, cut = provenance.payload_values(arguments, payload)
     expected = provenance.Lookup(values, texts, directory=directory, truncated=truncated, payload_truncated=cut)
     for _ in range(2):  # the second one from the cache, when the values are plain
-        lookup, fields = provenance.prepared_lookup(fps, arguments, sink, payload, directory=directory)
+        lookup, fields = lookups.of(arguments, sink, payload, directory=directory)
         assert lookup == expected and list(fields) == expected.fields(fps)
-    other = provenance.prepared_lookup(Fingerprints(b"j" * 32), arguments, sink, payload, directory=directory)
+    other = provenance.Lookups(Fingerprints(b"j" * 32)).of(arguments, sink, payload, directory=directory)
     assert other[0] == expected and list(other[1]) == expected.fields(Fingerprints(b"j" * 32))  # a key of its own
 
 
@@ -273,24 +274,29 @@ def test_a_stored_source_is_parsed_the_same_from_the_cache():
 
 
 def test_plain_values_are_looked_up_once_and_others_every_time():
-    fps = Fingerprints(b"c" * 32)
-    first = provenance.prepared_lookup(fps, {"to": "carol@corp.com"}, ("/to",), (), directory=False)
-    again = provenance.prepared_lookup(fps, {"to": "carol@corp.com", "cc": "x"}, ("/to",), (), directory=False)
+    lookups = provenance.Lookups(Fingerprints(b"c" * 32))
+    first = lookups.of({"to": "carol@corp.com"}, ("/to",), (), directory=False)
+    again = lookups.of({"to": "carol@corp.com", "cc": "x"}, ("/to",), (), directory=False)
     assert again is first
-    nested = provenance.prepared_lookup(fps, {"to": {"a": "carol@corp.com"}}, ("/to",), (), directory=False)
-    assert provenance.prepared_lookup(fps, {"to": {"a": "carol@corp.com"}}, ("/to",), (), directory=False) \
-        is not nested and nested[0].values[0].argument == "/to/a"
+    nested = lookups.of({"to": {"a": "carol@corp.com"}}, ("/to",), (), directory=False)
+    assert lookups.of({"to": {"a": "carol@corp.com"}}, ("/to",), (), directory=False) is not nested \
+        and nested[0].values[0].argument == "/to/a"
 
 
 def test_the_remembered_lookups_are_bounded_the_oldest_dropped_first():
-    fps = Fingerprints(b"b" * 32)
-    oldest = provenance.prepared_lookup(fps, {"to": "first@corp.com"}, ("/to",), (), directory=False)
-    for i in range(provenance.MAX_PREPARED):
-        provenance.prepared_lookup(fps, {"to": f"u{i}@corp.com"}, ("/to",), (), directory=False)
-    assert len(provenance._prepared) == provenance.MAX_PREPARED
-    newest = provenance.prepared_lookup(fps, {"to": f"u{provenance.MAX_PREPARED - 1}@corp.com"}, ("/to",), (),
-                                        directory=False)
-    assert provenance.prepared_lookup(fps, {"to": f"u{provenance.MAX_PREPARED - 1}@corp.com"}, ("/to",), (),
-                                      directory=False) is newest
-    again = provenance.prepared_lookup(fps, {"to": "first@corp.com"}, ("/to",), (), directory=False)
+    lookups = provenance.Lookups(Fingerprints(b"b" * 32), bound=8)
+    oldest = lookups.of({"to": "first@corp.com"}, ("/to",), (), directory=False)
+    for i in range(8):
+        lookups.of({"to": f"u{i}@corp.com"}, ("/to",), (), directory=False)
+    assert len(lookups) == 8
+    newest = lookups.of({"to": "u7@corp.com"}, ("/to",), (), directory=False)
+    assert lookups.of({"to": "u7@corp.com"}, ("/to",), (), directory=False) is newest
+    again = lookups.of({"to": "first@corp.com"}, ("/to",), (), directory=False)
     assert again is not oldest and again == oldest  # computed anew, the same
+
+
+def test_each_ledger_remembers_under_its_own_key():
+    one, other = provenance.Lookups(Fingerprints(b"k" * 32)), provenance.Lookups(Fingerprints(b"j" * 32))
+    mine = one.of({"to": "carol@corp.com"}, ("/to",), (), directory=False)
+    theirs = other.of({"to": "carol@corp.com"}, ("/to",), (), directory=False)
+    assert mine[0] == theirs[0] and mine[1] != theirs[1] and len(one) == len(other) == 1

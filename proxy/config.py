@@ -1147,8 +1147,8 @@ def _value_schema(hint: Any) -> dict[str, Any]:
 
 @functools.cache
 def _type_hints(cls: type) -> dict[str, Any]:
-    """``cls``'s field types, resolved once per section class (resolving reads every annotation as source
-    text again: an environment with one variable per setting asked it a few thousand times)."""
+    """``cls``'s field types, resolved once per section class: resolving evaluates every annotation's text
+    again, and each load of the configuration walks every section for its environment variables."""
     return typing.get_type_hints(cls)
 
 

@@ -24,8 +24,8 @@ _WALKED: dict[int, tuple[ast.Module, tuple[ast.AST, ...]]] = {}
 
 
 def walk(tree: ast.AST) -> Iterable[ast.AST]:
-    """``ast.walk(tree)``; a whole module's nodes are listed once and kept (a dozen checks walk every module
-    of the package, and ``ast.walk`` costs more than the checks themselves)."""
+    """``ast.walk(tree)``; a whole module's nodes are listed once and kept (ten checks walk every module of
+    the package, and ``ast.walk`` costs more than the checks themselves)."""
     if not isinstance(tree, ast.Module):
         return ast.walk(tree)
     hit = _WALKED.get(id(tree))
@@ -40,13 +40,13 @@ def load_yaml(path: Path) -> Any:
     return yaml.load(path.read_text(encoding="utf-8"), Loader=yaml.CSafeLoader)  # noqa: S506 (a safe loader)
 
 
-def setup_scripts() -> str:
-    """``scripts/setup.sh`` and the tool families it sources (``scripts/setup/*.sh``), as one text."""
-    paths = [REPO / "scripts" / "setup.sh", *sorted((REPO / "scripts" / "setup").glob("*.sh"))]
-    return "\n".join(path.read_text(encoding="utf-8") for path in paths)
-
-
 def dump_yaml(document: Any, *, sort_keys: bool = True) -> str:
     """``document`` as a YAML file's text, written as JSON (which YAML reads as it is): the registry checks
     read it like any other, and even libyaml's emitter takes 25 times as long."""
     return json.dumps(document, sort_keys=sort_keys, indent=1)
+
+
+def setup_scripts() -> str:
+    """``scripts/setup.sh`` and the tool families it sources (``scripts/setup/*.sh``), as one text."""
+    paths = [REPO / "scripts" / "setup.sh", *sorted((REPO / "scripts" / "setup").glob("*.sh"))]
+    return "\n".join(path.read_text(encoding="utf-8") for path in paths)
